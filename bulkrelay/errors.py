@@ -1,0 +1,182 @@
+"""Every error BulkRelay reports on purpose, and the exit code each one maps to.
+
+    BulkRelayError                      code                 exit
+    ├── UsageError                      USAGE_ERROR          2 ARG_ERROR
+    ├── ConfigInvalid                   CONFIG_INVALID       2 ARG_ERROR
+    ├── InputInvalid                    INPUT_INVALID        2 ARG_ERROR
+    ├── NotFound                        NOT_FOUND            5 NOT_FOUND
+    ├── PreconditionFailed                                   4 PRECONDITION
+    │   ├── SecretMissing               SECRET_MISSING
+    │   ├── InputChanged                INPUT_CHANGED
+    │   ├── ConfigChanged               CONFIG_CHANGED
+    │   ├── JournalCorrupt              JOURNAL_CORRUPT
+    │   └── RunNotResumable             RUN_NOT_RESUMABLE
+    ├── RunLocked                       RUN_LOCKED           6 CONFLICT
+    ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
+    └── JobLost                         JOB_LOST             1 GENERAL_ERROR
+
+A run that ends without relaying every row is not an exception: the engine returns
+an outcome and the CLI maps it to PARTIAL_FAILURE, AUTH_REQUIRED, UNAVAILABLE,
+TIMEOUT, INCOMPLETE or the signal codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+
+class ExitCode(IntEnum):
+    SUCCESS = 0
+    GENERAL_ERROR = 1
+    ARG_ERROR = 2
+    PARTIAL_FAILURE = 3
+    PRECONDITION = 4
+    NOT_FOUND = 5
+    CONFLICT = 6
+    AUTH_REQUIRED = 8
+    TIMEOUT = 10
+    UNAVAILABLE = 12
+    INCOMPLETE = 14
+    SIGINT = 130
+    SIGTERM = 143
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a job file or an input, with the place it was found."""
+
+    message: str
+    file: str | None = None
+    line: int | None = None
+    row: int | None = None
+    field: str | None = None
+    path: str | None = None  # dotted YAML path such as "request.json.age"
+
+    def where(self) -> str:
+        parts: list[str] = []
+        if self.file is not None:
+            parts.append(self.file if self.line is None else f"{self.file}:{self.line}")
+        elif self.line is not None:
+            parts.append(f"line {self.line}")
+        if self.row is not None:
+            parts.append(f"row {self.row}")
+        if self.path is not None:
+            parts.append(self.path)
+        if self.field is not None:
+            parts.append(f"field {self.field!r}")
+        return ", ".join(parts)
+
+    def describe(self) -> str:
+        place = self.where()
+        return f"{place}: {self.message}" if place else self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+class BulkRelayError(Exception):
+    code = "GENERAL_ERROR"
+    exit_code = ExitCode.GENERAL_ERROR
+    retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        detail: str | None = None,
+        context: dict[str, Any] | None = None,
+        suggestion: str | None = None,
+        phase: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+        self.context = context or {}
+        self.suggestion = suggestion
+        self.phase = phase
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "message": self.message, "retryable": self.retryable}
+        if self.detail is not None:
+            out["detail"] = self.detail
+        if self.context:
+            out["context"] = self.context
+        if self.suggestion is not None:
+            out["suggestion"] = self.suggestion
+        if self.phase is not None:
+            out["phase"] = self.phase
+        return out
+
+
+class UsageError(BulkRelayError):
+    code = "USAGE_ERROR"
+    exit_code = ExitCode.ARG_ERROR
+
+
+class _ProblemsError(BulkRelayError):
+    """An error that carries the list of problems found, each with its place."""
+
+    exit_code = ExitCode.ARG_ERROR
+
+    def __init__(self, problems: list[Problem], *, total: int | None = None, **kwargs: Any) -> None:
+        self.problems = problems
+        self.total = total if total is not None else len(problems)
+        first = problems[0].describe() if problems else "invalid"
+        more = f" (and {self.total - 1} more)" if self.total > 1 else ""
+        context = {"problems": [p.to_dict() for p in problems], "problem_count": self.total}
+        super().__init__(first + more, context=context, **kwargs)
+
+
+class ConfigInvalid(_ProblemsError):
+    code = "CONFIG_INVALID"
+
+
+class InputInvalid(_ProblemsError):
+    code = "INPUT_INVALID"
+
+
+class NotFound(BulkRelayError):
+    code = "NOT_FOUND"
+    exit_code = ExitCode.NOT_FOUND
+
+
+class PreconditionFailed(BulkRelayError):
+    exit_code = ExitCode.PRECONDITION
+
+
+class SecretMissing(PreconditionFailed):
+    code = "SECRET_MISSING"
+
+
+class InputChanged(PreconditionFailed):
+    code = "INPUT_CHANGED"
+
+
+class ConfigChanged(PreconditionFailed):
+    code = "CONFIG_CHANGED"
+
+
+class JournalCorrupt(PreconditionFailed):
+    code = "JOURNAL_CORRUPT"
+
+
+class RunNotResumable(PreconditionFailed):
+    code = "RUN_NOT_RESUMABLE"
+
+
+class RunLocked(BulkRelayError):
+    code = "RUN_LOCKED"
+    exit_code = ExitCode.CONFLICT
+    retryable = True
+
+
+class StorageFailed(BulkRelayError):
+    """A write or fsync of run state failed. Fatal and never retried: the disk may have lost data."""
+
+    code = "STORAGE_FAILED"
+
+
+class JobLost(BulkRelayError):
+    code = "JOB_LOST"
