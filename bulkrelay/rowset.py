@@ -1,0 +1,59 @@
+"""A set of row numbers 1..size as a bitset: one bit per row, so a million rows take 125 KB."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+_NOT_FULL = re.compile(rb"[^\xff]")  # bytes with at least one missing row; the regex scan runs in C
+
+
+class RowSet:
+    """Row numbers 1..size. Bit 0 and the padding bits past `size` are kept set, so they never
+    show up as missing and a full byte is always 0xFF."""
+
+    __slots__ = ("_bits", "_count", "size")
+
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"RowSet size must be >= 0, got {size}")
+        self.size = size
+        self._bits = bytearray(size // 8 + 1)
+        self._count = 0
+        self._bits[0] |= 1  # row 0 does not exist
+        for n in range(size + 1, len(self._bits) * 8):
+            self._bits[n >> 3] |= 1 << (n & 7)
+
+    def add(self, row: int) -> bool:
+        """Add `row`; True if it was not in the set yet."""
+        if not 1 <= row <= self.size:
+            raise ValueError(f"row {row} is outside 1..{self.size}")
+        index, mask = row >> 3, 1 << (row & 7)
+        byte = self._bits[index]
+        if byte & mask:
+            return False
+        self._bits[index] = byte | mask
+        self._count += 1
+        return True
+
+    def __contains__(self, row: object) -> bool:
+        if type(row) is not int or not 1 <= row <= self.size:
+            return False
+        return bool(self._bits[row >> 3] & (1 << (row & 7)))
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def missing(self) -> Iterator[int]:
+        """The rows not in the set, ascending. Full bytes are skipped without a Python-level step."""
+        for match in _NOT_FULL.finditer(self._bits):
+            index = match.start()
+            byte = match.group()[0]
+            base = index << 3
+            for bit in range(8):
+                if not byte & (1 << bit):
+                    yield base + bit
