@@ -1,0 +1,144 @@
+"""Transport throughput: 20k POSTs at concurrency 64, a naive aiohttp loop vs `AiohttpTransport` (vs httpx).
+
+    uv run python benchmarks/bench_transport.py [--requests 20000] [--concurrency 64] [--url URL]
+
+Without --url it starts the embedded target in a separate process (recording off), so the server does not
+share this process's event loop. Prints rows/s for each client and the ratio seam / naive aiohttp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import aiohttp
+
+from bulkrelay.records import PreparedRequest
+from bulkrelay.transport import TransportSettings, open_transport
+
+_BODY = b'{"customer_id": "c-000123", "email": "someone@example.com", "source": "migration"}'
+_HEADERS = (("Content-Type", "application/json"), ("Authorization", "Bearer not-a-secret"))
+
+
+@contextlib.contextmanager
+def _target_process() -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = Path(tmp) / "port"
+        command = [sys.executable, "-m", "bulkrelay.target", "--port-file", str(port_file), "--no-record"]
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while not port_file.exists():
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the target did not start")
+                time.sleep(0.02)
+            yield f"http://127.0.0.1:{port_file.read_text().strip()}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+async def _drive(total: int, concurrency: int, one: Callable[[int], Awaitable[int]]) -> float:
+    """Run `total` calls of `one` with `concurrency` workers; rows per second."""
+    next_index = 0
+    failures = 0
+
+    async def worker() -> None:
+        nonlocal next_index, failures
+        while next_index < total:
+            index = next_index
+            next_index += 1
+            if await one(index) != 200:
+                failures += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    if failures:
+        raise RuntimeError(f"{failures} requests did not answer 200")
+    return total / elapsed
+
+
+async def _naive_aiohttp(url: str, total: int, concurrency: int) -> float:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one(index: int) -> int:
+            headers = {**dict(_HEADERS), "Idempotency-Key": f"k{index}"}
+            async with session.post(f"{url}/v1/items/{index}", data=_BODY, headers=headers) as resp:
+                await resp.read()
+                return resp.status
+
+        return await _drive(total, concurrency, one)
+
+
+async def _seam(url: str, total: int, concurrency: int) -> float:
+    settings = TransportSettings(
+        concurrency, connect_seconds=10, read_seconds=30, write_seconds=30, pool_seconds=5
+    )
+    transport = open_transport(settings)
+    try:
+
+        async def one(index: int) -> int:
+            headers = (*_HEADERS, ("Idempotency-Key", f"k{index}"))
+            request = PreparedRequest("POST", f"{url}/v1/items/{index}", headers, _BODY)
+            return (await transport.send(request)).status
+
+        return await _drive(total, concurrency, one)
+    finally:
+        await transport.aclose()
+
+
+async def _httpx(url: str, total: int, concurrency: int) -> float:
+    import httpx  # type: ignore[import-not-found, unused-ignore]
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits) as client:
+
+        async def one(index: int) -> int:
+            headers = {**dict(_HEADERS), "Idempotency-Key": f"k{index}"}
+            resp = await client.post(f"{url}/v1/items/{index}", content=_BODY, headers=headers)
+            return int(resp.status_code)
+
+        return await _drive(total, concurrency, one)
+
+
+async def _bench(url: str, total: int, concurrency: int) -> None:
+    await _naive_aiohttp(url, min(total, 2000), concurrency)  # warm up both ends
+    naive = await _naive_aiohttp(url, total, concurrency)
+    print(f"(a) naive aiohttp loop     {naive:9.0f} rows/s")
+    seam = await _seam(url, total, concurrency)
+    print(f"(b) AiohttpTransport seam  {seam:9.0f} rows/s")
+    print(f"    ratio (b)/(a)          {seam / naive:9.2f}")
+    if importlib.util.find_spec("httpx") is None:
+        print("(c) httpx: not installed, skipped (not a dependency)")
+    else:
+        plain = await _httpx(url, total, concurrency)
+        print(f"(c) plain httpx loop       {plain:9.0f} rows/s   ratio (b)/(c) {seam / plain:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--url", help="an HTTP server answering 200 to POST (default: the embedded target)")
+    args = parser.parse_args()
+    print(f"{args.requests} POSTs at concurrency {args.concurrency}")
+    if args.url:
+        asyncio.run(_bench(args.url.rstrip("/"), args.requests, args.concurrency))
+        return
+    with _target_process() as url:
+        print(f"target: embedded, separate process, {url}")
+        asyncio.run(_bench(url, args.requests, args.concurrency))
+
+
+if __name__ == "__main__":
+    main()
