@@ -1,4 +1,4 @@
-"""The two values that flow through the whole pipeline: a record read from the input, and the request it renders to."""
+"""The two values that flow through the pipeline: a record read from the input, and its request."""
 
 from __future__ import annotations
 

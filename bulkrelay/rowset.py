@@ -57,3 +57,37 @@ class RowSet:
             for bit in range(8):
                 if not byte & (1 << bit):
                     yield base + bit
+
+    def _padding(self) -> int:
+        return len(self._bits) * 8 - self.size  # bit 0 and the bits past `size`, always set
+
+    @classmethod
+    def _from_int(cls, size: int, value: int) -> RowSet:
+        rows = cls(size)
+        rows._bits = bytearray(value.to_bytes(len(rows._bits), "little"))
+        rows._count = value.bit_count() - rows._padding()
+        return rows
+
+    def union(self, other: RowSet) -> RowSet:
+        """Rows in either set, computed a machine word at a time rather than a row at a time."""
+        if other.size != self.size:
+            raise ValueError(f"cannot merge row sets of sizes {self.size} and {other.size}")
+        value = int.from_bytes(self._bits, "little") | int.from_bytes(other._bits, "little")
+        return RowSet._from_int(self.size, value)
+
+    def complement(self) -> RowSet:
+        """Rows not in this set."""
+        full = (1 << (len(self._bits) * 8)) - 1
+        padding = int.from_bytes(RowSet(self.size)._bits, "little")
+        value = (full ^ int.from_bytes(self._bits, "little")) | padding
+        return RowSet._from_int(self.size, value)
+
+    def to_bytes(self) -> bytes:
+        return bytes(self._bits)
+
+    @classmethod
+    def from_bytes(cls, size: int, data: bytes) -> RowSet:
+        rows = cls(size)
+        if len(data) != len(rows._bits):
+            raise ValueError(f"a row set of {size} rows takes {len(rows._bits)} bytes, got {len(data)}")
+        return RowSet._from_int(size, int.from_bytes(data, "little") | int.from_bytes(rows._bits, "little"))

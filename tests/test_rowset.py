@@ -55,3 +55,20 @@ def test_a_million_rows_fit_in_125_kilobytes() -> None:
     missing = rows.missing()
     assert next(missing) == 2
     assert sum(1 for _ in missing) == 499_999
+
+
+def test_union_complement_and_bytes_round_trip() -> None:
+    left, right = RowSet(20), RowSet(20)
+    for row in (1, 5, 9):
+        left.add(row)
+    for row in (5, 17, 20):
+        right.add(row)
+    merged = left.union(right)
+    assert sorted(set(range(1, 21)) - set(merged.missing())) == [1, 5, 9, 17, 20]
+    assert len(merged) == 5
+    inverse = merged.complement()
+    assert len(inverse) == 15
+    assert 5 not in inverse and 6 in inverse and 20 not in inverse
+    assert list(inverse.missing()) == [1, 5, 9, 17, 20]
+    again = RowSet.from_bytes(20, merged.to_bytes())
+    assert len(again) == 5 and list(again.missing()) == list(merged.missing())

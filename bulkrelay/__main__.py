@@ -1,0 +1,3 @@
+from bulkrelay.cli import main
+
+main()

@@ -1,0 +1,20 @@
+"""Durations as users type them: `500ms`, `30s`, `5m`, `2h`, or plain milliseconds."""
+
+from __future__ import annotations
+
+import re
+
+from bulkrelay.errors import UsageError
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def parse_duration_ms(text: str, *, what: str = "duration") -> int:
+    match = _PATTERN.match(text)
+    if match is None:
+        raise UsageError(
+            f"{what} {text!r} is not a duration", suggestion="use 500ms, 30s, 5m, 2h or plain milliseconds"
+        )
+    number, unit = match.groups()
+    return round(float(number) * _UNITS_MS[unit or "ms"])

@@ -1,0 +1,248 @@
+"""The relay engine, the only place that wires the pipeline:
+
+    records ─► window (N workers) ─► rate limiter ─► transport ─► retry policy ─► journal ─► checkpoint
+
+A fixed pool of `concurrency` workers pulls records from one shared stream, so at most
+`concurrency` rows are in flight and no task is made per row. A row is done only when its
+journal batch has been fsynced; only then does it count in the progress and the checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from bulkrelay.checkpoint import Checkpoint, write_checkpoint
+from bulkrelay.inputs import open_records
+from bulkrelay.journal import JournalWriter
+from bulkrelay.preflight import Preflight
+from bulkrelay.progress import Reporter, Snapshot
+from bulkrelay.ratelimit import RateLimiter
+from bulkrelay.records import Record
+from bulkrelay.retry import RetryPolicy
+from bulkrelay.rowset import RowSet
+from bulkrelay.rundir import RunDir, utc_now
+from bulkrelay.sender import RowSender
+from bulkrelay.stopping import HALT_UNAVAILABLE, StopControl
+from bulkrelay.transport import Transport, TransportSettings, open_transport
+
+CHECKPOINT_INTERVAL_SECONDS = 1.0
+
+
+@dataclass
+class StartPoint:
+    """Where the journal stands before this process sends anything (all zeros for a new run)."""
+
+    next_seq: int = 1
+    offset: int = 0
+    ok: int = 0
+    failed: int = 0
+    done_rows: RowSet | None = None
+
+
+@dataclass
+class Committed:
+    """Counters of committed results; advanced only by the journal's commit callback."""
+
+    total: int
+    seq: int
+    offset: int
+    ok: int
+    failed: int
+    committed_this_run: int = 0
+
+    @property
+    def done(self) -> int:
+        return self.ok + self.failed
+
+    def on_commit(self, entries: list[dict[str, Any]], end_offset: int) -> None:
+        for entry in entries:
+            if entry["success"]:
+                self.ok += 1
+            else:
+                self.failed += 1
+        self.committed_this_run += len(entries)
+        self.seq = int(entries[-1]["seq"])
+        self.offset = end_offset
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(total=self.total, done=self.done, ok=self.ok, failed=self.failed)
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(
+            seq=self.seq,
+            offset=self.offset,
+            rows_done=self.done,
+            ok=self.ok,
+            failed=self.failed,
+            updated_at=utc_now(),
+        )
+
+
+@dataclass
+class RelayOutcome:
+    stop_reason: str | None  # None: every row has a committed final result
+    committed: Committed
+    elapsed_seconds: float
+    stop_detail: dict[str, object] = field(default_factory=dict)
+    forced: bool = False
+
+
+class _FailureStreak:
+    """Holds back the results of a run of consecutive transport errors and 5xx.
+
+    When the streak reaches `halt.consecutive_failures` the target looks down: the run halts
+    and the held rows are never journaled, so a resume sends them again. Any other outcome
+    ends the streak and releases the held results to the journal as ordinary failures.
+    """
+
+    _STREAK_CLASSES = frozenset({"http_server_error", "timeout_error", "connect_error", "protocol_error"})
+
+    def __init__(self, limit: int, stop: StopControl) -> None:
+        self._limit = limit
+        self._stop = stop
+        self._held: list[dict[str, Any]] = []
+
+    def admit(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
+        """The entries to journal now, given one more final result."""
+        if self._stop.reason == HALT_UNAVAILABLE:
+            return [entry] if entry["success"] else []
+        if entry["classification"] not in self._STREAK_CLASSES:
+            released, self._held = [*self._held, entry], []
+            return released
+        self._held.append(entry)
+        if self._limit > 0 and len(self._held) >= self._limit:
+            self._stop.request(
+                HALT_UNAVAILABLE,
+                consecutive_failures=len(self._held),
+                last_classification=entry["classification"],
+            )
+            self._held = []
+        return []
+
+    def release(self) -> list[dict[str, Any]]:
+        """At the end: held results are real final results unless the target was declared down."""
+        held, self._held = self._held, []
+        return [] if self._stop.reason == HALT_UNAVAILABLE else held
+
+
+def _pending_records(preflight: Preflight, done: RowSet | None) -> Generator[Record, None, None]:
+    def on_problem(problem: object) -> None:  # preflight already proved the input clean
+        raise RuntimeError(f"input changed during the run: {problem}")
+
+    with open_records(preflight.input_spec, on_problem) as stream:
+        for record in stream:
+            if done is None or record.row_number not in done:
+                yield record
+
+
+def transport_settings(preflight: Preflight) -> TransportSettings:
+    execution = preflight.job.config.execution
+    timeout = execution.timeout
+    return TransportSettings(
+        concurrency=execution.concurrency,
+        connect_seconds=timeout.connect_seconds,
+        read_seconds=timeout.read_seconds,
+        write_seconds=timeout.write_seconds,
+        pool_seconds=timeout.pool_seconds,
+        http2=execution.http2,
+    )
+
+
+async def relay(
+    preflight: Preflight,
+    run: RunDir,
+    start: StartPoint,
+    *,
+    stop: StopControl,
+    reporter: Reporter,
+    transport_factory: Callable[[TransportSettings], Transport] = open_transport,
+) -> RelayOutcome:
+    """Send every pending row, commit every final result, and say why it ended."""
+    config = preflight.job.config
+    committed = Committed(
+        total=preflight.record_count,
+        seq=start.next_seq - 1,
+        offset=start.offset,
+        ok=start.ok,
+        failed=start.failed,
+    )
+    started = time.monotonic()
+    storage = run.storage
+
+    def on_commit(entries: list[dict[str, Any]], end_offset: int) -> None:
+        committed.on_commit(entries, end_offset)
+        reporter.update(committed.snapshot())
+
+    journal = JournalWriter(run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit)
+    transport = transport_factory(transport_settings(preflight))
+    sender = RowSender(
+        preflight=preflight,
+        transport=transport,
+        limiter=RateLimiter(
+            config.execution.rate_limit.requests_per_second if config.execution.rate_limit else None
+        ),
+        policy=RetryPolicy.from_config(config.retry, config.response, config.halt),
+        stop=stop,
+    )
+    streak = _FailureStreak(config.halt.consecutive_failures, stop)
+    records = _pending_records(preflight, start.done_rows)
+
+    async def worker() -> None:
+        while not stop.requested:
+            record = next(records, None)
+            if record is None:
+                return
+            entry = await sender.send(record)
+            if entry is not None:
+                for admitted in streak.admit(entry):
+                    await journal.submit(admitted)
+
+    async def checkpointer() -> None:
+        last = (committed.seq, committed.offset)
+        while True:
+            await anyio.sleep(CHECKPOINT_INTERVAL_SECONDS)
+            if (committed.seq, committed.offset) != last:
+                last = (committed.seq, committed.offset)
+                await anyio.to_thread.run_sync(write_checkpoint, run.path, committed.checkpoint(), storage)
+
+    reporter.update(committed.snapshot())
+    try:
+        async with anyio.create_task_group() as background:
+            background.start_soon(journal.run)
+            background.start_soon(checkpointer)
+            async with anyio.create_task_group() as workers:
+                background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
+                for _ in range(config.execution.concurrency):
+                    workers.start_soon(worker)
+            for admitted in streak.release():
+                await journal.submit(admitted)
+            await journal.close()
+            background.cancel_scope.cancel()
+    finally:
+        records.close()
+        with anyio.CancelScope(shield=True):
+            await transport.aclose()
+    write_checkpoint(run.path, committed.checkpoint(), storage)
+    reporter.update(committed.snapshot())
+    finished_all = committed.done == committed.total
+    return RelayOutcome(
+        stop_reason=None if finished_all and not _halted(stop) else stop.reason or "incomplete",
+        committed=committed,
+        elapsed_seconds=time.monotonic() - started,
+        stop_detail=dict(stop.detail),
+        forced=stop.forced,
+    )
+
+
+def _halted(stop: StopControl) -> bool:
+    return stop.reason is not None and stop.reason.startswith("halt")
+
+
+async def _cancel_when_forced(stop: StopControl, scope: anyio.CancelScope) -> None:
+    await stop.wait_forced()
+    scope.cancel()

@@ -1,0 +1,81 @@
+"""The command table: each entry turns parsed arguments into one library call."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from bulkrelay import commands, launch
+from bulkrelay.config import Job, load_job
+from bulkrelay.envelope import Result
+from bulkrelay.errors import UsageError
+from bulkrelay.lifecycle import RunOptions, prepare_input
+from bulkrelay.rundir import default_runs_dir
+
+
+def _input_path(args: argparse.Namespace, job: Job | None, spool_dir: Path) -> Path | None:
+    suffix = ""
+    if job is not None:
+        if job.config.input.file:
+            suffix = "".join(Path(job.config.input.file).suffixes)
+        elif job.config.input.format:
+            suffix = f".{job.config.input.format}"
+    return prepare_input(args.input, spool_dir, suffix)
+
+
+def _validate(args: argparse.Namespace) -> Result:
+    job = load_job(args.job)
+    return commands.validate(job, _input_path(args, job, default_runs_dir(None) / ".spool"))
+
+
+def _render(args: argparse.Namespace) -> Result:
+    job = load_job(args.job)
+    return commands.render(job, _input_path(args, job, default_runs_dir(None) / ".spool"), args.rows)
+
+
+def _options(args: argparse.Namespace) -> RunOptions:
+    timeout_ms = getattr(args, "timeout", None)
+    return RunOptions(timeout_seconds=timeout_ms / 1000 if timeout_ms is not None else None)
+
+
+def _run(args: argparse.Namespace) -> Result:
+    runs_dir = default_runs_dir(args.runs_dir)
+    job = load_job(args.job)
+    request = launch.RunRequest(
+        job=job,
+        input_path=_input_path(args, job, runs_dir / ".spool"),
+        from_stdin=args.input == "-",
+        runs_dir=runs_dir,
+        idempotency_key=args.idempotency_key,
+        options=_options(args),
+    )
+    return launch.run(request)
+
+
+def _resume(args: argparse.Namespace) -> Result:
+    input_path = Path(args.input) if args.input not in (None, "-") else None
+    if args.input == "-":
+        raise UsageError(
+            "resume cannot read stdin: a run that read stdin keeps its own copy",
+            suggestion=f"bulkrelay resume {args.run_dir}",
+        )
+    return launch.resume(args.run_dir, args.config, input_path, _options(args))
+
+
+def _status(args: argparse.Namespace) -> Result:
+    return commands.status(args.run_dir)
+
+
+def _runs(args: argparse.Namespace) -> Result:
+    return commands.runs(default_runs_dir(args.runs_dir))
+
+
+TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
+    "validate": _validate,
+    "render": _render,
+    "run": _run,
+    "resume": _resume,
+    "status": _status,
+    "runs": _runs,
+}

@@ -1,0 +1,110 @@
+"""How `run` and `resume` find their run: a fresh one, the identical invocation's unfinished one,
+or the run directory named on the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bulkrelay import progress
+from bulkrelay.config import Job
+from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.errors import ConfigChanged, InputChanged, NotFound
+from bulkrelay.invocation import invocation_key, last_run_id, normalized_path, remember
+from bulkrelay.lifecycle import RunOptions, continue_run, start_fresh
+from bulkrelay.preflight import Preflight, run_preflight
+from bulkrelay.progress import Reporter
+from bulkrelay.resume import check_resumable, preflight_for_resume, verify_unchanged
+from bulkrelay.rundir import FINAL_STATES, RunDir
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A `bulkrelay run` invocation, normalized."""
+
+    job: Job
+    input_path: Path | None  # a spooled copy when the records came from stdin
+    from_stdin: bool
+    runs_dir: Path
+    idempotency_key: str | None
+    options: RunOptions
+
+    def key(self, preflight: Preflight) -> str:
+        arguments = {
+            "job": normalized_path(self.job.path),
+            "input": "-" if self.from_stdin else normalized_path(self.input_path),
+            "runs_dir": normalized_path(self.runs_dir),
+        }
+        stdin_sha256 = preflight.input_fingerprint.sha256 if self.from_stdin else None
+        return invocation_key(
+            "run", arguments, stdin_sha256=stdin_sha256, idempotency_key=self.idempotency_key
+        )
+
+
+def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
+    """Preflight, then continue the identical invocation's unfinished run or start a new one."""
+    reporter = reporter or progress.for_stderr()
+    preflight = run_preflight(request.job, request.input_path)
+    key = request.key(preflight)
+    warnings: list[EnvelopeWarning] = []
+    previous = _unfinished_run(request.runs_dir, key)
+    if previous is not None:
+        try:
+            verify_unchanged(previous, preflight)
+        except (InputChanged, ConfigChanged) as changed:
+            warnings.append(
+                EnvelopeWarning(
+                    "CHECKPOINT_DISCARDED",
+                    f"{changed.message}; started over",
+                    {"previous_run": previous.run_id, "reason": changed.code},
+                )
+            )
+        else:
+            if request.from_stdin and request.input_path is not None:
+                request.input_path.unlink()  # the run keeps its own copy of the same bytes
+                preflight = _with_input(preflight, Path(previous.manifest["input"]["path"]))
+            return continue_run(previous, preflight, request.options, reporter)
+    manifest = {
+        "invocation_key": key,
+        "input_explicit": request.input_path is not None,
+        "idempotency_key": request.idempotency_key,
+    }
+    result = start_fresh(
+        preflight,
+        request.runs_dir,
+        request.options,
+        reporter,
+        manifest=manifest,
+        spooled=request.from_stdin,
+        on_created=lambda run: remember(request.runs_dir, key, run.run_id),
+    )
+    result.warnings[:0] = warnings
+    return result
+
+
+def _with_input(preflight: Preflight, path: Path) -> Preflight:
+    return replace(preflight, input_spec=replace(preflight.input_spec, path=path))
+
+
+def _unfinished_run(runs_dir: Path, key: str) -> RunDir | None:
+    run_id = last_run_id(runs_dir, key)
+    if run_id is None:
+        return None
+    try:
+        run = RunDir.open(runs_dir / run_id)
+    except NotFound:
+        return None
+    return None if run.state in FINAL_STATES else run
+
+
+def resume(
+    run_dir: Path,
+    config: Path | None,
+    input_path: Path | None,
+    options: RunOptions,
+    reporter: Reporter | None = None,
+) -> Result:
+    run = RunDir.open(run_dir)
+    check_resumable(run)
+    preflight = preflight_for_resume(run, config, input_path)
+    return continue_run(run, preflight, options, reporter or progress.for_stderr())

@@ -1,0 +1,124 @@
+"""Continuing a run: fail closed on any change, recover the journal, send only what is not done.
+
+The order matters: preflight again (nothing may have changed), take the lock, then read the
+journal (no other process may be appending to it), then relay the rows without a committed
+final result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bulkrelay.checkpoint import read_checkpoint
+from bulkrelay.config import load_job
+from bulkrelay.engine import StartPoint
+from bulkrelay.envelope import EnvelopeWarning
+from bulkrelay.errors import ConfigChanged, InputChanged, NotFound, RunNotResumable
+from bulkrelay.journal import recover_torn_tail, scan_journal
+from bulkrelay.preflight import Preflight, run_preflight
+from bulkrelay.rundir import FINAL_STATES, RunDir
+from bulkrelay.selection import load_selection
+
+_INPUT_FIELDS = ("format", "gzip", "sha256", "size", "record_count")
+
+
+def check_resumable(run: RunDir) -> None:
+    if run.state in FINAL_STATES:
+        raise RunNotResumable(
+            f"run {run.run_id} is {run.state}; only stopped, forced or crashed runs can be resumed",
+            context={"run_dir": str(run.path), "state": run.state},
+            suggestion=(
+                f"bulkrelay retry-failed {run.path}"
+                if run.state == "completed_with_failures"
+                else "start a new run with `bulkrelay run`"
+            ),
+        )
+
+
+def job_path_for(run: RunDir, config_override: Path | None) -> Path:
+    path = config_override or Path(run.manifest["job_path"])
+    if not path.is_file():
+        raise NotFound(
+            f"job file {path} not found",
+            context={"run_dir": str(run.path), "job": str(path)},
+            suggestion="pass the job file's new location with --config",
+        )
+    return path
+
+
+def input_path_for(run: RunDir, input_override: Path | None) -> Path | None:
+    """`--input`, else the file the run was started with when it was given explicitly, else the job's."""
+    if input_override is not None:
+        return input_override
+    if run.manifest.get("input_explicit"):
+        return Path(run.manifest["input"]["path"])
+    return None
+
+
+def input_differences(recorded: dict[str, Any], current: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: {"recorded": recorded.get(name), "now": current.get(name)}
+        for name in _INPUT_FIELDS
+        if recorded.get(name) != current.get(name)
+    }
+
+
+def verify_unchanged(run: RunDir, preflight: Preflight) -> None:
+    """Refuse, naming old and new values, when the input or the job's meaning changed."""
+    changed = input_differences(run.manifest["input"], preflight.input_fingerprint.to_dict())
+    if changed:
+        what = ", ".join(f"{k} {v['recorded']!r} -> {v['now']!r}" for k, v in changed.items())
+        raise InputChanged(
+            f"the input changed since run {run.run_id} started: {what}",
+            context={"run_dir": str(run.path), "changed": changed},
+            suggestion="restore the original input, or start a new run",
+        )
+    recorded = run.manifest["config_sha256"]
+    if recorded != preflight.config_fingerprint:
+        raise ConfigChanged(
+            f"the job's semantic configuration changed since run {run.run_id} started "
+            f"(sha256 {recorded[:12]} -> {preflight.config_fingerprint[:12]})",
+            context={"run_dir": str(run.path), "recorded": recorded, "now": preflight.config_fingerprint},
+            suggestion="restore the original job file, or start a new run",
+        )
+
+
+def preflight_for_resume(run: RunDir, config_override: Path | None, input_override: Path | None) -> Preflight:
+    check_resumable(run)
+    job = load_job(job_path_for(run, config_override))
+    preflight = run_preflight(job, input_path_for(run, input_override))
+    verify_unchanged(run, preflight)
+    return preflight
+
+
+def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[EnvelopeWarning]]:
+    """Validate the journal against the checkpoint; cut a torn tail; rebuild the set of done rows.
+
+    Call with the run's lock held.
+    """
+    checkpoint = read_checkpoint(run.path)
+    scan = scan_journal(
+        run.journal_path,
+        committed_seq=checkpoint.seq if checkpoint else 0,
+        committed_offset=checkpoint.offset if checkpoint else 0,
+        row_count=record_count,
+    )
+    warnings: list[EnvelopeWarning] = []
+    aside = recover_torn_tail(run.journal_path, scan, run.storage)
+    if aside is not None:
+        warnings.append(
+            EnvelopeWarning(
+                "JOURNAL_TAIL_TRUNCATED",
+                "the journal ended in an incomplete batch (a crash mid-write); it was moved aside and cut",
+                {"moved_to": str(aside), "kept_bytes": scan.valid_end},
+            )
+        )
+    done = scan.done
+    selection = load_selection(run.path, record_count)
+    if selection is not None:  # a retry-failed run: every row outside its selection counts as done
+        done = done.union(selection.complement())
+    start = StartPoint(
+        next_seq=scan.last_seq + 1, offset=scan.valid_end, ok=scan.ok, failed=scan.failed, done_rows=done
+    )
+    return start, warnings

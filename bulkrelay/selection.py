@@ -1,0 +1,22 @@
+"""The rows a `retry-failed` run is limited to, kept in its run directory as a bitset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bulkrelay.atomic import write_atomic
+from bulkrelay.rowset import RowSet
+from bulkrelay.storage import Storage
+
+SELECTION = "selection.bits"
+
+
+def save_selection(run_dir: Path, rows: RowSet, storage: Storage) -> None:
+    write_atomic(run_dir / SELECTION, rows.to_bytes(), storage)
+
+
+def load_selection(run_dir: Path, size: int) -> RowSet | None:
+    path = run_dir / SELECTION
+    if not path.exists():
+        return None
+    return RowSet.from_bytes(size, path.read_bytes())

@@ -1,0 +1,71 @@
+"""Stop requests and how they reach the engine: signals, a deadline, halt rules, `job cancel`.
+
+A stop is a request, honoured at a safe point: no new row starts, rows in flight finish and
+their results are committed. Forcing (a second SIGINT) cancels the rows in flight too.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+import anyio
+
+# Why a run stopped before its end; each maps to a run state and an exit code in the CLI.
+INTERRUPTED = "interrupted"  # SIGINT
+TERMINATED = "terminated"  # SIGTERM
+TIMEOUT = "timeout"  # --timeout or max_lifetime_seconds
+HALT_AUTH = "halt_auth"  # a status in halt.on_statuses
+HALT_UNAVAILABLE = "halt_unavailable"  # halt.consecutive_failures reached
+CANCELLED = "cancelled"  # job cancel
+HANDOFF = "handoff"  # the call budget ran out in the foreground; a background worker continues
+STALLED = "stalled"  # no progress for idle_timeout_seconds
+
+
+@dataclass
+class StopControl:
+    """The one place where anyone asks the engine to stop; the first reason wins."""
+
+    reason: str | None = None
+    detail: dict[str, object] = field(default_factory=dict)
+    forced: bool = False
+    _event: anyio.Event = field(default_factory=anyio.Event)
+    _forced_event: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
+    def request(self, reason: str, **detail: object) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.detail = dict(detail)
+            self._event.set()
+
+    def force(self) -> None:
+        self.forced = True
+        self._forced_event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    async def wait_forced(self) -> None:
+        await self._forced_event.wait()
+
+
+async def watch_signals(stop: StopControl) -> None:
+    """SIGINT and SIGTERM request a stop; a second SIGINT forces it."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if signum == signal.SIGINT:
+                if stop.requested:
+                    stop.force()
+                stop.request(INTERRUPTED)
+            else:
+                stop.request(TERMINATED)
+
+
+async def stop_at(stop: StopControl, delay_seconds: float, reason: str) -> None:
+    """Request a stop once `delay_seconds` have passed (a `--timeout`, a budget)."""
+    await anyio.sleep(max(0.0, delay_seconds))
+    stop.request(reason)

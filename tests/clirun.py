@@ -1,0 +1,58 @@
+"""Run the real `bulkrelay` command in a subprocess and read its JSON envelope."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    envelope: dict[str, Any]
+    stderr: str
+    stdout: bytes
+
+    @property
+    def error_code(self) -> str | None:
+        error = self.envelope.get("error")
+        return None if error is None else str(error["code"])
+
+    @property
+    def data(self) -> Any:
+        return self.envelope["data"]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BULKRELAY_", "AGENT_CALL_BUDGET"))}
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    *args: str | Path,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
+    timeout: float = 120,
+) -> CliResult:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bulkrelay", *map(str, args)],
+        cwd=cwd,
+        env=env if env is not None else cli_env(),
+        input=stdin if stdin is not None else b"",
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+    envelope = orjson.loads(proc.stdout)
+    assert set(envelope) == {"ok", "data", "error", "warnings", "meta"}, envelope
+    assert envelope["meta"]["exit_code"] == proc.returncode
+    assert envelope["ok"] is (proc.returncode == 0)
+    return CliResult(proc.returncode, envelope, proc.stderr.decode(errors="replace"), proc.stdout)
