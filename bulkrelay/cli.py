@@ -147,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     started = time.monotonic()
     as_json = json_mode(argv)
     try:
-        result = dispatch(build_parser().parse_args(argv))
+        # --json may stand anywhere on the line; it is read by json_mode() above.
+        result = dispatch(build_parser().parse_args([a for a in argv if a != "--json"]))
     except BulkRelayError as exc:
         result = Result.from_error(exc)
     except KeyboardInterrupt:

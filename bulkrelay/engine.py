@@ -42,6 +42,7 @@ class StartPoint:
     ok: int = 0
     failed: int = 0
     done_rows: RowSet | None = None
+    total: int | None = None  # rows this run is for; None: every record of the input
 
 
 @dataclass
@@ -165,7 +166,7 @@ async def relay(
     """Send every pending row, commit every final result, and say why it ended."""
     config = preflight.job.config
     committed = Committed(
-        total=preflight.record_count,
+        total=start.total if start.total is not None else preflight.record_count,
         seq=start.next_seq - 1,
         offset=start.offset,
         ok=start.ok,

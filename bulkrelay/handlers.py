@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from bulkrelay import commands, launch
+from bulkrelay import commands, demo, export, launch, retryfailed
 from bulkrelay.config import Job, load_job
 from bulkrelay.envelope import Result
 from bulkrelay.errors import UsageError
@@ -71,6 +71,24 @@ def _runs(args: argparse.Namespace) -> Result:
     return commands.runs(default_runs_dir(args.runs_dir))
 
 
+def _retry_failed(args: argparse.Namespace) -> Result:
+    return retryfailed.retry_failed(
+        args.run_dir,
+        config=args.config,
+        statuses=args.status,
+        classification=args.classification,
+        options=_options(args),
+    )
+
+
+def _export(args: argparse.Namespace) -> Result:
+    return export.export(args.run_dir, failed_only=args.failed, fmt=args.format, output=args.output)
+
+
+def _demo(args: argparse.Namespace) -> Result:
+    return demo.run_demo(rows=args.rows, runs_dir=args.runs_dir)
+
+
 TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "validate": _validate,
     "render": _render,
@@ -78,4 +96,7 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "resume": _resume,
     "status": _status,
     "runs": _runs,
+    "retry-failed": _retry_failed,
+    "export": _export,
+    "demo": _demo,
 }

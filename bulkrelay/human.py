@@ -95,4 +95,24 @@ def _runs(data: dict[str, Any]) -> None:
     _console.print(table)
 
 
-_RENDERERS = {"validate": _validate, "render": _render, "run": _run, "status": _run, "runs": _runs}
+def _demo(data: dict[str, Any]) -> None:
+    _run(data)
+    demo = data["demo"]
+    expected = demo["expected"]
+    _console.print(
+        f"The demo target at {demo['target']} rejected {expected['rejected']} rows on purpose (422) and "
+        f"answered 503 once to {expected['retried']} rows, which succeeded on retry.",
+        highlight=False,
+    )
+    _console.print(f"job file: {demo['job']}\ninput:    {demo['input']}", highlight=False)
+    _console.print(f"look inside: bulkrelay status {data['run_dir']}", highlight=False)
+
+
+_RENDERERS = {
+    "validate": _validate,
+    "render": _render,
+    "run": _run,
+    "status": _run,
+    "runs": _runs,
+    "demo": _demo,
+}

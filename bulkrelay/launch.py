@@ -3,6 +3,7 @@ or the run directory named on the command line."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,13 +30,17 @@ class RunRequest:
     idempotency_key: str | None
     options: RunOptions
 
-    def key(self, preflight: Preflight) -> str:
+    def key(self) -> str:
+        """The invocation's identity; computable before preflight, so a job can be attached to at once."""
         arguments = {
             "job": normalized_path(self.job.path),
             "input": "-" if self.from_stdin else normalized_path(self.input_path),
             "runs_dir": normalized_path(self.runs_dir),
         }
-        stdin_sha256 = preflight.input_fingerprint.sha256 if self.from_stdin else None
+        stdin_sha256 = None
+        if self.from_stdin and self.input_path is not None:
+            with self.input_path.open("rb") as spooled:
+                stdin_sha256 = hashlib.file_digest(spooled, "sha256").hexdigest()
         return invocation_key(
             "run", arguments, stdin_sha256=stdin_sha256, idempotency_key=self.idempotency_key
         )
@@ -45,7 +50,7 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     """Preflight, then continue the identical invocation's unfinished run or start a new one."""
     reporter = reporter or progress.for_stderr()
     preflight = run_preflight(request.job, request.input_path)
-    key = request.key(preflight)
+    key = request.key()
     warnings: list[EnvelopeWarning] = []
     previous = _unfinished_run(request.runs_dir, key)
     if previous is not None:

@@ -131,7 +131,7 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
         state = CANCELLED_STATE
     else:
         state = FORCED if outcome.forced else STOPPED
-    summary = write_summary(run, preflight.record_count, outcome)
+    summary = write_summary(run, committed.total, outcome)
     run.set_state(state, stop_reason=outcome.stop_reason, pid=None)
     data = {
         "run_id": run.run_id,

@@ -114,11 +114,16 @@ def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[Enve
                 {"moved_to": str(aside), "kept_bytes": scan.valid_end},
             )
         )
-    done = scan.done
+    done, total = scan.done, None
     selection = load_selection(run.path, record_count)
     if selection is not None:  # a retry-failed run: every row outside its selection counts as done
-        done = done.union(selection.complement())
+        done, total = done.union(selection.complement()), len(selection)
     start = StartPoint(
-        next_seq=scan.last_seq + 1, offset=scan.valid_end, ok=scan.ok, failed=scan.failed, done_rows=done
+        next_seq=scan.last_seq + 1,
+        offset=scan.valid_end,
+        ok=scan.ok,
+        failed=scan.failed,
+        done_rows=done,
+        total=total,
     )
     return start, warnings

@@ -67,10 +67,12 @@ class RowSender:
             await self._limiter.acquire()
             response: Response | None = None
             error: TransportError | None = None
+            sent = time.monotonic()
             try:
                 response = await self._transport.send(request)
             except TransportError as exc:
                 error = exc
+            latency = time.monotonic() - sent
             status = response.status if response is not None else None
             retry_after = self._retry_after(response)
             decision = self._policy.decide(attempt, status, error, retry_after)
@@ -89,6 +91,7 @@ class RowSender:
             key,
             attempts=attempt,
             started=started,
+            latency=latency,
             response=response,
             error=error,
             classification=decision.classification,
@@ -114,6 +117,7 @@ class RowSender:
         *,
         attempts: int,
         started: float,
+        latency: float,
         response: Response | None,
         error: TransportError | None,
         classification: str,
@@ -128,7 +132,8 @@ class RowSender:
             "attempts": attempts,
             "retryable": retryable,
             "error": None if success else self._error_text(response, error),
-            "duration_ms": round((time.monotonic() - started) * 1000, 3),
+            "duration_ms": round((time.monotonic() - started) * 1000, 3),  # the row: waits and retries too
+            "latency_ms": round(latency * 1000, 3),  # the final attempt's round trip
         }
         if self._key_field is not None:
             entry["key"] = record.fields.get(self._key_field)

@@ -66,7 +66,7 @@ def summarize(journal: Path, *, total_rows: int) -> dict[str, Any]:
             by_status["none" if status is None else str(status)] += 1
             by_classification[str(entry["classification"])] += 1
             attempts += int(entry["attempts"])
-            latency.add(float(entry["duration_ms"]))
+            latency.add(float(entry.get("latency_ms", entry["duration_ms"])))
     done = ok + failed
     return {
         "rows_total": total_rows,
