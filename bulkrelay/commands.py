@@ -12,10 +12,12 @@ from bulkrelay.checkpoint import read_checkpoint
 from bulkrelay.config import Job
 from bulkrelay.envelope import Result
 from bulkrelay.errors import InputInvalid, Problem, UsageError
+from bulkrelay.fingerprint import config_fingerprint
 from bulkrelay.inputs import open_records
 from bulkrelay.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.request import RenderError, RequestRenderer
 from bulkrelay.rundir import SUMMARY, RunDir, is_locked, list_runs
+from bulkrelay.sender import row_identity
 
 _ROWS = re.compile(r"^\d+(-\d+)?$")
 
@@ -60,6 +62,7 @@ def render(job: Job, input_path: Path | None, rows_spec: str) -> Result:
     """The exact requests the chosen rows would send, secrets shown as `***`. Sends nothing."""
     renderer = RequestRenderer.from_config(job.config.request, os.environ)
     wanted = parse_rows(rows_spec)
+    config_sha256 = config_fingerprint(job.config)
     last = max(wanted)
     spec = resolve_input(job, input_path)
     problems: list[Problem] = []
@@ -83,6 +86,10 @@ def render(job: Job, input_path: Path | None, rows_spec: str) -> Result:
                     )
                 )
                 continue
+            if renderer.idempotency_header is not None:
+                identity = row_identity(record, job.config.input.key)
+                key = renderer.idempotency_key(config_sha256, identity, request)
+                request = renderer.with_idempotency_key(request, key)
             requests.append(
                 {"row_number": record.row_number, "line": record.line, **renderer.redact(request)}
             )
