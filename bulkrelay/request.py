@@ -60,6 +60,9 @@ class RequestRenderer:
         self._url = url
         self._query = query
         self._headers = headers
+        # Headers without fields are the same for every row: build them once.
+        self._constant_headers = tuple((n, t.constant) for n, t in headers if t.constant is not None)
+        self._dynamic_headers = tuple((n, t) for n, t in headers if t.constant is None)
         self._body = body
         self.fields_used = fields_used
         self.idempotency_header = idempotency_header
@@ -102,7 +105,9 @@ class RequestRenderer:
         if self._query:
             pairs = [(name, template.render(fields)) for name, template in self._query]
             url += ("&" if "?" in url else "?") + urlencode(pairs)
-        headers = tuple((name, _header_value(name, t, fields)) for name, t in self._headers)
+        headers = self._constant_headers
+        if self._dynamic_headers:
+            headers += tuple((name, _header_value(name, t, fields)) for name, t in self._dynamic_headers)
         body = self._body(fields) if self._body is not None else None
         return PreparedRequest(self.method, url, headers, body)
 
@@ -299,6 +304,8 @@ def _absent_value(name: str, value: object, type_name: str | None) -> Any:
 def _to_integer(name: str, value: Any) -> int:
     if type(value) is int:
         return value
+    if type(value) is str and len(value) < 19 and value.isdigit() and value.isascii():
+        return int(value)  # the common case, short of the range check and the regex
     if type(value) is str and _INTEGER.fullmatch(text := value.strip()):
         number = int(text)
         if number in _INT_RANGE:

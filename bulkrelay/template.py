@@ -138,8 +138,12 @@ def value_text(field: str, value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+_URL_SAFE = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote(safe="") leaves alone
+
+
 def _quote_path(text: str) -> str:
-    return quote(text, safe="")
+    # Most keys are plain ids: skip urllib's general machinery when nothing needs escaping.
+    return text if _URL_SAFE.fullmatch(text) else quote(text, safe="")
 
 
 @lru_cache(maxsize=256)
