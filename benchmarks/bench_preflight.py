@@ -114,18 +114,15 @@ def main() -> None:
         print(
             f"bare csv.reader + orjson.dumps of the record     {args.rows / bare:>10,.0f} rows/s  (baseline)"
         )
-        print(
-            f"preflight                                        {args.rows / plain:>10,.0f} rows/s  ratio {bare / plain:.2f}"
-        )
-        print(
-            f"preflight with input.key                         {args.rows / keyed:>10,.0f} rows/s  ratio {bare / keyed:.2f}"
-        )
+        print(f"{'preflight':49}{args.rows / plain:>10,.0f} rows/s  ratio {bare / plain:.2f}")
+        print(f"{'preflight with input.key':49}{args.rows / keyed:>10,.0f} rows/s  ratio {bare / keyed:.2f}")
         for keyed_job in (False, True):
             low = peak_rss_kib(write_job(folder, small.name, keyed=keyed_job))
             high = peak_rss_kib(write_job(folder, big.name, keyed=keyed_job))
             label = "with input.key" if keyed_job else "no key        "
             print(
-                f"peak RSS {label}  100k {low:,} KiB   {args.rows // 1000}k {high:,} KiB   ratio {high / low:.2f}"
+                f"peak RSS {label}  100k {low:,} KiB   {args.rows // 1000}k {high:,} KiB"
+                f"   ratio {high / low:.2f}"
             )
     print(f"(this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss:,} KiB)")
 

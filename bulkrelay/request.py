@@ -60,9 +60,9 @@ class RequestRenderer:
         self._url = url
         self._query = query
         self._headers = headers
-        # Headers without fields are the same for every row: build them once.
-        self._constant_headers = tuple((n, t.constant) for n, t in headers if t.constant is not None)
-        self._dynamic_headers = tuple((n, t) for n, t in headers if t.constant is None)
+        # When no header names a field, the headers are the same for every row: build them once.
+        constant = tuple((n, t.constant) for n, t in headers if t.constant is not None)
+        self._constant_headers = constant if len(constant) == len(headers) else None
         self._body = body
         self.fields_used = fields_used
         self.idempotency_header = idempotency_header
@@ -106,8 +106,8 @@ class RequestRenderer:
             pairs = [(name, template.render(fields)) for name, template in self._query]
             url += ("&" if "?" in url else "?") + urlencode(pairs)
         headers = self._constant_headers
-        if self._dynamic_headers:
-            headers += tuple((name, _header_value(name, t, fields)) for name, t in self._dynamic_headers)
+        if headers is None:
+            headers = tuple((name, _header_value(name, t, fields)) for name, t in self._headers)
         body = self._body(fields) if self._body is not None else None
         return PreparedRequest(self.method, url, headers, body)
 
