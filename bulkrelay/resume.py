@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay.checkpoint import read_checkpoint
-from bulkrelay.config import load_job
+from bulkrelay.config import JobConfig, config_semantic_dict, load_job
 from bulkrelay.engine import StartPoint
 from bulkrelay.envelope import EnvelopeWarning
 from bulkrelay.errors import ConfigChanged, InputChanged, NotFound, RunNotResumable
+from bulkrelay.fingerprint import canonical_sha256
 from bulkrelay.journal import recover_torn_tail, scan_journal
 from bulkrelay.preflight import Preflight, run_preflight
 from bulkrelay.rundir import FINAL_STATES, RunDir
@@ -76,12 +77,37 @@ def verify_unchanged(run: RunDir, preflight: Preflight) -> None:
         )
     recorded = run.manifest["config_sha256"]
     if recorded != preflight.config_fingerprint:
+        sections = changed_sections(run.manifest.get("config_sections"), preflight.job.config)
+        where = f" in {', '.join(sections)}" if sections else ""
         raise ConfigChanged(
-            f"the job's semantic configuration changed since run {run.run_id} started "
+            f"the job's semantic configuration changed{where} since run {run.run_id} started "
             f"(sha256 {recorded[:12]} -> {preflight.config_fingerprint[:12]})",
-            context={"run_dir": str(run.path), "recorded": recorded, "now": preflight.config_fingerprint},
+            context={
+                "run_dir": str(run.path),
+                "recorded": recorded,
+                "now": preflight.config_fingerprint,
+                "changed": sections,
+            },
             suggestion="restore the original job file, or start a new run",
         )
+
+
+def config_sections(config: JobConfig) -> dict[str, str]:
+    """A short digest per setting (`request.url`, `retry.max_attempts`, ...) of the semantic config,
+    kept in the manifest so a refusal can say which settings changed without storing their values."""
+    digests: dict[str, str] = {}
+    for section, value in config_semantic_dict(config).items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for name, setting in items:
+            digests[section if name is None else f"{section}.{name}"] = canonical_sha256(setting)[:16]
+    return digests
+
+
+def changed_sections(recorded: dict[str, str] | None, config: JobConfig) -> list[str]:
+    if not recorded:
+        return []
+    now = config_sections(config)
+    return sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
 
 
 def preflight_for_resume(run: RunDir, config_override: Path | None, input_override: Path | None) -> Preflight:
