@@ -148,7 +148,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     as_json = json_mode(argv)
     try:
         # --json may stand anywhere on the line; it is read by json_mode() above.
-        result = dispatch(build_parser().parse_args([a for a in argv if a != "--json"]))
+        args = build_parser().parse_args([a for a in argv if a != "--json"])
+        args.argv = argv  # a background job re-runs the same command line
+        args.started = started  # the call budget counts from here
+        result = dispatch(args)
     except BulkRelayError as exc:
         result = Result.from_error(exc)
     except KeyboardInterrupt:

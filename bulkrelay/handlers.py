@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from bulkrelay import commands, demo, export, launch, retryfailed
+from bulkrelay import commands, demo, export, jobs, launch, retryfailed, worker
 from bulkrelay.config import Job, load_job
 from bulkrelay.envelope import Result
 from bulkrelay.errors import UsageError
@@ -35,22 +35,33 @@ def _render(args: argparse.Namespace) -> Result:
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
+    supervisor = getattr(args, "supervisor", None)
+    if supervisor is not None:  # a background worker: its supervisor owns signals and the deadline
+        return RunOptions(handle_signals=False, supervisor=supervisor)
     timeout_ms = getattr(args, "timeout", None)
     return RunOptions(timeout_seconds=timeout_ms / 1000 if timeout_ms is not None else None)
 
 
-def _run(args: argparse.Namespace) -> Result:
+def _run_request(args: argparse.Namespace, spooled_stdin: Path | None = None) -> launch.RunRequest:
     runs_dir = default_runs_dir(args.runs_dir)
     job = load_job(args.job)
-    request = launch.RunRequest(
+    return launch.RunRequest(
         job=job,
-        input_path=_input_path(args, job, runs_dir / ".spool"),
+        input_path=spooled_stdin or _input_path(args, job, runs_dir / ".spool"),
         from_stdin=args.input == "-",
         runs_dir=runs_dir,
         idempotency_key=args.idempotency_key,
         options=_options(args),
     )
-    return launch.run(request)
+
+
+def _run(args: argparse.Namespace) -> Result:
+    return launch.run(_run_request(args))
+
+
+def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:
+    """The job key of a budgeted `run`: the same identity the identical re-run uses."""
+    return _run_request(args, spooled_stdin).key()
 
 
 def _resume(args: argparse.Namespace) -> Result:
@@ -92,11 +103,15 @@ def _demo(args: argparse.Namespace) -> Result:
 TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "validate": _validate,
     "render": _render,
-    "run": _run,
-    "resume": _resume,
+    "run": jobs.budgeted("run", _run, _run_key),
+    "resume": jobs.budgeted("resume", _resume),
     "status": _status,
     "runs": _runs,
-    "retry-failed": _retry_failed,
+    "retry-failed": jobs.budgeted("retry-failed", _retry_failed),
     "export": _export,
     "demo": _demo,
+    "job wait": lambda args: jobs.job_wait(args.job_id, args.budget),
+    "job status": lambda args: jobs.job_status(args.job_id),
+    "job cancel": lambda args: jobs.job_cancel(args.job_id),
+    "_job-worker": lambda args: worker.run_worker(args.job_id),
 }

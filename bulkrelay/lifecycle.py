@@ -14,18 +14,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
 from bulkrelay.atomic import write_json_atomic
 from bulkrelay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.envelope import Result
-from bulkrelay.errors import ExitCode
+from bulkrelay.errors import BulkRelayError, ExitCode
 from bulkrelay.inputs import spool_stdin
 from bulkrelay.preflight import Preflight
-from bulkrelay.progress import Reporter
-from bulkrelay.resume import recover_start
+from bulkrelay.progress import CallbackReporter, FanOut, Reporter, Snapshot
+from bulkrelay.resume import config_sections, recover_start
 from bulkrelay.rundir import (
     CANCELLED as CANCELLED_STATE,
 )
@@ -64,10 +64,19 @@ _STOPS: dict[str, tuple[str, ExitCode, str]] = {
 }
 
 
+class Supervisor(Protocol):
+    """What a background worker adds to a run: it sees the progress and may request a stop."""
+
+    def on_progress(self, snapshot: Snapshot) -> None: ...
+
+    async def watch(self, stop: StopControl, preflight: Preflight, run: RunDir) -> None: ...
+
+
 @dataclass(frozen=True)
 class RunOptions:
     timeout_seconds: float | None = None
     handle_signals: bool = True
+    supervisor: Supervisor | None = None  # set by the background job worker (bulkrelay.worker)
 
 
 def manifest_for(preflight: Preflight, extra: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +87,7 @@ def manifest_for(preflight: Preflight, extra: dict[str, Any]) -> dict[str, Any]:
         "job_path": str(job.path),
         "input": {"path": str(preflight.input_spec.path.resolve()), **preflight.input_fingerprint.to_dict()},
         "config_sha256": preflight.config_fingerprint,
+        "config_sections": config_sections(job.config),
         "cwd": os.getcwd(),
         **extra,
     }
@@ -100,6 +110,8 @@ async def _relay_with_stops(
             watchers.start_soon(watch_signals, stop)
         if options.timeout_seconds is not None:
             watchers.start_soon(stop_at, stop, options.timeout_seconds, TIMEOUT)
+        if options.supervisor is not None:
+            watchers.start_soon(options.supervisor.watch, stop, preflight, run)
         outcome = await relay(preflight, run, start, stop=stop, reporter=reporter)
         watchers.cancel_scope.cancel()
     return outcome
@@ -116,11 +128,24 @@ def relay_locked(
 ) -> Result:
     """Relay with the run's lock already held and turn the outcome into the command's result."""
     run.set_state(RUNNING, pid=os.getpid())
+    if options.supervisor is not None:
+        reporter = FanOut(reporter, CallbackReporter(options.supervisor.on_progress))
     try:
         outcome = anyio.run(_relay_with_stops, preflight, run, start, (reporter, options, stop))
+    except BaseExceptionGroup as group:
+        raise _sole_error(group) from None
     finally:
         reporter.close()
     return _conclude(preflight, run, outcome)
+
+
+def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """anyio wraps a task's failure in (nested) exception groups; a `StorageFailed` or other
+    BulkRelayError must reach the CLI as itself, so it maps to its own code and exit code."""
+    errors: BaseException | None = group.split(BulkRelayError)[0]
+    while isinstance(errors, BaseExceptionGroup):
+        errors = errors.exceptions[0]
+    return errors if errors is not None else group
 
 
 def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Result:

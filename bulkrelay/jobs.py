@@ -1,0 +1,355 @@
+"""The call budget and background jobs: work outlives the call, and a caller never hangs.
+
+`run`, `resume` and `retry-failed` are wrapped by `budgeted()`. With a budget, the front process
+starts a detached worker (`bulkrelay.worker`) and waits for it up to the budget: the job's own answer
+when it ends in time, else INCOMPLETE (14) with the job's id and progress. The identical invocation
+attaches to its live job instead of starting a second one. `job wait|status|cancel` reach a job later.
+Job state lives on disk (`bulkrelay.jobstate`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
+from bulkrelay.fingerprint import canonical_sha256
+from bulkrelay.inputs import spool_stdin
+from bulkrelay.invocation import invocation_key
+from bulkrelay.jobstate import (
+    ENDED,
+    LOST,
+    RUNNING,
+    JobDir,
+    acquire_lock,
+    index_locked,
+    job_for_key,
+    jobs_root,
+    record_pid,
+    remember_job,
+    remove_expired,
+)
+from bulkrelay.rundir import CANCELLED, RunDir, is_locked
+from bulkrelay.rundir import RUNNING as RUN_RUNNING
+from bulkrelay.worker import LOCK_FD_ENV
+
+BUDGET_ENV = "AGENT_CALL_BUDGET_MS"
+DEFAULT_BUDGET_MS = 30_000
+CANCEL_WAIT_SECONDS = 60.0
+_POLL_SECONDS = 0.05
+
+Handler = Callable[[argparse.Namespace], Result]
+KeyOf = Callable[[argparse.Namespace, Path | None], str]  # (args, spooled stdin) -> invocation key
+_NOT_IN_KEY = frozenset({"budget", "timeout", "argv", "started", "supervisor", "command", "job_command"})
+
+
+def resolve_budget(flag_ms: int | None, environ: Mapping[str, str], stdout_is_terminal: bool) -> int | None:
+    """`--budget`, else AGENT_CALL_BUDGET_MS, else 30 s without a terminal; None: no budget at all.
+
+    0 turns the budget off: the call runs synchronously (and says so with `meta.budget_ms` 0)."""
+    if flag_ms is not None:
+        return flag_ms
+    raw = environ.get(BUDGET_ENV, "").strip()
+    if raw:
+        if not raw.isdigit():
+            raise UsageError(f"{BUDGET_ENV}={raw!r} is not a whole number of milliseconds")
+        return int(raw)
+    return None if stdout_is_terminal else DEFAULT_BUDGET_MS
+
+
+def arguments_key(command: str, args: argparse.Namespace, stdin: Path | None) -> str:
+    """The invocation key from the parsed arguments: paths resolved, budget and timeout left out."""
+    arguments = {
+        name: str(value.resolve()) if isinstance(value, Path) else None if value is None else str(value)
+        for name, value in sorted(vars(args).items())
+        if name not in _NOT_IN_KEY
+    }
+    stdin_sha256 = canonical_sha256({"stdin": _file_sha256(stdin)}) if stdin is not None else None
+    return invocation_key(command, arguments, stdin_sha256=stdin_sha256, idempotency_key=None)
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    with path.open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
+
+
+def budgeted(command: str, handler: Handler, key_of: KeyOf | None = None) -> Handler:
+    """`handler` bounded by the call budget; unchanged inside a worker or when there is no budget."""
+
+    def call(args: argparse.Namespace) -> Result:
+        if getattr(args, "supervisor", None) is not None:
+            return handler(args)  # inside the worker: synchronous, the job is the budget's business
+        budget_ms = resolve_budget(args.budget, os.environ, sys.stdout.isatty())
+        try:
+            if not budget_ms:
+                result = handler(args)
+            else:
+                key = key_of or (lambda a, stdin: arguments_key(command, a, stdin))
+                result = _front(command, args, budget_ms, key)
+        except BulkRelayError as exc:
+            result = Result.from_error(exc)
+        if budget_ms is not None:
+            result.meta["budget_ms"] = budget_ms
+        return result
+
+    return call
+
+
+# ------------------------------------------------------------------------------- the front process
+
+
+def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf) -> Result:
+    """Start (or attach to) the invocation's job, then wait for it up to the budget."""
+    started = float(getattr(args, "started", time.monotonic()))
+    with _hand_off_on_signal() as handed_off:
+        spool = _spool_stdin() if getattr(args, "input", None) == "-" else None
+        try:
+            key = key_of(args, spool)
+            with index_locked():
+                remove_expired()
+                job = job_for_key(key)
+                if job is None or job.state() != RUNNING:
+                    job = _start_job(command, args, key, spool, previous=job)
+                    spool = None  # it moved into the job
+        finally:
+            if spool is not None:
+                spool.unlink(missing_ok=True)
+        return wait_for(job, budget_ms, started=started, handed_off=handed_off)
+
+
+@contextmanager
+def _hand_off_on_signal() -> Iterator[Callable[[], bool]]:
+    """SIGTERM (or SIGINT) to the front before the budget ends: answer at once, the job goes on."""
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield lambda: bool(received)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _spool_stdin() -> Path:
+    spool_dir = jobs_root() / ".spool"
+    spool_dir.mkdir(exist_ok=True)
+    return spool_stdin(spool_dir / f"stdin-{os.getpid()}-{time.time_ns()}", sys.stdin.buffer)
+
+
+def _start_job(
+    command: str, args: argparse.Namespace, key: str, spool: Path | None, previous: JobDir | None
+) -> JobDir:
+    now = time.time()
+    timeout_ms = getattr(args, "timeout", None)
+    spec: dict[str, Any] = {
+        "command": command,
+        "argv": list(args.argv),
+        "cwd": os.getcwd(),
+        "key": key,
+        "created_at": now,
+        "deadline": now + timeout_ms / 1000 if timeout_ms is not None else None,
+        "previous_job": None,
+    }
+    if previous is not None and not previous.cancel_requested:
+        # A lost job's continuation keeps its bounds: --timeout and the lifetime hold across workers.
+        earlier = previous.spec()
+        spec.update(
+            created_at=earlier["created_at"], deadline=earlier["deadline"], previous_job=previous.job_id
+        )
+    job = JobDir.create(command, spec)
+    if spool is not None:
+        os.replace(spool, job.stdin_path)
+    _spawn(job, stdin=job.stdin_path if spool is not None else None)
+    remember_job(key, job)
+    return job
+
+
+def _spawn(job: JobDir, stdin: Path | None) -> None:
+    """Start the worker detached: its own session, its own stdio, the job's lock already held for it."""
+    lock_fd = acquire_lock(job)
+    try:
+        with job.log_path.open("ab") as log, _open_or_devnull(stdin) as stdin_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "bulkrelay", "_job-worker", job.job_id],
+                start_new_session=True,
+                stdin=stdin_file,
+                stdout=log,
+                stderr=log,
+                close_fds=True,
+                pass_fds=(lock_fd,),
+                env={**os.environ, LOCK_FD_ENV: str(lock_fd)},
+            )
+        record_pid(lock_fd, process.pid)
+        process.returncode = 0  # never waited for: the worker outlives this process on purpose
+    finally:
+        os.close(lock_fd)
+
+
+@contextmanager
+def _open_or_devnull(path: Path | None) -> Iterator[Any]:
+    if path is None:
+        yield subprocess.DEVNULL
+    else:
+        with path.open("rb") as stream:
+            yield stream
+
+
+# ---------------------------------------------------------------------------------- waiting
+
+
+def wait_for(
+    job: JobDir,
+    budget_ms: int | None,
+    *,
+    started: float | None = None,
+    handed_off: Callable[[], bool] = lambda: False,
+) -> Result:
+    """The job's own answer if it ends within the budget (None: no limit), else INCOMPLETE."""
+    started = time.monotonic() if started is None else started
+    deadline = None if budget_ms is None else started + budget_ms / 1000
+    while True:
+        state = job.state()
+        if state == ENDED:
+            return stored_result(job, budget_ms)
+        if state == LOST:
+            raise job_lost(job)
+        if handed_off() or (deadline is not None and time.monotonic() >= deadline):
+            return incomplete(job, budget_ms)
+        time.sleep(_POLL_SECONDS)
+
+
+def stored_result(job: JobDir, budget_ms: int | None) -> Result:
+    """The job's final envelope as the job wrote it; `duration_ms` stays the work's."""
+    stored = job.result()
+    assert stored is not None
+    envelope = stored["envelope"]
+    meta = {k: v for k, v in envelope["meta"].items() if k not in ("exit_code", "duration_ms", "budget_ms")}
+    meta.update(work_duration_ms=envelope["meta"]["duration_ms"], job_id=job.job_id)
+    if budget_ms is not None:
+        meta["budget_ms"] = budget_ms
+    return Result(
+        data=envelope["data"],
+        exit_code=ExitCode(stored["exit_code"]),
+        error=envelope["error"],
+        warnings=[EnvelopeWarning(w["code"], w["message"], w.get("context")) for w in envelope["warnings"]],
+        meta=meta,
+        kind=str(stored.get("kind", "generic")),
+    )
+
+
+def incomplete(job: JobDir, budget_ms: int | None) -> Result:
+    status = job.status()
+    continue_command = f"bulkrelay job wait {job.job_id}"
+    data = {
+        "state": "running",
+        "job_id": job.job_id,
+        "progress": status.get("progress") or {"done": 0, "total": None, "unit": "rows"},
+        "run_dir": status.get("run_dir"),
+        "continue_command": continue_command,
+        "cancel_command": f"bulkrelay job cancel {job.job_id}",
+    }
+    waited = "" if budget_ms is None else f" after the call budget of {budget_ms} ms"
+    error = {
+        "code": "INCOMPLETE",
+        "message": f"job {job.job_id} is still running{waited}; it goes on in the background",
+        "retryable": True,
+        "suggestion": continue_command,
+    }
+    meta: dict[str, Any] = {"job_id": job.job_id}
+    if budget_ms is not None:
+        meta["budget_ms"] = budget_ms
+    return Result(data=data, exit_code=ExitCode.INCOMPLETE, error=error, meta=meta, kind="job")
+
+
+def job_lost(job: JobDir) -> JobLost:
+    return JobLost(
+        f"job {job.job_id} ended without a result; its worker exited",
+        detail=job.log_tail() or "(the job's log is empty)",
+        context={"job_id": job.job_id, "log": str(job.log_path), "run_dir": job.status().get("run_dir")},
+        suggestion="run the same command again: it continues the run from its journal",
+    )
+
+
+# ------------------------------------------------------------------------ job wait|status|cancel
+
+
+def _open(job_id: str) -> JobDir:
+    with index_locked():
+        remove_expired()
+    return JobDir.open(job_id)
+
+
+def job_wait(job_id: str, budget_flag_ms: int | None) -> Result:
+    budget_ms = resolve_budget(budget_flag_ms, os.environ, sys.stdout.isatty())
+    job = _open(job_id)
+    with _hand_off_on_signal() as handed_off:
+        return wait_for(job, budget_ms, handed_off=handed_off)
+
+
+def job_status(job_id: str) -> Result:
+    job = _open(job_id)
+    state = job.state()
+    if state == ENDED:
+        return stored_result(job, None)
+    if state == LOST:
+        raise job_lost(job)
+    return incomplete(job, None)
+
+
+def job_cancel(job_id: str) -> Result:
+    """Ask the job to stop at its next safe point and wait (bounded) until it has."""
+    job = _open(job_id)
+    if job.state() == ENDED:
+        return _cancel_answer(job, "ended")
+    job.request_cancel()
+    pid = job.worker_pid()
+    if pid is not None and job.is_live():
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+    while job.is_live() and time.monotonic() < deadline:
+        time.sleep(_POLL_SECONDS)
+    if job.is_live():
+        return _cancel_answer(job, "cancelling")
+    if job.result() is None:
+        _cancel_lost_run(job)
+    return _cancel_answer(job, "cancelled")
+
+
+def _cancel_lost_run(job: JobDir) -> None:
+    """A dead worker left its run `running`; cancelling the job cancels that run too."""
+    run_dir = job.status().get("run_dir")
+    if run_dir and not is_locked(Path(run_dir)):
+        with suppress(BulkRelayError):
+            run = RunDir.open(Path(run_dir))
+            if run.state == RUN_RUNNING:
+                run.set_state(CANCELLED, stop_reason="cancelled", pid=None)
+
+
+def _cancel_answer(job: JobDir, state: str) -> Result:
+    stored = job.result()
+    envelope = stored["envelope"] if stored else None
+    run_data = envelope["data"] if envelope and isinstance(envelope["data"], dict) else {}
+    data = {
+        "job_id": job.job_id,
+        "state": state,
+        "run_dir": run_data.get("run_dir") or job.status().get("run_dir"),
+        "run_state": run_data.get("state"),
+        "job_exit_code": stored["exit_code"] if stored else None,
+    }
+    return Result(data=data, kind="job")
