@@ -31,6 +31,9 @@ from bulkrelay.stopping import HALT_UNAVAILABLE, StopControl
 from bulkrelay.transport import Transport, TransportSettings, open_transport
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
+# The first checkpoint comes sooner: a process killed soon after it starts (again and again, say)
+# has still moved the frontier, which also covers the lines a crashed predecessor left after it.
+FIRST_CHECKPOINT_SECONDS = 0.1
 
 
 @dataclass
@@ -205,9 +208,11 @@ async def relay(
 
     async def checkpointer() -> None:
         last = (committed.seq, committed.offset)
+        interval = FIRST_CHECKPOINT_SECONDS
         while True:
-            await anyio.sleep(CHECKPOINT_INTERVAL_SECONDS)
+            await anyio.sleep(interval)
             if (committed.seq, committed.offset) != last:
+                interval = CHECKPOINT_INTERVAL_SECONDS
                 last = (committed.seq, committed.offset)
                 await anyio.to_thread.run_sync(write_checkpoint, run.path, committed.checkpoint(), storage)
 
@@ -224,6 +229,8 @@ async def relay(
                 await journal.submit(admitted)
             await journal.close()
             background.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise _sole_error(group) from None
     finally:
         records.close()
         with anyio.CancelScope(shield=True):
@@ -238,6 +245,20 @@ async def relay(
         stop_detail=dict(stop.detail),
         forced=stop.forced,
     )
+
+
+def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error a task group failed with (a StorageFailed, say), so the CLI can name it;
+    the group itself when several things failed at once."""
+    errors: list[BaseException] = []
+    pending = [group]
+    while pending:
+        for exc in pending.pop().exceptions:
+            if isinstance(exc, BaseExceptionGroup):
+                pending.append(exc)
+            else:
+                errors.append(exc)
+    return errors[0] if len(errors) == 1 else group
 
 
 def _halted(stop: StopControl) -> bool:

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 
 _MAX_LAG = 0.05  # seconds of missed slots a late wakeup may still claim
-_WINDOW_MARGIN = 0.001  # seconds added to the one-second window, for callers' clock reads
+_WINDOW_MARGIN = 0.01  # seconds of slack on the one-second window: arrivals jitter on the way to the target
 
 
 class Start:

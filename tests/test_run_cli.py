@@ -1,0 +1,264 @@
+"""`bulkrelay run` as a user sees it: a real CLI process relaying to a real loopback target process.
+
+Also the home of the small fixtures the other `test_run*` / `test_engine*` files share: a job file
+writer, a CLI run with `--budget 0` (synchronous), and readers for the journal and the target's view.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.journal import iter_journal
+from tests.clirun import CliResult, cli_env, run_cli
+from tests.targetproc import TargetProcess
+
+# --------------------------------------------------------------------------------- fixtures
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def write_job(
+    tmp_path: Path,
+    target_url: str,
+    rows: int = 20,
+    *,
+    tags: dict[int, str] | None = None,
+    **overrides: Any,
+) -> Path:
+    """A CSV of `rows` records (id, email, tag) and a job POSTing each to the target.
+
+    `tags` marks rows (by number, from 1) with a word the target's rules can match on
+    (`{"match": {"body_field": "tag", "equals": "bad"}}`); `overrides` merge into the job's sections.
+    """
+    tags = tags or {}
+    lines = ["id,email,tag"] + [f"{n},user{n}@example.com,{tags.get(n, 'plain')}" for n in range(1, rows + 1)]
+    (tmp_path / "records.csv").write_text("\n".join(lines) + "\n")
+    job: dict[str, Any] = {
+        "version": 1,
+        "name": "test-job",
+        "input": {"file": "records.csv", "key": "id"},
+        "request": {
+            "method": "POST",
+            "url": f"{target_url}/v1/items",
+            "json": {
+                "id": {"from": "id", "type": "integer"},
+                "email": {"from": "email"},
+                "tag": {"from": "tag"},
+            },
+        },
+        "execution": {"concurrency": 4},
+        "retry": {"initial_backoff_seconds": 0.01, "max_backoff_seconds": 0.05, "jitter_ratio": 0},
+    }
+    job = _merge(job, overrides)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def run_job(job: Path, *extra: str | Path, env: dict[str, str] | None = None) -> CliResult:
+    runs = job.parent / "runs"
+    return run_cli("run", job, "--budget", "0", "--runs-dir", runs, *extra, cwd=job.parent, env=env)
+
+
+def journal(run_dir: str | Path) -> list[dict[str, Any]]:
+    return list(iter_journal(Path(run_dir) / "results.jsonl"))
+
+
+def target_ids(target: TargetProcess) -> list[int]:
+    """The `id` of every request the target answered, in arrival order (repeats included)."""
+    return [int(orjson.loads(r["body"])["id"]) for r in target.requests() if r["status"] is not None]
+
+
+def tag_rule(tag: str, **answer: Any) -> dict[str, Any]:
+    return {"match": {"body_field": "tag", "equals": tag}, **answer}
+
+
+# --------------------------------------------------------------------------------- retries, failures
+
+
+def test_retries_that_succeed(tmp_path: Path) -> None:
+    with TargetProcess({"rules": [{"first_attempts": 2, "status": 503}]}) as target:
+        job = write_job(tmp_path, target.url, rows=12, retry={"max_attempts": 3})
+        result = run_job(job)
+        assert target.stats()["by_status"] == {"200": 12, "503": 24}
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    assert result.data["state"] == "completed"
+    entries = journal(result.data["run_dir"])
+    assert sorted(e["row_number"] for e in entries) == list(range(1, 13))
+    assert {(e["success"], e["attempts"], e["status_code"], e["classification"]) for e in entries} == {
+        (True, 3, 200, "success")
+    }
+    summary = result.data["summary"]
+    assert (summary["attempts"], summary["retries"]) == (36, 24)
+
+
+def test_client_errors_are_permanent_failures_with_truncated_bodies(tmp_path: Path) -> None:
+    body = "invalid email: " + "x" * 5000
+    plan = {"rules": [tag_rule("bad", status=422, body=body)]}
+    with TargetProcess(plan) as target:
+        job = write_job(
+            tmp_path,
+            target.url,
+            rows=30,
+            tags={3: "bad", 17: "bad", 29: "bad"},
+            retry={"max_attempts": 3},
+            response={"failure_body_bytes": 100},
+        )
+        result = run_job(job)
+        assert target.stats()["requests"] == 30  # a 422 is never retried
+    assert result.exit_code == ExitCode.PARTIAL_FAILURE
+    assert result.error_code == "PARTIAL_FAILURE"
+    assert result.data["state"] == "completed_with_failures"
+    failed = [e for e in journal(result.data["run_dir"]) if not e["success"]]
+    assert sorted(e["row_number"] for e in failed) == [3, 17, 29]
+    for entry in failed:
+        assert entry["classification"] == "http_client_error"
+        assert (entry["status_code"], entry["attempts"], entry["retryable"]) == (422, 1, False)
+        assert entry["error"] == "HTTP 422"
+        assert entry["response_body"] == body[:100]
+
+
+def test_summary_counts_equal_the_journal(tmp_path: Path) -> None:
+    plan = {
+        "rules": [
+            tag_rule("bad", status=422),
+            tag_rule("flaky", first_attempts=1, status=502),
+            tag_rule("down", status=503),
+        ]
+    }
+    tags = {n: ("bad", "flaky", "down", "plain")[n % 4] for n in range(1, 41)}
+    with TargetProcess(plan) as target:
+        job = write_job(tmp_path, target.url, rows=40, tags=tags, retry={"max_attempts": 2})
+        result = run_job(job)
+    assert result.exit_code == ExitCode.PARTIAL_FAILURE
+    entries = journal(result.data["run_dir"])
+    expected_status: dict[str, int] = {}
+    expected_class: dict[str, int] = {}
+    for e in entries:
+        expected_status[str(e["status_code"])] = expected_status.get(str(e["status_code"]), 0) + 1
+        expected_class[e["classification"]] = expected_class.get(e["classification"], 0) + 1
+    ok = sum(e["success"] for e in entries)
+    attempts = sum(e["attempts"] for e in entries)
+    on_disk = orjson.loads((Path(result.data["run_dir"]) / "summary.json").read_bytes())
+    for summary in (result.data["summary"], on_disk):
+        assert summary["by_outcome"] == {"succeeded": ok, "failed": len(entries) - ok}
+        assert summary["by_status"] == expected_status
+        assert summary["by_classification"] == expected_class
+        assert (summary["attempts"], summary["retries"]) == (attempts, attempts - len(entries))
+        assert (summary["rows_total"], summary["rows_done"], summary["rows_pending"]) == (40, 40, 0)
+    assert expected_class == {"success": 20, "http_client_error": 10, "http_server_error": 10}
+    assert result.data["progress"] == {"done": 40, "total": 40, "unit": "rows", "ok": 20, "failed": 20}
+
+
+# ------------------------------------------------------------------------- envelope, read-only commands
+
+
+def test_run_envelope_fields(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        result = run_job(write_job(tmp_path, target.url, rows=5))
+    envelope = result.envelope
+    assert envelope["ok"] is True and envelope["error"] is None and envelope["warnings"] == []
+    assert envelope["meta"]["exit_code"] == 0 and envelope["meta"]["duration_ms"] >= 0
+    data = envelope["data"]
+    assert set(data) >= {"run_id", "run_dir", "state", "progress", "summary"}
+    assert "continue_command" not in data
+    run_dir = Path(data["run_dir"])
+    assert run_dir.parent == tmp_path / "runs" and run_dir.name == data["run_id"]
+    assert {p.name for p in run_dir.iterdir()} >= {
+        "run.json",
+        "checkpoint.json",
+        "results.jsonl",
+        "summary.json",
+    }
+    manifest = orjson.loads((run_dir / "run.json").read_bytes())
+    assert manifest["state"] == "completed"
+    checkpoint = orjson.loads((run_dir / "checkpoint.json").read_bytes())
+    assert (checkpoint["rows_done"], checkpoint["ok"], checkpoint["failed"]) == (5, 5, 0)
+    assert data["summary"]["this_call"]["rows_committed"] == 5
+
+
+def _tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.rglob("*"))}
+
+
+def test_status_and_runs_read_without_changing(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        first = run_job(write_job(tmp_path, target.url, rows=6))
+    runs_dir = tmp_path / "runs"
+    before = _tree_state(runs_dir)
+    status = run_cli("status", first.data["run_dir"])
+    listing = run_cli("runs", "--runs-dir", runs_dir)
+    assert _tree_state(runs_dir) == before
+    assert status.exit_code == ExitCode.SUCCESS
+    assert status.data["state"] == "completed" and status.data["live"] is False
+    assert status.data["progress"] == {"done": 6, "total": 6, "unit": "rows", "ok": 6, "failed": 0}
+    assert status.data["summary"]["by_outcome"] == {"succeeded": 6, "failed": 0}
+    assert [r["run_id"] for r in listing.data["runs"]] == [first.data["run_id"]]
+    assert listing.data["runs"][0]["done"] == 6
+
+
+# --------------------------------------------------------------------------------- secrets
+
+SECRET = "tok-5ecr3t-Zq81xv"
+
+
+def test_no_secret_is_ever_written(tmp_path: Path) -> None:
+    # The target echoes the token back in failure bodies and in a header; a reset row puts an
+    # exception text in the journal. None of it may carry the secret.
+    plan = {
+        "rules": [
+            tag_rule("bad", status=400, body=f"bad token Bearer {SECRET} for you"),
+            tag_rule("gone", status=500, body={"echo": SECRET}, headers={"X-Echo": SECRET}),
+            tag_rule("reset", reset=True),
+        ]
+    }
+    env = cli_env(API_TOKEN=SECRET)
+    with TargetProcess(plan) as target:
+        job = write_job(
+            tmp_path,
+            target.url,
+            rows=12,
+            tags={2: "bad", 5: "gone", 7: "reset"},
+            request={"headers": {"Authorization": "Bearer ${API_TOKEN}"}},
+            response={"capture": {"remote_id": "/id"}},
+        )
+        result = run_job(job, env=env)
+        sent = target.requests()
+    assert all(r["headers"].get("Authorization") == f"Bearer {SECRET}" for r in sent)  # it was used
+    assert result.exit_code == ExitCode.PARTIAL_FAILURE
+    by_row = {e["row_number"]: e for e in journal(result.data["run_dir"])}
+    assert "***" in by_row[2]["response_body"] and "***" in by_row[5]["response_body"]
+    assert by_row[7]["classification"] == "protocol_error"
+    status = run_cli("status", result.data["run_dir"], env=env)
+    outputs = [result.stdout, result.stderr.encode(), status.stdout, status.stderr.encode()]
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "job.yaml"]
+    assert len(files) >= 5
+    for blob in outputs + [p.read_bytes() for p in files]:
+        assert SECRET.encode() not in blob
+
+
+# ------------------------------------------------------------------------- after a clean end
+
+
+def test_completed_run_is_not_resumable(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        result = run_job(write_job(tmp_path, target.url, rows=3))
+        again = run_cli("resume", result.data["run_dir"], "--budget", "0", cwd=tmp_path)
+        assert target.stats()["requests"] == 3
+    assert again.exit_code == ExitCode.PRECONDITION
+    assert again.error_code == "RUN_NOT_RESUMABLE"
+    assert os.path.isdir(result.data["run_dir"])
