@@ -18,7 +18,6 @@ from bulkrelay import __version__
 from bulkrelay.durations import parse_duration_ms
 from bulkrelay.envelope import Result, dumps_envelope, to_envelope
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
-from bulkrelay.human import print_human
 
 
 class _Parser(argparse.ArgumentParser):
@@ -184,4 +183,6 @@ def emit(result: Result, *, started: float, as_json: bool) -> None:
         sys.stdout.buffer.write(dumps_envelope(envelope))
         sys.stdout.flush()
     else:
+        from bulkrelay.human import print_human  # rich loads only when a person reads the output
+
         print_human(result, envelope)

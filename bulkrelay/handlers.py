@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from bulkrelay import commands, demo, export, jobs, launch, retryfailed, worker
+from bulkrelay import commands, jobs, launch, worker
 from bulkrelay.config import Job, load_job
 from bulkrelay.envelope import Result
 from bulkrelay.errors import UsageError
@@ -83,6 +83,8 @@ def _runs(args: argparse.Namespace) -> Result:
 
 
 def _retry_failed(args: argparse.Namespace) -> Result:
+    from bulkrelay import retryfailed  # loaded only for its own command
+
     return retryfailed.retry_failed(
         args.run_dir,
         config=args.config,
@@ -93,10 +95,14 @@ def _retry_failed(args: argparse.Namespace) -> Result:
 
 
 def _export(args: argparse.Namespace) -> Result:
+    from bulkrelay import export  # loaded only for its own command
+
     return export.export(args.run_dir, failed_only=args.failed, fmt=args.format, output=args.output)
 
 
 def _demo(args: argparse.Namespace) -> Result:
+    from bulkrelay import demo  # loaded only for its own command
+
     return demo.run_demo(rows=args.rows, runs_dir=args.runs_dir)
 
 

@@ -131,7 +131,14 @@ def relay_locked(
     if options.supervisor is not None:
         reporter = FanOut(reporter, CallbackReporter(options.supervisor.on_progress))
     try:
-        outcome = anyio.run(_relay_with_stops, preflight, run, start, (reporter, options, stop))
+        outcome = anyio.run(
+            _relay_with_stops,
+            preflight,
+            run,
+            start,
+            (reporter, options, stop),
+            backend_options={"use_uvloop": True},
+        )
     except BaseExceptionGroup as group:
         raise _sole_error(group) from None
     finally:

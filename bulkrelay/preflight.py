@@ -15,7 +15,7 @@ from bulkrelay.config import Job
 from bulkrelay.errors import InputInvalid, Problem, UsageError
 from bulkrelay.fingerprint import config_fingerprint
 from bulkrelay.inputs import InputFingerprint, InputSpec, detect_format, open_records
-from bulkrelay.records import Record
+from bulkrelay.keycheck import DuplicateKeyFinder
 from bulkrelay.request import RenderError, RequestRenderer
 
 MAX_PROBLEMS = 20
@@ -62,41 +62,6 @@ class _ProblemCollector:
             self.problems.append(problem)
 
 
-class _KeyTracker:
-    """Detects duplicate values of `input.key`.
-
-    It keeps each value's hash, not the value, so memory stays a few bytes a row; a hash
-    collision would be reported as a duplicate, which for 64-bit hashes of a few million
-    keys is about as likely as a disk returning wrong bits.
-    """
-
-    def __init__(self, field: str) -> None:
-        self.field = field
-        self._seen: set[int] = set()
-
-    def check(self, record: Record, file: str) -> Problem | None:
-        value = record.fields.get(self.field)
-        if value is None or value == "":
-            return Problem(
-                "the key field is missing or empty",
-                file=file,
-                line=record.line,
-                row=record.row_number,
-                field=self.field,
-            )
-        digest = hash(str(value))
-        if digest in self._seen:
-            return Problem(
-                f"duplicate key value {str(value)!r}",
-                file=file,
-                line=record.line,
-                row=record.row_number,
-                field=self.field,
-            )
-        self._seen.add(digest)
-        return None
-
-
 def run_preflight(
     job: Job, input_override: Path | None = None, env: Mapping[str, str] | None = None
 ) -> Preflight:
@@ -105,8 +70,8 @@ def run_preflight(
     spec = resolve_input(job, input_override)
     collector = _ProblemCollector()
     key_field = job.config.input.key
-    keys = _KeyTracker(key_field) if key_field else None
     file = str(spec.path)
+    keys = DuplicateKeyFinder(key_field, file) if key_field else None
     render = renderer.render
     with open_records(spec, collector.add) as stream:
         for record in stream:
@@ -116,9 +81,12 @@ def run_preflight(
                 collector.add(
                     Problem(exc.message, file=file, line=record.line, row=record.row_number, field=exc.field)
                 )
-            if keys is not None and (problem := keys.check(record, file)) is not None:
+            if keys is not None and (problem := keys.add(record)) is not None:
                 collector.add(problem)
         fingerprint = stream.fingerprint()
+    if keys is not None:
+        for problem in keys.duplicates(spec):
+            collector.add(problem)
     if collector.total:
         raise InputInvalid(collector.problems, total=collector.total, phase="preflight")
     return Preflight(

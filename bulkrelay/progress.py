@@ -11,9 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -71,6 +68,10 @@ class BarReporter:
     """A live bar on stderr: rows, ok, failed, rate, ETA."""
 
     def __init__(self, description: str = "relaying") -> None:
+        # rich loads only when there is a terminal to draw on: a pipe or a cron job never pays for it.
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),

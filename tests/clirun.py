@@ -30,7 +30,13 @@ class CliResult:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BULKRELAY_", "AGENT_CALL_BUDGET"))}
+    """The environment of a CLI call: the test's own, less BulkRelay settings but the private state dir."""
+    keep = ("BULKRELAY_STATE_DIR",)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in keep or not k.startswith(("BULKRELAY_", "AGENT_CALL_BUDGET"))
+    }
     env.update(extra)
     return env
 
