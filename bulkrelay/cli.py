@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -160,16 +159,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             error={"code": "INTERRUPTED", "message": "interrupted", "retryable": True},
         )
     except Exception as exc:  # the one place an unexpected failure becomes an answer
-        result = Result(
-            exit_code=ExitCode.GENERAL_ERROR,
-            kind="error",
-            error={
-                "code": "GENERAL_ERROR",
-                "message": f"unexpected {type(exc).__name__}: {exc}",
-                "detail": traceback.format_exc(limit=8),
-                "retryable": False,
-            },
-        )
+        result = Result.from_unexpected(exc)
     emit(result, started=started, as_json=as_json)
     sys.exit(int(result.exit_code))
 

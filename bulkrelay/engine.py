@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from bulkrelay.checkpoint import Checkpoint, write_checkpoint
+from bulkrelay.errors import sole_error
 from bulkrelay.inputs import open_records
 from bulkrelay.journal import JournalWriter
 from bulkrelay.preflight import Preflight
@@ -230,7 +231,7 @@ async def relay(
             await journal.close()
             background.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        raise _sole_error(group) from None
+        raise sole_error(group) from None
     finally:
         records.close()
         with anyio.CancelScope(shield=True):
@@ -245,20 +246,6 @@ async def relay(
         stop_detail=dict(stop.detail),
         forced=stop.forced,
     )
-
-
-def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one error a task group failed with (a StorageFailed, say), so the CLI can name it;
-    the group itself when several things failed at once."""
-    errors: list[BaseException] = []
-    pending = [group]
-    while pending:
-        for exc in pending.pop().exceptions:
-            if isinstance(exc, BaseExceptionGroup):
-                pending.append(exc)
-            else:
-                errors.append(exc)
-    return errors[0] if len(errors) == 1 else group
 
 
 def _halted(stop: StopControl) -> bool:

@@ -7,6 +7,7 @@ all five keys always present, `ok` true exactly when `meta.exit_code == 0`.
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,20 @@ class Result:
     @classmethod
     def from_error(cls, exc: BulkRelayError, *, data: Any = None) -> Result:
         return cls(data=data, exit_code=exc.exit_code, error=exc.to_dict(), kind="error")
+
+    @classmethod
+    def from_unexpected(cls, exc: Exception) -> Result:
+        """A failure nobody planned for, still as an answer: its type, message and traceback."""
+        return cls(
+            exit_code=ExitCode.GENERAL_ERROR,
+            kind="error",
+            error={
+                "code": "GENERAL_ERROR",
+                "message": f"unexpected {type(exc).__name__}: {exc}",
+                "detail": traceback.format_exc(limit=8),
+                "retryable": False,
+            },
+        )
 
 
 def to_envelope(result: Result, *, duration_ms: int) -> dict[str, Any]:

@@ -180,3 +180,12 @@ class StorageFailed(BulkRelayError):
 
 class JobLost(BulkRelayError):
     code = "JOB_LOST"
+
+
+def sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The BulkRelay error inside a task group's (nested) exception group, so that it reaches the CLI
+    as itself with its own code and exit code; the group itself when it holds none."""
+    found: BaseException | None = group.split(BulkRelayError)[0]
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found if found is not None else group

@@ -34,6 +34,7 @@ from typing import Any
 
 from bulkrelay.atomic import read_json, write_atomic, write_json_atomic
 from bulkrelay.errors import BulkRelayError, NotFound
+from bulkrelay.rundir import lock_is_held
 
 RETENTION_ENV = "BULKRELAY_JOB_RETENTION_SECONDS"
 DEFAULT_RETENTION_SECONDS = 24 * 3600.0
@@ -132,17 +133,7 @@ class JobDir:
 
     def is_live(self) -> bool:
         """Whether a worker holds the job's lock right now."""
-        try:
-            fd = os.open(self.lock_path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+        return lock_is_held(self.lock_path)
 
     def state(self) -> str:
         """`running`, `ended` or `lost`. Liveness is read first: a worker writes its result before

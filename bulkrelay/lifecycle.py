@@ -21,7 +21,7 @@ import anyio
 from bulkrelay.atomic import write_json_atomic
 from bulkrelay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.envelope import Result
-from bulkrelay.errors import BulkRelayError, ExitCode
+from bulkrelay.errors import ExitCode, sole_error
 from bulkrelay.inputs import spool_stdin
 from bulkrelay.preflight import Preflight
 from bulkrelay.progress import CallbackReporter, FanOut, Reporter, Snapshot
@@ -140,19 +140,10 @@ def relay_locked(
             backend_options={"use_uvloop": True},
         )
     except BaseExceptionGroup as group:
-        raise _sole_error(group) from None
+        raise sole_error(group) from None
     finally:
         reporter.close()
     return _conclude(preflight, run, outcome)
-
-
-def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """anyio wraps a task's failure in (nested) exception groups; a `StorageFailed` or other
-    BulkRelayError must reach the CLI as itself, so it maps to its own code and exit code."""
-    errors: BaseException | None = group.split(BulkRelayError)[0]
-    while isinstance(errors, BaseExceptionGroup):
-        errors = errors.exceptions[0]
-    return errors if errors is not None else group
 
 
 def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Result:

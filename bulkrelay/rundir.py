@@ -138,8 +138,13 @@ class RunDir:
 
 def is_locked(path: Path) -> bool:
     """Whether some process holds the run's lock right now (read-only probe)."""
+    return lock_is_held(path / LOCK)
+
+
+def lock_is_held(lock_file: Path) -> bool:
+    """Whether some process holds an flock on `lock_file` (probed without keeping it)."""
     try:
-        fd = os.open(path / LOCK, os.O_RDONLY)
+        fd = os.open(lock_file, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:

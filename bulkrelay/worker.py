@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 
 from bulkrelay.envelope import Result, to_envelope
-from bulkrelay.errors import BulkRelayError, ExitCode
+from bulkrelay.errors import BulkRelayError
 from bulkrelay.jobstate import ENDED, RUNNING, JobDir, acquire_lock
 from bulkrelay.preflight import Preflight
 from bulkrelay.progress import Snapshot
@@ -157,13 +157,4 @@ def _run_command(argv: list[str], supervisor: JobSupervisor) -> Result:
     except Exception as exc:  # the worker's only catch site: any failure still becomes the job's answer
         with contextlib.suppress(Exception):
             traceback.print_exc()
-        return Result(
-            exit_code=ExitCode.GENERAL_ERROR,
-            kind="error",
-            error={
-                "code": "GENERAL_ERROR",
-                "message": f"unexpected {type(exc).__name__}: {exc}",
-                "detail": traceback.format_exc(limit=8),
-                "retryable": False,
-            },
-        )
+        return Result.from_unexpected(exc)
