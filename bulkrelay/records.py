@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 
@@ -17,9 +16,9 @@ class Record(NamedTuple):
     fields: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedRequest:
-    """Exactly what goes on the wire for one row (secrets already substituted)."""
+class PreparedRequest(NamedTuple):
+    """Exactly what goes on the wire for one row (secrets already substituted). A NamedTuple, like
+    `Record`: preflight builds one per row."""
 
     method: str
     url: str
