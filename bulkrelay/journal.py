@@ -199,7 +199,8 @@ class JournalWriter:
         while self._backlogged():
             await self._check_running()
             await self._space.wait()
-        await self._check_running()
+        if self._failure is not None or self._stopped.is_set():  # the common case skips an await
+            await self._check_running()
         if self._closing:
             raise RuntimeError("journal writer is closing")
         if "seq" in entry or "crc" in entry:
