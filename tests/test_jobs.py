@@ -286,6 +286,33 @@ def test_timeout_bounds_the_job(tmp_path: Path, target: TargetProcess) -> None:
     assert 0 < result.data["progress"]["done"] < 100
 
 
+def test_max_lifetime_bounds_the_job_when_no_timeout_is_given(tmp_path: Path, target: TargetProcess) -> None:
+    job = write_job(tmp_path, target.url, rows=100, execution={"concurrency": 1, "max_lifetime_seconds": 2})
+    started = time.monotonic()
+    result = _cli(tmp_path, "run", job, "--budget", "30s")
+    assert time.monotonic() - started < 15
+    assert result.exit_code == ExitCode.TIMEOUT
+    assert result.error_code == "TIMEOUT"
+    assert result.data["state"] == "stopped"
+    assert 0 < result.data["progress"]["done"] < 100
+
+
+def test_retry_failed_runs_under_the_budget_as_a_job(tmp_path: Path) -> None:
+    with TargetProcess({"rules": [{"match": {"path_contains": "/items/3"}, "status": 503}]}) as target:
+        job = write_job(tmp_path, target.url, rows=5)
+        parent = _cli(tmp_path, "run", job, "--budget", "0")
+        assert parent.exit_code == ExitCode.PARTIAL_FAILURE
+        target.set_plan({"rules": [{"delay_ms": 1500}]})  # recovered, but slower than the budget
+        handed_off = _cli(tmp_path, "retry-failed", parent.data["run_dir"], "--budget", "500ms")
+        assert handed_off.exit_code == ExitCode.INCOMPLETE, handed_off.envelope
+        job_id = handed_off.data["job_id"]
+        assert handed_off.data["continue_command"] == f"bulkrelay job wait {job_id}"
+        finished = _cli(tmp_path, "job", "wait", job_id, "--budget", "20s")
+    assert finished.exit_code == ExitCode.SUCCESS, finished.envelope
+    assert finished.data["parent_run"] == parent.data["run_id"]
+    assert finished.data["progress"]["done"] == finished.data["progress"]["total"] == 1
+
+
 # ----------------------------------------------------------------------- stdin and retention
 
 
