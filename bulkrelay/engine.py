@@ -10,7 +10,7 @@ journal batch has been fsynced; only then does it count in the progress and the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,47 +185,19 @@ async def relay(
 
     journal = JournalWriter(run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit)
     transport = transport_factory(transport_settings(preflight))
-    sender = RowSender(
-        preflight=preflight,
-        transport=transport,
-        limiter=RateLimiter(
-            config.execution.rate_limit.requests_per_second if config.execution.rate_limit else None
-        ),
-        policy=RetryPolicy.from_config(config.retry, config.response, config.halt),
-        stop=stop,
-    )
+    sender = _row_sender(preflight, transport, stop)
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     records = _pending_records(preflight, start.done_rows)
-
-    async def worker() -> None:
-        while not stop.requested:
-            record = next(records, None)
-            if record is None:
-                return
-            entry = await sender.send(record)
-            if entry is not None:
-                for admitted in streak.admit(entry):
-                    await journal.submit(admitted)
-
-    async def checkpointer() -> None:
-        last = (committed.seq, committed.offset)
-        interval = FIRST_CHECKPOINT_SECONDS
-        while True:
-            await anyio.sleep(interval)
-            if (committed.seq, committed.offset) != last:
-                interval = CHECKPOINT_INTERVAL_SECONDS
-                last = (committed.seq, committed.offset)
-                await anyio.to_thread.run_sync(write_checkpoint, run.path, committed.checkpoint(), storage)
 
     reporter.update(committed.snapshot())
     try:
         async with anyio.create_task_group() as background:
             background.start_soon(journal.run)
-            background.start_soon(checkpointer)
+            background.start_soon(_checkpointer, run, committed)
             async with anyio.create_task_group() as workers:
                 background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
                 for _ in range(config.execution.concurrency):
-                    workers.start_soon(worker)
+                    workers.start_soon(_worker, records, sender, streak, journal)
             for admitted in streak.release():
                 await journal.submit(admitted)
             await journal.close()
@@ -246,6 +218,44 @@ async def relay(
         stop_detail=dict(stop.detail),
         forced=stop.forced,
     )
+
+
+def _row_sender(preflight: Preflight, transport: Transport, stop: StopControl) -> RowSender:
+    config = preflight.job.config
+    rate = config.execution.rate_limit
+    return RowSender(
+        preflight=preflight,
+        transport=transport,
+        limiter=RateLimiter(rate.requests_per_second if rate else None),
+        policy=RetryPolicy.from_config(config.retry, config.response, config.halt),
+        stop=stop,
+    )
+
+
+async def _worker(
+    records: Iterator[Record], sender: RowSender, streak: _FailureStreak, journal: JournalWriter
+) -> None:
+    """One slot of the window: take the next pending record, see it to its end, hand over its result."""
+    while not sender.stop.requested:
+        record = next(records, None)
+        if record is None:
+            return
+        entry = await sender.send(record)
+        if entry is not None:
+            for admitted in streak.admit(entry):
+                await journal.submit(admitted)
+
+
+async def _checkpointer(run: RunDir, committed: Committed) -> None:
+    """Replace `checkpoint.json` soon after the first commit, then at most once a second."""
+    last = (committed.seq, committed.offset)
+    interval = FIRST_CHECKPOINT_SECONDS
+    while True:
+        await anyio.sleep(interval)
+        if (committed.seq, committed.offset) != last:
+            interval = CHECKPOINT_INTERVAL_SECONDS
+            last = (committed.seq, committed.offset)
+            await anyio.to_thread.run_sync(write_checkpoint, run.path, committed.checkpoint(), run.storage)
 
 
 def _halted(stop: StopControl) -> bool:

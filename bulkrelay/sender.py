@@ -43,7 +43,7 @@ class RowSender:
         self._transport = transport
         self._limiter = limiter
         self._policy = policy
-        self._stop = stop
+        self.stop = stop
         self._respect_retry_after = config.retry.respect_retry_after
         self._reader = ResponseReader(
             config.response.capture, config.response.failure_body_bytes, self._renderer.redactor
@@ -77,7 +77,7 @@ class RowSender:
             retry_after = self._retry_after(response)
             decision = self._policy.decide(attempt, status, error, retry_after)
             if decision.halt:
-                self._stop.request(HALT_AUTH, status_code=status, row=record.row_number)
+                self.stop.request(HALT_AUTH, status_code=status, row=record.row_number)
                 return None
             if status == 429 and retry_after is not None:
                 # The target asked everyone to slow down, not only this row: pause every start.
@@ -101,8 +101,8 @@ class RowSender:
     async def _stopped_during(self, delay: float) -> bool:
         """Wait out a backoff; a stop request ends the wait and leaves the row pending."""
         with anyio.move_on_after(delay):
-            await self._stop.wait()
-        return self._stop.requested
+            await self.stop.wait()
+        return self.stop.requested
 
     def _retry_after(self, response: Response | None) -> float | None:
         if response is None or not self._respect_retry_after:
