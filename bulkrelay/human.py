@@ -82,16 +82,13 @@ def _run(data: dict[str, Any]) -> None:
 
 
 def _runs(data: dict[str, Any]) -> None:
+    # The run id starts with its UTC start time, so it doubles as the "when" column; it never wraps.
+    columns = ("run_id", "state", "name", "done", "total", "failed")
     table = Table(title=f"runs in {data['runs_dir']}")
-    for column in ("run_id", "state", "name", "done", "total", "failed", "created_at"):
-        table.add_column(column)
+    for column in columns:
+        table.add_column(column, no_wrap=column != "name")
     for run in data["runs"]:
-        table.add_row(
-            *(
-                str(run[c]) if run[c] is not None else ""
-                for c in ("run_id", "state", "name", "done", "total", "failed", "created_at")
-            )
-        )
+        table.add_row(*("" if run[c] is None else str(run[c]) for c in columns))
     _console.print(table)
 
 
