@@ -86,7 +86,7 @@ def _runs(data: dict[str, Any]) -> None:
     columns = ("run_id", "state", "name", "done", "total", "failed")
     table = Table(title=f"runs in {data['runs_dir']}")
     for column in columns:
-        table.add_column(column, no_wrap=column != "name")
+        table.add_column(column, no_wrap=column != "name", min_width=6 if column == "name" else None)
     for run in data["runs"]:
         table.add_row(*("" if run[c] is None else str(run[c]) for c in columns))
     _console.print(table)
