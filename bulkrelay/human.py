@@ -83,7 +83,7 @@ def _run(data: dict[str, Any]) -> None:
 
 def _runs(data: dict[str, Any]) -> None:
     # The run id starts with its UTC start time, so it doubles as the "when" column; it never wraps.
-    columns = ("run_id", "state", "name", "done", "total", "failed")
+    columns = ("run_id", "state", "done", "total", "failed", "name")
     table = Table(title=f"runs in {data['runs_dir']}")
     for column in columns:
         table.add_column(column, no_wrap=column != "name", min_width=6 if column == "name" else None)
