@@ -17,6 +17,7 @@ from bulkrelay.inputs import open_records
 from bulkrelay.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.request import RenderError, RequestRenderer
 from bulkrelay.rundir import SUMMARY, RunDir, is_locked, list_runs
+from bulkrelay.selection import load_selection
 from bulkrelay.sender import row_identity
 
 _ROWS = re.compile(r"^\d+(-\d+)?$")
@@ -99,10 +100,23 @@ def render(job: Job, input_path: Path | None, rows_spec: str) -> Result:
     return Result(data={"job": str(job.path), "requests": requests}, kind="render")
 
 
+def committed_progress(run: RunDir) -> dict[str, Any]:
+    """What the checkpoint says is durably done; a retry-failed run counts only its selected rows."""
+    checkpoint = read_checkpoint(run.path)
+    record_count = int(run.manifest["input"]["record_count"])
+    selection = load_selection(run.path, record_count)
+    return {
+        "done": checkpoint.rows_done if checkpoint else 0,
+        "total": len(selection) if selection is not None else record_count,
+        "unit": "rows",
+        "ok": checkpoint.ok if checkpoint else 0,
+        "failed": checkpoint.failed if checkpoint else 0,
+    }
+
+
 def status(run_dir: Path) -> Result:
     """One run's state and counters, read without changing anything."""
     run = RunDir.open(run_dir)
-    checkpoint = read_checkpoint(run.path)
     summary_path = run.path / SUMMARY
     data = {
         "run_id": run.run_id,
@@ -112,13 +126,7 @@ def status(run_dir: Path) -> Result:
         "created_at": run.manifest.get("created_at"),
         "updated_at": run.manifest.get("updated_at"),
         "parent_run": run.manifest.get("parent_run"),
-        "progress": {
-            "done": checkpoint.rows_done if checkpoint else 0,
-            "total": run.manifest["input"]["record_count"],
-            "unit": "rows",
-            "ok": checkpoint.ok if checkpoint else 0,
-            "failed": checkpoint.failed if checkpoint else 0,
-        },
+        "progress": committed_progress(run),
         "summary": read_json(summary_path) if summary_path.exists() else None,
     }
     return Result(data=data, kind="status")
@@ -127,16 +135,16 @@ def status(run_dir: Path) -> Result:
 def runs(runs_dir: Path) -> Result:
     table = []
     for run in list_runs(runs_dir):
-        checkpoint = read_checkpoint(run.path)
+        progress = committed_progress(run)
         table.append(
             {
                 "run_id": run.run_id,
                 "state": run.state,
                 "name": run.manifest.get("name"),
                 "created_at": run.manifest.get("created_at"),
-                "done": checkpoint.rows_done if checkpoint else 0,
-                "total": run.manifest["input"]["record_count"],
-                "failed": checkpoint.failed if checkpoint else 0,
+                "done": progress["done"],
+                "total": progress["total"],
+                "failed": progress["failed"],
                 "run_dir": str(run.path),
             }
         )

@@ -16,6 +16,7 @@ import io
 import itertools
 import os
 import shutil
+import time
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -137,6 +138,12 @@ class InputFingerprint:
             size=data["size"],
             record_count=data["record_count"],
         )
+
+
+def spool_stdin_into(folder: Path, stream: BinaryIO, suffix: str = "") -> Path:
+    """`spool_stdin` into a fresh file in `folder` (made if missing); `suffix` keeps the extension."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return spool_stdin(folder / f"stdin-{os.getpid()}-{time.time_ns()}{suffix}", stream)
 
 
 def spool_stdin(dest: Path, stream: BinaryIO) -> Path:

@@ -23,8 +23,8 @@ from typing import Any
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
-from bulkrelay.fingerprint import canonical_sha256
-from bulkrelay.inputs import spool_stdin
+from bulkrelay.fingerprint import file_sha256
+from bulkrelay.inputs import spool_stdin_into
 from bulkrelay.invocation import invocation_key
 from bulkrelay.jobstate import (
     ENDED,
@@ -74,15 +74,8 @@ def arguments_key(command: str, args: argparse.Namespace, stdin: Path | None) ->
         for name, value in sorted(vars(args).items())
         if name not in _NOT_IN_KEY
     }
-    stdin_sha256 = canonical_sha256({"stdin": _file_sha256(stdin)}) if stdin is not None else None
+    stdin_sha256 = file_sha256(stdin) if stdin is not None else None
     return invocation_key(command, arguments, stdin_sha256=stdin_sha256, idempotency_key=None)
-
-
-def _file_sha256(path: Path) -> str:
-    import hashlib
-
-    with path.open("rb") as stream:
-        return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
 def budgeted(command: str, handler: Handler, key_of: KeyOf | None = None) -> Handler:
@@ -146,9 +139,7 @@ def _hand_off_on_signal() -> Iterator[Callable[[], bool]]:
 
 
 def _spool_stdin() -> Path:
-    spool_dir = jobs_root() / ".spool"
-    spool_dir.mkdir(exist_ok=True)
-    return spool_stdin(spool_dir / f"stdin-{os.getpid()}-{time.time_ns()}", sys.stdin.buffer)
+    return spool_stdin_into(jobs_root() / ".spool", sys.stdin.buffer)
 
 
 def _start_job(

@@ -3,7 +3,6 @@ or the run directory named on the command line."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from bulkrelay import progress
 from bulkrelay.config import Job
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import ConfigChanged, InputChanged, NotFound
+from bulkrelay.fingerprint import file_sha256
 from bulkrelay.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.lifecycle import RunOptions, continue_run, start_fresh
 from bulkrelay.preflight import Preflight, run_preflight
@@ -39,8 +39,7 @@ class RunRequest:
         }
         stdin_sha256 = None
         if self.from_stdin and self.input_path is not None:
-            with self.input_path.open("rb") as spooled:
-                stdin_sha256 = hashlib.file_digest(spooled, "sha256").hexdigest()
+            stdin_sha256 = file_sha256(self.input_path)
         return invocation_key(
             "run", arguments, stdin_sha256=stdin_sha256, idempotency_key=self.idempotency_key
         )

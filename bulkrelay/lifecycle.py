@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from bulkrelay.atomic import write_json_atomic
 from bulkrelay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode, sole_error
-from bulkrelay.inputs import spool_stdin
+from bulkrelay.inputs import spool_stdin_into
 from bulkrelay.preflight import Preflight
 from bulkrelay.progress import CallbackReporter, FanOut, Reporter, Snapshot
 from bulkrelay.resume import config_sections, recover_start
@@ -37,6 +36,7 @@ from bulkrelay.rundir import (
     STOPPED,
     SUMMARY,
     RunDir,
+    utc_now,
 )
 from bulkrelay.stopping import (
     CANCELLED,
@@ -202,7 +202,7 @@ def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) ->
             "elapsed_seconds": round(elapsed, 3),
             "rows_per_second": round(outcome.committed.committed_this_run / elapsed, 1) if elapsed else None,
         }
-    summary["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    summary["updated_at"] = utc_now()
     write_json_atomic(run.path / SUMMARY, summary, run.storage)
     return summary
 
@@ -213,8 +213,7 @@ def prepare_input(input_arg: str | None, spool_dir: Path, suffix: str) -> Path |
         return None
     if input_arg != "-":
         return Path(input_arg)
-    spool_dir.mkdir(parents=True, exist_ok=True)
-    return spool_stdin(spool_dir / f"stdin-{os.getpid()}-{time.time_ns()}{suffix}", sys.stdin.buffer)
+    return spool_stdin_into(spool_dir, sys.stdin.buffer, suffix)
 
 
 def start_fresh(
@@ -226,6 +225,7 @@ def start_fresh(
     manifest: dict[str, Any],
     spooled: bool = False,
     on_created: Callable[[RunDir], None] | None = None,
+    start: StartPoint | None = None,
 ) -> Result:
     """Create a run directory for a preflighted job and relay it. A spooled stdin moves into the run."""
     run = RunDir.create(runs_dir, manifest_for(preflight, {"parent_run": None, **manifest}))
@@ -234,7 +234,7 @@ def start_fresh(
     if spooled:
         preflight = _keep_spool(run, preflight)
     with run.locked():
-        return relay_locked(preflight, run, StartPoint(), options=options, reporter=reporter)
+        return relay_locked(preflight, run, start or StartPoint(), options=options, reporter=reporter)
 
 
 def _keep_spool(run: RunDir, preflight: Preflight) -> Preflight:

@@ -15,7 +15,7 @@ from bulkrelay.engine import StartPoint
 from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.journal import iter_journal
-from bulkrelay.lifecycle import RunOptions, manifest_for, relay_locked
+from bulkrelay.lifecycle import RunOptions, start_fresh
 from bulkrelay.preflight import Preflight, run_preflight
 from bulkrelay.resume import input_differences, input_path_for, job_path_for
 from bulkrelay.rowset import RowSet
@@ -81,19 +81,20 @@ def retry_failed(
             },
             kind="generic",
         )
-    manifest = manifest_for(
+    manifest = {
+        "parent_run": parent.run_id,
+        "input_explicit": True,
+        "retry_filter": {"statuses": statuses, "classification": classification},
+    }
+    result = start_fresh(
         preflight,
-        {
-            "parent_run": parent.run_id,
-            "input_explicit": True,
-            "retry_filter": {"statuses": statuses, "classification": classification},
-        },
+        parent.path.parent,
+        options,
+        progress.for_stderr(),
+        manifest=manifest,
+        on_created=lambda child: save_selection(child.path, selection, child.storage),
+        start=StartPoint(done_rows=selection.complement(), total=len(selection)),
     )
-    child = RunDir.create(parent.path.parent, manifest)
-    save_selection(child.path, selection, child.storage)
-    start = StartPoint(done_rows=selection.complement(), total=len(selection))
-    with child.locked():
-        result = relay_locked(preflight, child, start, options=options, reporter=progress.for_stderr())
     if isinstance(result.data, dict):
         result.data["parent_run"] = parent.run_id
     return result

@@ -45,6 +45,8 @@ def test_retry_failed_sends_only_the_matching_failed_rows_and_links_the_parent(t
     assert set(_journal_rows(child_dir)) == only_503  # row numbers stay those of the input
     manifest = orjson.loads((child_dir / "run.json").read_bytes())
     assert manifest["parent_run"] == parent.data["run_id"]
+    status = run_cli("status", child_dir, cwd=tmp_path)
+    assert status.data["progress"]["total"] == len(only_503)  # its selection, not the whole input
 
     exported = run_cli("export", parent_dir, "--failed", cwd=tmp_path)
     assert exported.exit_code == ExitCode.SUCCESS

@@ -16,19 +16,10 @@ import yaml
 from bulkrelay.errors import ExitCode
 from bulkrelay.journal import iter_journal
 from tests.clirun import CliResult, cli_env, run_cli
+from tests.jobfiles import merge
 from tests.targetproc import TargetProcess
 
 # --------------------------------------------------------------------------------- fixtures
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def write_job(
@@ -63,7 +54,7 @@ def write_job(
         "execution": {"concurrency": 4},
         "retry": {"initial_backoff_seconds": 0.01, "max_backoff_seconds": 0.05, "jitter_ratio": 0},
     }
-    job = _merge(job, overrides)
+    job = merge(job, overrides)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
