@@ -1,9 +1,11 @@
-"""Transport throughput: 20k POSTs at concurrency 64, a naive aiohttp loop vs `AiohttpTransport` (vs httpx).
+"""Transport throughput: 20k POSTs at concurrency 64, naive aiohttp and pyreqwest loops vs the seam.
 
     uv run python benchmarks/bench_transport.py [--requests 20000] [--concurrency 64] [--url URL]
+                                                [--loop uvloop|asyncio]
 
 Without --url it starts the embedded target in a separate process (recording off), so the server does not
-share this process's event loop. Prints rows/s for each client and the ratio seam / naive aiohttp.
+share this process's event loop; the embedded target is itself Python and is then the bottleneck, so point
+--url at a fast server (nginx) to compare clients. Prints rows/s for each client and the seam's ratios.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
+import uvloop
+from pyreqwest.client import ClientBuilder
 
 from bulkrelay.records import PreparedRequest
 from bulkrelay.transport import TransportSettings, open_transport
@@ -80,6 +84,19 @@ async def _naive_aiohttp(url: str, total: int, concurrency: int) -> float:
         return await _drive(total, concurrency, one)
 
 
+async def _naive_pyreqwest(url: str, total: int, concurrency: int) -> float:
+    async with ClientBuilder().max_connections(concurrency).build() as client:
+
+        async def one(index: int) -> int:
+            headers = (*_HEADERS, ("Idempotency-Key", f"k{index}"))
+            request = client.post(f"{url}/v1/items/{index}").headers(headers).body_bytes(_BODY).build()
+            resp = await request.send()
+            await resp.bytes()
+            return resp.status
+
+        return await _drive(total, concurrency, one)
+
+
 async def _seam(url: str, total: int, concurrency: int) -> float:
     settings = TransportSettings(
         concurrency, connect_seconds=10, read_seconds=30, write_seconds=30, pool_seconds=5
@@ -115,14 +132,24 @@ async def _bench(url: str, total: int, concurrency: int) -> None:
     await _naive_aiohttp(url, min(total, 2000), concurrency)  # warm up both ends
     naive = await _naive_aiohttp(url, total, concurrency)
     print(f"(a) naive aiohttp loop     {naive:9.0f} rows/s")
+    plain = await _naive_pyreqwest(url, total, concurrency)
+    print(f"(b) naive pyreqwest loop   {plain:9.0f} rows/s")
     seam = await _seam(url, total, concurrency)
-    print(f"(b) AiohttpTransport seam  {seam:9.0f} rows/s")
-    print(f"    ratio (b)/(a)          {seam / naive:9.2f}")
+    print(f"(c) ReqwestTransport seam  {seam:9.0f} rows/s")
+    print(f"    ratio (c)/(a) {seam / naive:.2f}   ratio (c)/(b) {seam / plain:.2f}")
     if importlib.util.find_spec("httpx") is None:
-        print("(c) httpx: not installed, skipped (not a dependency)")
+        print("(d) httpx: not installed, skipped (not a dependency)")
     else:
-        plain = await _httpx(url, total, concurrency)
-        print(f"(c) plain httpx loop       {plain:9.0f} rows/s   ratio (b)/(c) {seam / plain:.2f}")
+        slow = await _httpx(url, total, concurrency)
+        print(f"(d) plain httpx loop       {slow:9.0f} rows/s   ratio (c)/(d) {seam / slow:.2f}")
+
+
+def _run(url: str, total: int, concurrency: int, loop: str) -> None:
+    bench = _bench(url, total, concurrency)
+    if loop == "uvloop":
+        uvloop.run(bench)
+    else:
+        asyncio.run(bench)
 
 
 def main() -> None:
@@ -130,14 +157,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--url", help="an HTTP server answering 200 to POST (default: the embedded target)")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="uvloop: as in a run")
     args = parser.parse_args()
-    print(f"{args.requests} POSTs at concurrency {args.concurrency}")
+    print(f"{args.requests} POSTs at concurrency {args.concurrency}, {args.loop} event loop")
     if args.url:
-        asyncio.run(_bench(args.url.rstrip("/"), args.requests, args.concurrency))
+        _run(args.url.rstrip("/"), args.requests, args.concurrency, args.loop)
         return
     with _target_process() as url:
         print(f"target: embedded, separate process, {url}")
-        asyncio.run(_bench(url, args.requests, args.concurrency))
+        _run(url, args.requests, args.concurrency, args.loop)
 
 
 if __name__ == "__main__":

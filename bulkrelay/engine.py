@@ -148,6 +148,7 @@ def _pending_records(preflight: Preflight, done: RowSet | None) -> Generator[Rec
 def transport_settings(preflight: Preflight) -> TransportSettings:
     execution = preflight.job.config.execution
     timeout = execution.timeout
+    header_names = {name.lower() for name in preflight.job.config.request.headers}
     return TransportSettings(
         concurrency=execution.concurrency,
         connect_seconds=timeout.connect_seconds,
@@ -155,6 +156,7 @@ def transport_settings(preflight: Preflight) -> TransportSettings:
         write_seconds=timeout.write_seconds,
         pool_seconds=timeout.pool_seconds,
         http2=execution.http2,
+        decompress="accept-encoding" in header_names,
     )
 
 

@@ -107,7 +107,7 @@ class RowSender:
     def _retry_after(self, response: Response | None) -> float | None:
         if response is None or not self._respect_retry_after:
             return None
-        value = response.headers.get("Retry-After")  # aiohttp's headers are case-insensitive
+        value = response.headers.get("Retry-After")  # the transport's headers are case-insensitive
         return parse_retry_after(value) if value else None
 
     def _entry(

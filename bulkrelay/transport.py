@@ -1,27 +1,35 @@
 """The HTTP seam: the engine sends a `PreparedRequest` and gets back a `Response` or a `TransportError`.
 
-The engine only knows the `Transport` protocol; `open_transport()` returns the aiohttp implementation,
-and tests substitute in-process fakes. aiohttp was chosen because it is several times faster than httpx on
-a small machine (see docs/transport.md for the measurement).
+The engine only knows the `Transport` protocol; `open_transport()` returns the pyreqwest implementation,
+and tests substitute in-process fakes. pyreqwest (Python bindings of Rust's reqwest and hyper) was chosen
+because it is about twice as fast as aiohttp and several times faster than httpx on a small machine (see
+docs/transport.md for the measurement).
 
-Timeout phases map onto aiohttp like this (aiohttp has no write timeout of its own):
+Timeout phases map onto reqwest like this:
 
-    pool     waiting for one of `concurrency` request slots, enforced here by a semaphore   -> phase "pool"
-    connect  ClientTimeout.connect and .sock_connect (DNS, TCP and TLS of a new connection) -> phase "connect"
-    read     ClientTimeout.sock_read: the longest silence while waiting for response bytes  -> phase "read"
-    write    a deadline on the whole exchange, ClientTimeout.total = connect + write + read;
-             it fires "write" before the response headers arrived, "read" after
+    pool     waiting for one of `concurrency` request slots (pool_timeout)                  -> phase "pool"
+    connect  DNS, TCP and TLS of a new connection (connect_timeout)                         -> phase "connect"
+    read     reqwest's read_timeout: from sending the request to its response headers, then the longest
+             silence between pieces of the body                                             -> phase "read"
+    write    reqwest has no write timer: reqwest's read timer already runs while the body is sent, and
+             the whole exchange has a deadline, timeout = connect + write + read            -> phase "read"
+
+reqwest's errors say less than we need (a reset after the request went out and a refused connection are
+both a "ConnectError"), so `_translate` also reads the error's cause chain: only a failure inside hyper's
+connect step ("client error (Connect)") means the request was never sent.
 """
 
 from __future__ import annotations
 
-import asyncio
-import io
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal, Protocol
+from urllib.parse import urlsplit
 
-import aiohttp
+from pyreqwest import exceptions as rq
+from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.response import Response as StreamedResponse
 
 from bulkrelay import __version__
 from bulkrelay.errors import UsageError
@@ -30,14 +38,13 @@ from bulkrelay.records import PreparedRequest
 TimeoutPhase = Literal["connect", "read", "write", "pool"]
 
 _READ_CHUNK = 64 * 1024
-_LARGE_BODY = 1 << 20  # aiohttp warns about bigger bytes bodies; they are streamed from a BytesIO instead
 
 
 @dataclass(frozen=True, slots=True)
 class Response:
     """A response as the engine sees it.
 
-    `headers` is case-insensitive (a CIMultiDictProxy); `truncated` marks a body cut at max_body_bytes.
+    `headers` is case-insensitive (pyreqwest's HeaderMap); `truncated` marks a body cut at max_body_bytes.
     """
 
     status: int
@@ -92,129 +99,127 @@ class TransportSettings:
     write_seconds: float
     pool_seconds: float
     max_body_bytes: int = 1 << 20
-    http2: bool = False
+    http2: bool = False  # HTTP/2 only, by prior knowledge: no HTTP/1.1 fallback
+    decompress: bool = False  # decode gzip/brotli/zstd/deflate answers: when the job sends Accept-Encoding
 
 
 def open_transport(settings: TransportSettings) -> Transport:
     """The transport the engine uses. Call it inside the running event loop."""
-    if settings.http2:
-        raise UsageError(
-            "HTTP/2 is not supported: the transport (aiohttp) speaks HTTP/1.1 only",
-            suggestion="remove the http2 setting; keep-alive connections are pooled per target",
-            context={"setting": "http2"},
-        )
-    return AiohttpTransport(settings)
+    return ReqwestTransport(settings)
 
 
-class AiohttpTransport:
-    """One aiohttp session with a keep-alive pool of `concurrency` connections, no cookies, no redirects."""
+class ReqwestTransport:
+    """One pyreqwest client with a keep-alive pool of `concurrency` connections, no cookies, no redirects."""
 
     def __init__(self, settings: TransportSettings) -> None:
         if settings.concurrency < 1:
             raise UsageError("concurrency must be at least 1", context={"concurrency": settings.concurrency})
         self._settings = settings
-        self._slots = asyncio.Semaphore(settings.concurrency)
-        connector = aiohttp.TCPConnector(
-            limit=settings.concurrency, limit_per_host=settings.concurrency, force_close=False
-        )
-        timeout = aiohttp.ClientTimeout(
-            total=settings.connect_seconds + settings.write_seconds + settings.read_seconds,
-            connect=settings.connect_seconds,
-            sock_connect=settings.connect_seconds,
-            sock_read=settings.read_seconds,
-        )
-        # The wire carries what the request says: no implicit Content-Type, and no
-        # Accept-Encoding unless the job asks for compression (the body is then decoded).
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            headers={"User-Agent": f"bulkrelay/{__version__}"},
-            skip_auto_headers=("Accept-Encoding", "Content-Type"),
-            raise_for_status=False,
-        )
+        self._client = _build_client(settings)
 
     async def send(self, request: PreparedRequest) -> Response:
-        if self._slots.locked():
-            await self._wait_for_slot()
-        else:
-            await self._slots.acquire()
         try:
-            return await self._exchange(request)
-        finally:
-            self._slots.release()
-
-    async def aclose(self) -> None:
-        await self._session.close()
-
-    async def _wait_for_slot(self) -> None:
+            builder = self._client.request(request.method, request.url).headers(request.headers)
+            if request.body is not None:
+                builder = builder.body_bytes(request.body)
+            streamed = builder.build_streamed()
+        except ValueError:  # pyreqwest's URL and header parsing; preflight has normally caught these
+            raise ConnectFailed("cannot send: invalid URL or header") from None
         try:
-            async with asyncio.timeout(self._settings.pool_seconds):
-                await self._slots.acquire()
-        except TimeoutError:
-            waited = self._settings.pool_seconds
-            raise RequestTimeout(f"pool timeout: no free slot within {waited}s", phase="pool") from None
-
-    async def _exchange(self, request: PreparedRequest) -> Response:
-        headers_received = False
-        body = request.body
-        data = io.BytesIO(body) if body is not None and len(body) > _LARGE_BODY else body
-        try:
-            async with self._session.request(
-                request.method,
-                request.url,
-                headers=request.headers,
-                data=data,
-                allow_redirects=False,
-            ) as resp:
-                headers_received = True
+            async with streamed as resp:
                 body, truncated = await _read_bounded(resp, self._settings.max_body_bytes)
                 return Response(resp.status, resp.headers, body, truncated)
-        except aiohttp.ClientError as exc:
-            raise _translate(exc) from exc
-        except TimeoutError as exc:  # the whole-exchange deadline (ClientTimeout.total)
-            phase: TimeoutPhase = "read" if headers_received else "write"
-            raise RequestTimeout(f"{phase} timeout: the exchange took too long", phase=phase) from exc
+        except rq.PyreqwestError as exc:
+            raise _translate(exc, request.url) from None
+
+    async def aclose(self) -> None:
+        await self._client.close()
 
 
-async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+def _build_client(settings: TransportSettings) -> Client:
+    builder = (
+        ClientBuilder()
+        .max_connections(settings.concurrency)
+        .pool_max_idle_per_host(settings.concurrency)
+        .pool_timeout(_seconds(settings.pool_seconds))
+        .connect_timeout(_seconds(settings.connect_seconds))
+        .read_timeout(_seconds(settings.read_seconds))
+        .timeout(_seconds(settings.connect_seconds + settings.write_seconds + settings.read_seconds))
+        .user_agent(f"bulkrelay/{__version__}")
+        .follow_redirects(False)  # a 302 must not turn a POST into a GET behind the user's back
+        .default_cookie_store(False)  # rows never influence each other through the transport
+        .no_proxy()  # the target is what the job names, whatever the environment says
+        .tcp_nodelay(True)
+    )
+    # The wire carries what the request says: no Accept-Encoding unless the job sets one, in which case
+    # reqwest keeps the job's header and decodes the answer.
+    for codec in (builder.gzip, builder.brotli, builder.zstd, builder.deflate):
+        codec(settings.decompress)
+    builder = builder.http2_prior_knowledge() if settings.http2 else builder.http1_only()
+    return builder.build()
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
+
+
+async def _read_bounded(resp: StreamedResponse, limit: int) -> tuple[bytes, bool]:
     """The body, at most `limit` bytes of it; the rest is not read (the connection is then dropped)."""
-    if resp.content_length is not None and resp.content_length <= limit:
-        return await resp.read(), False
     chunks: list[bytes] = []
     size = 0
     while size <= limit:
-        chunk = await resp.content.read(_READ_CHUNK)
-        if not chunk:
+        chunk = await resp.body_reader.read(_READ_CHUNK)
+        if chunk is None:
             return b"".join(chunks), False
-        chunks.append(chunk)
+        chunks.append(bytes(chunk))
         size += len(chunk)
     return b"".join(chunks)[:limit], True
 
 
-def _translate(exc: aiohttp.ClientError) -> TransportError:
-    """The aiohttp exception as one of our three kinds.
+def _translate(exc: rq.PyreqwestError, url: str) -> TransportError:
+    """The pyreqwest exception as one of our three kinds.
 
-    Messages never quote the request URL, which may carry a secret; aiohttp's own texts sometimes do.
+    Messages never quote the request URL, which may carry a secret; reqwest's own texts do.
     """
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return RequestTimeout("connect timeout", phase="connect")
-    if isinstance(exc, aiohttp.ServerTimeoutError):
-        return RequestTimeout("read timeout: the target went silent", phase="read")
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return ConnectFailed(f"cannot connect to {exc.host}:{exc.port}: {_os_reason(exc.os_error)}")
-    if isinstance(exc, aiohttp.InvalidURL):
-        return ConnectFailed("cannot connect: invalid URL")
-    if isinstance(exc, aiohttp.ClientOSError):
-        return ProtocolFailed(f"connection broken: {_os_reason(exc)}")
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return ProtocolFailed(f"bad response: {exc.message}")
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return ProtocolFailed(f"bad response body: {exc}")
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return ProtocolFailed("server disconnected without a response")
-    return ProtocolFailed(type(exc).__name__)
+    in_connect = _failed_in_connect(exc)
+    if isinstance(exc, rq.PoolTimeoutError):
+        return RequestTimeout("pool timeout: no free connection slot in time", phase="pool")
+    if isinstance(exc, rq.RequestTimeoutError):
+        if in_connect:
+            return RequestTimeout("connect timeout", phase="connect")
+        return RequestTimeout("read timeout: no answer from the target in time", phase="read")
+    if in_connect:
+        return ConnectFailed(f"cannot connect to {_host_port(url)}: {_root_cause(exc)}")
+    if isinstance(exc, rq.BuilderError):
+        return ConnectFailed("cannot send: invalid URL or header")
+    if isinstance(exc, rq.DecodeError):
+        return ProtocolFailed(f"bad response: {_root_cause(exc)}")
+    if isinstance(exc, rq.NetworkError):
+        return ProtocolFailed(f"connection broken: {_root_cause(exc)}")
+    return ProtocolFailed(f"{type(exc).__name__}: {_root_cause(exc)}")
 
 
-def _os_reason(error: OSError) -> str:
-    return error.strerror or type(error).__name__
+# hyper-util's text for a failure in its connect step (DNS, TCP, TLS): the request was not written.
+_CONNECT_CAUSE = "client error (Connect)"
+
+
+def _causes(exc: rq.PyreqwestError) -> list[str]:
+    details = getattr(exc, "details", None)
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return [str(cause.get("message", "")) for cause in causes or ()]
+
+
+def _failed_in_connect(exc: rq.PyreqwestError) -> bool:
+    return _CONNECT_CAUSE in _causes(exc)
+
+
+def _host_port(url: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
+
+
+def _root_cause(exc: rq.PyreqwestError) -> str:
+    """The innermost cause reqwest reports ("Connection refused (os error 111)"), which names no URL."""
+    causes = _causes(exc)
+    return causes[-1] if causes and "://" not in causes[-1] else type(exc).__name__

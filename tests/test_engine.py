@@ -13,7 +13,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from bulkrelay.checkpoint import read_checkpoint
 from bulkrelay.config import load_job
-from bulkrelay.engine import RelayOutcome, StartPoint, relay
+from bulkrelay.engine import RelayOutcome, StartPoint, relay, transport_settings
 from bulkrelay.errors import StorageFailed
 from bulkrelay.journal import iter_journal
 from bulkrelay.lifecycle import manifest_for
@@ -102,6 +102,21 @@ async def _relay(preflight: Any, run: RunDir, transport: _CountingTransport, **k
         reporter=kw.pop("reporter", NullReporter()),
         transport_factory=factory,
     )
+
+
+@pytest.mark.parametrize(("headers", "decompress"), [({}, False), ({"accept-ENCODING": "gzip"}, True)])
+def test_answers_are_decompressed_only_when_the_job_sends_accept_encoding(
+    tmp_path: Path, headers: dict[str, str], decompress: bool
+) -> None:
+    job_path = write_job(
+        tmp_path,
+        "http://127.0.0.1:9",
+        request={"headers": headers},
+        execution={"concurrency": 3, "http2": True, "timeout": {"read_seconds": 7}},
+    )
+    settings = transport_settings(run_preflight(load_job(job_path), None))
+    assert (settings.decompress, settings.http2, settings.concurrency) == (decompress, True, 3)
+    assert settings.read_seconds == 7
 
 
 @pytest.mark.anyio

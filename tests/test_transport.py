@@ -1,24 +1,29 @@
-"""AiohttpTransport against the embedded target over real loopback sockets."""
+"""ReqwestTransport against the embedded target over real loopback sockets."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gzip
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config as HypercornConfig
 
 from bulkrelay import __version__
 from bulkrelay.errors import UsageError
 from bulkrelay.records import PreparedRequest
 from bulkrelay.target import RunningTarget, start_target
 from bulkrelay.transport import (
-    AiohttpTransport,
     ConnectFailed,
     ProtocolFailed,
     RequestTimeout,
+    ReqwestTransport,
     Transport,
     TransportSettings,
     open_transport,
@@ -104,26 +109,110 @@ async def test_slow_response_is_a_read_timeout() -> None:
         assert target.url not in str(caught.value)
 
 
-async def test_unread_upload_is_a_write_timeout() -> None:
-    held: list[asyncio.StreamWriter] = []
+@asynccontextmanager
+async def _raw_server(
+    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[str]:
+    """The URL of a loopback server answering each connection with `handle` (raw bytes, no HTTP library)."""
+    writers: list[asyncio.StreamWriter] = []
 
-    async def never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)  # keeps the connection without reading: the client's writes block
+    async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await handle(reader, writer)
 
-    server = await asyncio.start_server(never_read, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    transport = open_transport(_settings(connect_seconds=0.1, write_seconds=0.2, read_seconds=0.2))
+    server = await asyncio.start_server(keep, "127.0.0.1", 0)
     try:
-        with pytest.raises(RequestTimeout) as caught:
-            await transport.send(PreparedRequest("POST", f"http://127.0.0.1:{port}/", (), b"z" * (64 << 20)))
-        assert caught.value.phase == "write"
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
     finally:
-        await transport.aclose()
-        for writer in held:
+        for writer in writers:
             writer.close()
-            await writer.wait_closed()
         server.close()
         await server.wait_closed()
+
+
+async def _never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Keeps the connection without reading: the client's writes block."""
+
+
+async def test_unread_upload_times_out_on_the_read_timer() -> None:
+    # reqwest's read timer starts when the request is sent, so a stuck upload ends at read_seconds,
+    # before the whole-exchange deadline (connect + write + read = 2.4 s here).
+    transport = open_transport(_settings(connect_seconds=0.2, write_seconds=2.0, read_seconds=0.2))
+    async with _raw_server(_never_read) as url:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout) as caught:
+            await transport.send(PreparedRequest("POST", url, (), b"z" * (64 << 20)))
+        assert caught.value.phase == "read"
+        assert time.monotonic() - started < 1.5
+    await transport.aclose()
+
+
+async def test_connect_that_never_completes_is_a_connect_timeout() -> None:
+    # A listener with a full accept backlog: the kernel drops further SYNs, so connect() hangs.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = [socket.socket() for _ in range(3)]
+        for filler in fillers:
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+        transport = open_transport(_settings(connect_seconds=0.3))
+        try:
+            with pytest.raises(RequestTimeout) as caught:
+                await transport.send(_post(f"http://127.0.0.1:{port}/x"))
+            assert caught.value.phase == "connect"
+        finally:
+            await transport.aclose()
+            for filler in fillers:
+                filler.close()
+
+
+async def _close_after_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.close()
+
+
+async def _answer_garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HELLO WORLD\r\n\r\n")
+    await writer.drain()
+
+
+async def _answer_short_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc")
+    await writer.drain()
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("handle", "words"),
+    [
+        (_close_after_request, "connection broken"),
+        (_answer_garbage, "bad response"),
+        (_answer_short_body, "bad response"),
+    ],
+)
+async def test_a_request_that_went_out_and_got_no_valid_answer_is_protocol_failed(
+    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], words: str
+) -> None:
+    transport = open_transport(_settings())
+    async with _raw_server(handle) as url:
+        with pytest.raises(ProtocolFailed) as caught:
+            await transport.send(_post(url + "secret-path"))
+        assert caught.value.classification == "protocol_error"
+        assert words in caught.value.message
+        assert "secret-path" not in caught.value.message
+    await transport.aclose()
+
+
+async def test_an_invalid_url_is_connect_failed() -> None:
+    transport = open_transport(_settings())
+    with pytest.raises(ConnectFailed, match="invalid URL"):
+        await transport.send(_post("http://exa mple.com:99999/"))
+    await transport.aclose()
 
 
 async def test_connection_refused_is_connect_failed() -> None:
@@ -184,11 +273,76 @@ async def test_many_concurrent_requests_all_arrive() -> None:
         assert target.state.stats()["requests"] == 200
 
 
-async def test_http2_is_refused_with_an_explanation() -> None:
-    with pytest.raises(UsageError, match="HTTP/2"):
-        open_transport(_settings(http2=True))
+async def _echo_http_version(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app answering each request with the HTTP version it arrived in."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": scope["http_version"].encode()})
+
+
+@asynccontextmanager
+async def _hypercorn() -> AsyncIterator[str]:
+    """A loopback hypercorn server, which speaks HTTP/1.1 and HTTP/2 (h2c by prior knowledge) on one port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = HypercornConfig()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.loglevel = "WARNING"
+    stop = asyncio.Event()
+    server = asyncio.create_task(hypercorn_serve(_echo_http_version, config, shutdown_trigger=stop.wait))
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                break
+            await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        stop.set()
+        await server
+
+
+async def test_http2_option_speaks_http2_and_the_default_http1() -> None:
+    async with _hypercorn() as url:
+        for http2, version in ((True, b"2"), (False, b"1.1")):
+            transport = open_transport(_settings(http2=http2))
+            try:
+                responses = await asyncio.gather(*(transport.send(_post(url)) for _ in range(10)))
+                assert {(r.status, r.body) for r in responses} == {(200, version)}
+            finally:
+                await transport.aclose()
+
+
+async def test_http2_against_an_http1_only_target_is_a_protocol_error() -> None:
+    async with _setup(http2=True) as (target, transport):
+        with pytest.raises(ProtocolFailed):
+            await transport.send(_post(target.url + "/x"))
+        assert target.state.stats()["requests"] == 0
+
+
+async def _answer_gzip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    body = gzip.compress(b'{"id":"zipped"}')
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
+    writer.write(head.encode() + body)
+    await writer.drain()
+
+
+@pytest.mark.parametrize("decompress", [True, False])
+async def test_compressed_answers_are_decoded_only_when_asked(decompress: bool) -> None:
+    transport = open_transport(_settings(decompress=decompress))
+    async with _raw_server(_answer_gzip) as url:
+        response = await transport.send(_post(url, b"{}", ("Accept-Encoding", "gzip")))
+    await transport.aclose()
+    if decompress:
+        assert response.body == b'{"id":"zipped"}'
+    else:
+        assert gzip.decompress(response.body) == b'{"id":"zipped"}'
 
 
 async def test_concurrency_must_be_positive() -> None:
     with pytest.raises(UsageError):
-        AiohttpTransport(_settings(concurrency=0))
+        ReqwestTransport(_settings(concurrency=0))
