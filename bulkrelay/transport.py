@@ -153,8 +153,8 @@ def _build_client(settings: TransportSettings) -> Client:
     )
     # The wire carries what the request says: no Accept-Encoding unless the job sets one, in which case
     # reqwest keeps the job's header and decodes the answer.
-    for codec in (builder.gzip, builder.brotli, builder.zstd, builder.deflate):
-        codec(settings.decompress)
+    decode = settings.decompress
+    builder = builder.gzip(decode).brotli(decode).zstd(decode).deflate(decode)
     builder = builder.http2_prior_knowledge() if settings.http2 else builder.http1_only()
     return builder.build()
 

@@ -91,6 +91,14 @@ async def test_no_implicit_content_type_and_bodyless_get() -> None:
         assert (get["method"], get["body"]) == ("GET", "")
 
 
+async def test_the_jobs_own_user_agent_wins() -> None:
+    async with _setup() as (target, transport):
+        await transport.send(_post(target.url + "/ua", b"{}", ("User-Agent", "migration/7")))
+        [record] = target.state.requests()
+        user_agents = [v for k, v in record["headers"].items() if k.lower() == "user-agent"]
+        assert user_agents == ["migration/7"]
+
+
 async def test_redirects_are_returned_not_followed() -> None:
     plan = {"rules": [{"match": {"path_contains": "/old"}, "status": 302, "headers": {"Location": "/new"}}]}
     async with _setup(plan) as (target, transport):
