@@ -10,7 +10,8 @@
     │   ├── InputChanged                INPUT_CHANGED
     │   ├── ConfigChanged               CONFIG_CHANGED
     │   ├── JournalCorrupt              JOURNAL_CORRUPT
-    │   └── RunNotResumable             RUN_NOT_RESUMABLE
+    │   ├── RunNotResumable             RUN_NOT_RESUMABLE
+    │   └── TlsUnavailable              TLS_UNAVAILABLE
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
     └── JobLost                         JOB_LOST             1 GENERAL_ERROR
@@ -164,6 +165,12 @@ class JournalCorrupt(PreconditionFailed):
 
 class RunNotResumable(PreconditionFailed):
     code = "RUN_NOT_RESUMABLE"
+
+
+class TlsUnavailable(PreconditionFailed):
+    """No trusted CA certificate could be loaded, so no HTTP client can be made (even for http://)."""
+
+    code = "TLS_UNAVAILABLE"
 
 
 class RunLocked(BulkRelayError):

@@ -32,7 +32,7 @@ from pyreqwest.client import Client, ClientBuilder
 from pyreqwest.response import Response as StreamedResponse
 
 from bulkrelay import __version__
-from bulkrelay.errors import UsageError
+from bulkrelay.errors import TlsUnavailable, UsageError
 from bulkrelay.records import PreparedRequest
 
 TimeoutPhase = Literal["connect", "read", "write", "pool"]
@@ -156,7 +156,15 @@ def _build_client(settings: TransportSettings) -> Client:
     decode = settings.decompress
     builder = builder.gzip(decode).brotli(decode).zstd(decode).deflate(decode)
     builder = builder.http2_prior_knowledge() if settings.http2 else builder.http1_only()
-    return builder.build()
+    try:
+        return builder.build()
+    except rq.BuilderError as exc:
+        # reqwest loads the system's CA store when the client is built and refuses an empty one.
+        raise TlsUnavailable(
+            f"cannot make an HTTP client: {_root_cause(exc)}",
+            suggestion="install the system's CA certificates (Debian: ca-certificates), "
+            "or set SSL_CERT_FILE to a PEM bundle of the authorities to trust",
+        ) from None
 
 
 def _seconds(value: float) -> timedelta:

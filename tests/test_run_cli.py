@@ -97,6 +97,22 @@ def test_retries_that_succeed(tmp_path: Path) -> None:
     assert (summary["attempts"], summary["retries"]) == (36, 24)
 
 
+def test_no_trusted_ca_is_a_precondition_and_the_same_call_later_finishes_the_run(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=5)
+        missing = str(tmp_path / "no-such-ca.pem")
+        refused = run_job(job, env=cli_env(SSL_CERT_FILE=missing, SSL_CERT_DIR=missing))
+        assert refused.exit_code == ExitCode.PRECONDITION, refused.envelope
+        assert refused.envelope["error"]["code"] == "TLS_UNAVAILABLE"
+        assert "SSL_CERT_FILE" in refused.envelope["error"]["suggestion"]
+        assert target.stats()["requests"] == 0
+        finished = run_job(job)
+        assert target.stats()["requests"] == 5
+    assert finished.exit_code == ExitCode.SUCCESS, finished.envelope
+    runs = [path for path in (tmp_path / "runs").iterdir() if not path.name.startswith(".")]
+    assert runs == [Path(finished.data["run_dir"])]  # the refused call's run, continued
+
+
 def test_client_errors_are_permanent_failures_with_truncated_bodies(tmp_path: Path) -> None:
     body = "invalid email: " + "x" * 5000
     plan = {"rules": [tag_rule("bad", status=422, body=body)]}

@@ -6,17 +6,20 @@ import asyncio
 import contextlib
 import gzip
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config as HypercornConfig
 
 from bulkrelay import __version__
-from bulkrelay.errors import UsageError
+from bulkrelay.errors import TlsUnavailable, UsageError
 from bulkrelay.records import PreparedRequest
 from bulkrelay.target import RunningTarget, start_target
 from bulkrelay.transport import (
@@ -216,6 +219,59 @@ async def test_a_request_that_went_out_and_got_no_valid_answer_is_protocol_faile
     await transport.aclose()
 
 
+@asynccontextmanager
+async def _tls_server(authority: trustme.CA) -> AsyncIterator[str]:
+    """An https URL on loopback whose certificate (for localhost) is signed by `authority`."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(context)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=context)
+    try:
+        yield f"https://localhost:{server.sockets[0].getsockname()[1]}/"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_https_trusts_the_authorities_named_by_ssl_cert_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SSL_CERT_FILE replaces the system's store, so the test does not depend on the machine's.
+    authority, stranger = trustme.CA(), trustme.CA()
+    authority.cert_pem.write_to_path(str(tmp_path / "ours.pem"))
+    stranger.cert_pem.write_to_path(str(tmp_path / "other.pem"))
+    async with _tls_server(authority) as url:
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "other.pem"))
+        untrusting = open_transport(_settings())
+        with pytest.raises(ConnectFailed, match="certificate"):
+            await untrusting.send(PreparedRequest("GET", url, (), None))
+        await untrusting.aclose()
+
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ours.pem"))
+        trusting = open_transport(_settings())
+        response = await trusting.send(PreparedRequest("GET", url, (), None))
+        await trusting.aclose()
+        assert (response.status, response.body) == (200, b"ok")
+
+
+async def test_no_trusted_authority_at_all_is_tls_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "missing.pem"))
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path / "missing"))
+    with pytest.raises(TlsUnavailable) as caught:
+        open_transport(_settings())
+    assert caught.value.to_dict()["code"] == "TLS_UNAVAILABLE"
+    assert "SSL_CERT_FILE" in (caught.value.suggestion or "")
+
+
 async def test_an_invalid_url_is_connect_failed() -> None:
     transport = open_transport(_settings())
     with pytest.raises(ConnectFailed, match="invalid URL"):
@@ -292,14 +348,17 @@ async def _echo_http_version(scope: Any, receive: Any, send: Any) -> None:
 
 
 @asynccontextmanager
-async def _hypercorn() -> AsyncIterator[str]:
-    """A loopback hypercorn server, which speaks HTTP/1.1 and HTTP/2 (h2c by prior knowledge) on one port."""
+async def _hypercorn(certificate: Path | None = None) -> AsyncIterator[str]:
+    """A loopback hypercorn server, which speaks HTTP/1.1 and HTTP/2 on one port: h2c by prior knowledge
+    in cleartext, ALPN over TLS when `certificate` (key and chain, PEM) is given."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     config = HypercornConfig()
     config.bind = [f"127.0.0.1:{port}"]
     config.loglevel = "WARNING"
+    if certificate is not None:
+        config.certfile = config.keyfile = str(certificate)
     stop = asyncio.Event()
     server = asyncio.create_task(hypercorn_serve(_echo_http_version, config, shutdown_trigger=stop.wait))
     try:
@@ -307,14 +366,24 @@ async def _hypercorn() -> AsyncIterator[str]:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.1):
                 break
             await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/"
+        yield f"{'https' if certificate else 'http'}://localhost:{port}/"
     finally:
         stop.set()
         await server
 
 
-async def test_http2_option_speaks_http2_and_the_default_http1() -> None:
-    async with _hypercorn() as url:
+@pytest.mark.parametrize("tls", [False, True])
+async def test_http2_option_speaks_http2_and_the_default_http1(
+    tls: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    certificate = None
+    if tls:
+        authority = trustme.CA()
+        authority.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+        certificate = tmp_path / "server.pem"
+        authority.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(certificate))
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    async with _hypercorn(certificate) as url:
         for http2, version in ((True, b"2"), (False, b"1.1")):
             transport = open_transport(_settings(http2=http2))
             try:
