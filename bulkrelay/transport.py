@@ -35,7 +35,7 @@ from bulkrelay import __version__
 from bulkrelay.errors import TlsUnavailable, UsageError
 from bulkrelay.records import PreparedRequest
 
-TimeoutPhase = Literal["connect", "read", "write", "pool"]
+TimeoutPhase = Literal["connect", "read", "pool"]  # no "write": see the module docstring
 
 _READ_CHUNK = 64 * 1024
 
