@@ -15,16 +15,7 @@ import asyncio
 import math
 import time
 
-from bulkrelay.ratelimit import RateLimiter
-
-
-def _max_in_window(times: list[float], window: float) -> int:
-    best, left = 0, 0
-    for right, t in enumerate(times):
-        while t - times[left] >= window:
-            left += 1
-        best = max(best, right - left + 1)
-    return best
+from bulkrelay.ratelimit import RateLimiter, most_in_window
 
 
 def _busy(seconds: float) -> None:
@@ -55,8 +46,8 @@ async def _measure(rate: float, seconds: float, workers: int, work: float) -> li
 
 def _report(rate: float, starts: list[float], seconds: float) -> None:
     achieved = len(starts) / seconds
-    per_second = _max_in_window(starts, 1.0)
-    per_tenth = _max_in_window(starts, 0.1)
+    per_second = most_in_window(starts, 1.0)
+    per_tenth = most_in_window(starts, 0.1)
     limit = max(1, math.floor(rate))
     window_ok = "ok" if per_second <= limit else "VIOLATED"
     print(

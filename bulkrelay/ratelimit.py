@@ -26,7 +26,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 _MAX_LAG = 0.05  # seconds of missed slots a late wakeup may still claim
 _WINDOW_MARGIN = 0.01  # seconds of slack on the one-second window: arrivals jitter on the way to the target
@@ -136,3 +136,15 @@ class RateLimiter:
             self._waiters.popleft()
             head.set_result(self._schedule.take(now, claim_missed=True))
         self._arm(now)
+
+
+def most_in_window(times: Sequence[float], window: float) -> int:
+    """The most of `times` (in order) within any half-open interval [t, t + window): the quantity the
+    limiter's window rule bounds. The target counts arrivals with it; tests and benchmarks count starts."""
+    best = 0
+    left = 0
+    for right, t in enumerate(times):
+        while t - times[left] >= window:
+            left += 1
+        best = max(best, right - left + 1)
+    return best

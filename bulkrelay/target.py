@@ -67,6 +67,8 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bulkrelay.ratelimit import most_in_window
+
 _CONTROL_PREFIX = "/_control/"
 _JSON = "application/json"
 
@@ -192,7 +194,7 @@ class TargetState:
             "duplicates": self.duplicates,
             "resets": self.resets,
             "arrivals_per_second": _per_second(self._arrivals),
-            "max_arrivals_in_any_second": _max_in_window(self._arrivals, 1.0),
+            "max_arrivals_in_any_second": most_in_window(self._arrivals, 1.0),
         }
 
     def requests(self) -> list[dict[str, Any]]:
@@ -362,17 +364,6 @@ def _per_second(arrivals: array[float]) -> list[int]:
             counts.append(0)
         counts[index] += 1
     return counts
-
-
-def _max_in_window(times: array[float], window: float) -> int:
-    """The most arrivals within any half-open interval [t, t + window) (times are in order)."""
-    best = 0
-    left = 0
-    for right, t in enumerate(times):
-        while t - times[left] >= window:
-            left += 1
-        best = max(best, right - left + 1)
-    return best
 
 
 @dataclass

@@ -124,7 +124,7 @@ class ReqwestTransport:
                 builder = builder.body_bytes(request.body)
             streamed = builder.build_streamed()
         except ValueError:  # pyreqwest's URL and header parsing; preflight has normally caught these
-            raise ConnectFailed("cannot send: invalid URL or header") from None
+            raise _invalid_request() from None
         try:
             async with streamed as resp:
                 body, truncated = await _read_bounded(resp, self._settings.max_body_bytes)
@@ -198,13 +198,17 @@ def _translate(exc: rq.PyreqwestError, url: str) -> TransportError:
         return RequestTimeout("read timeout: no answer from the target in time", phase="read")
     if in_connect:
         return ConnectFailed(f"cannot connect to {_host_port(url)}: {_root_cause(exc)}")
-    if isinstance(exc, rq.BuilderError):
-        return ConnectFailed("cannot send: invalid URL or header")
+    if isinstance(exc, rq.BuilderError):  # what reqwest refuses only when sending (a scheme, say)
+        return _invalid_request()
     if isinstance(exc, rq.DecodeError):
         return ProtocolFailed(f"bad response: {_root_cause(exc)}")
     if isinstance(exc, rq.NetworkError):
         return ProtocolFailed(f"connection broken: {_root_cause(exc)}")
     return ProtocolFailed(f"{type(exc).__name__}: {_root_cause(exc)}")
+
+
+def _invalid_request() -> ConnectFailed:
+    return ConnectFailed("cannot send: invalid URL or header")
 
 
 # hyper-util's text for a failure in its connect step (DNS, TCP, TLS): the request was not written.
@@ -222,7 +226,11 @@ def _failed_in_connect(exc: rq.PyreqwestError) -> bool:
 
 
 def _host_port(url: str) -> str:
+    """host:port of the URL for messages, or "the target" when Python's parser reads no host (reqwest's
+    WHATWG parser is more lenient: it reads http:///name as http://name/)."""
     parts = urlsplit(url)
+    if not parts.hostname:
+        return "the target"
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return f"{parts.hostname}:{port}"
 

@@ -9,16 +9,7 @@ import time
 
 import pytest
 
-from bulkrelay.ratelimit import RateLimiter, StartSchedule
-
-
-def _max_in_window(times: list[float], window: float) -> int:
-    best, left = 0, 0
-    for right, t in enumerate(times):
-        while t - times[left] >= window:
-            left += 1
-        best = max(best, right - left + 1)
-    return best
+from bulkrelay.ratelimit import RateLimiter, StartSchedule, most_in_window
 
 
 def _simulate(rate: float, seconds: float, max_lateness: float, seed: int = 7) -> list[float]:
@@ -108,7 +99,7 @@ def test_simulated_rate_and_window_with_late_wakeups(rate: float, lateness: floa
     seconds = 10.0
     starts = _simulate(rate, seconds, lateness)
     limit = max(1, math.floor(rate))
-    assert _max_in_window(starts, 1.0) <= limit
+    assert most_in_window(starts, 1.0) <= limit
     assert len(starts) / seconds == pytest.approx(min(rate, limit), rel=0.03)
 
 
@@ -137,10 +128,10 @@ async def _record_starts(limiter: RateLimiter, workers: int, seconds: float) -> 
 async def test_no_one_second_window_exceeds_the_rate(rate: int, workers: int) -> None:
     seconds = 2.2
     starts = await _record_starts(RateLimiter(rate), workers, seconds)
-    assert _max_in_window(starts, 1.0) <= rate
+    assert most_in_window(starts, 1.0) <= rate
     assert len(starts) >= 0.9 * rate * seconds  # loose: a rate check, not a timing benchmark
     # spread out, not bunched at the top of each second (late wakeups may catch up a few slots at once)
-    assert _max_in_window(starts, 0.1) <= 1.25 * rate / 10 + 2
+    assert most_in_window(starts, 0.1) <= 1.25 * rate / 10 + 2
 
 
 @pytest.mark.anyio
@@ -213,3 +204,9 @@ async def test_unlimited_acquire_does_not_wait() -> None:
     for _ in range(10_000):
         await limiter.acquire()
     assert time.monotonic() - started < 1.0
+
+
+def test_most_in_window_counts_half_open_intervals() -> None:
+    assert most_in_window([], 1.0) == 0
+    assert most_in_window([0.0, 0.5, 0.99, 1.0, 1.2], 1.0) == 4  # [0.5, 1.5) holds 0.5, 0.99, 1.0, 1.2
+    assert most_in_window([0.0, 1.0, 2.0], 1.0) == 1  # 1.0 is outside [0.0, 1.0)

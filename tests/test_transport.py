@@ -123,17 +123,20 @@ async def test_slow_response_is_a_read_timeout() -> None:
 @asynccontextmanager
 async def _raw_server(
     handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncIterator[str]:
-    """The URL of a loopback server answering each connection with `handle` (raw bytes, no HTTP library)."""
+    """The URL of a loopback server answering each connection with `handle` (raw bytes, no HTTP library);
+    with `tls`, an https URL naming localhost, the name its certificate is for."""
     writers: list[asyncio.StreamWriter] = []
 
     async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writers.append(writer)
         await handle(reader, writer)
 
-    server = await asyncio.start_server(keep, "127.0.0.1", 0)
+    server = await asyncio.start_server(keep, "127.0.0.1", 0, ssl=tls)
+    port = server.sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+        yield f"https://localhost:{port}/" if tls else f"http://127.0.0.1:{port}/"
     finally:
         for writer in writers:
             writer.close()
@@ -219,25 +222,18 @@ async def test_a_request_that_went_out_and_got_no_valid_answer_is_protocol_faile
     await transport.aclose()
 
 
-@asynccontextmanager
-async def _tls_server(authority: trustme.CA) -> AsyncIterator[str]:
-    """An https URL on loopback whose certificate (for localhost) is signed by `authority`."""
+async def _answer_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError, asyncio.IncompleteReadError):  # a refused handshake ends it early
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+
+def _tls_context(authority: trustme.CA) -> ssl.SSLContext:
+    """A server context with a certificate for localhost signed by `authority`."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     authority.issue_cert("localhost").configure_cert(context)
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=context)
-    try:
-        yield f"https://localhost:{server.sockets[0].getsockname()[1]}/"
-    finally:
-        server.close()
-        await server.wait_closed()
+    return context
 
 
 async def test_https_trusts_the_authorities_named_by_ssl_cert_file(
@@ -247,7 +243,7 @@ async def test_https_trusts_the_authorities_named_by_ssl_cert_file(
     authority, stranger = trustme.CA(), trustme.CA()
     authority.cert_pem.write_to_path(str(tmp_path / "ours.pem"))
     stranger.cert_pem.write_to_path(str(tmp_path / "other.pem"))
-    async with _tls_server(authority) as url:
+    async with _raw_server(_answer_ok, _tls_context(authority)) as url:
         monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "other.pem"))
         untrusting = open_transport(_settings())
         with pytest.raises(ConnectFailed, match="certificate"):
