@@ -208,3 +208,17 @@ def test_basic_auth_the_transport_builds_from_url_credentials_is_hidden() -> Non
     renderer = RequestRenderer.from_config(parse_job(text, file="job.yaml").request, env)
     basic = _b64('svc:pa"ss w\u00f6rd')
     assert renderer.redactor.redact(f"got Basic {basic}.") == "got Basic ***."
+
+
+def test_rendered_requests_are_matched_on_the_renderer_s_own_spellings() -> None:
+    # The idempotency key hashes the redacted request: it must not move when redaction learns more.
+    redactor = Redactor(["a+b/c"])
+    assert redactor.redact_rendered("u?k=a+b/c&q=a%2Bb%2Fc&p=a%2bb%2fc") == "u?k=***&q=***&p=a%2bb%2fc"
+    assert redactor.redact("u?k=a+b/c&q=a%2Bb%2Fc&p=a%2bb%2fc") == "u?k=***&q=***&p=***"
+
+
+def test_a_long_secret_is_hidden_in_every_encoding() -> None:
+    secret = ('k3y"\\ ' * 60) + "\u00e9nd"  # past the length up to which patterns are split
+    redactor = Redactor([secret])
+    for encoding in ("raw", "json", "json_ascii", "url_all", "url_plus", "base64"):
+        assert redactor.redact(f"< {ENCODINGS[encoding](secret)} >") == "< *** >", encoding
