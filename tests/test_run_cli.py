@@ -335,7 +335,7 @@ def test_an_echoed_secret_is_hidden_in_captures_failure_bodies_export_and_envelo
         "auth": None,
     }
     assert by_row[2]["captured"]["auth"] == "Basic ***"
-    assert by_row[4]["response_body"].startswith("bad *** *** ***") and len(by_row[4]["response_body"]) < 120
+    assert by_row[4]["response_body"] == "bad *** *** *** ***"  # the cut at 120 bytes falls in the base64
     assert by_row[6]["response_body"] == "who is Basic ***?"
     run_dir = result.data["run_dir"]
     calls = [
