@@ -18,9 +18,10 @@ import orjson
 
 from bulkrelay.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
 from bulkrelay.records import PreparedRequest, Record
+from bulkrelay.redact import Redactor, basic_credentials
 from bulkrelay.template import (
     BoundTemplate,
-    Redactor,
+    FieldRef,
     RenderError,
     compile_template,
     resolve_secrets,
@@ -95,7 +96,9 @@ class RequestRenderer:
             body=_body_renderer(req, bind),
             fields_used=frozenset(fields),
             idempotency_header=req.idempotency_key.header if req.idempotency_key else None,
-            redactor=Redactor(secrets.values()),
+            redactor=Redactor(
+                secrets.values(), derived=basic_credentials(_url_head(req.url, secrets), secrets.values())
+            ),
         )
 
     def render(self, record: Record) -> PreparedRequest:
@@ -113,7 +116,7 @@ class RequestRenderer:
 
     def redact(self, request: PreparedRequest) -> dict[str, Any]:
         """The request as shown to people (`render`, logs): every secret value replaced by `***`."""
-        redact = self.redactor.redact
+        redact = self.redactor.redact_rendered
         return {
             "method": request.method,
             "url": redact(request.url),
@@ -155,7 +158,7 @@ def idempotency_key(
     out. So it is the same across retries, resumes and re-runs of unchanged data, it changes when
     the row's content (or the job's meaning) changes, and it does not change when a secret rotates.
     """
-    redact = redactor.redact
+    redact = redactor.redact_rendered
     skip = (skip_header or "").lower()
     headers = [[name, redact(value)] for name, value in request.headers if name.lower() != skip]
     body = None if request.body is None else redact(request.body.decode("utf-8", "replace"))
@@ -163,6 +166,16 @@ def idempotency_key(
         [_KEY_SCHEME, config_fingerprint, row_identity, request.method, redact(request.url), headers, body]
     )
     return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+def _url_head(url: str, secrets: Mapping[str, str]) -> str:
+    """The URL up to its first record field, secrets in place: where `user:password@` credentials sit."""
+    head = ""
+    for part in compile_template(url).parts:
+        if isinstance(part, FieldRef):
+            break
+        head += part if isinstance(part, str) else secrets[part.name]
+    return head
 
 
 def _content_type_for(req: RequestConfig) -> str | None:

@@ -1,4 +1,9 @@
-"""What BulkRelay keeps of a response: captured values on success, a truncated body on failure."""
+"""What BulkRelay keeps of a response: captured values on success, a truncated body on failure.
+
+Both are redacted (see `bulkrelay.redact`) before the journal sees them: a target may echo a secret.
+A failure body is redacted before it is cut, and in the body's own bytes: `failure_body_bytes` bytes
+of the body are kept, and a secret that begins in them is hidden whole even where it crosses the cut.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from bulkrelay.template import Redactor
+from bulkrelay.redact import Redactor
 
 _MISSING = object()
 
@@ -51,12 +56,22 @@ class ResponseReader:
         out: dict[str, Any] = {}
         for name, pointer in self._capture.items():
             value = resolve_pointer(document, pointer)
-            out[name] = None if value is _MISSING else value
+            out[name] = None if value is _MISSING else self._redactor.redact_value(value)
         return out
 
-    def failure_body(self, body: bytes) -> str | None:
-        """The start of a failure body as text, with any secret the target echoed hidden."""
-        if not body or self._failure_body_bytes <= 0:
+    def failure_body(self, body: bytes, *, truncated: bool = False) -> str | None:
+        """The start of a failure body as text, with any secret the target echoed hidden.
+
+        `truncated`: the transport stopped reading the body, so its end may cut a secret short.
+        """
+        limit = self._failure_body_bytes
+        if not body or limit <= 0:
             return None
-        text = body[: self._failure_body_bytes].decode("utf-8", errors="replace")
-        return self._redactor.redact(text)
+        if not self._redactor.active:
+            return body[:limit].decode("utf-8", errors="replace")
+        # Enough beyond the cut to see whole any secret that begins before it (4 bytes a character).
+        window = body[: limit + 4 * self._redactor.longest + 4]
+        text = window.decode("utf-8", errors="replace")
+        kept = len(body[:limit].decode("utf-8", errors="replace"))  # the cut, in characters
+        cut_short = truncated or len(window) < len(body)
+        return self._redactor.redact_prefix(text, kept, cut=cut_short)

@@ -145,7 +145,9 @@ class RowSender:
                 if captured is not None:
                     entry["captured"] = captured
             else:
-                entry["response_body"] = self._reader.failure_body(response.body)
+                entry["response_body"] = self._reader.failure_body(
+                    response.body, truncated=response.truncated
+                )
         return entry
 
     def _error_text(self, response: Response | None, error: TransportError | None) -> str:

@@ -24,6 +24,9 @@ then fires only within its limits, counted over the requests that reach it:
 and then answers (all optional; status defaults to the plan's):
 
     "status": 503, "retry_after": "2", "headers": {...}, "body": <JSON value, or a string sent as text>
+    "echo_header": "Authorization"   in the body, replace {echo} by that request header's value as sent,
+                          {echo_json} by it escaped for a JSON string, {echo_url} percent-encoded,
+                          {echo_b64} base64-encoded: a target that leaks what it was sent
     "delay_ms": 1500      wait this long first (a slow response)
     "reset": true         close the connection with a TCP reset instead of answering
 
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
 import os
 import signal
@@ -58,10 +62,10 @@ import sys
 import time
 from array import array
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import orjson
 from aiohttp import web
@@ -97,6 +101,7 @@ class _Rule(BaseModel):
     body: Any = None
     delay_ms: int = Field(default=0, ge=0)
     reset: bool = False
+    echo_header: str | None = None
 
 
 class _Plan(BaseModel):
@@ -230,6 +235,8 @@ class TargetState:
         answer, rule, duplicate = self._decide(request, body, idem)
         if rule is not None and rule.delay_ms:
             await asyncio.sleep(rule.delay_ms / 1000)
+        if answer is not None and rule is not None and rule.echo_header is not None:
+            answer = _echoed(answer, request.headers.get(rule.echo_header, ""))
         status = answer.status if answer is not None else None
         if self.plan.record:
             headers = request.raw_headers
@@ -329,6 +336,19 @@ def _rule_answer(rule: _Rule, default_status: int) -> _Answer:
         return _Answer(status, rule.body.encode(), "text/plain", tuple(headers.items()))
     body = orjson.dumps(rule.body) if rule.body is not None else b'{"rule":true}'
     return _Answer(status, body, _JSON, tuple(headers.items()))
+
+
+def _echoed(answer: _Answer, value: str) -> _Answer:
+    forms = {
+        b"{echo}": value.encode(),
+        b"{echo_json}": orjson.dumps(value)[1:-1],
+        b"{echo_url}": quote(value, safe="").encode(),
+        b"{echo_b64}": base64.b64encode(value.encode()),
+    }
+    body = answer.body
+    for placeholder, form in forms.items():
+        body = body.replace(placeholder, form)
+    return replace(answer, body=body)
 
 
 def _request_hash(request: web.BaseRequest, body: bytes) -> str:

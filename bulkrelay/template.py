@@ -21,14 +21,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote
 
 import orjson
 
+from bulkrelay import redact as _redact
 from bulkrelay.errors import SecretMissing
 
 SECRET_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
-REDACTED = "***"
 
 _TOKEN = re.compile(
     r"(?P<open>\{\{)|(?P<close>\}\})"
@@ -209,19 +209,6 @@ def resolve_secrets(names: Iterable[str], env: Mapping[str, str]) -> dict[str, s
     return {name: env[name] for name in wanted}
 
 
-class Redactor:
-    """Replaces every secret value, raw or URL-encoded, with `***`."""
-
-    def __init__(self, secret_values: Iterable[str]) -> None:
-        variants: set[str] = set()
-        for value in secret_values:
-            if value:
-                variants.update((value, quote(value, safe=""), quote_plus(value)))
-        # Longest first, so a secret containing a shorter one is hidden whole.
-        ordered = sorted(variants, key=len, reverse=True)
-        self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
-
-    def redact(self, text: str) -> str:
-        if self._pattern is None:
-            return text
-        return self._pattern.sub(REDACTED, text)
+# The Redactor lived here; it has its own module now (bulkrelay.redact). These names stay for older imports.
+Redactor = _redact.Redactor
+REDACTED = _redact.REDACTED

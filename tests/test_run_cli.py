@@ -6,9 +6,11 @@ writer, a CLI run with `--budget 0` (synchronous), and readers for the journal a
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import orjson
 import yaml
@@ -256,6 +258,99 @@ def test_no_secret_is_ever_written(tmp_path: Path) -> None:
     assert len(files) >= 5
     for blob in outputs + [p.read_bytes() for p in files]:
         assert SECRET.encode() not in blob
+
+
+TOKEN = (
+    'tk-5"ecr\\3t Zq81+xv/A7c9Lm'  # a quote, a backslash, a space, + and /: spelled differently everywhere
+)
+PASSWORD = 'pw-"Qx81 v+Lm9s!'  # in the URL: reqwest sends it as Basic auth, base64("svc:" + PASSWORD)
+
+
+def _spellings(secret: str) -> list[bytes]:
+    """The secret as it could appear in a file or an envelope: as is, JSON-escaped, encoded."""
+    forms = [secret, orjson.dumps(secret).decode()[1:-1], quote(secret, safe=""), quote_plus(secret)]
+    return [form.encode() for form in forms] + [base64.b64encode(secret.encode())]
+
+
+def _leaks(blob: bytes) -> list[bytes]:
+    """Every 8-character piece of a secret's spellings found in `blob`."""
+    basic = base64.b64encode(f"svc:{PASSWORD}".encode())
+    spellings = [*_spellings(TOKEN), *_spellings(PASSWORD), basic]
+    pieces = {form[i : i + 8] for form in spellings for i in range(len(form) - 7)}
+    return sorted(piece for piece in pieces if piece in blob)
+
+
+def test_an_echoed_secret_is_hidden_in_captures_failure_bodies_export_and_envelopes(tmp_path: Path) -> None:
+    # The target echoes the API key and the Basic auth header it got, in a 200 body the job
+    # captures and in failure bodies the journal keeps (cut at 120 bytes, inside an echo).
+    echoes = (
+        '{"id": "7", "token": "{echo_json}", "b64": "{echo_b64}", "link": "https://x.test/?t={echo_url}"}'
+    )
+    plan = {
+        "rules": [
+            tag_rule("basic", echo_header="Authorization", body='{"id": "8", "auth": "{echo_json}"}'),
+            tag_rule(
+                "bad",
+                status=400,
+                echo_header="X-Api-Key",
+                body="bad {echo} {echo_json} {echo_url} {echo_b64}",
+            ),
+            tag_rule("gone", status=500, echo_header="Authorization", body="who is {echo}?"),
+            {"echo_header": "X-Api-Key", "body": echoes},
+        ]
+    }
+    env = cli_env(API_TOKEN=TOKEN, API_PASS=PASSWORD)
+    with TargetProcess(plan) as target:
+        job = write_job(
+            tmp_path,
+            target.url,
+            rows=8,
+            tags={2: "basic", 4: "bad", 6: "gone"},
+            request={
+                "url": f"http://svc:${{API_PASS}}@127.0.0.1:{target.port}/v1/items",
+                "headers": {"X-Api-Key": "${API_TOKEN}"},
+            },
+            response={
+                "capture": {
+                    "remote_id": "/id",
+                    "token": "/token",
+                    "b64": "/b64",
+                    "link": "/link",
+                    "auth": "/auth",
+                },
+                "failure_body_bytes": 120,
+            },
+        )
+        result = run_job(job, env=env)
+        sent = target.requests()
+    basic = "Basic " + base64.b64encode(f"svc:{PASSWORD}".encode()).decode()
+    assert all(r["headers"]["X-Api-Key"] == TOKEN and r["headers"]["Authorization"] == basic for r in sent)
+    assert result.exit_code == ExitCode.PARTIAL_FAILURE, result.envelope
+    by_row = {e["row_number"]: e for e in journal(result.data["run_dir"])}
+    assert by_row[1]["captured"] == {
+        "remote_id": "7",
+        "token": "***",
+        "b64": "***",
+        "link": "https://x.test/?t=***",
+        "auth": None,
+    }
+    assert by_row[2]["captured"]["auth"] == "Basic ***"
+    assert by_row[4]["response_body"] == "bad *** *** *** ***"  # the cut at 120 bytes falls in the base64
+    assert by_row[6]["response_body"] == "who is Basic ***?"
+    run_dir = result.data["run_dir"]
+    calls = [
+        result,
+        run_cli("status", run_dir, env=env),
+        run_cli("export", run_dir, "--format", "jsonl", "-o", tmp_path / "export.jsonl", env=env),
+        run_cli("export", run_dir, "--format", "csv", "-o", tmp_path / "export.csv", env=env),
+    ]
+    assert all(call.exit_code == ExitCode.SUCCESS for call in calls[1:]), [c.envelope for c in calls]
+    blobs = {f"{c.envelope['meta']}": c.stdout + c.stderr.encode() for c in calls}
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "job.yaml"]
+    assert {"results.jsonl", "summary.json", "export.jsonl", "export.csv"} <= {p.name for p in files}
+    blobs |= {str(p): p.read_bytes() for p in files}
+    assert b"***" in (tmp_path / "export.jsonl").read_bytes()
+    assert {name: _leaks(blob) for name, blob in blobs.items() if _leaks(blob)} == {}
 
 
 # ------------------------------------------------------------------------- after a clean end

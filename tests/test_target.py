@@ -109,6 +109,20 @@ async def test_body_field_rule_answers_matching_rows_only() -> None:
         assert stats["effects"] == 3
 
 
+async def test_echo_header_puts_the_header_in_the_body_in_each_form() -> None:
+    template = "{echo}|{echo_json}|{echo_url}|{echo_b64}"
+    plan = {"rules": [{"status": 401, "echo_header": "X-Token", "body": template}, {"status": 200}]}
+    async with _target(plan) as client:
+        url = client.target.url + "/v1/items"
+        async with client.session.post(url, data=b"{}", headers={"X-Token": 'a "b\\c d'}) as resp:
+            assert resp.status == 401
+            assert await resp.read() == b'a "b\\c d|a \\"b\\\\c d|a%20%22b%5Cc%20d|YSAiYlxjIGQ='
+        plan["rules"] = [{"echo_header": "X-Token", "body": {"token": "{echo_json}"}}]
+        await client.control("POST", "plan", plan)
+        async with client.session.post(url, data=b"{}", headers={"X-Token": 'q"'}) as resp:
+            assert json.loads(await resp.read()) == {"token": 'q"'}
+
+
 async def test_first_attempts_fail_each_distinct_request() -> None:
     plan = {"rules": [{"first_attempts": 2, "status": 503, "retry_after": "1"}]}
     async with _target(plan) as client:
