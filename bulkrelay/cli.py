@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", type=Path, metavar="JOB")
     _add_input(p)
     p.add_argument("--runs-dir", type=Path, metavar="DIR", help="where runs live (default ./.bulkrelay/runs)")
+    p.add_argument(
+        "--output-dir", type=Path, metavar="DIR", help="the public alpha's name for --runs-dir (deprecated)"
+    )
     p.add_argument("--idempotency-key", metavar="K", help="part of the invocation's identity for re-runs")
     _add_budget(p)
 

@@ -10,13 +10,13 @@ from typing import Any
 from bulkrelay.atomic import read_json
 from bulkrelay.checkpoint import read_checkpoint
 from bulkrelay.config import Job
-from bulkrelay.envelope import Result
+from bulkrelay.envelope import Result, deprecation_warnings
 from bulkrelay.errors import InputInvalid, Problem, UsageError
 from bulkrelay.fingerprint import config_fingerprint
 from bulkrelay.inputs import open_records
 from bulkrelay.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.request import RenderError, RequestRenderer
-from bulkrelay.rundir import SUMMARY, RunDir, is_locked, list_runs
+from bulkrelay.rundir import ALPHA, CHECKPOINT, SUMMARY, RunDir, is_locked, list_runs
 from bulkrelay.selection import load_selection
 from bulkrelay.sender import row_identity
 
@@ -41,7 +41,9 @@ def preflight_data(preflight: Preflight) -> dict[str, Any]:
 
 def validate(job: Job, input_path: Path | None) -> Result:
     preflight = run_preflight(job, input_path)
-    return Result(data=preflight_data(preflight), kind="validate")
+    return Result(
+        data=preflight_data(preflight), kind="validate", warnings=deprecation_warnings(job.deprecations)
+    )
 
 
 def parse_rows(spec: str) -> set[int]:
@@ -97,7 +99,11 @@ def render(job: Job, input_path: Path | None, rows_spec: str) -> Result:
     problems = [p for p in problems if p.row is None or p.row in wanted]
     if problems:
         raise InputInvalid(problems, phase="render")
-    return Result(data={"job": str(job.path), "requests": requests}, kind="render")
+    return Result(
+        data={"job": str(job.path), "requests": requests},
+        kind="render",
+        warnings=deprecation_warnings(job.deprecations),
+    )
 
 
 def committed_progress(run: RunDir) -> dict[str, Any]:
@@ -132,14 +138,27 @@ def status(run_dir: Path) -> Result:
     return Result(data=data, kind="status")
 
 
+def _alpha_progress(run: RunDir) -> dict[str, Any]:
+    """The counters of a public alpha run, from its own `checkpoint.json` (`processed`, `failed`)."""
+    path = run.path / CHECKPOINT
+    checkpoint = read_json(path) if path.is_file() else {}
+    return {
+        "done": checkpoint.get("processed", 0),
+        "total": run.manifest.get("input_total"),
+        "failed": checkpoint.get("failed", 0),
+    }
+
+
 def runs(runs_dir: Path) -> Result:
     table = []
     for run in list_runs(runs_dir):
-        progress = committed_progress(run)
+        alpha = run.format == ALPHA
+        progress = _alpha_progress(run) if alpha else committed_progress(run)
         table.append(
             {
                 "run_id": run.run_id,
-                "state": run.state,
+                "state": ALPHA if alpha else run.state,
+                "format": run.format,
                 "name": run.manifest.get("name"),
                 "created_at": run.manifest.get("created_at"),
                 "done": progress["done"],

@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 from typing_extensions import TypeAliasType
 
+from bulkrelay.alphacompat import upgrade_alpha_spellings
 from bulkrelay.errors import ConfigInvalid, NotFound, Problem
 from bulkrelay.template import SecretRef, compile_template
 from bulkrelay.yamlload import LineMap, format_path, load_yaml
@@ -371,6 +372,7 @@ class Job:
     config: JobConfig
     path: Path
     base_dir: Path
+    deprecations: tuple[Problem, ...] = ()  # the public alpha's spellings it used, with their new ones
 
     @property
     def input_path(self) -> Path | None:
@@ -387,18 +389,25 @@ def load_job(path: Path) -> Job:
         raise NotFound(f"job file not found: {path}", context={"path": str(path)}) from None
     except UnicodeDecodeError as exc:
         raise ConfigInvalid([Problem(f"not UTF-8 text ({exc.reason})", file=str(path))]) from None
-    return Job(parse_job(text, file=str(path)), resolved, resolved.parent)
+    config, deprecations = parse_job_with_deprecations(text, file=str(path))
+    return Job(config, resolved, resolved.parent, tuple(deprecations))
 
 
 def parse_job(text: str, *, file: str) -> JobConfig:
     """Validate job file text; `file` names it in problems."""
+    return parse_job_with_deprecations(text, file=file)[0]
+
+
+def parse_job_with_deprecations(text: str, *, file: str) -> tuple[JobConfig, list[Problem]]:
+    """Validate job file text, reading the public alpha's spellings; also one note per such spelling."""
     raw, lines = load_yaml(text, file)
     if not isinstance(raw, dict):
         raise ConfigInvalid(
             [Problem("a job file is a mapping (version, input, request, ...)", file=file, line=1)]
         )
+    raw, deprecations = upgrade_alpha_spellings(raw, lines, file)
     try:
-        return JobConfig.model_validate(raw)
+        return JobConfig.model_validate(raw), deprecations
     except ValidationError as exc:
         raise ConfigInvalid(_problems(exc, raw, lines, file)) from None
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from bulkrelay.errors import BulkRelayError, ExitCode
+from bulkrelay.errors import BulkRelayError, ExitCode, Problem
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,16 @@ class EnvelopeWarning:
         if self.context:
             out["context"] = self.context
         return out
+
+
+def deprecation_warnings(notes: tuple[Problem, ...]) -> list[EnvelopeWarning]:
+    """`DEPRECATED_KEY` warnings for a job file's old spellings, each placed by file, line and path."""
+    return [
+        EnvelopeWarning(
+            "DEPRECATED_KEY", note.message, {k: v for k, v in note.to_dict().items() if k != "message"}
+        )
+        for note in notes
+    ]
 
 
 @dataclass

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bulkrelay import commands, jobs, launch, worker
 from bulkrelay.config import Job, load_job
-from bulkrelay.envelope import Result
+from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import UsageError
 from bulkrelay.lifecycle import RunOptions, prepare_input
 from bulkrelay.rundir import default_runs_dir
@@ -42,8 +42,29 @@ def _options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(timeout_seconds=timeout_ms / 1000 if timeout_ms is not None else None)
 
 
+def _runs_dir_of_run(args: argparse.Namespace) -> Path | None:
+    """`--runs-dir`, or the public alpha's `--output-dir` (the same directory of run directories)."""
+    runs_dir: Path | None = args.runs_dir
+    output_dir: Path | None = args.output_dir
+    if output_dir is None:
+        return runs_dir
+    if runs_dir is not None and runs_dir.resolve() != output_dir.resolve():
+        raise UsageError(
+            "--output-dir (the alpha's name for --runs-dir) and --runs-dir name different directories",
+            suggestion=f"give only --runs-dir {runs_dir}",
+        )
+    return output_dir
+
+
+def _output_dir_warning(args: argparse.Namespace) -> list[EnvelopeWarning]:
+    if args.output_dir is None:
+        return []
+    text = f"--output-dir is the alpha's spelling; write --runs-dir {args.output_dir}"
+    return [EnvelopeWarning("DEPRECATED_FLAG", text, {"flag": "--output-dir", "use": "--runs-dir"})]
+
+
 def _run_request(args: argparse.Namespace, spooled_stdin: Path | None = None) -> launch.RunRequest:
-    runs_dir = default_runs_dir(args.runs_dir)
+    runs_dir = default_runs_dir(_runs_dir_of_run(args))
     job = load_job(args.job)
     return launch.RunRequest(
         job=job,
@@ -56,7 +77,9 @@ def _run_request(args: argparse.Namespace, spooled_stdin: Path | None = None) ->
 
 
 def _run(args: argparse.Namespace) -> Result:
-    return launch.run(_run_request(args))
+    result = launch.run(_run_request(args))
+    result.warnings[:0] = _output_dir_warning(args)
+    return result
 
 
 def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:

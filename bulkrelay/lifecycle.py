@@ -19,7 +19,7 @@ import anyio
 
 from bulkrelay.atomic import write_json_atomic
 from bulkrelay.engine import RelayOutcome, StartPoint, relay
-from bulkrelay.envelope import Result
+from bulkrelay.envelope import Result, deprecation_warnings
 from bulkrelay.errors import ExitCode, sole_error
 from bulkrelay.inputs import spool_stdin_into
 from bulkrelay.preflight import Preflight
@@ -143,7 +143,9 @@ def relay_locked(
         raise sole_error(group) from None
     finally:
         reporter.close()
-    return _conclude(preflight, run, outcome)
+    result = _conclude(preflight, run, outcome)
+    result.warnings[:0] = deprecation_warnings(preflight.job.deprecations)
+    return result
 
 
 def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Result:

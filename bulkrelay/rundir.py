@@ -22,7 +22,7 @@ from typing import Any
 
 from bulkrelay import __version__
 from bulkrelay.atomic import read_json, write_json_atomic
-from bulkrelay.errors import NotFound, RunLocked
+from bulkrelay.errors import NotFound, RunLocked, RunNotResumable
 from bulkrelay.storage import Storage
 
 MANIFEST = "run.json"
@@ -39,6 +39,7 @@ COMPLETED_WITH_FAILURES = "completed_with_failures"
 CANCELLED = "cancelled"
 STATES = (RUNNING, STOPPED, FORCED, COMPLETED, COMPLETED_WITH_FAILURES, CANCELLED)
 FINAL_STATES = frozenset({COMPLETED, COMPLETED_WITH_FAILURES, CANCELLED})
+ALPHA = "alpha"  # the format (and listed state) of a run directory the public alpha made
 
 
 def utc_now() -> str:
@@ -99,12 +100,20 @@ class RunDir:
         run.save()
         return run
 
+    @property
+    def format(self) -> str:
+        return ALPHA if is_alpha_manifest(self.manifest) else "v1"
+
     @classmethod
-    def open(cls, path: Path, storage: Storage | None = None) -> RunDir:
+    def open(cls, path: Path, storage: Storage | None = None, *, alpha_ok: bool = False) -> RunDir:
+        """The run at `path`; an alpha run only when `alpha_ok` (listing), else `RunNotResumable`."""
         manifest_path = path / MANIFEST
         if not manifest_path.is_file():
             raise NotFound(f"no run directory at {path} (missing {MANIFEST})", context={"run_dir": str(path)})
-        return cls(path=path, manifest=read_json(manifest_path), storage=storage or Storage())
+        manifest = read_json(manifest_path)
+        if is_alpha_manifest(manifest) and not alpha_ok:
+            raise alpha_run_refused(path, manifest)
+        return cls(path=path, manifest=manifest, storage=storage or Storage())
 
     def save(self) -> None:
         self.manifest["updated_at"] = utc_now()
@@ -136,6 +145,31 @@ class RunDir:
             os.close(fd)  # closing drops the flock
 
 
+def is_alpha_manifest(manifest: dict[str, Any]) -> bool:
+    """The public alpha's `run.json`: a `schema_version` and flat `input_*` fields, no `input` block."""
+    return (
+        "schema_version" in manifest
+        and "version" not in manifest
+        and not isinstance(manifest.get("input"), dict)
+    )
+
+
+def alpha_run_refused(path: Path, manifest: dict[str, Any]) -> RunNotResumable:
+    """Why a run of the public alpha cannot be resumed, retried, exported or shown, and what to do."""
+    config = manifest.get("config_path") or "JOB"
+    return RunNotResumable(
+        f"{path} is a run directory of the public alpha (state {manifest.get('state')!r}); "
+        "this BulkRelay cannot resume, retry, export or show it: its journal has no checksums and "
+        "its manifest no fingerprints this version can verify",
+        context={"run_dir": str(path), "format": ALPHA, "alpha_state": manifest.get("state")},
+        suggestion=(
+            "finish it with the alpha (its `bulkrelay resume` of this directory), or start over with "
+            f"this version: `bulkrelay run {config}` (rows the alpha already sent are sent again, "
+            "unless the target deduplicates them)"
+        ),
+    )
+
+
 def is_locked(path: Path) -> bool:
     """Whether some process holds the run's lock right now (read-only probe)."""
     return lock_is_held(path / LOCK)
@@ -157,11 +191,12 @@ def lock_is_held(lock_file: Path) -> bool:
 
 
 def list_runs(runs_dir: Path) -> list[RunDir]:
-    """Every run under `runs_dir`, newest first; directories without a manifest are skipped."""
+    """Every run under `runs_dir`, newest first, the public alpha's included (see `RunDir.format`);
+    directories without a manifest are skipped."""
     if not runs_dir.is_dir():
         return []
     runs = []
     for child in sorted(runs_dir.iterdir(), reverse=True):
         if (child / MANIFEST).is_file():
-            runs.append(RunDir.open(child))
+            runs.append(RunDir.open(child, alpha_ok=True))
     return runs

@@ -17,7 +17,7 @@ from bulkrelay.config import (
 )
 from bulkrelay.errors import ConfigInvalid, NotFound, Problem
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "alpha" / "job.yaml"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "alpha" / "basic.yaml"
 
 MINIMAL = """\
 version: 1
@@ -126,8 +126,9 @@ def test_the_alpha_example_loads_unchanged() -> None:
     assert job.input_path == EXAMPLE.parent / "customers.csv"
     assert job.input_path.exists()
     assert job.config.request.method == "POST"
-    assert job.config.execution.concurrency == 4
-    assert job.config.retry.max_attempts == 3
+    assert job.config.execution.concurrency == 8  # ours, not the alpha's 1 (docs/migrating.md)
+    assert job.config.retry.max_attempts == 1
+    assert job.deprecations == ()
 
 
 def test_missing_job_file_is_not_found(tmp_path: Path) -> None:

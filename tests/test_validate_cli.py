@@ -56,7 +56,7 @@ def test_valid_job_reports_count_format_and_fingerprints(tmp_path: Path) -> None
 
 
 def test_alpha_example_validates_from_a_clean_checkout() -> None:
-    result = run_cli("validate", EXAMPLES / "alpha" / "job.yaml", env=cli_env(API_TOKEN="x"))
+    result = run_cli("validate", EXAMPLES / "alpha" / "basic.yaml")
     assert result.exit_code == ExitCode.SUCCESS, result.envelope
     assert result.data["record_count"] == 20
 
