@@ -144,10 +144,10 @@ def _hold_lock(job: JobDir) -> int:
 
 
 def _run_command(argv: list[str], supervisor: JobSupervisor) -> Result:
-    from bulkrelay.cli import build_parser, dispatch  # late: the cli imports the command table
+    from bulkrelay.cli import dispatch, parse_command_line  # late: the cli imports the command table
 
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_command_line(argv)
         args.argv = argv
         args.budget = 0
         args.supervisor = supervisor
