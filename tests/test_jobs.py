@@ -350,4 +350,12 @@ def test_unknown_job_ids_are_not_found(tmp_path: Path) -> None:
     for action in ("status", "wait", "cancel"):
         result = _cli(tmp_path, "job", action, "run-0123456789")
         assert result.exit_code == ExitCode.NOT_FOUND, action
-    assert _cli(tmp_path, "job", "status", "../../etc").exit_code == ExitCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("job_id", ["../../etc", "run-0123456789/../x", "RUN-0123456789", "", "run-"])
+def test_a_malformed_job_id_is_a_usage_error_never_a_path(tmp_path: Path, job_id: str) -> None:
+    for action in ("status", "wait", "cancel"):
+        result = _cli(tmp_path, "job", action, job_id)
+        assert result.exit_code == ExitCode.ARG_ERROR, (action, result.envelope)
+        assert result.error_code == "USAGE_ERROR"
+        assert str(tmp_path / "state") not in orjson.dumps(result.envelope).decode()  # never used as a path
