@@ -77,6 +77,17 @@ def _duration(text: str) -> int:
     return parse_duration_ms(text)
 
 
+def _classification(name: str) -> str:
+    from bulkrelay.retry import CLASSIFICATIONS  # loaded only when the flag is given
+
+    if name not in CLASSIFICATIONS:
+        raise UsageError(
+            f"--classification {name!r} is not a classification; use one of: {', '.join(CLASSIFICATIONS)}",
+            context={"classification": name, "valid": list(CLASSIFICATIONS)},
+        )
+    return name
+
+
 def _add_input(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input", metavar="FILE", help="read records from FILE instead of the job's input; - for stdin"
@@ -120,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="show the exact requests some rows would send, secrets redacted")
     p.add_argument("job", type=Path, metavar="JOB")
     _add_input(p)
-    p.add_argument("--rows", default="1-5", help="rows to render, e.g. 1-5 or 3,7-9 (default 1-5)")
+    p.add_argument("--rows", help="rows to render, e.g. 1-5 or 3,7-9 (default: the first five)")
 
     p = sub.add_parser("run", help="preflight, then relay every record")
     p.add_argument("job", type=Path, metavar="JOB")
@@ -138,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("retry-failed", help="a new run, linked to its parent, of a run's failed rows")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--status", metavar="CODES", help="only rows that ended with these statuses, e.g. 503,504")
-    p.add_argument("--classification", metavar="NAME", help="only rows with this classification")
+    p.add_argument(
+        "--classification", type=_classification, metavar="NAME", help="only rows with this classification"
+    )
     p.add_argument("--config", type=Path, metavar="JOB", help="the job file, if it moved")
     _add_budget(p)
 

@@ -156,12 +156,13 @@ def lock_is_held(lock_file: Path) -> bool:
     return False
 
 
-def list_runs(runs_dir: Path) -> list[RunDir]:
-    """Every run under `runs_dir`, newest first; directories without a manifest are skipped."""
+def run_dirs(runs_dir: Path) -> list[Path]:
+    """Every directory under `runs_dir` that holds a manifest, newest first; nothing is read yet."""
     if not runs_dir.is_dir():
         return []
-    runs = []
-    for child in sorted(runs_dir.iterdir(), reverse=True):
-        if (child / MANIFEST).is_file():
-            runs.append(RunDir.open(child))
-    return runs
+    return [child for child in sorted(runs_dir.iterdir(), reverse=True) if (child / MANIFEST).is_file()]
+
+
+def list_runs(runs_dir: Path) -> list[RunDir]:
+    """Every run under `runs_dir`, newest first; directories without a manifest are skipped."""
+    return [RunDir.open(child) for child in run_dirs(runs_dir)]
