@@ -181,6 +181,8 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     code_name, exit_code, message = _STOPS.get(
         outcome.stop_reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
     )
+    if state == FORCED:
+        message = _forced_message(outcome.stop_reason, message)
     error = {
         "code": code_name,
         "message": f"run {run.run_id}: {message}",
@@ -190,6 +192,14 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     if state in (STOPPED, FORCED):
         error["suggestion"] = continue_command(run)
     return Result(data=data, exit_code=exit_code, error=error, kind="run")
+
+
+def _forced_message(stop_reason: str, message: str) -> str:
+    """A forced stop did not wait for a safe point: say so, and what became of the rows in flight."""
+    cancelled = "the rows in flight were cancelled (state forced); resume sends them again"
+    if stop_reason == INTERRUPTED:
+        return f"stopped by a second SIGINT: {cancelled}"
+    return f"{message.removesuffix(' at a safe point')}; {cancelled}"
 
 
 def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
