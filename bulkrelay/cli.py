@@ -11,23 +11,81 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from bulkrelay import __version__
 from bulkrelay.durations import parse_duration_ms
 from bulkrelay.envelope import Result, dumps_envelope, to_envelope
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 
+# The flags that may stand before or after the subcommand: dest -> (flag, value when not given).
+_GLOBAL_FLAGS: dict[str, tuple[str, object]] = {
+    "json": ("--json", False),
+    "budget": ("--budget", None),
+    "timeout": ("--timeout", None),
+    "runs_dir": ("--runs-dir", None),
+}
+
+
+class Answered(Exception):  # not a failure: `--help` or `--version` answered the call
+    """Raised while parsing when the command line is fully answered, so the answer gets an envelope."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(result.kind)
+        self.result = result
+
+
+class _HelpAction(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        raise Answered(Result(data={"help": parser.format_help()}, kind="help"))
+
+
+class _VersionAction(_HelpAction):
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        raise Answered(Result(data={"name": "bulkrelay", "version": __version__}, kind="version"))
+
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing and exiting, so usage errors get an envelope."""
+    """argparse that raises instead of printing and exiting, so usage errors, `--help` and
+    `--version` all get an envelope. Every parser takes `--json`, wherever it stands."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["add_help"] = False  # our own -h/--help, which answers with an envelope
+        super().__init__(*args, **kwargs)
+        self.add_argument("-h", "--help", action=_HelpAction, help="show this help and exit")
+        _add_global(self, "--json", action="store_true", help="print one JSON envelope on stdout")
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}", suggestion=f"see `{self.prog} --help`")
 
 
+def _add_global(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
+    """A global flag: set only when given, so the subcommand's parser never overwrites the
+    value given before the subcommand with its default (`_settle_globals` fills those in).
+    Each parser also records which global flags it takes; the innermost parser's record wins."""
+    action = parser.add_argument(flag, default=argparse.SUPPRESS, **kwargs)
+    accepted = parser.get_default("accepted_globals") or frozenset()
+    parser.set_defaults(accepted_globals=accepted | {action.dest})
+
+
 def _duration(text: str) -> int:
     return parse_duration_ms(text)
+
+
+def _classification(name: str) -> str:
+    from bulkrelay.retry import CLASSIFICATIONS  # loaded only when the flag is given
+
+    if name not in CLASSIFICATIONS:
+        raise UsageError(
+            f"--classification {name!r} is not a classification; use one of: {', '.join(CLASSIFICATIONS)}",
+            context={"classification": name, "valid": list(CLASSIFICATIONS)},
+        )
+    return name
 
 
 def _add_input(parser: argparse.ArgumentParser) -> None:
@@ -37,13 +95,15 @@ def _add_input(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_budget(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    _add_global(
+        parser,
         "--budget",
         type=_duration,
         metavar="DUR",
         help="hand the work to a background job after DUR (0: never); default 30s without a terminal",
     )
-    parser.add_argument(
+    _add_global(
+        parser,
         "--timeout",
         type=_duration,
         metavar="DUR",
@@ -51,10 +111,17 @@ def _add_budget(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
+    _add_global(
+        parser, "--runs-dir", type=Path, metavar="DIR", help="where runs live (default ./.bulkrelay/runs)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bulkrelay", description="Turn a file of records into HTTP requests, durably.")
-    parser.add_argument("--json", action="store_true", help="print one JSON envelope on stdout")
-    parser.add_argument("--version", action="version", version=f"bulkrelay {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="show the version and exit")
+    _add_budget(parser)
+    _add_runs_dir(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("validate", help="full preflight of the job and every record; sends nothing")
@@ -64,12 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="show the exact requests some rows would send, secrets redacted")
     p.add_argument("job", type=Path, metavar="JOB")
     _add_input(p)
-    p.add_argument("--rows", default="1-5", help="rows to render, e.g. 1-5 or 3,7-9 (default 1-5)")
+    p.add_argument("--rows", help="rows to render, e.g. 1-5 or 3,7-9 (default: the first five)")
 
     p = sub.add_parser("run", help="preflight, then relay every record")
     p.add_argument("job", type=Path, metavar="JOB")
     _add_input(p)
-    p.add_argument("--runs-dir", type=Path, metavar="DIR", help="where runs live (default ./.bulkrelay/runs)")
+    _add_runs_dir(p)
     p.add_argument(
         "--output-dir", type=Path, metavar="DIR", help="the public alpha's name for --runs-dir (deprecated)"
     )
@@ -85,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("retry-failed", help="a new run, linked to its parent, of a run's failed rows")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--status", metavar="CODES", help="only rows that ended with these statuses, e.g. 503,504")
-    p.add_argument("--classification", metavar="NAME", help="only rows with this classification")
+    p.add_argument(
+        "--classification", type=_classification, metavar="NAME", help="only rows with this classification"
+    )
     p.add_argument("--config", type=Path, metavar="JOB", help="the job file, if it moved")
     _add_budget(p)
 
@@ -93,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
 
     p = sub.add_parser("runs", help="a table of runs")
-    p.add_argument("--runs-dir", type=Path, metavar="DIR")
+    _add_runs_dir(p)
 
     p = sub.add_parser("export", help="input rows joined with their latest result")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -113,15 +182,37 @@ def build_parser() -> argparse.ArgumentParser:
         jp = job_sub.add_parser(action, help=text)
         jp.add_argument("job_id", metavar="JOB_ID")
         if action == "wait":
-            jp.add_argument("--budget", type=_duration, metavar="DUR", help="how long to hold the call")
+            _add_global(jp, "--budget", type=_duration, metavar="DUR", help="how long to hold the call")
 
     p = sub.add_parser("demo", help="run an example job against an embedded local target")
     p.add_argument("--rows", type=int, default=3000, help="how many rows the demo sends (default 3000)")
-    p.add_argument("--runs-dir", type=Path, metavar="DIR")
+    _add_runs_dir(p)
 
-    p = sub.add_parser("_job-worker", help=argparse.SUPPRESS)
+    p = sub.add_parser("_job-worker")  # no help=: a hidden subcommand is never listed
     p.add_argument("job_id")
     return parser
+
+
+def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
+    """The parsed command line, global flags settled wherever they stood."""
+    args = build_parser().parse_args(argv)
+    _settle_globals(args)
+    return args
+
+
+def _settle_globals(args: argparse.Namespace) -> None:
+    """Fill in the global flags the command takes; refuse one it does not take."""
+    accepted = vars(args).pop("accepted_globals")
+    for dest, (flag, default) in _GLOBAL_FLAGS.items():
+        if dest in accepted:
+            if not hasattr(args, dest):
+                setattr(args, dest, default)
+        elif hasattr(args, dest):
+            raise UsageError(
+                f"{flag} does not apply to `bulkrelay {_command_name(args)}`",
+                suggestion=f"see `bulkrelay {_command_name(args)} --help`",
+            )
+    vars(args).pop("json")  # read before parsing by json_mode(), so even a usage error is JSON
 
 
 def json_mode(argv: Sequence[str]) -> bool:
@@ -148,11 +239,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     started = time.monotonic()
     as_json = json_mode(argv)
     try:
-        # --json may stand anywhere on the line; it is read by json_mode() above.
-        args = build_parser().parse_args([a for a in argv if a != "--json"])
+        args = parse_command_line(argv)
         args.argv = argv  # a background job re-runs the same command line
         args.started = started  # the call budget counts from here
         result = dispatch(args)
+    except Answered as answered:
+        result = answered.result
     except BulkRelayError as exc:
         result = Result.from_error(exc)
     except KeyboardInterrupt:

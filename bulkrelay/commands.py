@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bulkrelay.atomic import read_json
 from bulkrelay.checkpoint import read_checkpoint
 from bulkrelay.config import Job
-from bulkrelay.envelope import Result, deprecation_warnings
-from bulkrelay.errors import InputInvalid, Problem, UsageError
+from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
+from bulkrelay.errors import BulkRelayError, InputInvalid, Problem, UsageError
 from bulkrelay.fingerprint import config_fingerprint
-from bulkrelay.inputs import open_records
+from bulkrelay.inputs import InputSpec, open_records
 from bulkrelay.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.request import RenderError, RequestRenderer
-from bulkrelay.rundir import ALPHA, CHECKPOINT, SUMMARY, RunDir, is_locked, list_runs
+from bulkrelay.rundir import ALPHA, CHECKPOINT, SUMMARY, RunDir, is_locked, run_dirs
 from bulkrelay.selection import load_selection
 from bulkrelay.sender import row_identity
 
 _ROWS = re.compile(r"^\d+(-\d+)?$")
+DEFAULT_ROWS = "1-5"  # `render` without --rows: the first five rows, however many there are
 
 
 def preflight_data(preflight: Preflight) -> dict[str, Any]:
@@ -46,9 +49,35 @@ def validate(job: Job, input_path: Path | None) -> Result:
     )
 
 
-def parse_rows(spec: str) -> set[int]:
+@dataclass(frozen=True)
+class RowRanges:
+    """The rows `--rows` names, as sorted, merged (first, last) spans: never one entry per row,
+    so `1-1000000000000` costs two numbers."""
+
+    spec: str
+    spans: tuple[tuple[int, int], ...]
+
+    def __contains__(self, row: int) -> bool:
+        index = bisect.bisect_right(self.spans, row, key=lambda span: span[0]) - 1
+        return index >= 0 and self.spans[index][0] <= row <= self.spans[index][1]
+
+    @property
+    def last(self) -> int:
+        return self.spans[-1][1]
+
+    def beyond(self, record_count: int) -> str:
+        """The named rows past the end of the input, as a spec (`4-9,12`)."""
+        parts = []
+        for first, last in self.spans:
+            if last > record_count:
+                low = max(first, record_count + 1)
+                parts.append(str(low) if low == last else f"{low}-{last}")
+        return ",".join(parts)
+
+
+def parse_rows(spec: str) -> RowRanges:
     """`1-5`, `7`, or a comma list of both."""
-    rows: set[int] = set()
+    spans: list[tuple[int, int]] = []
     for raw in spec.split(","):
         part = raw.strip()
         if not _ROWS.match(part):
@@ -57,23 +86,58 @@ def parse_rows(spec: str) -> set[int]:
         first, last = int(low), int(high or low)
         if first < 1 or last < first:
             raise UsageError(f"--rows {spec!r}: ranges start at 1 and go upwards")
-        rows.update(range(first, last + 1))
-    return rows
+        spans.append((first, last))
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(spans):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return RowRanges(spec, tuple(merged))
 
 
-def render(job: Job, input_path: Path | None, rows_spec: str) -> Result:
-    """The exact requests the chosen rows would send, secrets shown as `***`. Sends nothing."""
-    renderer = RequestRenderer.from_config(job.config.request, os.environ)
-    wanted = parse_rows(rows_spec)
-    config_sha256 = config_fingerprint(job.config)
-    last = max(wanted)
+def render(job: Job, input_path: Path | None, rows_spec: str | None) -> Result:
+    """The exact requests the chosen rows would send, secrets shown as `***`. Sends nothing.
+
+    Rows past the end of the input are a warning; when none of the named rows exist, a usage error."""
+    wanted = parse_rows(rows_spec or DEFAULT_ROWS)
     spec = resolve_input(job, input_path)
+    requests, problems, record_count = _render_rows(job, spec, wanted)
+    problems = [p for p in problems if p.row is None or p.row in wanted]
+    if problems:
+        raise InputInvalid(problems, phase="render")
+    warnings = deprecation_warnings(job.deprecations)
+    if record_count is not None and rows_spec is not None:
+        if not requests:
+            raise UsageError(
+                f"--rows {rows_spec}: {spec.path} has only {record_count} rows; nothing to render",
+                context={"rows": rows_spec, "record_count": record_count, "input": str(spec.path)},
+            )
+        warnings.append(
+            EnvelopeWarning(
+                "ROWS_BEYOND_INPUT",
+                f"rows {wanted.beyond(record_count)} are beyond the input's {record_count} rows",
+                {"rows": rows_spec, "record_count": record_count},
+            )
+        )
+    return Result(data={"job": str(job.path), "requests": requests}, warnings=warnings, kind="render")
+
+
+def _render_rows(
+    job: Job, spec: InputSpec, wanted: RowRanges
+) -> tuple[list[dict[str, Any]], list[Problem], int | None]:
+    """The rendered requests, the problems met, and the input's row count when the range
+    reached past its end (None when it stopped early: every named row exists)."""
+    renderer = RequestRenderer.from_config(job.config.request, os.environ)
+    config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []
     requests: list[dict[str, Any]] = []
+    seen = 0
     with open_records(spec, problems.append) as stream:
         for record in stream:
-            if record.row_number > last:
-                break
+            if record.row_number > wanted.last:
+                return requests, problems, None
+            seen = record.row_number
             if record.row_number not in wanted:
                 continue
             try:
@@ -96,14 +160,7 @@ def render(job: Job, input_path: Path | None, rows_spec: str) -> Result:
             requests.append(
                 {"row_number": record.row_number, "line": record.line, **renderer.redact(request)}
             )
-    problems = [p for p in problems if p.row is None or p.row in wanted]
-    if problems:
-        raise InputInvalid(problems, phase="render")
-    return Result(
-        data={"job": str(job.path), "requests": requests},
-        kind="render",
-        warnings=deprecation_warnings(job.deprecations),
-    )
+    return requests, problems, seen if seen < wanted.last else None
 
 
 def committed_progress(run: RunDir) -> dict[str, Any]:
@@ -150,21 +207,37 @@ def _alpha_progress(run: RunDir) -> dict[str, Any]:
 
 
 def runs(runs_dir: Path) -> Result:
+    """A table of runs; one whose files cannot be read is left out with a warning naming it."""
     table = []
-    for run in list_runs(runs_dir):
-        alpha = run.format == ALPHA
-        progress = _alpha_progress(run) if alpha else committed_progress(run)
-        table.append(
-            {
-                "run_id": run.run_id,
-                "state": ALPHA if alpha else run.state,
-                "format": run.format,
-                "name": run.manifest.get("name"),
-                "created_at": run.manifest.get("created_at"),
-                "done": progress["done"],
-                "total": progress["total"],
-                "failed": progress["failed"],
-                "run_dir": str(run.path),
-            }
-        )
-    return Result(data={"runs_dir": str(runs_dir), "runs": table}, kind="runs")
+    warnings: list[EnvelopeWarning] = []
+    for run_dir in run_dirs(runs_dir):
+        try:
+            table.append(_run_row(RunDir.open(run_dir, alpha_ok=True)))
+        except (BulkRelayError, KeyError, TypeError, ValueError) as exc:
+            warnings.append(_unreadable_run(run_dir, exc))
+    return Result(data={"runs_dir": str(runs_dir), "runs": table}, warnings=warnings, kind="runs")
+
+
+def _run_row(run: RunDir) -> dict[str, Any]:
+    alpha = run.format == ALPHA
+    progress = _alpha_progress(run) if alpha else committed_progress(run)
+    return {
+        "run_id": run.run_id,
+        "state": ALPHA if alpha else run.state,
+        "format": run.format,
+        "name": run.manifest.get("name"),
+        "created_at": run.manifest.get("created_at"),
+        "done": progress["done"],
+        "total": progress["total"],
+        "failed": progress["failed"],
+        "run_dir": str(run.path),
+    }
+
+
+def _unreadable_run(run_dir: Path, exc: Exception) -> EnvelopeWarning:
+    reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
+    return EnvelopeWarning(
+        "RUN_UNREADABLE",
+        f"skipped {run_dir}: its run files are damaged ({reason})",
+        {"run_dir": str(run_dir), "reason": reason},
+    )

@@ -1,4 +1,7 @@
-"""Durations as users type them: `500ms`, `30s`, `5m`, `2h`, or plain milliseconds."""
+"""Durations as users type them: `500ms`, `30s`, `5m`, `2h`, or a bare number of seconds.
+
+A bare number is seconds everywhere, as in the job file's `*_seconds` keys.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ def parse_duration_ms(text: str, *, what: str = "duration") -> int:
     match = _PATTERN.match(text)
     if match is None:
         raise UsageError(
-            f"{what} {text!r} is not a duration", suggestion="use 500ms, 30s, 5m, 2h or plain milliseconds"
+            f"{what} {text!r} is not a duration",
+            suggestion="use 500ms, 30s, 5m, 2h or a bare number of seconds",
         )
     number, unit = match.groups()
-    return round(float(number) * _UNITS_MS[unit or "ms"])
+    return round(float(number) * _UNITS_MS[unit or "s"])

@@ -105,7 +105,17 @@ def _demo(data: dict[str, Any]) -> None:
     _console.print(f"look inside: bulkrelay status {data['run_dir']}", highlight=False)
 
 
+def _help(data: dict[str, Any]) -> None:
+    _console.print(data["help"], markup=False, highlight=False, soft_wrap=True, end="")
+
+
+def _version(data: dict[str, Any]) -> None:
+    _console.print(f"{data['name']} {data['version']}", highlight=False)
+
+
 _RENDERERS = {
+    "help": _help,
+    "version": _version,
     "validate": _validate,
     "render": _render,
     "run": _run,

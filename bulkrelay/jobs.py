@@ -123,8 +123,9 @@ def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf
 
 
 @contextmanager
-def _hand_off_on_signal() -> Iterator[Callable[[], bool]]:
-    """SIGTERM (or SIGINT) to the front before the budget ends: answer at once, the job goes on."""
+def _hand_off_on_signal() -> Iterator[Callable[[], str | None]]:
+    """SIGTERM (or SIGINT) to the front before the budget ends: answer at once, the job goes on.
+    Yields a function naming the first signal received, or None."""
     received: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -132,7 +133,7 @@ def _hand_off_on_signal() -> Iterator[Callable[[], bool]]:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield lambda: bool(received)
+        yield lambda: signal.Signals(received[0]).name if received else None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -208,7 +209,7 @@ def wait_for(
     budget_ms: int | None,
     *,
     started: float | None = None,
-    handed_off: Callable[[], bool] = lambda: False,
+    handed_off: Callable[[], str | None] = lambda: None,
 ) -> Result:
     """The job's own answer if it ends within the budget (None: no limit), else INCOMPLETE."""
     started = time.monotonic() if started is None else started
@@ -219,8 +220,9 @@ def wait_for(
             return stored_result(job, budget_ms)
         if state == LOST:
             raise job_lost(job)
-        if handed_off() or (deadline is not None and time.monotonic() >= deadline):
-            return incomplete(job, budget_ms)
+        signalled = handed_off()
+        if signalled or (deadline is not None and time.monotonic() >= deadline):
+            return incomplete(job, budget_ms, handed_off_on=signalled)
         time.sleep(_POLL_SECONDS)
 
 
@@ -237,34 +239,60 @@ def stored_result(job: JobDir, budget_ms: int | None) -> Result:
         data=envelope["data"],
         exit_code=ExitCode(stored["exit_code"]),
         error=envelope["error"],
-        warnings=[EnvelopeWarning(w["code"], w["message"], w.get("context")) for w in envelope["warnings"]],
+        warnings=_warnings(envelope["warnings"]),
         meta=meta,
         kind=str(stored.get("kind", "generic")),
     )
 
 
-def incomplete(job: JobDir, budget_ms: int | None) -> Result:
+def _warnings(stored: list[dict[str, Any]]) -> list[EnvelopeWarning]:
+    return [EnvelopeWarning(w["code"], w["message"], w.get("context")) for w in stored]
+
+
+def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None = None) -> Result:
+    """Exit 14: the job goes on. Says where it is (its stage, the rows preflight read, its run
+    directory once that exists), the warnings it met so far, and why the call let go of it."""
     status = job.status()
     continue_command = f"bulkrelay job wait {job.job_id}"
-    data = {
+    data: dict[str, Any] = {
         "state": "running",
+        "stage": status.get("stage") or "starting",
         "job_id": job.job_id,
         "progress": status.get("progress") or {"done": 0, "total": None, "unit": "rows"},
         "run_dir": status.get("run_dir"),
         "continue_command": continue_command,
         "cancel_command": f"bulkrelay job cancel {job.job_id}",
     }
-    waited = "" if budget_ms is None else f" after the call budget of {budget_ms} ms"
-    error = {
+    if data["stage"] == "preflight":
+        data["rows_read"] = status.get("rows_read") or 0
+    why = _why_incomplete(budget_ms, handed_off_on)
+    error: dict[str, Any] = {
         "code": "INCOMPLETE",
-        "message": f"job {job.job_id} is still running{waited}; it goes on in the background",
+        "message": f"job {job.job_id} {why}; it goes on in the background",
         "retryable": True,
         "suggestion": continue_command,
     }
+    if handed_off_on is not None:
+        error["context"] = {"handed_off_on": handed_off_on}
     meta: dict[str, Any] = {"job_id": job.job_id}
     if budget_ms is not None:
         meta["budget_ms"] = budget_ms
-    return Result(data=data, exit_code=ExitCode.INCOMPLETE, error=error, meta=meta, kind="job")
+    return Result(
+        data=data,
+        exit_code=ExitCode.INCOMPLETE,
+        error=error,
+        warnings=_warnings(status.get("warnings") or []),
+        meta=meta,
+        kind="job",
+    )
+
+
+def _why_incomplete(budget_ms: int | None, handed_off_on: str | None) -> str:
+    if handed_off_on is not None:
+        return f"was handed off on {handed_off_on}"
+    if budget_ms is not None:
+        return f"is still running after the call budget of {budget_ms} ms"
+    return "is still running"
 
 
 def job_lost(job: JobDir) -> JobLost:

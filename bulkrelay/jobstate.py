@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay.atomic import read_json, write_atomic, write_json_atomic
-from bulkrelay.errors import BulkRelayError, NotFound
+from bulkrelay.errors import BulkRelayError, NotFound, UsageError
 from bulkrelay.rundir import lock_is_held
 
 RETENTION_ENV = "BULKRELAY_JOB_RETENTION_SECONDS"
@@ -44,6 +44,10 @@ ENDED = "ended"
 LOST = "lost"
 
 _JOB_ID = re.compile(r"^[a-z][a-z-]*-[0-9a-f]{10}$")
+
+
+def is_job_id(text: str) -> bool:
+    return _JOB_ID.fullmatch(text) is not None
 
 
 def state_dir() -> Path:
@@ -95,8 +99,16 @@ class JobDir:
 
     @classmethod
     def open(cls, job_id: str) -> JobDir:
+        """A malformed id is a usage error checked before it comes near a path; a well-formed one
+        without a job is NOT_FOUND."""
+        if not is_job_id(job_id):
+            raise UsageError(
+                f"{job_id!r} is not a job id: a job id looks like run-0123456789",
+                context={"job_id": job_id},
+                suggestion="use the job_id of the envelope that started the job",
+            )
         path = jobs_root() / job_id
-        if not _JOB_ID.match(job_id) or not (path / "spec.json").is_file():
+        if not (path / "spec.json").is_file():
             raise NotFound(f"no job {job_id!r}", context={"job_id": job_id, "jobs_dir": str(path.parent)})
         return cls(path)
 
@@ -191,6 +203,8 @@ def job_for_key(key: str) -> JobDir | None:
         job_id = (jobs_root() / "index" / key).read_text().strip()
     except FileNotFoundError:
         return None
+    if not is_job_id(job_id):  # a damaged index entry: as if there were none
+        return None
     try:
         return JobDir.open(job_id)
     except NotFound:
@@ -220,7 +234,7 @@ def remove_expired(now: float | None = None) -> list[str]:
     root = jobs_root()
     removed = []
     for path in root.iterdir():
-        if not _JOB_ID.match(path.name):
+        if not is_job_id(path.name):
             continue
         with contextlib.suppress(OSError, BulkRelayError):
             if _expired(JobDir(path), now, keep_for):

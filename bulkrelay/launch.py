@@ -48,7 +48,7 @@ class RunRequest:
 def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     """Preflight, then continue the identical invocation's unfinished run or start a new one."""
     reporter = reporter or progress.for_stderr()
-    preflight = run_preflight(request.job, request.input_path)
+    preflight = run_preflight(request.job, request.input_path, on_rows_read=request.options.rows_read)
     key = request.key()
     warnings: list[EnvelopeWarning] = []
     previous = _unfinished_run(request.runs_dir, key)
@@ -63,6 +63,7 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
                     {"previous_run": previous.run_id, "reason": changed.code},
                 )
             )
+            request.options.announce_warnings(warnings)  # a hand-off from here on carries it
         else:
             if request.from_stdin and request.input_path is not None:
                 request.input_path.unlink()  # the run keeps its own copy of the same bytes
@@ -110,5 +111,6 @@ def resume(
 ) -> Result:
     run = RunDir.open(run_dir)
     check_resumable(run)
-    preflight = preflight_for_resume(run, config, input_path)
+    options.announce_run(run)
+    preflight = preflight_for_resume(run, config, input_path, on_rows_read=options.rows_read)
     return continue_run(run, preflight, options, reporter or progress.for_stderr())

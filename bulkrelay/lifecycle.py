@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,10 +19,10 @@ import anyio
 
 from bulkrelay.atomic import write_json_atomic
 from bulkrelay.engine import RelayOutcome, StartPoint, relay
-from bulkrelay.envelope import Result, deprecation_warnings
+from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
 from bulkrelay.errors import ExitCode, sole_error
 from bulkrelay.inputs import spool_stdin_into
-from bulkrelay.preflight import Preflight
+from bulkrelay.preflight import Preflight, RowsRead
 from bulkrelay.progress import CallbackReporter, FanOut, Reporter, Snapshot
 from bulkrelay.resume import config_sections, recover_start
 from bulkrelay.rundir import (
@@ -65,7 +65,15 @@ _STOPS: dict[str, tuple[str, ExitCode, str]] = {
 
 
 class Supervisor(Protocol):
-    """What a background worker adds to a run: it sees the progress and may request a stop."""
+    """What a background worker adds to a run: it hears each step as it happens, so a hand-off can
+    say where the work is (preflight and its rows read, the run directory, warnings so far), sees
+    the progress, and may request a stop."""
+
+    def on_rows_read(self, rows_read: int) -> None: ...
+
+    def on_run(self, run: RunDir) -> None: ...
+
+    def on_warnings(self, warnings: Sequence[EnvelopeWarning]) -> None: ...
 
     def on_progress(self, snapshot: Snapshot) -> None: ...
 
@@ -77,6 +85,19 @@ class RunOptions:
     timeout_seconds: float | None = None
     handle_signals: bool = True
     supervisor: Supervisor | None = None  # set by the background job worker (bulkrelay.worker)
+
+    @property
+    def rows_read(self) -> RowsRead | None:
+        """Where preflight reports its rows read, when a supervisor listens."""
+        return None if self.supervisor is None else self.supervisor.on_rows_read
+
+    def announce_run(self, run: RunDir) -> None:
+        if self.supervisor is not None:
+            self.supervisor.on_run(run)
+
+    def announce_warnings(self, warnings: Sequence[EnvelopeWarning]) -> None:
+        if self.supervisor is not None and warnings:
+            self.supervisor.on_warnings(warnings)
 
 
 def manifest_for(preflight: Preflight, extra: dict[str, Any]) -> dict[str, Any]:
@@ -183,6 +204,8 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     code_name, exit_code, message = _STOPS.get(
         outcome.stop_reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
     )
+    if state == FORCED:
+        message = _forced_message(outcome.stop_reason, message)
     error = {
         "code": code_name,
         "message": f"run {run.run_id}: {message}",
@@ -192,6 +215,14 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     if state in (STOPPED, FORCED):
         error["suggestion"] = continue_command(run)
     return Result(data=data, exit_code=exit_code, error=error, kind="run")
+
+
+def _forced_message(stop_reason: str, message: str) -> str:
+    """A forced stop did not wait for a safe point: say so, and what became of the rows in flight."""
+    cancelled = "the rows in flight were cancelled (state forced); resume sends them again"
+    if stop_reason == INTERRUPTED:
+        return f"stopped by a second SIGINT: {cancelled}"
+    return f"{message.removesuffix(' at a safe point')}; {cancelled}"
 
 
 def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
@@ -233,6 +264,7 @@ def start_fresh(
     run = RunDir.create(runs_dir, manifest_for(preflight, {"parent_run": None, **manifest}))
     if on_created is not None:
         on_created(run)
+    options.announce_run(run)
     if spooled:
         preflight = _keep_spool(run, preflight)
     with run.locked():
@@ -250,8 +282,10 @@ def _keep_spool(run: RunDir, preflight: Preflight) -> Preflight:
 
 def continue_run(run: RunDir, preflight: Preflight, options: RunOptions, reporter: Reporter) -> Result:
     """Relay what a stopped or crashed run has not committed yet; the caller checked the fingerprints."""
+    options.announce_run(run)
     with run.locked():
         start, warnings = recover_start(run, preflight.record_count)
+        options.announce_warnings(warnings)
         result = relay_locked(preflight, run, start, options=options, reporter=reporter)
     result.warnings[:0] = warnings
     return result

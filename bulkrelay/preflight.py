@@ -7,7 +7,7 @@ request, and collects problems (up to `MAX_PROBLEMS`, with file, line, row and f
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,8 @@ from bulkrelay.keycheck import DuplicateKeyFinder
 from bulkrelay.request import RenderError, RequestRenderer
 
 MAX_PROBLEMS = 20
+
+RowsRead = Callable[[int], None]  # told how many records preflight has read so far
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,14 @@ class _ProblemCollector:
 
 
 def run_preflight(
-    job: Job, input_override: Path | None = None, env: Mapping[str, str] | None = None
+    job: Job,
+    input_override: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    on_rows_read: RowsRead | None = None,
 ) -> Preflight:
-    """Validate the whole job and input; raise `InputInvalid` with the problems found."""
+    """Validate the whole job and input; raise `InputInvalid` with the problems found.
+
+    `on_rows_read` hears 0 when the pass starts, then the count after every record."""
     renderer = RequestRenderer.from_config(job.config.request, os.environ if env is None else env)
     spec = resolve_input(job, input_override)
     collector = _ProblemCollector()
@@ -73,8 +80,12 @@ def run_preflight(
     file = str(spec.path)
     keys = DuplicateKeyFinder(key_field, file) if key_field else None
     render = renderer.render
+    if on_rows_read is not None:
+        on_rows_read(0)
     with open_records(spec, collector.add) as stream:
         for record in stream:
+            if on_rows_read is not None:
+                on_rows_read(record.row_number)
             try:
                 render(record)
             except RenderError as exc:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
+_clock = time.monotonic  # one name for the reporters' clock, which tests replace
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -23,6 +25,21 @@ class Snapshot:
 
     def to_dict(self) -> dict[str, int | str]:
         return {"done": self.done, "total": self.total, "unit": "rows", "ok": self.ok, "failed": self.failed}
+
+
+class _CallRate:
+    """Rows per second of this call alone. It counts from the first snapshot, which the engine sends
+    before its first row: rows committed by earlier calls (a resume) and the time preflight took
+    never enter the rate."""
+
+    def __init__(self) -> None:
+        self._first: tuple[float, int] | None = None
+
+    def rows_per_second(self, snapshot: Snapshot, now: float) -> float:
+        if self._first is None:
+            self._first = (now, snapshot.done)
+        started, done_before = self._first
+        return (snapshot.done - done_before) / max(now - started, 1e-9)
 
 
 class Reporter(Protocol):
@@ -45,15 +62,15 @@ class LineReporter:
     def __init__(self, stream: TextIO | None = None, interval: float = 10.0) -> None:
         self._stream = stream or sys.stderr
         self._interval = interval
-        self._started = time.monotonic()
-        self._last = self._started
+        self._last = _clock()
+        self._rate = _CallRate()
 
     def update(self, snapshot: Snapshot) -> None:
-        now = time.monotonic()
+        now = _clock()
+        rate = self._rate.rows_per_second(snapshot, now)
         if now - self._last < self._interval:
             return
         self._last = now
-        rate = snapshot.done / max(now - self._started, 1e-9)
         self._stream.write(
             f"bulkrelay: {snapshot.done}/{snapshot.total} rows, {snapshot.ok} ok, "
             f"{snapshot.failed} failed, {rate:,.0f} rows/s\n"
@@ -83,15 +100,11 @@ class BarReporter:
             transient=False,
         )
         self._task = self._progress.add_task(description, total=None, ok=0, failed=0, rate="-")
-        self._started = time.monotonic()
-        self._first_done: int | None = None
+        self._rate = _CallRate()
         self._progress.start()
 
     def update(self, snapshot: Snapshot) -> None:
-        if self._first_done is None:
-            self._first_done = snapshot.done
-        elapsed = max(time.monotonic() - self._started, 1e-9)
-        rate = (snapshot.done - self._first_done) / elapsed
+        rate = self._rate.rows_per_second(snapshot, _clock())
         self._progress.update(
             self._task,
             total=snapshot.total,

@@ -17,7 +17,7 @@ from bulkrelay.envelope import EnvelopeWarning
 from bulkrelay.errors import ConfigChanged, InputChanged, NotFound, RunNotResumable
 from bulkrelay.fingerprint import canonical_sha256
 from bulkrelay.journal import recover_torn_tail, scan_journal
-from bulkrelay.preflight import Preflight, run_preflight
+from bulkrelay.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.rundir import FINAL_STATES, RunDir
 from bulkrelay.selection import load_selection
 
@@ -110,10 +110,15 @@ def changed_sections(recorded: dict[str, str] | None, config: JobConfig) -> list
     return sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
 
 
-def preflight_for_resume(run: RunDir, config_override: Path | None, input_override: Path | None) -> Preflight:
+def preflight_for_resume(
+    run: RunDir,
+    config_override: Path | None,
+    input_override: Path | None,
+    on_rows_read: RowsRead | None = None,
+) -> Preflight:
     check_resumable(run)
     job = load_job(job_path_for(run, config_override))
-    preflight = run_preflight(job, input_path_for(run, input_override))
+    preflight = run_preflight(job, input_path_for(run, input_override), on_rows_read=on_rows_read)
     verify_unchanged(run, preflight)
     return preflight
 

@@ -35,6 +35,19 @@ from bulkrelay.transport import TransportError
 if TYPE_CHECKING:
     from bulkrelay.config import HaltConfig, ResponseConfig, RetryConfig
 
+# Every classification a journal line can carry, in the order of the docstring above.
+CLASSIFICATIONS = (
+    "success",
+    "http_client_error",
+    "http_rate_limited",
+    "http_server_error",
+    "http_redirect",
+    "http_unexpected",
+    "connect_error",
+    "timeout_error",
+    "protocol_error",
+)
+
 DEFAULT_RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 DEFAULT_HALT_STATUSES = frozenset({401, 403})
 

@@ -16,7 +16,7 @@ from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.journal import iter_journal
 from bulkrelay.lifecycle import RunOptions, start_fresh
-from bulkrelay.preflight import Preflight, run_preflight
+from bulkrelay.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.resume import input_differences, input_path_for, job_path_for
 from bulkrelay.rowset import RowSet
 from bulkrelay.rundir import RunDir, is_locked
@@ -48,8 +48,9 @@ def failed_rows(
     return rows
 
 
-def _parent_preflight(parent: RunDir, config: Path | None) -> Preflight:
-    preflight = run_preflight(load_job(job_path_for(parent, config)), input_path_for(parent, None))
+def _parent_preflight(parent: RunDir, config: Path | None, on_rows_read: RowsRead | None) -> Preflight:
+    job = load_job(job_path_for(parent, config))
+    preflight = run_preflight(job, input_path_for(parent, None), on_rows_read=on_rows_read)
     changed = input_differences(parent.manifest["input"], preflight.input_fingerprint.to_dict())
     if changed:
         raise InputChanged(
@@ -70,7 +71,7 @@ def retry_failed(
     parent = RunDir.open(run_dir)
     if is_locked(parent.path):
         raise RunLocked(f"run {parent.run_id} is still running", context={"run_dir": str(parent.path)})
-    preflight = _parent_preflight(parent, config)
+    preflight = _parent_preflight(parent, config, options.rows_read)
     selection = failed_rows(parent, preflight.record_count, parse_statuses(statuses), classification)
     if not len(selection):
         return Result(

@@ -190,13 +190,14 @@ def lock_is_held(lock_file: Path) -> bool:
     return False
 
 
+def run_dirs(runs_dir: Path) -> list[Path]:
+    """Every directory under `runs_dir` that holds a manifest, newest first; nothing is read yet."""
+    if not runs_dir.is_dir():
+        return []
+    return [child for child in sorted(runs_dir.iterdir(), reverse=True) if (child / MANIFEST).is_file()]
+
+
 def list_runs(runs_dir: Path) -> list[RunDir]:
     """Every run under `runs_dir`, newest first, the public alpha's included (see `RunDir.format`);
     directories without a manifest are skipped."""
-    if not runs_dir.is_dir():
-        return []
-    runs = []
-    for child in sorted(runs_dir.iterdir(), reverse=True):
-        if (child / MANIFEST).is_file():
-            runs.append(RunDir.open(child, alpha_ok=True))
-    return runs
+    return [RunDir.open(child, alpha_ok=True) for child in run_dirs(runs_dir)]

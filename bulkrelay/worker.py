@@ -16,12 +16,13 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
 import anyio
 
-from bulkrelay.envelope import Result, to_envelope
+from bulkrelay.envelope import EnvelopeWarning, Result, to_envelope
 from bulkrelay.errors import BulkRelayError
 from bulkrelay.jobstate import ENDED, RUNNING, JobDir, acquire_lock
 from bulkrelay.preflight import Preflight
@@ -29,6 +30,8 @@ from bulkrelay.progress import Snapshot
 from bulkrelay.rundir import RunDir
 from bulkrelay.stopping import CANCELLED, INTERRUPTED, STALLED, TERMINATED, TIMEOUT, StopControl
 
+# The job's stage in its status: the worker has not reached preflight yet, preflight, sending.
+STARTING, PREFLIGHT, RELAY = "starting", "preflight", "relay"
 LOCK_FD_ENV = "BULKRELAY_JOB_LOCK_FD"  # the job's lock, taken by the front process and inherited
 STATUS_INTERVAL_SECONDS = 0.5
 _POLL_SECONDS = 0.1
@@ -46,9 +49,27 @@ class JobSupervisor:
         self._written_at = 0.0
         self.run_dir: str | None = None
         self.signalled: str | None = None  # TERMINATED or INTERRUPTED, set by the signal handler
+        self.stage = STARTING
+        self.rows_read: int | None = None
+        self.warnings: list[dict[str, Any]] = []  # recorded as they arise, so a hand-off carries them
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signalled = INTERRUPTED if signum == signal.SIGINT else TERMINATED
+
+    def on_rows_read(self, rows_read: int) -> None:
+        # Written at once when preflight starts and at its first record, then at most every interval.
+        first = self.stage != PREFLIGHT or not self.rows_read
+        self.stage, self.rows_read = PREFLIGHT, rows_read
+        if first or time.monotonic() - self._written_at >= STATUS_INTERVAL_SECONDS:
+            self.write_status()
+
+    def on_run(self, run: RunDir) -> None:
+        self.run_dir = str(run.path)
+        self.write_status()
+
+    def on_warnings(self, warnings: Sequence[EnvelopeWarning]) -> None:
+        self.warnings.extend(warning.to_dict() for warning in warnings)
+        self.write_status()
 
     def progress(self) -> dict[str, Any] | None:
         return None if self._snapshot is None else self._snapshot.to_dict()
@@ -67,6 +88,9 @@ class JobSupervisor:
                 "state": state,
                 "progress": self.progress(),
                 "run_dir": self.run_dir,
+                "stage": self.stage,
+                "rows_read": self.rows_read,
+                "warnings": self.warnings,
                 "pid": os.getpid(),
                 **extra,
             }
@@ -75,6 +99,7 @@ class JobSupervisor:
     async def watch(self, stop: StopControl, preflight: Preflight, run: RunDir) -> None:
         """Runs beside the relay; requests a stop when one is due. Cancelled when the relay ends."""
         self.run_dir = str(run.path)
+        self.stage = RELAY
         self.write_status()
         execution = preflight.job.config.execution
         deadline = self._deadline or self._created_at + execution.max_lifetime_seconds
@@ -144,10 +169,10 @@ def _hold_lock(job: JobDir) -> int:
 
 
 def _run_command(argv: list[str], supervisor: JobSupervisor) -> Result:
-    from bulkrelay.cli import build_parser, dispatch  # late: the cli imports the command table
+    from bulkrelay.cli import dispatch, parse_command_line  # late: the cli imports the command table
 
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_command_line(argv)
         args.argv = argv
         args.budget = 0
         args.supervisor = supervisor

@@ -55,7 +55,15 @@ def test_every_command_has_help_and_docs(command: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "ms"),
-    [("500ms", 500), ("30s", 30_000), ("5m", 300_000), ("2h", 7_200_000), ("1500", 1500), ("1.5s", 1500)],
+    [
+        ("500ms", 500),
+        ("30s", 30_000),
+        ("5m", 300_000),
+        ("2h", 7_200_000),
+        ("1500", 1_500_000),
+        ("1.5", 1500),
+        ("1.5s", 1500),
+    ],
 )
 def test_durations(text: str, ms: int) -> None:
     assert parse_duration_ms(text) == ms

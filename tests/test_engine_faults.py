@@ -228,6 +228,9 @@ def test_second_sigint_forces_and_leaves_in_flight_rows_pending(tmp_path: Path) 
         elapsed = time.monotonic() - started
     assert result.exit_code == ExitCode.SIGINT, result.envelope
     assert result.data["state"] == "forced"
+    message = result.envelope["error"]["message"]
+    assert "safe point" not in message  # the words match the state
+    assert "in flight were cancelled" in message and "forced" in message
     assert elapsed < 2  # did not wait for the 3 s responses
     run_dir = _run_dir(job)
     assert sorted(e["row_number"] for e in journal(run_dir)) == [1, 2, 3, 4]

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.jobs import DEFAULT_BUDGET_MS, resolve_budget
 from bulkrelay.journal import iter_journal
 from tests.clirun import CliResult, cli_env, run_cli
-from tests.jobfiles import write_job
+from tests.jobfiles import make_rows, write_job
 from tests.targetproc import TargetProcess
 
 
@@ -211,6 +211,9 @@ def test_sigterm_to_the_front_hands_off_and_the_invocation_attaches(
     assert front.returncode == ExitCode.INCOMPLETE
     assert envelope["data"]["job_id"] == job_id  # attached: the same job, no second worker
     assert envelope["meta"]["budget_ms"] == 60_000
+    assert "handed off on SIGTERM" in envelope["error"]["message"]  # not "after the call budget"
+    assert "budget" not in envelope["error"]["message"]
+    assert envelope["error"]["context"] == {"handed_off_on": "SIGTERM"}
     assert len(_job_dirs(tmp_path)) == 1
 
     cancel = _cli(tmp_path, "job", "cancel", job_id)
@@ -229,6 +232,92 @@ def test_sigterm_to_the_front_hands_off_and_the_invocation_attaches(
     assert again.data["run_dir"] != cancel.data["run_dir"]  # started from the beginning
     assert again.envelope["meta"]["job_id"] != job_id
     assert sorted(_bodies(target).values()) == [1] * 200
+
+
+def _job_status_file(tmp_path: Path, timeout: float = 30) -> Path:
+    """The status file of the one job of this test, once the front has created it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs = _job_dirs(tmp_path) if (tmp_path / "state" / "jobs").is_dir() else []
+        if jobs and (jobs[0] / "status.json").exists():
+            return jobs[0] / "status.json"
+        time.sleep(0.05)
+    raise AssertionError("no job was started")
+
+
+def _wait_for_status(status: Path, condition: Callable[[dict[str, Any]], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition(orjson.loads(status.read_bytes())):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the job's status never got there: {status.read_text()}")
+
+
+def _hand_off_now(front: subprocess.Popen[bytes]) -> dict[str, Any]:
+    _wait_until_catching_sigterm(front.pid)
+    front.send_signal(signal.SIGTERM)
+    stdout, _ = front.communicate(timeout=30)
+    assert front.returncode == ExitCode.INCOMPLETE, stdout
+    envelope: dict[str, Any] = orjson.loads(stdout)
+    return envelope
+
+
+def test_a_discarded_checkpoint_is_in_the_hand_off_envelope(tmp_path: Path) -> None:
+    with TargetProcess({"rules": [{"match": {"path_contains": "/items/5"}, "status": 401}]}) as target:
+        job = write_job(tmp_path, target.url, rows=200, execution={"concurrency": 1})
+        halted = _cli(tmp_path, "run", job, "--budget", "0")
+        assert halted.error_code == "TARGET_AUTH_FAILED" and halted.data["state"] == "stopped"
+
+        write_job(tmp_path, target.url, rows=make_rows(200, tag="-changed"), execution={"concurrency": 1})
+        target.set_plan({"rules": [{"delay_ms": 200}]})  # 40 s of work: it outlasts the call
+        front = _start_front(tmp_path, "run", job, "--budget", "120s")
+        status = _job_status_file(tmp_path)
+        _wait_for_status(status, lambda s: bool(s.get("warnings")) and s.get("run_dir") is not None)
+        envelope = _hand_off_now(front)
+        job_id = envelope["data"]["job_id"]
+        (warning,) = envelope["warnings"]
+        assert warning["code"] == "CHECKPOINT_DISCARDED"
+        assert warning["context"] == {"previous_run": halted.data["run_id"], "reason": "INPUT_CHANGED"}
+        assert envelope["data"]["run_dir"] not in (None, halted.data["run_dir"])  # the new run's
+        assert _cli(tmp_path, "job", "status", job_id).envelope["warnings"] == [warning]
+        assert _cli(tmp_path, "job", "cancel", job_id).exit_code == ExitCode.SUCCESS
+
+
+def test_a_hand_off_during_preflight_names_the_stage_and_the_rows_read(tmp_path: Path) -> None:
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=1)
+    fifo = tmp_path / "live.csv"
+    os.mkfifo(fifo)  # preflight reads what the test writes, and waits for the rest
+    front = _start_front(tmp_path, "run", job, "--input", fifo, "--budget", "120s")
+    writer = _open_fifo_for_writing(fifo)
+    try:
+        os.write(writer, b"id,email,name\n1,a@example.com,A\n2,b@example.com,B\n3,c@example.com,C\n")
+        status = _job_status_file(tmp_path)
+        _wait_for_status(status, lambda s: s.get("stage") == "preflight" and s.get("rows_read", 0) >= 1)
+        envelope = _hand_off_now(front)
+        job_id = envelope["data"]["job_id"]
+        os.kill(_worker_pid(tmp_path, job_id), signal.SIGKILL)  # it would wait for the rest forever
+    finally:
+        os.close(writer)
+    data = envelope["data"]
+    assert data["state"] == "running"
+    assert data["stage"] == "preflight"
+    assert 1 <= data["rows_read"] <= 3
+    assert data["run_dir"] is None  # a fresh run's directory exists only once preflight passed
+
+
+def _open_fifo_for_writing(fifo: Path, timeout: float = 30) -> int:
+    """The write end of `fifo`, once the worker has opened its read end (never blocks the test)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader yet
+            time.sleep(0.05)
+            continue
+        os.set_blocking(fd, True)
+        return fd
+    raise AssertionError("the worker never opened its input")
 
 
 # ---------------------------------------------------------------------------- failure modes
@@ -350,4 +439,12 @@ def test_unknown_job_ids_are_not_found(tmp_path: Path) -> None:
     for action in ("status", "wait", "cancel"):
         result = _cli(tmp_path, "job", action, "run-0123456789")
         assert result.exit_code == ExitCode.NOT_FOUND, action
-    assert _cli(tmp_path, "job", "status", "../../etc").exit_code == ExitCode.NOT_FOUND
+
+
+@pytest.mark.parametrize("job_id", ["../../etc", "run-0123456789/../x", "RUN-0123456789", "", "run-"])
+def test_a_malformed_job_id_is_a_usage_error_never_a_path(tmp_path: Path, job_id: str) -> None:
+    for action in ("status", "wait", "cancel"):
+        result = _cli(tmp_path, "job", action, job_id)
+        assert result.exit_code == ExitCode.ARG_ERROR, (action, result.envelope)
+        assert result.error_code == "USAGE_ERROR"
+        assert str(tmp_path / "state") not in orjson.dumps(result.envelope).decode()  # never used as a path

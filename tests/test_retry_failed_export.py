@@ -85,3 +85,26 @@ def test_export_failed_refuses_a_foreign_format(tmp_path: Path) -> None:
         run = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
     refused = run_cli("export", run.data["run_dir"], "--failed", "--format", "jsonl", cwd=tmp_path)
     assert refused.exit_code == ExitCode.ARG_ERROR
+
+
+def test_retry_failed_refuses_an_unknown_classification_naming_the_valid_ones(tmp_path: Path) -> None:
+    with TargetProcess(REJECT_422) as target:
+        job = write_job(tmp_path, target.url, 5)
+        parent = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+        assert parent.exit_code == ExitCode.PARTIAL_FAILURE
+        for budget in ("0", "30s"):
+            bogus = run_cli(
+                "retry-failed",
+                parent.data["run_dir"],
+                "--classification",
+                "bogus",
+                "--budget",
+                budget,
+                cwd=tmp_path,
+            )
+            assert bogus.exit_code == ExitCode.ARG_ERROR, bogus.envelope
+            assert bogus.error_code == "USAGE_ERROR"
+            message = bogus.envelope["error"]["message"]
+            assert "'bogus'" in message and "http_client_error" in message and "timeout_error" in message
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))
+    assert runs == [parent.data["run_id"]]  # no child run was started

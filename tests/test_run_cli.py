@@ -220,6 +220,24 @@ def test_status_and_runs_read_without_changing(tmp_path: Path) -> None:
     assert listing.data["runs"][0]["done"] == 6
 
 
+def test_runs_skips_a_damaged_run_json_with_a_warning_naming_it(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=3)
+        good = run_job(job)
+        damaged = run_job(job, "--idempotency-key", "another-run")  # a second, separate run
+    assert good.exit_code == damaged.exit_code == ExitCode.SUCCESS
+    damaged_dir = Path(damaged.data["run_dir"])
+    (damaged_dir / "run.json").write_bytes(b'{"run_id": "truncat')
+
+    listing = run_cli("runs", "--runs-dir", tmp_path / "runs")
+    assert listing.exit_code == ExitCode.SUCCESS, listing.envelope
+    assert [r["run_id"] for r in listing.data["runs"]] == [good.data["run_id"]]
+    (warning,) = listing.envelope["warnings"]
+    assert warning["code"] == "RUN_UNREADABLE"
+    assert warning["context"]["run_dir"] == str(damaged_dir)
+    assert str(damaged_dir) in warning["message"]
+
+
 # --------------------------------------------------------------------------------- secrets
 
 SECRET = "tok-5ecr3t-Zq81xv"

@@ -211,3 +211,28 @@ def test_render_shows_the_idempotency_key_a_run_would_send() -> None:
     keys = [dict(r["headers"])["Idempotency-Key"] for r in first.data["requests"]]
     assert len(set(keys)) == 2
     assert dict(again.data["requests"][0]["headers"])["Idempotency-Key"] == keys[0]
+
+
+def test_render_streams_a_huge_range_and_says_which_rows_are_beyond_the_input(tmp_path: Path) -> None:
+    job = write(tmp_path)
+    env = cli_env(API_TOKEN="t0ps3cret")
+    huge = run_cli("render", job, "--rows", "2-1000000000000", env=env, timeout=60)
+    assert huge.exit_code == ExitCode.SUCCESS, huge.envelope
+    assert [r["row_number"] for r in huge.data["requests"]] == [2, 3]
+    (warning,) = huge.envelope["warnings"]
+    assert warning["code"] == "ROWS_BEYOND_INPUT"
+    assert warning["context"] == {"record_count": 3, "rows": "2-1000000000000"}
+    assert "4-1000000000000" in warning["message"]
+
+    default = run_cli("render", job, env=env)  # the first five rows of a three-row input: no warning
+    assert [r["row_number"] for r in default.data["requests"]] == [1, 2, 3]
+    assert default.envelope["warnings"] == []
+
+
+def test_render_of_rows_that_do_not_exist_is_a_usage_error(tmp_path: Path) -> None:
+    job = write(tmp_path)
+    result = run_cli("render", job, "--rows", "9999", env=cli_env(API_TOKEN="t0ps3cret"))
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    assert result.error_code == "USAGE_ERROR"
+    message = result.envelope["error"]["message"]
+    assert "9999" in message and "3 rows" in message and "people.csv" in message
