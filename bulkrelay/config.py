@@ -29,7 +29,8 @@ from pydantic_core import ErrorDetails
 from typing_extensions import TypeAliasType
 
 from bulkrelay.errors import ConfigInvalid, NotFound, Problem
-from bulkrelay.template import SecretRef, compile_template
+from bulkrelay.template import FieldRef, SecretRef, compile_template
+from bulkrelay.transport import header_value_refusal, wire_url
 from bulkrelay.yamlload import LineMap, format_path, load_yaml
 from bulkrelay.yamlload import Path as YamlPath
 
@@ -85,6 +86,13 @@ def _url(text: str) -> str:
     absolute = isinstance(first, str) and first.lower().startswith(("http://", "https://"))
     if not (absolute or isinstance(first, SecretRef)):
         raise ValueError("the URL must begin with http:// or https:// (or a ${NAME} secret holding one)")
+    if not any(isinstance(part, SecretRef) for part in parts):
+        # Each field stands in as "1": whatever the rows hold, this text can never be sent.
+        sample = "".join("1" if isinstance(part, FieldRef) else str(part) for part in parts)
+        try:
+            wire_url(sample)
+        except ValueError as exc:
+            raise ValueError(f"the transport cannot send this URL: {exc}") from None
     return text
 
 
@@ -94,9 +102,18 @@ def _header_name(name: str) -> str:
     return name
 
 
-def _single_line(text: str) -> str:
-    if "\r" in text or "\n" in text:
-        raise ValueError("a header value must be a single line")
+def _sendable_header_text(text: str) -> str:
+    """The literal text of a header value must be what the transport accepts (fields are checked per row,
+    secrets when they are read)."""
+    for part in compile_template(text).parts:
+        if isinstance(part, str):
+            _sendable_header_literal(part)
+    return text
+
+
+def _sendable_header_literal(text: str) -> str:
+    if (refusal := header_value_refusal(text)) is not None:
+        raise ValueError(f"a header value {refusal}: the transport cannot send it")
     return text
 
 
@@ -120,7 +137,7 @@ def _unique(values: tuple[int, ...]) -> tuple[int, ...]:
 
 TemplateText = Annotated[str, BeforeValidator(_int_as_text), AfterValidator(_template)]
 HeaderValue = Annotated[
-    str, BeforeValidator(_int_as_text), AfterValidator(_single_line), AfterValidator(_template)
+    str, BeforeValidator(_int_as_text), AfterValidator(_template), AfterValidator(_sendable_header_text)
 ]
 HeaderName = Annotated[str, AfterValidator(_header_name)]
 NonEmpty = Annotated[str, AfterValidator(_non_empty)]
@@ -275,7 +292,7 @@ class RequestConfig(_Model):
     json_: JsonNode | None = Field(default=None, alias="json")
     form: dict[str, FormValue] | None = None
     body: Annotated[str, AfterValidator(_template)] | None = None
-    content_type: Annotated[str, AfterValidator(_single_line)] | None = None
+    content_type: Annotated[str, AfterValidator(_sendable_header_literal)] | None = None
     idempotency_key: IdempotencyKeyConfig | None = None
 
     @model_validator(mode="after")

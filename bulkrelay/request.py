@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 import orjson
 
 from bulkrelay.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
+from bulkrelay.errors import SecretInvalid
 from bulkrelay.records import PreparedRequest, Record
 from bulkrelay.template import (
     BoundTemplate,
@@ -26,6 +27,7 @@ from bulkrelay.template import (
     resolve_secrets,
     value_text,
 )
+from bulkrelay.transport import header_value_refusal, wire_url
 
 __all__ = ["RenderError", "RequestRenderer", "idempotency_key"]
 
@@ -77,6 +79,7 @@ class RequestRenderer:
         form_texts = [v for v in (req.form or {}).values() if isinstance(v, str)]
         templates = [compile_template(text) for text in texts + form_texts]
         secrets = resolve_secrets((name for t in templates for name in t.secrets), env)
+        _refuse_unsendable_secrets(req, secrets)
 
         def bind(text: str, *, url: bool = False) -> BoundTemplate:
             return compile_template(text).bind(secrets, url=url)
@@ -104,12 +107,24 @@ class RequestRenderer:
         url = self._url.render(fields)
         if self._query:
             pairs = [(name, template.render(fields)) for name, template in self._query]
+            url = url.partition("#")[0]  # field values are encoded: a "#" here begins the fragment
             url += ("&" if "?" in url else "?") + urlencode(pairs)
+        url = self._wire_url(url)
         headers = self._constant_headers
         if headers is None:
             headers = tuple((name, _header_value(name, t, fields)) for name, t in self._headers)
         body = self._body(fields) if self._body is not None else None
         return PreparedRequest(self.method, url, headers, body)
+
+    def _wire_url(self, url: str) -> str:
+        """The URL as the transport sends it, so that `render` shows the bytes on the wire."""
+        try:
+            return wire_url(url)
+        except ValueError as exc:
+            blamed = self._url.authority_fields or self._url.fields
+            if not blamed:
+                raise
+            raise RenderError(min(blamed), f"makes a URL the transport refuses ({exc})") from None
 
     def redact(self, request: PreparedRequest) -> dict[str, Any]:
         """The request as shown to people (`render`, logs): every secret value replaced by `***`."""
@@ -175,9 +190,30 @@ def _header_value(name: str, template: BoundTemplate, fields: Fields) -> str:
     if template.constant is not None:
         return template.constant
     value = template.render(fields)
-    if "\n" in value or "\r" in value:
-        raise RenderError(min(template.fields), f"would put a line break into header {name}")
+    if (refusal := header_value_refusal(value)) is not None:
+        raise RenderError(min(template.fields), f"{refusal}, which header {name} cannot carry")
     return value
+
+
+def _refuse_unsendable_secrets(req: RequestConfig, secrets: Mapping[str, str]) -> None:
+    """A secret in a header or the URL that the transport cannot send is `SecretInvalid`, found once here
+    rather than as a failure of every row. The URL parser would silently drop a line break, so the same
+    rule holds there (and the redactor could then no longer find the secret)."""
+    placed = [(f"request.headers.{name}", text) for name, text in req.headers.items()]
+    refused: dict[str, str] = {}
+    for place, text in [*placed, ("request.url", req.url)]:
+        for name in sorted(compile_template(text).secrets):
+            if name not in refused and (refusal := header_value_refusal(secrets[name])) is not None:
+                refused[name] = f"{refusal} (used in {place})"
+    if refused:
+        listed = "; ".join(f"{name} {why}" for name, why in refused.items())
+        first = next(iter(refused))
+        raise SecretInvalid(
+            f"environment variable{'s' if len(refused) > 1 else ''} cannot be sent: {listed}",
+            context={"invalid": list(refused)},
+            suggestion=f"set {first} without line breaks or control characters "
+            "(a value read from a file often ends with a newline)",
+        )
 
 
 # --- bodies ---------------------------------------------------------------------------------
