@@ -190,6 +190,8 @@ class JsonField(_Model):
             self.default, expected
         ):
             raise ValueError(f"default {self.default!r} is not a valid {self.type}")
+        if self.type == "integer" and self.default not in range(-(2**63), 2**63):
+            raise ValueError(f"default {self.default!r} is out of the signed 64-bit integer range")
         return self
 
     @model_serializer(mode="wrap")

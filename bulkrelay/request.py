@@ -38,7 +38,7 @@ _ABSENT = object()
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-_INT_RANGE = range(-(2**63), 2**64)  # what orjson can write
+_INT_RANGE = range(-(2**63), 2**63)  # signed 64-bit, as documented (orjson would write up to 2**64-1)
 _CONTENT_TYPES = {"json": "application/json", "form": "application/x-www-form-urlencoded"}
 _KEY_SCHEME = "bulkrelay-idempotency-v1"
 
@@ -339,14 +339,16 @@ def _absent_value(name: str, value: object, type_name: str | None) -> Any:
 
 def _to_integer(name: str, value: Any) -> int:
     if type(value) is int:
-        return value
+        if value in _INT_RANGE:
+            return value
+        raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
     if type(value) is str and len(value) < 19 and value.isdigit() and value.isascii():
         return int(value)  # the common case, short of the range check and the regex
     if type(value) is str and _INTEGER.fullmatch(text := value.strip()):
         number = int(text)
         if number in _INT_RANGE:
             return number
-        raise RenderError(name, f"{value!r} is out of the 64-bit integer range")
+        raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
     raise RenderError(name, f"{value!r} is not an integer")
 
 

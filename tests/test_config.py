@@ -274,6 +274,12 @@ def test_default_must_fit_type() -> None:
     assert isinstance(age, JsonField) and age.has_default and age.default is None
 
 
+def test_an_integer_default_must_fit_signed_64_bit() -> None:
+    problem = _only_problem(MINIMAL + "    age: { from: age, type: integer, default: 9223372036854775808 }\n")
+    assert problem.path == "request.json.age" and "signed 64-bit" in problem.message
+    assert _parse(MINIMAL + "    age: { from: age, type: integer, default: -9223372036854775808 }\n")
+
+
 def test_bad_template_names_path_and_column() -> None:
     problem = _only_problem(MINIMAL.replace("customers", "customers/{id"))
     assert problem.path == "request.url" and problem.line == 4

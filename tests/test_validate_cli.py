@@ -116,6 +116,15 @@ def test_integer_type_names_row_and_field(tmp_path: Path) -> None:
     assert (problem["row"], problem["field"], problem["line"]) == (2, "age", 3)
 
 
+def test_integer_beyond_signed_64_bit_names_row_and_field(tmp_path: Path) -> None:
+    csv_text = "id,email,age\n1,a@x.org,9223372036854775807\n2,b@x.org,18446744073709551615\n"
+    result = validate(write(tmp_path, csv_text=csv_text))
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    problem = only_problem(result)
+    assert (problem["row"], problem["field"], problem["line"]) == (2, "age", 3)
+    assert "signed 64-bit" in problem["message"]
+
+
 def test_duplicate_record_key(tmp_path: Path) -> None:
     result = validate(write(tmp_path, csv_text="id,email,age\n1,a@x.org,31\n1,b@x.org,42\n"))
     assert result.error_code == "INPUT_INVALID"
