@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -463,9 +465,7 @@ def _message(error: ErrorDetails, path: YamlPath) -> str:
     if kind == "missing":
         return f"missing required key {path[-1]!r}"
     if kind == "extra_forbidden":
-        key = str(path[-1]) if path else "?"
-        close = difflib.get_close_matches(key, _KNOWN_KEYS, n=1, cutoff=0.75)
-        return f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+        return _unknown_key_message(str(path[-1]) if path else "?", error["loc"])
     message = error["msg"].removeprefix("Value error, ")
     value = error.get("input")
     if kind not in ("value_error", "json_node", "form_value") and not isinstance(value, dict | list):
@@ -473,12 +473,67 @@ def _message(error: ErrorDetails, path: YamlPath) -> str:
     return message
 
 
-def _known_keys() -> list[str]:
-    models: list[type[BaseModel]] = [
-        JobConfig, InputConfig, RequestConfig, JsonField, JsonValue, FormField, IdempotencyKeyConfig,
-        ResponseConfig, ExecutionConfig, TimeoutConfig, RateLimitConfig, RetryConfig, HaltConfig,
-    ]  # fmt: skip
-    return sorted({info.alias or name for model in models for name, info in model.model_fields.items()})
+def _unknown_key_message(key: str, loc: tuple[int | str, ...]) -> str:
+    """Suggest only keys valid at this level: a key valid elsewhere (`timeout` under `retry`) would
+    otherwise be offered as its own correction. Where the key does belong is said instead."""
+    model = _model_at(loc[:-1])
+    here = _keys_of(model) if model is not None else {k for keys in map(_keys_of, _LEVELS) for k in keys}
+    close = difflib.get_close_matches(key, sorted(here - {key}), n=1, cutoff=0.75)
+    message = f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+    places = [label for level, label in _LEVELS.items() if level is not model and key in _keys_of(level)]
+    if places:
+        message += f"; {key!r} belongs in {' or '.join(dict.fromkeys(places))}"
+    return message
 
 
-_KNOWN_KEYS = _known_keys()
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model a pydantic `loc` leads to from `JobConfig`, following fields, dict values, list items
+    and union tags (`~from`); None where it leads to no single model."""
+    node: Any = JobConfig
+    for part in loc:
+        node = _step(node, part)
+    models = [alt for alt, _ in _alternatives(node) if isinstance(alt, type) and issubclass(alt, BaseModel)]
+    return models[0] if len(models) == 1 else None
+
+
+def _step(node: Any, part: int | str) -> Any:
+    for alt, tag in _alternatives(node):
+        if isinstance(part, str) and part.startswith("~"):
+            if tag == part:
+                return alt
+        elif isinstance(alt, type) and issubclass(alt, BaseModel):
+            for name, info in alt.model_fields.items():
+                if part in (name, info.alias):
+                    return info.annotation
+        elif get_origin(alt) in (dict, tuple, list):
+            return get_args(alt)[-1]
+    return None
+
+
+def _alternatives(node: Any, tag: str | None = None) -> Iterator[tuple[Any, str | None]]:
+    """The types a type annotation may be (through aliases, `Annotated` and unions), each with its tag."""
+    if isinstance(node, TypeAliasType):
+        yield from _alternatives(node.__value__, tag)
+    elif get_origin(node) is Annotated:
+        node, *metadata = get_args(node)
+        found = next((m.tag for m in metadata if isinstance(m, Tag)), tag)
+        yield from _alternatives(node, found)
+    elif get_origin(node) in (Union, UnionType):
+        for alt in get_args(node):
+            yield from _alternatives(alt, tag)
+    elif node is not None and node is not type(None):
+        yield node, tag
+
+
+def _keys_of(model: type[BaseModel]) -> set[str]:
+    return {info.alias or name for name, info in model.model_fields.items()}
+
+
+# Every level of the job file, with the words that name it in a message.
+_LEVELS: dict[type[BaseModel], str] = {
+    JobConfig: "the top level", InputConfig: "input", RequestConfig: "request",
+    JsonField: "a request.json {from: ...} leaf", JsonValue: "a request.json {value: ...} leaf",
+    FormField: "a request.form {from: ...} value", IdempotencyKeyConfig: "request.idempotency_key",
+    ResponseConfig: "response", ExecutionConfig: "execution", TimeoutConfig: "execution.timeout",
+    RateLimitConfig: "execution.rate_limit", RetryConfig: "retry", HaltConfig: "halt",
+}  # fmt: skip

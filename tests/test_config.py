@@ -154,6 +154,33 @@ def test_unknown_key_names_path_and_line_and_suggests() -> None:
     assert problem.file == "job.yaml"
 
 
+@pytest.mark.parametrize(
+    ("section", "where"),
+    [
+        ("retry:\n  timeout: { read_seconds: 3 }\n", "execution"),
+        ("request:\n  timeout: 3\n", "execution"),
+        ("execution:\n  timeout: { connect_seconds: 1, statuses: [500] }\n", "retry"),
+        ("halt:\n  max_attempts: 3\n", "retry"),
+    ],
+)
+def test_a_key_valid_elsewhere_is_never_its_own_suggestion(section: str, where: str) -> None:
+    text = MINIMAL.replace("request:\n", "request:\n  query: { a: b }\n") + section
+    if section.startswith("request:"):
+        text = MINIMAL + section.removeprefix("request:\n")
+    problem = _only_problem(text)
+    key = problem.path.rsplit(".", 1)[-1] if problem.path else "?"
+    assert f"unknown key {key!r}" in problem.message
+    assert f"did you mean {key!r}" not in problem.message
+    assert f"belongs in {where}" in problem.message, problem.message
+
+
+def test_a_suggestion_comes_from_the_keys_of_its_own_level() -> None:
+    problem = _only_problem(MINIMAL + "retry:\n  max_atempts: 3\n")
+    assert "did you mean 'max_attempts'" in problem.message
+    leaf = _only_problem(MINIMAL + "    age: { from: age, tpye: integer }\n")
+    assert "did you mean 'type'" in leaf.message
+
+
 def test_unknown_key_inside_a_json_leaf() -> None:
     problem = _only_problem(MINIMAL + "    age: { from: age, tyep: integer }\n")
     assert problem.path == "request.json.age.tyep"
