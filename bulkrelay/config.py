@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
@@ -392,11 +392,52 @@ class Job:
     config: JobConfig
     path: Path
     base_dir: Path
+    lines: LineMap = field(default_factory=LineMap)  # the line of every YAML path, for later problems
 
     @property
     def input_path(self) -> Path | None:
         file = self.config.input.file
         return None if file is None else self.base_dir / file
+
+    def problem_at(self, path: YamlPath, message: str, **place: Any) -> Problem:
+        """A problem pointing at `path` in this job file (file, line, YAML path)."""
+        line = self.lines.line(path)
+        return Problem(message, file=str(self.path), line=line, path=format_path(path), **place)
+
+
+def required_fields(config: JobConfig) -> dict[str, YamlPath]:
+    """Every record field the job cannot do without, with the first YAML path that names it.
+
+    A `json` leaf with a `default` is left out: its field may be absent."""
+    req = config.request
+    places: list[tuple[YamlPath, str]] = [(("request", "url"), req.url)]
+    places += [(("request", "query", name), text) for name, text in req.query.items()]
+    places += [(("request", "headers", name), text) for name, text in req.headers.items()]
+    places += [(("request", "form", name), v) for name, v in (req.form or {}).items() if isinstance(v, str)]
+    if req.body is not None:
+        places.append((("request", "body"), req.body))
+    found: dict[str, YamlPath] = {}
+    for path, text in places:
+        for name in sorted(compile_template(text).fields):
+            found.setdefault(name, path)
+    for name, leaf in (req.form or {}).items():
+        if isinstance(leaf, FormField):
+            found.setdefault(leaf.from_, ("request", "form", name, "from"))
+    if req.json_ is not None:
+        for path, json_leaf in _json_fields(req.json_, ("request", "json")):
+            found.setdefault(json_leaf.from_, (*path, "from"))
+    if config.input.key is not None:
+        found.setdefault(config.input.key, ("input", "key"))
+    return found
+
+
+def _json_fields(node: JsonNode, path: YamlPath) -> Iterator[tuple[YamlPath, JsonField]]:
+    if isinstance(node, JsonField):
+        if not node.has_default:
+            yield path, node
+    elif isinstance(node, dict):
+        for key, child in node.items():
+            yield from _json_fields(child, (*path, key))
 
 
 def load_job(path: Path) -> Job:
@@ -408,18 +449,23 @@ def load_job(path: Path) -> Job:
         raise NotFound(f"job file not found: {path}", context={"path": str(path)}) from None
     except UnicodeDecodeError as exc:
         raise ConfigInvalid([Problem(f"not UTF-8 text ({exc.reason})", file=str(path))]) from None
-    return Job(parse_job(text, file=str(path)), resolved, resolved.parent)
+    config, lines = _parse_job(text, file=str(path))
+    return Job(config, resolved, resolved.parent, lines)
 
 
 def parse_job(text: str, *, file: str) -> JobConfig:
     """Validate job file text; `file` names it in problems."""
+    return _parse_job(text, file=file)[0]
+
+
+def _parse_job(text: str, *, file: str) -> tuple[JobConfig, LineMap]:
     raw, lines = load_yaml(text, file)
     if not isinstance(raw, dict):
         raise ConfigInvalid(
             [Problem("a job file is a mapping (version, input, request, ...)", file=file, line=1)]
         )
     try:
-        return JobConfig.model_validate(raw)
+        return JobConfig.model_validate(raw), lines
     except ValidationError as exc:
         raise ConfigInvalid(_problems(exc, raw, lines, file)) from None
 
