@@ -90,9 +90,11 @@ class RequestRenderer:
             if content_type is not None:
                 headers.append(("Content-Type", BoundTemplate(content_type, (), url=False)))
         fields = {f for t in templates for f in t.fields} | _body_fields(req)
+        url = bind(req.url, url=True)
+        _refuse_unsendable_url(req.url, url)
         return cls(
             method=req.method,
-            url=bind(req.url, url=True),
+            url=url,
             query=tuple((name, bind(value)) for name, value in req.query.items()),
             headers=tuple(headers),
             body=_body_renderer(req, bind),
@@ -193,6 +195,20 @@ def _header_value(name: str, template: BoundTemplate, fields: Fields) -> str:
     if (refusal := header_value_refusal(value)) is not None:
         raise RenderError(min(template.fields), f"{refusal}, which header {name} cannot carry")
     return value
+
+
+def _refuse_unsendable_url(source: str, url: BoundTemplate) -> None:
+    """With the secrets in place and each field standing in as "1", the URL must be one the transport
+    sends; else every row would fail alike. (Without secrets, loading the job file has checked this.)"""
+    try:
+        wire_url(url.render(dict.fromkeys(url.fields, "1")))
+    except ValueError as exc:
+        names = sorted(compile_template(source).secrets)
+        raise SecretInvalid(
+            f"request.url with {', '.join(names)} in place is not a URL the transport sends: {exc}",
+            context={"invalid": names},
+            suggestion=f"set {names[0] if names else 'the variable'} to an http:// or https:// URL",
+        ) from None
 
 
 def _refuse_unsendable_secrets(req: RequestConfig, secrets: Mapping[str, str]) -> None:

@@ -124,7 +124,7 @@ def wire_url(url: str) -> str:
     # and a special scheme without a host does not parse.
     sent = str(Url(url.partition("#")[0]))
     if not sent.startswith(("http://", "https://")):
-        raise ValueError(f"the scheme of {sent.partition(':')[0]!r} URLs is not http or https")
+        raise ValueError("the scheme is not http or https")
     return sent
 
 

@@ -139,3 +139,15 @@ def test_render_shows_the_template_text_as_the_transport_sends_it(tmp_path: Path
         [received] = target.requests()
     assert received["raw_path"] == "/v1/caf%C3%A9%20au%20lait/1"
     assert rendered.data["requests"][0]["url"] == f"{target.url}{received['raw_path']}"
+
+
+@pytest.mark.parametrize("base", ["not a url", "ftp://127.0.0.1/v1", "http://bad host/v1", "http://[::1/v1"])
+def test_a_secret_that_makes_no_url_is_secret_invalid(tmp_path: Path, base: str) -> None:
+    with TargetProcess() as target:
+        request = {"method": "POST", "url": "${API_BASE}/items/{a}", "json": {"a": {"from": "a"}}}
+        job = write_jsonl_job(tmp_path, request, [{"a": 1}])
+        env = cli_env(API_BASE=base)
+        checked = assert_refused_before_sending(tmp_path, target, job, ExitCode.PRECONDITION, env)
+    assert checked.error_code == "SECRET_INVALID"
+    assert "API_BASE" in checked.envelope["error"]["message"]
+    assert base.encode() not in checked.stdout
