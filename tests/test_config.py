@@ -330,6 +330,19 @@ def test_header_rules() -> None:
     assert "idempotency_key" in clash.message
 
 
+def test_header_text_the_transport_refuses_is_a_config_error() -> None:
+    control = _only_problem(MINIMAL + '  headers: { X-A: "a\\x01b" }\n')
+    assert control.path == "request.headers.X-A" and "control character U+0001" in control.message
+    line_break = _only_problem(MINIMAL + '  headers: { X-A: "a\\nb" }\n')
+    assert "line break U+000A" in line_break.message
+
+
+def test_a_url_the_transport_cannot_send_is_a_config_error() -> None:
+    for url in ("http://exa mple.com/{id}", "http://[::1/{id}", "http://h:99999/{id}"):
+        problem = _only_problem(MINIMAL.replace("https://api.example.com/v1/customers", f'"{url}"'))
+        assert problem.path == "request.url" and "cannot send this URL" in problem.message, url
+
+
 def test_capture_pointer_syntax() -> None:
     problem = _only_problem(MINIMAL + "response:\n  capture: { id: 'data.id' }\n")
     assert problem.path == "response.capture.id" and "JSON pointer" in problem.message
