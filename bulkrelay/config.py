@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -30,7 +32,8 @@ from typing_extensions import TypeAliasType
 
 from bulkrelay.alphacompat import upgrade_alpha_spellings
 from bulkrelay.errors import ConfigInvalid, NotFound, Problem
-from bulkrelay.template import SecretRef, compile_template
+from bulkrelay.template import FieldRef, SecretRef, compile_template
+from bulkrelay.transport import header_value_refusal, wire_url
 from bulkrelay.yamlload import LineMap, format_path, load_yaml
 from bulkrelay.yamlload import Path as YamlPath
 
@@ -86,6 +89,13 @@ def _url(text: str) -> str:
     absolute = isinstance(first, str) and first.lower().startswith(("http://", "https://"))
     if not (absolute or isinstance(first, SecretRef)):
         raise ValueError("the URL must begin with http:// or https:// (or a ${NAME} secret holding one)")
+    if not any(isinstance(part, SecretRef) for part in parts):
+        # Each field stands in as "1": whatever the rows hold, this text can never be sent.
+        sample = "".join("1" if isinstance(part, FieldRef) else str(part) for part in parts)
+        try:
+            wire_url(sample)
+        except ValueError as exc:
+            raise ValueError(f"the transport cannot send this URL: {exc}") from None
     return text
 
 
@@ -95,9 +105,18 @@ def _header_name(name: str) -> str:
     return name
 
 
-def _single_line(text: str) -> str:
-    if "\r" in text or "\n" in text:
-        raise ValueError("a header value must be a single line")
+def _sendable_header_text(text: str) -> str:
+    """The literal text of a header value must be what the transport accepts (fields are checked per row,
+    secrets when they are read)."""
+    for part in compile_template(text).parts:
+        if isinstance(part, str):
+            _sendable_header_literal(part)
+    return text
+
+
+def _sendable_header_literal(text: str) -> str:
+    if (refusal := header_value_refusal(text)) is not None:
+        raise ValueError(f"a header value {refusal}: the transport cannot send it")
     return text
 
 
@@ -121,7 +140,7 @@ def _unique(values: tuple[int, ...]) -> tuple[int, ...]:
 
 TemplateText = Annotated[str, BeforeValidator(_int_as_text), AfterValidator(_template)]
 HeaderValue = Annotated[
-    str, BeforeValidator(_int_as_text), AfterValidator(_single_line), AfterValidator(_template)
+    str, BeforeValidator(_int_as_text), AfterValidator(_template), AfterValidator(_sendable_header_text)
 ]
 HeaderName = Annotated[str, AfterValidator(_header_name)]
 NonEmpty = Annotated[str, AfterValidator(_non_empty)]
@@ -174,6 +193,8 @@ class JsonField(_Model):
             self.default, expected
         ):
             raise ValueError(f"default {self.default!r} is not a valid {self.type}")
+        if self.type == "integer" and self.default not in range(-(2**63), 2**63):
+            raise ValueError(f"default {self.default!r} is out of the signed 64-bit integer range")
         return self
 
     @model_serializer(mode="wrap")
@@ -276,7 +297,7 @@ class RequestConfig(_Model):
     json_: JsonNode | None = Field(default=None, alias="json")
     form: dict[str, FormValue] | None = None
     body: Annotated[str, AfterValidator(_template)] | None = None
-    content_type: Annotated[str, AfterValidator(_single_line)] | None = None
+    content_type: Annotated[str, AfterValidator(_sendable_header_literal)] | None = None
     idempotency_key: IdempotencyKeyConfig | None = None
 
     @model_validator(mode="after")
@@ -373,11 +394,52 @@ class Job:
     path: Path
     base_dir: Path
     deprecations: tuple[Problem, ...] = ()  # the public alpha's spellings it used, with their new ones
+    lines: LineMap = field(default_factory=LineMap)  # the line of every YAML path, for later problems
 
     @property
     def input_path(self) -> Path | None:
         file = self.config.input.file
         return None if file is None else self.base_dir / file
+
+    def problem_at(self, path: YamlPath, message: str, **place: Any) -> Problem:
+        """A problem pointing at `path` in this job file (file, line, YAML path)."""
+        line = self.lines.line(path)
+        return Problem(message, file=str(self.path), line=line, path=format_path(path), **place)
+
+
+def required_fields(config: JobConfig) -> dict[str, YamlPath]:
+    """Every record field the job cannot do without, with the first YAML path that names it.
+
+    A `json` leaf with a `default` is left out: its field may be absent."""
+    req = config.request
+    places: list[tuple[YamlPath, str]] = [(("request", "url"), req.url)]
+    places += [(("request", "query", name), text) for name, text in req.query.items()]
+    places += [(("request", "headers", name), text) for name, text in req.headers.items()]
+    places += [(("request", "form", name), v) for name, v in (req.form or {}).items() if isinstance(v, str)]
+    if req.body is not None:
+        places.append((("request", "body"), req.body))
+    found: dict[str, YamlPath] = {}
+    for path, text in places:
+        for name in sorted(compile_template(text).fields):
+            found.setdefault(name, path)
+    for name, leaf in (req.form or {}).items():
+        if isinstance(leaf, FormField):
+            found.setdefault(leaf.from_, ("request", "form", name, "from"))
+    if req.json_ is not None:
+        for path, json_leaf in _json_fields(req.json_, ("request", "json")):
+            found.setdefault(json_leaf.from_, (*path, "from"))
+    if config.input.key is not None:
+        found.setdefault(config.input.key, ("input", "key"))
+    return found
+
+
+def _json_fields(node: JsonNode, path: YamlPath) -> Iterator[tuple[YamlPath, JsonField]]:
+    if isinstance(node, JsonField):
+        if not node.has_default:
+            yield path, node
+    elif isinstance(node, dict):
+        for key, child in node.items():
+            yield from _json_fields(child, (*path, key))
 
 
 def load_job(path: Path) -> Job:
@@ -389,17 +451,22 @@ def load_job(path: Path) -> Job:
         raise NotFound(f"job file not found: {path}", context={"path": str(path)}) from None
     except UnicodeDecodeError as exc:
         raise ConfigInvalid([Problem(f"not UTF-8 text ({exc.reason})", file=str(path))]) from None
-    config, deprecations = parse_job_with_deprecations(text, file=str(path))
-    return Job(config, resolved, resolved.parent, tuple(deprecations))
+    config, lines, deprecations = _parse_job(text, file=str(path))
+    return Job(config, resolved, resolved.parent, tuple(deprecations), lines)
 
 
 def parse_job(text: str, *, file: str) -> JobConfig:
     """Validate job file text; `file` names it in problems."""
-    return parse_job_with_deprecations(text, file=file)[0]
+    return _parse_job(text, file=file)[0]
 
 
 def parse_job_with_deprecations(text: str, *, file: str) -> tuple[JobConfig, list[Problem]]:
     """Validate job file text, reading the public alpha's spellings; also one note per such spelling."""
+    config, _, deprecations = _parse_job(text, file=file)
+    return config, deprecations
+
+
+def _parse_job(text: str, *, file: str) -> tuple[JobConfig, LineMap, list[Problem]]:
     raw, lines = load_yaml(text, file)
     if not isinstance(raw, dict):
         raise ConfigInvalid(
@@ -407,7 +474,7 @@ def parse_job_with_deprecations(text: str, *, file: str) -> tuple[JobConfig, lis
         )
     raw, deprecations = upgrade_alpha_spellings(raw, lines, file)
     try:
-        return JobConfig.model_validate(raw), deprecations
+        return JobConfig.model_validate(raw), lines, deprecations
     except ValidationError as exc:
         raise ConfigInvalid(_problems(exc, raw, lines, file)) from None
 
@@ -453,9 +520,7 @@ def _message(error: ErrorDetails, path: YamlPath) -> str:
     if kind == "missing":
         return f"missing required key {path[-1]!r}"
     if kind == "extra_forbidden":
-        key = str(path[-1]) if path else "?"
-        close = difflib.get_close_matches(key, _KNOWN_KEYS, n=1, cutoff=0.75)
-        return f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+        return _unknown_key_message(str(path[-1]) if path else "?", error["loc"])
     message = error["msg"].removeprefix("Value error, ")
     value = error.get("input")
     if kind not in ("value_error", "json_node", "form_value") and not isinstance(value, dict | list):
@@ -463,12 +528,67 @@ def _message(error: ErrorDetails, path: YamlPath) -> str:
     return message
 
 
-def _known_keys() -> list[str]:
-    models: list[type[BaseModel]] = [
-        JobConfig, InputConfig, RequestConfig, JsonField, JsonValue, FormField, IdempotencyKeyConfig,
-        ResponseConfig, ExecutionConfig, TimeoutConfig, RateLimitConfig, RetryConfig, HaltConfig,
-    ]  # fmt: skip
-    return sorted({info.alias or name for model in models for name, info in model.model_fields.items()})
+def _unknown_key_message(key: str, loc: tuple[int | str, ...]) -> str:
+    """Suggest only keys valid at this level: a key valid elsewhere (`timeout` under `retry`) would
+    otherwise be offered as its own correction. Where the key does belong is said instead."""
+    model = _model_at(loc[:-1])
+    here = _keys_of(model) if model is not None else {k for keys in map(_keys_of, _LEVELS) for k in keys}
+    close = difflib.get_close_matches(key, sorted(here - {key}), n=1, cutoff=0.75)
+    message = f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+    places = [label for level, label in _LEVELS.items() if level is not model and key in _keys_of(level)]
+    if places:
+        message += f"; {key!r} belongs in {' or '.join(dict.fromkeys(places))}"
+    return message
 
 
-_KNOWN_KEYS = _known_keys()
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model a pydantic `loc` leads to from `JobConfig`, following fields, dict values, list items
+    and union tags (`~from`); None where it leads to no single model."""
+    node: Any = JobConfig
+    for part in loc:
+        node = _step(node, part)
+    models = [alt for alt, _ in _alternatives(node) if isinstance(alt, type) and issubclass(alt, BaseModel)]
+    return models[0] if len(models) == 1 else None
+
+
+def _step(node: Any, part: int | str) -> Any:
+    for alt, tag in _alternatives(node):
+        if isinstance(part, str) and part.startswith("~"):
+            if tag == part:
+                return alt
+        elif isinstance(alt, type) and issubclass(alt, BaseModel):
+            for name, info in alt.model_fields.items():
+                if part in (name, info.alias):
+                    return info.annotation
+        elif get_origin(alt) in (dict, tuple, list):
+            return get_args(alt)[-1]
+    return None
+
+
+def _alternatives(node: Any, tag: str | None = None) -> Iterator[tuple[Any, str | None]]:
+    """The types a type annotation may be (through aliases, `Annotated` and unions), each with its tag."""
+    if isinstance(node, TypeAliasType):
+        yield from _alternatives(node.__value__, tag)
+    elif get_origin(node) is Annotated:
+        node, *metadata = get_args(node)
+        found = next((m.tag for m in metadata if isinstance(m, Tag)), tag)
+        yield from _alternatives(node, found)
+    elif get_origin(node) in (Union, UnionType):
+        for alt in get_args(node):
+            yield from _alternatives(alt, tag)
+    elif node is not None and node is not type(None):
+        yield node, tag
+
+
+def _keys_of(model: type[BaseModel]) -> set[str]:
+    return {info.alias or name for name, info in model.model_fields.items()}
+
+
+# Every level of the job file, with the words that name it in a message.
+_LEVELS: dict[type[BaseModel], str] = {
+    JobConfig: "the top level", InputConfig: "input", RequestConfig: "request",
+    JsonField: "a request.json {from: ...} leaf", JsonValue: "a request.json {value: ...} leaf",
+    FormField: "a request.form {from: ...} value", IdempotencyKeyConfig: "request.idempotency_key",
+    ResponseConfig: "response", ExecutionConfig: "execution", TimeoutConfig: "execution.timeout",
+    RateLimitConfig: "execution.rate_limit", RetryConfig: "retry", HaltConfig: "halt",
+}  # fmt: skip

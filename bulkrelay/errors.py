@@ -7,6 +7,7 @@
     ├── NotFound                        NOT_FOUND            5 NOT_FOUND
     ├── PreconditionFailed                                   4 PRECONDITION
     │   ├── SecretMissing               SECRET_MISSING
+    │   ├── SecretInvalid               SECRET_INVALID
     │   ├── InputChanged                INPUT_CHANGED
     │   ├── ConfigChanged               CONFIG_CHANGED
     │   ├── JournalCorrupt              JOURNAL_CORRUPT
@@ -149,6 +150,12 @@ class PreconditionFailed(BulkRelayError):
 
 class SecretMissing(PreconditionFailed):
     code = "SECRET_MISSING"
+
+
+class SecretInvalid(PreconditionFailed):
+    """A `${NAME}` secret holds what the transport cannot send (a line break in a header, say)."""
+
+    code = "SECRET_INVALID"
 
 
 class InputChanged(PreconditionFailed):

@@ -6,19 +6,22 @@ request, and collects problems (up to `MAX_PROBLEMS`, with file, line, row and f
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bulkrelay.config import Job
-from bulkrelay.errors import InputInvalid, Problem, UsageError
+from bulkrelay.config import Job, required_fields
+from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, UsageError
 from bulkrelay.fingerprint import config_fingerprint
 from bulkrelay.inputs import InputFingerprint, InputSpec, detect_format, open_records
 from bulkrelay.keycheck import DuplicateKeyFinder
+from bulkrelay.records import Record
 from bulkrelay.request import RenderError, RequestRenderer
 
 MAX_PROBLEMS = 20
+_KEYS_LISTED = 50  # at most this many of the input's field names in a message
 
 RowsRead = Callable[[int], None]  # told how many records preflight has read so far
 
@@ -64,6 +67,54 @@ class _ProblemCollector:
             self.problems.append(problem)
 
 
+class _FieldPresence:
+    """Finds the fields the job needs that no record has: a typo in the job file, not in the data.
+
+    CSV records all have the header's columns, so the first record settles it and preflight stops
+    there. JSON Lines records vary, so a field is reported only when it is absent from every record;
+    one that only some records lack remains an error of those rows."""
+
+    def __init__(self, job: Job, spec: InputSpec) -> None:
+        self._job = job
+        self._spec = spec
+        self._needed = required_fields(job.config)
+        self._unseen = set(self._needed)
+        self._keys: dict[str, None] = {}  # the input's field names, in order of appearance
+
+    def add(self, record: Record) -> None:
+        """Note one record; raises `ConfigInvalid` once a CSV header shows a needed column is absent."""
+        if not self._unseen:
+            return
+        self._unseen.difference_update(record.fields)
+        if len(self._keys) < _KEYS_LISTED:
+            self._keys.update(dict.fromkeys(record.fields))
+        if self._spec.format == "csv":
+            self.check()
+
+    def check(self) -> None:
+        if self._unseen and self._keys:
+            raise ConfigInvalid([self._problem(name) for name in sorted(self._unseen)], phase="preflight")
+
+    def _problem(self, name: str) -> Problem:
+        keys = list(self._keys)[:_KEYS_LISTED]
+        close = _closest(name, keys)
+        if self._spec.format == "csv":
+            message = f"no column {name!r} in {self._spec.display_name}; its columns: {', '.join(keys)}"
+        else:
+            listed = ", ".join(sorted(keys))
+            message = f"no record of {self._spec.display_name} has the field {name!r}; their keys: {listed}"
+        if close is not None:
+            message += f" (did you mean {close!r}?)"
+        return self._job.problem_at(self._needed[name], message, field=name)
+
+
+def _closest(name: str, keys: list[str]) -> str | None:
+    """The key `name` was most likely meant to be: the same but for case, else a near spelling."""
+    by_lower = {key.lower(): key for key in keys}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close else None
+
+
 def run_preflight(
     job: Job,
     input_override: Path | None = None,
@@ -80,10 +131,12 @@ def run_preflight(
     file = str(spec.path)
     keys = DuplicateKeyFinder(key_field, file) if key_field else None
     render = renderer.render
+    presence = _FieldPresence(job, spec)
     if on_rows_read is not None:
         on_rows_read(0)
     with open_records(spec, collector.add) as stream:
         for record in stream:
+            presence.add(record)
             if on_rows_read is not None:
                 on_rows_read(record.row_number)
             try:
@@ -95,6 +148,7 @@ def run_preflight(
             if keys is not None and (problem := keys.add(record)) is not None:
                 collector.add(problem)
         fingerprint = stream.fingerprint()
+    presence.check()
     if keys is not None:
         for problem in keys.duplicates(spec):
             collector.add(problem)

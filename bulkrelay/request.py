@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 import orjson
 
 from bulkrelay.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
+from bulkrelay.errors import SecretInvalid
 from bulkrelay.records import PreparedRequest, Record
 from bulkrelay.redact import Redactor, basic_credentials
 from bulkrelay.template import (
@@ -27,6 +28,7 @@ from bulkrelay.template import (
     resolve_secrets,
     value_text,
 )
+from bulkrelay.transport import header_value_refusal, wire_url
 
 __all__ = ["RenderError", "RequestRenderer", "idempotency_key"]
 
@@ -37,7 +39,7 @@ _ABSENT = object()
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-_INT_RANGE = range(-(2**63), 2**64)  # what orjson can write
+_INT_RANGE = range(-(2**63), 2**63)  # signed 64-bit, as documented (orjson would write up to 2**64-1)
 _CONTENT_TYPES = {"json": "application/json", "form": "application/x-www-form-urlencoded"}
 _KEY_SCHEME = "bulkrelay-idempotency-v1"
 
@@ -78,6 +80,7 @@ class RequestRenderer:
         form_texts = [v for v in (req.form or {}).values() if isinstance(v, str)]
         templates = [compile_template(text) for text in texts + form_texts]
         secrets = resolve_secrets((name for t in templates for name in t.secrets), env)
+        _refuse_unsendable_secrets(req, secrets)
 
         def bind(text: str, *, url: bool = False) -> BoundTemplate:
             return compile_template(text).bind(secrets, url=url)
@@ -88,9 +91,11 @@ class RequestRenderer:
             if content_type is not None:
                 headers.append(("Content-Type", BoundTemplate(content_type, (), url=False)))
         fields = {f for t in templates for f in t.fields} | _body_fields(req)
+        url = bind(req.url, url=True)
+        _refuse_unsendable_url(req.url, url)
         return cls(
             method=req.method,
-            url=bind(req.url, url=True),
+            url=url,
             query=tuple((name, bind(value)) for name, value in req.query.items()),
             headers=tuple(headers),
             body=_body_renderer(req, bind),
@@ -107,12 +112,24 @@ class RequestRenderer:
         url = self._url.render(fields)
         if self._query:
             pairs = [(name, template.render(fields)) for name, template in self._query]
+            url = url.partition("#")[0]  # field values are encoded: a "#" here begins the fragment
             url += ("&" if "?" in url else "?") + urlencode(pairs)
+        url = self._wire_url(url)
         headers = self._constant_headers
         if headers is None:
             headers = tuple((name, _header_value(name, t, fields)) for name, t in self._headers)
         body = self._body(fields) if self._body is not None else None
         return PreparedRequest(self.method, url, headers, body)
+
+    def _wire_url(self, url: str) -> str:
+        """The URL as the transport sends it, so that `render` shows the bytes on the wire."""
+        try:
+            return wire_url(url)
+        except ValueError as exc:
+            blamed = self._url.authority_fields or self._url.fields
+            if not blamed:
+                raise
+            raise RenderError(min(blamed), f"makes a URL the transport refuses ({exc})") from None
 
     def redact(self, request: PreparedRequest) -> dict[str, Any]:
         """The request as shown to people (`render`, logs): every secret value replaced by `***`."""
@@ -188,9 +205,44 @@ def _header_value(name: str, template: BoundTemplate, fields: Fields) -> str:
     if template.constant is not None:
         return template.constant
     value = template.render(fields)
-    if "\n" in value or "\r" in value:
-        raise RenderError(min(template.fields), f"would put a line break into header {name}")
+    if (refusal := header_value_refusal(value)) is not None:
+        raise RenderError(min(template.fields), f"{refusal}, which header {name} cannot carry")
     return value
+
+
+def _refuse_unsendable_url(source: str, url: BoundTemplate) -> None:
+    """With the secrets in place and each field standing in as "1", the URL must be one the transport
+    sends; else every row would fail alike. (Without secrets, loading the job file has checked this.)"""
+    try:
+        wire_url(url.render(dict.fromkeys(url.fields, "1")))
+    except ValueError as exc:
+        names = sorted(compile_template(source).secrets)
+        raise SecretInvalid(
+            f"request.url with {', '.join(names)} in place is not a URL the transport sends: {exc}",
+            context={"invalid": names},
+            suggestion=f"set {names[0] if names else 'the variable'} to an http:// or https:// URL",
+        ) from None
+
+
+def _refuse_unsendable_secrets(req: RequestConfig, secrets: Mapping[str, str]) -> None:
+    """A secret in a header or the URL that the transport cannot send is `SecretInvalid`, found once here
+    rather than as a failure of every row. The URL parser would silently drop a line break, so the same
+    rule holds there (and the redactor could then no longer find the secret)."""
+    placed = [(f"request.headers.{name}", text) for name, text in req.headers.items()]
+    refused: dict[str, str] = {}
+    for place, text in [*placed, ("request.url", req.url)]:
+        for name in sorted(compile_template(text).secrets):
+            if name not in refused and (refusal := header_value_refusal(secrets[name])) is not None:
+                refused[name] = f"{refusal} (used in {place})"
+    if refused:
+        listed = "; ".join(f"{name} {why}" for name, why in refused.items())
+        first = next(iter(refused))
+        raise SecretInvalid(
+            f"environment variable{'s' if len(refused) > 1 else ''} cannot be sent: {listed}",
+            context={"invalid": list(refused)},
+            suggestion=f"set {first} without line breaks or control characters "
+            "(a value read from a file often ends with a newline)",
+        )
 
 
 # --- bodies ---------------------------------------------------------------------------------
@@ -316,14 +368,16 @@ def _absent_value(name: str, value: object, type_name: str | None) -> Any:
 
 def _to_integer(name: str, value: Any) -> int:
     if type(value) is int:
-        return value
+        if value in _INT_RANGE:
+            return value
+        raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
     if type(value) is str and len(value) < 19 and value.isdigit() and value.isascii():
         return int(value)  # the common case, short of the range check and the regex
     if type(value) is str and _INTEGER.fullmatch(text := value.strip()):
         number = int(text)
         if number in _INT_RANGE:
             return number
-        raise RenderError(name, f"{value!r} is out of the 64-bit integer range")
+        raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
     raise RenderError(name, f"{value!r} is not an integer")
 
 

@@ -3,8 +3,9 @@
 Syntax, in the URL, query values, header values, form values and the raw body:
 
 - `{field}` is the value of a record field. In the URL it is percent-encoded (a `/` in an id
-  cannot reach another path); elsewhere it is inserted as is (query and form values are
-  encoded later, as a whole).
+  cannot reach another path), and a value that would make a whole path segment `.` or `..` is
+  refused: URL parsers resolve those (even as `%2e`), so no encoding keeps them in their segment.
+  Elsewhere it is inserted as is (query and form values are encoded later, as a whole).
 - `{{` and `}}` are a literal `{` and `}`.
 - `${NAME}` (NAME matching `[A-Z_][A-Z0-9_]*`) is an environment variable: a secret. It is
   inserted verbatim, never encoded, so `${API_BASE}/v1/customers` works. `${` always begins a
@@ -99,7 +100,7 @@ class Template:
 class BoundTemplate:
     """A template whose secrets are already in place: a head and (field, following text) slots."""
 
-    __slots__ = ("_encode", "_head", "_slots", "constant", "fields")
+    __slots__ = ("_encode", "_head", "_slots", "authority_fields", "constant", "fields")
 
     def __init__(self, head: str, slots: tuple[tuple[str, str], ...], *, url: bool) -> None:
         self._head = head
@@ -107,10 +108,13 @@ class BoundTemplate:
         self._encode: Callable[[str], str] | None = _quote_path if url else None
         self.fields = frozenset(name for name, _ in slots)
         self.constant: str | None = head if not slots else None
+        # In a URL: the fields placed before the path begins (scheme, host, port), blamed for a bad host.
+        self.authority_fields = _authority_fields(head, slots) if url else frozenset()
 
     def render(self, fields: Mapping[str, Any]) -> str:
         out = self._head
         encode = self._encode
+        dotted: list[tuple[str, int, int]] = []
         for name, tail in self._slots:
             try:
                 value = fields[name]
@@ -121,8 +125,44 @@ class BoundTemplate:
                 if not text:
                     raise RenderError(name, "is empty; the URL would lose a path segment")
                 text = encode(text)
+                if not text.strip("."):  # only dots: it may make a dot segment, alone or with its neighbours
+                    dotted.append((name, len(out), len(out) + len(text)))
             out += text + tail
+        for name, start, end in dotted:
+            if (segment := _dot_segment(out, start, end)) is not None:
+                raise RenderError(
+                    name,
+                    f"makes the URL path segment {segment!r}, which the transport resolves away "
+                    "(the request would reach another resource)",
+                )
         return out
+
+
+def _authority_fields(head: str, slots: tuple[tuple[str, str], ...]) -> frozenset[str]:
+    text = head
+    found: set[str] = set()
+    for name, tail in slots:
+        if _path_begun(text):
+            break
+        found.add(name)
+        text += "x" + tail
+    return frozenset(found)
+
+
+def _path_begun(url: str) -> bool:
+    scheme_end = url.find("://")
+    return scheme_end >= 0 and any(mark in url[scheme_end + 3 :] for mark in "/?#")
+
+
+def _dot_segment(url: str, start: int, end: int) -> str | None:
+    """The dot segment (`.` or `..`, which parsers also read in `%2e`) that `url[start:end]` is part of,
+    when it sits in the URL's path; else None."""
+    before = url[url.find("://") + 3 : start]
+    if "/" not in before or "?" in before or "#" in before:
+        return None  # in the host, or in the query or fragment, where dots mean nothing
+    stops = [i for i in (url.find(mark, end) for mark in "/?#") if i >= 0]
+    segment = url[url.rfind("/", 0, start) + 1 : min(stops, default=len(url))]
+    return segment if segment.lower().replace("%2e", ".") in (".", "..") else None
 
 
 def value_text(field: str, value: Any) -> str:

@@ -14,6 +14,10 @@ Timeout phases map onto reqwest like this:
     write    reqwest has no write timer: reqwest's read timer already runs while the body is sent, and
              the whole exchange has a deadline, timeout = connect + write + read            -> phase "read"
 
+What the transport accepts is decided here and nowhere else: `wire_url` and `header_value_refusal` ask
+pyreqwest's own parsers (the ones `send` goes through), so preflight refuses exactly what the transport
+would, and `render` shows the URL exactly as it goes on the wire.
+
 reqwest's errors say less than we need (a reset after the request went out and a refused connection are
 both a "ConnectError"), so `_translate` also reads the error's cause chain: only a failure inside hyper's
 connect step ("client error (Connect)") means the request was never sent.
@@ -29,6 +33,7 @@ from urllib.parse import urlsplit
 
 from pyreqwest import exceptions as rq
 from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.http import HeaderMap, Url
 from pyreqwest.response import Response as StreamedResponse
 
 from bulkrelay import __version__
@@ -106,6 +111,38 @@ class TransportSettings:
 def open_transport(settings: TransportSettings) -> Transport:
     """The transport the engine uses. Call it inside the running event loop."""
     return ReqwestTransport(settings)
+
+
+def wire_url(url: str) -> str:
+    """`url` exactly as the transport sends it; raises `ValueError` (naming no part of it) when refused.
+
+    reqwest parses URLs the WHATWG way: it resolves dot segments (`.`, `..`, `%2e`), lower-cases the
+    scheme and host, drops a default port, percent-encodes what may not appear raw and silently drops
+    tabs and line breaks. A fragment is never sent, so it is not part of what goes on the wire.
+    """
+    # One parse and one serialisation: this runs for every row. The first "#" always begins the fragment,
+    # and a special scheme without a host does not parse.
+    sent = str(Url(url.partition("#")[0]))
+    if not sent.startswith(("http://", "https://")):
+        raise ValueError("the scheme is not http or https")
+    return sent
+
+
+def header_value_refusal(value: str) -> str | None:
+    """Why the transport would refuse `value` as a header value, or None when it is accepted.
+
+    The reason names the offending character's code point, never the value (it may be a secret)."""
+    if value.isascii() and value.isprintable():
+        return None  # visible ASCII and spaces: every HTTP library accepts these; the common case, kept fast
+    try:
+        HeaderMap([("x", value)])
+    except ValueError:
+        bad = next((ch for ch in value if (ord(ch) < 32 and ch != "\t") or ord(ch) == 127), None)
+        if bad is None:
+            return "holds a character a header cannot carry"
+        kind = "a line break" if bad in "\r\n" else "the control character"
+        return f"holds {kind} U+{ord(bad):04X}"
+    return None
 
 
 class ReqwestTransport:

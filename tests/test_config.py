@@ -155,6 +155,33 @@ def test_unknown_key_names_path_and_line_and_suggests() -> None:
     assert problem.file == "job.yaml"
 
 
+@pytest.mark.parametrize(
+    ("section", "where"),
+    [
+        ("retry:\n  timeout: { read_seconds: 3 }\n", "execution"),
+        ("request:\n  timeout: 3\n", "execution"),
+        ("execution:\n  timeout: { connect_seconds: 1, statuses: [500] }\n", "retry"),
+        ("halt:\n  max_attempts: 3\n", "retry"),
+    ],
+)
+def test_a_key_valid_elsewhere_is_never_its_own_suggestion(section: str, where: str) -> None:
+    text = MINIMAL.replace("request:\n", "request:\n  query: { a: b }\n") + section
+    if section.startswith("request:"):
+        text = MINIMAL + section.removeprefix("request:\n")
+    problem = _only_problem(text)
+    key = problem.path.rsplit(".", 1)[-1] if problem.path else "?"
+    assert f"unknown key {key!r}" in problem.message
+    assert f"did you mean {key!r}" not in problem.message
+    assert f"belongs in {where}" in problem.message, problem.message
+
+
+def test_a_suggestion_comes_from_the_keys_of_its_own_level() -> None:
+    problem = _only_problem(MINIMAL + "retry:\n  max_atempts: 3\n")
+    assert "did you mean 'max_attempts'" in problem.message
+    leaf = _only_problem(MINIMAL + "    age: { from: age, tpye: integer }\n")
+    assert "did you mean 'type'" in leaf.message
+
+
 def test_unknown_key_inside_a_json_leaf() -> None:
     problem = _only_problem(MINIMAL + "    age: { from: age, tyep: integer }\n")
     assert problem.path == "request.json.age.tyep"
@@ -275,6 +302,12 @@ def test_default_must_fit_type() -> None:
     assert isinstance(age, JsonField) and age.has_default and age.default is None
 
 
+def test_an_integer_default_must_fit_signed_64_bit() -> None:
+    problem = _only_problem(MINIMAL + "    age: { from: age, type: integer, default: 9223372036854775808 }\n")
+    assert problem.path == "request.json.age" and "signed 64-bit" in problem.message
+    assert _parse(MINIMAL + "    age: { from: age, type: integer, default: -9223372036854775808 }\n")
+
+
 def test_bad_template_names_path_and_column() -> None:
     problem = _only_problem(MINIMAL.replace("customers", "customers/{id"))
     assert problem.path == "request.url" and problem.line == 4
@@ -296,6 +329,19 @@ def test_header_rules() -> None:
     assert config.request.headers == {"X-Page-Size": "100"}
     clash = _only_problem(MINIMAL + "  headers: { Idem: a }\n  idempotency_key: { header: idem }\n")
     assert "idempotency_key" in clash.message
+
+
+def test_header_text_the_transport_refuses_is_a_config_error() -> None:
+    control = _only_problem(MINIMAL + '  headers: { X-A: "a\\x01b" }\n')
+    assert control.path == "request.headers.X-A" and "control character U+0001" in control.message
+    line_break = _only_problem(MINIMAL + '  headers: { X-A: "a\\nb" }\n')
+    assert "line break U+000A" in line_break.message
+
+
+def test_a_url_the_transport_cannot_send_is_a_config_error() -> None:
+    for url in ("http://exa mple.com/{id}", "http://[::1/{id}", "http://h:99999/{id}"):
+        problem = _only_problem(MINIMAL.replace("https://api.example.com/v1/customers", f'"{url}"'))
+        assert problem.path == "request.url" and "cannot send this URL" in problem.message, url
 
 
 def test_capture_pointer_syntax() -> None:

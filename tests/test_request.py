@@ -147,6 +147,8 @@ def _typed(type_name: str, *extra: str) -> RequestRenderer:
     [
         ("integer", "42", 42),
         ("integer", " -7 ", -7),
+        ("integer", "9223372036854775807", 2**63 - 1),
+        ("integer", "-9223372036854775808", -(2**63)),
         ("integer", 42, 42),
         ("number", "4.5", 4.5),
         ("number", "42", 42),
@@ -180,6 +182,10 @@ def test_coercion(type_name: str, raw: Any, expected: Any) -> None:
         ("integer", 4.0, "not an integer"),
         ("integer", "1_000", "not an integer"),
         ("integer", "99999999999999999999999", "64-bit"),
+        ("integer", "9223372036854775808", "signed 64-bit"),
+        ("integer", "-9223372036854775809", "signed 64-bit"),
+        ("integer", 2**64 - 1, "signed 64-bit"),
+        ("integer", 2**63, "signed 64-bit"),
         ("integer", "", "is empty"),
         ("integer", None, "is null"),
         ("number", "nan", "not a finite number"),
@@ -297,3 +303,24 @@ def test_with_idempotency_key_without_a_header_is_unchanged() -> None:
     renderer = _renderer("method: DELETE\nurl: 'https://x.test/c/{id}'\n")
     request = renderer.render(_record(id="1"))
     assert renderer.with_idempotency_key(request, "k") is request
+
+
+def test_a_dot_segment_is_refused_only_where_it_would_leave_the_path_segment() -> None:
+    renderer = _renderer('method: GET\nurl: "https://x.test/a/{p}{s}/b?q={q}"\n')
+    assert renderer.render(_record(p="...", s="x", q="..")).url == "https://x.test/a/...x/b?q=.."
+    assert renderer.render(_record(p=".", s=".json", q=".")).url == "https://x.test/a/..json/b?q=."
+    assert renderer.render(_record(p="%2e", s=".", q="y")).url == "https://x.test/a/%252e./b?q=y"
+    with pytest.raises(RenderError) as together:
+        renderer.render(_record(p=".", s=".", q="x"))  # two fields that make ".." between them
+    assert together.value.field == "p" and "path segment '..'" in together.value.message
+    last = _renderer('method: GET\nurl: "https://x.test/a/{p}"\n')
+    for value in (".", ".."):
+        with pytest.raises(RenderError) as caught:
+            last.render(_record(p=value))
+        assert caught.value.field == "p" and f"path segment {value!r}" in caught.value.message
+
+
+def test_the_url_is_rendered_as_the_transport_sends_it() -> None:
+    url = "HTTPS://X.test:443/./a/../caf\u00e9/{p}#top"
+    renderer = _renderer(f'method: GET\nurl: "{url}"\nquery: {{ q: "{{p}}" }}\n')
+    assert renderer.render(_record(p="1")).url == "https://x.test/caf%C3%A9/1?q=1"

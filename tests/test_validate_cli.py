@@ -90,15 +90,40 @@ def test_job_file_problems_name_path_and_line(
     assert f":{line}" in result.envelope["error"]["message"]
 
 
-def test_template_naming_a_missing_field(tmp_path: Path) -> None:
-    job = JOB.replace("{from: email}", "{from: e_mail}")
-    result = validate(write(tmp_path, job))
+def test_a_field_no_csv_column_has_is_one_config_error_naming_the_columns(tmp_path: Path) -> None:
+    job = write(tmp_path, JOB.replace("{from: email}", "{from: e_mail}"))
+    result = validate(job)
     assert result.exit_code == ExitCode.ARG_ERROR
-    assert result.error_code == "INPUT_INVALID"
+    assert result.error_code == "CONFIG_INVALID"
+    assert result.envelope["error"]["context"]["problem_count"] == 1
     problem = only_problem(result)
-    assert problem["field"] == "e_mail"
-    assert problem["row"] == 1
-    assert problem["line"] == 2
+    assert (problem["file"], problem["line"], problem["path"]) == (str(job), 8, "request.json.email.from")
+    assert problem["field"] == "e_mail" and "row" not in problem
+    assert "columns: id, email, age" in problem["message"]
+    assert "did you mean 'email'" in problem["message"]
+
+
+def test_a_field_no_json_line_has_is_one_config_error(tmp_path: Path) -> None:
+    job = write(tmp_path, JOB.replace("people.csv", "people.jsonl").replace("{id}", "{ID}"), csv_text=None)
+    records = [b'{"id": 1, "email": "a@x.org", "age": 3}', b'{"id": 2, "email": "b@x.org", "age": 4, "x": 1}']
+    (tmp_path / "people.jsonl").write_bytes(b"\n".join(records) + b"\n")
+    result = validate(job)
+    assert result.error_code == "CONFIG_INVALID", result.envelope
+    problem = only_problem(result)
+    assert (problem["line"], problem["path"], problem["field"]) == (5, "request.url", "ID")
+    assert "keys: age, email, id, x" in problem["message"]
+    assert "did you mean 'id'" in problem["message"]
+
+
+def test_a_field_some_json_lines_lack_is_an_error_of_those_rows(tmp_path: Path) -> None:
+    job = write(tmp_path, JOB.replace("people.csv", "people.jsonl"), csv_text=None)
+    records = [b'{"id": 1, "email": "a@x.org", "age": 3}', b'{"id": 2, "age": 4}']
+    (tmp_path / "people.jsonl").write_bytes(b"\n".join(records) + b"\n")
+    result = validate(job)
+    assert result.error_code == "INPUT_INVALID", result.envelope
+    problem = only_problem(result)
+    assert (problem["row"], problem["line"], problem["field"]) == (2, 2, "email")
+    assert "missing from the record" in problem["message"]
 
 
 def test_ragged_csv_row_names_its_line(tmp_path: Path) -> None:
@@ -114,6 +139,15 @@ def test_integer_type_names_row_and_field(tmp_path: Path) -> None:
     assert result.exit_code == ExitCode.ARG_ERROR
     problem = only_problem(result)
     assert (problem["row"], problem["field"], problem["line"]) == (2, "age", 3)
+
+
+def test_integer_beyond_signed_64_bit_names_row_and_field(tmp_path: Path) -> None:
+    csv_text = "id,email,age\n1,a@x.org,9223372036854775807\n2,b@x.org,18446744073709551615\n"
+    result = validate(write(tmp_path, csv_text=csv_text))
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    problem = only_problem(result)
+    assert (problem["row"], problem["field"], problem["line"]) == (2, "age", 3)
+    assert "signed 64-bit" in problem["message"]
 
 
 def test_duplicate_record_key(tmp_path: Path) -> None:
