@@ -23,7 +23,7 @@ from typing import Any
 from bulkrelay import __version__
 from bulkrelay.atomic import read_json, write_json_atomic
 from bulkrelay.errors import NotFound, RunLocked
-from bulkrelay.storage import Storage
+from bulkrelay.storage import PRIVATE_DIR_MODE, Storage, make_private_dir, open_private, refuse_links
 
 MANIFEST = "run.json"
 CHECKPOINT = "checkpoint.json"
@@ -83,7 +83,8 @@ class RunDir:
         storage = storage or Storage()
         run_id = new_run_id()
         path = runs_dir / run_id
-        path.mkdir(parents=True, exist_ok=False)
+        make_private_dir(runs_dir)
+        path.mkdir(mode=PRIVATE_DIR_MODE)
         storage.fsync_dir(runs_dir)
         now = utc_now()
         full = {
@@ -102,6 +103,7 @@ class RunDir:
     @classmethod
     def open(cls, path: Path, storage: Storage | None = None) -> RunDir:
         manifest_path = path / MANIFEST
+        refuse_links(path)  # before anything is read from it: a link could point anywhere
         if not manifest_path.is_file():
             raise NotFound(f"no run directory at {path} (missing {MANIFEST})", context={"run_dir": str(path)})
         return cls(path=path, manifest=read_json(manifest_path), storage=storage or Storage())
@@ -119,7 +121,7 @@ class RunDir:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the run's lock for the duration; the OS releases it if the process dies."""
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_private(self.path / LOCK, os.O_RDWR | os.O_CREAT)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -144,7 +146,7 @@ def is_locked(path: Path) -> bool:
 def lock_is_held(lock_file: Path) -> bool:
     """Whether some process holds an flock on `lock_file` (probed without keeping it)."""
     try:
-        fd = os.open(lock_file, os.O_RDONLY)
+        fd = open_private(lock_file, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
