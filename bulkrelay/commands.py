@@ -31,7 +31,7 @@ def preflight_data(preflight: Preflight) -> dict[str, Any]:
         "format": fingerprint.format,
         "gzip": fingerprint.gzip,
         "input": {
-            "path": str(preflight.input_spec.path),
+            "path": preflight.input_spec.display_name,
             "sha256": fingerprint.sha256,
             "size": fingerprint.size,
         },
@@ -39,8 +39,8 @@ def preflight_data(preflight: Preflight) -> dict[str, Any]:
     }
 
 
-def validate(job: Job, input_path: Path | None) -> Result:
-    preflight = run_preflight(job, input_path)
+def validate(job: Job, input_path: Path | None, input_name: str | None = None) -> Result:
+    preflight = run_preflight(job, input_path, input_name=input_name)
     return Result(data=preflight_data(preflight), kind="validate")
 
 
@@ -59,13 +59,13 @@ def parse_rows(spec: str) -> set[int]:
     return rows
 
 
-def render(job: Job, input_path: Path | None, rows_spec: str) -> Result:
+def render(job: Job, input_path: Path | None, rows_spec: str, input_name: str | None = None) -> Result:
     """The exact requests the chosen rows would send, secrets shown as `***`. Sends nothing."""
     renderer = RequestRenderer.from_config(job.config.request, os.environ)
     wanted = parse_rows(rows_spec)
     config_sha256 = config_fingerprint(job.config)
     last = max(wanted)
-    spec = resolve_input(job, input_path)
+    spec = resolve_input(job, input_path, input_name)
     problems: list[Problem] = []
     requests: list[dict[str, Any]] = []
     with open_records(spec, problems.append) as stream:
@@ -80,7 +80,7 @@ def render(job: Job, input_path: Path | None, rows_spec: str) -> Result:
                 problems.append(
                     Problem(
                         exc.message,
-                        file=str(spec.path),
+                        file=spec.display_name,
                         line=record.line,
                         row=record.row_number,
                         field=exc.field,

@@ -22,6 +22,7 @@ from tests.targetproc import TargetProcess
 from tests.test_resume import ROWS, SLOW, resume, run_job, stop_midway
 
 RECORDS = b"id,email,name\n1,a@example.com,A\n2,b@example.com,B\n"
+BAD_RECORDS = b"id,email,name\n1,a@example.com,A\n2,b@example.com\n"  # row 2 lacks a field
 
 
 @pytest.fixture
@@ -195,3 +196,55 @@ def test_the_identical_rerun_refuses_a_run_with_a_linked_journal(
     before = _link_to_victim(run_dir, "results.jsonl", tmp_path / "victim")
     _assert_refused(run_job(tmp_path, job), "results.jsonl")
     assert (tmp_path / "victim").read_bytes() == before
+
+
+# ---------------------------------------------------------------- stdin spools
+
+
+def _stdin_job(tmp_path: Path) -> Path:
+    return write_job(tmp_path, "http://127.0.0.1:9", rows=1)
+
+
+def _assert_names_stdin(result: CliResult) -> None:
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    assert result.error_code == "INPUT_INVALID"
+    assert result.envelope["error"]["message"].startswith("<stdin>:3"), result.envelope["error"]
+    assert result.envelope["error"]["context"]["problems"][0]["file"] == "<stdin>"
+    assert b".spool" not in result.stdout and b"stdin-" not in result.stdout
+
+
+@pytest.mark.parametrize("command", [("validate",), ("render", "--rows", "1-2")])
+def test_validate_and_render_from_stdin_leave_no_spool(tmp_path: Path, command: tuple[str, ...]) -> None:
+    job = _stdin_job(tmp_path)
+    spool_dir = tmp_path / ".bulkrelay" / "runs" / ".spool"
+    good = run_cli(command[0], job, *command[1:], "--input", "-", cwd=tmp_path, stdin=RECORDS)
+    assert good.exit_code == ExitCode.SUCCESS, good.envelope
+    assert b".spool" not in good.stdout
+    bad = run_cli(command[0], job, *command[1:], "--input", "-", cwd=tmp_path, stdin=BAD_RECORDS)
+    _assert_names_stdin(bad)
+    assert _spools(spool_dir) == []
+
+
+def test_validate_from_stdin_names_it_in_its_data(tmp_path: Path) -> None:
+    result = run_cli("validate", _stdin_job(tmp_path), "--input", "-", cwd=tmp_path, stdin=RECORDS)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    assert result.data["input"]["path"] == "<stdin>"
+
+
+def test_a_run_from_stdin_that_fails_preflight_leaves_no_spool(tmp_path: Path) -> None:
+    job = _stdin_job(tmp_path)
+    result = run_cli("run", job, "--input", "-", "--budget", "0", cwd=tmp_path, stdin=BAD_RECORDS)
+    _assert_names_stdin(result)
+    assert _spools(tmp_path / ".bulkrelay" / "runs" / ".spool") == []
+    assert not any((tmp_path / ".bulkrelay" / "runs").glob("2*"))  # no run was created either
+
+
+def test_a_background_run_from_stdin_that_fails_preflight_leaves_only_its_jobs_copy(tmp_path: Path) -> None:
+    job = _stdin_job(tmp_path)
+    env = cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"))
+    result = run_cli("run", job, "--input", "-", "--budget", "60s", cwd=tmp_path, env=env, stdin=BAD_RECORDS)
+    _assert_names_stdin(result)
+    jobs = tmp_path / "state" / "jobs"
+    assert _spools(tmp_path / ".bulkrelay" / "runs" / ".spool", jobs / ".spool") == []
+    (job_dir,) = jobs.glob("run-*")
+    assert (job_dir / "stdin").read_bytes() == BAD_RECORDS  # owned by the job, removed with it
