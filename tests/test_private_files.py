@@ -19,7 +19,7 @@ from bulkrelay.storage import Storage, make_private_dir, open_private
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
-from tests.test_resume import ROWS, SLOW, resume, run_job, stop_midway
+from tests.test_resume import resume, run_job
 
 RECORDS = b"id,email,name\n1,a@example.com,A\n2,b@example.com,B\n"
 BAD_RECORDS = b"id,email,name\n1,a@example.com,A\n2,b@example.com\n"  # row 2 lacks a field
@@ -27,8 +27,19 @@ BAD_RECORDS = b"id,email,name\n1,a@example.com,A\n2,b@example.com\n"  # row 2 la
 
 @pytest.fixture
 def target() -> Iterator[TargetProcess]:
-    with TargetProcess(SLOW) as running:
+    """Answers 401 after 10 requests, so a run halts resumably with rows still to send (no timing)."""
+    with TargetProcess({"rules": [{"after": 10, "status": 401}]}) as running:
         yield running
+
+
+def _halted_run(tmp_path: Path, target: TargetProcess) -> tuple[Path, Path]:
+    """A job and its stopped run; the target is healthy again, so following a link would go on writing."""
+    job = write_job(tmp_path, target.url, rows=50, execution={"concurrency": 2})
+    halted = run_job(tmp_path, job)
+    assert halted.exit_code == ExitCode.AUTH_REQUIRED, halted.envelope
+    assert halted.data["state"] == "stopped"
+    target.set_plan({})
+    return job, Path(halted.data["run_dir"])
 
 
 @pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])
@@ -164,8 +175,7 @@ def _assert_refused(result: CliResult, name: str) -> None:
 def test_resume_refuses_a_linked_run_file_and_leaves_its_target_alone(
     tmp_path: Path, target: TargetProcess, name: str
 ) -> None:
-    job = write_job(tmp_path, target.url, rows=ROWS)
-    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    _, run_dir = _halted_run(tmp_path, target)
     victim = tmp_path / "victim"
     before = _link_to_victim(run_dir, name, victim)
     _assert_refused(resume(tmp_path, run_dir), name)
@@ -176,8 +186,7 @@ def test_resume_refuses_a_linked_run_file_and_leaves_its_target_alone(
 def test_a_linked_journal_without_a_checkpoint_is_not_overwritten(
     tmp_path: Path, target: TargetProcess
 ) -> None:
-    job = write_job(tmp_path, target.url, rows=ROWS)
-    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    _, run_dir = _halted_run(tmp_path, target)
     (run_dir / "checkpoint.json").unlink()
     victim = tmp_path / "precious.txt"
     victim.write_bytes(b"someone else's data\nnot a journal\n")
@@ -191,8 +200,7 @@ def test_a_linked_journal_without_a_checkpoint_is_not_overwritten(
 def test_the_identical_rerun_refuses_a_run_with_a_linked_journal(
     tmp_path: Path, target: TargetProcess
 ) -> None:
-    job = write_job(tmp_path, target.url, rows=ROWS)
-    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    job, run_dir = _halted_run(tmp_path, target)
     before = _link_to_victim(run_dir, "results.jsonl", tmp_path / "victim")
     _assert_refused(run_job(tmp_path, job), "results.jsonl")
     assert (tmp_path / "victim").read_bytes() == before
