@@ -15,7 +15,8 @@ State dir: BULKRELAY_STATE_DIR, else $XDG_STATE_HOME/bulkrelay, else ~/.local/st
     └── lock                      flock held by the worker for its whole life; holds its pid
 
 Liveness is the lock: the OS drops it when the worker dies however it dies, so a pid is never trusted
-on its own. Every JSON file is replaced atomically.
+on its own. Every JSON file is replaced atomically. Directories are made 0700 and files 0600, never
+through a link (bulkrelay.storage).
 """
 
 from __future__ import annotations

@@ -52,12 +52,12 @@ def refuse_links(directory: Path) -> None:
     Checked before a run directory is used at all, so nothing is read or written through a link;
     `open_private` still refuses a link made afterwards."""
     try:
-        entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        with os.scandir(directory) as entries:
+            links = sorted(entry.name for entry in entries if entry.is_symlink())
     except (FileNotFoundError, NotADirectoryError):
         return  # the caller reports a missing run directory in its own words
-    for entry in entries:
-        if entry.is_symlink():
-            raise link_refused(Path(entry.path))
+    if links:
+        raise link_refused(directory / links[0])
 
 
 def link_refused(path: Path) -> RunDirUnsafe:
