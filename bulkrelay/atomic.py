@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from bulkrelay.errors import BulkRelayError, JournalCorrupt, NotFound, StorageFailed
-from bulkrelay.storage import Storage
+from bulkrelay.storage import Storage, open_private
 
 
 def write_atomic(path: Path, data: bytes, storage: Storage | None = None) -> None:
@@ -54,7 +54,8 @@ def read_json(path: Path, *, invalid: type[BulkRelayError] = JournalCorrupt) -> 
     (by default `JournalCorrupt`: damaged run state makes a resume refuse).
     """
     try:
-        data = path.read_bytes()
+        with open(path, "rb", opener=open_private) as stream:  # a link is refused, never followed
+            data = stream.read()
     except FileNotFoundError:
         raise NotFound(f"{path} does not exist", context={"path": str(path)}) from None
     except OSError as exc:

@@ -34,7 +34,7 @@ def preflight_data(preflight: Preflight) -> dict[str, Any]:
         "format": fingerprint.format,
         "gzip": fingerprint.gzip,
         "input": {
-            "path": str(preflight.input_spec.path),
+            "path": preflight.input_spec.display_name,
             "sha256": fingerprint.sha256,
             "size": fingerprint.size,
         },
@@ -42,8 +42,8 @@ def preflight_data(preflight: Preflight) -> dict[str, Any]:
     }
 
 
-def validate(job: Job, input_path: Path | None) -> Result:
-    preflight = run_preflight(job, input_path)
+def validate(job: Job, input_path: Path | None, input_name: str | None = None) -> Result:
+    preflight = run_preflight(job, input_path, input_name=input_name)
     return Result(
         data=preflight_data(preflight), kind="validate", warnings=deprecation_warnings(job.deprecations)
     )
@@ -96,12 +96,12 @@ def parse_rows(spec: str) -> RowRanges:
     return RowRanges(spec, tuple(merged))
 
 
-def render(job: Job, input_path: Path | None, rows_spec: str | None) -> Result:
+def render(job: Job, input_path: Path | None, rows_spec: str | None, input_name: str | None = None) -> Result:
     """The exact requests the chosen rows would send, secrets shown as `***`. Sends nothing.
 
     Rows past the end of the input are a warning; when none of the named rows exist, a usage error."""
     wanted = parse_rows(rows_spec or DEFAULT_ROWS)
-    spec = resolve_input(job, input_path)
+    spec = resolve_input(job, input_path, input_name)
     requests, problems, record_count = _render_rows(job, spec, wanted)
     problems = [p for p in problems if p.row is None or p.row in wanted]
     if problems:
@@ -110,8 +110,8 @@ def render(job: Job, input_path: Path | None, rows_spec: str | None) -> Result:
     if record_count is not None and rows_spec is not None:
         if not requests:
             raise UsageError(
-                f"--rows {rows_spec}: {spec.path} has only {record_count} rows; nothing to render",
-                context={"rows": rows_spec, "record_count": record_count, "input": str(spec.path)},
+                f"--rows {rows_spec}: {spec.display_name} has only {record_count} rows; nothing to render",
+                context={"rows": rows_spec, "record_count": record_count, "input": spec.display_name},
             )
         warnings.append(
             EnvelopeWarning(
@@ -146,7 +146,7 @@ def _render_rows(
                 problems.append(
                     Problem(
                         exc.message,
-                        file=str(spec.path),
+                        file=spec.display_name,
                         line=record.line,
                         row=record.row_number,
                         field=exc.field,

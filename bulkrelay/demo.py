@@ -21,6 +21,7 @@ from bulkrelay.launch import RunRequest
 from bulkrelay.launch import run as launch_run
 from bulkrelay.lifecycle import RunOptions
 from bulkrelay.rundir import default_runs_dir
+from bulkrelay.storage import make_private_dir
 from bulkrelay.target import start_target
 
 TOKEN_VARIABLE = "BULKRELAY_DEMO_TOKEN"
@@ -75,7 +76,7 @@ retry:
 
 def write_example(folder: Path, url: str, rows: int) -> Path:
     """The demo's job file and CSV input; returns the job file's path."""
-    folder.mkdir(parents=True, exist_ok=True)
+    make_private_dir(folder)  # .bulkrelay/ too, when the demo is the first to make it
     with (folder / "customers.csv").open("w", newline="") as out:
         writer = csv.writer(out)
         writer.writerow(["customer_id", "email", "name", "age", "note"])

@@ -12,6 +12,7 @@
     │   ├── ConfigChanged               CONFIG_CHANGED
     │   ├── JournalCorrupt              JOURNAL_CORRUPT
     │   ├── RunNotResumable             RUN_NOT_RESUMABLE
+    │   ├── RunDirUnsafe                RUN_DIR_UNSAFE
     │   └── TlsUnavailable              TLS_UNAVAILABLE
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
@@ -172,6 +173,12 @@ class JournalCorrupt(PreconditionFailed):
 
 class RunNotResumable(PreconditionFailed):
     code = "RUN_NOT_RESUMABLE"
+
+
+class RunDirUnsafe(PreconditionFailed):
+    """A file in a run (or job) directory is a symbolic link: BulkRelay never writes through one."""
+
+    code = "RUN_DIR_UNSAFE"
 
 
 class TlsUnavailable(PreconditionFailed):

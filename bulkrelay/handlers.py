@@ -4,34 +4,45 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 
 from bulkrelay import commands, jobs, launch, worker
 from bulkrelay.config import Job, load_job
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import UsageError
-from bulkrelay.lifecycle import RunOptions, prepare_input
+from bulkrelay.inputs import STDIN_NAME
+from bulkrelay.lifecycle import RunOptions, prepared_input
 from bulkrelay.rundir import default_runs_dir
 
 
-def _input_path(args: argparse.Namespace, job: Job | None, spool_dir: Path) -> Path | None:
+def _prepared_input(
+    args: argparse.Namespace, job: Job | None, spool_dir: Path
+) -> AbstractContextManager[Path | None]:
     suffix = ""
     if job is not None:
         if job.config.input.file:
             suffix = "".join(Path(job.config.input.file).suffixes)
         elif job.config.input.format:
             suffix = f".{job.config.input.format}"
-    return prepare_input(args.input, spool_dir, suffix)
+    return prepared_input(args.input, spool_dir, suffix)
+
+
+def _input_name(args: argparse.Namespace) -> str | None:
+    return STDIN_NAME if args.input == "-" else None
 
 
 def _validate(args: argparse.Namespace) -> Result:
     job = load_job(args.job)
-    return commands.validate(job, _input_path(args, job, default_runs_dir(None) / ".spool"))
+    with _prepared_input(args, job, default_runs_dir(None) / ".spool") as input_path:
+        return commands.validate(job, input_path, _input_name(args))
 
 
 def _render(args: argparse.Namespace) -> Result:
     job = load_job(args.job)
-    return commands.render(job, _input_path(args, job, default_runs_dir(None) / ".spool"), args.rows)
+    with _prepared_input(args, job, default_runs_dir(None) / ".spool") as input_path:
+        return commands.render(job, input_path, args.rows, _input_name(args))
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
@@ -63,28 +74,29 @@ def _output_dir_warning(args: argparse.Namespace) -> list[EnvelopeWarning]:
     return [EnvelopeWarning("DEPRECATED_FLAG", text, {"flag": "--output-dir", "use": "--runs-dir"})]
 
 
-def _run_request(args: argparse.Namespace, spooled_stdin: Path | None = None) -> launch.RunRequest:
-    runs_dir = default_runs_dir(_runs_dir_of_run(args))
-    job = load_job(args.job)
+def _run_request(args: argparse.Namespace, input_path: Path | None) -> launch.RunRequest:
     return launch.RunRequest(
-        job=job,
-        input_path=spooled_stdin or _input_path(args, job, runs_dir / ".spool"),
+        job=load_job(args.job),
+        input_path=input_path,
         from_stdin=args.input == "-",
-        runs_dir=runs_dir,
+        runs_dir=default_runs_dir(_runs_dir_of_run(args)),
         idempotency_key=args.idempotency_key,
         options=_options(args),
     )
 
 
 def _run(args: argparse.Namespace) -> Result:
-    result = launch.run(_run_request(args))
+    request = _run_request(args, None)
+    with _prepared_input(args, request.job, request.runs_dir / ".spool") as input_path:
+        result = launch.run(replace(request, input_path=input_path))
     result.warnings[:0] = _output_dir_warning(args)
     return result
 
 
 def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:
     """The job key of a budgeted `run`: the same identity the identical re-run uses."""
-    return _run_request(args, spooled_stdin).key()
+    named = Path(args.input) if args.input not in (None, "-") else None
+    return _run_request(args, spooled_stdin or named).key()
 
 
 def _resume(args: argparse.Namespace) -> Result:

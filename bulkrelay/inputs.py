@@ -28,12 +28,15 @@ import orjson
 
 from bulkrelay.errors import InputInvalid, NotFound, Problem, StorageFailed, UsageError
 from bulkrelay.records import Record
+from bulkrelay.storage import make_private_dir, open_private
 
 if TYPE_CHECKING:
     from _csv import Reader as _CsvReader
 
 InputFormat = Literal["csv", "jsonl"]
 ProblemSink = Callable[[Problem], None]
+
+STDIN_NAME = "<stdin>"  # what messages call records read from standard input (never the spool's path)
 
 _DECLARED_FORMATS: dict[str, InputFormat] = {"csv": "csv", "jsonl": "jsonl", "ndjson": "jsonl"}
 _EXTENSIONS: dict[str, InputFormat] = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -70,7 +73,7 @@ def detect_format(path_name: str, declared: str | None) -> tuple[InputFormat, bo
 
 @dataclass(frozen=True)
 class InputSpec:
-    """Where an input is and how to read it. `name` is what problems call the file (e.g. "<stdin>")."""
+    """Where an input is and how to read it. `name` is what problems call the file (STDIN_NAME)."""
 
     path: Path
     format: InputFormat
@@ -141,23 +144,36 @@ class InputFingerprint:
 
 
 def spool_stdin_into(folder: Path, stream: BinaryIO, suffix: str = "") -> Path:
-    """`spool_stdin` into a fresh file in `folder` (made if missing); `suffix` keeps the extension."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """`spool_stdin` into a fresh private file in `folder` (made 0700 if missing); `suffix` keeps the
+    extension. The caller removes the copy when its command ends, unless a run or job took it."""
+    make_private_dir(folder)
     return spool_stdin(folder / f"stdin-{os.getpid()}-{time.time_ns()}{suffix}", stream)
 
 
 def spool_stdin(dest: Path, stream: BinaryIO) -> Path:
-    """Copy standard input to `dest` and fsync it, so the input can be read twice (preflight, then send)."""
+    """Copy standard input to a new 0600 file `dest` and fsync it, so the input can be read twice
+    (preflight, then send). A failed copy is removed."""
     try:
-        with open(dest, "wb") as out:
+        out = open(dest, "xb", opener=open_private)  # noqa: SIM115 (closed below, removed on failure)
+    except OSError as exc:
+        raise _spool_failed(dest, exc) from exc
+    try:
+        with out:
             shutil.copyfileobj(stream, out, _CHUNK)
             out.flush()
             os.fsync(out.fileno())
-    except OSError as exc:
-        raise StorageFailed(
-            f"cannot spool standard input to {dest}: {exc.strerror or exc}", context={"file": str(dest)}
-        ) from exc
+    except BaseException as exc:
+        dest.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _spool_failed(dest, exc) from exc
+        raise
     return dest
+
+
+def _spool_failed(dest: Path, exc: OSError) -> StorageFailed:
+    return StorageFailed(
+        f"cannot keep a copy of {STDIN_NAME} to read it: {exc.strerror or exc}", context={"file": str(dest)}
+    )
 
 
 class _HashingReader(io.RawIOBase):

@@ -17,6 +17,7 @@ from pathlib import Path
 from bulkrelay import __version__
 from bulkrelay.atomic import write_atomic
 from bulkrelay.fingerprint import canonical_sha256
+from bulkrelay.storage import make_private_dir
 
 INDEX_DIR = ".invocations"
 
@@ -47,7 +48,7 @@ def normalized_path(path: Path | None) -> str | None:
 
 def remember(runs_dir: Path, key: str, run_id: str) -> None:
     index = runs_dir / INDEX_DIR
-    index.mkdir(parents=True, exist_ok=True)
+    make_private_dir(index)
     write_atomic(index / key, run_id.encode())
 
 

@@ -41,6 +41,7 @@ from bulkrelay.jobstate import (
 )
 from bulkrelay.rundir import CANCELLED, RunDir, is_locked
 from bulkrelay.rundir import RUNNING as RUN_RUNNING
+from bulkrelay.storage import open_private
 from bulkrelay.worker import LOCK_FD_ENV
 
 BUDGET_ENV = "AGENT_CALL_BUDGET_MS"
@@ -175,7 +176,7 @@ def _spawn(job: JobDir, stdin: Path | None) -> None:
     """Start the worker detached: its own session, its own stdio, the job's lock already held for it."""
     lock_fd = acquire_lock(job)
     try:
-        with job.log_path.open("ab") as log, _open_or_devnull(stdin) as stdin_file:
+        with open(job.log_path, "ab", opener=open_private) as log, _open_or_devnull(stdin) as stdin_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "bulkrelay", "_job-worker", job.job_id],
                 start_new_session=True,

@@ -15,7 +15,8 @@ State dir: BULKRELAY_STATE_DIR, else $XDG_STATE_HOME/bulkrelay, else ~/.local/st
     └── lock                      flock held by the worker for its whole life; holds its pid
 
 Liveness is the lock: the OS drops it when the worker dies however it dies, so a pid is never trusted
-on its own. Every JSON file is replaced atomically.
+on its own. Every JSON file is replaced atomically. Directories are made 0700 and files 0600, never
+through a link (bulkrelay.storage).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 from bulkrelay.atomic import read_json, write_atomic, write_json_atomic
 from bulkrelay.errors import BulkRelayError, NotFound, UsageError
 from bulkrelay.rundir import lock_is_held
+from bulkrelay.storage import PRIVATE_DIR_MODE, make_private_dir, open_private
 
 RETENTION_ENV = "BULKRELAY_JOB_RETENTION_SECONDS"
 DEFAULT_RETENTION_SECONDS = 24 * 3600.0
@@ -61,7 +63,7 @@ def state_dir() -> Path:
 
 def jobs_root() -> Path:
     root = state_dir() / "jobs"
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dir(root)  # the state dir too, when BulkRelay is the one making it
     return root
 
 
@@ -91,7 +93,7 @@ class JobDir:
     def create(cls, command: str, spec: dict[str, Any]) -> JobDir:
         job_id = f"{command}-{secrets.token_hex(5)}"
         path = jobs_root() / job_id
-        path.mkdir(mode=0o700)
+        path.mkdir(mode=PRIVATE_DIR_MODE)
         job = cls(path)
         write_json_atomic(path / "spec.json", {"job_id": job_id, **spec})
         job.write_status({"state": RUNNING, "progress": None, "run_dir": None})
@@ -173,7 +175,7 @@ class JobDir:
 
 def acquire_lock(job: JobDir) -> int:
     """Take the job's lock for a worker about to start; returns the descriptor that holds it."""
-    fd = os.open(job.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_private(job.lock_path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -190,7 +192,7 @@ def record_pid(lock_fd: int, pid: int) -> None:
 @contextlib.contextmanager
 def index_locked() -> Iterator[None]:
     """One process at a time finds or starts the job of an invocation, so two never start two."""
-    fd = os.open(jobs_root() / "index.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_private(jobs_root() / "index.lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -213,7 +215,7 @@ def job_for_key(key: str) -> JobDir | None:
 
 def remember_job(key: str, job: JobDir) -> None:
     index = jobs_root() / "index"
-    index.mkdir(exist_ok=True)
+    make_private_dir(index)
     write_atomic(index / key, job.job_id.encode())
 
 

@@ -31,7 +31,7 @@ import orjson
 
 from bulkrelay.errors import JournalCorrupt
 from bulkrelay.rowset import RowSet
-from bulkrelay.storage import Storage
+from bulkrelay.storage import Storage, open_private
 
 MAX_LINE_BYTES = 16 << 20  # a longer "line" is garbage; the reader never buffers more than this
 _SUFFIX_LEN = 19  # len(',"crc":"xxxxxxxx"}\n')
@@ -442,7 +442,7 @@ def scan_journal(path: Path, *, committed_seq: int, committed_offset: int, row_c
         raise _shorter_than_checkpoint(path, size, committed_offset)
     torn: TornTail | None = None
     if size:
-        with path.open("rb") as stream:
+        with open(path, "rb", opener=open_private) as stream:
             lines = _read_lines(stream)
             _replay_committed(path, lines, replay, committed_seq, committed_offset)
             reason = replay.run(lines, stop_at=size + 1)
@@ -504,7 +504,7 @@ def recover_torn_tail(path: Path, scan: JournalScan, storage: Storage) -> Path |
     aside = _aside_path(path)
     fd = storage.open_new(aside)
     try:
-        with path.open("rb") as stream:
+        with open(path, "rb", opener=open_private) as stream:
             stream.seek(scan.valid_end)
             for chunk in iter(partial(stream.read, _COPY_CHUNK), b""):
                 storage.write(fd, chunk)

@@ -11,6 +11,7 @@ from bulkrelay.config import Job
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import ConfigChanged, InputChanged, NotFound
 from bulkrelay.fingerprint import file_sha256
+from bulkrelay.inputs import STDIN_NAME
 from bulkrelay.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.lifecycle import RunOptions, continue_run, start_fresh
 from bulkrelay.preflight import Preflight, run_preflight
@@ -48,7 +49,10 @@ class RunRequest:
 def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     """Preflight, then continue the identical invocation's unfinished run or start a new one."""
     reporter = reporter or progress.for_stderr()
-    preflight = run_preflight(request.job, request.input_path, on_rows_read=request.options.rows_read)
+    input_name = STDIN_NAME if request.from_stdin else None
+    preflight = run_preflight(
+        request.job, request.input_path, input_name=input_name, on_rows_read=request.options.rows_read
+    )
     key = request.key()
     warnings: list[EnvelopeWarning] = []
     previous = _unfinished_run(request.runs_dir, key)

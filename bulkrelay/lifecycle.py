@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -240,13 +241,20 @@ def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) ->
     return summary
 
 
-def prepare_input(input_arg: str | None, spool_dir: Path, suffix: str) -> Path | None:
-    """`--input -` is read to a file first, so preflight and sending can both read it."""
-    if input_arg is None:
-        return None
+@contextmanager
+def prepared_input(input_arg: str | None, spool_dir: Path, suffix: str) -> Iterator[Path | None]:
+    """`--input -` is read to a private file first, so preflight and sending can both read it.
+
+    The copy is removed when the command ends, however it ends, unless a run took it (moved it into
+    its own directory): nothing read from stdin outlives the command that read it."""
     if input_arg != "-":
-        return Path(input_arg)
-    return spool_stdin_into(spool_dir, sys.stdin.buffer, suffix)
+        yield None if input_arg is None else Path(input_arg)
+        return
+    spool = spool_stdin_into(spool_dir, sys.stdin.buffer, suffix)
+    try:
+        yield spool
+    finally:
+        spool.unlink(missing_ok=True)
 
 
 def start_fresh(

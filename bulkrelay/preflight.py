@@ -41,8 +41,9 @@ class Preflight:
         return self.input_fingerprint.record_count
 
 
-def resolve_input(job: Job, input_override: Path | None) -> InputSpec:
-    """The input named by `--input` (already spooled when it was stdin), else the job file's."""
+def resolve_input(job: Job, input_override: Path | None, name: str | None = None) -> InputSpec:
+    """The input named by `--input` (already spooled when it was stdin), else the job file's.
+    `name` is what messages call it (STDIN_NAME for a spool: its path is nobody's business)."""
     path = input_override if input_override is not None else job.input_path
     if path is None:
         raise UsageError(
@@ -51,7 +52,7 @@ def resolve_input(job: Job, input_override: Path | None) -> InputSpec:
         )
     declared = job.config.input.format
     fmt, gzip = detect_format(path.name, declared)
-    return InputSpec(path=path, format=fmt, gzip=gzip, delimiter=job.config.input.delimiter)
+    return InputSpec(path=path, format=fmt, gzip=gzip, delimiter=job.config.input.delimiter, name=name)
 
 
 class _ProblemCollector:
@@ -120,15 +121,17 @@ def run_preflight(
     input_override: Path | None = None,
     env: Mapping[str, str] | None = None,
     on_rows_read: RowsRead | None = None,
+    *,
+    input_name: str | None = None,
 ) -> Preflight:
     """Validate the whole job and input; raise `InputInvalid` with the problems found.
 
     `on_rows_read` hears 0 when the pass starts, then the count after every record."""
     renderer = RequestRenderer.from_config(job.config.request, os.environ if env is None else env)
-    spec = resolve_input(job, input_override)
+    spec = resolve_input(job, input_override, input_name)
     collector = _ProblemCollector()
     key_field = job.config.input.key
-    file = str(spec.path)
+    file = spec.display_name
     keys = DuplicateKeyFinder(key_field, file) if key_field else None
     render = renderer.render
     presence = _FieldPresence(job, spec)

@@ -23,7 +23,7 @@ from typing import Any
 from bulkrelay import __version__
 from bulkrelay.atomic import read_json, write_json_atomic
 from bulkrelay.errors import NotFound, RunLocked, RunNotResumable
-from bulkrelay.storage import Storage
+from bulkrelay.storage import PRIVATE_DIR_MODE, Storage, make_private_dir, open_private, refuse_links
 
 MANIFEST = "run.json"
 CHECKPOINT = "checkpoint.json"
@@ -84,7 +84,8 @@ class RunDir:
         storage = storage or Storage()
         run_id = new_run_id()
         path = runs_dir / run_id
-        path.mkdir(parents=True, exist_ok=False)
+        make_private_dir(runs_dir)
+        path.mkdir(mode=PRIVATE_DIR_MODE)
         storage.fsync_dir(runs_dir)
         now = utc_now()
         full = {
@@ -108,6 +109,7 @@ class RunDir:
     def open(cls, path: Path, storage: Storage | None = None, *, alpha_ok: bool = False) -> RunDir:
         """The run at `path`; an alpha run only when `alpha_ok` (listing), else `RunNotResumable`."""
         manifest_path = path / MANIFEST
+        refuse_links(path)  # before anything is read from it: a link could point anywhere
         if not manifest_path.is_file():
             raise NotFound(f"no run directory at {path} (missing {MANIFEST})", context={"run_dir": str(path)})
         manifest = read_json(manifest_path)
@@ -128,7 +130,7 @@ class RunDir:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the run's lock for the duration; the OS releases it if the process dies."""
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_private(self.path / LOCK, os.O_RDWR | os.O_CREAT)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -178,7 +180,7 @@ def is_locked(path: Path) -> bool:
 def lock_is_held(lock_file: Path) -> bool:
     """Whether some process holds an flock on `lock_file` (probed without keeping it)."""
     try:
-        fd = os.open(lock_file, os.O_RDONLY)
+        fd = open_private(lock_file, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:

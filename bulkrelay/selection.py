@@ -6,7 +6,7 @@ from pathlib import Path
 
 from bulkrelay.atomic import write_atomic
 from bulkrelay.rowset import RowSet
-from bulkrelay.storage import Storage
+from bulkrelay.storage import Storage, open_private
 
 SELECTION = "selection.bits"
 
@@ -16,7 +16,8 @@ def save_selection(run_dir: Path, rows: RowSet, storage: Storage) -> None:
 
 
 def load_selection(run_dir: Path, size: int) -> RowSet | None:
-    path = run_dir / SELECTION
-    if not path.exists():
+    try:
+        with open(run_dir / SELECTION, "rb", opener=open_private) as stream:
+            return RowSet.from_bytes(size, stream.read())
+    except FileNotFoundError:
         return None
-    return RowSet.from_bytes(size, path.read_bytes())

@@ -58,11 +58,11 @@ def test_write_atomic_replaces_in_order_and_fsyncs_the_directory(tmp_path: Path)
     assert sorted(os.listdir(tmp_path)) == ["state.json"]  # no temp file left behind
 
 
-def test_write_atomic_creates_a_missing_file_readable_by_others(tmp_path: Path) -> None:
+def test_write_atomic_creates_a_missing_file_readable_by_its_owner_only(tmp_path: Path) -> None:
     target = tmp_path / "fresh.bin"
     write_atomic(target, b"\x00\x01")
     assert target.read_bytes() == b"\x00\x01"
-    assert target.stat().st_mode & 0o777 == 0o644
+    assert target.stat().st_mode & 0o777 == 0o600
 
 
 @pytest.mark.parametrize("spy", [SpyStorage(fail_fsync_at=1), SpyStorage(fail_replace=True)])
