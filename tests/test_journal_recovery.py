@@ -303,6 +303,17 @@ def test_a_journal_shorter_than_the_checkpoint_is_refused(tmp_path: Path) -> Non
     assert "checkpoint" in error.context["reason"]
 
 
+def test_a_deleted_middle_line_is_refused_at_the_gap_not_at_the_end(tmp_path: Path) -> None:
+    """A stopped run's checkpoint covers the whole journal, so the file is now shorter than it."""
+    journal = Journal(tmp_path)
+    journal.committed_seq, journal.frontier = len(journal.lines), len(journal.data)
+    journal.write(b"".join([*journal.lines[:6], *journal.lines[7:]]))
+    error = refused(journal)
+    assert error.context["line"] == 7
+    assert error.context["offset"] == journal.ends()[6]
+    assert error.context["reason"] == "seq 8 does not follow seq 6"
+
+
 def test_a_missing_journal_with_a_checkpoint_is_refused(tmp_path: Path) -> None:
     journal = Journal(tmp_path)
     error = refused(journal)

@@ -363,6 +363,25 @@ def test_a_journal_shorter_than_the_checkpoint_refuses(tmp_path: Path, target: T
     assert str(checkpoint.offset) in result.envelope["error"]["message"]
 
 
+def test_a_deleted_middle_line_refuses_naming_the_gap(tmp_path: Path, target: TargetProcess) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    journal = run_dir / "results.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    gap = len(lines) // 2  # 0-based: line gap + 1 goes
+    journal.write_bytes(b"".join([*lines[:gap], *lines[gap + 1 :]]))
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.PRECONDITION
+    assert result.error_code == "JOURNAL_CORRUPT"
+    error = result.envelope["error"]
+    offset = sum(len(line) for line in lines[:gap])
+    assert error["context"]["line"] == gap + 1 and error["context"]["offset"] == offset
+    assert f"line {gap + 1} (byte offset {offset})" in error["message"]
+    assert f"seq {gap + 2} does not follow seq {gap}" in error["message"]
+
+
 # ---------------------------------------------------------------- the lock
 
 
