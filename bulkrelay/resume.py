@@ -7,6 +7,7 @@ final result.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -110,10 +111,32 @@ def changed_sections(recorded: dict[str, str] | None, config: JobConfig) -> list
     return sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
 
 
+def require_input(run: RunDir, path: Path | None, *, given: bool) -> None:
+    """A missing input is NOT_FOUND naming where the run's input was and how to point at its new place."""
+    if path is None or path.exists():
+        return
+    recorded = str(run.manifest["input"]["path"])
+    if given:
+        message = f"--input {path} not found (the input of run {run.run_id} was {recorded})"
+    else:
+        elsewhere = "" if str(path) == recorded else f"; looked for it at {path}"
+        message = f"the input of run {run.run_id} is no longer at {recorded}{elsewhere}"
+    raise NotFound(
+        message,
+        context={"run_dir": str(run.path), "input": str(path), "recorded_input": recorded},
+        suggestion=(
+            "if the input moved with its bytes unchanged, pass its new location: "
+            f"bulkrelay resume {shlex.quote(str(run.path))} --input NEW_PATH"
+        ),
+    )
+
+
 def preflight_for_resume(run: RunDir, config_override: Path | None, input_override: Path | None) -> Preflight:
     check_resumable(run)
     job = load_job(job_path_for(run, config_override))
-    preflight = run_preflight(job, input_path_for(run, input_override))
+    input_path = input_path_for(run, input_override)
+    require_input(run, input_path or job.input_path, given=input_override is not None)
+    preflight = run_preflight(job, input_path)
     verify_unchanged(run, preflight)
     return preflight
 

@@ -253,6 +253,24 @@ def test_a_moved_input_is_accepted_when_the_job_points_to_it(tmp_path: Path, tar
     assert set(sent_ids(target).values()) == {1}
 
 
+def test_a_moved_input_without_input_flag_names_where_it_was_and_suggests_the_flag(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = stop_midway(tmp_path, job).data["run_dir"]
+    recorded = orjson.loads((Path(run_dir) / "run.json").read_bytes())["input"]["path"]
+    shutil.move(tmp_path / "data.csv", tmp_path / "moved.csv")
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.NOT_FOUND
+    assert result.error_code == "NOT_FOUND"
+    error = result.envelope["error"]
+    assert recorded in error["message"]
+    assert error["context"]["recorded_input"] == recorded
+    assert "--input NEW_PATH" in error["suggestion"] and str(run_dir) in error["suggestion"]
+
+
 def test_a_moved_job_is_found_with_config_flag(tmp_path: Path, target: TargetProcess) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS)
     run_dir = stop_midway(tmp_path, job).data["run_dir"]
