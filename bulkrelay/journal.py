@@ -446,6 +446,8 @@ def scan_journal(path: Path, *, committed_seq: int, committed_offset: int, row_c
             _replay_committed(path, size, lines, replay, (committed_seq, committed_offset))
             reason = replay.run(lines, stop_at=size + 1)
             if reason is not None:
+                if not committed_seq:
+                    _refuse_unless_at_end(path, lines, replay, reason)
                 torn = TornTail(start=replay.offset, end=size, line=replay.last_seq + 1, reason=reason)
     elif committed_seq or committed_offset:
         raise _shorter_than_checkpoint(path, replay, size, committed_offset)
@@ -482,6 +484,25 @@ def _replay_committed(
             replay.last_seq,
             f"the checkpoint says seq {committed_seq} ends at offset {committed_offset}, "
             f"the journal has seq {replay.last_seq} there",
+        )
+
+
+def _refuse_unless_at_end(path: Path, lines: Iterator[bytes], replay: _Replay, reason: str) -> None:
+    """With no committed frontier (no checkpoint, or one from before the first commit), nothing marks
+    where the last batch began. What a crash leaves is known, though: the end of its one write is
+    missing or unreadable, so no good line can follow the damage. One that does means the damage is
+    in committed rows (a flipped byte, say), and replaying past it would resend them."""
+    for line in lines:
+        try:
+            decode_line(line)
+        except ValueError:
+            continue
+        raise _corrupt(
+            path,
+            replay.offset,
+            replay.last_seq + 1,
+            f"{reason}, and good lines follow it: without a checkpoint only the end of the journal "
+            "may be torn",
         )
 
 

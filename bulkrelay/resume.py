@@ -15,11 +15,11 @@ from bulkrelay.checkpoint import read_checkpoint
 from bulkrelay.config import JobConfig, config_semantic_dict, load_job
 from bulkrelay.engine import StartPoint
 from bulkrelay.envelope import EnvelopeWarning
-from bulkrelay.errors import ConfigChanged, InputChanged, NotFound, RunNotResumable
+from bulkrelay.errors import ConfigChanged, InputChanged, JournalCorrupt, NotFound, RunNotResumable
 from bulkrelay.fingerprint import canonical_sha256
 from bulkrelay.journal import recover_torn_tail, scan_journal
 from bulkrelay.preflight import Preflight, run_preflight
-from bulkrelay.rundir import FINAL_STATES, RunDir
+from bulkrelay.rundir import FINAL_STATES, JOURNAL, RunDir
 from bulkrelay.selection import load_selection
 
 _INPUT_FIELDS = ("format", "gzip", "sha256", "size", "record_count")
@@ -141,11 +141,28 @@ def preflight_for_resume(run: RunDir, config_override: Path | None, input_overri
     return preflight
 
 
+def require_journal(run: RunDir) -> None:
+    """Refuse a run whose journal is gone. The journal is made with the run directory, so without it
+    nothing says which rows were committed; starting the rows over would deliver them all again."""
+    if run.journal_path.exists():
+        return
+    raise JournalCorrupt(
+        f"{JOURNAL} is missing from run {run.run_id} (state {run.state}): "
+        "which rows were committed cannot be known, so the run is not started over",
+        context={"run_dir": str(run.path), "file": str(run.journal_path), "offset": 0, "line": 1},
+        suggestion=(
+            f"restore {run.journal_path} from a backup, or start a new run "
+            "(rows this run delivered would be delivered again)"
+        ),
+    )
+
+
 def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[EnvelopeWarning]]:
     """Validate the journal against the checkpoint; cut a torn tail; rebuild the set of done rows.
 
     Call with the run's lock held.
     """
+    require_journal(run)
     checkpoint = read_checkpoint(run.path)
     scan = scan_journal(
         run.journal_path,

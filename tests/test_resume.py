@@ -381,6 +381,67 @@ def test_a_journal_shorter_than_the_checkpoint_refuses(tmp_path: Path, target: T
     assert str(checkpoint.offset) in result.envelope["error"]["message"]
 
 
+def test_a_flipped_byte_deep_in_the_journal_without_a_checkpoint_refuses(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    (run_dir / "checkpoint.json").unlink()
+    journal = run_dir / "results.jsonl"
+    starts = _line_starts(journal)
+    data = bytearray(journal.read_bytes())
+    data[starts[4] + 10] ^= 0x01  # line 5, with good lines after it
+    journal.write_bytes(bytes(data))
+    before = sum(sent_ids(target).values())
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.PRECONDITION
+    assert result.error_code == "JOURNAL_CORRUPT"
+    context = result.envelope["error"]["context"]
+    assert context["line"] == 5 and context["offset"] == starts[4]
+    assert f"line 5 (byte offset {starts[4]})" in result.envelope["error"]["message"]
+    assert sum(sent_ids(target).values()) == before
+    assert journal.read_bytes() == bytes(data)
+
+
+def test_a_torn_tail_without_a_checkpoint_is_still_recovered(tmp_path: Path, target: TargetProcess) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    (run_dir / "checkpoint.json").unlink()
+    journal = run_dir / "results.jsonl"
+    data = journal.read_bytes()
+    journal.write_bytes(data + data[: len(data.splitlines()[0]) // 2])
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    assert [w["code"] for w in result.envelope["warnings"]] == ["JOURNAL_TAIL_TRUNCATED"]
+    assert_each_row_once(run_dir, ROWS)
+    assert set(sent_ids(target).values()) == {1}
+
+
+@pytest.mark.parametrize("command", ["resume", "identical_run"])
+def test_a_run_whose_journal_and_checkpoint_are_gone_is_refused_not_restarted(
+    tmp_path: Path, target: TargetProcess, command: str
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    (run_dir / "checkpoint.json").unlink()
+    (run_dir / "results.jsonl").unlink()
+    before = sum(sent_ids(target).values())
+
+    result = resume(tmp_path, run_dir) if command == "resume" else run_job(tmp_path, job)
+
+    assert result.exit_code == ExitCode.PRECONDITION, result.envelope
+    assert result.error_code == "JOURNAL_CORRUPT"
+    error = result.envelope["error"]
+    assert "results.jsonl" in error["message"] and "missing" in error["message"]
+    assert error["context"]["run_dir"] == str(run_dir)
+    assert sum(sent_ids(target).values()) == before
+    assert not (run_dir / "results.jsonl").exists()
+
+
 def test_a_deleted_middle_line_refuses_naming_the_gap(tmp_path: Path, target: TargetProcess) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS)
     run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
