@@ -42,6 +42,7 @@ from bulkrelay.stopping import (
     CANCELLED,
     HALT_AUTH,
     HALT_UNAVAILABLE,
+    INPUT_CHANGED,
     INTERRUPTED,
     STALLED,
     TERMINATED,
@@ -61,6 +62,11 @@ _STOPS: dict[str, tuple[str, ExitCode, str]] = {
     HALT_AUTH: ("TARGET_AUTH_FAILED", ExitCode.AUTH_REQUIRED, "the target refused our credentials; halted"),
     HALT_UNAVAILABLE: ("TARGET_UNAVAILABLE", ExitCode.UNAVAILABLE, "the target looks down; halted"),
     CANCELLED: ("CANCELLED", ExitCode.SIGTERM, "the job was cancelled"),
+    INPUT_CHANGED: (
+        "INPUT_CHANGED",
+        ExitCode.PRECONDITION,
+        "the input changed during the run, so nothing more was read from it; stopped at a safe point",
+    ),
 }
 
 
@@ -189,6 +195,8 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     }
     if state in (STOPPED, FORCED):
         error["suggestion"] = continue_command(run)
+        if outcome.stop_reason == INPUT_CHANGED:
+            error["suggestion"] = f"restore the input preflight read, then: {continue_command(run)}"
     return Result(data=data, exit_code=exit_code, error=error, kind="run")
 
 
