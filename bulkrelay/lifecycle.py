@@ -195,7 +195,8 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     }
     if state in (STOPPED, FORCED):
         error["suggestion"] = continue_command(run)
-        if outcome.stop_reason == INPUT_CHANGED:
+        if outcome.stop_reason == INPUT_CHANGED:  # what changed, e.g. "data.csv changed ...: size 1 -> 2"
+            error["detail"] = str(outcome.stop_detail.get("message", ""))
             error["suggestion"] = f"restore the input preflight read, then: {continue_command(run)}"
     return Result(data=data, exit_code=exit_code, error=error, kind="run")
 

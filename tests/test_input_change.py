@@ -102,6 +102,7 @@ def test_an_input_changed_mid_run_stops_with_input_changed_and_resumes_once_rest
     error = envelope["error"]
     assert error["code"] == "INPUT_CHANGED"
     assert "size" in error["context"]["changed"]
+    assert "data.csv changed during the run: size" in error["detail"]
     assert "resume" in error["suggestion"]
     run_dir = Path(envelope["data"]["run_dir"])
     assert envelope["data"]["state"] == "stopped"
