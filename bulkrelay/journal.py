@@ -12,7 +12,8 @@ Durability. One `JournalWriter` appends: a batch (up to `max_rows`, `max_bytes`,
 its first entry) is written with one write and one fsync, and only then reported as committed.
 A crash can therefore damage only the last, uncommitted batch. Recovery (`scan_journal`) treats
 damage after the checkpoint's committed frontier as that torn batch and moves it aside; damage at
-or before the frontier, or a journal shorter than it, is corruption and refuses the resume.
+or before the frontier, or a journal shorter than it, is corruption and refuses the resume. With no
+frontier (no checkpoint yet, or a deleted one) only damage that no good line follows is a torn tail.
 """
 
 from __future__ import annotations
