@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from bulkrelay.checkpoint import Checkpoint, write_checkpoint
-from bulkrelay.errors import sole_error
+from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
 from bulkrelay.inputs import open_records
 from bulkrelay.journal import JournalWriter
 from bulkrelay.preflight import Preflight
@@ -28,7 +28,7 @@ from bulkrelay.retry import RetryPolicy
 from bulkrelay.rowset import RowSet
 from bulkrelay.rundir import RunDir, utc_now
 from bulkrelay.sender import RowSender
-from bulkrelay.stopping import HALT_UNAVAILABLE, StopControl
+from bulkrelay.stopping import HALT_UNAVAILABLE, INPUT_CHANGED, StopControl
 from bulkrelay.transport import Transport, TransportSettings, open_transport
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
@@ -135,14 +135,26 @@ class _FailureStreak:
         return [] if self._stop.reason == HALT_UNAVAILABLE else held
 
 
-def _pending_records(preflight: Preflight, done: RowSet | None) -> Generator[Record, None, None]:
-    def on_problem(problem: object) -> None:  # preflight already proved the input clean
-        raise RuntimeError(f"input changed during the run: {problem}")
+def _pending_records(
+    preflight: Preflight, done: RowSet | None, stop: StopControl
+) -> Generator[Record, None, None]:
+    """The records without a committed result, read from exactly the bytes preflight validated. If the
+    input changed (or went), the records end there and the run stops at a safe point, resumable."""
+    file = preflight.input_spec.display_name
 
-    with open_records(preflight.input_spec, on_problem) as stream:
-        for record in stream:
-            if done is None or record.row_number not in done:
-                yield record
+    def on_problem(problem: Problem) -> None:  # preflight proved these bytes clean: they changed
+        raise InputChanged(
+            f"{file} changed during the run: {problem.describe()}",
+            context={"file": file, "problem": problem.to_dict()},
+        )
+
+    try:
+        with open_records(preflight.input_spec, on_problem, preflight.expected_input) as stream:
+            for record in stream:
+                if done is None or record.row_number not in done:
+                    yield record
+    except (InputChanged, NotFound) as changed:
+        stop.request(INPUT_CHANGED, message=changed.message, **changed.context)
 
 
 def transport_settings(preflight: Preflight) -> TransportSettings:
@@ -189,7 +201,7 @@ async def relay(
     transport = transport_factory(transport_settings(preflight))
     sender = _row_sender(preflight, transport, stop)
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
-    records = _pending_records(preflight, start.done_rows)
+    records = _pending_records(preflight, start.done_rows, stop)
 
     reporter.update(committed.snapshot())
     try:
@@ -214,7 +226,7 @@ async def relay(
     reporter.update(committed.snapshot())
     finished_all = committed.done == committed.total
     return RelayOutcome(
-        stop_reason=None if finished_all and not _halted(stop) else stop.reason or "incomplete",
+        stop_reason=None if finished_all and not _reported_anyway(stop) else stop.reason or "incomplete",
         committed=committed,
         elapsed_seconds=time.monotonic() - started,
         stop_detail=dict(stop.detail),
@@ -260,8 +272,10 @@ async def _checkpointer(run: RunDir, committed: Committed) -> None:
             await anyio.to_thread.run_sync(write_checkpoint, run.path, committed.checkpoint(), run.storage)
 
 
-def _halted(stop: StopControl) -> bool:
-    return stop.reason is not None and stop.reason.startswith("halt")
+def _reported_anyway(stop: StopControl) -> bool:
+    """Stops that are the run's outcome even when every row got a result first: a halt rule fired, or
+    the input changed (the rows sent were the ones preflight read, but the file is not that any more)."""
+    return stop.reason is not None and (stop.reason.startswith("halt") or stop.reason == INPUT_CHANGED)
 
 
 async def _cancel_when_forced(stop: StopControl, scope: anyio.CancelScope) -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import orjson
 
-from bulkrelay.errors import InputInvalid, NotFound, Problem, StorageFailed, UsageError
+from bulkrelay.errors import InputChanged, InputInvalid, NotFound, Problem, StorageFailed, UsageError
 from bulkrelay.records import Record
 from bulkrelay.storage import make_private_dir, open_private
 
@@ -45,6 +45,9 @@ _READ_BUFFER = 1 << 16
 # A truncated or damaged .gz shows up as one of these while decompressing, wherever that happens.
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 _JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+# How many records a verified reader hands out between two checks that its file is unchanged (a
+# check is one fstat; each raw read is checked too, before its bytes can reach a record).
+_CHECK_EVERY = 64
 
 
 def detect_format(path_name: str, declared: str | None) -> tuple[InputFormat, bool]:
@@ -143,6 +146,47 @@ class InputFingerprint:
         )
 
 
+@dataclass(frozen=True)
+class InputIdentity:
+    """Which file a reader read, and in which state: device and inode, size, modification time."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, fd: int) -> InputIdentity:
+        st = os.fstat(fd)
+        return cls(device=st.st_dev, inode=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+    def differences(self, now: InputIdentity) -> dict[str, dict[str, int]]:
+        """`{field: {"recorded": ..., "now": ...}}` for each field that differs, as resume names them."""
+        names = ("device", "inode", "size", "mtime_ns")
+        return {
+            name: {"recorded": getattr(self, name), "now": getattr(now, name)}
+            for name in names
+            if getattr(self, name) != getattr(now, name)
+        }
+
+
+@dataclass(frozen=True)
+class ExpectedInput:
+    """What preflight read, which the relay must read again byte for byte."""
+
+    fingerprint: InputFingerprint
+    identity: InputIdentity
+
+
+def input_changed(file: str, when: str, changed: Mapping[str, Any]) -> InputChanged:
+    what = ", ".join(f"{name} {v['recorded']!r} -> {v['now']!r}" for name, v in changed.items())
+    return InputChanged(
+        f"{file} changed {when}: {what}",
+        context={"file": file, "changed": dict(changed)},
+        suggestion="restore the input as preflight read it, or start a new run",
+    )
+
+
 def spool_stdin_into(folder: Path, stream: BinaryIO, suffix: str = "") -> Path:
     """`spool_stdin` into a fresh private file in `folder` (made 0700 if missing); `suffix` keeps the
     extension. The caller removes the copy when its command ends, unless a run or job took it."""
@@ -201,9 +245,35 @@ class _HashingReader(io.RawIOBase):
         while self.readinto(buffer):
             pass
 
+    def identity(self) -> InputIdentity:
+        return InputIdentity.of(self._raw.fileno())
+
     def close(self) -> None:
         self._raw.close()
         super().close()
+
+
+class _GuardedReader(_HashingReader):
+    """A hashing reader over exactly the bytes preflight read: never past their size, and only while
+    the file is the one preflight read, unchanged. Checked after every read, so bytes written to the
+    file after preflight never reach a record without an `InputChanged` first."""
+
+    def __init__(self, raw: io.FileIO, expected: InputIdentity, file: str) -> None:
+        super().__init__(raw)
+        self._expected = expected
+        self._file = file
+        self.check()
+
+    def readinto(self, buffer: Any) -> int:
+        room = self._expected.size - self.size
+        count = super().readinto(memoryview(buffer)[:room]) if room > 0 else 0
+        self.check()
+        return count
+
+    def check(self) -> None:
+        now = self.identity()
+        if now != self._expected:
+            raise input_changed(self._file, "during the run", self._expected.differences(now))
 
 
 def _open_raw(spec: InputSpec) -> io.FileIO:
@@ -230,11 +300,16 @@ def _without_bom(lines: BinaryIO) -> Iterator[bytes]:
 class RecordStream:
     """The records of one input, read once. After a full iteration `fingerprint()` describes the file."""
 
-    def __init__(self, spec: InputSpec, raw: io.FileIO, on_problem: ProblemSink) -> None:
+    def __init__(
+        self, spec: InputSpec, raw: io.FileIO, on_problem: ProblemSink, expected: ExpectedInput | None = None
+    ) -> None:
         self._spec = spec
         self._file = spec.display_name
         self._report = on_problem
-        self._hashing = _HashingReader(raw)
+        self._expected = expected
+        self._opened = InputIdentity.of(raw.fileno())
+        self._guard = None if expected is None else _GuardedReader(raw, expected.identity, self._file)
+        self._hashing = _HashingReader(raw) if self._guard is None else self._guard
         self._gzip: gzip.GzipFile | None = None
         source: BinaryIO = io.BufferedReader(self._hashing, _READ_BUFFER)
         if spec.gzip:
@@ -266,6 +341,13 @@ class RecordStream:
             record_count=self._row_count,
         )
 
+    def identity(self) -> InputIdentity:
+        """The file as this stream read it; `InputChanged` if it changed while it was being read."""
+        now = self._hashing.identity()
+        if now != self._opened:
+            raise input_changed(self._file, "while it was being read", self._opened.differences(now))
+        return now
+
     def close(self) -> None:
         if self._gzip is not None:
             self._gzip.close()
@@ -273,6 +355,8 @@ class RecordStream:
 
     def _records(self) -> Iterator[Record]:
         rows = self._csv_records() if self._spec.format == "csv" else self._jsonl_records()
+        if self._guard is not None and self._expected is not None:
+            rows = self._verified(rows, self._guard.check, self._expected.fingerprint.record_count)
         count = 0
         try:
             count = yield from rows
@@ -280,6 +364,32 @@ class RecordStream:
             self._report_damage(exc)
         self._hashing.drain()
         self._row_count = count
+        if self._expected is not None:
+            self._verify_end(self._expected.fingerprint)
+
+    def _verified(
+        self, rows: Iterator[Record], check: Callable[[], None], limit: int
+    ) -> Generator[Record, None, int]:
+        """The records, with the file checked every few of them (so a change stops the relay soon even
+        when the rest of the input is already buffered), and none past preflight's record count."""
+        count = 0
+        for count, record in enumerate(rows, 1):
+            if count > limit:
+                raise input_changed(
+                    self._file, "during the run", {"record_count": {"recorded": limit, "now": count}}
+                )
+            if not count % _CHECK_EVERY:
+                check()
+            yield record
+        return count
+
+    def _verify_end(self, expected: InputFingerprint) -> None:
+        """At the end, the bytes read must be the bytes preflight read (a change the file's size and
+        modification time did not show is caught here, if nowhere before)."""
+        now, was = self.fingerprint().to_dict(), expected.to_dict()
+        changed = {name: {"recorded": was[name], "now": now[name]} for name in was if was[name] != now[name]}
+        if changed:
+            raise input_changed(self._file, "during the run", changed)
 
     def _report_damage(self, exc: Exception) -> None:
         self._report(Problem(f"cannot decompress the gzip data: {exc}", file=self._file))
@@ -402,9 +512,19 @@ class RecordStream:
 
 
 @contextmanager
-def open_records(spec: InputSpec, on_problem: ProblemSink) -> Iterator[RecordStream]:
-    """Open an input for one streaming pass. Raises NotFound if the file is missing; closes it on exit."""
-    stream = RecordStream(spec, _open_raw(spec), on_problem)
+def open_records(
+    spec: InputSpec, on_problem: ProblemSink, expected: ExpectedInput | None = None
+) -> Iterator[RecordStream]:
+    """Open an input for one streaming pass. Raises NotFound if the file is missing; closes it on exit.
+
+    With `expected` (what preflight read), the stream reads exactly those bytes or raises
+    `InputChanged`: at the open, after every read, every few records, and at the end."""
+    raw = _open_raw(spec)
+    try:
+        stream = RecordStream(spec, raw, on_problem, expected)
+    except BaseException:
+        raw.close()
+        raise
     try:
         yield stream
     finally:

@@ -12,7 +12,8 @@ Durability. One `JournalWriter` appends: a batch (up to `max_rows`, `max_bytes`,
 its first entry) is written with one write and one fsync, and only then reported as committed.
 A crash can therefore damage only the last, uncommitted batch. Recovery (`scan_journal`) treats
 damage after the checkpoint's committed frontier as that torn batch and moves it aside; damage at
-or before the frontier, or a journal shorter than it, is corruption and refuses the resume.
+or before the frontier, or a journal shorter than it, is corruption and refuses the resume. With no
+frontier (no checkpoint yet, or a deleted one) only damage that no good line follows is a torn tail.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ MAX_LINE_BYTES = 16 << 20  # a longer "line" is garbage; the reader never buffer
 _SUFFIX_LEN = 19  # len(',"crc":"xxxxxxxx"}\n')
 _CRC_TAG = b',"crc":"'
 _COPY_CHUNK = 1 << 20
+_TRUNCATED = "truncated line (no newline at the end)"  # only ever the last line of a file
 _FAILURE_GRACE = 0.1  # seconds; see JournalWriter._check_running
 
 _MISSING = object()
@@ -122,7 +124,7 @@ def _diagnose(line: bytes) -> str:
     if len(line) > MAX_LINE_BYTES:
         return f"line longer than {MAX_LINE_BYTES} bytes"
     if not line.endswith(b"\n"):
-        return "truncated line (no newline at the end)"
+        return _TRUNCATED
     if not line.strip():
         return "blank line"
     if b"\0" in line:
@@ -438,26 +440,33 @@ def scan_journal(path: Path, *, committed_seq: int, committed_offset: int, row_c
     """
     replay = _Replay(RowSet(row_count))
     size = path.stat().st_size if path.exists() else 0
-    if size < committed_offset:
-        raise _shorter_than_checkpoint(path, size, committed_offset)
     torn: TornTail | None = None
     if size:
         with open(path, "rb", opener=open_private) as stream:
             lines = _read_lines(stream)
-            _replay_committed(path, lines, replay, committed_seq, committed_offset)
+            _replay_committed(path, size, lines, replay, (committed_seq, committed_offset))
             reason = replay.run(lines, stop_at=size + 1)
             if reason is not None:
+                if not committed_seq:
+                    _refuse_unless_at_end(path, lines, replay, reason)
                 torn = TornTail(start=replay.offset, end=size, line=replay.last_seq + 1, reason=reason)
-    elif committed_seq:
-        raise _corrupt(path, 0, 1, f"the journal is empty but the checkpoint says seq {committed_seq}")
+    elif committed_seq or committed_offset:
+        raise _shorter_than_checkpoint(path, replay, size, committed_offset)
     return JournalScan(replay.done, replay.last_seq, replay.offset, replay.counts, torn)
 
 
 def _replay_committed(
-    path: Path, lines: Iterator[bytes], replay: _Replay, committed_seq: int, committed_offset: int
+    path: Path, size: int, lines: Iterator[bytes], replay: _Replay, frontier: tuple[int, int]
 ) -> None:
-    """Replay up to the committed frontier, where any damage (or the end of the file) is corruption."""
+    """Replay up to the committed frontier, where any damage (or the end of the file) is corruption.
+
+    A journal shorter than the frontier is named by the first line where its sequence breaks (a
+    deleted line in the middle shows there as a seq gap); only when every line up to the end of the
+    file is good, or the last one is cut short, is the refusal about the file's length."""
+    committed_seq, committed_offset = frontier
     reason = replay.run(lines, stop_at=committed_offset)
+    if size < committed_offset and reason in (None, _TRUNCATED):
+        raise _shorter_than_checkpoint(path, replay, size, committed_offset)
     if reason is None and replay.offset < committed_offset:
         reason = "the journal ends early"
     if reason is not None:
@@ -479,6 +488,25 @@ def _replay_committed(
         )
 
 
+def _refuse_unless_at_end(path: Path, lines: Iterator[bytes], replay: _Replay, reason: str) -> None:
+    """With no committed frontier (no checkpoint, or one from before the first commit), nothing marks
+    where the last batch began. What a crash leaves is known, though: the end of its one write is
+    missing or unreadable, so no good line can follow the damage. One that does means the damage is
+    in committed rows (a flipped byte, say), and replaying past it would resend them."""
+    for line in lines:
+        try:
+            decode_line(line)
+        except ValueError:
+            continue
+        raise _corrupt(
+            path,
+            replay.offset,
+            replay.last_seq + 1,
+            f"{reason}, and good lines follow it: without a checkpoint only the end of the journal "
+            "may be torn",
+        )
+
+
 def _corrupt(path: Path, offset: int, line: int, reason: str) -> JournalCorrupt:
     return JournalCorrupt(
         f"{path.name} is corrupt at line {line} (byte offset {offset}): {reason}",
@@ -487,13 +515,10 @@ def _corrupt(path: Path, offset: int, line: int, reason: str) -> JournalCorrupt:
     )
 
 
-def _shorter_than_checkpoint(path: Path, size: int, committed_offset: int) -> JournalCorrupt:
-    newlines = 0
-    if size:
-        with path.open("rb") as stream:
-            newlines = sum(chunk.count(b"\n") for chunk in iter(partial(stream.read, _COPY_CHUNK), b""))
+def _shorter_than_checkpoint(path: Path, replay: _Replay, size: int, committed_offset: int) -> JournalCorrupt:
+    """Every line up to the end of the file is good (the last may be cut): the file itself is short."""
     reason = f"the journal has {size} bytes but the checkpoint has committed {committed_offset}"
-    return _corrupt(path, size, newlines + 1, reason)
+    return _corrupt(path, size, replay.last_seq + 1, reason)
 
 
 def recover_torn_tail(path: Path, scan: JournalScan, storage: Storage) -> Path | None:

@@ -3,6 +3,7 @@ or the run directory named on the command line."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -70,8 +71,11 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
             request.options.announce_warnings(warnings)  # a hand-off from here on carries it
         else:
             if request.from_stdin and request.input_path is not None:
-                request.input_path.unlink()  # the run keeps its own copy of the same bytes
-                preflight = _with_input(preflight, Path(previous.manifest["input"]["path"]))
+                # The run keeps its own copy of the same bytes: this one, which preflight just read
+                # and the relay must read again (the old copy is another file).
+                kept = Path(previous.manifest["input"]["path"])
+                os.replace(request.input_path, kept)
+                preflight = _with_input(preflight, kept)
             return continue_run(previous, preflight, request.options, reporter)
     manifest = {
         "invocation_key": key,

@@ -43,6 +43,7 @@ from bulkrelay.stopping import (
     CANCELLED,
     HALT_AUTH,
     HALT_UNAVAILABLE,
+    INPUT_CHANGED,
     INTERRUPTED,
     STALLED,
     TERMINATED,
@@ -62,6 +63,11 @@ _STOPS: dict[str, tuple[str, ExitCode, str]] = {
     HALT_AUTH: ("TARGET_AUTH_FAILED", ExitCode.AUTH_REQUIRED, "the target refused our credentials; halted"),
     HALT_UNAVAILABLE: ("TARGET_UNAVAILABLE", ExitCode.UNAVAILABLE, "the target looks down; halted"),
     CANCELLED: ("CANCELLED", ExitCode.SIGTERM, "the job was cancelled"),
+    INPUT_CHANGED: (
+        "INPUT_CHANGED",
+        ExitCode.PRECONDITION,
+        "the input changed during the run, so nothing more was read from it; stopped at a safe point",
+    ),
 }
 
 
@@ -215,6 +221,9 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     }
     if state in (STOPPED, FORCED):
         error["suggestion"] = continue_command(run)
+        if outcome.stop_reason == INPUT_CHANGED:  # what changed, e.g. "data.csv changed ...: size 1 -> 2"
+            error["detail"] = str(outcome.stop_detail.get("message", ""))
+            error["suggestion"] = f"restore the input preflight read, then: {continue_command(run)}"
     return Result(data=data, exit_code=exit_code, error=error, kind="run")
 
 

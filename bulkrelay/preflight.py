@@ -15,7 +15,14 @@ from pathlib import Path
 from bulkrelay.config import Job, required_fields
 from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, UsageError
 from bulkrelay.fingerprint import config_fingerprint
-from bulkrelay.inputs import InputFingerprint, InputSpec, detect_format, open_records
+from bulkrelay.inputs import (
+    ExpectedInput,
+    InputFingerprint,
+    InputIdentity,
+    InputSpec,
+    detect_format,
+    open_records,
+)
 from bulkrelay.keycheck import DuplicateKeyFinder
 from bulkrelay.records import Record
 from bulkrelay.request import RenderError, RequestRenderer
@@ -35,10 +42,18 @@ class Preflight:
     input_fingerprint: InputFingerprint
     config_fingerprint: str
     renderer: RequestRenderer
+    input_identity: InputIdentity | None = None  # the file preflight read; the relay reads it again
 
     @property
     def record_count(self) -> int:
         return self.input_fingerprint.record_count
+
+    @property
+    def expected_input(self) -> ExpectedInput | None:
+        """What the relay must read: these bytes of this file (None: not preflighted from a file)."""
+        if self.input_identity is None:
+            return None
+        return ExpectedInput(self.input_fingerprint, self.input_identity)
 
 
 def resolve_input(job: Job, input_override: Path | None, name: str | None = None) -> InputSpec:
@@ -151,6 +166,7 @@ def run_preflight(
             if keys is not None and (problem := keys.add(record)) is not None:
                 collector.add(problem)
         fingerprint = stream.fingerprint()
+        identity = stream.identity()
     presence.check()
     if keys is not None:
         for problem in keys.duplicates(spec):
@@ -163,4 +179,5 @@ def run_preflight(
         input_fingerprint=fingerprint,
         config_fingerprint=config_fingerprint(job.config),
         renderer=renderer,
+        input_identity=identity,
     )

@@ -7,6 +7,7 @@ final result.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,11 @@ from bulkrelay.checkpoint import read_checkpoint
 from bulkrelay.config import JobConfig, config_semantic_dict, load_job
 from bulkrelay.engine import StartPoint
 from bulkrelay.envelope import EnvelopeWarning
-from bulkrelay.errors import ConfigChanged, InputChanged, NotFound, RunNotResumable
+from bulkrelay.errors import ConfigChanged, InputChanged, JournalCorrupt, NotFound, RunNotResumable
 from bulkrelay.fingerprint import canonical_sha256
 from bulkrelay.journal import recover_torn_tail, scan_journal
 from bulkrelay.preflight import Preflight, RowsRead, run_preflight
-from bulkrelay.rundir import FINAL_STATES, RunDir
+from bulkrelay.rundir import FINAL_STATES, JOURNAL, RunDir
 from bulkrelay.selection import load_selection
 
 _INPUT_FIELDS = ("format", "gzip", "sha256", "size", "record_count")
@@ -110,6 +111,26 @@ def changed_sections(recorded: dict[str, str] | None, config: JobConfig) -> list
     return sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
 
 
+def require_input(run: RunDir, path: Path | None, *, given: bool) -> None:
+    """A missing input is NOT_FOUND naming where the run's input was and how to point at its new place."""
+    if path is None or path.exists():
+        return
+    recorded = str(run.manifest["input"]["path"])
+    if given:
+        message = f"--input {path} not found (the input of run {run.run_id} was {recorded})"
+    else:
+        elsewhere = "" if str(path) == recorded else f"; looked for it at {path}"
+        message = f"the input of run {run.run_id} is no longer at {recorded}{elsewhere}"
+    raise NotFound(
+        message,
+        context={"run_dir": str(run.path), "input": str(path), "recorded_input": recorded},
+        suggestion=(
+            "if the input moved with its bytes unchanged, pass its new location: "
+            f"bulkrelay resume {shlex.quote(str(run.path))} --input NEW_PATH"
+        ),
+    )
+
+
 def preflight_for_resume(
     run: RunDir,
     config_override: Path | None,
@@ -118,9 +139,27 @@ def preflight_for_resume(
 ) -> Preflight:
     check_resumable(run)
     job = load_job(job_path_for(run, config_override))
-    preflight = run_preflight(job, input_path_for(run, input_override), on_rows_read=on_rows_read)
+    input_path = input_path_for(run, input_override)
+    require_input(run, input_path or job.input_path, given=input_override is not None)
+    preflight = run_preflight(job, input_path, on_rows_read=on_rows_read)
     verify_unchanged(run, preflight)
     return preflight
+
+
+def require_journal(run: RunDir) -> None:
+    """Refuse a run whose journal is gone. The journal is made with the run directory, so without it
+    nothing says which rows were committed; starting the rows over would deliver them all again."""
+    if run.journal_path.exists():
+        return
+    raise JournalCorrupt(
+        f"{JOURNAL} is missing from run {run.run_id} (state {run.state}): "
+        "which rows were committed cannot be known, so the run is not started over",
+        context={"run_dir": str(run.path), "file": str(run.journal_path), "offset": 0, "line": 1},
+        suggestion=(
+            f"restore {run.journal_path} from a backup, or start a new run "
+            "(rows this run delivered would be delivered again)"
+        ),
+    )
 
 
 def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[EnvelopeWarning]]:
@@ -128,6 +167,7 @@ def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[Enve
 
     Call with the run's lock held.
     """
+    require_journal(run)
     checkpoint = read_checkpoint(run.path)
     scan = scan_journal(
         run.journal_path,

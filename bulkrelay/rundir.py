@@ -98,6 +98,9 @@ class RunDir:
             **manifest,
         }
         run = cls(path=path, manifest=full, storage=storage)
+        # The journal exists as long as the run does (made before run.json, whose save fsyncs the
+        # directory), so a resume can tell a journal deleted later from one never written to.
+        storage.close(storage.open_new(run.journal_path))
         run.save()
         return run
 

@@ -20,6 +20,7 @@ HALT_UNAVAILABLE = "halt_unavailable"  # halt.consecutive_failures reached
 CANCELLED = "cancelled"  # job cancel
 HANDOFF = "handoff"  # the call budget ran out in the foreground; a background worker continues
 STALLED = "stalled"  # no progress for idle_timeout_seconds
+INPUT_CHANGED = "input_changed"  # the input is no longer the file preflight read
 
 
 @dataclass

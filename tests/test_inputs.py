@@ -5,12 +5,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
 from pathlib import Path
 
 import pytest
 
-from bulkrelay.errors import InputInvalid, NotFound, Problem, StorageFailed, UsageError
+from bulkrelay.errors import InputChanged, InputInvalid, NotFound, Problem, StorageFailed, UsageError
 from bulkrelay.inputs import (
+    ExpectedInput,
     InputFingerprint,
     InputSpec,
     detect_format,
@@ -375,3 +377,107 @@ def test_first_record_arrives_before_the_file_is_read(tmp_path: Path, name: str)
         first = next(iter(stream))
         assert first.row_number == 1
         assert 0 < stream.bytes_read < size // 4
+
+
+# --- reading again exactly what preflight read ---------------------------------------------------------
+
+
+def _big_csv(rows: int = 20_000, tag: str = "") -> bytes:
+    return b"id,text\n" + b"".join(b"%d,%s%s\n" % (i, tag.encode(), b"x" * 40) for i in range(1, rows + 1))
+
+
+def _preflight_read(path: Path) -> tuple[list[Record], ExpectedInput]:
+    with open_records(InputSpec.detect(path), lambda p: None) as stream:
+        records = list(stream)
+        expected = ExpectedInput(stream.fingerprint(), stream.identity())
+    return records, expected
+
+
+def _relay_read(path: Path, expected: ExpectedInput, seen: list[Record]) -> None:
+    """Read as the relay does, keeping every record handed out until the reader stops."""
+
+    def on_problem(problem: Problem) -> None:
+        raise AssertionError(problem)
+
+    with open_records(InputSpec.detect(path), on_problem, expected) as stream:
+        for record in stream:
+            seen.append(record)
+
+
+@pytest.mark.parametrize("name", ["a.csv", "a.csv.gz", "a.jsonl"])
+def test_an_unchanged_input_reads_the_same_records_again(tmp_path: Path, name: str) -> None:
+    body = _big_csv() if ".csv" in name else b"".join(b'{"n": %d}\n' % i for i in range(20_000))
+    path = _write(tmp_path, name, body)
+    records, expected = _preflight_read(path)
+    seen: list[Record] = []
+    _relay_read(path, expected, seen)
+    assert seen == records
+
+
+@pytest.mark.parametrize("name", ["a.csv", "a.csv.gz"])
+def test_bytes_appended_after_preflight_are_refused_before_any_record(tmp_path: Path, name: str) -> None:
+    path = _write(tmp_path, name, _big_csv(50))
+    _, expected = _preflight_read(path)
+    with path.open("ab") as out:
+        out.write(gzip.compress(b"51,appended\n") if name.endswith(".gz") else b"51,appended\n")
+    seen: list[Record] = []
+    with pytest.raises(InputChanged) as info:
+        _relay_read(path, expected, seen)
+    assert seen == []
+    changed = info.value.context["changed"]
+    assert changed["size"]["recorded"] == expected.identity.size < changed["size"]["now"]
+    assert f"size {expected.identity.size} -> " in info.value.message and str(path) in info.value.message
+
+
+@pytest.mark.parametrize("change", ["append", "rewrite_in_place"])
+def test_a_change_mid_read_stops_the_reader_before_a_changed_byte(tmp_path: Path, change: str) -> None:
+    path = _write(tmp_path, "a.csv", _big_csv())
+    records, expected = _preflight_read(path)
+    seen: list[Record] = []
+    with (
+        pytest.raises(InputChanged),
+        open_records(InputSpec.detect(path), lambda p: None, expected) as stream,
+    ):
+        for record in stream:
+            seen.append(record)
+            if record.row_number == 10:
+                if change == "append":
+                    with path.open("ab") as out:
+                        out.write(b"20001,appended\n")
+                else:
+                    path.write_bytes(_big_csv(tag="new-"))  # same inode, other bytes
+    assert 10 <= len(seen) < len(records)
+    assert seen == records[: len(seen)]  # every record handed out is one preflight read
+
+
+def test_a_file_replaced_by_rename_is_refused_at_the_open(tmp_path: Path) -> None:
+    path = _write(tmp_path, "a.csv", _big_csv(50))
+    _, expected = _preflight_read(path)
+    _write(tmp_path, "b.csv", _big_csv(50)).replace(path)  # same bytes, another file
+    with pytest.raises(InputChanged) as info:
+        _relay_read(path, expected, [])
+    assert "inode" in info.value.context["changed"]
+
+
+def test_a_change_the_file_times_hide_is_caught_at_the_end(tmp_path: Path) -> None:
+    path = _write(tmp_path, "a.csv", _big_csv(50))
+    _, expected = _preflight_read(path)
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b"49,x", b"49,y"))  # same size; then the old modification time
+    os.utime(path, ns=(expected.identity.mtime_ns, expected.identity.mtime_ns))
+    with pytest.raises(InputChanged) as info:
+        _relay_read(path, expected, [])
+    assert set(info.value.context["changed"]) == {"sha256"}
+
+
+def test_a_file_that_changes_while_preflight_reads_it_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path, "a.csv", _big_csv())
+    with open_records(InputSpec.detect(path), lambda p: None) as stream:
+        iterator = iter(stream)
+        next(iterator)
+        with path.open("ab") as out:
+            out.write(b"20001,appended\n")
+        list(iterator)
+        with pytest.raises(InputChanged) as info:
+            stream.identity()
+    assert "while it was being read" in info.value.message

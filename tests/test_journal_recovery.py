@@ -303,6 +303,17 @@ def test_a_journal_shorter_than_the_checkpoint_is_refused(tmp_path: Path) -> Non
     assert "checkpoint" in error.context["reason"]
 
 
+def test_a_deleted_middle_line_is_refused_at_the_gap_not_at_the_end(tmp_path: Path) -> None:
+    """A stopped run's checkpoint covers the whole journal, so the file is now shorter than it."""
+    journal = Journal(tmp_path)
+    journal.committed_seq, journal.frontier = len(journal.lines), len(journal.data)
+    journal.write(b"".join([*journal.lines[:6], *journal.lines[7:]]))
+    error = refused(journal)
+    assert error.context["line"] == 7
+    assert error.context["offset"] == journal.ends()[6]
+    assert error.context["reason"] == "seq 8 does not follow seq 6"
+
+
 def test_a_missing_journal_with_a_checkpoint_is_refused(tmp_path: Path) -> None:
     journal = Journal(tmp_path)
     error = refused(journal)
@@ -319,6 +330,43 @@ def test_a_checkpoint_seq_that_disagrees_with_the_journal_is_refused(tmp_path: P
     journal = Journal(tmp_path).write()
     journal.committed_seq += 1
     assert "the journal has seq 12 there" in refused(journal).context["reason"]
+
+
+# ---------------------------------------------------------------- without a checkpoint
+
+
+def scan_without_checkpoint(journal: Journal) -> JournalScan:
+    return scan_journal(journal.path, committed_seq=0, committed_offset=0, row_count=ROWS)
+
+
+@pytest.mark.parametrize("index", [0, 4, 14])
+def test_without_a_checkpoint_damage_followed_by_good_lines_is_refused(tmp_path: Path, index: int) -> None:
+    """No frontier says what was committed, so only the very end may be torn: a flipped byte with good
+    lines after it is damage to committed rows, not a crash."""
+    journal = Journal(tmp_path)
+    ends = journal.ends()
+    damaged = bytearray(journal.data)
+    damaged[ends[index] + 10] ^= 0x01
+    journal.write(bytes(damaged))
+    with pytest.raises(JournalCorrupt) as caught:
+        scan_without_checkpoint(journal)
+    error = caught.value
+    assert (error.context["line"], error.context["offset"]) == (index + 1, ends[index])
+    assert f"line {index + 1} (byte offset {ends[index]})" in error.message
+    assert "checksum mismatch" in error.context["reason"] and "checkpoint" in error.context["reason"]
+    assert journal.path.read_bytes() == bytes(damaged)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b'{"seq":17,"row_n', b"\0" * 300, b"\x8f\xffgarbage\n{}\n", line(16)[:-1], line(18) + line(17)[:9]],
+)
+def test_without_a_checkpoint_damage_at_the_end_is_still_a_torn_tail(tmp_path: Path, tail: bytes) -> None:
+    journal = Journal(tmp_path)
+    journal.write(journal.data + tail)
+    scan = scan_without_checkpoint(journal)
+    assert scan.torn_tail is not None and scan.torn_tail.start == len(journal.data)
+    assert scan.last_seq == 16 and scan.valid_end == len(journal.data)
 
 
 # ---------------------------------------------------------------- a real kill -9

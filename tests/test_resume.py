@@ -253,6 +253,24 @@ def test_a_moved_input_is_accepted_when_the_job_points_to_it(tmp_path: Path, tar
     assert set(sent_ids(target).values()) == {1}
 
 
+def test_a_moved_input_without_input_flag_names_where_it_was_and_suggests_the_flag(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = stop_midway(tmp_path, job).data["run_dir"]
+    recorded = orjson.loads((Path(run_dir) / "run.json").read_bytes())["input"]["path"]
+    shutil.move(tmp_path / "data.csv", tmp_path / "moved.csv")
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.NOT_FOUND
+    assert result.error_code == "NOT_FOUND"
+    error = result.envelope["error"]
+    assert recorded in error["message"]
+    assert error["context"]["recorded_input"] == recorded
+    assert "--input NEW_PATH" in error["suggestion"] and str(run_dir) in error["suggestion"]
+
+
 def test_a_moved_job_is_found_with_config_flag(tmp_path: Path, target: TargetProcess) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS)
     run_dir = stop_midway(tmp_path, job).data["run_dir"]
@@ -361,6 +379,86 @@ def test_a_journal_shorter_than_the_checkpoint_refuses(tmp_path: Path, target: T
     assert result.exit_code == ExitCode.PRECONDITION
     assert result.error_code == "JOURNAL_CORRUPT"
     assert str(checkpoint.offset) in result.envelope["error"]["message"]
+
+
+def test_a_flipped_byte_deep_in_the_journal_without_a_checkpoint_refuses(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    (run_dir / "checkpoint.json").unlink()
+    journal = run_dir / "results.jsonl"
+    starts = _line_starts(journal)
+    data = bytearray(journal.read_bytes())
+    data[starts[4] + 10] ^= 0x01  # line 5, with good lines after it
+    journal.write_bytes(bytes(data))
+    before = sum(sent_ids(target).values())
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.PRECONDITION
+    assert result.error_code == "JOURNAL_CORRUPT"
+    context = result.envelope["error"]["context"]
+    assert context["line"] == 5 and context["offset"] == starts[4]
+    assert f"line 5 (byte offset {starts[4]})" in result.envelope["error"]["message"]
+    assert sum(sent_ids(target).values()) == before
+    assert journal.read_bytes() == bytes(data)
+
+
+def test_a_torn_tail_without_a_checkpoint_is_still_recovered(tmp_path: Path, target: TargetProcess) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    (run_dir / "checkpoint.json").unlink()
+    journal = run_dir / "results.jsonl"
+    data = journal.read_bytes()
+    journal.write_bytes(data + data[: len(data.splitlines()[0]) // 2])
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    assert [w["code"] for w in result.envelope["warnings"]] == ["JOURNAL_TAIL_TRUNCATED"]
+    assert_each_row_once(run_dir, ROWS)
+    assert set(sent_ids(target).values()) == {1}
+
+
+@pytest.mark.parametrize("command", ["resume", "identical_run"])
+def test_a_run_whose_journal_and_checkpoint_are_gone_is_refused_not_restarted(
+    tmp_path: Path, target: TargetProcess, command: str
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    (run_dir / "checkpoint.json").unlink()
+    (run_dir / "results.jsonl").unlink()
+    before = sum(sent_ids(target).values())
+
+    result = resume(tmp_path, run_dir) if command == "resume" else run_job(tmp_path, job)
+
+    assert result.exit_code == ExitCode.PRECONDITION, result.envelope
+    assert result.error_code == "JOURNAL_CORRUPT"
+    error = result.envelope["error"]
+    assert "results.jsonl" in error["message"] and "missing" in error["message"]
+    assert error["context"]["run_dir"] == str(run_dir)
+    assert sum(sent_ids(target).values()) == before
+    assert not (run_dir / "results.jsonl").exists()
+
+
+def test_a_deleted_middle_line_refuses_naming_the_gap(tmp_path: Path, target: TargetProcess) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    journal = run_dir / "results.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    gap = len(lines) // 2  # 0-based: line gap + 1 goes
+    journal.write_bytes(b"".join([*lines[:gap], *lines[gap + 1 :]]))
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.PRECONDITION
+    assert result.error_code == "JOURNAL_CORRUPT"
+    error = result.envelope["error"]
+    offset = sum(len(line) for line in lines[:gap])
+    assert error["context"]["line"] == gap + 1 and error["context"]["offset"] == offset
+    assert f"line {gap + 1} (byte offset {offset})" in error["message"]
+    assert f"seq {gap + 2} does not follow seq {gap}" in error["message"]
 
 
 # ---------------------------------------------------------------- the lock
