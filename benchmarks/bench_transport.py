@@ -1,11 +1,12 @@
-"""Transport throughput: 20k POSTs at concurrency 64, naive aiohttp and pyreqwest loops vs the seam.
+"""Transport throughput: 20k POSTs at concurrency 64, naive aiohttp, pyreqwest and httpx loops vs both seams.
 
     uv run python benchmarks/bench_transport.py [--requests 20000] [--concurrency 64] [--url URL]
                                                 [--loop uvloop|asyncio]
 
 Without --url it starts the embedded target in a separate process (recording off), so the server does not
 share this process's event loop; the embedded target is itself Python and is then the bottleneck, so point
---url at a fast server (nginx) to compare clients. Prints rows/s for each client and the seam's ratios.
+--url at a fast server (nginx) to compare clients. Prints rows/s for each client, the two transports behind
+the seam (reqwest and httpx) side by side, and each seam's ratio to its own client's naive loop.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -22,11 +22,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
+import httpx
 import uvloop
 from pyreqwest.client import ClientBuilder
 
 from bulkrelay.records import PreparedRequest
-from bulkrelay.transport import TransportSettings, open_transport
+from bulkrelay.transport import ClientName, TransportSettings, open_transport
 
 _BODY = b'{"customer_id": "c-000123", "email": "someone@example.com", "source": "migration"}'
 _HEADERS = (("Content-Type", "application/json"), ("Authorization", "Bearer not-a-secret"))
@@ -97,9 +98,9 @@ async def _naive_pyreqwest(url: str, total: int, concurrency: int) -> float:
         return await _drive(total, concurrency, one)
 
 
-async def _seam(url: str, total: int, concurrency: int) -> float:
+async def _seam(url: str, total: int, concurrency: int, client: ClientName = "reqwest") -> float:
     settings = TransportSettings(
-        concurrency, connect_seconds=10, read_seconds=30, write_seconds=30, pool_seconds=5
+        concurrency, connect_seconds=10, read_seconds=30, write_seconds=30, pool_seconds=5, client=client
     )
     transport = open_transport(settings)
     try:
@@ -115,8 +116,6 @@ async def _seam(url: str, total: int, concurrency: int) -> float:
 
 
 async def _httpx(url: str, total: int, concurrency: int) -> float:
-    import httpx  # type: ignore[import-not-found, unused-ignore]
-
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits) as client:
 
@@ -135,13 +134,13 @@ async def _bench(url: str, total: int, concurrency: int) -> None:
     plain = await _naive_pyreqwest(url, total, concurrency)
     print(f"(b) naive pyreqwest loop   {plain:9.0f} rows/s")
     seam = await _seam(url, total, concurrency)
-    print(f"(c) ReqwestTransport seam  {seam:9.0f} rows/s")
+    print(f"(c) seam on reqwest        {seam:9.0f} rows/s")
     print(f"    ratio (c)/(a) {seam / naive:.2f}   ratio (c)/(b) {seam / plain:.2f}")
-    if importlib.util.find_spec("httpx") is None:
-        print("(d) httpx: not installed, skipped (not a dependency)")
-    else:
-        slow = await _httpx(url, total, concurrency)
-        print(f"(d) plain httpx loop       {slow:9.0f} rows/s   ratio (c)/(d) {seam / slow:.2f}")
+    slow = await _httpx(url, total, concurrency)
+    print(f"(d) naive httpx loop       {slow:9.0f} rows/s")
+    seam_httpx = await _seam(url, total, concurrency, "httpx")
+    print(f"(e) seam on httpx          {seam_httpx:9.0f} rows/s")
+    print(f"    ratio (e)/(d) {seam_httpx / slow:.2f}   ratio (c)/(e) {seam / seam_httpx:.2f}")
 
 
 def _run(url: str, total: int, concurrency: int, loop: str) -> None:

@@ -343,6 +343,17 @@ class RateLimitConfig(_Model):
     requests_per_second: Seconds
 
 
+def _proxy(value: str) -> str:
+    if value in ("none", "environment") or re.match(r"^(https?|socks5h?)://[^/\s]+/?$", value):
+        return value
+    raise ValueError("must be 'none', 'environment' or a proxy URL such as http://proxy.internal:3128")
+
+
+class TlsConfig(_Model):
+    client_cert: NonEmpty  # PEM: the certificate chain, and the key too unless client_key names it
+    client_key: NonEmpty | None = None
+
+
 class ExecutionConfig(_Model):
     concurrency: Annotated[int, Field(ge=1, le=1024)] = 8
     timeout: TimeoutConfig = Field(default_factory=TimeoutConfig)
@@ -350,6 +361,13 @@ class ExecutionConfig(_Model):
     idle_timeout_seconds: Seconds = 300.0
     max_lifetime_seconds: Seconds = 604800.0
     http2: bool = False
+    client: Literal["reqwest", "httpx"] = "reqwest"
+    proxy: Annotated[str, AfterValidator(_proxy)] = "none"
+    tls: TlsConfig | None = None
+
+
+# How the requests travel, not what they say: changing these never blocks a resume.
+_OPERATIONAL_EXECUTION_KEYS = ("client", "proxy", "tls")
 
 
 class RetryConfig(_Model):
@@ -480,10 +498,13 @@ def _parse_job(text: str, *, file: str) -> tuple[JobConfig, LineMap, list[Proble
 
 
 def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
-    """Everything that changes what the job does, as JSON-able data: all but `name` and `input.file`."""
+    """Everything that changes what the job does, as JSON-able data: all but `name`, `input.file` and
+    the transport's operational settings (client, proxy, TLS identity)."""
     data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
     del data["name"]
     del data["input"]["file"]
+    for key in _OPERATIONAL_EXECUTION_KEYS:
+        del data["execution"][key]
     return data
 
 

@@ -29,7 +29,7 @@ from bulkrelay.rowset import RowSet
 from bulkrelay.rundir import RunDir, utc_now
 from bulkrelay.sender import RowSender
 from bulkrelay.stopping import HALT_UNAVAILABLE, INPUT_CHANGED, StopControl
-from bulkrelay.transport import Transport, TransportSettings, open_transport
+from bulkrelay.transport import ClientCertificate, Transport, TransportSettings, open_transport
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 # The first checkpoint comes sooner: a process killed soon after it starts (again and again, say)
@@ -169,7 +169,19 @@ def transport_settings(preflight: Preflight) -> TransportSettings:
         pool_seconds=timeout.pool_seconds,
         http2=execution.http2,
         decompress="accept-encoding" in header_names,
+        client=execution.client,
+        proxy=execution.proxy,
+        client_certificate=_client_certificate(preflight),
     )
+
+
+def _client_certificate(preflight: Preflight) -> ClientCertificate | None:
+    tls = preflight.job.config.execution.tls
+    if tls is None:
+        return None
+    base = preflight.job.base_dir
+    key = None if tls.client_key is None else base / tls.client_key
+    return ClientCertificate(base / tls.client_cert, key)
 
 
 async def relay(

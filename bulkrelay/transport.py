@@ -1,55 +1,48 @@
 """The HTTP seam: the engine sends a `PreparedRequest` and gets back a `Response` or a `TransportError`.
 
-The engine only knows the `Transport` protocol; `open_transport()` returns the pyreqwest implementation,
-and tests substitute in-process fakes. pyreqwest (Python bindings of Rust's reqwest and hyper) was chosen
-because it is about twice as fast as aiohttp and several times faster than httpx on a small machine (see
-docs/transport.md for the measurement).
+The engine only knows the `Transport` protocol and `open_transport()`, which builds the client the job
+names in `execution.client`:
 
-Timeout phases map onto reqwest like this:
+    reqwest  (default) pyreqwest, bindings of Rust's reqwest and hyper: the fastest client measured here
+             (docs/transport.md), in `transport_reqwest.py`
+    httpx    the Python ecosystem's standard client, with a real write timeout, in `transport_httpx.py`
 
-    pool     waiting for one of `concurrency` request slots (pool_timeout)                  -> phase "pool"
-    connect  DNS, TCP and TLS of a new connection (connect_timeout)                         -> phase "connect"
-    read     reqwest's read_timeout: from sending the request to its response headers, then the longest
-             silence between pieces of the body                                             -> phase "read"
-    write    reqwest has no write timer: reqwest's read timer already runs while the body is sent, and
-             the whole exchange has a deadline, timeout = connect + write + read            -> phase "read"
+Both classify failures the same way (one contract suite, tests/test_transport.py, runs against both):
+`ConnectFailed` means the request was never sent, `RequestTimeout` names the phase that ran out, and
+`ProtocolFailed` means the request may have reached the target but no valid answer came back.
+Messages never quote the request URL, which may carry a secret.
 
 What the transport accepts is decided here and nowhere else: `wire_url` and `header_value_refusal` ask
-pyreqwest's own parsers (the ones `send` goes through), so preflight refuses exactly what the transport
-would, and `render` shows the URL exactly as it goes on the wire.
-
-reqwest's errors say less than we need (a reset after the request went out and a refused connection are
-both a "ConnectError"), so `_translate` also reads the error's cause chain: only a failure inside hyper's
-connect step ("client error (Connect)") means the request was never sent.
+pyreqwest's own parsers (the ones the default client's `send` goes through), so preflight refuses exactly
+what the transport would, and `render` shows the URL exactly as it goes on the wire. The URL they produce
+is already in the WHATWG normal form, which httpx sends unchanged too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from pathlib import Path
 from typing import Literal, Protocol
 from urllib.parse import urlsplit
 
-from pyreqwest import exceptions as rq
-from pyreqwest.client import Client, ClientBuilder
 from pyreqwest.http import HeaderMap, Url
-from pyreqwest.response import Response as StreamedResponse
 
 from bulkrelay import __version__
 from bulkrelay.errors import TlsUnavailable, UsageError
 from bulkrelay.records import PreparedRequest
 
-TimeoutPhase = Literal["connect", "read", "pool"]  # no "write": see the module docstring
+TimeoutPhase = Literal["connect", "write", "read", "pool"]  # reqwest never says "write": see its module
+ClientName = Literal["reqwest", "httpx"]
 
-_READ_CHUNK = 64 * 1024
+USER_AGENT = f"bulkrelay/{__version__}"
 
 
 @dataclass(frozen=True, slots=True)
 class Response:
     """A response as the engine sees it.
 
-    `headers` is case-insensitive (pyreqwest's HeaderMap); `truncated` marks a body cut at max_body_bytes.
+    `headers` is case-insensitive; `truncated` marks a body cut at max_body_bytes.
     """
 
     status: int
@@ -97,6 +90,14 @@ class ProtocolFailed(TransportError):
 
 
 @dataclass(frozen=True, slots=True)
+class ClientCertificate:
+    """A client certificate for mutual TLS: PEM files (the key may sit in the certificate's file)."""
+
+    cert_file: Path
+    key_file: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TransportSettings:
     concurrency: int
     connect_seconds: float
@@ -106,10 +107,22 @@ class TransportSettings:
     max_body_bytes: int = 1 << 20
     http2: bool = False  # HTTP/2 only, by prior knowledge: no HTTP/1.1 fallback
     decompress: bool = False  # decode gzip/brotli/zstd/deflate answers: when the job sends Accept-Encoding
+    client: ClientName = "reqwest"
+    proxy: str = "none"  # "none", "environment" (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY) or a URL
+    client_certificate: ClientCertificate | None = None
 
 
 def open_transport(settings: TransportSettings) -> Transport:
-    """The transport the engine uses. Call it inside the running event loop."""
+    """The transport the job names. Call it inside the running event loop.
+
+    Each backend is imported only when chosen, so a run pays for one HTTP library.
+    """
+    if settings.client == "httpx":
+        from bulkrelay.transport_httpx import HttpxTransport
+
+        return HttpxTransport(settings)
+    from bulkrelay.transport_reqwest import ReqwestTransport
+
     return ReqwestTransport(settings)
 
 
@@ -145,134 +158,37 @@ def header_value_refusal(value: str) -> str | None:
     return None
 
 
-class ReqwestTransport:
-    """One pyreqwest client with a keep-alive pool of `concurrency` connections, no cookies, no redirects."""
-
-    def __init__(self, settings: TransportSettings) -> None:
-        if settings.concurrency < 1:
-            raise UsageError("concurrency must be at least 1", context={"concurrency": settings.concurrency})
-        self._settings = settings
-        self._client = _build_client(settings)
-
-    async def send(self, request: PreparedRequest) -> Response:
-        try:
-            builder = self._client.request(request.method, request.url).headers(request.headers)
-            if request.body is not None:
-                builder = builder.body_bytes(request.body)
-            streamed = builder.build_streamed()
-        except ValueError:  # pyreqwest's URL and header parsing; preflight has normally caught these
-            raise _invalid_request() from None
-        try:
-            async with streamed as resp:
-                body, truncated = await _read_bounded(resp, self._settings.max_body_bytes)
-                return Response(resp.status, resp.headers, body, truncated)
-        except rq.PyreqwestError as exc:
-            raise _translate(exc, request.url) from None
-
-    async def aclose(self) -> None:
-        await self._client.close()
-
-
-def _build_client(settings: TransportSettings) -> Client:
-    builder = (
-        ClientBuilder()
-        .max_connections(settings.concurrency)
-        .pool_max_idle_per_host(settings.concurrency)
-        .pool_timeout(_seconds(settings.pool_seconds))
-        .connect_timeout(_seconds(settings.connect_seconds))
-        .read_timeout(_seconds(settings.read_seconds))
-        .timeout(_seconds(settings.connect_seconds + settings.write_seconds + settings.read_seconds))
-        .user_agent(f"bulkrelay/{__version__}")
-        .follow_redirects(False)  # a 302 must not turn a POST into a GET behind the user's back
-        .default_cookie_store(False)  # rows never influence each other through the transport
-        .no_proxy()  # the target is what the job names, whatever the environment says
-        .tcp_nodelay(True)
-    )
-    # The wire carries what the request says: no Accept-Encoding unless the job sets one, in which case
-    # reqwest keeps the job's header and decodes the answer.
-    decode = settings.decompress
-    builder = builder.gzip(decode).brotli(decode).zstd(decode).deflate(decode)
-    builder = builder.http2_prior_knowledge() if settings.http2 else builder.http1_only()
-    try:
-        return builder.build()
-    except rq.BuilderError as exc:
-        # reqwest loads the system's CA store when the client is built and refuses an empty one.
-        raise TlsUnavailable(
-            f"cannot make an HTTP client: {_root_cause(exc)}",
-            suggestion="install the system's CA certificates (Debian: ca-certificates), "
-            "or set SSL_CERT_FILE to a PEM bundle of the authorities to trust",
-        ) from None
-
-
-def _seconds(value: float) -> timedelta:
-    return timedelta(seconds=value)
-
-
-async def _read_bounded(resp: StreamedResponse, limit: int) -> tuple[bytes, bool]:
-    """The body, at most `limit` bytes of it; the rest is not read (the connection is then dropped)."""
-    chunks: list[bytes] = []
-    size = 0
-    while size <= limit:
-        chunk = await resp.body_reader.read(_READ_CHUNK)
-        if chunk is None:
-            return b"".join(chunks), False
-        chunks.append(bytes(chunk))
-        size += len(chunk)
-    return b"".join(chunks)[:limit], True
-
-
-def _translate(exc: rq.PyreqwestError, url: str) -> TransportError:
-    """The pyreqwest exception as one of our three kinds.
-
-    Messages never quote the request URL, which may carry a secret; reqwest's own texts do.
-    """
-    in_connect = _failed_in_connect(exc)
-    if isinstance(exc, rq.PoolTimeoutError):
-        return RequestTimeout("pool timeout: no free connection slot in time", phase="pool")
-    if isinstance(exc, rq.RequestTimeoutError):
-        if in_connect:
-            return RequestTimeout("connect timeout", phase="connect")
-        return RequestTimeout("read timeout: no answer from the target in time", phase="read")
-    if in_connect:
-        return ConnectFailed(f"cannot connect to {_host_port(url)}: {_root_cause(exc)}")
-    if isinstance(exc, rq.BuilderError):  # what reqwest refuses only when sending (a scheme, say)
-        return _invalid_request()
-    if isinstance(exc, rq.DecodeError):
-        return ProtocolFailed(f"bad response: {_root_cause(exc)}")
-    if isinstance(exc, rq.NetworkError):
-        return ProtocolFailed(f"connection broken: {_root_cause(exc)}")
-    return ProtocolFailed(f"{type(exc).__name__}: {_root_cause(exc)}")
-
-
-def _invalid_request() -> ConnectFailed:
+def invalid_request() -> ConnectFailed:
     return ConnectFailed("cannot send: invalid URL or header")
 
 
-# hyper-util's text for a failure in its connect step (DNS, TCP, TLS): the request was not written.
-_CONNECT_CAUSE = "client error (Connect)"
-
-
-def _causes(exc: rq.PyreqwestError) -> list[str]:
-    details = getattr(exc, "details", None)
-    causes = details.get("causes") if isinstance(details, dict) else None
-    return [str(cause.get("message", "")) for cause in causes or ()]
-
-
-def _failed_in_connect(exc: rq.PyreqwestError) -> bool:
-    return _CONNECT_CAUSE in _causes(exc)
-
-
-def _host_port(url: str) -> str:
+def host_port(url: str) -> str:
     """host:port of the URL for messages, or "the target" when Python's parser reads no host (reqwest's
     WHATWG parser is more lenient: it reads http:///name as http://name/)."""
     parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        return "the target"
     if not parts.hostname:
         return "the target"
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.hostname}:{port}"
+    return f"{parts.hostname}:{port or (443 if parts.scheme == 'https' else 80)}"
 
 
-def _root_cause(exc: rq.PyreqwestError) -> str:
-    """The innermost cause reqwest reports ("Connection refused (os error 111)"), which names no URL."""
-    causes = _causes(exc)
-    return causes[-1] if causes and "://" not in causes[-1] else type(exc).__name__
+def tls_unavailable(cause: str) -> TlsUnavailable:
+    """No authority to trust at all: said before any request, the same way by both clients."""
+    return TlsUnavailable(
+        f"cannot make an HTTP client: {cause}",
+        suggestion="install the system's CA certificates (Debian: ca-certificates), "
+        "or set SSL_CERT_FILE to a PEM bundle of the authorities to trust",
+    )
+
+
+def read_pem(path: Path) -> bytes:
+    """A PEM file's bytes, or a usage error naming the file."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read the client certificate file {path}: {exc.strerror}", context={"path": str(path)}
+        ) from None
