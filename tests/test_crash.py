@@ -78,6 +78,17 @@ def _run_held_by(runs_root: Path, proc: subprocess.Popen[bytes], timeout: float 
         time.sleep(0.005)
 
 
+def _wait_for_frontier_past(run_dir: Path, offset: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        checkpoint = read_checkpoint(run_dir)
+        if checkpoint is not None and checkpoint.offset > offset:
+            return
+        assert proc.poll() is None, f"the run ended on its own (exit {proc.returncode}) before the kill"
+        assert time.monotonic() < deadline, "the checkpoint never moved past the last kill's"
+        time.sleep(0.005)
+
+
 def _committed_prefix(run_dir: Path) -> bytes:
     """The journal up to the checkpoint's frontier."""
     checkpoint = read_checkpoint(run_dir)
@@ -106,6 +117,7 @@ def test_kill_9_loop_loses_nothing_committed_and_every_row_takes_effect_once(tmp
     rng = random.Random(20261002)
     runs_root = tmp_path / ".bulkrelay" / "runs"
     snapshots: list[tuple[Path, bytes]] = []  # each kill's committed journal prefix
+    frontier = 0  # the checkpoint's offset at the last kill
     with TargetProcess(DEDUP_TARGET) as target:
         job = write_job(tmp_path, target.url, rows=CRASH_ROWS, **CRASH_JOB)
         for kill in range(KILLS):
@@ -115,13 +127,17 @@ def test_kill_9_loop_loses_nothing_committed_and_every_row_takes_effect_once(tmp
                 run_dir = None
             else:
                 run_dir = _run_held_by(runs_root, proc)
-                time.sleep(rng.uniform(0.05, 0.4))
+                # Kill only once this process has moved the checkpoint on, so that every such kill
+                # tests a new frontier whatever the machine's load (a time alone did not ensure it).
+                _wait_for_frontier_past(run_dir, frontier, proc)
+                time.sleep(rng.uniform(0.0, 0.2))
             assert proc.poll() is None, f"kill {kill}: the run ended on its own (exit {proc.returncode})"
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             if run_dir is not None:
                 snapshots.append((run_dir, _committed_prefix(run_dir)))
                 snapshots.append((run_dir, _valid_prefix(run_dir)))
+                frontier = len(snapshots[-2][1])
 
         final = run_cli("run", job, "--budget", "0", cwd=tmp_path, timeout=60)
 
@@ -163,8 +179,8 @@ def _assert_committed_prefixes_kept(run_dir: Path, snapshots: list[tuple[Path, b
     final = (run_dir / "results.jsonl").read_bytes()
     ours = [prefix for where, prefix in snapshots if where == run_dir]
     assert len(ours) >= 2 * (KILLS - KILLS // 6 - 1)  # nearly every kill hit the one run
-    checkpointed = {len(prefix) for prefix in ours[::2] if prefix}
-    assert len(checkpointed) >= KILLS // 4  # the checkpoint's frontier moved on between kills
+    checkpointed = [len(prefix) for prefix in ours[::2]]
+    assert checkpointed == sorted(set(checkpointed))  # the frontier moved on between every two kills
     for prefix in ours:
         assert final.startswith(prefix)
 
