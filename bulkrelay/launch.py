@@ -13,6 +13,7 @@ from bulkrelay.errors import ConfigChanged, InputChanged, NotFound
 from bulkrelay.fingerprint import file_sha256
 from bulkrelay.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.lifecycle import RunOptions, continue_run, start_fresh
+from bulkrelay.liverun import live_slot
 from bulkrelay.preflight import Preflight, run_preflight
 from bulkrelay.progress import Reporter
 from bulkrelay.resume import check_resumable, preflight_for_resume, verify_unchanged
@@ -46,44 +47,51 @@ class RunRequest:
 
 
 def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
-    """Preflight, then continue the identical invocation's unfinished run or start a new one."""
+    """Preflight, then continue the identical invocation's unfinished run or start a new one.
+
+    Deciding which, and claiming it, happens inside the job's live slot: while a run of the job is
+    alive, a second caller gets RUN_LOCKED naming it, whatever its input, and never relays beside it."""
     reporter = reporter or progress.for_stderr()
     preflight = run_preflight(request.job, request.input_path)
     key = request.key()
-    warnings: list[EnvelopeWarning] = []
-    previous = _unfinished_run(request.runs_dir, key)
-    if previous is not None:
-        try:
-            verify_unchanged(previous, preflight)
-        except (InputChanged, ConfigChanged) as changed:
-            warnings.append(
-                EnvelopeWarning(
-                    "CHECKPOINT_DISCARDED",
-                    f"{changed.message}; started over",
-                    {"previous_run": previous.run_id, "reason": changed.code},
-                )
-            )
-        else:
-            if request.from_stdin and request.input_path is not None:
-                request.input_path.unlink()  # the run keeps its own copy of the same bytes
-                preflight = _with_input(preflight, Path(previous.manifest["input"]["path"]))
-            return continue_run(previous, preflight, request.options, reporter)
-    manifest = {
-        "invocation_key": key,
-        "input_explicit": request.input_path is not None,
-        "idempotency_key": request.idempotency_key,
-    }
-    result = start_fresh(
-        preflight,
-        request.runs_dir,
-        request.options,
-        reporter,
-        manifest=manifest,
-        spooled=request.from_stdin,
-        on_created=lambda run: remember(request.runs_dir, key, run.run_id),
-    )
+    with live_slot(request.runs_dir, request.job.path) as slot:
+        previous = _unfinished_run(request.runs_dir, key)
+        warnings: list[EnvelopeWarning] = []
+        if previous is not None:
+            try:
+                verify_unchanged(previous, preflight)
+            except (InputChanged, ConfigChanged) as changed:
+                warnings.append(_discarded(previous, changed))
+            else:
+                if request.from_stdin and request.input_path is not None:
+                    request.input_path.unlink()  # the run keeps its own copy of the same bytes
+                    preflight = _with_input(preflight, Path(previous.manifest["input"]["path"]))
+                return continue_run(previous, preflight, request.options, reporter, slot=slot)
+        manifest = {
+            "invocation_key": key,
+            "input_explicit": request.input_path is not None,
+            "idempotency_key": request.idempotency_key,
+        }
+        result = start_fresh(
+            preflight,
+            request.runs_dir,
+            request.options,
+            reporter,
+            slot=slot,
+            manifest=manifest,
+            spooled=request.from_stdin,
+            prepare=lambda run: remember(request.runs_dir, key, run.run_id),
+        )
     result.warnings[:0] = warnings
     return result
+
+
+def _discarded(previous: RunDir, changed: InputChanged | ConfigChanged) -> EnvelopeWarning:
+    return EnvelopeWarning(
+        "CHECKPOINT_DISCARDED",
+        f"{changed.message}; started over",
+        {"previous_run": previous.run_id, "reason": changed.code},
+    )
 
 
 def _with_input(preflight: Preflight, path: Path) -> Preflight:
@@ -111,4 +119,7 @@ def resume(
     run = RunDir.open(run_dir)
     check_resumable(run)
     preflight = preflight_for_resume(run, config, input_path)
-    return continue_run(run, preflight, options, reporter or progress.for_stderr())
+    with live_slot(run.path.parent, preflight.job.path) as slot:
+        run = RunDir.open(run_dir)  # as it is now: it may have ended while we preflighted
+        check_resumable(run)
+        return continue_run(run, preflight, options, reporter or progress.for_stderr(), slot=slot)

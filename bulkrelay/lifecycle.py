@@ -22,6 +22,7 @@ from bulkrelay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode, sole_error
 from bulkrelay.inputs import spool_stdin_into
+from bulkrelay.liverun import LiveSlot
 from bulkrelay.preflight import Preflight
 from bulkrelay.progress import CallbackReporter, FanOut, Reporter, Snapshot
 from bulkrelay.resume import config_sections, recover_start
@@ -222,32 +223,48 @@ def start_fresh(
     options: RunOptions,
     reporter: Reporter,
     *,
+    slot: LiveSlot,
     manifest: dict[str, Any],
     spooled: bool = False,
-    on_created: Callable[[RunDir], None] | None = None,
+    prepare: Callable[[RunDir], None] | None = None,
     start: StartPoint | None = None,
 ) -> Result:
-    """Create a run directory for a preflighted job and relay it. A spooled stdin moves into the run."""
-    run = RunDir.create(runs_dir, manifest_for(preflight, {"parent_run": None, **manifest}))
-    if on_created is not None:
-        on_created(run)
-    if spooled:
-        preflight = _keep_spool(run, preflight)
+    """Create a run directory for a preflighted job and relay it, holding the job's live slot.
+
+    A spooled stdin moves into the run and `prepare` completes it (an index entry, a selection)
+    before the run appears under its own name, so a crash never leaves half a run behind."""
+    kept_input: list[Path] = []
+
+    def complete(run: RunDir, final: Path) -> None:
+        if spooled:
+            kept_input.append(_keep_spool(run, final, preflight.input_spec.path))
+        if prepare is not None:
+            prepare(run)
+
+    manifest = manifest_for(preflight, {"parent_run": None, **manifest})
+    run = RunDir.create(runs_dir, manifest, staging=slot.directory, before_publish=complete)
+    if kept_input:
+        preflight = replace(preflight, input_spec=replace(preflight.input_spec, path=kept_input[0]))
+    slot.claim(run)
     with run.locked():
         return relay_locked(preflight, run, start or StartPoint(), options=options, reporter=reporter)
 
 
-def _keep_spool(run: RunDir, preflight: Preflight) -> Preflight:
-    spool = preflight.input_spec.path
-    kept = run.path / f"input{''.join(spool.suffixes)}"
-    os.replace(spool, kept)
-    run.manifest["input"]["path"] = str(kept.resolve())
+def _keep_spool(run: RunDir, final: Path, spool: Path) -> Path:
+    """Move the spooled stdin into the run being built; returns where it will be once published."""
+    name = f"input{''.join(spool.suffixes)}"
+    os.replace(spool, run.path / name)
+    kept = final.resolve() / name
+    run.manifest["input"]["path"] = str(kept)
     run.save()
-    return replace(preflight, input_spec=replace(preflight.input_spec, path=kept))
+    return kept
 
 
-def continue_run(run: RunDir, preflight: Preflight, options: RunOptions, reporter: Reporter) -> Result:
+def continue_run(
+    run: RunDir, preflight: Preflight, options: RunOptions, reporter: Reporter, *, slot: LiveSlot
+) -> Result:
     """Relay what a stopped or crashed run has not committed yet; the caller checked the fingerprints."""
+    slot.claim(run)
     with run.locked():
         start, warnings = recover_start(run, preflight.record_count)
         result = relay_locked(preflight, run, start, options=options, reporter=reporter)

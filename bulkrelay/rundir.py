@@ -13,7 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -78,13 +78,25 @@ class RunDir:
         return self.path / JOURNAL
 
     @classmethod
-    def create(cls, runs_dir: Path, manifest: dict[str, Any], storage: Storage | None = None) -> RunDir:
-        """Make a new run directory with its manifest in state `running`."""
+    def create(
+        cls,
+        runs_dir: Path,
+        manifest: dict[str, Any],
+        storage: Storage | None = None,
+        *,
+        staging: Path | None = None,
+        before_publish: Callable[[RunDir, Path], None] | None = None,
+    ) -> RunDir:
+        """Make a new run directory with its manifest in state `running`, all or nothing.
+
+        The run is built under a temporary name (in `staging`, else hidden in `runs_dir`), then
+        `before_publish(run, final_path)` completes it there (the invocation index is written last),
+        and only then is it renamed into place: a crash at any point leaves the whole run or none."""
         storage = storage or Storage()
         run_id = new_run_id()
-        path = runs_dir / run_id
-        path.mkdir(parents=True, exist_ok=False)
-        storage.fsync_dir(runs_dir)
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        building = (staging / f"new-{run_id}") if staging is not None else runs_dir / f".new-{run_id}"
+        building.mkdir()
         now = utc_now()
         full = {
             "version": 1,
@@ -95,8 +107,16 @@ class RunDir:
             "tool_version": __version__,
             **manifest,
         }
-        run = cls(path=path, manifest=full, storage=storage)
+        run = cls(path=building, manifest=full, storage=storage)
         run.save()
+        final = runs_dir / run_id
+        if before_publish is not None:
+            before_publish(run, final)
+        storage.replace(building, final)
+        if building.parent != runs_dir:
+            storage.fsync_dir(building.parent)
+        storage.fsync_dir(runs_dir)
+        run.path = final
         return run
 
     @classmethod
@@ -162,6 +182,6 @@ def list_runs(runs_dir: Path) -> list[RunDir]:
         return []
     runs = []
     for child in sorted(runs_dir.iterdir(), reverse=True):
-        if (child / MANIFEST).is_file():
+        if not child.name.startswith(".") and (child / MANIFEST).is_file():  # hidden: being created
             runs.append(RunDir.open(child))
     return runs
