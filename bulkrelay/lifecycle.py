@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,6 +49,7 @@ from bulkrelay.stopping import (
     STALLED,
     TERMINATED,
     TIMEOUT,
+    IdleWatchdog,
     StopControl,
     stop_at,
     watch_signals,
@@ -75,9 +78,29 @@ class Supervisor(Protocol):
 
 @dataclass(frozen=True)
 class RunOptions:
-    timeout_seconds: float | None = None
+    """How one invocation relays. Its time limit is `--timeout` when given, else the job's
+    `max_lifetime_seconds`; both belong to the invocation (a lost job's continuation carries
+    its predecessor's over, through `deadline` and `started_at`)."""
+
+    timeout_seconds: float | None = None  # --timeout, counted from the start of the relay
     handle_signals: bool = True
     supervisor: Supervisor | None = None  # set by the background job worker (bulkrelay.worker)
+    deadline: float | None = None  # an absolute --timeout (epoch seconds), a background job's
+    started_at: float | None = None  # when the work began (epoch seconds); None: now
+
+
+def _time_limit(options: RunOptions, max_lifetime_seconds: float) -> tuple[float, dict[str, object]]:
+    """Seconds this relay may take, and what set them (for the TIMEOUT error's context)."""
+    now = time.time()
+    if options.deadline is not None:
+        end, limit = options.deadline, "--timeout"
+    elif options.timeout_seconds is not None:
+        end, limit = now + options.timeout_seconds, "--timeout"
+    else:
+        began = options.started_at if options.started_at is not None else now
+        end, limit = began + max_lifetime_seconds, "max_lifetime_seconds"
+    deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end))
+    return end - now, {"limit": limit, "deadline": deadline}
 
 
 def manifest_for(preflight: Preflight, extra: dict[str, Any]) -> dict[str, Any]:
@@ -106,11 +129,15 @@ async def _relay_with_stops(
 ) -> RelayOutcome:
     reporter, options, given_stop = context
     stop = given_stop or StopControl()  # made here: anyio primitives need the running loop
+    execution = preflight.job.config.execution
+    delay, limit = _time_limit(options, execution.max_lifetime_seconds)
+    idle = IdleWatchdog(execution.idle_timeout_seconds)  # every run, foreground or background
+    reporter = FanOut(reporter, CallbackReporter(lambda snapshot: idle.progressed(snapshot.done)))
     async with anyio.create_task_group() as watchers:
         if options.handle_signals:
             watchers.start_soon(watch_signals, stop)
-        if options.timeout_seconds is not None:
-            watchers.start_soon(stop_at, stop, options.timeout_seconds, TIMEOUT)
+        watchers.start_soon(partial(stop_at, stop, delay, TIMEOUT, **limit))
+        watchers.start_soon(idle.watch, stop)
         if options.supervisor is not None:
             watchers.start_soon(options.supervisor.watch, stop, preflight, run)
         outcome = await relay(preflight, run, start, stop=stop, reporter=reporter)

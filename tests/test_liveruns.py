@@ -22,6 +22,7 @@ import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.invocation import INDEX_DIR
+from bulkrelay.stopping import STALL_GRACE_SECONDS
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.targetproc import TargetProcess
@@ -238,5 +239,6 @@ def test_a_stalled_run_ends_within_its_idle_timeout_and_grace(tmp_path: Path, bu
     assert result.exit_code == ExitCode.TIMEOUT, result.envelope
     assert result.error_code == "STALLED"
     assert result.envelope["error"]["context"]["idle_timeout_seconds"] == 2
+    assert result.envelope["error"]["context"]["grace_seconds"] == STALL_GRACE_SECONDS
     assert result.data["state"] == "forced"  # the two rows in flight were cancelled, not journaled
     assert result.data["progress"]["done"] == 0
