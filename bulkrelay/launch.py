@@ -53,6 +53,14 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     alive, a second caller gets RUN_LOCKED naming it, whatever its input, and never relays beside it."""
     reporter = reporter or progress.for_stderr()
     preflight = run_preflight(request.job, request.input_path)
+    try:
+        return _run_in_slot(request, preflight, reporter)
+    finally:
+        if request.from_stdin and request.input_path is not None:
+            request.input_path.unlink(missing_ok=True)  # moved into its run, or no run took it
+
+
+def _run_in_slot(request: RunRequest, preflight: Preflight, reporter: Reporter) -> Result:
     key = request.key()
     with live_slot(request.runs_dir, request.job.path) as slot:
         previous = _unfinished_run(request.runs_dir, key)

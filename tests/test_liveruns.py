@@ -26,6 +26,7 @@ from bulkrelay.stopping import STALL_GRACE_SECONDS
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.targetproc import TargetProcess
+from tests.test_rerun import run_job_stdin
 from tests.test_resume import ROWS, SLOW, assert_each_row_once, run_job, sent_ids, stop_midway
 
 _DEADLINE = 60.0  # generous bound for conditions the tests wait for
@@ -139,6 +140,9 @@ def test_a_live_run_with_new_input_refuses_the_second_caller(tmp_path: Path, sta
         assert second.error_code == "RUN_LOCKED"
         assert run_dir.name in second.envelope["error"]["message"]
         assert second.envelope["warnings"] == []  # nothing was discarded
+        from_stdin = run_job_stdin(tmp_path, job, (tmp_path / "data.csv").read_bytes())
+        assert from_stdin.error_code == "RUN_LOCKED"
+        assert not list((_runs_root(tmp_path) / ".spool").glob("stdin-*"))  # nothing of stdin is left
         assert first.poll() is None  # the live run goes on, alone
         stdout, _ = first.communicate(timeout=_DEADLINE)
         assert first.returncode == ExitCode.SUCCESS, stdout
