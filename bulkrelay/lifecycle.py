@@ -260,31 +260,29 @@ def start_fresh(
 
     A spooled stdin moves into the run and `prepare` completes it (an index entry, a selection)
     before the run appears under its own name, so a crash never leaves half a run behind."""
-    kept_input: list[Path] = []
 
     def complete(run: RunDir, final: Path) -> None:
         if spooled:
-            kept_input.append(_keep_spool(run, final, preflight.input_spec.path))
+            _keep_spool(run, final, preflight.input_spec.path)
         if prepare is not None:
             prepare(run)
 
     manifest = manifest_for(preflight, {"parent_run": None, **manifest})
     run = RunDir.create(runs_dir, manifest, staging=slot.directory, before_publish=complete)
-    if kept_input:
-        preflight = replace(preflight, input_spec=replace(preflight.input_spec, path=kept_input[0]))
+    if spooled:  # the run reads its own copy now
+        kept = Path(run.manifest["input"]["path"])
+        preflight = replace(preflight, input_spec=replace(preflight.input_spec, path=kept))
     slot.claim(run)
     with run.locked():
         return relay_locked(preflight, run, start or StartPoint(), options=options, reporter=reporter)
 
 
-def _keep_spool(run: RunDir, final: Path, spool: Path) -> Path:
-    """Move the spooled stdin into the run being built; returns where it will be once published."""
+def _keep_spool(run: RunDir, final: Path, spool: Path) -> None:
+    """Move the spooled stdin into the run being built; its manifest names where it will be."""
     name = f"input{''.join(spool.suffixes)}"
     os.replace(spool, run.path / name)
-    kept = final.resolve() / name
-    run.manifest["input"]["path"] = str(kept)
+    run.manifest["input"]["path"] = str(final.resolve() / name)
     run.save()
-    return kept
 
 
 def continue_run(
