@@ -27,7 +27,7 @@ from tests.clirun import cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.targetproc import TargetProcess
 from tests.test_rerun import run_job_stdin
-from tests.test_resume import ROWS, SLOW, assert_each_row_once, run_job, sent_ids, stop_midway
+from tests.test_resume import ROWS, SLOW, assert_each_row_once, resume, run_job, sent_ids, stop_midway
 
 _DEADLINE = 60.0  # generous bound for conditions the tests wait for
 
@@ -152,6 +152,22 @@ def test_a_live_run_with_new_input_refuses_the_second_caller(tmp_path: Path, sta
         # The limiter bounds starts; loopback scheduling can bunch arrivals by one or two. A relay
         # beside the live one would double the rate (and the request count).
         assert stats["max_arrivals_in_any_second"] <= 10 + 2
+
+
+def test_resuming_an_older_run_of_a_live_job_is_refused(tmp_path: Path, started: Started) -> None:
+    with TargetProcess(SLOW) as target:
+        job = write_job(tmp_path, target.url, rows=ROWS)
+        older = stop_midway(tmp_path, job, "--idempotency-key", "monday")
+        target.set_plan({"rules": [{"delay_ms": 1000}]})
+        _start_run(started, tmp_path, job, "--idempotency-key", "tuesday")
+        _wait_for("tuesday's run to send", lambda: len(_run_dirs(_runs_root(tmp_path))) == 2)
+        [live] = [run for run in _run_dirs(_runs_root(tmp_path)) if run.name != older.data["run_id"]]
+
+        refused = resume(tmp_path, older.data["run_dir"])
+
+    assert refused.exit_code == ExitCode.CONFLICT, refused.envelope
+    assert refused.error_code == "RUN_LOCKED"
+    assert refused.envelope["error"]["context"]["run_id"] == live.name  # the live run, not the one asked
 
 
 def test_a_kill_while_creating_the_run_leaves_one_run_or_none(tmp_path: Path, started: Started) -> None:
