@@ -47,8 +47,13 @@ def _render(args: argparse.Namespace) -> Result:
 
 def _options(args: argparse.Namespace) -> RunOptions:
     supervisor = getattr(args, "supervisor", None)
-    if supervisor is not None:  # a background worker: its supervisor owns signals and the deadline
-        return RunOptions(handle_signals=False, supervisor=supervisor)
+    if supervisor is not None:  # a background worker: its supervisor owns signals and the job's bounds
+        return RunOptions(
+            handle_signals=False,
+            supervisor=supervisor,
+            deadline=supervisor.deadline,
+            started_at=supervisor.started_at,
+        )
     timeout_ms = getattr(args, "timeout", None)
     return RunOptions(timeout_seconds=timeout_ms / 1000 if timeout_ms is not None else None)
 

@@ -158,12 +158,13 @@ def _start_job(
         "deadline": now + timeout_ms / 1000 if timeout_ms is not None else None,
         "previous_job": None,
     }
-    if previous is not None and not previous.cancel_requested:
-        # A lost job's continuation keeps its bounds: --timeout and the lifetime hold across workers.
+    if previous is not None and previous.state() == LOST and not previous.cancel_requested:
+        # Only the continuation of a lost job keeps its bounds (the lifetime, and the --timeout unless a
+        # new one is given). A job that ended took its deadline with it: the next call has its own.
         earlier = previous.spec()
-        spec.update(
-            created_at=earlier["created_at"], deadline=earlier["deadline"], previous_job=previous.job_id
-        )
+        spec.update(created_at=earlier["created_at"], previous_job=previous.job_id)
+        if timeout_ms is None:
+            spec["deadline"] = earlier["deadline"]
     job = JobDir.create(command, spec)
     if spool is not None:
         os.replace(spool, job.stdin_path)

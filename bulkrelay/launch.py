@@ -15,6 +15,7 @@ from bulkrelay.fingerprint import file_sha256
 from bulkrelay.inputs import STDIN_NAME
 from bulkrelay.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.lifecycle import RunOptions, continue_run, start_fresh
+from bulkrelay.liverun import live_slot
 from bulkrelay.preflight import Preflight, run_preflight
 from bulkrelay.progress import Reporter
 from bulkrelay.resume import check_resumable, preflight_for_resume, verify_unchanged
@@ -48,51 +49,66 @@ class RunRequest:
 
 
 def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
-    """Preflight, then continue the identical invocation's unfinished run or start a new one."""
+    """Preflight, then continue the identical invocation's unfinished run or start a new one.
+
+    Deciding which, and claiming it, happens inside the job's live slot: while a run of the job is
+    alive, a second caller gets RUN_LOCKED naming it, whatever its input, and never relays beside it."""
     reporter = reporter or progress.for_stderr()
     input_name = STDIN_NAME if request.from_stdin else None
     preflight = run_preflight(
         request.job, request.input_path, input_name=input_name, on_rows_read=request.options.rows_read
     )
+    try:
+        return _run_in_slot(request, preflight, reporter)
+    finally:
+        if request.from_stdin and request.input_path is not None:
+            request.input_path.unlink(missing_ok=True)  # moved into its run, or no run took it
+
+
+def _run_in_slot(request: RunRequest, preflight: Preflight, reporter: Reporter) -> Result:
     key = request.key()
-    warnings: list[EnvelopeWarning] = []
-    previous = _unfinished_run(request.runs_dir, key)
-    if previous is not None:
-        try:
-            verify_unchanged(previous, preflight)
-        except (InputChanged, ConfigChanged) as changed:
-            warnings.append(
-                EnvelopeWarning(
-                    "CHECKPOINT_DISCARDED",
-                    f"{changed.message}; started over",
-                    {"previous_run": previous.run_id, "reason": changed.code},
-                )
-            )
-            request.options.announce_warnings(warnings)  # a hand-off from here on carries it
-        else:
-            if request.from_stdin and request.input_path is not None:
-                # The run keeps its own copy of the same bytes: this one, which preflight just read
-                # and the relay must read again (the old copy is another file).
-                kept = Path(previous.manifest["input"]["path"])
-                os.replace(request.input_path, kept)
-                preflight = _with_input(preflight, kept)
-            return continue_run(previous, preflight, request.options, reporter)
-    manifest = {
-        "invocation_key": key,
-        "input_explicit": request.input_path is not None,
-        "idempotency_key": request.idempotency_key,
-    }
-    result = start_fresh(
-        preflight,
-        request.runs_dir,
-        request.options,
-        reporter,
-        manifest=manifest,
-        spooled=request.from_stdin,
-        on_created=lambda run: remember(request.runs_dir, key, run.run_id),
-    )
+    with live_slot(request.runs_dir, request.job.path) as slot:
+        previous = _unfinished_run(request.runs_dir, key)
+        warnings: list[EnvelopeWarning] = []
+        if previous is not None:
+            try:
+                verify_unchanged(previous, preflight)
+            except (InputChanged, ConfigChanged) as changed:
+                warnings.append(_discarded(previous, changed))
+                request.options.announce_warnings(warnings)  # a hand-off from here on carries it
+            else:
+                if request.from_stdin and request.input_path is not None:
+                    # The run keeps its own copy of the same bytes: this one, which preflight just read
+                    # and the relay must read again (the old copy is another file).
+                    kept = Path(previous.manifest["input"]["path"])
+                    os.replace(request.input_path, kept)
+                    preflight = _with_input(preflight, kept)
+                return continue_run(previous, preflight, request.options, reporter, slot=slot)
+        manifest = {
+            "invocation_key": key,
+            "input_explicit": request.input_path is not None,
+            "idempotency_key": request.idempotency_key,
+        }
+        result = start_fresh(
+            preflight,
+            request.runs_dir,
+            request.options,
+            reporter,
+            slot=slot,
+            manifest=manifest,
+            spooled=request.from_stdin,
+            prepare=lambda run: remember(request.runs_dir, key, run.run_id),
+        )
     result.warnings[:0] = warnings
     return result
+
+
+def _discarded(previous: RunDir, changed: InputChanged | ConfigChanged) -> EnvelopeWarning:
+    return EnvelopeWarning(
+        "CHECKPOINT_DISCARDED",
+        f"{changed.message}; started over",
+        {"previous_run": previous.run_id, "reason": changed.code},
+    )
 
 
 def _with_input(preflight: Preflight, path: Path) -> Preflight:
@@ -121,4 +137,7 @@ def resume(
     check_resumable(run)
     options.announce_run(run)
     preflight = preflight_for_resume(run, config, input_path, on_rows_read=options.rows_read)
-    return continue_run(run, preflight, options, reporter or progress.for_stderr())
+    with live_slot(run.path.parent, preflight.job.path) as slot:
+        run = RunDir.open(run_dir)  # as it is now: it may have ended while we preflighted
+        check_resumable(run)
+        return continue_run(run, preflight, options, reporter or progress.for_stderr(), slot=slot)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,6 +25,7 @@ from bulkrelay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
 from bulkrelay.errors import ExitCode, sole_error
 from bulkrelay.inputs import spool_stdin_into
+from bulkrelay.liverun import LiveSlot
 from bulkrelay.preflight import Preflight, RowsRead
 from bulkrelay.progress import CallbackReporter, FanOut, Reporter, Snapshot
 from bulkrelay.resume import config_sections, recover_start
@@ -48,6 +51,7 @@ from bulkrelay.stopping import (
     STALLED,
     TERMINATED,
     TIMEOUT,
+    IdleWatchdog,
     StopControl,
     stop_at,
     watch_signals,
@@ -89,9 +93,15 @@ class Supervisor(Protocol):
 
 @dataclass(frozen=True)
 class RunOptions:
-    timeout_seconds: float | None = None
+    """How one invocation relays. Its time limit is `--timeout` when given, else the job's
+    `max_lifetime_seconds`; both belong to the invocation (a lost job's continuation carries
+    its predecessor's over, through `deadline` and `started_at`)."""
+
+    timeout_seconds: float | None = None  # --timeout, counted from the start of the relay
     handle_signals: bool = True
     supervisor: Supervisor | None = None  # set by the background job worker (bulkrelay.worker)
+    deadline: float | None = None  # an absolute --timeout (epoch seconds), a background job's
+    started_at: float | None = None  # when the work began (epoch seconds); None: now
 
     @property
     def rows_read(self) -> RowsRead | None:
@@ -105,6 +115,20 @@ class RunOptions:
     def announce_warnings(self, warnings: Sequence[EnvelopeWarning]) -> None:
         if self.supervisor is not None and warnings:
             self.supervisor.on_warnings(warnings)
+
+
+def _time_limit(options: RunOptions, max_lifetime_seconds: float) -> tuple[float, dict[str, object]]:
+    """Seconds this relay may take, and what set them (for the TIMEOUT error's context)."""
+    now = time.time()
+    if options.deadline is not None:
+        end, limit = options.deadline, "--timeout"
+    elif options.timeout_seconds is not None:
+        end, limit = now + options.timeout_seconds, "--timeout"
+    else:
+        began = options.started_at if options.started_at is not None else now
+        end, limit = began + max_lifetime_seconds, "max_lifetime_seconds"
+    deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end))
+    return end - now, {"limit": limit, "deadline": deadline}
 
 
 def manifest_for(preflight: Preflight, extra: dict[str, Any]) -> dict[str, Any]:
@@ -133,11 +157,15 @@ async def _relay_with_stops(
 ) -> RelayOutcome:
     reporter, options, given_stop = context
     stop = given_stop or StopControl()  # made here: anyio primitives need the running loop
+    execution = preflight.job.config.execution
+    delay, limit = _time_limit(options, execution.max_lifetime_seconds)
+    idle = IdleWatchdog(execution.idle_timeout_seconds)  # every run, foreground or background
+    reporter = FanOut(reporter, CallbackReporter(lambda snapshot: idle.progressed(snapshot.done)))
     async with anyio.create_task_group() as watchers:
         if options.handle_signals:
             watchers.start_soon(watch_signals, stop)
-        if options.timeout_seconds is not None:
-            watchers.start_soon(stop_at, stop, options.timeout_seconds, TIMEOUT)
+        watchers.start_soon(partial(stop_at, stop, delay, TIMEOUT, **limit))
+        watchers.start_soon(idle.watch, stop)
         if options.supervisor is not None:
             watchers.start_soon(options.supervisor.watch, stop, preflight, run)
         outcome = await relay(preflight, run, start, stop=stop, reporter=reporter)
@@ -272,33 +300,47 @@ def start_fresh(
     options: RunOptions,
     reporter: Reporter,
     *,
+    slot: LiveSlot,
     manifest: dict[str, Any],
     spooled: bool = False,
-    on_created: Callable[[RunDir], None] | None = None,
+    prepare: Callable[[RunDir], None] | None = None,
     start: StartPoint | None = None,
 ) -> Result:
-    """Create a run directory for a preflighted job and relay it. A spooled stdin moves into the run."""
-    run = RunDir.create(runs_dir, manifest_for(preflight, {"parent_run": None, **manifest}))
-    if on_created is not None:
-        on_created(run)
+    """Create a run directory for a preflighted job and relay it, holding the job's live slot.
+
+    A spooled stdin moves into the run and `prepare` completes it (an index entry, a selection)
+    before the run appears under its own name, so a crash never leaves half a run behind."""
+
+    def complete(run: RunDir, final: Path) -> None:
+        if spooled:
+            _keep_spool(run, final, preflight.input_spec.path)
+        if prepare is not None:
+            prepare(run)
+
+    manifest = manifest_for(preflight, {"parent_run": None, **manifest})
+    run = RunDir.create(runs_dir, manifest, staging=slot.directory, before_publish=complete)
+    if spooled:  # the run reads its own copy now
+        kept = Path(run.manifest["input"]["path"])
+        preflight = replace(preflight, input_spec=replace(preflight.input_spec, path=kept))
+    slot.claim(run)
     options.announce_run(run)
-    if spooled:
-        preflight = _keep_spool(run, preflight)
     with run.locked():
         return relay_locked(preflight, run, start or StartPoint(), options=options, reporter=reporter)
 
 
-def _keep_spool(run: RunDir, preflight: Preflight) -> Preflight:
-    spool = preflight.input_spec.path
-    kept = run.path / f"input{''.join(spool.suffixes)}"
-    os.replace(spool, kept)
-    run.manifest["input"]["path"] = str(kept.resolve())
+def _keep_spool(run: RunDir, final: Path, spool: Path) -> None:
+    """Move the spooled stdin into the run being built; its manifest names where it will be."""
+    name = f"input{''.join(spool.suffixes)}"
+    os.replace(spool, run.path / name)
+    run.manifest["input"]["path"] = str(final.resolve() / name)
     run.save()
-    return replace(preflight, input_spec=replace(preflight.input_spec, path=kept))
 
 
-def continue_run(run: RunDir, preflight: Preflight, options: RunOptions, reporter: Reporter) -> Result:
+def continue_run(
+    run: RunDir, preflight: Preflight, options: RunOptions, reporter: Reporter, *, slot: LiveSlot
+) -> Result:
     """Relay what a stopped or crashed run has not committed yet; the caller checked the fingerprints."""
+    slot.claim(run)
     options.announce_run(run)
     with run.locked():
         start, warnings = recover_start(run, preflight.record_count)

@@ -16,6 +16,7 @@ from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.journal import iter_journal
 from bulkrelay.lifecycle import RunOptions, start_fresh
+from bulkrelay.liverun import live_slot
 from bulkrelay.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.resume import input_differences, input_path_for, job_path_for
 from bulkrelay.rowset import RowSet
@@ -87,15 +88,17 @@ def retry_failed(
         "input_explicit": True,
         "retry_filter": {"statuses": statuses, "classification": classification},
     }
-    result = start_fresh(
-        preflight,
-        parent.path.parent,
-        options,
-        progress.for_stderr(),
-        manifest=manifest,
-        on_created=lambda child: save_selection(child.path, selection, child.storage),
-        start=StartPoint(done_rows=selection.complement(), total=len(selection)),
-    )
+    with live_slot(parent.path.parent, preflight.job.path) as slot:
+        result = start_fresh(
+            preflight,
+            parent.path.parent,
+            options,
+            progress.for_stderr(),
+            slot=slot,
+            manifest=manifest,
+            prepare=lambda child: save_selection(child.path, selection, child.storage),
+            start=StartPoint(done_rows=selection.complement(), total=len(selection)),
+        )
     if isinstance(result.data, dict):
         result.data["parent_run"] = parent.run_id
     return result

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -79,14 +79,25 @@ class RunDir:
         return self.path / JOURNAL
 
     @classmethod
-    def create(cls, runs_dir: Path, manifest: dict[str, Any], storage: Storage | None = None) -> RunDir:
-        """Make a new run directory with its manifest in state `running`."""
+    def create(
+        cls,
+        runs_dir: Path,
+        manifest: dict[str, Any],
+        storage: Storage | None = None,
+        *,
+        staging: Path | None = None,
+        before_publish: Callable[[RunDir, Path], None] | None = None,
+    ) -> RunDir:
+        """Make a new run directory with its manifest in state `running`, all or nothing.
+
+        The run is built under a temporary name (in `staging`, else hidden in `runs_dir`), then
+        `before_publish(run, final_path)` completes it there (the invocation index is written last),
+        and only then is it renamed into place: a crash at any point leaves the whole run or none."""
         storage = storage or Storage()
         run_id = new_run_id()
-        path = runs_dir / run_id
         make_private_dir(runs_dir)
-        path.mkdir(mode=PRIVATE_DIR_MODE)
-        storage.fsync_dir(runs_dir)
+        building = (staging / f"new-{run_id}") if staging is not None else runs_dir / f".new-{run_id}"
+        building.mkdir(mode=PRIVATE_DIR_MODE)
         now = utc_now()
         full = {
             "version": 1,
@@ -97,11 +108,19 @@ class RunDir:
             "tool_version": __version__,
             **manifest,
         }
-        run = cls(path=path, manifest=full, storage=storage)
-        # The journal exists as long as the run does (made before run.json, whose save fsyncs the
-        # directory), so a resume can tell a journal deleted later from one never written to.
+        run = cls(path=building, manifest=full, storage=storage)
+        # The journal exists as long as the run does (made before run.json), so a resume can tell a
+        # journal deleted later from one never written to.
         storage.close(storage.open_new(run.journal_path))
         run.save()
+        final = runs_dir / run_id
+        if before_publish is not None:
+            before_publish(run, final)
+        storage.replace(building, final)
+        if building.parent != runs_dir:
+            storage.fsync_dir(building.parent)
+        storage.fsync_dir(runs_dir)
+        run.path = final
         return run
 
     @property
@@ -199,10 +218,14 @@ def run_dirs(runs_dir: Path) -> list[Path]:
     """Every directory under `runs_dir` that holds a manifest, newest first; nothing is read yet."""
     if not runs_dir.is_dir():
         return []
-    return [child for child in sorted(runs_dir.iterdir(), reverse=True) if (child / MANIFEST).is_file()]
+    return [
+        child
+        for child in sorted(runs_dir.iterdir(), reverse=True)
+        if not child.name.startswith(".") and (child / MANIFEST).is_file()  # hidden: being created
+    ]
 
 
 def list_runs(runs_dir: Path) -> list[RunDir]:
     """Every run under `runs_dir`, newest first, the public alpha's included (see `RunDir.format`);
-    directories without a manifest are skipped."""
+    directories without a manifest, and hidden ones (being created), are skipped."""
     return [RunDir.open(child, alpha_ok=True) for child in run_dirs(runs_dir)]

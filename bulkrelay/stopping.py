@@ -7,6 +7,7 @@ their results are committed. Forcing (a second SIGINT) cancels the rows in fligh
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass, field
 
 import anyio
@@ -66,7 +67,41 @@ async def watch_signals(stop: StopControl) -> None:
                 stop.request(TERMINATED)
 
 
-async def stop_at(stop: StopControl, delay_seconds: float, reason: str) -> None:
+async def stop_at(stop: StopControl, delay_seconds: float, reason: str, **detail: object) -> None:
     """Request a stop once `delay_seconds` have passed (a `--timeout`, a budget)."""
     await anyio.sleep(max(0.0, delay_seconds))
-    stop.request(reason)
+    stop.request(reason, **detail)
+
+
+# Once a run is declared stalled, rows still in flight get this long to finish; then they are cancelled.
+STALL_GRACE_SECONDS = 2.0
+_IDLE_POLL_SECONDS = 0.1
+
+
+class IdleWatchdog:
+    """Requests STALLED when committed progress has not moved for `idle_seconds`.
+
+    A stall means the rows in flight are likely stuck too (a target that holds responses), so
+    waiting for them would let the run outlive its idle timeout by up to a read timeout each:
+    they get STALL_GRACE_SECONDS to finish, then the stop is forced and they are cancelled
+    (never journaled, so the next run sends them again)."""
+
+    def __init__(self, idle_seconds: float) -> None:
+        self._idle = idle_seconds
+        self._done: int | None = None
+        self._changed_at = time.monotonic()
+
+    def progressed(self, done: int) -> None:
+        if done != self._done:
+            self._done = done
+            self._changed_at = time.monotonic()
+
+    async def watch(self, stop: StopControl) -> None:
+        self._changed_at = time.monotonic()  # idleness counts from the first send, not from preflight
+        while not stop.requested:
+            if time.monotonic() - self._changed_at >= self._idle:
+                stop.request(STALLED, idle_timeout_seconds=self._idle, grace_seconds=STALL_GRACE_SECONDS)
+            await anyio.sleep(min(_IDLE_POLL_SECONDS, self._idle))
+        if stop.reason == STALLED:
+            await anyio.sleep(STALL_GRACE_SECONDS)
+            stop.force()

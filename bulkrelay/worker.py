@@ -2,9 +2,9 @@
 
 It re-runs the command line stored in the job's spec, synchronously, with a `JobSupervisor` that
 writes the job's status as committed progress arrives and requests a stop, honoured at a safe point,
-when the job is cancelled (CANCELLED), terminated (TERMINATED), makes no progress for
-`execution.idle_timeout_seconds` (STALLED) or outlives its deadline (TIMEOUT). Then it writes the
-final envelope to `result.json`, and only then lets go of the job's lock.
+when the job is cancelled (CANCELLED) or terminated (TERMINATED). The run itself ends a stall
+(STALLED) and keeps the job's deadline (TIMEOUT), which the supervisor hands to it. Then the worker
+writes the final envelope to `result.json`, and only then lets go of the job's lock.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from bulkrelay.jobstate import ENDED, RUNNING, JobDir, acquire_lock
 from bulkrelay.preflight import Preflight
 from bulkrelay.progress import Snapshot
 from bulkrelay.rundir import RunDir
-from bulkrelay.stopping import CANCELLED, INTERRUPTED, STALLED, TERMINATED, TIMEOUT, StopControl
+from bulkrelay.stopping import CANCELLED, INTERRUPTED, TERMINATED, StopControl
 
 # The job's stage in its status: the worker has not reached preflight yet, preflight, sending.
 STARTING, PREFLIGHT, RELAY = "starting", "preflight", "relay"
@@ -38,14 +38,16 @@ _POLL_SECONDS = 0.1
 
 
 class JobSupervisor:
-    """The worker's side of a run: status file, idle watchdog, lifetime, cancel and SIGTERM."""
+    """The worker's side of a run: status file, cancel and SIGTERM; the job's time bounds.
+
+    The idle timeout and the time limit are the run's own (bulkrelay.lifecycle, for every run);
+    the supervisor hands over the job's: an absolute `--timeout` deadline and when the work began."""
 
     def __init__(self, job: JobDir, spec: dict[str, Any]) -> None:
         self._job = job
-        self._deadline: float | None = spec.get("deadline")  # absolute, from --timeout
-        self._created_at = float(spec["created_at"])
+        self.deadline: float | None = spec.get("deadline")  # absolute, from --timeout
+        self.started_at = float(spec["created_at"])  # max_lifetime_seconds counts from here
         self._snapshot: Snapshot | None = None
-        self._changed_at = time.monotonic()
         self._written_at = 0.0
         self.run_dir: str | None = None
         self.signalled: str | None = None  # TERMINATED or INTERRUPTED, set by the signal handler
@@ -75,8 +77,6 @@ class JobSupervisor:
         return None if self._snapshot is None else self._snapshot.to_dict()
 
     def on_progress(self, snapshot: Snapshot) -> None:
-        if self._snapshot is None or snapshot.done != self._snapshot.done:
-            self._changed_at = time.monotonic()
         self._snapshot = snapshot
         if time.monotonic() - self._written_at >= STATUS_INTERVAL_SECONDS:
             self.write_status()
@@ -101,30 +101,12 @@ class JobSupervisor:
         self.run_dir = str(run.path)
         self.stage = RELAY
         self.write_status()
-        execution = preflight.job.config.execution
-        deadline = self._deadline or self._created_at + execution.max_lifetime_seconds
-        idle = execution.idle_timeout_seconds
-        self._changed_at = time.monotonic()  # idleness counts from the first send, not from preflight
         while not stop.requested:
-            reason, detail = self._due(deadline, idle)
-            if reason is not None:
-                stop.request(reason, **detail)
+            if self._job.cancel_requested:
+                stop.request(CANCELLED, job_id=self._job.job_id)
+            elif self.signalled is not None:
+                stop.request(self.signalled)
             await anyio.sleep(_POLL_SECONDS)
-        if stop.reason == STALLED:
-            # Rows in flight are likely stuck too: give them one more idle period, then cancel them.
-            await anyio.sleep(idle)
-            stop.force()
-
-    def _due(self, deadline: float, idle: float) -> tuple[str | None, dict[str, object]]:
-        if self._job.cancel_requested:
-            return CANCELLED, {"job_id": self._job.job_id}
-        if self.signalled is not None:
-            return self.signalled, {}
-        if time.time() >= deadline:
-            return TIMEOUT, {"deadline": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))}
-        if time.monotonic() - self._changed_at >= idle:
-            return STALLED, {"idle_timeout_seconds": idle}
-        return None, {}
 
 
 def run_worker(job_id: str) -> Result:

@@ -386,6 +386,65 @@ def test_max_lifetime_bounds_the_job_when_no_timeout_is_given(tmp_path: Path, ta
     assert 0 < result.data["progress"]["done"] < 100
 
 
+def _job_spec(tmp_path: Path, job_id: str) -> dict[str, Any]:
+    spec: dict[str, Any] = orjson.loads((tmp_path / "state" / "jobs" / job_id / "spec.json").read_bytes())
+    return spec
+
+
+def test_a_deadline_ends_with_its_job(tmp_path: Path, target: TargetProcess) -> None:
+    job = write_job(tmp_path, target.url, rows=100, execution={"concurrency": 1})
+    first = _cli(tmp_path, "run", job, "--budget", "30s", "--timeout", "2s")
+    assert first.exit_code == ExitCode.TIMEOUT, first.envelope
+
+    longer = _cli(tmp_path, "run", job, "--budget", "30s", "--timeout", "3s")  # a deadline of its own
+
+    assert longer.exit_code == ExitCode.TIMEOUT, longer.envelope
+    assert longer.data["run_dir"] == first.data["run_dir"]  # the same run, continued
+    deadline = longer.envelope["error"]["context"]["deadline"]
+    assert deadline > first.envelope["error"]["context"]["deadline"]
+    assert _job_spec(tmp_path, longer.envelope["meta"]["job_id"])["previous_job"] is None
+    target.set_plan({})
+    unbounded = _cli(tmp_path, "run", job, "--budget", "30s")  # no --timeout: the job's lifetime
+    assert unbounded.exit_code == ExitCode.SUCCESS, unbounded.envelope
+    assert sorted(_rows_per_key(unbounded.data["run_dir"]).values()) == [1] * 100
+
+
+def test_after_a_completed_job_the_identical_call_has_a_lifetime_of_its_own(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=5, execution={"max_lifetime_seconds": 6})
+        first = _cli(tmp_path, "run", job, "--budget", "30s")
+        assert first.exit_code == ExitCode.SUCCESS, first.envelope
+        lifetime_end = _job_spec(tmp_path, first.envelope["meta"]["job_id"])["created_at"] + 6
+        while time.time() <= lifetime_end:  # until the first job's lifetime is over
+            time.sleep(0.1)
+
+        second = _cli(tmp_path, "run", job, "--budget", "30s")
+
+    assert second.exit_code == ExitCode.SUCCESS, second.envelope
+    assert second.data["run_dir"] != first.data["run_dir"]
+    assert second.data["summary"]["this_call"]["rows_committed"] == 5
+
+
+def test_the_continuation_of_a_lost_job_keeps_its_deadline(tmp_path: Path, target: TargetProcess) -> None:
+    job = write_job(tmp_path, target.url, rows=200, execution={"concurrency": 1})
+    first = _cli(tmp_path, "run", job, "--budget", "1s", "--timeout", "6s")
+    assert first.exit_code == ExitCode.INCOMPLETE
+    job_id = first.data["job_id"]
+    _wait_for_progress(tmp_path, job_id)
+    run_dir = _cli(tmp_path, "job", "status", job_id).data["run_dir"]
+    os.kill(_worker_pid(tmp_path, job_id), signal.SIGKILL)
+    while _cli(tmp_path, "job", "status", job_id).error_code != "JOB_LOST":
+        time.sleep(0.05)
+
+    again = _cli(tmp_path, "run", job, "--budget", "60s")  # 40 s of work: only the old deadline ends it
+
+    assert again.exit_code == ExitCode.TIMEOUT, again.envelope
+    assert again.data["run_dir"] == run_dir
+    continuation = _job_spec(tmp_path, again.envelope["meta"]["job_id"])
+    assert continuation["previous_job"] == job_id
+    assert continuation["deadline"] == _job_spec(tmp_path, job_id)["deadline"]
+
+
 def test_retry_failed_runs_under_the_budget_as_a_job(tmp_path: Path) -> None:
     with TargetProcess({"rules": [{"match": {"path_contains": "/items/3"}, "status": 503}]}) as target:
         job = write_job(tmp_path, target.url, rows=5)
