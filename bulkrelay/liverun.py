@@ -28,6 +28,7 @@ import orjson
 
 from bulkrelay.errors import RunLocked
 from bulkrelay.rundir import RunDir
+from bulkrelay.storage import make_private_dir, open_private
 
 LIVE_DIR = ".live"
 STAGING_PREFIX = "new-"
@@ -66,7 +67,7 @@ class LiveSlot:
 def live_slot(runs_dir: Path, job_path: Path) -> Iterator[LiveSlot]:
     """Hold the job's live lock for the block, or raise RunLocked naming the run another process relays."""
     directory = runs_dir / LIVE_DIR / job_key(job_path)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dir(directory)
     decide_fd = _open_lock(directory / "decide")
     try:
         fcntl.flock(decide_fd, fcntl.LOCK_EX)  # blocks only while another caller decides
@@ -87,7 +88,7 @@ def live_slot(runs_dir: Path, job_path: Path) -> Iterator[LiveSlot]:
 
 
 def _open_lock(path: Path) -> int:
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    return open_private(path, os.O_RDWR | os.O_CREAT)
 
 
 def _run_locked(live_fd: int, job_path: Path) -> RunLocked:
