@@ -124,13 +124,13 @@ def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf
 
 @contextmanager
 def _hand_off_on_signal() -> Iterator[Callable[[], bool]]:
-    """SIGTERM (or SIGINT) to the front before the budget ends: answer at once, the job goes on."""
+    """SIGTERM (or SIGINT, SIGHUP) to the front before the budget ends: answer at once, the job goes on."""
     received: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         yield lambda: bool(received)
     finally:
@@ -246,8 +246,9 @@ def stored_result(job: JobDir, budget_ms: int | None) -> Result:
 def incomplete(job: JobDir, budget_ms: int | None) -> Result:
     status = job.status()
     continue_command = f"bulkrelay job wait {job.job_id}"
+    state = "cancelling" if job.cancel_requested else "running"
     data = {
-        "state": "running",
+        "state": state,
         "job_id": job.job_id,
         "progress": status.get("progress") or {"done": 0, "total": None, "unit": "rows"},
         "run_dir": status.get("run_dir"),
@@ -255,9 +256,10 @@ def incomplete(job: JobDir, budget_ms: int | None) -> Result:
         "cancel_command": f"bulkrelay job cancel {job.job_id}",
     }
     waited = "" if budget_ms is None else f" after the call budget of {budget_ms} ms"
+    goes_on = "its worker has not ended yet" if state == "cancelling" else "it goes on in the background"
     error = {
         "code": "INCOMPLETE",
-        "message": f"job {job.job_id} is still running{waited}; it goes on in the background",
+        "message": f"job {job.job_id} is still {state}{waited}; {goes_on}",
         "retryable": True,
         "suggestion": continue_command,
     }
@@ -302,24 +304,30 @@ def job_status(job_id: str) -> Result:
     return incomplete(job, None)
 
 
-def job_cancel(job_id: str) -> Result:
-    """Ask the job to stop at its next safe point and wait (bounded) until it has."""
+def job_cancel(job_id: str, budget_flag_ms: int | None = None) -> Result:
+    """Ask the job to stop and abort its rows in flight; wait for its end up to the call budget.
+
+    The answer is the job's true state: `cancelled` once the worker has ended, else 14 with the
+    job `cancelling` and the command that waits for it."""
+    started = time.monotonic()
+    budget_ms = resolve_budget(budget_flag_ms, os.environ, sys.stdout.isatty())
     job = _open(job_id)
     if job.state() == ENDED:
-        return _cancel_answer(job, "ended")
+        return _cancel_answer(job, budget_ms)
     job.request_cancel()
     pid = job.worker_pid()
     if pid is not None and job.is_live():
+        # Wakes a worker still in preflight; once relaying, its supervisor reads the cancel file.
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+    deadline = started + (budget_ms / 1000 if budget_ms else CANCEL_WAIT_SECONDS)
     while job.is_live() and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)
     if job.is_live():
-        return _cancel_answer(job, "cancelling")
+        return incomplete(job, budget_ms)
     if job.result() is None:
         _cancel_lost_run(job)
-    return _cancel_answer(job, "cancelled")
+    return _cancel_answer(job, budget_ms)
 
 
 def _cancel_lost_run(job: JobDir) -> None:
@@ -332,15 +340,18 @@ def _cancel_lost_run(job: JobDir) -> None:
                 run.set_state(CANCELLED, stop_reason="cancelled", pid=None)
 
 
-def _cancel_answer(job: JobDir, state: str) -> Result:
+def _cancel_answer(job: JobDir, budget_ms: int | None) -> Result:
+    """A job that has ended: `cancelled` when its run was (or a lost worker's run now is), else `ended`."""
     stored = job.result()
     envelope = stored["envelope"] if stored else None
     run_data = envelope["data"] if envelope and isinstance(envelope["data"], dict) else {}
+    run_state = run_data.get("state") if stored else CANCELLED
     data = {
         "job_id": job.job_id,
-        "state": state,
+        "state": "cancelled" if run_state == CANCELLED else "ended",
         "run_dir": run_data.get("run_dir") or job.status().get("run_dir"),
-        "run_state": run_data.get("state"),
+        "run_state": run_state,
         "job_exit_code": stored["exit_code"] if stored else None,
     }
-    return Result(data=data, kind="job")
+    meta = {} if budget_ms is None else {"budget_ms": budget_ms}
+    return Result(data=data, meta=meta, kind="job")

@@ -2,8 +2,9 @@
 
 It re-runs the command line stored in the job's spec, synchronously, with a `JobSupervisor` that
 writes the job's status as committed progress arrives and requests a stop, honoured at a safe point,
-when the job is cancelled (CANCELLED), terminated (TERMINATED), makes no progress for
-`execution.idle_timeout_seconds` (STALLED) or outlives its deadline (TIMEOUT). Then it writes the
+when the job is terminated (SIGTERM or SIGHUP), makes no progress for
+`execution.idle_timeout_seconds` (STALLED) or outlives its deadline (TIMEOUT); when it is cancelled
+(CANCELLED) the rows in flight are aborted too. Then it writes the
 final envelope to `result.json`, and only then lets go of the job's lock.
 """
 
@@ -85,10 +86,19 @@ class JobSupervisor:
             if reason is not None:
                 stop.request(reason, **detail)
             await anyio.sleep(_POLL_SECONDS)
-        if stop.reason == STALLED:
-            # Rows in flight are likely stuck too: give them one more idle period, then cancel them.
-            await anyio.sleep(idle)
-            stop.force()
+        await self._force_when_due(stop, idle)
+
+    async def _force_when_due(self, stop: StopControl, idle: float) -> None:
+        """Cancel the rows in flight when waiting for them would be wrong.
+
+        `job cancel` aborts them at once (they are not journaled; the caller waits on a budget).
+        After STALLED they are likely stuck too: they get one more idle period first."""
+        force_at = time.monotonic() + idle if stop.reason == STALLED else None
+        while not stop.forced:
+            if self._job.cancel_requested or (force_at is not None and time.monotonic() >= force_at):
+                stop.force()
+                return
+            await anyio.sleep(_POLL_SECONDS)
 
     def _due(self, deadline: float, idle: float) -> tuple[str | None, dict[str, object]]:
         if self._job.cancel_requested:
@@ -115,6 +125,7 @@ def run_worker(job_id: str) -> Result:
         supervisor = JobSupervisor(job, spec)
         signal.signal(signal.SIGTERM, supervisor.on_signal)
         signal.signal(signal.SIGINT, supervisor.on_signal)
+        signal.signal(signal.SIGHUP, supervisor.on_signal)  # handled like SIGTERM
         started = time.monotonic()
         result = _run_command(list(spec["argv"]), supervisor)
         envelope = to_envelope(result, duration_ms=round((time.monotonic() - started) * 1000))
