@@ -28,7 +28,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 from typing_extensions import TypeAliasType
 
-from bulkrelay.errors import ConfigInvalid, NotFound, Problem
+from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.template import SecretRef, compile_template
 from bulkrelay.yamlload import LineMap, format_path, load_yaml
 from bulkrelay.yamlload import Path as YamlPath
@@ -385,6 +385,12 @@ def load_job(path: Path) -> Job:
         text = resolved.read_text(encoding="utf-8-sig")
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise NotFound(f"job file not found: {path}", context={"path": str(path)}) from None
+    except OSError as exc:  # permission denied, an I/O error: there, but not readable by us
+        raise JobFileUnreadable(
+            f"cannot read job file {path}: {exc.strerror or exc}",
+            context={"path": str(path), "errno": exc.errno, "os_error": exc.strerror},
+            suggestion="check the file's permissions, or run as the user who owns it",
+        ) from None
     except UnicodeDecodeError as exc:
         raise ConfigInvalid([Problem(f"not UTF-8 text ({exc.reason})", file=str(path))]) from None
     return Job(parse_job(text, file=str(path)), resolved, resolved.parent)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay.atomic import read_json, write_atomic, write_json_atomic
-from bulkrelay.errors import BulkRelayError, NotFound
+from bulkrelay.errors import BulkRelayError, NotFound, StateDirUnwritable
 from bulkrelay.rundir import lock_is_held
 
 RETENTION_ENV = "BULKRELAY_JOB_RETENTION_SECONDS"
@@ -57,7 +57,16 @@ def state_dir() -> Path:
 
 def jobs_root() -> Path:
     root = state_dir() / "jobs"
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(13, os.strerror(13))
+    except OSError as exc:
+        raise StateDirUnwritable(
+            f"cannot use the job state directory {root}: {exc.strerror or exc}",
+            context={"state_dir": str(root.parent), "errno": exc.errno, "os_error": exc.strerror},
+            suggestion="set BULKRELAY_STATE_DIR (or XDG_STATE_HOME) to a directory you can write",
+        ) from None
     return root
 
 

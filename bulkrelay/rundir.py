@@ -22,7 +22,7 @@ from typing import Any
 
 from bulkrelay import __version__
 from bulkrelay.atomic import read_json, write_json_atomic
-from bulkrelay.errors import NotFound, RunLocked
+from bulkrelay.errors import NotFound, RunLocked, RunLockNotOurs, RunsDirUnwritable
 from bulkrelay.storage import Storage
 
 MANIFEST = "run.json"
@@ -83,7 +83,10 @@ class RunDir:
         storage = storage or Storage()
         run_id = new_run_id()
         path = runs_dir / run_id
-        path.mkdir(parents=True, exist_ok=False)
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+        except OSError as exc:
+            raise _runs_dir_unwritable(runs_dir, exc) from None
         storage.fsync_dir(runs_dir)
         now = utc_now()
         full = {
@@ -119,7 +122,10 @@ class RunDir:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the run's lock for the duration; the OS releases it if the process dies."""
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError as exc:
+            raise self._lock_not_ours(exc) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -135,6 +141,26 @@ class RunDir:
         finally:
             os.close(fd)  # closing drops the flock
 
+    def _lock_not_ours(self, exc: OSError) -> RunLockNotOurs:
+        lock = self.path / LOCK
+        try:
+            owner: int | None = lock.stat().st_uid
+        except OSError:
+            owner = None
+        return RunLockNotOurs(
+            f"run {self.run_id}: cannot open its lock {lock}: {exc.strerror}; the run belongs to uid {owner}",
+            context={"run_dir": str(self.path), "lock": str(lock), "owner_uid": owner, "uid": os.geteuid()},
+            suggestion="continue the run as the user who owns it",
+        )
+
+
+def _runs_dir_unwritable(runs_dir: Path, exc: OSError) -> RunsDirUnwritable:
+    return RunsDirUnwritable(
+        f"cannot create a run directory under {runs_dir}: {exc.strerror or exc}",
+        context={"runs_dir": str(runs_dir), "errno": exc.errno, "os_error": exc.strerror},
+        suggestion="use a writable directory: --runs-dir DIR or BULKRELAY_RUNS_DIR",
+    )
+
 
 def is_locked(path: Path) -> bool:
     """Whether some process holds the run's lock right now (read-only probe)."""
@@ -147,6 +173,8 @@ def lock_is_held(lock_file: Path) -> bool:
         fd = os.open(lock_file, os.O_RDONLY)
     except FileNotFoundError:
         return False
+    except PermissionError:  # another user's lock: we cannot tell, so assume its owner holds it
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
