@@ -200,7 +200,7 @@ def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Res
         kind="error",
         error={
             "code": code,
-            "message": f"stopped by {name} before or after the relay (start-up, preflight or wrap-up)",
+            "message": f"stopped by {name} while no row was in flight (start-up, preflight or wrap-up)",
             "retryable": True,
             "suggestion": "run the same command again: it continues any run this one left unfinished",
         },
