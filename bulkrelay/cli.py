@@ -7,10 +7,14 @@ exactly one envelope, whatever happens, including usage errors and unexpected ex
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 from bulkrelay import __version__
@@ -177,11 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     for action, text in (
         ("wait", "wait up to the budget for a job's result"),
         ("status", "a job's state at once"),
-        ("cancel", "stop a job at its next safe point"),
+        ("cancel", "stop a job, aborting its requests in flight; wait for its end up to the budget"),
     ):
         jp = job_sub.add_parser(action, help=text)
         jp.add_argument("job_id", metavar="JOB_ID")
-        if action == "wait":
+        if action in ("wait", "cancel"):
             _add_global(jp, "--budget", type=_duration, metavar="DUR", help="how long to hold the call")
 
     p = sub.add_parser("demo", help="run an example job against an embedded local target")
@@ -234,7 +238,35 @@ def _command_name(args: argparse.Namespace) -> str:
     return str(args.command)
 
 
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP outside the relay (start-up, preflight): end there, still with an envelope.
+
+    The relay, the budget's front process and a job's worker install their own handlers meanwhile,
+    so there the signal stops the work at a safe point instead."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
+def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
+    raise _Terminated(signum)
+
+
+def _open_closed_stdout() -> None:
+    """A closed stdout (`bulkrelay ... >&-`) becomes /dev/null: the command runs and exits with its code."""
+    if sys.stdout is None:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        if fd != 1:
+            os.dup2(fd, 1)
+            os.close(fd)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - lives as long as the process
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    for handled in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(handled, _raise_terminated)
+    _open_closed_stdout()
     argv = list(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
     as_json = json_mode(argv)
@@ -248,18 +280,42 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BulkRelayError as exc:
         result = Result.from_error(exc)
     except KeyboardInterrupt:
-        result = Result(
-            exit_code=ExitCode.SIGINT,
-            kind="error",
-            error={"code": "INTERRUPTED", "message": "interrupted", "retryable": True},
-        )
+        result = _stopped_outside_the_relay("INTERRUPTED", ExitCode.SIGINT, "SIGINT")
+    except _Terminated as signalled:
+        result = _stopped_outside_the_relay("TERMINATED", ExitCode.SIGTERM, signalled.name)
     except Exception as exc:  # the one place an unexpected failure becomes an answer
         result = Result.from_unexpected(exc)
     emit(result, started=started, as_json=as_json)
     sys.exit(int(result.exit_code))
 
 
+def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Result:
+    return Result(
+        exit_code=exit_code,
+        kind="error",
+        error={
+            "code": code,
+            "message": f"stopped by {name} while no row was in flight (start-up, preflight or wrap-up)",
+            "retryable": True,
+            "suggestion": "run the same command again: it continues any run this one left unfinished",
+        },
+    )
+
+
 def emit(result: Result, *, started: float, as_json: bool) -> None:
+    """Print the result; a reader that went away (EPIPE) costs the answer, never the exit code."""
+    try:
+        _write_result(result, started=started, as_json=as_json)
+    except OSError as exc:  # EPIPE, or EIO from a terminal that hung up
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # so the interpreter's last flush of stdout has somewhere to go
+        os.close(devnull)
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.write(f"bulkrelay: the answer was not delivered: stdout: {exc.strerror or exc}\n")
+            sys.stderr.flush()
+
+
+def _write_result(result: Result, *, started: float, as_json: bool) -> None:
     duration_ms = result.meta.pop("work_duration_ms", None)
     if duration_ms is None:
         duration_ms = round((time.monotonic() - started) * 1000)

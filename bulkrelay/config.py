@@ -31,7 +31,7 @@ from pydantic_core import ErrorDetails
 from typing_extensions import TypeAliasType
 
 from bulkrelay.alphacompat import upgrade_alpha_spellings
-from bulkrelay.errors import ConfigInvalid, NotFound, Problem
+from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.template import FieldRef, SecretRef, compile_template
 from bulkrelay.transport import header_value_refusal, wire_url
 from bulkrelay.yamlload import LineMap, format_path, load_yaml
@@ -467,6 +467,12 @@ def load_job(path: Path) -> Job:
         text = resolved.read_text(encoding="utf-8-sig")
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise NotFound(f"job file not found: {path}", context={"path": str(path)}) from None
+    except OSError as exc:  # permission denied, an I/O error: there, but not readable by us
+        raise JobFileUnreadable(
+            f"cannot read job file {path}: {exc.strerror or exc}",
+            context={"path": str(path), "errno": exc.errno, "os_error": exc.strerror},
+            suggestion="check the file's permissions, or run as the user who owns it",
+        ) from None
     except UnicodeDecodeError as exc:
         raise ConfigInvalid([Problem(f"not UTF-8 text ({exc.reason})", file=str(path))]) from None
     config, lines, deprecations = _parse_job(text, file=str(path))

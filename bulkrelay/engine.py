@@ -98,11 +98,14 @@ class RelayOutcome:
 
 
 class _FailureStreak:
-    """Holds back the results of a run of consecutive transport errors and 5xx.
+    """Holds back the results of a run of consecutive transport errors and 5xx, counted in row order.
 
-    When the streak reaches `halt.consecutive_failures` the target looks down: the run halts
-    and the held rows are never journaled, so a resume sends them again. Any other outcome
-    ends the streak and releases the held results to the journal as ordinary failures.
+    Rows complete out of order (a window of workers), so arrival order would let a late success of
+    an earlier row end a streak that follows it, and journal 503s of a target that is down as final.
+    The streak is therefore the failures of rows after the last row, in row order, that ended
+    otherwise (the breaker); a row still in flight does not break it. When the streak reaches
+    `halt.consecutive_failures` the run halts and the held rows are never journaled, so a resume
+    sends them again. A breaker releases the held failures before it (in row order) as final.
     """
 
     _STREAK_CLASSES = frozenset({"http_server_error", "timeout_error", "connect_error", "protocol_error"})
@@ -110,15 +113,21 @@ class _FailureStreak:
     def __init__(self, limit: int, stop: StopControl) -> None:
         self._limit = limit
         self._stop = stop
-        self._held: list[dict[str, Any]] = []
+        self._held: list[dict[str, Any]] = []  # all after the breaker, in completion order
+        self._breaker = 0  # the highest row number that ended other than in a streak failure
 
     def admit(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
         """The entries to journal now, given one more final result."""
         if self._stop.reason == HALT_UNAVAILABLE:
             return [entry] if entry["success"] else []
+        row = int(entry["row_number"])
         if entry["classification"] not in self._STREAK_CLASSES:
-            released, self._held = [*self._held, entry], []
-            return released
+            self._breaker = max(self._breaker, row)
+            released = [held for held in self._held if held["row_number"] < row]
+            self._held = [held for held in self._held if held["row_number"] > row]
+            return [*released, entry]
+        if row < self._breaker:
+            return [entry]  # a later row already ended otherwise: this failure belongs to no streak
         self._held.append(entry)
         if self._limit > 0 and len(self._held) >= self._limit:
             self._stop.request(

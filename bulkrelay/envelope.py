@@ -54,6 +54,7 @@ class Result:
 
     @classmethod
     def from_error(cls, exc: BulkRelayError, *, data: Any = None) -> Result:
+        data = exc.data if data is None else data
         return cls(data=data, exit_code=exc.exit_code, error=exc.to_dict(), kind="error")
 
     @classmethod

@@ -5,6 +5,7 @@
     ├── ConfigInvalid                   CONFIG_INVALID       2 ARG_ERROR
     ├── InputInvalid                    INPUT_INVALID        2 ARG_ERROR
     ├── NotFound                        NOT_FOUND            5 NOT_FOUND
+    │   └── JobFileUnreadable           JOB_FILE_UNREADABLE
     ├── PreconditionFailed                                   4 PRECONDITION
     │   ├── SecretMissing               SECRET_MISSING
     │   ├── SecretInvalid               SECRET_INVALID
@@ -13,8 +14,11 @@
     │   ├── JournalCorrupt              JOURNAL_CORRUPT
     │   ├── RunNotResumable             RUN_NOT_RESUMABLE
     │   ├── RunDirUnsafe                RUN_DIR_UNSAFE
-    │   └── TlsUnavailable              TLS_UNAVAILABLE
+    │   ├── TlsUnavailable              TLS_UNAVAILABLE
+    │   ├── RunsDirUnwritable           RUNS_DIR_UNWRITABLE
+    │   └── StateDirUnwritable          STATE_DIR_UNWRITABLE
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
+    │   └── RunLockNotOurs              RUN_LOCK_NOT_OURS
     ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
     └── JobLost                         JOB_LOST             1 GENERAL_ERROR
 
@@ -83,6 +87,7 @@ class BulkRelayError(Exception):
     code = "GENERAL_ERROR"
     exit_code = ExitCode.GENERAL_ERROR
     retryable = False
+    data: dict[str, Any] | None = None  # the envelope's `data` when the error leaves something to act on
 
     def __init__(
         self,
@@ -145,6 +150,12 @@ class NotFound(BulkRelayError):
     exit_code = ExitCode.NOT_FOUND
 
 
+class JobFileUnreadable(NotFound):
+    """The job file exists but cannot be read (permission denied): for this user it is not there."""
+
+    code = "JOB_FILE_UNREADABLE"
+
+
 class PreconditionFailed(BulkRelayError):
     exit_code = ExitCode.PRECONDITION
 
@@ -187,10 +198,29 @@ class TlsUnavailable(PreconditionFailed):
     code = "TLS_UNAVAILABLE"
 
 
+class RunsDirUnwritable(PreconditionFailed):
+    """No run directory can be made under the runs dir (permission denied, a file in the way, ...)."""
+
+    code = "RUNS_DIR_UNWRITABLE"
+
+
+class StateDirUnwritable(PreconditionFailed):
+    """The per-user state directory of background jobs cannot be made or written."""
+
+    code = "STATE_DIR_UNWRITABLE"
+
+
 class RunLocked(BulkRelayError):
     code = "RUN_LOCKED"
     exit_code = ExitCode.CONFLICT
     retryable = True
+
+
+class RunLockNotOurs(RunLocked):
+    """The run's lock file cannot even be opened: it belongs to another user, who owns the run."""
+
+    code = "RUN_LOCK_NOT_OURS"
+    retryable = False
 
 
 class StorageFailed(BulkRelayError):

@@ -158,6 +158,6 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "demo": _demo,
     "job wait": lambda args: jobs.job_wait(args.job_id, args.budget),
     "job status": lambda args: jobs.job_status(args.job_id),
-    "job cancel": lambda args: jobs.job_cancel(args.job_id),
+    "job cancel": lambda args: jobs.job_cancel(args.job_id, args.budget),
     "_job-worker": lambda args: worker.run_worker(args.job_id),
 }

@@ -55,5 +55,5 @@ def remember(runs_dir: Path, key: str, run_id: str) -> None:
 def last_run_id(runs_dir: Path, key: str) -> str | None:
     try:
         return (runs_dir / INDEX_DIR / key).read_text().strip() or None
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no runs dir (yet): creating a run says why
         return None

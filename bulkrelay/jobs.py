@@ -125,14 +125,14 @@ def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf
 
 @contextmanager
 def _hand_off_on_signal() -> Iterator[Callable[[], str | None]]:
-    """SIGTERM (or SIGINT) to the front before the budget ends: answer at once, the job goes on.
+    """SIGTERM (or SIGINT, SIGHUP) to the front before the budget ends: answer at once, the job goes on.
     Yields a function naming the first signal received, or None."""
     received: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         yield lambda: signal.Signals(received[0]).name if received else None
     finally:
@@ -256,8 +256,9 @@ def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None 
     directory once that exists), the warnings it met so far, and why the call let go of it."""
     status = job.status()
     continue_command = f"bulkrelay job wait {job.job_id}"
+    state = "cancelling" if job.cancel_requested else "running"
     data: dict[str, Any] = {
-        "state": "running",
+        "state": state,
         "stage": status.get("stage") or "starting",
         "job_id": job.job_id,
         "progress": status.get("progress") or {"done": 0, "total": None, "unit": "rows"},
@@ -267,10 +268,11 @@ def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None 
     }
     if data["stage"] == "preflight":
         data["rows_read"] = status.get("rows_read") or 0
-    why = _why_incomplete(budget_ms, handed_off_on)
+    why = _why_incomplete(state, budget_ms, handed_off_on)
+    goes_on = "its worker has not ended yet" if state == "cancelling" else "it goes on in the background"
     error: dict[str, Any] = {
         "code": "INCOMPLETE",
-        "message": f"job {job.job_id} {why}; it goes on in the background",
+        "message": f"job {job.job_id} {why}; {goes_on}",
         "retryable": True,
         "suggestion": continue_command,
     }
@@ -289,12 +291,12 @@ def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None 
     )
 
 
-def _why_incomplete(budget_ms: int | None, handed_off_on: str | None) -> str:
+def _why_incomplete(state: str, budget_ms: int | None, handed_off_on: str | None) -> str:
     if handed_off_on is not None:
         return f"was handed off on {handed_off_on}"
     if budget_ms is not None:
-        return f"is still running after the call budget of {budget_ms} ms"
-    return "is still running"
+        return f"is still {state} after the call budget of {budget_ms} ms"
+    return f"is still {state}"
 
 
 def job_lost(job: JobDir) -> JobLost:
@@ -332,24 +334,30 @@ def job_status(job_id: str) -> Result:
     return incomplete(job, None)
 
 
-def job_cancel(job_id: str) -> Result:
-    """Ask the job to stop at its next safe point and wait (bounded) until it has."""
+def job_cancel(job_id: str, budget_flag_ms: int | None = None) -> Result:
+    """Ask the job to stop and abort its rows in flight; wait for its end up to the call budget.
+
+    The answer is the job's true state: `cancelled` once the worker has ended, else 14 with the
+    job `cancelling` and the command that waits for it."""
+    started = time.monotonic()
+    budget_ms = resolve_budget(budget_flag_ms, os.environ, sys.stdout.isatty())
     job = _open(job_id)
     if job.state() == ENDED:
-        return _cancel_answer(job, "ended")
+        return _cancel_answer(job, budget_ms)
     job.request_cancel()
     pid = job.worker_pid()
     if pid is not None and job.is_live():
+        # Wakes a worker still in preflight; once relaying, its supervisor reads the cancel file.
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+    deadline = started + (budget_ms / 1000 if budget_ms else CANCEL_WAIT_SECONDS)
     while job.is_live() and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)
     if job.is_live():
-        return _cancel_answer(job, "cancelling")
+        return incomplete(job, budget_ms)
     if job.result() is None:
         _cancel_lost_run(job)
-    return _cancel_answer(job, "cancelled")
+    return _cancel_answer(job, budget_ms)
 
 
 def _cancel_lost_run(job: JobDir) -> None:
@@ -362,15 +370,18 @@ def _cancel_lost_run(job: JobDir) -> None:
                 run.set_state(CANCELLED, stop_reason="cancelled", pid=None)
 
 
-def _cancel_answer(job: JobDir, state: str) -> Result:
+def _cancel_answer(job: JobDir, budget_ms: int | None) -> Result:
+    """A job that has ended: `cancelled` when its run was (or a lost worker's run now is), else `ended`."""
     stored = job.result()
     envelope = stored["envelope"] if stored else None
     run_data = envelope["data"] if envelope and isinstance(envelope["data"], dict) else {}
+    run_state = run_data.get("state") if stored else CANCELLED
     data = {
         "job_id": job.job_id,
-        "state": state,
+        "state": "cancelled" if run_state == CANCELLED else "ended",
         "run_dir": run_data.get("run_dir") or job.status().get("run_dir"),
-        "run_state": run_data.get("state"),
+        "run_state": run_state,
         "job_exit_code": stored["exit_code"] if stored else None,
     }
-    return Result(data=data, kind="job")
+    meta = {} if budget_ms is None else {"budget_ms": budget_ms}
+    return Result(data=data, meta=meta, kind="job")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay.atomic import read_json, write_atomic, write_json_atomic
-from bulkrelay.errors import BulkRelayError, NotFound, UsageError
+from bulkrelay.errors import BulkRelayError, NotFound, StateDirUnwritable, UsageError
 from bulkrelay.rundir import lock_is_held
 from bulkrelay.storage import PRIVATE_DIR_MODE, make_private_dir, open_private
 
@@ -63,7 +63,16 @@ def state_dir() -> Path:
 
 def jobs_root() -> Path:
     root = state_dir() / "jobs"
-    make_private_dir(root)  # the state dir too, when BulkRelay is the one making it
+    try:
+        make_private_dir(root)  # the state dir too, when BulkRelay is the one making it
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(13, os.strerror(13))
+    except OSError as exc:
+        raise StateDirUnwritable(
+            f"cannot use the job state directory {root}: {exc.strerror or exc}",
+            context={"state_dir": str(root.parent), "errno": exc.errno, "os_error": exc.strerror},
+            suggestion="set BULKRELAY_STATE_DIR (or XDG_STATE_HOME) to a directory you can write",
+        ) from None
     return root
 
 

@@ -23,7 +23,7 @@ import anyio
 from bulkrelay.atomic import write_json_atomic
 from bulkrelay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
-from bulkrelay.errors import ExitCode, sole_error
+from bulkrelay.errors import ExitCode, StorageFailed, sole_error
 from bulkrelay.inputs import spool_stdin_into
 from bulkrelay.liverun import LiveSlot
 from bulkrelay.preflight import Preflight, RowsRead
@@ -183,22 +183,32 @@ def relay_locked(
     stop: StopControl | None = None,
 ) -> Result:
     """Relay with the run's lock already held and turn the outcome into the command's result."""
-    run.set_state(RUNNING, pid=os.getpid())
-    if options.supervisor is not None:
-        reporter = FanOut(reporter, CallbackReporter(options.supervisor.on_progress))
     try:
-        outcome = anyio.run(
-            _relay_with_stops,
-            preflight,
-            run,
-            start,
-            (reporter, options, stop),
-            backend_options={"use_uvloop": True},
-        )
-    except BaseExceptionGroup as group:
-        raise sole_error(group) from None
-    finally:
-        reporter.close()
+        run.set_state(RUNNING, pid=os.getpid())
+        if options.supervisor is not None:
+            reporter = FanOut(reporter, CallbackReporter(options.supervisor.on_progress))
+        try:
+            outcome = anyio.run(
+                _relay_with_stops,
+                preflight,
+                run,
+                start,
+                (reporter, options, stop),
+                backend_options={"use_uvloop": True},
+            )
+        except BaseExceptionGroup as group:
+            raise sole_error(group) from None
+        finally:
+            reporter.close()
+    except StorageFailed as failed:
+        # Committed rows are safe; the rest is resumable once the disk is fixed: say where and how.
+        failed.data = {
+            "run_id": run.run_id,
+            "run_dir": str(run.path),
+            "continue_command": continue_command(run),
+        }
+        failed.suggestion = failed.suggestion or f"fix the disk, then: {continue_command(run)}"
+        raise
     result = _conclude(preflight, run, outcome)
     result.warnings[:0] = deprecation_warnings(preflight.job.deprecations)
     return result

@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 
 from bulkrelay.errors import RunLocked
-from bulkrelay.rundir import RunDir
+from bulkrelay.rundir import RunDir, runs_dir_unwritable
 from bulkrelay.storage import make_private_dir, open_private
 
 LIVE_DIR = ".live"
@@ -67,8 +67,11 @@ class LiveSlot:
 def live_slot(runs_dir: Path, job_path: Path) -> Iterator[LiveSlot]:
     """Hold the job's live lock for the block, or raise RunLocked naming the run another process relays."""
     directory = runs_dir / LIVE_DIR / job_key(job_path)
-    make_private_dir(directory)
-    decide_fd = _open_lock(directory / "decide")
+    try:
+        make_private_dir(directory)
+        decide_fd = _open_lock(directory / "decide")
+    except OSError as exc:  # RunDirUnsafe (a link) is not an OSError: it goes up as it is
+        raise runs_dir_unwritable(runs_dir, exc) from None
     try:
         fcntl.flock(decide_fd, fcntl.LOCK_EX)  # blocks only while another caller decides
         live_fd = _open_lock(directory / "live")

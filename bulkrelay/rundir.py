@@ -22,7 +22,7 @@ from typing import Any
 
 from bulkrelay import __version__
 from bulkrelay.atomic import read_json, write_json_atomic
-from bulkrelay.errors import NotFound, RunLocked, RunNotResumable
+from bulkrelay.errors import NotFound, RunLocked, RunLockNotOurs, RunNotResumable, RunsDirUnwritable
 from bulkrelay.storage import PRIVATE_DIR_MODE, Storage, make_private_dir, open_private, refuse_links
 
 MANIFEST = "run.json"
@@ -95,9 +95,12 @@ class RunDir:
         and only then is it renamed into place: a crash at any point leaves the whole run or none."""
         storage = storage or Storage()
         run_id = new_run_id()
-        make_private_dir(runs_dir)
         building = (staging / f"new-{run_id}") if staging is not None else runs_dir / f".new-{run_id}"
-        building.mkdir(mode=PRIVATE_DIR_MODE)
+        try:
+            make_private_dir(runs_dir)
+            building.mkdir(mode=PRIVATE_DIR_MODE)
+        except OSError as exc:
+            raise runs_dir_unwritable(runs_dir, exc) from None
         now = utc_now()
         full = {
             "version": 1,
@@ -152,7 +155,10 @@ class RunDir:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the run's lock for the duration; the OS releases it if the process dies."""
-        fd = open_private(self.path / LOCK, os.O_RDWR | os.O_CREAT)
+        try:
+            fd = open_private(self.path / LOCK, os.O_RDWR | os.O_CREAT)
+        except PermissionError as exc:
+            raise self._lock_not_ours(exc) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -167,6 +173,26 @@ class RunDir:
             yield
         finally:
             os.close(fd)  # closing drops the flock
+
+    def _lock_not_ours(self, exc: OSError) -> RunLockNotOurs:
+        lock = self.path / LOCK
+        try:
+            owner: int | None = lock.stat().st_uid
+        except OSError:
+            owner = None
+        return RunLockNotOurs(
+            f"run {self.run_id}: cannot open its lock {lock}: {exc.strerror}; the run belongs to uid {owner}",
+            context={"run_dir": str(self.path), "lock": str(lock), "owner_uid": owner, "uid": os.geteuid()},
+            suggestion="continue the run as the user who owns it",
+        )
+
+
+def runs_dir_unwritable(runs_dir: Path, exc: OSError) -> RunsDirUnwritable:
+    return RunsDirUnwritable(
+        f"cannot create a run directory under {runs_dir}: {exc.strerror or exc}",
+        context={"runs_dir": str(runs_dir), "errno": exc.errno, "os_error": exc.strerror},
+        suggestion="use a writable directory: --runs-dir DIR or BULKRELAY_RUNS_DIR",
+    )
 
 
 def is_alpha_manifest(manifest: dict[str, Any]) -> bool:
@@ -205,6 +231,8 @@ def lock_is_held(lock_file: Path) -> bool:
         fd = open_private(lock_file, os.O_RDONLY)
     except FileNotFoundError:
         return False
+    except PermissionError:  # another user's lock: we cannot tell, so assume its owner holds it
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

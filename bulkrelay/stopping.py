@@ -14,7 +14,7 @@ import anyio
 
 # Why a run stopped before its end; each maps to a run state and an exit code in the CLI.
 INTERRUPTED = "interrupted"  # SIGINT
-TERMINATED = "terminated"  # SIGTERM
+TERMINATED = "terminated"  # SIGTERM or SIGHUP
 TIMEOUT = "timeout"  # --timeout or max_lifetime_seconds
 HALT_AUTH = "halt_auth"  # a status in halt.on_statuses
 HALT_UNAVAILABLE = "halt_unavailable"  # halt.consecutive_failures reached
@@ -56,15 +56,15 @@ class StopControl:
 
 
 async def watch_signals(stop: StopControl) -> None:
-    """SIGINT and SIGTERM request a stop; a second SIGINT forces it."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    """SIGINT, SIGTERM and SIGHUP (handled like SIGTERM) request a stop; a second SIGINT forces it."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async for signum in signals:
             if signum == signal.SIGINT:
                 if stop.requested:
                     stop.force()
                 stop.request(INTERRUPTED)
             else:
-                stop.request(TERMINATED)
+                stop.request(TERMINATED, signal=signal.Signals(signum).name)
 
 
 async def stop_at(stop: StopControl, delay_seconds: float, reason: str, **detail: object) -> None:

@@ -2,9 +2,10 @@
 
 It re-runs the command line stored in the job's spec, synchronously, with a `JobSupervisor` that
 writes the job's status as committed progress arrives and requests a stop, honoured at a safe point,
-when the job is cancelled (CANCELLED) or terminated (TERMINATED). The run itself ends a stall
-(STALLED) and keeps the job's deadline (TIMEOUT), which the supervisor hands to it. Then the worker
-writes the final envelope to `result.json`, and only then lets go of the job's lock.
+when the job is cancelled (CANCELLED: the rows in flight are aborted too) or terminated (TERMINATED,
+on SIGTERM or SIGHUP). The run itself ends a stall (STALLED) and keeps the job's deadline (TIMEOUT),
+which the supervisor hands to it. Then the worker writes the final envelope to `result.json`, and only
+then lets go of the job's lock.
 """
 
 from __future__ import annotations
@@ -107,6 +108,16 @@ class JobSupervisor:
             elif self.signalled is not None:
                 stop.request(self.signalled)
             await anyio.sleep(_POLL_SECONDS)
+        await self._abort_when_cancelled(stop)
+
+    async def _abort_when_cancelled(self, stop: StopControl) -> None:
+        """`job cancel` aborts the rows in flight at once: they are not journaled, and the caller waits
+        on a budget. (A stall is the run's own to force, after its grace: bulkrelay.stopping.)"""
+        while not stop.forced:
+            if self._job.cancel_requested:
+                stop.force()
+                return
+            await anyio.sleep(_POLL_SECONDS)
 
 
 def run_worker(job_id: str) -> Result:
@@ -122,6 +133,7 @@ def run_worker(job_id: str) -> Result:
         supervisor = JobSupervisor(job, spec)
         signal.signal(signal.SIGTERM, supervisor.on_signal)
         signal.signal(signal.SIGINT, supervisor.on_signal)
+        signal.signal(signal.SIGHUP, supervisor.on_signal)  # handled like SIGTERM
         started = time.monotonic()
         result = _run_command(list(spec["argv"]), supervisor)
         envelope = to_envelope(result, duration_ms=round((time.monotonic() - started) * 1000))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ def run_cli(
     env: dict[str, str] | None = None,
     stdin: bytes | None = None,
     timeout: float = 120,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> CliResult:
     proc = subprocess.run(
         [sys.executable, "-m", "bulkrelay", *map(str, args)],
@@ -56,6 +58,7 @@ def run_cli(
         capture_output=True,
         timeout=timeout,
         check=False,
+        preexec_fn=preexec_fn,
     )
     envelope = orjson.loads(proc.stdout)
     assert set(envelope) == {"ok", "data", "error", "warnings", "meta"}, envelope

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from bulkrelay.checkpoint import read_checkpoint
 from bulkrelay.config import load_job
-from bulkrelay.engine import RelayOutcome, StartPoint, relay, transport_settings
+from bulkrelay.engine import RelayOutcome, StartPoint, _FailureStreak, relay, transport_settings
 from bulkrelay.errors import StorageFailed
 from bulkrelay.journal import iter_journal
 from bulkrelay.lifecycle import manifest_for
@@ -21,7 +22,7 @@ from bulkrelay.preflight import run_preflight
 from bulkrelay.progress import NullReporter, Snapshot
 from bulkrelay.records import PreparedRequest
 from bulkrelay.rundir import RunDir
-from bulkrelay.stopping import StopControl
+from bulkrelay.stopping import HALT_UNAVAILABLE, StopControl
 from bulkrelay.storage import Storage
 from bulkrelay.transport import Response, TransportSettings
 from tests.test_run_cli import write_job
@@ -172,3 +173,45 @@ def test_a_failed_journal_fsync_ends_the_run_without_advancing_the_checkpoint(tm
     assert 0 < checkpoint.offset <= storage.synced_size < run.journal_path.stat().st_size
     assert checkpoint.rows_done == run.journal_path.read_bytes()[: checkpoint.offset].count(b"\n")
     assert checkpoint.rows_done < 5000
+
+
+def _finished(row: int, classification: str) -> dict[str, Any]:
+    return {"row_number": row, "success": classification == "success", "classification": classification}
+
+
+def _window_shuffles(rows: list[int], window: int, count: int) -> list[list[int]]:
+    """`count` completion orders of `rows`, each row finishing at most `window` places from its start."""
+    rng = random.Random(11)
+    orders = []
+    for _ in range(count):
+        keyed = sorted(rows, key=lambda row: rows.index(row) + rng.uniform(0, window))
+        orders.append(keyed)
+    return orders
+
+
+@pytest.mark.anyio
+async def test_the_failure_streak_counts_in_row_order_whatever_the_completion_order() -> None:
+    # Rows 1-10 succeed, rows 11-30 answer 503; with four rows in flight they complete in any order.
+    # However late row 10's success arrives, it precedes the streak: the run halts and no 503 is final.
+    outcomes = {row: "success" if row <= 10 else "http_server_error" for row in range(1, 31)}
+    for order in _window_shuffles(list(outcomes), window=4, count=300):
+        stop = StopControl()
+        streak = _FailureStreak(5, stop)
+        admitted = [kept for row in order for kept in streak.admit(_finished(row, outcomes[row]))]
+        admitted += streak.release()
+        assert stop.reason == HALT_UNAVAILABLE, order
+        assert all(entry["success"] for entry in admitted), order
+        assert stop.detail["consecutive_failures"] == 5
+
+
+@pytest.mark.anyio
+async def test_a_failure_followed_in_row_order_by_another_outcome_is_final() -> None:
+    stop = StopControl()
+    streak = _FailureStreak(3, stop)
+    assert streak.admit(_finished(2, "http_server_error")) == []  # may start a streak: held
+    assert [e["row_number"] for e in streak.admit(_finished(3, "success"))] == [2, 3]  # row 3 ended it
+    assert [e["row_number"] for e in streak.admit(_finished(1, "timeout_error"))] == [1]  # before row 3
+    assert streak.admit(_finished(4, "connect_error")) == []
+    assert streak.admit(_finished(5, "http_server_error")) == []
+    assert [e["row_number"] for e in streak.release()] == [4, 5]  # no halt: they are real results
+    assert stop.reason is None

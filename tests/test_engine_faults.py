@@ -127,18 +127,29 @@ def test_auth_failure_halts_resumably_without_journaling_the_row(tmp_path: Path)
 
 
 def test_consecutive_server_errors_halt_without_journaling_the_streak(tmp_path: Path) -> None:
-    with TargetProcess({"rules": [{"after": 10, "status": 503}]}) as target:
+    # Rows 1-10 succeed and rows 11-60 answer 503, whatever order they arrive in; rows 9 and 10 answer
+    # late, so 503s of the streak complete before them. The streak is counted in row order, so their
+    # success does not end it: the run halts and none of its 503s is journaled as final.
+    tags = {9: "late", 10: "late"} | {n: "down" for n in range(11, 61)}
+    plan = {"rules": [tag_rule("late", delay_ms=600), tag_rule("down", status=503, delay_ms=100)]}
+    with TargetProcess(plan) as target:
         job = write_job(
-            tmp_path, target.url, rows=60, execution={"concurrency": 2}, halt={"consecutive_failures": 5}
+            tmp_path,
+            target.url,
+            rows=60,
+            tags=tags,
+            execution={"concurrency": 4},
+            halt={"consecutive_failures": 20},
         )
         result = run_job(job)
         stats = target.stats()
     assert result.exit_code == ExitCode.UNAVAILABLE, result.envelope
     assert result.error_code == "TARGET_UNAVAILABLE"
     assert result.data["state"] == "stopped" and "continue_command" in result.data
-    assert 5 <= stats["by_status"]["503"] <= 7  # the streak, plus what was in flight
+    assert 20 <= stats["by_status"]["503"] <= 23  # the streak, plus what was in flight
     entries = journal(result.data["run_dir"])
-    assert len(entries) == 10 and all(e["success"] for e in entries)
+    assert sorted(e["row_number"] for e in entries) == list(range(1, 11))
+    assert all(e["success"] for e in entries)
 
 
 def test_a_broken_streak_records_its_failures(tmp_path: Path) -> None:

@@ -86,13 +86,16 @@ def _wait_for_progress(tmp_path: Path, job_id: str, at_least: int = 1, timeout: 
 
 
 def _wait_until_catching_sigterm(pid: int, timeout: float = 20) -> None:
-    """Until the process has its own SIGTERM handler (Linux: the SigCgt mask in /proc)."""
+    """Until the front catches SIGTERM (the SigCgt mask in /proc) and sleeps between polls of its job.
+
+    Start-up catches SIGTERM too (it ends the call with 143); only the front's wait loop sleeps."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         fields = dict(
             line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
         )
-        if int(fields["SigCgt"].strip(), 16) & (1 << (signal.SIGTERM - 1)):
+        sleeping = "nanosleep" in Path(f"/proc/{pid}/wchan").read_text()
+        if int(fields["SigCgt"].strip(), 16) & (1 << (signal.SIGTERM - 1)) and sleeping:
             return
         time.sleep(0.02)
     raise AssertionError("the front never took over SIGTERM")
