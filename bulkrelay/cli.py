@@ -49,11 +49,36 @@ def _add_budget(parser: argparse.ArgumentParser) -> None:
         metavar="DUR",
         help="stop at a safe point after DUR of work in all (resumable)",
     )
+    _add_operational(parser)  # the commands with a budget are the ones that relay
+
+
+def _add_operational(parser: argparse.ArgumentParser) -> None:
+    """Where a run reports, never what it does: not part of its fingerprint or invocation identity."""
+    parser.add_argument(
+        "--metrics-file",
+        type=Path,
+        metavar="PATH",
+        help="keep Prometheus metrics of the run in PATH (every ~10s, at the end); BULKRELAY_METRICS_FILE",
+    )
+    parser.add_argument(
+        "--log-file", type=Path, metavar="PATH", help="append the run log's JSON lines to PATH too (for cron)"
+    )
+
+
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    """Shown in --help; read from argv wherever they stand (see OUTPUT_FLAGS)."""
+    parser.add_argument(
+        "--quiet", action="store_true", help="print nothing on success; the human summary on failure (cron)"
+    )
+    parser.add_argument(
+        "--human", action="store_true", help="human output even when stdout is not a terminal"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bulkrelay", description="Turn a file of records into HTTP requests, durably.")
     parser.add_argument("--json", action="store_true", help="print one JSON envelope on stdout")
+    _add_output(parser)
     parser.add_argument("--version", action="version", version=f"bulkrelay {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -124,8 +149,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Output flags may stand anywhere on the line: they are read from argv, never parsed by a subcommand.
+OUTPUT_FLAGS = ("--json", "--quiet", "--human")
+
+
 def json_mode(argv: Sequence[str]) -> bool:
-    return "--json" in argv or not sys.stdout.isatty()
+    if "--json" in argv:
+        if "--human" in argv:
+            raise UsageError(
+                "--json and --human ask for two different outputs", suggestion="give one of them"
+            )
+        return True
+    return not sys.stdout.isatty() and "--human" not in argv and "--quiet" not in argv
+
+
+def command_args(argv: Sequence[str]) -> list[str]:
+    """The command line without the output flags, for the parser (here and in a background worker)."""
+    return [a for a in argv if a not in OUTPUT_FLAGS]
 
 
 def dispatch(args: argparse.Namespace) -> Result:
@@ -146,12 +186,14 @@ def _command_name(args: argparse.Namespace) -> str:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     argv = list(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
-    as_json = json_mode(argv)
+    quiet = "--quiet" in argv
+    as_json = "--json" in argv or not sys.stdout.isatty()
     try:
-        # --json may stand anywhere on the line; it is read by json_mode() above.
-        args = build_parser().parse_args([a for a in argv if a != "--json"])
+        as_json = json_mode(argv)
+        args = build_parser().parse_args(command_args(argv))
         args.argv = argv  # a background job re-runs the same command line
         args.started = started  # the call budget counts from here
+        args.quiet = quiet
         result = dispatch(args)
     except BulkRelayError as exc:
         result = Result.from_error(exc)
@@ -163,16 +205,26 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         )
     except Exception as exc:  # the one place an unexpected failure becomes an answer
         result = Result.from_unexpected(exc)
-    emit(result, started=started, as_json=as_json)
+    emit(result, started=started, as_json=as_json, quiet=quiet)
     sys.exit(int(result.exit_code))
 
 
-def emit(result: Result, *, started: float, as_json: bool) -> None:
+# Warnings also said on stderr in JSON mode: an unattended caller (cron) never reads the envelope.
+_STDERR_WARNINGS = frozenset({"BUDGET_HANDOFF_UNATTENDED"})
+
+
+def emit(result: Result, *, started: float, as_json: bool, quiet: bool = False) -> None:
+    if quiet and result.exit_code == ExitCode.SUCCESS:
+        return  # --quiet: cron mails any output, so success says nothing
     duration_ms = result.meta.pop("work_duration_ms", None)
     if duration_ms is None:
         duration_ms = round((time.monotonic() - started) * 1000)
     envelope = to_envelope(result, duration_ms=int(duration_ms))
     if as_json:
+        for warning in result.warnings:
+            if warning.code in _STDERR_WARNINGS:
+                sys.stderr.write(f"bulkrelay: warning {warning.code}: {warning.message}\n")
+                sys.stderr.flush()
         sys.stdout.buffer.write(dumps_envelope(envelope))
         sys.stdout.flush()
     else:

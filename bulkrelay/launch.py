@@ -47,7 +47,7 @@ class RunRequest:
 
 def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     """Preflight, then continue the identical invocation's unfinished run or start a new one."""
-    reporter = reporter or progress.for_stderr()
+    reporter = reporter or progress.for_stderr(request.options.quiet)
     preflight = run_preflight(request.job, request.input_path)
     key = request.key()
     warnings: list[EnvelopeWarning] = []
@@ -111,4 +111,4 @@ def resume(
     run = RunDir.open(run_dir)
     check_resumable(run)
     preflight = preflight_for_resume(run, config, input_path)
-    return continue_run(run, preflight, options, reporter or progress.for_stderr())
+    return continue_run(run, preflight, options, reporter or progress.for_stderr(options.quiet))

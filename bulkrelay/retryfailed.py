@@ -90,7 +90,7 @@ def retry_failed(
         preflight,
         parent.path.parent,
         options,
-        progress.for_stderr(),
+        progress.for_stderr(options.quiet),
         manifest=manifest,
         on_created=lambda child: save_selection(child.path, selection, child.storage),
         start=StartPoint(done_rows=selection.complement(), total=len(selection)),

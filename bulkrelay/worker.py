@@ -144,11 +144,12 @@ def _hold_lock(job: JobDir) -> int:
 
 
 def _run_command(argv: list[str], supervisor: JobSupervisor) -> Result:
-    from bulkrelay.cli import build_parser, dispatch  # late: the cli imports the command table
+    from bulkrelay.cli import build_parser, command_args, dispatch  # late: the cli imports the command table
 
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(command_args(argv))
         args.argv = argv
+        args.quiet = "--quiet" in argv
         args.budget = 0
         args.supervisor = supervisor
         return dispatch(args)
