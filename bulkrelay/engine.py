@@ -266,8 +266,8 @@ async def _checkpointer(run: RunDir, committed: Committed, on_tick: Callable[[Sn
     last = (committed.seq, committed.offset)
     interval = FIRST_CHECKPOINT_SECONDS
     while True:
+        on_tick(committed.snapshot())  # at once, then each second; observers keep their own cadence (10 s)
         await anyio.sleep(interval)
-        on_tick(committed.snapshot())  # observers decide their own cadence (10 s): cheap here
         if (committed.seq, committed.offset) != last:
             interval = CHECKPOINT_INTERVAL_SECONDS
             last = (committed.seq, committed.offset)

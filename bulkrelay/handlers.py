@@ -76,8 +76,9 @@ def _logged(
             result = handler(args)
         except BulkRelayError as exc:
             result = Result.from_error(exc)
-        except BaseException:
-            run_log.exit(Result(exit_code=ExitCode.GENERAL_ERROR, kind="error"))  # the CLI says the rest
+        except BaseException as exc:  # logged, then left to the CLI's catch site
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            run_log.exit(Result(exit_code=ExitCode.SIGINT if interrupted else ExitCode.GENERAL_ERROR))
             run_log.close()
             raise
         run_log.exit(result)

@@ -98,7 +98,7 @@ def test_the_environment_names_the_file_and_neither_changes_the_run(tmp_path: Pa
         job = _held_job(tmp_path, target.url)
         from_env = tmp_path / "env.prom"
         env = cli_env(BULKRELAY_METRICS_FILE=str(from_env))
-        stopped = run_cli("run", job, "--budget", "0", "--timeout", "1s", cwd=tmp_path, env=env)
+        stopped = run_cli("run", job, "--budget", "0", "--timeout", "2s", cwd=tmp_path, env=env)
         assert stopped.exit_code == ExitCode.TIMEOUT, stopped.envelope
         samples = read_metrics(from_env)
         assert metric(samples, "bulkrelay_run_state", state="stopped") == 1

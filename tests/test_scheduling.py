@@ -252,9 +252,10 @@ def test_human_forces_the_summary_without_a_terminal_and_contradicts_json(tmp_pa
 
 def test_a_budget_handing_off_work_with_nobody_watching_says_so_loudly(tmp_path: Path) -> None:
     env = cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"))
-    # 20 rows, one at a time, 200 ms each: at least 4 s of work, far beyond a 300 ms budget.
-    with TargetProcess({"rules": [{"delay_ms": 200}]}) as target:
-        job = write_job(tmp_path, target.url, rows=20, execution={"concurrency": 1})
+    # Every answer is 503, retried once a second: the job runs until the test cancels it.
+    with TargetProcess({"rules": [{"status": 503}]}) as target:
+        retry = {"max_attempts": 100, "initial_backoff_seconds": 1, "max_backoff_seconds": 1}
+        job = write_job(tmp_path, target.url, rows=5, retry=retry)
         handed = run_cli("run", job, "--budget", "300ms", cwd=tmp_path, env=env)
         assert handed.exit_code == ExitCode.INCOMPLETE, handed.envelope
         (warning,) = [w for w in handed.envelope["warnings"] if w["code"] == "BUDGET_HANDOFF_UNATTENDED"]
