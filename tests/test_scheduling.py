@@ -256,7 +256,9 @@ def test_a_budget_handing_off_work_with_nobody_watching_says_so_loudly(tmp_path:
     with TargetProcess({"rules": [{"status": 503}]}) as target:
         retry = {"max_attempts": 100, "initial_backoff_seconds": 1, "max_backoff_seconds": 1}
         job = write_job(tmp_path, target.url, rows=5, retry=retry)
-        handed = run_cli("run", job, "--budget", "300ms", cwd=tmp_path, env=env)
+        prom, log = tmp_path / "m.prom", tmp_path / "nightly.log"
+        reports = ("--metrics-file", prom, "--log-file", log)
+        handed = run_cli("run", job, "--budget", "300ms", *reports, cwd=tmp_path, env=env)
         assert handed.exit_code == ExitCode.INCOMPLETE, handed.envelope
         (warning,) = [w for w in handed.envelope["warnings"] if w["code"] == "BUDGET_HANDOFF_UNATTENDED"]
         assert "--budget 0" in warning["message"] and warning["context"]["job_id"] == handed.data["job_id"]
@@ -269,3 +271,18 @@ def test_a_budget_handing_off_work_with_nobody_watching_says_so_loudly(tmp_path:
 
         cancelled = run_cli("job", "cancel", handed.data["job_id"], cwd=tmp_path, env=env)
         assert cancelled.exit_code == ExitCode.SUCCESS and cancelled.data["state"] == "cancelled"
+
+    # The background worker kept the metrics and the log the front process was given.
+    samples = read_metrics(prom)
+    assert metric(samples, "bulkrelay_run_state", state="cancelled") == 1
+    assert metric(samples, "bulkrelay_run_exit_code") == ExitCode.SIGTERM
+    assert metric(samples, "bulkrelay_requests_total", status_class="5xx") >= 1
+    by_process: dict[int, list[dict[str, Any]]] = {}
+    for line in read_log(log):  # two processes append to the file, their lines interleave
+        by_process.setdefault(line["pid"], []).append(line)
+    front, worker = sorted(by_process.values(), key=len)
+    assert [line["event"] for line in front] == ["start", "exit"]
+    assert front[1]["exit_code"] == ExitCode.INCOMPLETE and front[1]["job_id"] == handed.data["job_id"]
+    assert [line["event"] for line in worker][:2] == ["start", "preflight_done"]
+    assert [line["event"] for line in worker][-3:] == ["stop_requested", "stop", "exit"]
+    assert worker[-3]["reason"] == "cancelled" and worker[-1]["exit_code"] == ExitCode.SIGTERM
