@@ -41,11 +41,13 @@ def _options(args: argparse.Namespace) -> RunOptions:
     supervisor = getattr(args, "supervisor", None)
     quiet = bool(getattr(args, "quiet", False))
     if supervisor is not None:  # a background worker: its supervisor owns signals and the deadline
-        return RunOptions(handle_signals=False, supervisor=supervisor, observers=args.observers, quiet=quiet)
+        return RunOptions(
+            handle_signals=False, supervisor=supervisor, observers=getattr(args, "observers", ()), quiet=quiet
+        )
     timeout_ms = getattr(args, "timeout", None)
     return RunOptions(
         timeout_seconds=timeout_ms / 1000 if timeout_ms is not None else None,
-        observers=args.observers,
+        observers=getattr(args, "observers", ()),
         quiet=quiet,
     )
 
