@@ -28,6 +28,10 @@ _GLOBAL_FLAGS: dict[str, tuple[str, object]] = {
     "budget": ("--budget", None),
     "timeout": ("--timeout", None),
     "runs_dir": ("--runs-dir", None),
+    "quiet": ("--quiet", False),
+    "human": ("--human", False),
+    "metrics_file": ("--metrics-file", None),
+    "log_file": ("--log-file", None),
 }
 
 
@@ -63,6 +67,15 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.add_argument("-h", "--help", action=_HelpAction, help="show this help and exit")
         _add_global(self, "--json", action="store_true", help="print one JSON envelope on stdout")
+        _add_global(
+            self,
+            "--quiet",
+            action="store_true",
+            help="print nothing on success; the human summary on failure",
+        )
+        _add_global(
+            self, "--human", action="store_true", help="human output even when stdout is not a terminal"
+        )
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}", suggestion=f"see `{self.prog} --help`")
@@ -112,6 +125,25 @@ def _add_budget(parser: argparse.ArgumentParser) -> None:
         type=_duration,
         metavar="DUR",
         help="stop at a safe point after DUR of work in all (resumable)",
+    )
+    _add_operational(parser)  # the commands with a budget are the ones that relay
+
+
+def _add_operational(parser: argparse.ArgumentParser) -> None:
+    """Where a run reports, never what it does: not part of its fingerprint or invocation identity."""
+    _add_global(
+        parser,
+        "--metrics-file",
+        type=Path,
+        metavar="PATH",
+        help="keep Prometheus metrics of the run in PATH (every ~10s, at the end); BULKRELAY_METRICS_FILE",
+    )
+    _add_global(
+        parser,
+        "--log-file",
+        type=Path,
+        metavar="PATH",
+        help="append the run log's JSON lines to PATH too (for cron)",
     )
 
 
@@ -220,7 +252,14 @@ def _settle_globals(args: argparse.Namespace) -> None:
 
 
 def json_mode(argv: Sequence[str]) -> bool:
-    return "--json" in argv or not sys.stdout.isatty()
+    """`--json`, else JSON when stdout is not a terminal, unless `--human` or `--quiet` asks for people."""
+    if "--json" in argv:
+        if "--human" in argv:
+            raise UsageError(
+                "--json and --human ask for two different outputs", suggestion="give one of them"
+            )
+        return True
+    return not sys.stdout.isatty() and "--human" not in argv and "--quiet" not in argv
 
 
 def dispatch(args: argparse.Namespace) -> Result:
@@ -269,8 +308,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     _open_closed_stdout()
     argv = list(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
-    as_json = json_mode(argv)
+    quiet = "--quiet" in argv
+    as_json = "--json" in argv or not sys.stdout.isatty()
     try:
+        as_json = json_mode(argv)
         args = parse_command_line(argv)
         args.argv = argv  # a background job re-runs the same command line
         args.started = started  # the call budget counts from here
@@ -285,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         result = _stopped_outside_the_relay("TERMINATED", ExitCode.SIGTERM, signalled.name)
     except Exception as exc:  # the one place an unexpected failure becomes an answer
         result = Result.from_unexpected(exc)
-    emit(result, started=started, as_json=as_json)
+    emit(result, started=started, as_json=as_json, quiet=quiet)
     sys.exit(int(result.exit_code))
 
 
@@ -302,8 +343,15 @@ def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Res
     )
 
 
-def emit(result: Result, *, started: float, as_json: bool) -> None:
-    """Print the result; a reader that went away (EPIPE) costs the answer, never the exit code."""
+# Warnings also said on stderr in JSON mode: an unattended caller (cron) never reads the envelope.
+_STDERR_WARNINGS = frozenset({"BUDGET_HANDOFF_UNATTENDED"})
+
+
+def emit(result: Result, *, started: float, as_json: bool, quiet: bool = False) -> None:
+    """Print the result; a reader that went away (EPIPE) costs the answer, never the exit code.
+    `--quiet`: nothing on success (cron mails any output)."""
+    if quiet and result.exit_code == ExitCode.SUCCESS:
+        return
     try:
         _write_result(result, started=started, as_json=as_json)
     except OSError as exc:  # EPIPE, or EIO from a terminal that hung up
@@ -321,6 +369,10 @@ def _write_result(result: Result, *, started: float, as_json: bool) -> None:
         duration_ms = round((time.monotonic() - started) * 1000)
     envelope = to_envelope(result, duration_ms=int(duration_ms))
     if as_json:
+        for warning in result.warnings:
+            if warning.code in _STDERR_WARNINGS:
+                sys.stderr.write(f"bulkrelay: warning {warning.code}: {warning.message}\n")
+                sys.stderr.flush()
         sys.stdout.buffer.write(dumps_envelope(envelope))
         sys.stdout.flush()
     else:

@@ -20,6 +20,7 @@ from bulkrelay.checkpoint import Checkpoint, write_checkpoint
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
 from bulkrelay.inputs import open_records
 from bulkrelay.journal import JournalWriter
+from bulkrelay.metrics import RelayStats
 from bulkrelay.preflight import Preflight
 from bulkrelay.progress import Reporter, Snapshot
 from bulkrelay.ratelimit import RateLimiter
@@ -201,8 +202,13 @@ async def relay(
     stop: StopControl,
     reporter: Reporter,
     transport_factory: Callable[[TransportSettings], Transport] = open_transport,
+    stats: RelayStats | None = None,
+    on_tick: Callable[[Snapshot], None] | None = None,
 ) -> RelayOutcome:
-    """Send every pending row, commit every final result, and say why it ended."""
+    """Send every pending row, commit every final result, and say why it ended.
+
+    `stats` counts what goes on the wire; `on_tick` hears the committed progress about once a second
+    (the metrics file and the run log), whether or not rows were committed meanwhile."""
     config = preflight.job.config
     committed = Committed(
         total=start.total if start.total is not None else preflight.record_count,
@@ -220,7 +226,7 @@ async def relay(
 
     journal = JournalWriter(run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit)
     transport = transport_factory(transport_settings(preflight))
-    sender = _row_sender(preflight, transport, stop)
+    sender = _row_sender(preflight, transport, stop, stats or RelayStats())
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     records = _pending_records(preflight, start.done_rows, stop)
 
@@ -228,7 +234,7 @@ async def relay(
     try:
         async with anyio.create_task_group() as background:
             background.start_soon(journal.run)
-            background.start_soon(_checkpointer, run, committed)
+            background.start_soon(_checkpointer, run, committed, on_tick or _no_tick)
             async with anyio.create_task_group() as workers:
                 background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
                 for _ in range(config.execution.concurrency):
@@ -255,7 +261,9 @@ async def relay(
     )
 
 
-def _row_sender(preflight: Preflight, transport: Transport, stop: StopControl) -> RowSender:
+def _row_sender(
+    preflight: Preflight, transport: Transport, stop: StopControl, stats: RelayStats
+) -> RowSender:
     config = preflight.job.config
     rate = config.execution.rate_limit
     return RowSender(
@@ -264,6 +272,7 @@ def _row_sender(preflight: Preflight, transport: Transport, stop: StopControl) -
         limiter=RateLimiter(rate.requests_per_second if rate else None),
         policy=RetryPolicy.from_config(config.retry, config.response, config.halt),
         stop=stop,
+        stats=stats,
     )
 
 
@@ -281,11 +290,16 @@ async def _worker(
                 await journal.submit(admitted)
 
 
-async def _checkpointer(run: RunDir, committed: Committed) -> None:
+def _no_tick(snapshot: Snapshot) -> None:
+    pass
+
+
+async def _checkpointer(run: RunDir, committed: Committed, on_tick: Callable[[Snapshot], None]) -> None:
     """Replace `checkpoint.json` soon after the first commit, then at most once a second."""
     last = (committed.seq, committed.offset)
     interval = FIRST_CHECKPOINT_SECONDS
     while True:
+        on_tick(committed.snapshot())  # at once, then each second; observers keep their own cadence (10 s)
         await anyio.sleep(interval)
         if (committed.seq, committed.offset) != last:
             interval = CHECKPOINT_INTERVAL_SECONDS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -11,10 +12,12 @@ from pathlib import Path
 from bulkrelay import commands, jobs, launch, worker
 from bulkrelay.config import Job, load_job
 from bulkrelay.envelope import EnvelopeWarning, Result
-from bulkrelay.errors import UsageError
+from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 from bulkrelay.inputs import STDIN_NAME
-from bulkrelay.lifecycle import RunOptions, prepared_input
+from bulkrelay.lifecycle import RunObserver, RunOptions, prepared_input
+from bulkrelay.metrics import MetricsFile, metrics_path
 from bulkrelay.rundir import default_runs_dir
+from bulkrelay.runlog import RunLog, start_event
 
 
 def _prepared_input(
@@ -47,15 +50,61 @@ def _render(args: argparse.Namespace) -> Result:
 
 def _options(args: argparse.Namespace) -> RunOptions:
     supervisor = getattr(args, "supervisor", None)
+    quiet = bool(getattr(args, "quiet", False))
+    observers = getattr(args, "observers", ())
     if supervisor is not None:  # a background worker: its supervisor owns signals and the job's bounds
         return RunOptions(
             handle_signals=False,
             supervisor=supervisor,
             deadline=supervisor.deadline,
             started_at=supervisor.started_at,
+            observers=observers,
+            quiet=quiet,
         )
     timeout_ms = getattr(args, "timeout", None)
-    return RunOptions(timeout_seconds=timeout_ms / 1000 if timeout_ms is not None else None)
+    return RunOptions(
+        timeout_seconds=timeout_ms / 1000 if timeout_ms is not None else None,
+        observers=observers,
+        quiet=quiet,
+    )
+
+
+def _observers(args: argparse.Namespace) -> tuple[RunObserver, ...]:
+    """The run log (always) and the metrics file (`--metrics-file` or BULKRELAY_METRICS_FILE)."""
+    observers: list[RunObserver] = []
+    run_log: RunLog | None = getattr(args, "run_log", None)
+    if run_log is not None:
+        observers.append(run_log)
+    path = metrics_path(getattr(args, "metrics_file", None), os.environ)
+    if path is not None:
+        observers.append(MetricsFile(path))
+    return tuple(observers)
+
+
+def _logged(
+    command: str, handler: Callable[[argparse.Namespace], Result]
+) -> Callable[[argparse.Namespace], Result]:
+    """`handler` with a run log: `start` and `exit` lines around it (see bulkrelay.runlog)."""
+
+    def call(args: argparse.Namespace) -> Result:
+        run_log = RunLog(getattr(args, "log_file", None))
+        args.run_log = run_log
+        start_event(run_log, command, list(getattr(args, "argv", [])))
+        try:
+            args.observers = _observers(args)  # checked here, so a bad path fails before any hand-off
+            result = handler(args)
+        except BulkRelayError as exc:
+            result = Result.from_error(exc)
+        except BaseException as exc:  # logged, then left to the CLI's catch site
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            run_log.exit(Result(exit_code=ExitCode.SIGINT if interrupted else ExitCode.GENERAL_ERROR))
+            run_log.close()
+            raise
+        run_log.exit(result)
+        run_log.close()
+        return result
+
+    return call
 
 
 def _runs_dir_of_run(args: argparse.Namespace) -> Path | None:
@@ -149,11 +198,11 @@ def _demo(args: argparse.Namespace) -> Result:
 TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "validate": _validate,
     "render": _render,
-    "run": jobs.budgeted("run", _run, _run_key),
-    "resume": jobs.budgeted("resume", _resume),
+    "run": _logged("run", jobs.budgeted("run", _run, _run_key)),
+    "resume": _logged("resume", jobs.budgeted("resume", _resume)),
     "status": _status,
     "runs": _runs,
-    "retry-failed": jobs.budgeted("retry-failed", _retry_failed),
+    "retry-failed": _logged("retry-failed", jobs.budgeted("retry-failed", _retry_failed)),
     "export": _export,
     "demo": _demo,
     "job wait": lambda args: jobs.job_wait(args.job_id, args.budget),

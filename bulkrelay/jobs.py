@@ -52,6 +52,8 @@ _POLL_SECONDS = 0.05
 Handler = Callable[[argparse.Namespace], Result]
 KeyOf = Callable[[argparse.Namespace, Path | None], str]  # (args, spooled stdin) -> invocation key
 _NOT_IN_KEY = frozenset({"budget", "timeout", "argv", "started", "supervisor", "command", "job_command"})
+# Operational settings: where the call reports, not what it does (never part of the identity).
+_OPERATIONAL = frozenset({"metrics_file", "log_file", "run_log", "observers", "quiet", "human"})
 
 
 def resolve_budget(flag_ms: int | None, environ: Mapping[str, str], stdout_is_terminal: bool) -> int | None:
@@ -73,7 +75,7 @@ def arguments_key(command: str, args: argparse.Namespace, stdin: Path | None) ->
     arguments = {
         name: str(value.resolve()) if isinstance(value, Path) else None if value is None else str(value)
         for name, value in sorted(vars(args).items())
-        if name not in _NOT_IN_KEY
+        if name not in _NOT_IN_KEY and name not in _OPERATIONAL
     }
     stdin_sha256 = file_sha256(stdin) if stdin is not None else None
     return invocation_key(command, arguments, stdin_sha256=stdin_sha256, idempotency_key=None)
@@ -120,7 +122,26 @@ def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf
         finally:
             if spool is not None:
                 spool.unlink(missing_ok=True)
-        return wait_for(job, budget_ms, started=started, handed_off=handed_off)
+        result = wait_for(job, budget_ms, started=started, handed_off=handed_off)
+    if result.exit_code == ExitCode.INCOMPLETE and unattended(os.environ):
+        result.warnings.append(_unattended_warning(job, budget_ms))
+    return result
+
+
+def unattended(environ: Mapping[str, str]) -> bool:
+    """No terminal on stdin or stdout and no agent's budget: cron, a timer, a script."""
+    return not (sys.stdin.isatty() or sys.stdout.isatty() or environ.get(BUDGET_ENV, "").strip())
+
+
+def _unattended_warning(job: JobDir, budget_ms: int) -> EnvelopeWarning:
+    """Said loudly (also on stderr): from cron, exit 14 with the work going on detached is rarely meant."""
+    return EnvelopeWarning(
+        "BUDGET_HANDOFF_UNATTENDED",
+        f"no terminal and no {BUDGET_ENV}: the {budget_ms} ms call budget handed the work to background "
+        f"job {job.job_id}, which goes on after this call exits 14; from cron, a systemd timer or any "
+        "script that should wait for the end, run with --budget 0",
+        {"job_id": job.job_id, "budget_ms": budget_ms, "use": "--budget 0"},
+    )
 
 
 @contextmanager

@@ -53,7 +53,7 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
 
     Deciding which, and claiming it, happens inside the job's live slot: while a run of the job is
     alive, a second caller gets RUN_LOCKED naming it, whatever its input, and never relays beside it."""
-    reporter = reporter or progress.for_stderr()
+    reporter = reporter or progress.for_stderr(request.options.quiet)
     input_name = STDIN_NAME if request.from_stdin else None
     preflight = run_preflight(
         request.job, request.input_path, input_name=input_name, on_rows_read=request.options.rows_read
@@ -140,4 +140,6 @@ def resume(
     with live_slot(run.path.parent, preflight.job.path) as slot:
         run = RunDir.open(run_dir)  # as it is now: it may have ended while we preflighted
         check_resumable(run)
-        return continue_run(run, preflight, options, reporter or progress.for_stderr(), slot=slot)
+        return continue_run(
+            run, preflight, options, reporter or progress.for_stderr(options.quiet), slot=slot
+        )

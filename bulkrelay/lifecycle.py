@@ -23,9 +23,10 @@ import anyio
 from bulkrelay.atomic import write_json_atomic
 from bulkrelay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
-from bulkrelay.errors import ExitCode, StorageFailed, sole_error
+from bulkrelay.errors import BulkRelayError, ExitCode, StorageFailed, sole_error
 from bulkrelay.inputs import spool_stdin_into
 from bulkrelay.liverun import LiveSlot
+from bulkrelay.metrics import RelayStats
 from bulkrelay.preflight import Preflight, RowsRead
 from bulkrelay.progress import CallbackReporter, FanOut, Reporter, Snapshot
 from bulkrelay.resume import config_sections, recover_start
@@ -91,6 +92,20 @@ class Supervisor(Protocol):
     async def watch(self, stop: StopControl, preflight: Preflight, run: RunDir) -> None: ...
 
 
+class RunObserver(Protocol):
+    """Something that follows a run from the outside (the metrics file, the run log).
+
+    The seam for anything that reports on runs: it never changes what the run does."""
+
+    def run_started(self, run: RunDir, preflight: Preflight, stats: RelayStats) -> None: ...
+
+    def progressed(self, snapshot: Snapshot) -> None: ...  # about once a second while relaying
+
+    def stop_requested(self, reason: str, detail: dict[str, object]) -> None: ...
+
+    def run_finished(self, run: RunDir, result: Result) -> None: ...  # may add warnings to `result`
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How one invocation relays. Its time limit is `--timeout` when given, else the job's
@@ -102,6 +117,8 @@ class RunOptions:
     supervisor: Supervisor | None = None  # set by the background job worker (bulkrelay.worker)
     deadline: float | None = None  # an absolute --timeout (epoch seconds), a background job's
     started_at: float | None = None  # when the work began (epoch seconds); None: now
+    observers: tuple[RunObserver, ...] = ()
+    quiet: bool = False  # no progress on stderr (`--quiet`)
 
     @property
     def rows_read(self) -> RowsRead | None:
@@ -153,9 +170,9 @@ async def _relay_with_stops(
     preflight: Preflight,
     run: RunDir,
     start: StartPoint,
-    context: tuple[Reporter, RunOptions, StopControl | None],
+    context: tuple[Reporter, RunOptions, StopControl | None, RelayStats],
 ) -> RelayOutcome:
-    reporter, options, given_stop = context
+    reporter, options, given_stop, stats = context
     stop = given_stop or StopControl()  # made here: anyio primitives need the running loop
     execution = preflight.job.config.execution
     delay, limit = _time_limit(options, execution.max_lifetime_seconds)
@@ -168,9 +185,23 @@ async def _relay_with_stops(
         watchers.start_soon(idle.watch, stop)
         if options.supervisor is not None:
             watchers.start_soon(options.supervisor.watch, stop, preflight, run)
-        outcome = await relay(preflight, run, start, stop=stop, reporter=reporter)
+        watchers.start_soon(_announce_stop, stop, options.observers)
+
+        def on_tick(snapshot: Snapshot) -> None:
+            for observer in options.observers:
+                observer.progressed(snapshot)
+
+        outcome = await relay(
+            preflight, run, start, stop=stop, reporter=reporter, stats=stats, on_tick=on_tick
+        )
         watchers.cancel_scope.cancel()
     return outcome
+
+
+async def _announce_stop(stop: StopControl, observers: tuple[RunObserver, ...]) -> None:
+    await stop.wait()
+    for observer in observers:
+        observer.stop_requested(str(stop.reason), dict(stop.detail))
 
 
 def relay_locked(
@@ -183,35 +214,47 @@ def relay_locked(
     stop: StopControl | None = None,
 ) -> Result:
     """Relay with the run's lock already held and turn the outcome into the command's result."""
+    run.set_state(RUNNING, pid=os.getpid())
+    if options.supervisor is not None:
+        reporter = FanOut(reporter, CallbackReporter(options.supervisor.on_progress))
+    stats = RelayStats()
+    for observer in options.observers:
+        observer.run_started(run, preflight, stats)
     try:
-        run.set_state(RUNNING, pid=os.getpid())
-        if options.supervisor is not None:
-            reporter = FanOut(reporter, CallbackReporter(options.supervisor.on_progress))
         try:
             outcome = anyio.run(
                 _relay_with_stops,
                 preflight,
                 run,
                 start,
-                (reporter, options, stop),
+                (reporter, options, stop, stats),
                 backend_options={"use_uvloop": True},
             )
         except BaseExceptionGroup as group:
             raise sole_error(group) from None
         finally:
             reporter.close()
-    except StorageFailed as failed:
-        # Committed rows are safe; the rest is resumable once the disk is fixed: say where and how.
-        failed.data = {
-            "run_id": run.run_id,
-            "run_dir": str(run.path),
-            "continue_command": continue_command(run),
-        }
-        failed.suggestion = failed.suggestion or f"fix the disk, then: {continue_command(run)}"
+        result = _conclude(preflight, run, outcome)
+    except BulkRelayError as exc:
+        if isinstance(exc, StorageFailed):
+            _say_how_to_continue(exc, run)
+        _notify_finished(options.observers, run, Result.from_error(exc))
         raise
-    result = _conclude(preflight, run, outcome)
     result.warnings[:0] = deprecation_warnings(preflight.job.deprecations)
+    _notify_finished(options.observers, run, result)
     return result
+
+
+def _say_how_to_continue(failed: StorageFailed, run: RunDir) -> None:
+    """Committed rows are safe; the rest is resumable once the disk is fixed: say where and how."""
+    failed.data = {"run_id": run.run_id, "run_dir": str(run.path), "continue_command": continue_command(run)}
+    failed.suggestion = failed.suggestion or f"fix the disk, then: {continue_command(run)}"
+
+
+def _notify_finished(observers: tuple[RunObserver, ...], run: RunDir, result: Result) -> None:
+    """The "run finished" hook: every observer hears how the run ended, whatever ended it."""
+    for observer in observers:
+        observer.run_finished(run, result)
 
 
 def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Result:

@@ -144,6 +144,8 @@ class FanOut:
             reporter.close()
 
 
-def for_stderr() -> Reporter:
-    """A bar when stderr is a terminal, periodic lines otherwise."""
+def for_stderr(quiet: bool = False) -> Reporter:
+    """A bar when stderr is a terminal, periodic lines otherwise, nothing when `quiet` (`--quiet`)."""
+    if quiet:
+        return NullReporter()
     return BarReporter() if sys.stderr.isatty() else LineReporter()

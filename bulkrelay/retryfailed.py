@@ -93,7 +93,7 @@ def retry_failed(
             preflight,
             parent.path.parent,
             options,
-            progress.for_stderr(),
+            progress.for_stderr(options.quiet),
             slot=slot,
             manifest=manifest,
             prepare=lambda child: save_selection(child.path, selection, child.storage),

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 
+from bulkrelay.metrics import RelayStats
 from bulkrelay.preflight import Preflight
 from bulkrelay.ratelimit import RateLimiter
 from bulkrelay.records import PreparedRequest, Record
@@ -35,8 +36,11 @@ class RowSender:
         limiter: RateLimiter,
         policy: RetryPolicy,
         stop: StopControl,
+        *,
+        stats: RelayStats | None = None,
     ) -> None:
         config = preflight.job.config
+        self._stats = stats or RelayStats()
         self._renderer = preflight.renderer
         self._config_fingerprint = preflight.config_fingerprint
         self._key_field = config.input.key
@@ -74,6 +78,7 @@ class RowSender:
                 error = exc
             latency = time.monotonic() - sent
             status = response.status if response is not None else None
+            self._stats.on_attempt(status, latency)
             retry_after = self._retry_after(response)
             decision = self._policy.decide(attempt, status, error, retry_after)
             if decision.halt:
@@ -82,8 +87,10 @@ class RowSender:
             if status == 429 and retry_after is not None:
                 # The target asked everyone to slow down, not only this row: pause every start.
                 self._limiter.pause_until(time.monotonic() + retry_after)
+                self._stats.on_pause(retry_after)
             if not decision.retry:
                 break
+            self._stats.on_retry()
             if await self._stopped_during(decision.delay_seconds):
                 return None
         return self._entry(

@@ -50,7 +50,24 @@ def run_cli(
     timeout: float = 120,
     preexec_fn: Callable[[], None] | None = None,
 ) -> CliResult:
-    proc = subprocess.run(
+    proc = run_cli_raw(*args, cwd=cwd, env=env, stdin=stdin, timeout=timeout, preexec_fn=preexec_fn)
+    envelope = orjson.loads(proc.stdout)
+    assert set(envelope) == {"ok", "data", "error", "warnings", "meta"}, envelope
+    assert envelope["meta"]["exit_code"] == proc.returncode
+    assert envelope["ok"] is (proc.returncode == 0)
+    return CliResult(proc.returncode, envelope, proc.stderr.decode(errors="replace"), proc.stdout)
+
+
+def run_cli_raw(
+    *args: str | Path,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
+    timeout: float = 120,
+    preexec_fn: Callable[[], None] | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """The real CLI with no terminal anywhere, its output as it is (for `--quiet`, `--human`)."""
+    return subprocess.run(
         [sys.executable, "-m", "bulkrelay", *map(str, args)],
         cwd=cwd,
         env=env if env is not None else cli_env(),
@@ -60,8 +77,3 @@ def run_cli(
         check=False,
         preexec_fn=preexec_fn,
     )
-    envelope = orjson.loads(proc.stdout)
-    assert set(envelope) == {"ok", "data", "error", "warnings", "meta"}, envelope
-    assert envelope["meta"]["exit_code"] == proc.returncode
-    assert envelope["ok"] is (proc.returncode == 0)
-    return CliResult(proc.returncode, envelope, proc.stderr.decode(errors="replace"), proc.stdout)
