@@ -90,6 +90,12 @@ def _add_global(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> No
     parser.set_defaults(accepted_globals=accepted | {action.dest})
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"expected a whole number of at least 1, not {text!r}")
+    return int(text)
+
+
 def _duration(text: str) -> int:
     return parse_duration_ms(text)
 
@@ -153,6 +159,25 @@ def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="preflight, then relay every record")
+    p.add_argument("job", type=Path, metavar="JOB")
+    _add_input(p)
+    _add_runs_dir(p)
+    p.add_argument(
+        "--output-dir", type=Path, metavar="DIR", help="the public alpha's name for --runs-dir (deprecated)"
+    )
+    p.add_argument("--idempotency-key", metavar="K", help="part of the invocation's identity for re-runs")
+    p.add_argument("--shard", metavar="K/N", help="relay only shard K of N (from 0; also BULKRELAY_SHARD)")
+    p.add_argument(
+        "--shards",
+        type=_positive_int,
+        metavar="N",
+        help="one of N shards, K from JOB_COMPLETION_INDEX (a Kubernetes Indexed Job)",
+    )
+    _add_budget(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bulkrelay", description="Turn a file of records into HTTP requests, durably.")
     parser.add_argument("--version", action=_VersionAction, help="show the version and exit")
@@ -169,15 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_input(p)
     p.add_argument("--rows", help="rows to render, e.g. 1-5 or 3,7-9 (default: the first five)")
 
-    p = sub.add_parser("run", help="preflight, then relay every record")
-    p.add_argument("job", type=Path, metavar="JOB")
-    _add_input(p)
-    _add_runs_dir(p)
-    p.add_argument(
-        "--output-dir", type=Path, metavar="DIR", help="the public alpha's name for --runs-dir (deprecated)"
-    )
-    p.add_argument("--idempotency-key", metavar="K", help="part of the invocation's identity for re-runs")
-    _add_budget(p)
+    _add_run(sub)
 
     p = sub.add_parser("resume", help="continue an interrupted run; refuses on any change")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -197,11 +214,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="one run's state and counters")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
 
+    p = sub.add_parser("shards", help="the shards of one job (--shard K/N runs) summed into one view")
+    p.add_argument(
+        "dirs", type=Path, nargs="+", metavar="DIR", help="each shard's runs directory or run directory"
+    )
+
     p = sub.add_parser("runs", help="a table of runs")
     _add_runs_dir(p)
 
     p = sub.add_parser("export", help="input rows joined with their latest result")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument(
+        "run_dirs",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="a run; several: shards of one input, joined",
+    )
     p.add_argument("--failed", action="store_true", help="only failed rows, in the input's own format")
     p.add_argument("--format", choices=["csv", "jsonl"], help="output format (default: the input's)")
     p.add_argument(

@@ -339,8 +339,20 @@ class TimeoutConfig(_Model):
     pool_seconds: Seconds = 5.0
 
 
+def _redis_url(value: str) -> str:
+    if re.match(r"^(redis|rediss|unix)://\S+$", value):
+        return value
+    raise ValueError(
+        "must be a Redis URL such as redis://host:6379/0 (rediss:// for TLS, unix:// for a socket)"
+    )
+
+
 class RateLimitConfig(_Model):
     requests_per_second: Seconds
+    shared: Annotated[str, AfterValidator(_redis_url)] | None = None  # one limit for every shard, in Redis
+    shared_key: NonEmpty | None = (
+        None  # jobs naming the same key share one limit; default: the target's origin
+    )
 
 
 def _proxy(value: str) -> str:
@@ -368,6 +380,8 @@ class ExecutionConfig(_Model):
 
 # How the requests travel, not what they say: changing these never blocks a resume.
 _OPERATIONAL_EXECUTION_KEYS = ("client", "proxy", "tls")
+# Where the shared limit is kept, not what it is (the rate is semantic): moving Redis never blocks a resume.
+_OPERATIONAL_RATE_LIMIT_KEYS = ("shared", "shared_key")
 
 
 class RetryConfig(_Model):
@@ -511,6 +525,9 @@ def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
     del data["input"]["file"]
     for key in _OPERATIONAL_EXECUTION_KEYS:
         del data["execution"][key]
+    if data["execution"]["rate_limit"] is not None:
+        for key in _OPERATIONAL_RATE_LIMIT_KEYS:
+            del data["execution"]["rate_limit"][key]
     return data
 
 

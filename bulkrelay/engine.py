@@ -13,23 +13,25 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 
 from bulkrelay.checkpoint import Checkpoint, write_checkpoint
+from bulkrelay.config import JobConfig
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
 from bulkrelay.inputs import open_records
 from bulkrelay.journal import JournalWriter
 from bulkrelay.metrics import RelayStats
 from bulkrelay.preflight import Preflight
 from bulkrelay.progress import Reporter, Snapshot
-from bulkrelay.ratelimit import RateLimiter
+from bulkrelay.ratelimit import Limiter, LimiterUnavailable, RateLimiter
 from bulkrelay.records import Record
 from bulkrelay.retry import RetryPolicy
 from bulkrelay.rowset import RowSet
 from bulkrelay.rundir import RunDir, utc_now
 from bulkrelay.sender import RowSender
-from bulkrelay.stopping import HALT_UNAVAILABLE, INPUT_CHANGED, StopControl
+from bulkrelay.stopping import HALT_LIMIT_UNAVAILABLE, HALT_UNAVAILABLE, INPUT_CHANGED, StopControl
 from bulkrelay.transport import ClientCertificate, Transport, TransportSettings, open_transport
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
@@ -226,7 +228,8 @@ async def relay(
 
     journal = JournalWriter(run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit)
     transport = transport_factory(transport_settings(preflight))
-    sender = _row_sender(preflight, transport, stop, stats or RelayStats())
+    limiter = open_limiter(config)
+    sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats())
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     records = _pending_records(preflight, start.done_rows, stop)
 
@@ -249,6 +252,7 @@ async def relay(
         records.close()
         with anyio.CancelScope(shield=True):
             await transport.aclose()
+            await limiter.aclose()
     write_checkpoint(run.path, committed.checkpoint(), storage)
     reporter.update(committed.snapshot())
     finished_all = committed.done == committed.total
@@ -261,15 +265,30 @@ async def relay(
     )
 
 
+def open_limiter(config: JobConfig) -> Limiter:
+    """The job's rate limit: shared by every shard through Redis (`rate_limit.shared`), else our own."""
+    rate = config.execution.rate_limit
+    if rate is None or rate.shared is None:
+        return RateLimiter(rate.requests_per_second if rate else None)
+    from bulkrelay.ratelimit_redis import SharedRateLimiter  # redis loads only for a shared limit
+
+    return SharedRateLimiter(rate.shared, rate.shared_key or target_origin(config), rate.requests_per_second)
+
+
+def target_origin(config: JobConfig) -> str:
+    """scheme://host:port of the request URL: the default key of a shared limit (one target, one limit)."""
+    parts = urlsplit(config.request.url)
+    return f"{parts.scheme}://{parts.netloc}" if "{" not in parts.netloc else config.request.url
+
+
 def _row_sender(
-    preflight: Preflight, transport: Transport, stop: StopControl, stats: RelayStats
+    preflight: Preflight, transport: Transport, limiter: Limiter, stop: StopControl, stats: RelayStats
 ) -> RowSender:
     config = preflight.job.config
-    rate = config.execution.rate_limit
     return RowSender(
         preflight=preflight,
         transport=transport,
-        limiter=RateLimiter(rate.requests_per_second if rate else None),
+        limiter=limiter,
         policy=RetryPolicy.from_config(config.retry, config.response, config.halt),
         stop=stop,
         stats=stats,
@@ -284,7 +303,11 @@ async def _worker(
         record = next(records, None)
         if record is None:
             return
-        entry = await sender.send(record)
+        try:
+            entry = await sender.send(record)
+        except LimiterUnavailable as exc:  # never a local fallback: that could exceed the shared limit
+            sender.stop.request(HALT_LIMIT_UNAVAILABLE, limiter=exc.url, cause=exc.cause)
+            return
         if entry is not None:
             for admitted in streak.admit(entry):
                 await journal.submit(admitted)

@@ -90,6 +90,17 @@ def _input_spec(run: RunDir) -> InputSpec:
     return spec
 
 
+def _same_input(run: RunDir, other_dir: Path) -> RunDir:
+    """Another shard's run, refused unless it relayed the very same input."""
+    other = RunDir.open(other_dir)
+    if other.manifest["input"].get("sha256") != run.manifest["input"].get("sha256"):
+        raise UsageError(
+            f"run {other.run_id} relayed another input than run {run.run_id}: only shards of one input join",
+            context={"run_dir": str(other.path)},
+        )
+    return other
+
+
 def _joined(
     spec: InputSpec, results: _LatestResults, failed_only: bool, recorded: InputFingerprint
 ) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
@@ -134,7 +145,15 @@ def _write(
     return count
 
 
-def export(run_dir: Path, *, failed_only: bool, fmt: str | None, output: Path | None) -> Result:
+def export(
+    run_dir: Path,
+    *,
+    failed_only: bool,
+    fmt: str | None,
+    output: Path | None,
+    shards: tuple[Path, ...] = (),
+) -> Result:
+    """`shards`: the other shards' run directories of the same input, joined in (rows are disjoint)."""
     run = RunDir.open(run_dir)
     spec = _input_spec(run)
     fmt = fmt or spec.format
@@ -142,7 +161,7 @@ def export(run_dir: Path, *, failed_only: bool, fmt: str | None, output: Path | 
         raise UsageError(
             "--failed writes rows in the input's own format", suggestion=f"use --format {spec.format}"
         )
-    family = _family(run)
+    family = _family(run) + [member for other in shards for member in _family(_same_input(run, other))]
     total = int(run.manifest["input"]["record_count"])
     target = output or run.path / f"{'failed' if failed_only else 'export'}.{fmt}"
     results = _LatestResults(family, total)

@@ -18,6 +18,7 @@ from bulkrelay.lifecycle import RunObserver, RunOptions, prepared_input
 from bulkrelay.metrics import MetricsFile, metrics_path
 from bulkrelay.rundir import default_runs_dir
 from bulkrelay.runlog import RunLog, start_event
+from bulkrelay.shard import resolve_shard
 
 
 def _prepared_input(
@@ -136,6 +137,7 @@ def _run_request(args: argparse.Namespace, input_path: Path | None) -> launch.Ru
         runs_dir=default_runs_dir(_runs_dir_of_run(args)),
         idempotency_key=args.idempotency_key,
         options=_options(args),
+        shard=resolve_shard(args.shard, args.shards, os.environ),
     )
 
 
@@ -167,6 +169,12 @@ def _status(args: argparse.Namespace) -> Result:
     return commands.status(args.run_dir)
 
 
+def _shards(args: argparse.Namespace) -> Result:
+    from bulkrelay.shards import shards  # loaded only for its own command
+
+    return shards(args.dirs)
+
+
 def _runs(args: argparse.Namespace) -> Result:
     return commands.runs(default_runs_dir(args.runs_dir))
 
@@ -186,7 +194,10 @@ def _retry_failed(args: argparse.Namespace) -> Result:
 def _export(args: argparse.Namespace) -> Result:
     from bulkrelay import export  # loaded only for its own command
 
-    return export.export(args.run_dir, failed_only=args.failed, fmt=args.format, output=args.output)
+    run_dir, *shards = args.run_dirs
+    return export.export(
+        run_dir, failed_only=args.failed, fmt=args.format, output=args.output, shards=tuple(shards)
+    )
 
 
 def _demo(args: argparse.Namespace) -> Result:
@@ -201,6 +212,7 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "run": _logged("run", jobs.budgeted("run", _run, _run_key)),
     "resume": _logged("resume", jobs.budgeted("resume", _resume)),
     "status": _status,
+    "shards": _shards,
     "runs": _runs,
     "retry-failed": _logged("retry-failed", jobs.budgeted("retry-failed", _retry_failed)),
     "export": _export,

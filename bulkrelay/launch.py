@@ -6,20 +6,24 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bulkrelay import progress
 from bulkrelay.config import Job
+from bulkrelay.engine import StartPoint
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import ConfigChanged, InputChanged, NotFound
 from bulkrelay.fingerprint import file_sha256
 from bulkrelay.inputs import STDIN_NAME
 from bulkrelay.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.lifecycle import RunOptions, continue_run, start_fresh
-from bulkrelay.liverun import live_slot
+from bulkrelay.liverun import LiveSlot, live_slot
 from bulkrelay.preflight import Preflight, run_preflight
 from bulkrelay.progress import Reporter
 from bulkrelay.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.rundir import FINAL_STATES, RunDir
+from bulkrelay.selection import save_selection
+from bulkrelay.shard import ShardSpec, shard_of_run, shard_rows
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class RunRequest:
     runs_dir: Path
     idempotency_key: str | None
     options: RunOptions
+    shard: ShardSpec | None = None  # --shard K/N: only the rows this shard owns
 
     def key(self) -> str:
         """The invocation's identity; computable before preflight, so a job can be attached to at once."""
@@ -40,6 +45,8 @@ class RunRequest:
             "input": "-" if self.from_stdin else normalized_path(self.input_path),
             "runs_dir": normalized_path(self.runs_dir),
         }
+        if self.shard is not None:
+            arguments["shard"] = str(self.shard)
         stdin_sha256 = None
         if self.from_stdin and self.input_path is not None:
             stdin_sha256 = file_sha256(self.input_path)
@@ -67,7 +74,8 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
 
 def _run_in_slot(request: RunRequest, preflight: Preflight, reporter: Reporter) -> Result:
     key = request.key()
-    with live_slot(request.runs_dir, request.job.path) as slot:
+    shard = None if request.shard is None else str(request.shard)
+    with live_slot(request.runs_dir, request.job.path, shard) as slot:
         previous = _unfinished_run(request.runs_dir, key)
         warnings: list[EnvelopeWarning] = []
         if previous is not None:
@@ -89,18 +97,41 @@ def _run_in_slot(request: RunRequest, preflight: Preflight, reporter: Reporter) 
             "input_explicit": request.input_path is not None,
             "idempotency_key": request.idempotency_key,
         }
-        result = start_fresh(
-            preflight,
-            request.runs_dir,
-            request.options,
-            reporter,
-            slot=slot,
-            manifest=manifest,
-            spooled=request.from_stdin,
-            prepare=lambda run: remember(request.runs_dir, key, run.run_id),
-        )
+        result = _start_fresh(request, preflight, reporter, slot, manifest)
     result.warnings[:0] = warnings
     return result
+
+
+def _start_fresh(
+    request: RunRequest, preflight: Preflight, reporter: Reporter, slot: LiveSlot, manifest: dict[str, Any]
+) -> Result:
+    """A new run; a shard's is limited to its own rows by the selection retry-failed uses too."""
+    key = manifest["invocation_key"]
+    if request.shard is None:
+        selection = None
+        start = StartPoint()
+    else:
+        key_field = preflight.job.config.input.key
+        selection = shard_rows(preflight.input_spec, key_field, request.shard, preflight.record_count)
+        start = StartPoint(done_rows=selection.complement(), total=len(selection))
+        manifest["shard"] = request.shard.to_dict()
+
+    def prepare(run: RunDir) -> None:
+        if selection is not None:
+            save_selection(run.path, selection, run.storage)
+        remember(request.runs_dir, key, run.run_id)  # last: the index names only whole runs
+
+    return start_fresh(
+        preflight,
+        request.runs_dir,
+        request.options,
+        reporter,
+        slot=slot,
+        manifest=manifest,
+        spooled=request.from_stdin,
+        prepare=prepare,
+        start=start,
+    )
 
 
 def _discarded(previous: RunDir, changed: InputChanged | ConfigChanged) -> EnvelopeWarning:
@@ -137,7 +168,7 @@ def resume(
     check_resumable(run)
     options.announce_run(run)
     preflight = preflight_for_resume(run, config, input_path, on_rows_read=options.rows_read)
-    with live_slot(run.path.parent, preflight.job.path) as slot:
+    with live_slot(run.path.parent, preflight.job.path, shard_of_run(run.manifest)) as slot:
         run = RunDir.open(run_dir)  # as it is now: it may have ended while we preflighted
         check_resumable(run)
         return continue_run(

@@ -46,6 +46,7 @@ from bulkrelay.rundir import (
 from bulkrelay.stopping import (
     CANCELLED,
     HALT_AUTH,
+    HALT_LIMIT_UNAVAILABLE,
     HALT_UNAVAILABLE,
     INPUT_CHANGED,
     INTERRUPTED,
@@ -67,6 +68,11 @@ _STOPS: dict[str, tuple[str, ExitCode, str]] = {
     STALLED: ("STALLED", ExitCode.TIMEOUT, "no progress for the idle timeout; stopped"),
     HALT_AUTH: ("TARGET_AUTH_FAILED", ExitCode.AUTH_REQUIRED, "the target refused our credentials; halted"),
     HALT_UNAVAILABLE: ("TARGET_UNAVAILABLE", ExitCode.UNAVAILABLE, "the target looks down; halted"),
+    HALT_LIMIT_UNAVAILABLE: (
+        "SHARED_LIMIT_UNAVAILABLE",
+        ExitCode.UNAVAILABLE,
+        "the shared rate limit cannot be reached, and no shard sends without it; halted",
+    ),
     CANCELLED: ("CANCELLED", ExitCode.SIGTERM, "the job was cancelled"),
     INPUT_CHANGED: (
         "INPUT_CHANGED",

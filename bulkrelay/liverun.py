@@ -34,8 +34,10 @@ LIVE_DIR = ".live"
 STAGING_PREFIX = "new-"
 
 
-def job_key(job_path: Path) -> str:
-    return hashlib.sha256(str(job_path.resolve()).encode()).hexdigest()[:32]
+def job_key(job_path: Path, shard: str | None = None) -> str:
+    """The job's slot: its file's absolute path, and the shard (`K/N`) when it is one of several."""
+    identity = str(job_path.resolve()) if shard is None else f"{job_path.resolve()}\0shard {shard}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
 class LiveSlot:
@@ -64,9 +66,9 @@ class LiveSlot:
 
 
 @contextmanager
-def live_slot(runs_dir: Path, job_path: Path) -> Iterator[LiveSlot]:
+def live_slot(runs_dir: Path, job_path: Path, shard: str | None = None) -> Iterator[LiveSlot]:
     """Hold the job's live lock for the block, or raise RunLocked naming the run another process relays."""
-    directory = runs_dir / LIVE_DIR / job_key(job_path)
+    directory = runs_dir / LIVE_DIR / job_key(job_path, shard)
     try:
         make_private_dir(directory)
         decide_fd = _open_lock(directory / "decide")

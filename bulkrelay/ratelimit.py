@@ -27,6 +27,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 _MAX_LAG = 0.05  # seconds of missed slots a late wakeup may still claim
 _WINDOW_MARGIN = 0.01  # seconds of slack on the one-second window: arrivals jitter on the way to the target
@@ -80,6 +81,26 @@ class StartSchedule:
             self._next_slot = max(self._next_slot, deadline)
 
 
+class LimiterUnavailable(Exception):
+    """A limit kept outside this process could not be asked: the relay halts rather than guess."""
+
+    def __init__(self, url: str, cause: str) -> None:
+        super().__init__(f"the shared rate limit at {url} is unavailable: {cause}")
+        self.url = url
+        self.cause = cause
+
+
+class Limiter(Protocol):
+    """What the sender needs of a rate limit: this process's own (`RateLimiter`), or one shared by every
+    shard of a job (`ratelimit_redis.SharedRateLimiter`)."""
+
+    async def acquire(self) -> None: ...
+
+    def pause_until(self, monotonic_deadline: float) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
 class RateLimiter:
     """Awaitable starts under a `StartSchedule`, FIFO among waiters."""
 
@@ -115,6 +136,9 @@ class RateLimiter:
         """Hold every start until `monotonic_deadline` (in this limiter's clock)."""
         # A timer already armed fires early, finds the head paused and re-arms for the deadline.
         self._schedule.pause_until(monotonic_deadline)
+
+    async def aclose(self) -> None:
+        """Nothing to let go of: the limit lives in this process."""
 
     def _arm(self, now: float) -> None:
         """Make sure a timer will release the queue head when its time comes."""

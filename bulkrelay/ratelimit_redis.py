@@ -26,6 +26,8 @@ import time
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from bulkrelay.ratelimit import LimiterUnavailable
+
 _WINDOW_MARGIN_US = 20_000  # arrivals jitter on the way to the target, more so from several machines
 _MAX_LAG_US = 50_000  # missed pacing slots a late asker may still claim, as in the local limiter
 _SOCKET_TIMEOUT_SECONDS = 5.0
@@ -65,13 +67,11 @@ return 0
 """
 
 
-class SharedLimitUnavailable(Exception):
+class SharedLimitUnavailable(LimiterUnavailable):
     """Redis, which keeps the shared limit, could not be reached or refused the script."""
 
     def __init__(self, url: str, cause: str) -> None:
-        super().__init__(f"the shared rate limit at {_redacted(url)} is unavailable: {cause}")
-        self.url = _redacted(url)
-        self.cause = cause
+        super().__init__(_redacted(url), cause)
 
 
 class SharedRateLimiter:

@@ -22,6 +22,7 @@ from bulkrelay.resume import input_differences, input_path_for, job_path_for
 from bulkrelay.rowset import RowSet
 from bulkrelay.rundir import RunDir, is_locked
 from bulkrelay.selection import save_selection
+from bulkrelay.shard import shard_of_run
 
 
 def parse_statuses(text: str | None) -> frozenset[int] | None:
@@ -88,7 +89,9 @@ def retry_failed(
         "input_explicit": True,
         "retry_filter": {"statuses": statuses, "classification": classification},
     }
-    with live_slot(parent.path.parent, preflight.job.path) as slot:
+    if parent.manifest.get("shard"):  # a shard's failed rows: the child is of the same shard
+        manifest["shard"] = parent.manifest["shard"]
+    with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent.manifest)) as slot:
         result = start_fresh(
             preflight,
             parent.path.parent,

@@ -13,7 +13,7 @@ import anyio
 
 from bulkrelay.metrics import RelayStats
 from bulkrelay.preflight import Preflight
-from bulkrelay.ratelimit import RateLimiter
+from bulkrelay.ratelimit import Limiter
 from bulkrelay.records import PreparedRequest, Record
 from bulkrelay.response import ResponseReader
 from bulkrelay.retry import RetryPolicy, parse_retry_after
@@ -33,7 +33,7 @@ class RowSender:
         self,
         preflight: Preflight,
         transport: Transport,
-        limiter: RateLimiter,
+        limiter: Limiter,
         policy: RetryPolicy,
         stop: StopControl,
         *,

@@ -18,6 +18,7 @@ TERMINATED = "terminated"  # SIGTERM or SIGHUP
 TIMEOUT = "timeout"  # --timeout or max_lifetime_seconds
 HALT_AUTH = "halt_auth"  # a status in halt.on_statuses
 HALT_UNAVAILABLE = "halt_unavailable"  # halt.consecutive_failures reached
+HALT_LIMIT_UNAVAILABLE = "halt_limit_unavailable"  # the shared rate limit (Redis) cannot be reached
 CANCELLED = "cancelled"  # job cancel
 HANDOFF = "handoff"  # the call budget ran out in the foreground; a background worker continues
 STALLED = "stalled"  # no progress for idle_timeout_seconds

@@ -279,11 +279,11 @@ def test_a_discarded_checkpoint_is_in_the_hand_off_envelope(tmp_path: Path) -> N
         _wait_for_status(status, lambda s: bool(s.get("warnings")) and s.get("run_dir") is not None)
         envelope = _hand_off_now(front)
         job_id = envelope["data"]["job_id"]
-        (warning,) = envelope["warnings"]
-        assert warning["code"] == "CHECKPOINT_DISCARDED"
+        # With no terminal and no agent budget the hand-off also warns BUDGET_HANDOFF_UNATTENDED.
+        (warning,) = [w for w in envelope["warnings"] if w["code"] == "CHECKPOINT_DISCARDED"]
         assert warning["context"] == {"previous_run": halted.data["run_id"], "reason": "INPUT_CHANGED"}
         assert envelope["data"]["run_dir"] not in (None, halted.data["run_dir"])  # the new run's
-        assert _cli(tmp_path, "job", "status", job_id).envelope["warnings"] == [warning]
+        assert warning in _cli(tmp_path, "job", "status", job_id).envelope["warnings"]
         assert _cli(tmp_path, "job", "cancel", job_id).exit_code == ExitCode.SUCCESS
 
 
