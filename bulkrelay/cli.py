@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_input(p)
     p.add_argument("--runs-dir", type=Path, metavar="DIR", help="where runs live (default ./.bulkrelay/runs)")
     p.add_argument("--idempotency-key", metavar="K", help="part of the invocation's identity for re-runs")
+    p.add_argument(
+        "--full", action="store_true", help="a delta job: send every row once and refresh its sync state"
+    )
     _add_budget(p)
 
     p = sub.add_parser("resume", help="continue an interrupted run; refuses on any change")

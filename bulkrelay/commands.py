@@ -129,6 +129,8 @@ def status(run_dir: Path) -> Result:
         "progress": committed_progress(run),
         "summary": read_json(summary_path) if summary_path.exists() else None,
     }
+    if "sync" in run.manifest:  # a delta run: its mode, rows selected and rows skipped unchanged
+        data["sync"] = run.manifest["sync"]
     return Result(data=data, kind="status")
 
 

@@ -328,6 +328,16 @@ class ExecutionConfig(_Model):
     idle_timeout_seconds: Seconds = 300.0
     max_lifetime_seconds: Seconds = 604800.0
     http2: bool = False
+    # full: every row, every run; delta: only rows whose request changed since it was last delivered
+    # (docs/delta.md). Left out of the fingerprint when full, so older runs keep theirs.
+    sync: Literal["full", "delta"] = "full"
+
+    @model_serializer(mode="wrap")
+    def _omit_default_sync(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.sync == "full":
+            data.pop("sync", None)
+        return data
 
 
 class RetryConfig(_Model):
@@ -359,6 +369,12 @@ class JobConfig(_Model):
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     halt: HaltConfig = Field(default_factory=HaltConfig)
+
+    @model_validator(mode="after")
+    def _delta_needs_key(self) -> JobConfig:
+        if self.execution.sync != "full" and self.input.key is None:
+            raise ValueError(f"execution.sync: {self.execution.sync} needs input.key to name each record")
+        return self
 
 
 # --- loading --------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ def _run_request(args: argparse.Namespace, spooled_stdin: Path | None = None) ->
         runs_dir=runs_dir,
         idempotency_key=args.idempotency_key,
         options=_options(args),
+        full=args.full,
     )
 
 

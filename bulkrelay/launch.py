@@ -8,6 +8,8 @@ from pathlib import Path
 
 from bulkrelay import progress
 from bulkrelay.config import Job
+from bulkrelay.delta import open_delta, sync_manifest
+from bulkrelay.engine import StartPoint
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import ConfigChanged, InputChanged, NotFound
 from bulkrelay.fingerprint import file_sha256
@@ -16,7 +18,9 @@ from bulkrelay.lifecycle import RunOptions, continue_run, start_fresh
 from bulkrelay.preflight import Preflight, run_preflight
 from bulkrelay.progress import Reporter
 from bulkrelay.resume import check_resumable, preflight_for_resume, verify_unchanged
+from bulkrelay.rowset import RowSet
 from bulkrelay.rundir import FINAL_STATES, RunDir
+from bulkrelay.selection import save_selection
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class RunRequest:
     runs_dir: Path
     idempotency_key: str | None
     options: RunOptions
+    full: bool = False  # `--full`: a delta job sends every row once and refreshes its sync state
 
     def key(self) -> str:
         """The invocation's identity; computable before preflight, so a job can be attached to at once."""
@@ -37,6 +42,8 @@ class RunRequest:
             "input": "-" if self.from_stdin else normalized_path(self.input_path),
             "runs_dir": normalized_path(self.runs_dir),
         }
+        if self.full:  # only when given, so the keys of earlier invocations stay what they were
+            arguments["full"] = "true"
         stdin_sha256 = None
         if self.from_stdin and self.input_path is not None:
             stdin_sha256 = file_sha256(self.input_path)
@@ -48,7 +55,7 @@ class RunRequest:
 def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     """Preflight, then continue the identical invocation's unfinished run or start a new one."""
     reporter = reporter or progress.for_stderr()
-    preflight = run_preflight(request.job, request.input_path)
+    preflight, selection = _preflight(request)
     key = request.key()
     warnings: list[EnvelopeWarning] = []
     previous = _unfinished_run(request.runs_dir, key)
@@ -73,6 +80,17 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
         "input_explicit": request.input_path is not None,
         "idempotency_key": request.idempotency_key,
     }
+    start = None
+    if preflight.digester is not None:
+        manifest["sync"] = sync_manifest(request.job, selection, preflight.record_count)
+    if selection is not None:  # a delta run: the unchanged rows count as done from the start
+        start = StartPoint(done_rows=selection.complement(), total=len(selection))
+
+    def on_created(run: RunDir) -> None:
+        remember(request.runs_dir, key, run.run_id)
+        if selection is not None:
+            save_selection(run.path, selection, run.storage)
+
     result = start_fresh(
         preflight,
         request.runs_dir,
@@ -80,10 +98,23 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
         reporter,
         manifest=manifest,
         spooled=request.from_stdin,
-        on_created=lambda run: remember(request.runs_dir, key, run.run_id),
+        on_created=on_created,
+        start=start,
     )
     result.warnings[:0] = warnings
     return result
+
+
+def _preflight(request: RunRequest) -> tuple[Preflight, RowSet | None]:
+    """Preflight; for a delta job also the rows that changed since their last delivery."""
+    delta = open_delta(request.job, request.runs_dir, full=request.full)
+    if delta is None:
+        return run_preflight(request.job, request.input_path), None
+    try:
+        preflight = run_preflight(request.job, request.input_path, delta=delta.selector)
+        return preflight, delta.selection(preflight.record_count)
+    finally:
+        delta.close()
 
 
 def _with_input(preflight: Preflight, path: Path) -> Preflight:

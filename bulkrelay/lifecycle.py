@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import anyio
 
 from bulkrelay.atomic import write_json_atomic
+from bulkrelay.delta import record_deliveries
 from bulkrelay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode, sole_error
@@ -143,6 +144,8 @@ def relay_locked(
         raise sole_error(group) from None
     finally:
         reporter.close()
+    if preflight.digester is not None:
+        record_deliveries(run)  # from the committed journal only; a crash before this is caught up later
     return _conclude(preflight, run, outcome)
 
 
@@ -195,6 +198,8 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
 def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
     summary = summarize(run.journal_path, total_rows=total_rows)
     summary["run_id"] = run.run_id
+    if "sync" in run.manifest:  # a delta run: rows it did not send because they had not changed
+        summary["skipped_unchanged"] = run.manifest["sync"]["skipped_unchanged"]
     if outcome is not None:
         elapsed = outcome.elapsed_seconds
         summary["this_call"] = {

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bulkrelay.config import Job
+from bulkrelay.delta import DeltaSelector, RequestDigester
 from bulkrelay.errors import InputInvalid, Problem, UsageError
 from bulkrelay.fingerprint import config_fingerprint
 from bulkrelay.inputs import InputFingerprint, InputSpec, detect_format, open_records
@@ -30,6 +31,7 @@ class Preflight:
     input_fingerprint: InputFingerprint
     config_fingerprint: str
     renderer: RequestRenderer
+    digester: RequestDigester | None = None  # a delta job: journal lines carry each row's digest
 
     @property
     def record_count(self) -> int:
@@ -63,10 +65,20 @@ class _ProblemCollector:
 
 
 def run_preflight(
-    job: Job, input_override: Path | None = None, env: Mapping[str, str] | None = None
+    job: Job,
+    input_override: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    delta: DeltaSelector | None = None,
 ) -> Preflight:
-    """Validate the whole job and input; raise `InputInvalid` with the problems found."""
+    """Validate the whole job and input; raise `InputInvalid` with the problems found.
+
+    `delta` sees every record that renders, with its request, in the same pass: the rows a delta
+    run sends are chosen without reading the input twice."""
     renderer = RequestRenderer.from_config(job.config.request, os.environ if env is None else env)
+    digester = None
+    if job.config.execution.sync != "full":
+        digester = RequestDigester(job.config.request, renderer.redactor)
+    observe = delta.observer(digester) if delta is not None and digester is not None else None
     spec = resolve_input(job, input_override)
     collector = _ProblemCollector()
     key_field = job.config.input.key
@@ -76,7 +88,9 @@ def run_preflight(
     with open_records(spec, collector.add) as stream:
         for record in stream:
             try:
-                render(record)
+                request = render(record)
+                if observe is not None:
+                    observe(record, request)
             except RenderError as exc:
                 collector.add(
                     Problem(exc.message, file=file, line=record.line, row=record.row_number, field=exc.field)
@@ -95,4 +109,5 @@ def run_preflight(
         input_fingerprint=fingerprint,
         config_fingerprint=config_fingerprint(job.config),
         renderer=renderer,
+        digester=digester,
     )

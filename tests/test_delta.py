@@ -1,0 +1,194 @@
+"""Delta sync with real processes: the target's request log proves which rows each night sent."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.journal import decode_line, iter_journal
+from bulkrelay.syncstate import SyncState, job_identity, rebuilt_items
+from tests.clirun import CliResult, cli_env, run_cli
+from tests.jobfiles import make_rows, write_csv, write_job
+from tests.targetproc import TargetProcess
+from tests.test_resume import rewrite_job, sent_ids
+
+ROWS = 500
+CHANGED = (7, 99, 250, 251, 480)  # 1% of the rows
+DELTA: dict[str, Any] = {
+    "input": {"key": "id"},
+    "request": {"idempotency_key": {"header": "Idempotency-Key"}},
+    "execution": {"concurrency": 4, "sync": "delta"},
+}
+
+
+def _night(cwd: Path, job: Path, *extra: str) -> CliResult:
+    result = run_cli("run", job, "--budget", "0", *extra, cwd=cwd)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    return result
+
+
+def _rows_with_changes(changed: tuple[int, ...], tag: str = "-v2") -> list[dict[str, str]]:
+    rows = make_rows(ROWS)
+    for n in changed:
+        rows[n - 1]["email"] = f"user{n}{tag}@example.com"
+    return rows
+
+
+def _state(cwd: Path) -> list[tuple[str, bytes, str]]:
+    runs_dir = cwd / ".bulkrelay" / "runs"
+    with SyncState.for_job(runs_dir, job_identity("test-job", cwd / "job.yaml")) as state:
+        return list(state.items())
+
+
+def _rebuilt(cwd: Path) -> list[tuple[str, bytes, str]]:
+    return list(rebuilt_items(cwd / ".bulkrelay" / "runs", job_identity("test-job", cwd / "job.yaml")))
+
+
+@pytest.fixture
+def target() -> Any:
+    with TargetProcess({"dedup": True}) as running:
+        yield running
+
+
+def test_night_1_sends_all_and_night_2_sends_exactly_the_changed_rows(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    first = _night(tmp_path, job)
+    assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+    assert first.data["summary"]["skipped_unchanged"] == 0
+
+    target.reset()
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    second = _night(tmp_path, job)
+    assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
+    assert second.data["summary"]["skipped_unchanged"] == ROWS - len(CHANGED)
+    assert second.data["progress"]["total"] == len(CHANGED)
+    status = run_cli("status", second.data["run_dir"], cwd=tmp_path)
+    assert status.data["sync"]["skipped_unchanged"] == ROWS - len(CHANGED)
+
+    target.reset()
+    _night(tmp_path, job)  # nothing changed since: nothing is sent
+    assert target.requests() == []
+    assert _state(tmp_path) == _rebuilt(tmp_path)
+    assert len(_state(tmp_path)) == ROWS
+
+
+def test_rotating_a_token_or_reordering_the_body_sends_nothing_but_a_new_url_sends_all(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    headers = {"headers": {"Authorization": "Bearer ${API_TOKEN}"}}
+    job = write_job(tmp_path, target.url, rows=ROWS, **{**DELTA, "request": {**DELTA["request"], **headers}})
+    assert run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env(API_TOKEN="one")).exit_code == 0
+    target.reset()
+    rewrite_job(job, request={"json": {"name": {"from": "name"}, "email": {"from": "email"}}})
+    again = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env(API_TOKEN="two"))
+    assert again.exit_code == 0, again.envelope
+    assert target.requests() == []
+    assert again.data["summary"]["skipped_unchanged"] == ROWS
+
+    rewrite_job(job, request={"url": f"{target.url}/v2/items/{{id}}"})
+    moved = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env(API_TOKEN="two"))
+    assert moved.exit_code == 0, moved.envelope
+    assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+    assert {r["path"].rsplit("/", 1)[0] for r in target.requests()} == {"/v2/items"}
+
+
+def test_full_sends_every_row_once_and_refreshes_the_state(tmp_path: Path, target: TargetProcess) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    _night(tmp_path, job)
+    target.reset()
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    full = _night(tmp_path, job, "--full")
+    assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+    assert full.data["summary"]["skipped_unchanged"] == 0
+    target.reset()
+    _night(tmp_path, job)  # the full run refreshed the state: the changed rows are known now
+    assert target.requests() == []
+
+
+def _committed_lines(journal: Path) -> int:
+    if not journal.exists():
+        return 0
+    count = 0
+    for line in journal.read_bytes().splitlines(keepends=True):
+        try:
+            decode_line(line)
+        except ValueError:
+            break
+        count += 1
+    return count
+
+
+def _kill_after_commits(cwd: Path, job: Path, commits: int) -> Path:
+    """Start night 2, wait until `commits` rows are in its journal, kill -9 it; its run directory."""
+    runs = cwd / ".bulkrelay" / "runs"
+    before = set(runs.iterdir())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
+        cwd=cwd,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            assert proc.poll() is None, f"night 2 ended on its own (exit {proc.returncode})"
+            assert time.monotonic() < deadline, "night 2 never committed enough rows"
+            fresh = [d for d in runs.iterdir() if d not in before and d.is_dir()]
+            if fresh and _committed_lines(fresh[0] / "results.jsonl") >= commits:
+                proc.send_signal(signal.SIGKILL)
+                return fresh[0]
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_kill_9_in_night_2_then_the_identical_command_delivers_each_changed_row_once(
+    tmp_path: Path,
+) -> None:
+    changed = tuple(range(3, ROWS, 10))  # 50 rows
+    stalled = f"user{changed[-1]}-v2@"  # its first answer never comes: night 2 cannot finish alone
+    plan = {"dedup": True, "rules": [{"match": {"body_contains": stalled}, "delay_ms": 600_000, "times": 1}]}
+    with TargetProcess(plan) as target:
+        job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+        _night(tmp_path, job)
+        target.reset()
+        write_csv(tmp_path / "data.csv", _rows_with_changes(changed))
+        run_dir = _kill_after_commits(tmp_path, job, commits=20)
+        after = _night(tmp_path, job)
+        assert after.data["run_id"] == run_dir.name  # the identical command continued the killed run
+
+        delivered = Counter(str(e["key"]) for e in iter_journal(run_dir / "results.jsonl"))
+        assert delivered == Counter({str(n): 1 for n in changed})
+        sent = sent_ids(target)
+        assert set(sent) == {str(n) for n in changed}  # no unchanged row went out
+        assert target.stats()["effects"] == len(changed)  # each changed row took effect once
+    assert _state(tmp_path) == _rebuilt(tmp_path)
+
+
+def test_a_row_that_failed_is_not_delivered_and_goes_again_the_next_night(tmp_path: Path) -> None:
+    failing = {"match": {"body_contains": f"user{CHANGED[0]}-v2@"}, "status": 422, "times": 1}
+    with TargetProcess({"rules": [failing]}) as target:
+        job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+        _night(tmp_path, job)
+        target.reset()
+        write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+        second = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        assert second.exit_code == ExitCode.PARTIAL_FAILURE, second.envelope
+        target.set_plan({})
+        target.reset()
+        third = _night(tmp_path, job)
+        assert sent_ids(target) == Counter({str(CHANGED[0]): 1})
+        assert third.data["summary"]["skipped_unchanged"] == ROWS - 1
