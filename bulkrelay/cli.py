@@ -51,6 +51,20 @@ def _add_budget(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_sync_state(sub: argparse._SubParsersAction[_Parser]) -> None:
+    sync = sub.add_parser(
+        "sync-state", help="a delta job's sync state: rebuild or verify it from the journals"
+    )
+    sync_sub = sync.add_subparsers(dest="sync_command", metavar="ACTION", parser_class=_Parser)
+    for action, text in (
+        ("rebuild", "replace the sync state with one built from the job's journals"),
+        ("verify", "check the sync state against the job's journals (exit 4 when they differ)"),
+    ):
+        sp = sync_sub.add_parser(action, help=text)
+        sp.add_argument("job", type=Path, metavar="JOB")
+        sp.add_argument("--runs-dir", type=Path, metavar="DIR", help="where the job's runs live")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bulkrelay", description="Turn a file of records into HTTP requests, durably.")
     parser.add_argument("--json", action="store_true", help="print one JSON envelope on stdout")
@@ -103,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=Path, metavar="FILE", help="write here (default stdout summary only)"
     )
 
+    _add_sync_state(sub)
+
     job = sub.add_parser("job", help="background jobs: wait, status, cancel")
     job_sub = job.add_subparsers(dest="job_command", metavar="ACTION", parser_class=_Parser)
     for action, text in (
@@ -140,6 +156,8 @@ def dispatch(args: argparse.Namespace) -> Result:
 def _command_name(args: argparse.Namespace) -> str:
     if args.command == "job":
         return f"job {args.job_command}" if args.job_command else "job"
+    if args.command == "sync-state":
+        return f"sync-state {args.sync_command}" if args.sync_command else "sync-state"
     return str(args.command)
 
 

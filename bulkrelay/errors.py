@@ -11,7 +11,8 @@
     │   ├── ConfigChanged               CONFIG_CHANGED
     │   ├── JournalCorrupt              JOURNAL_CORRUPT
     │   ├── RunNotResumable             RUN_NOT_RESUMABLE
-    │   └── TlsUnavailable              TLS_UNAVAILABLE
+    │   ├── TlsUnavailable              TLS_UNAVAILABLE
+    │   └── SyncStateMismatch           SYNC_STATE_MISMATCH
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
     └── JobLost                         JOB_LOST             1 GENERAL_ERROR
@@ -171,6 +172,12 @@ class TlsUnavailable(PreconditionFailed):
     """No trusted CA certificate could be loaded, so no HTTP client can be made (even for http://)."""
 
     code = "TLS_UNAVAILABLE"
+
+
+class SyncStateMismatch(PreconditionFailed):
+    """`sync-state verify`: a delta job's sync state differs from what its journals imply."""
+
+    code = "SYNC_STATE_MISMATCH"
 
 
 class RunLocked(BulkRelayError):

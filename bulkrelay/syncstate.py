@@ -23,10 +23,12 @@ from typing import Any
 
 import orjson
 
+from bulkrelay.errors import NotFound, RunLocked, SyncStateMismatch
 from bulkrelay.fingerprint import canonical_sha256
 from bulkrelay.invocation import normalized_path
 from bulkrelay.journal import MAX_LINE_BYTES, decode_line
 from bulkrelay.rundir import RunDir, is_locked, list_runs
+from bulkrelay.storage import Storage
 
 STATE_DIR = "sync-state"
 LOOKUP_BATCH = 500  # keys per `IN (...)` query: well under SQLite's variable limit
@@ -192,3 +194,91 @@ class _MemoryState(SyncState):
         self._db = sqlite3.connect(":memory:", isolation_level=None)
         self._db.executescript(_SCHEMA)
         self._db.execute("INSERT INTO meta VALUES ('job', ?)", (identity,))
+
+
+def _refuse_live(runs: list[RunDir]) -> None:
+    for run in runs:
+        if is_locked(run.path):
+            raise RunLocked(
+                f"run {run.run_id} of this job is running; its results are not all in the journal yet",
+                context={"run_dir": str(run.path)},
+                suggestion="wait for it to end (or `bulkrelay job wait`), then try again",
+            )
+
+
+def rebuild_state(runs_dir: Path, identity: str) -> dict[str, Any]:
+    """Replace the job's sync state with one built from its journals alone."""
+    runs = job_runs(runs_dir, identity)
+    _refuse_live(runs)
+    final = state_path(runs_dir, identity)
+    building = final.with_name(final.name + ".rebuild")
+    for stale in _files_of(building):
+        stale.unlink(missing_ok=True)
+    with SyncState(building, identity) as fresh:
+        for run in runs:
+            fresh.apply_run(run)
+        keys = fresh.count()
+    for stale in _files_of(final)[1:]:  # the old database's WAL and shared memory go with it
+        stale.unlink(missing_ok=True)
+    storage = Storage()
+    storage.replace(building, final)
+    storage.fsync_dir(final.parent)
+    return {"job": identity, "state": str(final), "runs": len(runs), "keys": keys}
+
+
+def verify_state(runs_dir: Path, identity: str) -> dict[str, Any]:
+    """Compare the job's sync state with what its journals imply; `SyncStateMismatch` naming the
+    differences when they disagree."""
+    runs = job_runs(runs_dir, identity)
+    _refuse_live(runs)
+    path = state_path(runs_dir, identity)
+    if not path.exists():
+        raise NotFound(
+            f"no sync state for job {identity} in {runs_dir}",
+            context={"state": str(path)},
+            suggestion="run the delta job once, or `bulkrelay sync-state rebuild JOB`",
+        )
+    with SyncState(path, identity) as live:
+        differences = _differences(live.items(), rebuilt_items(runs_dir, identity))
+        keys = live.count()
+    if any(differences[kind] for kind in ("missing", "extra", "different")):
+        raise SyncStateMismatch(
+            f"the sync state of job {identity} differs from its journals: {differences['missing']} keys "
+            f"missing, {differences['extra']} extra, {differences['different']} with another digest or run",
+            context={"state": str(path), **differences},
+            suggestion="bulkrelay sync-state rebuild JOB",
+        )
+    return {"job": identity, "state": str(path), "runs": len(runs), "keys": keys, "matches": True}
+
+
+Item = tuple[str, bytes, str]
+_EXAMPLES = 5
+
+
+def _differences(live: Iterator[Item], rebuilt: Iterator[Item]) -> dict[str, Any]:
+    """Walk both key-ordered listings together; count and name (a few) keys that differ."""
+    found: dict[str, Any] = {"missing": 0, "extra": 0, "different": 0, "examples": []}
+
+    def note(kind: str, key: str) -> None:
+        found[kind] += 1
+        if len(found["examples"]) < _EXAMPLES:
+            found["examples"].append({"key": key, "problem": kind})
+
+    have, want = next(live, None), next(rebuilt, None)
+    while have is not None or want is not None:
+        if want is None or (have is not None and have[0] < want[0]):
+            assert have is not None
+            note("extra", have[0])
+            have = next(live, None)
+        elif have is None or want[0] < have[0]:
+            note("missing", want[0])
+            want = next(rebuilt, None)
+        else:
+            if have != want:
+                note("different", have[0])
+            have, want = next(live, None), next(rebuilt, None)
+    return found
+
+
+def _files_of(database: Path) -> list[Path]:
+    return [database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")]

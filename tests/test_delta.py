@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -192,3 +193,35 @@ def test_a_row_that_failed_is_not_delivered_and_goes_again_the_next_night(tmp_pa
         third = _night(tmp_path, job)
         assert sent_ids(target) == Counter({str(CHANGED[0]): 1})
         assert third.data["summary"]["skipped_unchanged"] == ROWS - 1
+
+
+def test_sync_state_rebuild_equals_the_live_state_and_verify_names_a_difference(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    _night(tmp_path, job)
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    _night(tmp_path, job)
+    live = _state(tmp_path)
+    verified = run_cli("sync-state", "verify", job, cwd=tmp_path)
+    assert verified.exit_code == ExitCode.SUCCESS, verified.envelope
+    assert verified.data["keys"] == ROWS
+
+    state_file = Path(verified.data["state"])
+    with sqlite3.connect(state_file) as db:  # the state drifts from its journals
+        db.execute("UPDATE delivered SET digest = zeroblob(16) WHERE key = '99'")
+        db.execute("DELETE FROM delivered WHERE key = '7'")
+    db.close()
+    drifted = run_cli("sync-state", "verify", job, cwd=tmp_path)
+    assert drifted.exit_code == ExitCode.PRECONDITION, drifted.envelope
+    assert drifted.error_code == "SYNC_STATE_MISMATCH"
+    context = drifted.envelope["error"]["context"]
+    assert (context["missing"], context["extra"], context["different"]) == (1, 0, 1)
+    assert {e["key"] for e in context["examples"]} == {"7", "99"}
+
+    state_file.unlink()
+    rebuilt = run_cli("sync-state", "rebuild", job, cwd=tmp_path)
+    assert rebuilt.exit_code == ExitCode.SUCCESS, rebuilt.envelope
+    assert (rebuilt.data["runs"], rebuilt.data["keys"]) == (2, ROWS)
+    assert _state(tmp_path) == live
+    assert run_cli("sync-state", "verify", job, cwd=tmp_path).exit_code == ExitCode.SUCCESS
