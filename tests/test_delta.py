@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
@@ -75,6 +76,11 @@ def test_night_1_sends_all_and_night_2_sends_exactly_the_changed_rows(
     assert second.data["progress"]["total"] == len(CHANGED)
     status = run_cli("status", second.data["run_dir"], cwd=tmp_path)
     assert status.data["sync"]["skipped_unchanged"] == ROWS - len(CHANGED)
+    exported = run_cli("export", second.data["run_dir"], "--format", "jsonl", cwd=tmp_path)
+    assert exported.data["skipped_unchanged"] == ROWS - len(CHANGED)
+    lines = [orjson.loads(line) for line in Path(exported.data["output"]).read_bytes().splitlines()]
+    outcome = {line["record"]["id"]: line["result"]["classification"] for line in lines}
+    assert outcome == {str(n): "success" if n in CHANGED else "skipped_unchanged" for n in range(1, ROWS + 1)}
 
     target.reset()
     _night(tmp_path, job)  # nothing changed since: nothing is sent
