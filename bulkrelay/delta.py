@@ -82,9 +82,11 @@ class DeltaSelector:
     Keys are looked up `LOOKUP_BATCH` at a time, and the changed rows are kept as bits, so memory
     stays flat however long the input is."""
 
-    def __init__(self, state: SyncState, key_field: str) -> None:
+    def __init__(self, state: SyncState, key_field: str, *, select: bool, remember_keys: bool) -> None:
         self._state = state
         self._key_field = key_field
+        self._select = select  # False under --full: every row is sent
+        self._remember_keys = remember_keys  # sync: mirror: tonight's keys, to find the ones gone
         self._pending: list[tuple[int, str, bytes]] = []
         self._bits = bytearray(1)
         self.changed = 0
@@ -102,7 +104,14 @@ class DeltaSelector:
         return observe
 
     def _flush(self) -> None:
-        stored = self._state.lookup([key for _, key, _ in self._pending])
+        keys = [key for _, key, _ in self._pending]
+        if self._remember_keys:
+            self._state.remember_seen(keys)
+        if self._select:
+            self._mark_changed(self._state.lookup(keys))
+        self._pending.clear()
+
+    def _mark_changed(self, stored: dict[str, bytes]) -> None:
         bits = self._bits
         for row, key, digest in self._pending:
             if stored.get(key) != digest:
@@ -111,7 +120,6 @@ class DeltaSelector:
                     bits.extend(bytes(index + 1 - len(bits)))
                 bits[index] |= 1 << (row & 7)
                 self.changed += 1
-        self._pending.clear()
 
     def selection(self, size: int) -> RowSet:
         """The changed rows among rows 1..size."""
@@ -131,11 +139,20 @@ class DeltaStart:
         catch_up(self.state, job_runs(runs_dir, identity))
         key_field = job.config.input.key
         assert key_field is not None  # the config refuses a delta job without input.key
-        self.selector = None if full else DeltaSelector(self.state, key_field)
+        self.full = full
+        self.mirror = job.config.mirror
+        self.selector: DeltaSelector | None = None
+        if not full or self.mirror is not None:
+            self.selector = DeltaSelector(
+                self.state, key_field, select=not full, remember_keys=self.mirror is not None
+            )
 
     def selection(self, size: int) -> RowSet | None:
         """The rows to send (None: all of them, under `--full`)."""
-        return None if self.selector is None else self.selector.selection(size)
+        if self.selector is None:
+            return None
+        rows = self.selector.selection(size)  # also the last batch of keys, seen or looked up
+        return None if self.full else rows
 
     def close(self) -> None:
         self.state.close()

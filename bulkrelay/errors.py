@@ -12,7 +12,8 @@
     │   ├── JournalCorrupt              JOURNAL_CORRUPT
     │   ├── RunNotResumable             RUN_NOT_RESUMABLE
     │   ├── TlsUnavailable              TLS_UNAVAILABLE
-    │   └── SyncStateMismatch           SYNC_STATE_MISMATCH
+    │   ├── SyncStateMismatch           SYNC_STATE_MISMATCH
+    │   └── TooManyDeletes              TOO_MANY_DELETES
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
     └── JobLost                         JOB_LOST             1 GENERAL_ERROR
@@ -178,6 +179,12 @@ class SyncStateMismatch(PreconditionFailed):
     """`sync-state verify`: a delta job's sync state differs from what its journals imply."""
 
     code = "SYNC_STATE_MISMATCH"
+
+
+class TooManyDeletes(PreconditionFailed):
+    """`sync: mirror`: more keys gone from the input than `mirror.max_deletes` allows; nothing was sent."""
+
+    code = "TOO_MANY_DELETES"
 
 
 class RunLocked(BulkRelayError):

@@ -11,10 +11,11 @@ from bulkrelay.config import Job
 from bulkrelay.delta import open_delta, sync_manifest
 from bulkrelay.engine import StartPoint
 from bulkrelay.envelope import EnvelopeWarning, Result
-from bulkrelay.errors import ConfigChanged, InputChanged, NotFound
+from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, NotFound
 from bulkrelay.fingerprint import file_sha256
 from bulkrelay.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.lifecycle import RunOptions, continue_run, start_fresh
+from bulkrelay.mirror import check_and_spool, deletion_job, discard, merge_results
 from bulkrelay.preflight import Preflight, run_preflight
 from bulkrelay.progress import Reporter
 from bulkrelay.resume import check_resumable, preflight_for_resume, verify_unchanged
@@ -53,9 +54,19 @@ class RunRequest:
 
 
 def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
-    """Preflight, then continue the identical invocation's unfinished run or start a new one."""
-    reporter = reporter or progress.for_stderr()
-    preflight, selection = _preflight(request)
+    """Preflight, then continue the identical invocation's unfinished run or start a new one;
+    then, for a `sync: mirror` job, send the deletions."""
+    preflight, selection, deletions = _preflight(request)
+    try:
+        result = _night(request, preflight, selection, reporter or progress.for_stderr())
+        if deletions is not None:
+            result = _send_deletions(request, result, deletions)
+    finally:
+        discard(deletions[0] if deletions is not None else None)
+    return result
+
+
+def _night(request: RunRequest, preflight: Preflight, selection: RowSet | None, reporter: Reporter) -> Result:
     key = request.key()
     warnings: list[EnvelopeWarning] = []
     previous = _unfinished_run(request.runs_dir, key)
@@ -105,16 +116,41 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     return result
 
 
-def _preflight(request: RunRequest) -> tuple[Preflight, RowSet | None]:
-    """Preflight; for a delta job also the rows that changed since their last delivery."""
+def _preflight(request: RunRequest) -> tuple[Preflight, RowSet | None, tuple[Path, int] | None]:
+    """Preflight; for a delta job also the rows that changed since their last delivery, and for a
+    mirror job the keys gone from the input (spooled, and checked against `mirror.max_deletes`)."""
     delta = open_delta(request.job, request.runs_dir, full=request.full)
     if delta is None:
-        return run_preflight(request.job, request.input_path), None
+        return run_preflight(request.job, request.input_path), None, None
     try:
         preflight = run_preflight(request.job, request.input_path, delta=delta.selector)
-        return preflight, delta.selection(preflight.record_count)
+        selection = delta.selection(preflight.record_count)
+        deletions = None
+        if delta.mirror is not None:
+            path, count = check_and_spool(delta.state, request.job, request.runs_dir / ".spool")
+            deletions = None if path is None else (path, count)
+        return preflight, selection, deletions
     finally:
         delta.close()
+
+
+def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, int]) -> Result:
+    """After the night's run has finished (all rows with a final result), a run of the deletions."""
+    path, count = deletions
+    data = night.data if isinstance(night.data, dict) else {}
+    if night.exit_code not in (ExitCode.SUCCESS, ExitCode.PARTIAL_FAILURE):
+        data["mirror"] = {"deletions": count, "sent": False, "reason": "the run did not finish"}
+        return night
+    preflight = run_preflight(deletion_job(request.job), path)
+    manifest = {"mirror_deletes": True, "mirror_of": data.get("run_id"), "input_explicit": True}
+    deleted = start_fresh(
+        preflight, request.runs_dir, request.options, progress.for_stderr(), manifest=manifest, spooled=True
+    )
+    data["mirror"] = merge_results(data, deleted.data if isinstance(deleted.data, dict) else {})
+    if night.exit_code == ExitCode.SUCCESS and deleted.exit_code != ExitCode.SUCCESS:
+        night.exit_code, night.error = deleted.exit_code, deleted.error
+    night.warnings.extend(deleted.warnings)
+    return night
 
 
 def _with_input(preflight: Preflight, path: Path) -> Preflight:

@@ -144,7 +144,7 @@ def relay_locked(
         raise sole_error(group) from None
     finally:
         reporter.close()
-    if preflight.digester is not None:
+    if preflight.digester is not None or run.manifest.get("mirror_deletes"):
         record_deliveries(run)  # from the committed journal only; a crash before this is caught up later
     return _conclude(preflight, run, outcome)
 

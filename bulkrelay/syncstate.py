@@ -48,6 +48,8 @@ _UPSERT = (
     "WHERE excluded.at >= delivered.at"
 )
 
+_DELETE = "DELETE FROM delivered WHERE key = ? AND at <= ?"
+
 
 def job_identity(name: str | None, job_path: str | Path) -> str:
     """What makes two runs the same job across nights: its `name`, else its job file's path.
@@ -108,6 +110,18 @@ class SyncState:
         query = f"SELECT key, digest FROM delivered WHERE key IN ({marks})"
         return dict(self._db.execute(query, keys).fetchall())
 
+    def remember_seen(self, keys: list[str]) -> None:
+        """Note keys present in tonight's input (a temporary table: gone when the state is closed)."""
+        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID")
+        self._db.executemany("INSERT OR IGNORE INTO temp.seen VALUES (?)", [(key,) for key in keys])
+
+    def missing_keys(self) -> Iterator[str]:
+        """Delivered keys not seen tonight (call after `remember_seen` of every key), in key order."""
+        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID")
+        query = "SELECT key FROM delivered WHERE key NOT IN (SELECT key FROM temp.seen) ORDER BY key"
+        for (key,) in self._db.execute(query):
+            yield key
+
     def items(self) -> Iterator[tuple[str, bytes, str]]:
         """Every key with its digest and the run that delivered it, in key order."""
         yield from self._db.execute(
@@ -121,12 +135,18 @@ class SyncState:
         """Record the successful deliveries in `run`'s journal not applied yet; how many were new."""
         row_id, offset = self._run_row(run.run_id)
         at = _run_started(run.run_id)
+        deletes = bool(run.manifest.get("mirror_deletes"))  # a mirror run's deletions: keys leave the state
         applied = 0
         self._db.execute("BEGIN IMMEDIATE")
         try:
             reached = offset
             for reached, entry in _verified_from(run.journal_path, offset):  # noqa: B007 - kept after
-                if entry["success"] and "digest" in entry and "key" in entry:
+                if not entry["success"] or "key" not in entry:
+                    continue
+                if deletes:
+                    self._db.execute(_DELETE, (key_text(entry["key"]), at))
+                    applied += 1
+                elif "digest" in entry:
                     delivered = (key_text(entry["key"]), bytes.fromhex(entry["digest"]), row_id, at)
                     self._db.execute(_UPSERT, delivered)
                     applied += 1

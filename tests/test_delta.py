@@ -166,7 +166,9 @@ def test_kill_9_in_night_2_then_the_identical_command_delivers_each_changed_row_
     tmp_path: Path,
 ) -> None:
     changed = tuple(range(3, ROWS, 10))  # 50 rows
-    stalled = f"user{changed[-1]}-v2@"  # its first answer never comes: night 2 cannot finish alone
+    # The first changed row is sent first and its first answer never comes (until the 30 s read
+    # timeout): night 2 cannot finish before the kill, and the row is in flight when it comes.
+    stalled = f"user{changed[0]}-v2@"
     plan = {"dedup": True, "rules": [{"match": {"body_contains": stalled}, "delay_ms": 600_000, "times": 1}]}
     with TargetProcess(plan) as target:
         job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
@@ -231,3 +233,79 @@ def test_sync_state_rebuild_equals_the_live_state_and_verify_names_a_difference(
     assert (rebuilt.data["runs"], rebuilt.data["keys"]) == (2, ROWS)
     assert _state(tmp_path) == live
     assert run_cli("sync-state", "verify", job, cwd=tmp_path).exit_code == ExitCode.SUCCESS
+
+
+def _mirror(target: TargetProcess, max_deletes: int | str) -> dict[str, Any]:
+    return {
+        **DELTA,
+        "execution": {"concurrency": 4, "sync": "mirror"},
+        "mirror": {"url": f"{target.url}/items/{{id}}", "max_deletes": max_deletes},
+    }
+
+
+def test_mirror_deletes_exactly_the_missing_keys_and_halts_over_max_deletes(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **_mirror(target, "1%"))  # 5 of 500
+    _night(tmp_path, job)
+    target.reset()
+    gone = {12, 13, 300, 499}
+    rows = [row for row in _rows_with_changes(CHANGED[:1]) if int(row["id"]) not in gone]
+    write_csv(tmp_path / "data.csv", rows)
+    second = _night(tmp_path, job)
+    sent = Counter((r["method"], r["path"].rsplit("/", 1)[-1]) for r in target.requests())
+    assert sent == Counter({("POST", str(CHANGED[0])): 1, **{("DELETE", str(n)): 1 for n in gone}})
+    assert second.data["mirror"]["deletions"] == len(gone)
+    assert {key for key, _, _ in _state(tmp_path)} == {str(n) for n in range(1, ROWS + 1)} - {
+        str(n) for n in gone
+    }
+    assert _state(tmp_path) == _rebuilt(tmp_path)
+
+    target.reset()
+    _night(tmp_path, job)  # the deleted keys are gone from the state: nothing is sent again
+    assert target.requests() == []
+
+    write_csv(tmp_path / "data.csv", rows[10:])  # a bad export: 10 more keys missing, 1% allows 4
+    halted = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+    assert halted.exit_code == ExitCode.PRECONDITION, halted.envelope
+    assert halted.error_code == "TOO_MANY_DELETES"
+    context = halted.envelope["error"]["context"]
+    assert (context["deletions"], context["limit"]) == (10, 4)
+    assert target.requests() == []  # halted before sending anything
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"execution": {"sync": "delta"}}, "needs input.key"),
+        ({"input": {"key": "id"}, "execution": {"sync": "mirror"}}, "go together"),
+        (
+            {"input": {"key": "id"}, "mirror": {"url": "http://127.0.0.1:9/{name}", "max_deletes": 1}},
+            "go together",
+        ),
+        (
+            {
+                "input": {"key": "id"},
+                "execution": {"sync": "mirror"},
+                "mirror": {"url": "http://127.0.0.1:9/{name}", "max_deletes": 1},
+            },
+            "only the key field {id}",
+        ),
+        (
+            {
+                "input": {"key": "id"},
+                "execution": {"sync": "mirror"},
+                "mirror": {"url": "http://127.0.0.1:9/{id}", "max_deletes": "half"},
+            },
+            "expected a count (like 100) or a percentage",
+        ),
+    ],
+)
+def test_delta_and_mirror_settings_are_checked_with_the_line(
+    tmp_path: Path, overrides: dict[str, Any], message: str
+) -> None:
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=3, **overrides)
+    result = run_cli("validate", job, cwd=tmp_path)
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    assert result.error_code == "CONFIG_INVALID"
+    assert message in result.envelope["error"]["message"]
