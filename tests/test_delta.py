@@ -309,3 +309,35 @@ def test_delta_and_mirror_settings_are_checked_with_the_line(
     assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
     assert result.error_code == "CONFIG_INVALID"
     assert message in result.envelope["error"]["message"]
+
+
+def test_a_delta_run_resumes_and_retries_its_failed_rows_like_any_run(tmp_path: Path) -> None:
+    changed = tuple(range(3, ROWS, 10))  # 50 rows
+    # The first changed row's first answer never comes: it fails on the 2 s read timeout.
+    stalled = {"match": {"body_contains": f"user{changed[0]}-v2@"}, "delay_ms": 600_000, "times": 1}
+    with TargetProcess({"rules": [stalled]}) as target:
+        job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+        _night(tmp_path, job)
+        target.reset()
+        write_csv(tmp_path / "data.csv", _rows_with_changes(changed))
+        rewrite_job(
+            job, execution={"rate_limit": {"requests_per_second": 20}, "timeout": {"read_seconds": 2}}
+        )
+        stopped = run_cli("run", job, "--budget", "0", "--timeout", "1s", cwd=tmp_path)
+        assert stopped.exit_code == ExitCode.TIMEOUT, stopped.envelope
+        assert stopped.data["progress"]["done"] < stopped.data["progress"]["total"] == len(changed)
+
+        resumed = run_cli("resume", stopped.data["run_dir"], "--budget", "0", cwd=tmp_path)
+        assert resumed.exit_code == ExitCode.PARTIAL_FAILURE, resumed.envelope  # the stalled row
+        assert resumed.data["progress"]["done"] == len(changed)
+        retried = run_cli("retry-failed", stopped.data["run_dir"], "--budget", "0", cwd=tmp_path)
+        assert retried.exit_code == ExitCode.SUCCESS, retried.envelope
+        assert retried.data["progress"]["total"] == 1
+
+        # The log keeps answered requests (the stalled first try never was); arrivals count it too.
+        assert sent_ids(target) == Counter({str(n): 1 for n in changed})
+        assert target.stats()["requests"] == len(changed) + 1
+        assert _state(tmp_path) == _rebuilt(tmp_path)
+        target.reset()
+        _night(tmp_path, job)  # every changed row, the retried one included, is in the state
+        assert target.requests() == []
