@@ -398,7 +398,7 @@ class JobConfig(_Model):
     mirror: MirrorConfig | None = None
 
     @model_validator(mode="after")
-    def _delta_needs_key(self) -> JobConfig:
+    def _sync_settings(self) -> JobConfig:
         sync = self.execution.sync
         if sync != "full" and self.input.key is None:
             raise ValueError(f"execution.sync: {sync} needs input.key to name each record")

@@ -106,6 +106,8 @@ class SyncState:
 
     def lookup(self, keys: list[str]) -> dict[str, bytes]:
         """The stored digest of each of `keys` that has one (at most `LOOKUP_BATCH` keys)."""
+        if not keys:
+            return {}
         marks = ",".join("?" * len(keys))
         query = f"SELECT key, digest FROM delivered WHERE key IN ({marks})"
         return dict(self._db.execute(query, keys).fetchall())

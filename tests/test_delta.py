@@ -14,8 +14,12 @@ from typing import Any
 import orjson
 import pytest
 
+from bulkrelay.config import RequestConfig
+from bulkrelay.delta import RequestDigester
 from bulkrelay.errors import ExitCode
 from bulkrelay.journal import decode_line, iter_journal
+from bulkrelay.records import Record
+from bulkrelay.request import RequestRenderer
 from bulkrelay.syncstate import SyncState, job_identity, rebuilt_items
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
@@ -341,3 +345,32 @@ def test_a_delta_run_resumes_and_retries_its_failed_rows_like_any_run(tmp_path: 
         target.reset()
         _night(tmp_path, job)  # every changed row, the retried one included, is in the state
         assert target.requests() == []
+
+
+def _digest(request: dict[str, Any], fields: dict[str, Any], token: str = "one") -> bytes:
+    config = RequestConfig.model_validate(request)
+    renderer = RequestRenderer.from_config(config, {"API_TOKEN": token})
+    record = Record(row_number=1, line=2, fields=fields)
+    return RequestDigester(config, renderer.redactor).digest(renderer.render(record), fields)
+
+
+def test_the_digest_is_of_the_request_as_it_means_not_as_it_is_spelled() -> None:
+    base = {
+        "method": "POST",
+        "url": "http://127.0.0.1:9/items/{id}?token=${API_TOKEN}",
+        "headers": {"Authorization": "Bearer ${API_TOKEN}", "X-Tenant": "{tenant}"},
+        "json": {"a": {"from": "a"}, "b": {"from": "b", "type": "json"}},
+        "idempotency_key": {"header": "Idempotency-Key"},
+    }
+    fields = {"id": "7", "tenant": "acme", "a": "x", "b": '{"k": 1, "j": 2}'}
+    digest = _digest(base, fields)
+    assert _digest(base, fields, token="two") == digest  # a rotated secret sends nothing
+    reordered = {**base, "json": {"b": {"from": "b", "type": "json"}, "a": {"from": "a"}}}
+    assert _digest(reordered, {**fields, "b": '{"j": 2, "k": 1}'}) == digest  # canonical JSON
+    assert _digest({**base, "idempotency_key": {"header": "X-Key"}}, fields) == digest
+    assert _digest(base, {**fields, "a": "y"}) != digest
+    assert _digest(base, {**fields, "tenant": "other"}) != digest  # a header taken from a field
+    assert _digest({**base, "method": "PUT"}, fields) != digest
+    assert _digest({**base, "url": "http://127.0.0.1:9/v2/items/{id}?token=${API_TOKEN}"}, fields) != digest
+    auth = {**base, "headers": {"Authorization": "Token ${API_TOKEN}", "X-Tenant": "{tenant}"}}
+    assert _digest(auth, fields) != digest  # the header as written changed
