@@ -7,7 +7,7 @@ alone. Each run's journal is applied from the offset reached last time, so apply
 and applying twice changes nothing.
 
 A key's entry is replaced only by a delivery from a run that started no earlier (`at`, the run's
-start in epoch seconds), so catching up an older run's journal never undoes a newer delivery.
+creation time in microseconds), so catching up an older run's journal never undoes a newer delivery.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import calendar
 import os
 import sqlite3
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import closing
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +72,15 @@ def state_path(runs_dir: Path, identity: str) -> Path:
     return runs_dir / STATE_DIR / f"{canonical_sha256(identity)[:24]}.sqlite"
 
 
-def _run_started(run_id: str) -> int:
-    """Epoch seconds of a run id's timestamp (`20261002T190000Z-ab12cd34`)."""
-    return calendar.timegm(time.strptime(run_id.split("-", 1)[0], "%Y%m%dT%H%M%SZ"))
+def run_started(run: RunDir) -> int:
+    """When a run was created, in microseconds since the epoch: its manifest's `created_at`
+    (microseconds, so two runs made in the same second keep their order), else its id's second."""
+    created = run.manifest.get("created_at")
+    if isinstance(created, str):
+        stamp = datetime.strptime(created, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    else:
+        stamp = datetime.strptime(run.run_id.split("-", 1)[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    return (calendar.timegm(stamp.timetuple())) * 1_000_000 + stamp.microsecond
 
 
 class SyncState:
@@ -135,8 +141,8 @@ class SyncState:
 
     def apply_run(self, run: RunDir) -> int:
         """Record the successful deliveries in `run`'s journal not applied yet; how many were new."""
-        row_id, offset = self._run_row(run.run_id)
-        at = _run_started(run.run_id)
+        at = run_started(run)
+        row_id, offset = self._run_row(run.run_id, at)
         deletes = bool(run.manifest.get("mirror_deletes"))  # a mirror run's deletions: keys leave the state
         applied = 0
         self._db.execute("BEGIN IMMEDIATE")
@@ -159,10 +165,9 @@ class SyncState:
             raise
         return applied
 
-    def _run_row(self, run_id: str) -> tuple[int, int]:
+    def _run_row(self, run_id: str, at: int) -> tuple[int, int]:
         self._db.execute(
-            "INSERT OR IGNORE INTO runs (run_id, at, applied_offset) VALUES (?, ?, 0)",
-            (run_id, _run_started(run_id)),
+            "INSERT OR IGNORE INTO runs (run_id, at, applied_offset) VALUES (?, ?, 0)", (run_id, at)
         )
         row = self._db.execute("SELECT id, applied_offset FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return int(row[0]), int(row[1])
@@ -191,7 +196,7 @@ def job_runs(runs_dir: Path, identity: str) -> list[RunDir]:
     """The runs of one job in `runs_dir`, oldest first."""
     return sorted(
         (run for run in list_runs(runs_dir) if manifest_identity(run.manifest) == identity),
-        key=lambda run: run.run_id,
+        key=lambda run: (run_started(run), run.run_id),
     )
 
 

@@ -17,7 +17,7 @@ import pytest
 from bulkrelay.config import RequestConfig
 from bulkrelay.delta import RequestDigester
 from bulkrelay.errors import ExitCode
-from bulkrelay.journal import decode_line, iter_journal
+from bulkrelay.journal import decode_line, encode_entry, iter_journal
 from bulkrelay.records import Record
 from bulkrelay.request import RequestRenderer
 from bulkrelay.syncstate import SyncState, job_identity, rebuilt_items
@@ -374,3 +374,32 @@ def test_the_digest_is_of_the_request_as_it_means_not_as_it_is_spelled() -> None
     assert _digest({**base, "url": "http://127.0.0.1:9/v2/items/{id}?token=${API_TOKEN}"}, fields) != digest
     auth = {**base, "headers": {"Authorization": "Token ${API_TOKEN}", "X-Tenant": "{tenant}"}}
     assert _digest(auth, fields) != digest  # the header as written changed
+
+
+def _journaled_run(runs_dir: Path, run_id: str, created_at: str, digest: str) -> None:
+    run = runs_dir / run_id
+    run.mkdir(parents=True)
+    manifest = {"run_id": run_id, "created_at": created_at, "name": "test-job", "job_path": "/job.yaml"}
+    (run / "run.json").write_bytes(orjson.dumps({**manifest, "state": "completed"}))
+    entry = {
+        "seq": 1,
+        "row_number": 1,
+        "success": True,
+        "classification": "success",
+        "status_code": 200,
+        "attempts": 1,
+        "retryable": False,
+        "error": None,
+        "duration_ms": 1.0,
+        "key": "k",
+        "digest": digest,
+    }
+    (run / "results.jsonl").write_bytes(encode_entry(entry))
+
+
+def test_of_two_runs_made_in_the_same_second_the_later_one_wins_whatever_their_ids(tmp_path: Path) -> None:
+    # The ids sort the other way round from the creation times (their random suffixes).
+    _journaled_run(tmp_path, "20261201T030000Z-ffffffff", "2026-12-01T03:00:00.100000Z", "11" * 16)
+    _journaled_run(tmp_path, "20261201T030000Z-00000000", "2026-12-01T03:00:00.900000Z", "22" * 16)
+    identity = job_identity("test-job", "/job.yaml")
+    assert [(k, d.hex()) for k, d, _ in rebuilt_items(tmp_path, identity)] == [("k", "22" * 16)]
