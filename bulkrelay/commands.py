@@ -61,7 +61,9 @@ def parse_rows(spec: str) -> set[int]:
 
 def render(job: Job, input_path: Path | None, rows_spec: str) -> Result:
     """The exact requests the chosen rows would send, secrets shown as `***`. Sends nothing."""
-    renderer = RequestRenderer.from_config(job.config.request, os.environ)
+    renderer = RequestRenderer.from_config(
+        job.config.request, os.environ, sorted_json=job.config.execution.sync != "full"
+    )
     wanted = parse_rows(rows_spec)
     config_sha256 = config_fingerprint(job.config)
     last = max(wanted)

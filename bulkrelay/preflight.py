@@ -74,10 +74,14 @@ def run_preflight(
 
     `delta` sees every record that renders, with its request, in the same pass: the rows a delta
     run sends are chosen without reading the input twice."""
-    renderer = RequestRenderer.from_config(job.config.request, os.environ if env is None else env)
+    renderer = RequestRenderer.from_config(
+        job.config.request,
+        os.environ if env is None else env,
+        sorted_json=job.config.execution.sync != "full",
+    )
     digester = None
     if job.config.execution.sync != "full":
-        digester = RequestDigester(job.config.request, renderer.redactor)
+        digester = RequestDigester(job.config.request, renderer.redactor, sorted_json=renderer.sorted_json)
     observe = delta.observer(digester) if delta is not None and digester is not None else None
     spec = resolve_input(job, input_override)
     collector = _ProblemCollector()

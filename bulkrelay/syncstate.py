@@ -31,7 +31,7 @@ from bulkrelay.rundir import RunDir, is_locked, list_runs
 from bulkrelay.storage import Storage
 
 STATE_DIR = "sync-state"
-LOOKUP_BATCH = 500  # keys per `IN (...)` query: well under SQLite's variable limit
+LOOKUP_BATCH = 999  # keys per `IN (...)` query: the variable limit of SQLite before 3.32
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);

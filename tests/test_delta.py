@@ -347,11 +347,16 @@ def test_a_delta_run_resumes_and_retries_its_failed_rows_like_any_run(tmp_path: 
         assert target.requests() == []
 
 
-def _digest(request: dict[str, Any], fields: dict[str, Any], token: str = "one") -> bytes:
+def _digest(
+    request: dict[str, Any], fields: dict[str, Any], token: str = "one", *, wire: bool = True
+) -> bytes:
+    """`wire`: the renderer writes the JSON body sorted (a delta job), so the digest takes it as is;
+    else the digest sorts it itself. Both give the same digest."""
     config = RequestConfig.model_validate(request)
-    renderer = RequestRenderer.from_config(config, {"API_TOKEN": token})
+    renderer = RequestRenderer.from_config(config, {"API_TOKEN": token}, sorted_json=wire)
     record = Record(row_number=1, line=2, fields=fields)
-    return RequestDigester(config, renderer.redactor).digest(renderer.render(record), fields)
+    digester = RequestDigester(config, renderer.redactor, sorted_json=wire)
+    return digester.digest(renderer.render(record), fields)
 
 
 def test_the_digest_is_of_the_request_as_it_means_not_as_it_is_spelled() -> None:
@@ -364,6 +369,9 @@ def test_the_digest_is_of_the_request_as_it_means_not_as_it_is_spelled() -> None
     }
     fields = {"id": "7", "tenant": "acme", "a": "x", "b": '{"k": 1, "j": 2}'}
     digest = _digest(base, fields)
+    assert _digest(base, fields, wire=False) == digest
+    reordered_plain = {**base, "json": {"b": {"from": "b", "type": "json"}, "a": {"from": "a"}}}
+    assert _digest(reordered_plain, {**fields, "b": '{"j": 2, "k": 1}'}, wire=False) == digest
     assert _digest(base, fields, token="two") == digest  # a rotated secret sends nothing
     reordered = {**base, "json": {"b": {"from": "b", "type": "json"}, "a": {"from": "a"}}}
     assert _digest(reordered, {**fields, "b": '{"j": 2, "k": 1}'}) == digest  # canonical JSON
