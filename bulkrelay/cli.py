@@ -168,6 +168,9 @@ def _add_run(sub: Any) -> None:
         "--output-dir", type=Path, metavar="DIR", help="the public alpha's name for --runs-dir (deprecated)"
     )
     p.add_argument("--idempotency-key", metavar="K", help="part of the invocation's identity for re-runs")
+    p.add_argument(
+        "--full", action="store_true", help="a delta job: send every row once and refresh its sync state"
+    )
     p.add_argument("--shard", metavar="K/N", help="relay only shard K of N (from 0; also BULKRELAY_SHARD)")
     p.add_argument(
         "--shards",
@@ -176,6 +179,20 @@ def _add_run(sub: Any) -> None:
         help="one of N shards, K from JOB_COMPLETION_INDEX (a Kubernetes Indexed Job)",
     )
     _add_budget(p)
+
+
+def _add_sync_state(sub: argparse._SubParsersAction[_Parser]) -> None:
+    sync = sub.add_parser(
+        "sync-state", help="a delta job's sync state: rebuild or verify it from the journals"
+    )
+    sync_sub = sync.add_subparsers(dest="sync_command", metavar="ACTION", parser_class=_Parser)
+    for action, text in (
+        ("rebuild", "replace the sync state with one built from the job's journals"),
+        ("verify", "check the sync state against the job's journals (exit 4 when they differ)"),
+    ):
+        sp = sync_sub.add_parser(action, help=text)
+        sp.add_argument("job", type=Path, metavar="JOB")
+        sp.add_argument("--runs-dir", type=Path, metavar="DIR", help="where the job's runs live")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-o", "--output", type=Path, metavar="FILE", help="write here (default stdout summary only)"
     )
+
+    _add_sync_state(sub)
 
     job = sub.add_parser("job", help="background jobs: wait, status, cancel")
     job_sub = job.add_subparsers(dest="job_command", metavar="ACTION", parser_class=_Parser)
@@ -302,6 +321,8 @@ def dispatch(args: argparse.Namespace) -> Result:
 def _command_name(args: argparse.Namespace) -> str:
     if args.command == "job":
         return f"job {args.job_command}" if args.job_command else "job"
+    if args.command == "sync-state":
+        return f"sync-state {args.sync_command}" if args.sync_command else "sync-state"
     return str(args.command)
 
 

@@ -128,7 +128,9 @@ def _render_rows(
 ) -> tuple[list[dict[str, Any]], list[Problem], int | None]:
     """The rendered requests, the problems met, and the input's row count when the range
     reached past its end (None when it stopped early: every named row exists)."""
-    renderer = RequestRenderer.from_config(job.config.request, os.environ)
+    renderer = RequestRenderer.from_config(
+        job.config.request, os.environ, sorted_json=job.config.execution.sync != "full"
+    )
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []
     requests: list[dict[str, Any]] = []
@@ -192,6 +194,8 @@ def status(run_dir: Path) -> Result:
         "progress": committed_progress(run),
         "summary": read_json(summary_path) if summary_path.exists() else None,
     }
+    if "sync" in run.manifest:  # a delta run: its mode, rows selected and rows skipped unchanged
+        data["sync"] = run.manifest["sync"]
     return Result(data=data, kind="status")
 
 

@@ -376,12 +376,47 @@ class ExecutionConfig(_Model):
     client: Literal["reqwest", "httpx"] = "reqwest"
     proxy: Annotated[str, AfterValidator(_proxy)] = "none"
     tls: TlsConfig | None = None
+    # full: every row, every run; delta: only rows whose request changed since it was last delivered
+    # (docs/delta.md). Left out of the fingerprint when full, so older runs keep theirs.
+    sync: Literal["full", "delta", "mirror"] = "full"
+
+    @model_serializer(mode="wrap")
+    def _omit_default_sync(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.sync == "full":
+            data.pop("sync", None)
+        return data
 
 
 # How the requests travel, not what they say: changing these never blocks a resume.
 _OPERATIONAL_EXECUTION_KEYS = ("client", "proxy", "tls")
 # Where the shared limit is kept, not what it is (the rate is semantic): moving Redis never blocks a resume.
 _OPERATIONAL_RATE_LIMIT_KEYS = ("shared", "shared_key")
+
+_PERCENT = re.compile(r"(100|[0-9]{1,2})(\.[0-9]+)?%")
+
+
+def _max_deletes(value: Any) -> Any:
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, str) and _PERCENT.fullmatch(value.strip()):
+        return value.strip()
+    raise ValueError(f"max_deletes {value!r}: expected a count (like 100) or a percentage (like 5%)")
+
+
+class MirrorConfig(_Model):
+    """`sync: mirror`: the request sent for a key delivered before and gone from tonight's input."""
+
+    method: Annotated[Method, BeforeValidator(_upper)] = "DELETE"
+    url: Annotated[str, AfterValidator(_url)]  # may use only the input.key field
+    # At most this many deletions a run (a count, or a percentage of the keys delivered so far);
+    # more halts the run before anything is sent: a bad export must not delete half the customers.
+    max_deletes: Annotated[int | str, BeforeValidator(_max_deletes)]
+
+    def delete_limit(self, delivered_keys: int) -> int:
+        if isinstance(self.max_deletes, int):
+            return self.max_deletes
+        return int(delivered_keys * float(self.max_deletes[:-1]) / 100)
 
 
 class RetryConfig(_Model):
@@ -413,6 +448,25 @@ class JobConfig(_Model):
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     halt: HaltConfig = Field(default_factory=HaltConfig)
+    mirror: MirrorConfig | None = None
+
+    @model_validator(mode="after")
+    def _sync_settings(self) -> JobConfig:
+        sync = self.execution.sync
+        if sync != "full" and self.input.key is None:
+            raise ValueError(f"execution.sync: {sync} needs input.key to name each record")
+        if (sync == "mirror") != (self.mirror is not None):
+            raise ValueError("execution.sync: mirror and the mirror section (url, max_deletes) go together")
+        if self.mirror is not None and not compile_template(self.mirror.url).fields <= {self.input.key}:
+            raise ValueError(f"mirror.url may use only the key field {{{self.input.key}}}: the row is gone")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_mirror(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.mirror is None:
+            data.pop("mirror", None)
+        return data
 
 
 # --- loading --------------------------------------------------------------------------------

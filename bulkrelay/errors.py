@@ -16,7 +16,9 @@
     │   ├── RunDirUnsafe                RUN_DIR_UNSAFE
     │   ├── TlsUnavailable              TLS_UNAVAILABLE
     │   ├── RunsDirUnwritable           RUNS_DIR_UNWRITABLE
-    │   └── StateDirUnwritable          STATE_DIR_UNWRITABLE
+    │   ├── StateDirUnwritable          STATE_DIR_UNWRITABLE
+    │   ├── SyncStateMismatch           SYNC_STATE_MISMATCH
+    │   └── TooManyDeletes              TOO_MANY_DELETES
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     │   └── RunLockNotOurs              RUN_LOCK_NOT_OURS
     ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
@@ -208,6 +210,18 @@ class StateDirUnwritable(PreconditionFailed):
     """The per-user state directory of background jobs cannot be made or written."""
 
     code = "STATE_DIR_UNWRITABLE"
+
+
+class SyncStateMismatch(PreconditionFailed):
+    """`sync-state verify`: a delta job's sync state differs from what its journals imply."""
+
+    code = "SYNC_STATE_MISMATCH"
+
+
+class TooManyDeletes(PreconditionFailed):
+    """`sync: mirror`: more keys gone from the input than `mirror.max_deletes` allows; nothing was sent."""
+
+    code = "TOO_MANY_DELETES"
 
 
 class RunLocked(BulkRelayError):

@@ -20,9 +20,13 @@ from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, UsageError
 from bulkrelay.inputs import InputFingerprint, InputSpec, open_records
 from bulkrelay.journal import decode_line
+from bulkrelay.rowset import RowSet
 from bulkrelay.rundir import RunDir, list_runs
+from bulkrelay.selection import load_selection
 
 _RESULT_COLUMNS = ("success", "status_code", "classification", "attempts", "error", "run_id")
+# A delta run's row that was not sent: an earlier run delivered this very request successfully.
+_SKIPPED_UNCHANGED = {"success": True, "classification": "skipped_unchanged", "attempts": 0, "error": None}
 
 
 def _family(run: RunDir) -> list[RunDir]:
@@ -102,12 +106,18 @@ def _same_input(run: RunDir, other_dir: Path) -> RunDir:
 
 
 def _joined(
-    spec: InputSpec, results: _LatestResults, failed_only: bool, recorded: InputFingerprint
+    spec: InputSpec,
+    results: _LatestResults,
+    failed_only: bool,
+    recorded: InputFingerprint,
+    delta_selected: RowSet | None = None,
 ) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
     problems: list[object] = []
     with open_records(spec, problems.append) as stream:
         for record in stream:
             result = results.get(record.row_number)
+            if result is None and delta_selected is not None and record.row_number not in delta_selected:
+                result = {**_SKIPPED_UNCHANGED, "status_code": None, "run_id": None}
             if failed_only and (result is None or result["success"]):
                 continue
             yield record.fields, result
@@ -166,11 +176,12 @@ def export(
     target = output or run.path / f"{'failed' if failed_only else 'export'}.{fmt}"
     results = _LatestResults(family, total)
     recorded = InputFingerprint.from_dict(run.manifest["input"])
+    sync = run.manifest.get("sync")
+    delta_selected = load_selection(run.path, total) if sync and not sync["full"] else None
     try:
         with target.open("wb") as out:
-            count = _write(
-                out, fmt, _joined(spec, results, failed_only, recorded), with_results=not failed_only
-            )
+            joined = _joined(spec, results, failed_only, recorded, delta_selected)
+            count = _write(out, fmt, joined, with_results=not failed_only)
     finally:
         results.close()
     data = {
@@ -181,4 +192,6 @@ def export(
         "failed_only": failed_only,
         "runs": [r.run_id for r in family],
     }
+    if sync:  # a delta run: its unsent rows are in the export as `skipped_unchanged`
+        data["skipped_unchanged"] = sync["skipped_unchanged"]
     return Result(data=data, kind="generic")

@@ -137,6 +137,7 @@ def _run_request(args: argparse.Namespace, input_path: Path | None) -> launch.Ru
         runs_dir=default_runs_dir(_runs_dir_of_run(args)),
         idempotency_key=args.idempotency_key,
         options=_options(args),
+        full=args.full,
         shard=resolve_shard(args.shard, args.shards, os.environ),
     )
 
@@ -200,6 +201,19 @@ def _export(args: argparse.Namespace) -> Result:
     )
 
 
+def _sync_state(args: argparse.Namespace) -> Result:
+    from bulkrelay import syncstate  # loaded only for its own command
+
+    job = load_job(args.job)
+    if job.config.execution.sync == "full":
+        raise UsageError(
+            f"job {args.job} is not a delta job (execution.sync is full); it keeps no sync state"
+        )
+    identity = syncstate.job_identity(job.config.name, job.path)
+    action = syncstate.rebuild_state if args.sync_command == "rebuild" else syncstate.verify_state
+    return Result(data=action(default_runs_dir(args.runs_dir), identity), kind="generic")
+
+
 def _demo(args: argparse.Namespace) -> Result:
     from bulkrelay import demo  # loaded only for its own command
 
@@ -217,6 +231,8 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "retry-failed": _logged("retry-failed", jobs.budgeted("retry-failed", _retry_failed)),
     "export": _export,
     "demo": _demo,
+    "sync-state rebuild": _sync_state,
+    "sync-state verify": _sync_state,
     "job wait": lambda args: jobs.job_wait(args.job_id, args.budget),
     "job status": lambda args: jobs.job_status(args.job_id),
     "job cancel": lambda args: jobs.job_cancel(args.job_id, args.budget),

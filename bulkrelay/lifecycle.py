@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import anyio
 
 from bulkrelay.atomic import write_json_atomic
+from bulkrelay.delta import record_deliveries
 from bulkrelay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
 from bulkrelay.errors import BulkRelayError, ExitCode, StorageFailed, sole_error
@@ -240,6 +241,8 @@ def relay_locked(
             raise sole_error(group) from None
         finally:
             reporter.close()
+        if preflight.digester is not None or run.manifest.get("mirror_deletes"):
+            record_deliveries(run)  # from the committed journal only; a crash before this is caught up later
         result = _conclude(preflight, run, outcome)
     except BulkRelayError as exc:
         if isinstance(exc, StorageFailed):
@@ -325,6 +328,8 @@ def _forced_message(stop_reason: str, message: str) -> str:
 def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
     summary = summarize(run.journal_path, total_rows=total_rows)
     summary["run_id"] = run.run_id
+    if "sync" in run.manifest:  # a delta run: rows it did not send because they had not changed
+        summary["skipped_unchanged"] = run.manifest["sync"]["skipped_unchanged"]
     if outcome is not None:
         elapsed = outcome.elapsed_seconds
         summary["this_call"] = {

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bulkrelay.config import Job, required_fields
+from bulkrelay.delta import DeltaSelector, RequestDigester
 from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, UsageError
 from bulkrelay.fingerprint import config_fingerprint
 from bulkrelay.inputs import (
@@ -43,6 +44,7 @@ class Preflight:
     config_fingerprint: str
     renderer: RequestRenderer
     input_identity: InputIdentity | None = None  # the file preflight read; the relay reads it again
+    digester: RequestDigester | None = None  # a delta job: journal lines carry each row's digest
 
     @property
     def record_count(self) -> int:
@@ -138,11 +140,22 @@ def run_preflight(
     on_rows_read: RowsRead | None = None,
     *,
     input_name: str | None = None,
+    delta: DeltaSelector | None = None,
 ) -> Preflight:
     """Validate the whole job and input; raise `InputInvalid` with the problems found.
 
-    `on_rows_read` hears 0 when the pass starts, then the count after every record."""
-    renderer = RequestRenderer.from_config(job.config.request, os.environ if env is None else env)
+    `on_rows_read` hears 0 when the pass starts, then the count after every record. `delta` sees every
+    record that renders, with its request, in the same pass: the rows a delta run sends are chosen
+    without reading the input twice."""
+    renderer = RequestRenderer.from_config(
+        job.config.request,
+        os.environ if env is None else env,
+        sorted_json=job.config.execution.sync != "full",
+    )
+    digester = None
+    if job.config.execution.sync != "full":
+        digester = RequestDigester(job.config.request, renderer.redactor, sorted_json=renderer.sorted_json)
+    observe = delta.observer(digester) if delta is not None and digester is not None else None
     spec = resolve_input(job, input_override, input_name)
     collector = _ProblemCollector()
     key_field = job.config.input.key
@@ -158,7 +171,9 @@ def run_preflight(
             if on_rows_read is not None:
                 on_rows_read(record.row_number)
             try:
-                render(record)
+                request = render(record)
+                if observe is not None:
+                    observe(record, request)
             except RenderError as exc:
                 collector.add(
                     Problem(exc.message, file=file, line=record.line, row=record.row_number, field=exc.field)
@@ -180,4 +195,5 @@ def run_preflight(
         config_fingerprint=config_fingerprint(job.config),
         renderer=renderer,
         input_identity=identity,
+        digester=digester,
     )

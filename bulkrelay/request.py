@@ -58,6 +58,7 @@ class RequestRenderer:
         fields_used: frozenset[str],
         idempotency_header: str | None,
         redactor: Redactor,
+        sorted_json: bool = False,
     ) -> None:
         self.method = method
         self._url = url
@@ -70,10 +71,18 @@ class RequestRenderer:
         self.fields_used = fields_used
         self.idempotency_header = idempotency_header
         self.redactor = redactor
+        self.sorted_json = (
+            sorted_json  # a JSON body is written with sorted keys (delta sync digests it as is)
+        )
 
     @classmethod
-    def from_config(cls, req: RequestConfig, env: Mapping[str, str]) -> RequestRenderer:
-        """Compile the request config. Raises `SecretMissing` naming every unset `${NAME}`."""
+    def from_config(
+        cls, req: RequestConfig, env: Mapping[str, str], *, sorted_json: bool = False
+    ) -> RequestRenderer:
+        """Compile the request config. Raises `SecretMissing` naming every unset `${NAME}`.
+
+        `sorted_json` writes a JSON body with its keys sorted at every level (a delta job: the
+        canonical form is then what goes on the wire, and what `render` shows)."""
         texts = [req.url, *req.query.values(), *req.headers.values()]
         if req.body is not None:
             texts.append(req.body)
@@ -98,12 +107,13 @@ class RequestRenderer:
             url=url,
             query=tuple((name, bind(value)) for name, value in req.query.items()),
             headers=tuple(headers),
-            body=_body_renderer(req, bind),
+            body=_body_renderer(req, bind, sorted_json),
             fields_used=frozenset(fields),
             idempotency_header=req.idempotency_key.header if req.idempotency_key else None,
             redactor=Redactor(
                 secrets.values(), derived=basic_credentials(_url_head(req.url, secrets), secrets.values())
             ),
+            sorted_json=sorted_json and req.json_ is not None,
         )
 
     def render(self, record: Record) -> PreparedRequest:
@@ -267,10 +277,10 @@ def _json_leaves(node: JsonNode) -> Iterable[JsonField | JsonValue]:
 
 
 def _body_renderer(
-    req: RequestConfig, bind: Callable[[str], BoundTemplate]
+    req: RequestConfig, bind: Callable[[str], BoundTemplate], sorted_json: bool = False
 ) -> Callable[[Fields], bytes] | None:
     if req.json_ is not None:
-        return _json_body(_json_getter(req.json_))
+        return _json_body(_json_getter(req.json_), orjson.OPT_SORT_KEYS if sorted_json else 0)
     if req.form is not None:
         return _form_body(req.form, bind)
     if req.body is not None:
@@ -279,11 +289,11 @@ def _body_renderer(
     return None
 
 
-def _json_body(getter: Getter) -> Callable[[Fields], bytes]:
+def _json_body(getter: Getter, option: int = 0) -> Callable[[Fields], bytes]:
     def render(fields: Fields) -> bytes:
         value = getter(fields)
         try:
-            return orjson.dumps(value)
+            return orjson.dumps(value, option=option)
         except orjson.JSONEncodeError as exc:
             raise RenderError("json", f"cannot be written as JSON: {exc}") from None
 

@@ -42,6 +42,7 @@ class RowSender:
         config = preflight.job.config
         self._stats = stats or RelayStats()
         self._renderer = preflight.renderer
+        self._digester = preflight.digester
         self._config_fingerprint = preflight.config_fingerprint
         self._key_field = config.input.key
         self._transport = transport
@@ -93,7 +94,7 @@ class RowSender:
             self._stats.on_retry()
             if await self._stopped_during(decision.delay_seconds):
                 return None
-        return self._entry(
+        entry = self._entry(
             record,
             key,
             attempts=attempt,
@@ -104,6 +105,9 @@ class RowSender:
             classification=decision.classification,
             retryable=decision.retryable,
         )
+        if self._digester is not None:  # a delta job: the sync state learns from this line
+            entry["digest"] = self._digester.digest(request, record.fields).hex()
+        return entry
 
     async def _stopped_during(self, delay: float) -> bool:
         """Wait out a backoff; a stop request ends the wait and leaves the row pending."""

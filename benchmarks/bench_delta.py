@@ -1,0 +1,183 @@
+"""Delta sync: the cost of a nightly delta run against a plain `validate` of the same file.
+
+    uv run python benchmarks/bench_delta.py [--rows 1000000] [--changed 0.01]
+
+Night 1 is simulated: a completed run whose journal holds a success for every row (with the digest
+BulkRelay computes) is written directly and the sync state rebuilt from it, as
+`bulkrelay sync-state rebuild` does; sending a million requests would only time the target. Then
+`--changed` of the rows get a new email, and two fresh processes are timed on the same file:
+`bulkrelay validate` and `bulkrelay run` of the delta job (preflight with digests and state
+look-ups, the changed rows sent to a loopback target, the state updated). Printed, all measured in
+this one run (issue targets in brackets):
+
+- whole-process time of the delta run / validate                 [<= 1.5]
+- peak RSS of the delta run at `--rows` / at 100k rows            [<= 1.3]
+- sync state bytes on disk per key                                [<= 100]
+
+Nothing here asserts timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from bulkrelay.config import load_job
+from bulkrelay.delta import RequestDigester
+from bulkrelay.inputs import open_records
+from bulkrelay.journal import encode_entry
+from bulkrelay.preflight import resolve_input
+from bulkrelay.request import RequestRenderer
+from bulkrelay.rundir import COMPLETED, RunDir
+from bulkrelay.syncstate import job_identity, rebuild_state, state_path
+
+JOB = """\
+version: 1
+name: bench-delta
+input: {{file: {csv}, key: id}}
+request:
+  method: PUT
+  url: "{url}/v1/customers/{{id}}"
+  headers: {{Authorization: "Bearer ${{BENCH_TOKEN}}"}}
+  json:
+    email: {{from: email}}
+    name: {{from: name}}
+    age: {{from: age, type: integer}}
+    city: {{from: city}}
+  idempotency_key: {{header: Idempotency-Key}}
+execution: {{concurrency: 16, sync: delta}}
+"""
+ENV = {**os.environ, "BENCH_TOKEN": "bench-token"}
+
+
+def write_csv(path: Path, rows: int, changed_every: int | None) -> None:
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["id", "email", "name", "age", "city"])
+        for n in range(1, rows + 1):
+            tag = "-new" if changed_every and n % changed_every == 0 else ""
+            writer.writerow(
+                [n, f"user{n}{tag}@example.org", f"User Number {n}", 18 + n % 70, f"City {n % 500}"]
+            )
+
+
+def seed_night_1(job_path: Path, runs_dir: Path) -> None:
+    """A completed run that delivered every row of the job's input, and the state rebuilt from it."""
+    job = load_job(job_path)
+    renderer = RequestRenderer.from_config(job.config.request, ENV, sorted_json=True)
+    digester = RequestDigester(job.config.request, renderer.redactor, sorted_json=True)
+    run = RunDir.create(runs_dir, {"name": job.config.name, "job_path": str(job.path)})
+    with run.journal_path.open("wb") as journal, open_records(resolve_input(job, None), print) as records:
+        for record in records:
+            request = renderer.render(record)
+            entry = {
+                "seq": record.row_number,
+                "row_number": record.row_number,
+                "success": True,
+                "classification": "success",
+                "status_code": 200,
+                "attempts": 1,
+                "retryable": False,
+                "error": None,
+                "duration_ms": 1.0,
+                "key": record.fields["id"],
+                "digest": digester.digest(request, record.fields).hex(),
+            }
+            journal.write(encode_entry(entry))
+    run.set_state(COMPLETED)
+    rebuild_state(runs_dir, job_identity(job.config.name, job.path))
+
+
+def timed(*args: str, cwd: Path) -> tuple[float, int, dict[str, object]]:
+    """(wall seconds, peak RSS in KiB, envelope) of one fresh `bulkrelay` process."""
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as out:
+        command = [sys.executable, "-m", "bulkrelay", *args]
+        proc = subprocess.Popen(command, cwd=cwd, env=ENV, stdout=out, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - started
+        out.seek(0)
+        envelope = orjson.loads(out.read())
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"bulkrelay {args[0]} failed: {envelope.get('error')}")
+    return elapsed, int(usage.ru_maxrss), envelope
+
+
+def start_target(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port_file = folder / "port"
+    command = [sys.executable, "-m", "bulkrelay.target", "--port", "0", "--port-file", str(port_file)]
+    proc = subprocess.Popen([*command, "--no-record"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while not port_file.exists() or not port_file.read_text().strip():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the target did not start")
+        time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
+
+
+def night_2(folder: Path, url: str, rows: int, changed: float) -> dict[str, float]:
+    """Seed night 1 for `rows` rows, change some, and time validate and the delta run in fresh processes."""
+    folder.mkdir()
+    data = folder / "customers.csv"
+    job = folder / "job.yaml"
+    job.write_text(JOB.format(csv=data.name, url=url))
+    runs_dir = folder / "runs"
+    write_csv(data, rows, None)
+    seed_night_1(job, runs_dir)
+    write_csv(data, rows, round(1 / changed))
+    validate_s, validate_kib, _ = timed("validate", str(job), cwd=folder)
+    run_s, run_kib, envelope = timed(
+        "run", str(job), "--budget", "0", "--runs-dir", str(runs_dir), cwd=folder
+    )
+    summary = envelope["data"]["summary"]  # type: ignore[index]
+    state = state_path(runs_dir, job_identity("bench-delta", job))
+    return {
+        "validate_s": validate_s,
+        "validate_kib": validate_kib,
+        "run_s": run_s,
+        "run_kib": run_kib,
+        "sent": summary["rows_done"],
+        "relay_s": summary["this_call"]["elapsed_seconds"],
+        "skipped": summary["skipped_unchanged"],
+        "state_bytes_per_key": state.stat().st_size / rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--changed", type=float, default=0.01)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-delta-") as tmp:
+        folder = Path(tmp)
+        target, url = start_target(folder)
+        try:
+            small = night_2(folder / "small", url, 100_000, args.changed)
+            big = night_2(folder / "big", url, args.rows, args.changed)
+        finally:
+            target.terminate()
+            target.wait(10)
+    for label, m in ((f"{100_000:,} rows", small), (f"{args.rows:,} rows", big)):
+        print(
+            f"{label:>16}: validate {m['validate_s']:.2f} s, delta run {m['run_s']:.2f} s "
+            f"(of which relaying {m['sent']:,} rows {m['relay_s']:.2f} s; skipped unchanged "
+            f"{m['skipped']:,}); peak RSS validate "
+            f"{m['validate_kib'] / 1024:.0f} MiB, delta run {m['run_kib'] / 1024:.0f} MiB"
+        )
+    time_ratio = big["run_s"] / big["validate_s"]
+    rss_ratio = big["run_kib"] / small["run_kib"]
+    print(f"delta run / validate, whole process, {args.rows:,} rows: {time_ratio:.2f}  [<= 1.5]")
+    print(f"peak RSS of the delta run, {args.rows:,} / 100,000 rows: {rss_ratio:.2f}  [<= 1.3]")
+    print(f"sync state on disk: {big['state_bytes_per_key']:.1f} bytes per key  [<= 100]")
+
+
+if __name__ == "__main__":
+    main()
