@@ -192,7 +192,7 @@ def _add_sync_state(sub: argparse._SubParsersAction[_Parser]) -> None:
     ):
         sp = sync_sub.add_parser(action, help=text)
         sp.add_argument("job", type=Path, metavar="JOB")
-        sp.add_argument("--runs-dir", type=Path, metavar="DIR", help="where the job's runs live")
+        _add_runs_dir(sp)
 
 
 def build_parser() -> argparse.ArgumentParser:
