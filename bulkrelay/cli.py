@@ -117,6 +117,33 @@ def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_run_ref(parser: argparse.ArgumentParser) -> None:
+    """The run a command works on: a run directory, a run id, or `latest` (see `runref`)."""
+    parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory, a run id, or `latest`")
+    _add_runs_dir(parser)
+
+
+def _add_export_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--failed", action="store_true", help="only failed rows, in the input's own format")
+    parser.add_argument(
+        "--with-reasons", action="store_true", help="with --failed: add _status, _error, _attempts columns"
+    )
+    parser.add_argument("--format", choices=["csv", "jsonl"], help="output format (default: the input's)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="write here; - for stdout (the envelope then goes to stderr); default: in the run directory",
+    )
+
+
+def _add_operations(sub: Any) -> None:
+    """The commands of unattended operation: what failed, and (see `prune`) what to keep."""
+    p = sub.add_parser("failures", help="a run's failed rows grouped by status and classification")
+    _add_run_ref(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bulkrelay", description="Turn a file of records into HTTP requests, durably.")
     parser.add_argument("--version", action=_VersionAction, help="show the version and exit")
@@ -144,13 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_budget(p)
 
     p = sub.add_parser("resume", help="continue an interrupted run; refuses on any change")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    _add_run_ref(p)
     p.add_argument("--config", type=Path, metavar="JOB", help="the job file, if it moved")
     _add_input(p)
     _add_budget(p)
 
     p = sub.add_parser("retry-failed", help="a new run, linked to its parent, of a run's failed rows")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    _add_run_ref(p)
     p.add_argument("--status", metavar="CODES", help="only rows that ended with these statuses, e.g. 503,504")
     p.add_argument(
         "--classification", type=_classification, metavar="NAME", help="only rows with this classification"
@@ -159,18 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_budget(p)
 
     p = sub.add_parser("status", help="one run's state and counters")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    _add_run_ref(p)
 
     p = sub.add_parser("runs", help="a table of runs")
     _add_runs_dir(p)
 
     p = sub.add_parser("export", help="input rows joined with their latest result")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("--failed", action="store_true", help="only failed rows, in the input's own format")
-    p.add_argument("--format", choices=["csv", "jsonl"], help="output format (default: the input's)")
-    p.add_argument(
-        "-o", "--output", type=Path, metavar="FILE", help="write here (default stdout summary only)"
-    )
+    _add_run_ref(p)
+    _add_export_flags(p)
+    _add_operations(sub)
 
     job = sub.add_parser("job", help="background jobs: wait, status, cancel")
     job_sub = job.add_subparsers(dest="job_command", metavar="ACTION", parser_class=_Parser)
@@ -263,8 +287,12 @@ def emit(result: Result, *, started: float, as_json: bool) -> None:
     duration_ms = result.meta.pop("work_duration_ms", None)
     if duration_ms is None:
         duration_ms = round((time.monotonic() - started) * 1000)
+    on_stderr = result.meta.pop("envelope_on_stderr", False)  # stdout carries data (`export -o -`)
     envelope = to_envelope(result, duration_ms=int(duration_ms))
-    if as_json:
+    if on_stderr:
+        sys.stderr.buffer.write(dumps_envelope(envelope))
+        sys.stderr.flush()
+    elif as_json:
         sys.stdout.buffer.write(dumps_envelope(envelope))
         sys.stdout.flush()
     else:

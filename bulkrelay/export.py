@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 from array import array
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -23,6 +25,10 @@ from bulkrelay.journal import decode_line
 from bulkrelay.rundir import RunDir, list_runs
 
 _RESULT_COLUMNS = ("success", "status_code", "classification", "attempts", "error", "run_id")
+# `--failed --with-reasons`: why each row failed, in columns a spreadsheet or `retry` script can read;
+# the leading underscore keeps them apart from the input's own fields.
+_REASON_COLUMNS = (("_status", "status_code"), ("_error", "error"), ("_attempts", "attempts"))
+STDOUT = "-"
 
 
 def _family(run: RunDir) -> list[RunDir]:
@@ -107,11 +113,20 @@ def _joined(
             )
 
 
+def _with_reasons(
+    rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]],
+) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Each failed row with `_status`, `_error`, `_attempts` added after its own fields."""
+    for fields, result in rows:
+        found = result or {}
+        yield {**fields, **{column: found.get(key) for column, key in _REASON_COLUMNS}}, result
+
+
 def _write(
     out: BinaryIO, fmt: str, rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]], with_results: bool
 ) -> int:
     count = 0
-    text = io.TextIOWrapper(out, encoding="utf-8", newline="") if fmt == "csv" else None
+    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True) if fmt == "csv" else None
     writer: Any = None
     for fields, result in rows:
         count += 1
@@ -134,7 +149,31 @@ def _write(
     return count
 
 
-def export(run_dir: Path, *, failed_only: bool, fmt: str | None, output: Path | None) -> Result:
+@contextmanager
+def _opened(target: Path) -> Iterator[BinaryIO]:
+    """The export's destination: a file, or standard output for `-o -` (left open for the CLI)."""
+    if str(target) == STDOUT:
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    with target.open("wb") as out:
+        yield out
+
+
+def export(
+    run_dir: Path,
+    *,
+    failed_only: bool,
+    fmt: str | None,
+    output: Path | None,
+    with_reasons: bool = False,
+) -> Result:
+    """Write the joined rows to `output` (`-`: stdout, the envelope then goes to stderr)."""
+    if with_reasons and not failed_only:
+        raise UsageError(
+            "--with-reasons adds _status, _error, _attempts to --failed rows; the full export has them",
+            suggestion="add --failed",
+        )
     run = RunDir.open(run_dir)
     spec = _input_spec(run)
     fmt = fmt or spec.format
@@ -147,11 +186,10 @@ def export(run_dir: Path, *, failed_only: bool, fmt: str | None, output: Path | 
     target = output or run.path / f"{'failed' if failed_only else 'export'}.{fmt}"
     results = _LatestResults(family, total)
     recorded = InputFingerprint.from_dict(run.manifest["input"])
+    rows = _joined(spec, results, failed_only, recorded)
     try:
-        with target.open("wb") as out:
-            count = _write(
-                out, fmt, _joined(spec, results, failed_only, recorded), with_results=not failed_only
-            )
+        with _opened(target) as out:
+            count = _write(out, fmt, _with_reasons(rows) if with_reasons else rows, not failed_only)
     finally:
         results.close()
     data = {
@@ -162,4 +200,5 @@ def export(run_dir: Path, *, failed_only: bool, fmt: str | None, output: Path | 
         "failed_only": failed_only,
         "runs": [r.run_id for r in family],
     }
-    return Result(data=data, kind="generic")
+    meta = {"envelope_on_stderr": True} if str(target) == STDOUT else {}
+    return Result(data=data, kind="generic", meta=meta)

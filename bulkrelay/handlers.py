@@ -87,6 +87,13 @@ def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:
     return _run_request(args, spooled_stdin).key()
 
 
+def _run_dir(args: argparse.Namespace) -> Path:
+    """The run directory the RUN argument names: a path, a run id, or `latest`."""
+    from bulkrelay.runref import resolve_run
+
+    return resolve_run(args.run_dir, args.runs_dir)
+
+
 def _resume(args: argparse.Namespace) -> Result:
     input_path = Path(args.input) if args.input not in (None, "-") else None
     if args.input == "-":
@@ -94,11 +101,11 @@ def _resume(args: argparse.Namespace) -> Result:
             "resume cannot read stdin: a run that read stdin keeps its own copy",
             suggestion=f"bulkrelay resume {args.run_dir}",
         )
-    return launch.resume(args.run_dir, args.config, input_path, _options(args))
+    return launch.resume(_run_dir(args), args.config, input_path, _options(args))
 
 
 def _status(args: argparse.Namespace) -> Result:
-    return commands.status(args.run_dir)
+    return commands.status(_run_dir(args))
 
 
 def _runs(args: argparse.Namespace) -> Result:
@@ -109,7 +116,7 @@ def _retry_failed(args: argparse.Namespace) -> Result:
     from bulkrelay import retryfailed  # loaded only for its own command
 
     return retryfailed.retry_failed(
-        args.run_dir,
+        _run_dir(args),
         config=args.config,
         statuses=args.status,
         classification=args.classification,
@@ -120,7 +127,19 @@ def _retry_failed(args: argparse.Namespace) -> Result:
 def _export(args: argparse.Namespace) -> Result:
     from bulkrelay import export  # loaded only for its own command
 
-    return export.export(args.run_dir, failed_only=args.failed, fmt=args.format, output=args.output)
+    return export.export(
+        _run_dir(args),
+        failed_only=args.failed,
+        fmt=args.format,
+        output=args.output,
+        with_reasons=args.with_reasons,
+    )
+
+
+def _failures(args: argparse.Namespace) -> Result:
+    from bulkrelay import failures  # loaded only for its own command
+
+    return failures.failures(_run_dir(args))
 
 
 def _demo(args: argparse.Namespace) -> Result:
@@ -138,6 +157,7 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "runs": _runs,
     "retry-failed": jobs.budgeted("retry-failed", _retry_failed),
     "export": _export,
+    "failures": _failures,
     "demo": _demo,
     "job wait": lambda args: jobs.job_wait(args.job_id, args.budget),
     "job status": lambda args: jobs.job_status(args.job_id),
