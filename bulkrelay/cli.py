@@ -143,6 +143,12 @@ def _add_operations(sub: Any) -> None:
     p = sub.add_parser("failures", help="a run's failed rows grouped by status and classification")
     _add_run_ref(p)
 
+    p = sub.add_parser("prune", help="remove finished runs that retention no longer keeps")
+    p.add_argument("--keep", type=int, metavar="N", help="keep the newest N finished runs of each job")
+    p.add_argument("--older-than", metavar="AGE", help="remove only runs older than AGE, e.g. 30d")
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    _add_runs_dir(p)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bulkrelay", description="Turn a file of records into HTTP requests, durably.")

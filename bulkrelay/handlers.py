@@ -77,9 +77,21 @@ def _run_request(args: argparse.Namespace, spooled_stdin: Path | None = None) ->
 
 
 def _run(args: argparse.Namespace) -> Result:
-    result = launch.run(_run_request(args))
+    request = _run_request(args)
+    result = launch.run(request)
     result.warnings[:0] = _output_dir_warning(args)
+    _apply_retention(result, request.runs_dir)
     return result
+
+
+def _apply_retention(result: Result, runs_dir: Path) -> None:
+    """`.bulkrelay/config.yaml` retention, once the run's state is final; never fails the run."""
+    from bulkrelay.prune import retention_after_run  # loaded only at a run's end
+
+    report = retention_after_run(runs_dir)
+    result.warnings.extend(report.warnings)
+    if report.removed and isinstance(result.data, dict):
+        result.data["pruned"] = report.removed
 
 
 def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:
@@ -136,6 +148,16 @@ def _export(args: argparse.Namespace) -> Result:
     )
 
 
+def _prune(args: argparse.Namespace) -> Result:
+    from bulkrelay import prune, settings  # loaded only for its own command
+
+    if args.keep is not None or args.older_than is not None:  # flags replace the settings file's rule
+        retention = settings.retention_from_flags(args.keep, args.older_than)
+    else:
+        retention = settings.load_settings().retention
+    return prune.prune_command(default_runs_dir(args.runs_dir), retention, dry_run=args.dry_run)
+
+
 def _failures(args: argparse.Namespace) -> Result:
     from bulkrelay import failures  # loaded only for its own command
 
@@ -158,6 +180,7 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "retry-failed": jobs.budgeted("retry-failed", _retry_failed),
     "export": _export,
     "failures": _failures,
+    "prune": _prune,
     "demo": _demo,
     "job wait": lambda args: jobs.job_wait(args.job_id, args.budget),
     "job status": lambda args: jobs.job_status(args.job_id),
