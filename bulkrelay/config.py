@@ -338,6 +338,9 @@ class RetryConfig(_Model):
     max_backoff_seconds: Annotated[float, Field(ge=0)] = 30.0
     jitter_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2
     respect_retry_after: bool = True
+    # The longest pause a Retry-After or a quota reset may impose; a target asking for a day gets this.
+    # Timing only, like the Retry-After it caps: left out of the fingerprint (`config_semantic_dict`).
+    max_retry_after_seconds: Annotated[float, Field(gt=0)] = 300.0
 
     @model_validator(mode="after")
     def _backoff_order(self) -> RetryConfig:
@@ -413,10 +416,12 @@ def parse_job_with_deprecations(text: str, *, file: str) -> tuple[JobConfig, lis
 
 
 def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
-    """Everything that changes what the job does, as JSON-able data: all but `name` and `input.file`."""
+    """Everything that changes what the job does, as JSON-able data: all but `name`, `input.file`
+    and `retry.max_retry_after_seconds` (how long a pause may last changes no request)."""
     data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
     del data["name"]
     del data["input"]["file"]
+    del data["retry"]["max_retry_after_seconds"]
     return data
 
 
