@@ -139,7 +139,7 @@ def _add_export_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_operations(sub: Any) -> None:
-    """The commands of unattended operation: what failed, and (see `prune`) what to keep."""
+    """The commands of unattended operation: what failed, what to keep, shell completion."""
     p = sub.add_parser("failures", help="a run's failed rows grouped by status and classification")
     _add_run_ref(p)
 
@@ -148,6 +148,9 @@ def _add_operations(sub: Any) -> None:
     p.add_argument("--older-than", metavar="AGE", help="remove only runs older than AGE, e.g. 30d")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
     _add_runs_dir(p)
+
+    p = sub.add_parser("completion", help="print a shell completion script: bash, zsh or fish")
+    p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete in")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,8 +297,12 @@ def emit(result: Result, *, started: float, as_json: bool) -> None:
     if duration_ms is None:
         duration_ms = round((time.monotonic() - started) * 1000)
     on_stderr = result.meta.pop("envelope_on_stderr", False)  # stdout carries data (`export -o -`)
+    payload = result.meta.pop("stdout_payload", None)  # the whole answer (`completion`): no envelope
     envelope = to_envelope(result, duration_ms=int(duration_ms))
-    if on_stderr:
+    if isinstance(payload, str):
+        sys.stdout.write(payload)
+        sys.stdout.flush()
+    elif on_stderr:
         sys.stderr.buffer.write(dumps_envelope(envelope))
         sys.stderr.flush()
     elif as_json:

@@ -59,6 +59,8 @@ class Committed:
     ok: int
     failed: int
     committed_this_run: int = 0
+    started: float = field(default_factory=time.monotonic)
+    pace: Callable[[], dict[str, Any]] | None = None  # the limiter's state, for the live checkpoint
 
     @property
     def done(self) -> int:
@@ -75,9 +77,11 @@ class Committed:
         self.offset = end_offset
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(total=self.total, done=self.done, ok=self.ok, failed=self.failed)
+        pace = self.pace() if self.pace is not None else None
+        return Snapshot(total=self.total, done=self.done, ok=self.ok, failed=self.failed, pace=pace)
 
-    def checkpoint(self) -> Checkpoint:
+    def checkpoint(self, *, live: bool = False) -> Checkpoint:
+        """The counters; `live`: with this call's pace, for `status` while the run goes on."""
         return Checkpoint(
             seq=self.seq,
             offset=self.offset,
@@ -85,7 +89,13 @@ class Committed:
             ok=self.ok,
             failed=self.failed,
             updated_at=utc_now(),
+            live=self.live_pace() if live else None,
         )
+
+    def live_pace(self) -> dict[str, Any]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        pace = {"rows_per_second": round(self.committed_this_run / elapsed, 1)}
+        return {**pace, **(self.pace() if self.pace is not None else {})}
 
 
 @dataclass
@@ -188,6 +198,7 @@ async def relay(
     journal = JournalWriter(run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit)
     transport = transport_factory(transport_settings(preflight))
     sender = _row_sender(preflight, transport, stop)
+    committed.pace = sender.limiter.state
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     records = _pending_records(preflight, start.done_rows)
 
@@ -257,7 +268,8 @@ async def _checkpointer(run: RunDir, committed: Committed) -> None:
         if (committed.seq, committed.offset) != last:
             interval = CHECKPOINT_INTERVAL_SECONDS
             last = (committed.seq, committed.offset)
-            await anyio.to_thread.run_sync(write_checkpoint, run.path, committed.checkpoint(), run.storage)
+            live = committed.checkpoint(live=True)
+            await anyio.to_thread.run_sync(write_checkpoint, run.path, live, run.storage)
 
 
 def _halted(stop: StopControl) -> bool:

@@ -158,6 +158,16 @@ def _prune(args: argparse.Namespace) -> Result:
     return prune.prune_command(default_runs_dir(args.runs_dir), retention, dry_run=args.dry_run)
 
 
+def _completion(args: argparse.Namespace) -> Result:
+    """The shell's completion script, alone on stdout, so `source <(bulkrelay completion bash)` works."""
+    import shtab  # loaded only for its own command
+
+    from bulkrelay.cli import build_parser  # late: the cli imports this table
+
+    script = shtab.complete(build_parser(), shell=args.shell)
+    return Result(data={"shell": args.shell}, meta={"stdout_payload": script}, kind="completion")
+
+
 def _failures(args: argparse.Namespace) -> Result:
     from bulkrelay import failures  # loaded only for its own command
 
@@ -181,6 +191,7 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "export": _export,
     "failures": _failures,
     "prune": _prune,
+    "completion": _completion,
     "demo": _demo,
     "job wait": lambda args: jobs.job_wait(args.job_id, args.budget),
     "job status": lambda args: jobs.job_status(args.job_id),
