@@ -123,6 +123,27 @@ def _demo(data: dict[str, Any]) -> None:
     _console.print(f"look inside: bulkrelay status {data['run_dir']}", highlight=False)
 
 
+def _failures(data: dict[str, Any]) -> None:
+    table = Table(title=f"{data['failed']} failed rows in run {data['run_id']}")
+    for column in ("count", "status", "classification", "examples (row: error, body)"):
+        table.add_column(column, overflow="fold")
+    for group in data["groups"]:
+        examples = "\n".join(
+            f"{e['row_number']}: {e['error']}" + (f", {e['body'][:120]}" if e.get("body") else "")
+            for e in group["examples"]
+        )
+        status = "-" if group["status_code"] is None else str(group["status_code"])
+        table.add_row(str(group["count"]), status, group["classification"], examples)
+    _console.print(table)
+
+
+def _prune(data: dict[str, Any]) -> None:
+    verb = "would remove" if data["dry_run"] else "removed"
+    _console.print(f"{verb} {len(data['removed'])} runs, kept {data['kept']} in {data['runs_dir']}")
+    for run_id in data["removed"]:
+        _console.print(f"  {run_id}", highlight=False)
+
+
 def _help(data: dict[str, Any]) -> None:
     _console.print(data["help"], markup=False, highlight=False, soft_wrap=True, end="")
 
@@ -140,4 +161,6 @@ _RENDERERS = {
     "status": _status,
     "runs": _runs,
     "demo": _demo,
+    "failures": _failures,
+    "prune": _prune,
 }

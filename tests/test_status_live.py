@@ -133,3 +133,18 @@ def test_the_bash_completion_sources_and_completes_commands(tmp_path: Path) -> N
     done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["prune"]
+
+
+def test_the_human_views_of_failures_and_prune(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr(human, "_console", Console(file=out, width=200))
+    example = {"row_number": 3, "attempts": 1, "error": "HTTP 422", "body": '{"error":"rejected"}'}
+    group = {"status_code": 422, "classification": "http_client_error", "count": 13, "examples": [example]}
+    failures = Result(data={"run_id": "r1", "failed": 13, "groups": [group]}, kind="failures")
+    human.print_human(failures, to_envelope(failures, duration_ms=1))
+    pruned = {"dry_run": True, "removed": ["r0"], "kept": 2, "runs_dir": "/runs"}
+    prune = Result(data=pruned, kind="prune")
+    human.print_human(prune, to_envelope(prune, duration_ms=1))
+    text = out.getvalue()
+    assert "13 failed rows in run r1" in text and "3: HTTP 422" in text and "rejected" in text
+    assert "would remove 1 runs, kept 2 in /runs" in text and "r0" in text
