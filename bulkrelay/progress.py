@@ -117,12 +117,12 @@ class BarReporter:
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("[green]{task.fields[ok]} ok[/] [red]{task.fields[failed]} failed[/]"),
-            TextColumn("{task.fields[rate]} rows/s"),
+            TextColumn("{task.fields[rate]} rows/s{task.fields[pace]}"),
             TimeRemainingColumn(),
             console=Console(stderr=True),
             transient=False,
         )
-        self._task = self._progress.add_task(description, total=None, ok=0, failed=0, rate="-")
+        self._task = self._progress.add_task(description, total=None, ok=0, failed=0, rate="-", pace="")
         self._rate = _CallRate()
         self._progress.start()
 
@@ -135,6 +135,7 @@ class BarReporter:
             ok=snapshot.ok,
             failed=snapshot.failed,
             rate=f"{rate:,.0f}",
+            pace=_pace_suffix(snapshot),
         )
 
     def close(self) -> None:

@@ -195,7 +195,8 @@ class RateLimiter:
         now = self._clock()
         if self._adaptive.recover(now):
             self._schedule.set_rate(self._adaptive.current)
-        self._starts.append(now)
+        if self._adaptive.configured is None:
+            self._starts.append(now)  # only an unconfigured limiter adapts from the observed rate
         if not self._waiters and self._schedule.earliest(now) <= now:
             self._schedule.take(now)
             return
