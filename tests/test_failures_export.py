@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 
 from bulkrelay.errors import ExitCode
+from bulkrelay.rundir import RunDir
+from bulkrelay.runref import resolve_run
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
@@ -115,3 +117,15 @@ def test_an_unknown_run_reference_is_not_found_naming_where_it_looked(tmp_path: 
     assert str(runs) in missing.envelope["error"]["message"]
     none_yet = run_cli("failures", "latest", "--runs-dir", runs, cwd=tmp_path)
     assert none_yet.exit_code == ExitCode.NOT_FOUND and "latest" in none_yet.envelope["error"]["message"]
+
+
+def test_latest_is_the_newest_by_created_at_even_within_one_second(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    older = RunDir.create(runs, {"name": "a"})
+    newer = RunDir.create(runs, {"name": "b"})
+    # Within one second the ids differ only in their random part: the name order says nothing.
+    newer.set_state("completed", created_at="2099-01-01T00:00:00.000001Z")
+    older.set_state("completed", created_at="2099-01-01T00:00:00.000000Z")
+    assert resolve_run("latest", runs) == newer.path
+    assert resolve_run(older.run_id, runs) == older.path
+    assert resolve_run(str(older.path), None) == older.path
