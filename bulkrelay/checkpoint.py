@@ -33,10 +33,16 @@ class Checkpoint:
     failed: int
     updated_at: str
     version: int = CHECKPOINT_VERSION
+    # While a process relays: its pace (rows/s this call, the limiter's current rate and pause), so
+    # `status` can show a live run's rate from another process. Informational; never verified.
+    live: dict[str, Any] | None = None
 
 
 def write_checkpoint(run_dir: Path, cp: Checkpoint, storage: Storage | None = None) -> None:
-    write_json_atomic(run_dir / CHECKPOINT_FILE, asdict(cp), storage)
+    data = asdict(cp)
+    if data["live"] is None:
+        del data["live"]
+    write_json_atomic(run_dir / CHECKPOINT_FILE, data, storage)
 
 
 def read_checkpoint(run_dir: Path) -> Checkpoint | None:
@@ -62,7 +68,8 @@ def _parse(path: Path, raw: Any) -> Checkpoint:
         raise _malformed(path, "'updated_at' must be a string")
     if raw["ok"] + raw["failed"] != raw["rows_done"]:
         raise _malformed(path, "ok + failed does not equal rows_done")
-    return Checkpoint(**{key: raw[key] for key in (*_COUNTERS, "updated_at", "version")})
+    live = raw.get("live") if isinstance(raw.get("live"), dict) else None
+    return Checkpoint(**{key: raw[key] for key in (*_COUNTERS, "updated_at", "version")}, live=live)
 
 
 def _malformed(path: Path, reason: str) -> JournalCorrupt:

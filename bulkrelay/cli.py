@@ -195,6 +195,42 @@ def _add_sync_state(sub: argparse._SubParsersAction[_Parser]) -> None:
         _add_runs_dir(sp)
 
 
+def _add_run_ref(parser: argparse.ArgumentParser) -> None:
+    """The run a command works on: a run directory, a run id, or `latest` (see `runref`)."""
+    parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory, a run id, or `latest`")
+    _add_runs_dir(parser)
+
+
+def _add_export_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--failed", action="store_true", help="only failed rows, in the input's own format")
+    parser.add_argument(
+        "--with-reasons", action="store_true", help="with --failed: add _status, _error, _attempts columns"
+    )
+    parser.add_argument("--format", choices=["csv", "jsonl"], help="output format (default: the input's)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="write here; - for stdout (the envelope then goes to stderr); default: in the run directory",
+    )
+
+
+def _add_operations(sub: Any) -> None:
+    """The commands of unattended operation: what failed, what to keep, shell completion."""
+    p = sub.add_parser("failures", help="a run's failed rows grouped by status and classification")
+    _add_run_ref(p)
+
+    p = sub.add_parser("prune", help="remove finished runs that retention no longer keeps")
+    p.add_argument("--keep", type=int, metavar="N", help="keep the newest N finished runs of each job")
+    p.add_argument("--older-than", metavar="AGE", help="remove only runs older than AGE, e.g. 30d")
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    _add_runs_dir(p)
+
+    p = sub.add_parser("completion", help="print a shell completion script: bash, zsh or fish")
+    p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete in")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bulkrelay", description="Turn a file of records into HTTP requests, durably.")
     parser.add_argument("--version", action=_VersionAction, help="show the version and exit")
@@ -214,13 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
 
     p = sub.add_parser("resume", help="continue an interrupted run; refuses on any change")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    _add_run_ref(p)
     p.add_argument("--config", type=Path, metavar="JOB", help="the job file, if it moved")
     _add_input(p)
     _add_budget(p)
 
     p = sub.add_parser("retry-failed", help="a new run, linked to its parent, of a run's failed rows")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    _add_run_ref(p)
     p.add_argument("--status", metavar="CODES", help="only rows that ended with these statuses, e.g. 503,504")
     p.add_argument(
         "--classification", type=_classification, metavar="NAME", help="only rows with this classification"
@@ -229,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_budget(p)
 
     p = sub.add_parser("status", help="one run's state and counters")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    _add_run_ref(p)
 
     p = sub.add_parser("shards", help="the shards of one job (--shard K/N runs) summed into one view")
     p.add_argument(
@@ -240,18 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs_dir(p)
 
     p = sub.add_parser("export", help="input rows joined with their latest result")
+    _add_run_ref(p)
     p.add_argument(
-        "run_dirs",
+        "shard_runs",
         type=Path,
-        nargs="+",
-        metavar="RUN_DIR",
-        help="a run; several: shards of one input, joined",
+        nargs="*",
+        metavar="RUN",
+        help="more runs: the other shards of one input, joined",
     )
-    p.add_argument("--failed", action="store_true", help="only failed rows, in the input's own format")
-    p.add_argument("--format", choices=["csv", "jsonl"], help="output format (default: the input's)")
-    p.add_argument(
-        "-o", "--output", type=Path, metavar="FILE", help="write here (default stdout summary only)"
-    )
+    _add_export_flags(p)
+    _add_operations(sub)
 
     _add_sync_state(sub)
 
@@ -416,12 +450,21 @@ def _write_result(result: Result, *, started: float, as_json: bool) -> None:
     duration_ms = result.meta.pop("work_duration_ms", None)
     if duration_ms is None:
         duration_ms = round((time.monotonic() - started) * 1000)
+    on_stderr = result.meta.pop("envelope_on_stderr", False)  # stdout carries data (`export -o -`)
+    payload = result.meta.pop("stdout_payload", None)  # the whole answer (`completion`): no envelope
     envelope = to_envelope(result, duration_ms=int(duration_ms))
-    if as_json:
+    if as_json or on_stderr:
         for warning in result.warnings:
             if warning.code in _STDERR_WARNINGS:
                 sys.stderr.write(f"bulkrelay: warning {warning.code}: {warning.message}\n")
                 sys.stderr.flush()
+    if isinstance(payload, str):
+        sys.stdout.write(payload)
+        sys.stdout.flush()
+    elif on_stderr:
+        sys.stderr.buffer.write(dumps_envelope(envelope))
+        sys.stderr.flush()
+    elif as_json:
         sys.stdout.buffer.write(dumps_envelope(envelope))
         sys.stdout.flush()
     else:

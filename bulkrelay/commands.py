@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,17 @@ from bulkrelay.fingerprint import config_fingerprint
 from bulkrelay.inputs import InputSpec, open_records
 from bulkrelay.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.request import RenderError, RequestRenderer
-from bulkrelay.rundir import ALPHA, CHECKPOINT, SUMMARY, RunDir, is_locked, run_dirs
+from bulkrelay.rundir import (
+    ALPHA,
+    CHECKPOINT,
+    FORCED,
+    RUNNING,
+    STOPPED,
+    SUMMARY,
+    RunDir,
+    is_locked,
+    run_dirs,
+)
 from bulkrelay.selection import load_selection
 from bulkrelay.sender import row_identity
 
@@ -179,24 +190,77 @@ def committed_progress(run: RunDir) -> dict[str, Any]:
     }
 
 
+LIVE = "live"
+CRASHED = "crashed \u2014 resumable"
+RESUMABLE = "stopped \u2014 resumable"
+FINISHED = "finished"
+
+
+def liveness(run: RunDir) -> str:
+    """Whether a process works on the run now, judged by its lock (the OS drops it when the holder
+    dies), not by the manifest's state, which a killed process leaves at `running`."""
+    if is_locked(run.path):
+        return LIVE
+    if run.state == RUNNING:
+        return CRASHED
+    return RESUMABLE if run.state in (STOPPED, FORCED) else FINISHED
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists; it is someone else's
+    return True
+
+
+def _rate(run: RunDir, alive: str, summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A live run's pace from its checkpoint; a finished call's from its summary."""
+    if alive == LIVE:
+        checkpoint = read_checkpoint(run.path)
+        return checkpoint.live if checkpoint is not None else None
+    this_call = (summary or {}).get("this_call")
+    return {"rows_per_second": this_call["rows_per_second"]} if this_call else None
+
+
 def status(run_dir: Path) -> Result:
-    """One run's state and counters, read without changing anything."""
+    """One run's state, liveness, pace and counters, read without changing anything."""
     run = RunDir.open(run_dir)
     summary_path = run.path / SUMMARY
+    summary = read_json(summary_path) if summary_path.exists() else None
+    alive = liveness(run)
+    pid = run.manifest.get("pid")
     data = {
         "run_id": run.run_id,
         "run_dir": str(run.path),
         "state": run.state,
-        "live": is_locked(run.path),
+        "live": alive == LIVE,
+        "liveness": alive,
+        "pid": pid if alive == LIVE and _pid_alive(pid) else None,
+        "stop_reason": run.manifest.get("stop_reason"),
         "created_at": run.manifest.get("created_at"),
         "updated_at": run.manifest.get("updated_at"),
         "parent_run": run.manifest.get("parent_run"),
         "progress": committed_progress(run),
-        "summary": read_json(summary_path) if summary_path.exists() else None,
+        "rate": _rate(run, alive, summary),
+        "latency_ms": _known_latency(summary),
+        "summary": summary,
     }
     if "sync" in run.manifest:  # a delta run: its mode, rows selected and rows skipped unchanged
         data["sync"] = run.manifest["sync"]
+    if alive in (CRASHED, RESUMABLE):
+        data["continue_command"] = f"bulkrelay resume {shlex.quote(str(run.path))}"
     return Result(data=data, kind="status")
+
+
+def _known_latency(summary: dict[str, Any] | None) -> dict[str, float]:
+    """Latency percentiles that exist: none before the first committed row, never a `null`."""
+    latency = (summary or {}).get("latency_ms") or {}
+    return {name: value for name, value in latency.items() if value is not None}
 
 
 def _alpha_progress(run: RunDir) -> dict[str, Any]:

@@ -426,6 +426,9 @@ class RetryConfig(_Model):
     max_backoff_seconds: Annotated[float, Field(ge=0)] = 30.0
     jitter_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2
     respect_retry_after: bool = True
+    # The longest pause a Retry-After or a quota reset may impose; a target asking for a day gets this.
+    # Timing only, like the Retry-After it caps: left out of the fingerprint (`config_semantic_dict`).
+    max_retry_after_seconds: Annotated[float, Field(gt=0)] = 300.0
 
     @model_validator(mode="after")
     def _backoff_order(self) -> RetryConfig:
@@ -572,11 +575,13 @@ def _parse_job(text: str, *, file: str) -> tuple[JobConfig, LineMap, list[Proble
 
 
 def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
-    """Everything that changes what the job does, as JSON-able data: all but `name`, `input.file` and
-    the transport's operational settings (client, proxy, TLS identity)."""
+    """Everything that changes what the job does, as JSON-able data: all but `name`, `input.file`,
+    `retry.max_retry_after_seconds` (how long a pause may last changes no request) and the transport's
+    operational settings (client, proxy, TLS identity, where a shared limit is kept)."""
     data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
     del data["name"]
     del data["input"]["file"]
+    del data["retry"]["max_retry_after_seconds"]
     for key in _OPERATIONAL_EXECUTION_KEYS:
         del data["execution"][key]
     if data["execution"]["rate_limit"] is not None:

@@ -1,4 +1,4 @@
-"""Durations as users type them: `500ms`, `30s`, `5m`, `2h`, or a bare number of seconds.
+"""Durations as users type them: `500ms`, `30s`, `5m`, `2h`, `30d`, or a bare number of seconds.
 
 A bare number is seconds everywhere, as in the job file's `*_seconds` keys.
 """
@@ -9,8 +9,8 @@ import re
 
 from bulkrelay.errors import UsageError
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}  # d: retention ages
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
 def parse_duration_ms(text: str, *, what: str = "duration") -> int:
@@ -18,7 +18,7 @@ def parse_duration_ms(text: str, *, what: str = "duration") -> int:
     if match is None:
         raise UsageError(
             f"{what} {text!r} is not a duration",
-            suggestion="use 500ms, 30s, 5m, 2h or a bare number of seconds",
+            suggestion="use 500ms, 30s, 5m, 2h, 30d or a bare number of seconds",
         )
     number, unit = match.groups()
     return round(float(number) * _UNITS_MS[unit or "s"])

@@ -62,6 +62,8 @@ class Committed:
     ok: int
     failed: int
     committed_this_run: int = 0
+    started: float = field(default_factory=time.monotonic)
+    pace: Callable[[], dict[str, Any]] | None = None  # the limiter's state, for the live checkpoint
 
     @property
     def done(self) -> int:
@@ -78,9 +80,11 @@ class Committed:
         self.offset = end_offset
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(total=self.total, done=self.done, ok=self.ok, failed=self.failed)
+        pace = self.pace() if self.pace is not None else None
+        return Snapshot(total=self.total, done=self.done, ok=self.ok, failed=self.failed, pace=pace)
 
-    def checkpoint(self) -> Checkpoint:
+    def checkpoint(self, *, live: bool = False) -> Checkpoint:
+        """The counters; `live`: with this call's pace, for `status` while the run goes on."""
         return Checkpoint(
             seq=self.seq,
             offset=self.offset,
@@ -88,7 +92,13 @@ class Committed:
             ok=self.ok,
             failed=self.failed,
             updated_at=utc_now(),
+            live=self.live_pace() if live else None,
         )
+
+    def live_pace(self) -> dict[str, Any]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        pace = {"rows_per_second": round(self.committed_this_run / elapsed, 1)}
+        return {**pace, **(self.pace() if self.pace is not None else {})}
 
 
 @dataclass
@@ -230,6 +240,7 @@ async def relay(
     transport = transport_factory(transport_settings(preflight))
     limiter = open_limiter(config)
     sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats())
+    committed.pace = limiter.state
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     records = _pending_records(preflight, start.done_rows, stop)
 
@@ -327,7 +338,8 @@ async def _checkpointer(run: RunDir, committed: Committed, on_tick: Callable[[Sn
         if (committed.seq, committed.offset) != last:
             interval = CHECKPOINT_INTERVAL_SECONDS
             last = (committed.seq, committed.offset)
-            await anyio.to_thread.run_sync(write_checkpoint, run.path, committed.checkpoint(), run.storage)
+            live = committed.checkpoint(live=True)
+            await anyio.to_thread.run_sync(write_checkpoint, run.path, live, run.storage)
 
 
 def _reported_anyway(stop: StopControl) -> bool:

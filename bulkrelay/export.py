@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 from array import array
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,6 +29,10 @@ from bulkrelay.selection import load_selection
 _RESULT_COLUMNS = ("success", "status_code", "classification", "attempts", "error", "run_id")
 # A delta run's row that was not sent: an earlier run delivered this very request successfully.
 _SKIPPED_UNCHANGED = {"success": True, "classification": "skipped_unchanged", "attempts": 0, "error": None}
+# `--failed --with-reasons`: why each row failed, in columns a spreadsheet or `retry` script can read;
+# the leading underscore keeps them apart from the input's own fields.
+_REASON_COLUMNS = (("_status", "status_code"), ("_error", "error"), ("_attempts", "attempts"))
+STDOUT = "-"
 
 
 def _family(run: RunDir) -> list[RunDir]:
@@ -128,11 +134,20 @@ def _joined(
             )
 
 
+def _with_reasons(
+    rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]],
+) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Each failed row with `_status`, `_error`, `_attempts` added after its own fields."""
+    for fields, result in rows:
+        found = result or {}
+        yield {**fields, **{column: found.get(key) for column, key in _REASON_COLUMNS}}, result
+
+
 def _write(
     out: BinaryIO, fmt: str, rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]], with_results: bool
 ) -> int:
     count = 0
-    text = io.TextIOWrapper(out, encoding="utf-8", newline="") if fmt == "csv" else None
+    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True) if fmt == "csv" else None
     writer: Any = None
     for fields, result in rows:
         count += 1
@@ -155,22 +170,33 @@ def _write(
     return count
 
 
+@contextmanager
+def _opened(target: Path) -> Iterator[BinaryIO]:
+    """The export's destination: a file, or standard output for `-o -` (left open for the CLI)."""
+    if str(target) == STDOUT:
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    with target.open("wb") as out:
+        yield out
+
+
 def export(
     run_dir: Path,
     *,
     failed_only: bool,
     fmt: str | None,
     output: Path | None,
+    with_reasons: bool = False,
     shards: tuple[Path, ...] = (),
 ) -> Result:
-    """`shards`: the other shards' run directories of the same input, joined in (rows are disjoint)."""
+    """Write the joined rows to `output` (`-`: stdout, the envelope then goes to stderr).
+
+    `shards`: the other shards' run directories of the same input, joined in (rows are disjoint)."""
     run = RunDir.open(run_dir)
     spec = _input_spec(run)
     fmt = fmt or spec.format
-    if failed_only and fmt != spec.format:
-        raise UsageError(
-            "--failed writes rows in the input's own format", suggestion=f"use --format {spec.format}"
-        )
+    _check_flags(spec, fmt, failed_only=failed_only, with_reasons=with_reasons)
     family = _family(run) + [member for other in shards for member in _family(_same_input(run, other))]
     total = int(run.manifest["input"]["record_count"])
     target = output or run.path / f"{'failed' if failed_only else 'export'}.{fmt}"
@@ -178,10 +204,10 @@ def export(
     recorded = InputFingerprint.from_dict(run.manifest["input"])
     sync = run.manifest.get("sync")
     delta_selected = load_selection(run.path, total) if sync and not sync["full"] else None
+    rows = _joined(spec, results, failed_only, recorded, delta_selected)
     try:
-        with target.open("wb") as out:
-            joined = _joined(spec, results, failed_only, recorded, delta_selected)
-            count = _write(out, fmt, joined, with_results=not failed_only)
+        with _opened(target) as out:
+            count = _write(out, fmt, _with_reasons(rows) if with_reasons else rows, not failed_only)
     finally:
         results.close()
     data = {
@@ -194,4 +220,17 @@ def export(
     }
     if sync:  # a delta run: its unsent rows are in the export as `skipped_unchanged`
         data["skipped_unchanged"] = sync["skipped_unchanged"]
-    return Result(data=data, kind="generic")
+    meta = {"envelope_on_stderr": True} if str(target) == STDOUT else {}
+    return Result(data=data, kind="generic", meta=meta)
+
+
+def _check_flags(spec: InputSpec, fmt: str, *, failed_only: bool, with_reasons: bool) -> None:
+    if with_reasons and not failed_only:
+        raise UsageError(
+            "--with-reasons adds _status, _error, _attempts to --failed rows; the full export has them",
+            suggestion="add --failed",
+        )
+    if failed_only and fmt != spec.format:
+        raise UsageError(
+            "--failed writes rows in the input's own format", suggestion=f"use --format {spec.format}"
+        )

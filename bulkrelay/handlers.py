@@ -147,13 +147,35 @@ def _run(args: argparse.Namespace) -> Result:
     with _prepared_input(args, request.job, request.runs_dir / ".spool") as input_path:
         result = launch.run(replace(request, input_path=input_path))
     result.warnings[:0] = _output_dir_warning(args)
+    _apply_retention(result, request.runs_dir)
     return result
+
+
+def _apply_retention(result: Result, runs_dir: Path) -> None:
+    """`.bulkrelay/config.yaml` retention, once the run's state is final; never fails the run."""
+    from bulkrelay.prune import retention_after_run  # loaded only at a run's end
+
+    report = retention_after_run(runs_dir)
+    result.warnings.extend(report.warnings)
+    if report.removed and isinstance(result.data, dict):
+        result.data["pruned"] = report.removed
 
 
 def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:
     """The job key of a budgeted `run`: the same identity the identical re-run uses."""
     named = Path(args.input) if args.input not in (None, "-") else None
     return _run_request(args, spooled_stdin or named).key()
+
+
+def _run_dir(args: argparse.Namespace) -> Path:
+    """The run directory the RUN argument names: a path, a run id, or `latest`."""
+    return _resolved(args.run_dir, args.runs_dir)
+
+
+def _resolved(ref: Path, runs_dir: Path | None) -> Path:
+    from bulkrelay.runref import resolve_run
+
+    return resolve_run(ref, runs_dir)
 
 
 def _resume(args: argparse.Namespace) -> Result:
@@ -163,11 +185,11 @@ def _resume(args: argparse.Namespace) -> Result:
             "resume cannot read stdin: a run that read stdin keeps its own copy",
             suggestion=f"bulkrelay resume {args.run_dir}",
         )
-    return launch.resume(args.run_dir, args.config, input_path, _options(args))
+    return launch.resume(_run_dir(args), args.config, input_path, _options(args))
 
 
 def _status(args: argparse.Namespace) -> Result:
-    return commands.status(args.run_dir)
+    return commands.status(_run_dir(args))
 
 
 def _shards(args: argparse.Namespace) -> Result:
@@ -184,7 +206,7 @@ def _retry_failed(args: argparse.Namespace) -> Result:
     from bulkrelay import retryfailed  # loaded only for its own command
 
     return retryfailed.retry_failed(
-        args.run_dir,
+        _run_dir(args),
         config=args.config,
         statuses=args.status,
         classification=args.classification,
@@ -195,9 +217,13 @@ def _retry_failed(args: argparse.Namespace) -> Result:
 def _export(args: argparse.Namespace) -> Result:
     from bulkrelay import export  # loaded only for its own command
 
-    run_dir, *shards = args.run_dirs
     return export.export(
-        run_dir, failed_only=args.failed, fmt=args.format, output=args.output, shards=tuple(shards)
+        _run_dir(args),
+        failed_only=args.failed,
+        fmt=args.format,
+        output=args.output,
+        with_reasons=args.with_reasons,
+        shards=tuple(_resolved(ref, args.runs_dir) for ref in args.shard_runs),
     )
 
 
@@ -212,6 +238,32 @@ def _sync_state(args: argparse.Namespace) -> Result:
     identity = syncstate.job_identity(job.config.name, job.path)
     action = syncstate.rebuild_state if args.sync_command == "rebuild" else syncstate.verify_state
     return Result(data=action(default_runs_dir(args.runs_dir), identity), kind="generic")
+
+
+def _prune(args: argparse.Namespace) -> Result:
+    from bulkrelay import prune, settings  # loaded only for its own command
+
+    if args.keep is not None or args.older_than is not None:  # flags replace the settings file's rule
+        retention = settings.retention_from_flags(args.keep, args.older_than)
+    else:
+        retention = settings.load_settings().retention
+    return prune.prune_command(default_runs_dir(args.runs_dir), retention, dry_run=args.dry_run)
+
+
+def _completion(args: argparse.Namespace) -> Result:
+    """The shell's completion script, alone on stdout, so `source <(bulkrelay completion bash)` works."""
+    import shtab  # loaded only for its own command
+
+    from bulkrelay.cli import build_parser  # late: the cli imports this table
+
+    script = shtab.complete(build_parser(), shell=args.shell)
+    return Result(data={"shell": args.shell}, meta={"stdout_payload": script}, kind="completion")
+
+
+def _failures(args: argparse.Namespace) -> Result:
+    from bulkrelay import failures  # loaded only for its own command
+
+    return failures.failures(_run_dir(args))
 
 
 def _demo(args: argparse.Namespace) -> Result:
@@ -230,6 +282,9 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "runs": _runs,
     "retry-failed": _logged("retry-failed", jobs.budgeted("retry-failed", _retry_failed)),
     "export": _export,
+    "failures": _failures,
+    "prune": _prune,
+    "completion": _completion,
     "demo": _demo,
     "sync-state rebuild": _sync_state,
     "sync-state verify": _sync_state,

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bulkrelay.envelope import Result
+from bulkrelay.progress import pace_text
 
 _console = Console()
 _err = Console(stderr=True)
@@ -66,11 +67,28 @@ def _summary_table(summary: dict[str, Any]) -> Table:
         "by classification", ", ".join(f"{k}: {v}" for k, v in summary["by_classification"].items())
     )
     latency = summary["latency_ms"]
-    table.add_row("latency ms p50/p95/p99", f"{latency['p50']} / {latency['p95']} / {latency['p99']}")
+    table.add_row("latency ms p50/p95/p99", " / ".join(_ms(latency.get(p)) for p in ("p50", "p95", "p99")))
     this_call = summary.get("this_call")
     if this_call:
         table.add_row("rate", f"{this_call['rows_per_second']} rows/s")
     return table
+
+
+def _ms(value: object) -> str:
+    return "-" if value is None else str(value)  # no rows yet: no latency, never "None"
+
+
+def _status(data: dict[str, Any]) -> None:
+    _run(data)
+    line = f"liveness: {data['liveness']}"
+    if data.get("pid"):
+        line += f" (pid {data['pid']})"
+    if data.get("stop_reason"):
+        line += f"; stop reason: {data['stop_reason']}"
+    _console.print(line, highlight=False)
+    rate = data.get("rate")
+    if rate:
+        _console.print(f"pace: {pace_text(rate)}", highlight=False)
 
 
 def _run(data: dict[str, Any]) -> None:
@@ -105,6 +123,27 @@ def _demo(data: dict[str, Any]) -> None:
     _console.print(f"look inside: bulkrelay status {data['run_dir']}", highlight=False)
 
 
+def _failures(data: dict[str, Any]) -> None:
+    table = Table(title=f"{data['failed']} failed rows in run {data['run_id']}")
+    for column in ("count", "status", "classification", "examples (row: error, body)"):
+        table.add_column(column, overflow="fold")
+    for group in data["groups"]:
+        examples = "\n".join(
+            f"{e['row_number']}: {e['error']}" + (f", {e['body'][:120]}" if e.get("body") else "")
+            for e in group["examples"]
+        )
+        status = "-" if group["status_code"] is None else str(group["status_code"])
+        table.add_row(str(group["count"]), status, group["classification"], examples)
+    _console.print(table)
+
+
+def _prune(data: dict[str, Any]) -> None:
+    verb = "would remove" if data["dry_run"] else "removed"
+    _console.print(f"{verb} {len(data['removed'])} runs, kept {data['kept']} in {data['runs_dir']}")
+    for run_id in data["removed"]:
+        _console.print(f"  {run_id}", highlight=False)
+
+
 def _help(data: dict[str, Any]) -> None:
     _console.print(data["help"], markup=False, highlight=False, soft_wrap=True, end="")
 
@@ -119,7 +158,9 @@ _RENDERERS = {
     "validate": _validate,
     "render": _render,
     "run": _run,
-    "status": _run,
+    "status": _status,
     "runs": _runs,
     "demo": _demo,
+    "failures": _failures,
+    "prune": _prune,
 }

@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol, TextIO
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
 
 _clock = time.monotonic  # one name for the reporters' clock, which tests replace
 
@@ -22,9 +22,32 @@ class Snapshot:
     done: int
     ok: int
     failed: int
+    pace: dict[str, Any] | None = field(default=None, compare=False)  # the limiter's state (`state()`)
 
     def to_dict(self) -> dict[str, int | str]:
         return {"done": self.done, "total": self.total, "unit": "rows", "ok": self.ok, "failed": self.failed}
+
+
+def pace_text(pace: dict[str, Any]) -> str:
+    """The limiter's state in words: the current limit when a 429 lowered it, and any pause."""
+    parts = []
+    if pace.get("rows_per_second") is not None:
+        parts.append(f"{pace['rows_per_second']:,.1f} rows/s")
+    if pace.get("rate_cuts"):
+        limit = "unlimited" if pace.get("current_rps") is None else f"{pace['current_rps']:g}/s"
+        of = f" of {pace['configured_rps']:g}/s" if pace.get("configured_rps") else ""
+        parts.append(f"limit {limit}{of} after {pace['rate_limited_responses']} 429s")
+    if pace.get("paused_until"):
+        parts.append(f"paused until {pace['paused_until']}")
+    return ", ".join(parts) or "-"
+
+
+def _pace_suffix(snapshot: Snapshot) -> str:
+    if not snapshot.pace:
+        return ""
+    shown = {k: v for k, v in snapshot.pace.items() if k != "rows_per_second"}
+    text = pace_text(shown)
+    return "" if text == "-" else f", {text}"
 
 
 class _CallRate:
@@ -73,7 +96,7 @@ class LineReporter:
         self._last = now
         self._stream.write(
             f"bulkrelay: {snapshot.done}/{snapshot.total} rows, {snapshot.ok} ok, "
-            f"{snapshot.failed} failed, {rate:,.0f} rows/s\n"
+            f"{snapshot.failed} failed, {rate:,.0f} rows/s{_pace_suffix(snapshot)}\n"
         )
         self._stream.flush()
 
@@ -94,12 +117,12 @@ class BarReporter:
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("[green]{task.fields[ok]} ok[/] [red]{task.fields[failed]} failed[/]"),
-            TextColumn("{task.fields[rate]} rows/s"),
+            TextColumn("{task.fields[rate]} rows/s{task.fields[pace]}"),
             TimeRemainingColumn(),
             console=Console(stderr=True),
             transient=False,
         )
-        self._task = self._progress.add_task(description, total=None, ok=0, failed=0, rate="-")
+        self._task = self._progress.add_task(description, total=None, ok=0, failed=0, rate="-", pace="")
         self._rate = _CallRate()
         self._progress.start()
 
@@ -112,6 +135,7 @@ class BarReporter:
             ok=snapshot.ok,
             failed=snapshot.failed,
             rate=f"{rate:,.0f}",
+            pace=_pace_suffix(snapshot),
         )
 
     def close(self) -> None:

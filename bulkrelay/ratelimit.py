@@ -18,6 +18,13 @@ it. Waiters queue in FIFO order; one timer wakes the queue at the earliest allow
 waiter whose turn has come in that wakeup, which matters at thousands of starts per second where the
 loop's timer granularity (about 1 ms) is coarser than the interval. With no rate (`None`) only pauses
 apply.
+
+Adaptation (`AdaptiveRate`, AIMD as in TCP congestion control): a 429 burst halves the rate (one cut per
+`BURST_SECONDS`, however many 429s the burst holds), and each quiet second after it adds back
+`RECOVER_SHARE` of the ceiling, never above it. The ceiling is the configured rate; with none, the rate
+observed when the first 429 came (adaptation starts only then), and the limiter goes back to unlimited
+once it has recovered to it. A quota header saying nothing remains (`RateLimit-Remaining: 0`) pauses
+every start until its reset, like a Retry-After.
 """
 
 from __future__ import annotations
@@ -27,9 +34,11 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
 _MAX_LAG = 0.05  # seconds of missed slots a late wakeup may still claim
+_OBSERVED_STARTS = 100_000  # the starts of the last second kept to measure an unconfigured rate
 _WINDOW_MARGIN = 0.01  # seconds of slack on the one-second window: arrivals jitter on the way to the target
 
 
@@ -80,6 +89,67 @@ class StartSchedule:
         if self.limit is not None:
             self._next_slot = max(self._next_slot, deadline)
 
+    @property
+    def paused_until(self) -> float:
+        return self._paused_until
+
+    def set_rate(self, requests_per_second: float | None) -> None:
+        """Change the rate from the next slot on; the window keeps its newest starts."""
+        self.rate = requests_per_second
+        self.limit = max(1, math.floor(requests_per_second)) if requests_per_second else None
+        self._interval = 1.0 / requests_per_second if requests_per_second else 0.0
+        kept = list(self._recent)[-self.limit :] if self.limit else []
+        self._recent = deque(kept, maxlen=self.limit)
+        if self.limit is None:
+            self._next_slot = -math.inf
+
+
+class AdaptiveRate:
+    """Additive-increase, multiplicative-decrease of the start rate on 429 answers."""
+
+    DECREASE = 0.5  # a 429 burst halves the rate
+    RECOVER_SHARE = 0.05  # each quiet second adds back this share of the ceiling
+    BURST_SECONDS = 1.0  # 429s this close to a cut belong to the burst that caused it
+    FLOOR = 0.5  # requests per second: never slower than one start every two seconds
+
+    def __init__(self, configured: float | None) -> None:
+        self.configured = configured
+        self.current = configured  # None: unlimited
+        self.ceiling = configured
+        self.rate_limited = 0  # 429 answers seen
+        self.cuts = 0
+        self._last_cut = -math.inf
+        self._last_429 = -math.inf
+        self._last_change = -math.inf
+
+    def on_rate_limited(self, now: float, observed_rps: float) -> bool:
+        """A 429: cut the rate unless this burst already did; True when the rate changed."""
+        self.rate_limited += 1
+        self._last_429 = now
+        if now - self._last_cut < self.BURST_SECONDS:
+            return False
+        if self.ceiling is None:  # no configured rate: adapt from what was really sent
+            self.ceiling = max(observed_rps, self.FLOOR)
+        base = self.current if self.current is not None else self.ceiling
+        self.current = max(self.FLOOR, base * self.DECREASE)
+        self.cuts += 1
+        self._last_cut = self._last_change = now
+        return True
+
+    def recover(self, now: float) -> bool:
+        """After quiet seconds, add the rate back; True when the rate changed."""
+        if self.current is None or self.ceiling is None or self.current >= self.ceiling:
+            return False  # nothing to recover
+        quiet = now - max(self._last_429, self._last_change)
+        if quiet < 1.0:
+            return False
+        step = self.RECOVER_SHARE * self.ceiling * math.floor(quiet)
+        self.current = min(self.ceiling, self.current + step)
+        self._last_change = now
+        if self.current >= self.ceiling and self.configured is None:
+            self.current = self.ceiling = None  # fully recovered: unlimited again
+        return True
+
 
 class LimiterUnavailable(Exception):
     """A limit kept outside this process could not be asked: the relay halts rather than guess."""
@@ -98,6 +168,10 @@ class Limiter(Protocol):
 
     def pause_until(self, monotonic_deadline: float) -> None: ...
 
+    def rate_limited(self) -> None: ...
+
+    def state(self) -> dict[str, Any]: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -108,17 +182,45 @@ class RateLimiter:
         self, requests_per_second: float | None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._schedule = StartSchedule(requests_per_second)
+        self._adaptive = AdaptiveRate(requests_per_second)
         self._clock = clock
         self._waiters: deque[asyncio.Future[Start]] = deque()
         self._timer: asyncio.TimerHandle | None = None
+        self._starts: deque[float] = deque(maxlen=_OBSERVED_STARTS)  # for the observed rate
+        self.pauses = 0
 
     @property
     def unlimited(self) -> bool:
         return self._schedule.rate is None
 
+    def rate_limited(self) -> None:
+        """The target answered 429: slow down (see `AdaptiveRate`)."""
+        now = self._clock()
+        while self._starts and now - self._starts[0] > 1.0:
+            self._starts.popleft()
+        if self._adaptive.on_rate_limited(now, float(len(self._starts))):
+            self._schedule.set_rate(self._adaptive.current)
+
+    def state(self) -> dict[str, Any]:
+        """The limiter as `status` and the progress line show it."""
+        wait = self._schedule.paused_until - self._clock()
+        paused = datetime.now(UTC) + timedelta(seconds=wait) if wait > 0 else None
+        return {
+            "configured_rps": self._adaptive.configured,
+            "current_rps": None if self._schedule.rate is None else round(self._schedule.rate, 2),
+            "rate_limited_responses": self._adaptive.rate_limited,
+            "rate_cuts": self._adaptive.cuts,
+            "pauses": self.pauses,
+            "paused_until": None if paused is None else paused.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        }
+
     async def acquire(self) -> None:
         """Return when this caller may start a request."""
         now = self._clock()
+        if self._adaptive.recover(now):
+            self._schedule.set_rate(self._adaptive.current)
+        if self._adaptive.configured is None:
+            self._starts.append(now)  # only an unconfigured limiter adapts from the observed rate
         if not self._waiters and self._schedule.earliest(now) <= now:
             self._schedule.take(now)
             return
@@ -135,6 +237,8 @@ class RateLimiter:
     def pause_until(self, monotonic_deadline: float) -> None:
         """Hold every start until `monotonic_deadline` (in this limiter's clock)."""
         # A timer already armed fires early, finds the head paused and re-arms for the deadline.
+        if monotonic_deadline > self._schedule.paused_until:
+            self.pauses += 1
         self._schedule.pause_until(monotonic_deadline)
 
     async def aclose(self) -> None:

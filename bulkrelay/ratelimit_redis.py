@@ -22,6 +22,7 @@ import itertools
 import math
 import os
 import time
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -81,6 +82,8 @@ class SharedRateLimiter:
         if not requests_per_second > 0:
             raise ValueError(f"requests_per_second must be positive, got {requests_per_second!r}")
         self._url = url
+        self._url_shown = _redacted(url)
+        self._rate = requests_per_second
         self._client = aioredis.Redis.from_url(
             url, socket_timeout=_SOCKET_TIMEOUT_SECONDS, socket_connect_timeout=_SOCKET_TIMEOUT_SECONDS
         )
@@ -133,6 +136,14 @@ class SharedRateLimiter:
         # This shard is paused locally already; its next acquire reports Redis being gone.
         with contextlib.suppress(RedisError, OSError):
             await self._pause(keys=[self._keys[2]], args=[micros])
+
+    def rate_limited(self) -> None:
+        """A 429: the shared rate stays as configured (AIMD is the local limiter's); the target's
+        Retry-After, if any, pauses every shard through `pause_until`."""
+
+    def state(self) -> dict[str, Any]:
+        """The limiter as `status` and the progress line show it."""
+        return {"configured_rps": self._rate, "current_rps": self._rate, "shared": self._url_shown}
 
     async def aclose(self) -> None:
         if self._pending:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -179,3 +179,46 @@ def _seconds_until_http_date(text: str, now: datetime | None) -> float | None:
         when = when.replace(tzinfo=UTC)
     reference = now if now is not None else datetime.now(UTC)
     return max(0.0, (when - reference).total_seconds())
+
+
+_QUOTA_PARAM = re.compile(r"\b(remaining|reset|r|t)\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+_EPOCH_SECONDS = 1_000_000_000  # a reset this large is a Unix time (GitHub style), not a delay
+
+
+def quota_exhausted_for(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds until the target's quota resets when its rate-limit headers say nothing remains.
+
+    Reads the IETF httpapi draft's `RateLimit-Remaining` / `RateLimit-Reset` (delay seconds), its
+    later combined `RateLimit: limit=10, remaining=0, reset=3` (`r=`/`t=` too), and the common
+    `X-RateLimit-Remaining` / `X-RateLimit-Reset` (delay seconds, or a Unix time). None: quota left,
+    or no such headers.
+    """
+    remaining, reset = (
+        _separate_quota(headers, "RateLimit-")
+        or _separate_quota(headers, "X-RateLimit-")
+        or (_combined_quota(headers.get("RateLimit")))
+    )
+    if remaining is None or remaining > 0 or reset is None:
+        return None
+    if reset >= _EPOCH_SECONDS:
+        reset -= now if now is not None else datetime.now(UTC).timestamp()
+    return max(0.0, reset)
+
+
+def _separate_quota(headers: Mapping[str, str], prefix: str) -> tuple[float | None, float | None] | None:
+    remaining = _number(headers.get(f"{prefix}Remaining"))
+    if remaining is None:
+        return None
+    return remaining, _number(headers.get(f"{prefix}Reset"))
+
+
+def _combined_quota(value: str | None) -> tuple[float | None, float | None]:
+    params = {name.lower(): float(number) for name, number in _QUOTA_PARAM.findall(value or "")}
+    remaining = params.get("remaining", params.get("r"))
+    return remaining, params.get("reset", params.get("t"))
+
+
+def _number(value: str | None) -> float | None:
+    if value is None or not _DELTA_SECONDS.fullmatch(value.strip()):
+        return None
+    return float(value.strip())

@@ -16,7 +16,7 @@ from bulkrelay.preflight import Preflight
 from bulkrelay.ratelimit import Limiter
 from bulkrelay.records import PreparedRequest, Record
 from bulkrelay.response import ResponseReader
-from bulkrelay.retry import RetryPolicy, parse_retry_after
+from bulkrelay.retry import RetryPolicy, parse_retry_after, quota_exhausted_for
 from bulkrelay.stopping import HALT_AUTH, StopControl
 from bulkrelay.transport import Response, Transport, TransportError
 
@@ -50,6 +50,7 @@ class RowSender:
         self._policy = policy
         self.stop = stop
         self._respect_retry_after = config.retry.respect_retry_after
+        self._max_pause = config.retry.max_retry_after_seconds
         self._reader = ResponseReader(
             config.response.capture, config.response.failure_body_bytes, self._renderer.redactor
         )
@@ -85,10 +86,7 @@ class RowSender:
             if decision.halt:
                 self.stop.request(HALT_AUTH, status_code=status, row=record.row_number)
                 return None
-            if status == 429 and retry_after is not None:
-                # The target asked everyone to slow down, not only this row: pause every start.
-                self._limiter.pause_until(time.monotonic() + retry_after)
-                self._stats.on_pause(retry_after)
+            self._slow_down(response, retry_after)
             if not decision.retry:
                 break
             self._stats.on_retry()
@@ -115,11 +113,31 @@ class RowSender:
             await self.stop.wait()
         return self.stop.requested
 
+    @property
+    def limiter(self) -> Limiter:
+        return self._limiter
+
+    def _slow_down(self, response: Response | None, retry_after: float | None) -> None:
+        """What the target said about its load applies to every start, not only this row's."""
+        if response is None:
+            return
+        if response.status == 429:
+            self._limiter.rate_limited()  # AIMD: repeated 429s lower the rate
+            if retry_after is not None:
+                self._limiter.pause_until(time.monotonic() + retry_after)
+                self._stats.on_pause(retry_after)
+        if self._respect_retry_after:
+            reset = quota_exhausted_for(response.headers)  # nothing remains: wait for the reset
+            if reset is not None:
+                self._limiter.pause_until(time.monotonic() + min(reset, self._max_pause))
+
     def _retry_after(self, response: Response | None) -> float | None:
+        """The response's Retry-After in seconds, capped at `retry.max_retry_after_seconds`."""
         if response is None or not self._respect_retry_after:
             return None
         value = response.headers.get("Retry-After")  # the transport's headers are case-insensitive
-        return parse_retry_after(value) if value else None
+        seconds = parse_retry_after(value) if value else None
+        return None if seconds is None else min(seconds, self._max_pause)
 
     def _entry(
         self,

@@ -7,6 +7,8 @@ answers `{"id": "<n>"}` with status 200 by default, and follows a *plan*, a JSON
      "record": true,         keep every request for GET /_control/requests (off for benchmarks)
      "dedup": false,         Idempotency-Key dedup, see below
      "dedup_header": "Idempotency-Key",
+     "limit_rps": 20,        a server-side rate limit: a request beyond 20 let through in the last
+                             second gets 429 (no Retry-After), before any rule
      "rules": [RULE, ...]}   tried in order; the first rule that fires decides the answer
 
 A RULE selects requests with `match` (all conditions must hold, all optional):
@@ -61,7 +63,7 @@ import struct
 import sys
 import time
 from array import array
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -112,6 +114,7 @@ class _Plan(BaseModel):
     dedup: bool = False
     dedup_header: str = "Idempotency-Key"
     rules: tuple[_Rule, ...] = ()
+    limit_rps: int | None = Field(default=None, ge=1)  # a server-side rate limit: 429 above it
 
 
 def parse_plan(plan: dict[str, Any] | None) -> _Plan:
@@ -177,6 +180,7 @@ class TargetState:
 
     def set_plan(self, plan: dict[str, Any] | None) -> None:
         self.plan = parse_plan(plan)
+        self._accepted: deque[float] = deque()  # the answered requests of the last second (limit_rps)
         self._rules = [_RuleState(rule) for rule in self.plan.rules]
         self._needs_key = self.plan.dedup or any(r.first_attempts is not None for r in self.plan.rules)
 
@@ -261,6 +265,8 @@ class TargetState:
         if self.plan.dedup and idem is not None and (stored := self._stored.get(idem)) is not None:
             self.duplicates += 1
             return stored, None, True
+        if self._over_limit(time.monotonic()):
+            return _Answer(429, b'{"error":"rate limited"}'), None, False
         rule = self._firing_rule(request, body, idem) if self._rules else None
         if rule is not None and rule.reset:
             return None, rule, False
@@ -270,6 +276,18 @@ class TargetState:
             if self.plan.dedup and idem is not None:
                 self._stored[idem] = answer
         return answer, rule, False
+
+    def _over_limit(self, now: float) -> bool:
+        """`limit_rps`: more than that many requests let through in the last second gets a 429."""
+        limit = self.plan.limit_rps
+        if limit is None:
+            return False
+        while self._accepted and now - self._accepted[0] >= 1.0:
+            self._accepted.popleft()
+        if len(self._accepted) >= limit:
+            return True
+        self._accepted.append(now)
+        return False
 
     def _default_answer(self) -> _Answer:
         self._seq += 1
