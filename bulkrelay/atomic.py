@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 
 from bulkrelay.errors import BulkRelayError, JournalCorrupt, NotFound, StorageFailed
-from bulkrelay.storage import Storage, open_private
+from bulkrelay.private import open_private
+from bulkrelay.storage import Storage
 
 
 def write_atomic(path: Path, data: bytes, storage: Storage | None = None) -> None:

@@ -344,12 +344,26 @@ def json_mode(argv: Sequence[str]) -> bool:
 
 
 def dispatch(args: argparse.Namespace) -> Result:
+    if args.command == "_job-worker":
+        from bulkrelay import worker  # a background job's own process
+
+        return worker.run_worker(args.job_id, run_stored_command)
     from bulkrelay import handlers  # the command table; imported late so `--help` stays fast
 
     handler: Callable[[argparse.Namespace], Result] | None = handlers.TABLE.get(_command_name(args))
     if handler is None:
         raise UsageError("a command is required", suggestion="see `bulkrelay --help`")
     return handler(args)
+
+
+def run_stored_command(argv: list[str], supervisor: Any) -> Result:
+    """A background job's command line, run to its end in its worker: no budget (it is the job), and
+    the supervisor owns its signals and bounds."""
+    args = parse_command_line(argv)
+    args.argv = argv
+    args.budget = 0
+    args.supervisor = supervisor
+    return dispatch(args)
 
 
 def _command_name(args: argparse.Namespace) -> str:

@@ -33,7 +33,7 @@ from typing_extensions import TypeAliasType
 from bulkrelay.alphacompat import upgrade_alpha_spellings
 from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.template import FieldRef, SecretRef, compile_template
-from bulkrelay.transport import header_value_refusal, wire_url
+from bulkrelay.wire import header_value_refusal, wire_url
 from bulkrelay.yamlload import LineMap, format_path, load_yaml
 from bulkrelay.yamlload import Path as YamlPath
 

@@ -20,8 +20,8 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.launch import RunRequest
 from bulkrelay.launch import run as launch_run
 from bulkrelay.lifecycle import RunOptions
+from bulkrelay.private import make_private_dir
 from bulkrelay.rundir import default_runs_dir
-from bulkrelay.storage import make_private_dir
 from bulkrelay.target import start_target
 
 TOKEN_VARIABLE = "BULKRELAY_DEMO_TOKEN"

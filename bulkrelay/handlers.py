@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
-from bulkrelay import commands, jobs, launch, worker
+from bulkrelay import commands, jobs, launch
 from bulkrelay.config import Job, load_job
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
@@ -291,5 +291,4 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "job wait": lambda args: jobs.job_wait(args.job_id, args.budget),
     "job status": lambda args: jobs.job_status(args.job_id),
     "job cancel": lambda args: jobs.job_cancel(args.job_id, args.budget),
-    "_job-worker": lambda args: worker.run_worker(args.job_id),
 }

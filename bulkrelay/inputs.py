@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 import orjson
 
 from bulkrelay.errors import InputChanged, InputInvalid, NotFound, Problem, StorageFailed, UsageError
+from bulkrelay.private import make_private_dir, open_private
 from bulkrelay.records import Record
-from bulkrelay.storage import make_private_dir, open_private
 
 if TYPE_CHECKING:
     from _csv import Reader as _CsvReader

@@ -17,7 +17,7 @@ from pathlib import Path
 from bulkrelay import __version__
 from bulkrelay.atomic import write_atomic
 from bulkrelay.fingerprint import canonical_sha256
-from bulkrelay.storage import make_private_dir
+from bulkrelay.private import make_private_dir
 
 INDEX_DIR = ".invocations"
 

@@ -39,9 +39,9 @@ from bulkrelay.jobstate import (
     remember_job,
     remove_expired,
 )
+from bulkrelay.private import open_private
 from bulkrelay.rundir import CANCELLED, RunDir, is_locked
 from bulkrelay.rundir import RUNNING as RUN_RUNNING
-from bulkrelay.storage import open_private
 from bulkrelay.worker import LOCK_FD_ENV
 
 BUDGET_ENV = "AGENT_CALL_BUDGET_MS"

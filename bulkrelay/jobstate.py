@@ -35,8 +35,8 @@ from typing import Any
 
 from bulkrelay.atomic import read_json, write_atomic, write_json_atomic
 from bulkrelay.errors import BulkRelayError, NotFound, StateDirUnwritable, UsageError
+from bulkrelay.private import PRIVATE_DIR_MODE, make_private_dir, open_private
 from bulkrelay.rundir import lock_is_held
-from bulkrelay.storage import PRIVATE_DIR_MODE, make_private_dir, open_private
 
 RETENTION_ENV = "BULKRELAY_JOB_RETENTION_SECONDS"
 DEFAULT_RETENTION_SECONDS = 24 * 3600.0

@@ -31,8 +31,9 @@ import anyio
 import orjson
 
 from bulkrelay.errors import JournalCorrupt
+from bulkrelay.private import open_private
 from bulkrelay.rowset import RowSet
-from bulkrelay.storage import Storage, open_private
+from bulkrelay.storage import Storage
 
 MAX_LINE_BYTES = 16 << 20  # a longer "line" is garbage; the reader never buffers more than this
 _SUFFIX_LEN = 19  # len(',"crc":"xxxxxxxx"}\n')

@@ -27,8 +27,8 @@ from pathlib import Path
 import orjson
 
 from bulkrelay.errors import RunLocked
+from bulkrelay.private import make_private_dir, open_private
 from bulkrelay.rundir import RunDir, runs_dir_unwritable
-from bulkrelay.storage import make_private_dir, open_private
 
 LIVE_DIR = ".live"
 STAGING_PREFIX = "new-"

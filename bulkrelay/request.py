@@ -28,7 +28,7 @@ from bulkrelay.template import (
     resolve_secrets,
     value_text,
 )
-from bulkrelay.transport import header_value_refusal, wire_url
+from bulkrelay.wire import header_value_refusal, wire_url
 
 __all__ = ["RenderError", "RequestRenderer", "idempotency_key"]
 

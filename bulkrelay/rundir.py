@@ -23,7 +23,8 @@ from typing import Any
 from bulkrelay import __version__
 from bulkrelay.atomic import read_json, write_json_atomic
 from bulkrelay.errors import NotFound, RunLocked, RunLockNotOurs, RunNotResumable, RunsDirUnwritable
-from bulkrelay.storage import PRIVATE_DIR_MODE, Storage, make_private_dir, open_private, refuse_links
+from bulkrelay.private import PRIVATE_DIR_MODE, make_private_dir, open_private, refuse_links
+from bulkrelay.storage import Storage
 
 MANIFEST = "run.json"
 CHECKPOINT = "checkpoint.json"

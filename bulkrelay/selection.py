@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bulkrelay.atomic import write_atomic
+from bulkrelay.private import open_private
 from bulkrelay.rowset import RowSet
-from bulkrelay.storage import Storage, open_private
+from bulkrelay.storage import Storage
 
 SELECTION = "selection.bits"
 

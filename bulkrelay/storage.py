@@ -5,68 +5,16 @@ proven to stop cleanly. Any `OSError` becomes `StorageFailed`, naming the file a
 nothing here retries, because after a failed write or fsync the kernel may already have dropped
 the data (a retried fsync can report success for pages that were never written).
 
-Run data carries customers' data, so it is private: every file BulkRelay keeps is opened here
-(`open_private`) without following a symbolic link and created 0600, and every directory it makes
-(`make_private_dir`) is created 0700. Both pass the mode to the kernel, which applies the umask, so a
-stricter umask still wins; nothing is chmod-ed afterwards, and a directory the user made keeps its mode.
+Files are opened private (bulkrelay.private): 0600, never through a symbolic link.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
-from bulkrelay.errors import RunDirUnsafe, StorageFailed
-
-PRIVATE_FILE_MODE = 0o600
-PRIVATE_DIR_MODE = 0o700
-
-
-def open_private(path: str | Path, flags: int) -> int:
-    """`os.open` that refuses a symbolic link at `path` (RunDirUnsafe) and creates files 0600.
-
-    Also an `opener` for the built-in `open()`. Any other OSError is the caller's to report."""
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE_MODE)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP and os.path.islink(path):
-            raise link_refused(Path(path)) from None
-        raise
-
-
-def make_private_dir(path: Path) -> None:
-    """`mkdir -p` whose every new directory is 0700; directories that exist already are left as they are."""
-    if not path.parent.is_dir():
-        make_private_dir(path.parent)
-    try:
-        path.mkdir(mode=PRIVATE_DIR_MODE)
-    except FileExistsError:
-        if not path.is_dir():
-            raise
-
-
-def refuse_links(directory: Path) -> None:
-    """Raise RunDirUnsafe, naming the file, when any entry of `directory` is a symbolic link.
-
-    Checked before a run directory is used at all, so nothing is read or written through a link;
-    `open_private` still refuses a link made afterwards."""
-    try:
-        with os.scandir(directory) as entries:
-            links = sorted(entry.name for entry in entries if entry.is_symlink())
-    except (FileNotFoundError, NotADirectoryError):
-        return  # the caller reports a missing run directory in its own words
-    if links:
-        raise link_refused(directory / links[0])
-
-
-def link_refused(path: Path) -> RunDirUnsafe:
-    return RunDirUnsafe(
-        f"{path.name} in {path.parent} is a symbolic link; BulkRelay never reads or writes run files "
-        "through a link",
-        context={"file": str(path), "directory": str(path.parent)},
-        suggestion=f"replace the link {path} with the file itself, or start a new run",
-    )
+from bulkrelay.errors import StorageFailed
+from bulkrelay.private import open_private
 
 
 class Storage:

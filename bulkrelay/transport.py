@@ -12,10 +12,7 @@ Both classify failures the same way (one contract suite, tests/test_transport.py
 `ProtocolFailed` means the request may have reached the target but no valid answer came back.
 Messages never quote the request URL, which may carry a secret.
 
-What the transport accepts is decided here and nowhere else: `wire_url` and `header_value_refusal` ask
-pyreqwest's own parsers (the ones the default client's `send` goes through), so preflight refuses exactly
-what the transport would, and `render` shows the URL exactly as it goes on the wire. The URL they produce
-is already in the WHATWG normal form, which httpx sends unchanged too.
+What the transport accepts is decided in one place, bulkrelay.wire, which preflight asks too.
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 from urllib.parse import urlsplit
-
-from pyreqwest.http import HeaderMap, Url
 
 from bulkrelay import __version__
 from bulkrelay.errors import TlsUnavailable, UsageError
@@ -124,38 +119,6 @@ def open_transport(settings: TransportSettings) -> Transport:
     from bulkrelay.transport_reqwest import ReqwestTransport
 
     return ReqwestTransport(settings)
-
-
-def wire_url(url: str) -> str:
-    """`url` exactly as the transport sends it; raises `ValueError` (naming no part of it) when refused.
-
-    reqwest parses URLs the WHATWG way: it resolves dot segments (`.`, `..`, `%2e`), lower-cases the
-    scheme and host, drops a default port, percent-encodes what may not appear raw and silently drops
-    tabs and line breaks. A fragment is never sent, so it is not part of what goes on the wire.
-    """
-    # One parse and one serialisation: this runs for every row. The first "#" always begins the fragment,
-    # and a special scheme without a host does not parse.
-    sent = str(Url(url.partition("#")[0]))
-    if not sent.startswith(("http://", "https://")):
-        raise ValueError("the scheme is not http or https")
-    return sent
-
-
-def header_value_refusal(value: str) -> str | None:
-    """Why the transport would refuse `value` as a header value, or None when it is accepted.
-
-    The reason names the offending character's code point, never the value (it may be a secret)."""
-    if value.isascii() and value.isprintable():
-        return None  # visible ASCII and spaces: every HTTP library accepts these; the common case, kept fast
-    try:
-        HeaderMap([("x", value)])
-    except ValueError:
-        bad = next((ch for ch in value if (ord(ch) < 32 and ch != "\t") or ord(ch) == 127), None)
-        if bad is None:
-            return "holds a character a header cannot carry"
-        kind = "a line break" if bad in "\r\n" else "the control character"
-        return f"holds {kind} U+{ord(bad):04X}"
-    return None
 
 
 def invalid_request() -> ConnectFailed:

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -120,7 +120,12 @@ class JobSupervisor:
             await anyio.sleep(_POLL_SECONDS)
 
 
-def run_worker(job_id: str) -> Result:
+# Runs a stored command line to its end under a supervisor: given by the command line's own module, so
+# the worker needs nothing from the layer above it.
+CommandRunner = Callable[[list[str], "JobSupervisor"], Result]
+
+
+def run_worker(job_id: str, execute: CommandRunner) -> Result:
     """The whole life of a worker; the returned result also goes to the job's log."""
     job = JobDir.open(job_id)
     lock_fd = _hold_lock(job)
@@ -135,7 +140,7 @@ def run_worker(job_id: str) -> Result:
         signal.signal(signal.SIGINT, supervisor.on_signal)
         signal.signal(signal.SIGHUP, supervisor.on_signal)  # handled like SIGTERM
         started = time.monotonic()
-        result = _run_command(list(spec["argv"]), supervisor)
+        result = _run_command(list(spec["argv"]), supervisor, execute)
         envelope = to_envelope(result, duration_ms=round((time.monotonic() - started) * 1000))
         job.write_result(
             {
@@ -162,15 +167,9 @@ def _hold_lock(job: JobDir) -> int:
     return fd
 
 
-def _run_command(argv: list[str], supervisor: JobSupervisor) -> Result:
-    from bulkrelay.cli import dispatch, parse_command_line  # late: the cli imports the command table
-
+def _run_command(argv: list[str], supervisor: JobSupervisor, execute: CommandRunner) -> Result:
     try:
-        args = parse_command_line(argv)
-        args.argv = argv
-        args.budget = 0
-        args.supervisor = supervisor
-        return dispatch(args)
+        return execute(argv, supervisor)
     except BulkRelayError as exc:
         return Result.from_error(exc)
     except Exception as exc:  # the worker's only catch site: any failure still becomes the job's answer

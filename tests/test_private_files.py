@@ -14,8 +14,9 @@ import pytest
 
 from bulkrelay.atomic import read_json
 from bulkrelay.errors import ExitCode, RunDirUnsafe
+from bulkrelay.private import make_private_dir, open_private
 from bulkrelay.rundir import RunDir
-from bulkrelay.storage import Storage, make_private_dir, open_private
+from bulkrelay.storage import Storage
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
