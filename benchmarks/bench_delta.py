@@ -31,7 +31,7 @@ from pathlib import Path
 import orjson
 
 from bulkrelay.config import load_job
-from bulkrelay.delta import RequestDigester
+from bulkrelay.digest import RequestDigester
 from bulkrelay.inputs import open_records
 from bulkrelay.journal import encode_entry
 from bulkrelay.preflight import resolve_input

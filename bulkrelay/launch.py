@@ -182,7 +182,7 @@ def _preflight(request: RunRequest) -> tuple[Preflight, RowSet | None, tuple[Pat
             request.input_path,
             on_rows_read=rows_read,
             input_name=input_name,
-            delta=delta.selector,
+            delta=None if delta.selector is None else delta.selector.observer,
         )
         selection = delta.selection(preflight.record_count)
         deletions = None

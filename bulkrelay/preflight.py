@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bulkrelay.config import Job, required_fields
-from bulkrelay.delta import DeltaSelector, RequestDigester
+from bulkrelay.digest import RequestDigester
 from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, UsageError
 from bulkrelay.fingerprint import config_fingerprint
 from bulkrelay.inputs import (
@@ -25,7 +25,7 @@ from bulkrelay.inputs import (
     open_records,
 )
 from bulkrelay.keycheck import DuplicateKeyFinder
-from bulkrelay.records import Record
+from bulkrelay.records import PreparedRequest, Record
 from bulkrelay.request import RenderError, RequestRenderer
 
 MAX_PROBLEMS = 20
@@ -70,6 +70,10 @@ def resolve_input(job: Job, input_override: Path | None, name: str | None = None
     declared = job.config.input.format
     fmt, gzip = detect_format(path.name, declared)
     return InputSpec(path=path, format=fmt, gzip=gzip, delimiter=job.config.input.delimiter, name=name)
+
+
+# A delta run's row chooser: given the job's digester, what preflight calls with each rendered record.
+DeltaObserver = Callable[[RequestDigester], Callable[[Record, PreparedRequest], None]]
 
 
 class _ProblemCollector:
@@ -140,7 +144,7 @@ def run_preflight(
     on_rows_read: RowsRead | None = None,
     *,
     input_name: str | None = None,
-    delta: DeltaSelector | None = None,
+    delta: DeltaObserver | None = None,
 ) -> Preflight:
     """Validate the whole job and input; raise `InputInvalid` with the problems found.
 
@@ -155,7 +159,7 @@ def run_preflight(
     digester = None
     if job.config.execution.sync != "full":
         digester = RequestDigester(job.config.request, renderer.redactor, sorted_json=renderer.sorted_json)
-    observe = delta.observer(digester) if delta is not None and digester is not None else None
+    observe = delta(digester) if delta is not None and digester is not None else None
     spec = resolve_input(job, input_override, input_name)
     collector = _ProblemCollector()
     key_field = job.config.input.key

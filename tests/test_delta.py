@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from bulkrelay.config import RequestConfig
-from bulkrelay.delta import RequestDigester
+from bulkrelay.digest import RequestDigester
 from bulkrelay.errors import ExitCode
 from bulkrelay.journal import decode_line, encode_entry, iter_journal
 from bulkrelay.records import Record
