@@ -30,14 +30,14 @@ from pathlib import Path
 
 import orjson
 
-from bulkrelay.config import load_job
-from bulkrelay.digest import RequestDigester
-from bulkrelay.inputs import open_records
-from bulkrelay.journal import encode_entry
-from bulkrelay.preflight import resolve_input
-from bulkrelay.request import RequestRenderer
-from bulkrelay.rundir import COMPLETED, RunDir
-from bulkrelay.syncstate import job_identity, rebuild_state, state_path
+from bulkrelay.job.config import load_job
+from bulkrelay.job.digest import RequestDigester
+from bulkrelay.job.inputs import open_records
+from bulkrelay.job.preflight import resolve_input
+from bulkrelay.job.request import RequestRenderer
+from bulkrelay.ops.syncstate import job_identity, rebuild_state, state_path
+from bulkrelay.store.journal import encode_entry
+from bulkrelay.store.rundir import COMPLETED, RunDir
 
 JOB = """\
 version: 1
@@ -113,7 +113,7 @@ def timed(*args: str, cwd: Path) -> tuple[float, int, dict[str, object]]:
 
 def start_target(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     port_file = folder / "port"
-    command = [sys.executable, "-m", "bulkrelay.target", "--port", "0", "--port-file", str(port_file)]
+    command = [sys.executable, "-m", "bulkrelay.demo.target", "--port", "0", "--port-file", str(port_file)]
     proc = subprocess.Popen([*command, "--no-record"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 15
     while not port_file.exists() or not port_file.read_text().strip():

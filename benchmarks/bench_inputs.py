@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 
 from bulkrelay.errors import Problem
-from bulkrelay.inputs import InputSpec, open_records
+from bulkrelay.job.inputs import InputSpec, open_records
 
 
 def _write_csv(path: Path, rows: int) -> Path:
@@ -81,7 +81,7 @@ def _peak_rss_kib(path: Path) -> int:
     """Peak RSS of a fresh interpreter that reads the whole file through open_records."""
     code = (
         "import resource, sys\nfrom pathlib import Path\n"
-        "from bulkrelay.inputs import InputSpec, open_records\n"
+        "from bulkrelay.job.inputs import InputSpec, open_records\n"
         "with open_records(InputSpec.detect(Path(sys.argv[1])), lambda p: None) as s:\n"
         "    n = sum(1 for _ in s); s.fingerprint()\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"

@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 import orjson
 
-from bulkrelay.journal import JournalWriter, scan_journal
-from bulkrelay.storage import Storage
+from bulkrelay.store.journal import JournalWriter, scan_journal
+from bulkrelay.store.storage import Storage
 
 
 class _CountingStorage(Storage):

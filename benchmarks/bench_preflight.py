@@ -68,8 +68,8 @@ def bare_pass(path: Path, *, as_records: bool) -> float:
 
 
 def preflight_pass(job_path: Path) -> float:
-    from bulkrelay.config import load_job
-    from bulkrelay.preflight import run_preflight
+    from bulkrelay.job.config import load_job
+    from bulkrelay.job.preflight import run_preflight
 
     started = time.perf_counter()
     run_preflight(load_job(job_path), env={"BENCH_TOKEN": "x"})
@@ -84,8 +84,8 @@ def peak_rss_kib(job_path: Path) -> int:
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from bulkrelay.config import load_job\n"
-        "from bulkrelay.preflight import run_preflight\n"
+        "from bulkrelay.job.config import load_job\n"
+        "from bulkrelay.job.preflight import run_preflight\n"
         "run_preflight(load_job(Path(sys.argv[1])), env={'BENCH_TOKEN': 'x'})\n"
         "status = open('/proc/self/status').read()\n"
         "print(next(l.split()[1] for l in status.splitlines() if l.startswith('VmHWM:')))\n"

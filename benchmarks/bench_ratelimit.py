@@ -15,7 +15,7 @@ import asyncio
 import math
 import time
 
-from bulkrelay.ratelimit import RateLimiter, most_in_window
+from bulkrelay.relay.ratelimit import RateLimiter, most_in_window
 
 
 def _busy(seconds: float) -> None:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import orjson
 
-from bulkrelay.redact import Redactor
-from bulkrelay.response import ResponseReader
+from bulkrelay.job.redact import Redactor
+from bulkrelay.relay.response import ResponseReader
 
 SECRET = "tok-5ecr3t-Zq81xv-A7c9Lm"
 

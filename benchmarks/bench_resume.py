@@ -21,13 +21,13 @@ from typing import Any
 
 import orjson
 
-from bulkrelay.checkpoint import Checkpoint, write_checkpoint
-from bulkrelay.config import load_job
-from bulkrelay.journal import encode_entry
-from bulkrelay.lifecycle import manifest_for
-from bulkrelay.preflight import Preflight, run_preflight
-from bulkrelay.resume import recover_start
-from bulkrelay.rundir import RunDir, utc_now
+from bulkrelay.job.config import load_job
+from bulkrelay.job.preflight import Preflight, run_preflight
+from bulkrelay.ops.execute import manifest_for
+from bulkrelay.ops.resume import recover_start
+from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
+from bulkrelay.store.journal import encode_entry
+from bulkrelay.store.rundir import RunDir, utc_now
 
 _JOB = """\
 version: 1

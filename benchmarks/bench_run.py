@@ -98,8 +98,8 @@ def _target(workdir: Path) -> Iterator[tuple[str, str]]:
         ]
         description = "nginx (1 worker)"
     else:
-        command = [sys.executable, "-m", "bulkrelay.target", "--port", str(port), "--no-record"]
-        description = "built-in target (python -m bulkrelay.target --no-record)"
+        command = [sys.executable, "-m", "bulkrelay.demo.target", "--port", str(port), "--no-record"]
+        description = "built-in target (python -m bulkrelay.demo.target --no-record)"
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_listening(port, proc)

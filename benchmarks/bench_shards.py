@@ -22,8 +22,8 @@ from pathlib import Path
 
 from bench_run import _target, _write_input, _write_job
 
-from bulkrelay.ratelimit import RateLimiter
-from bulkrelay.ratelimit_redis import SharedRateLimiter
+from bulkrelay.relay.ratelimit import RateLimiter
+from bulkrelay.relay.ratelimit_redis import SharedRateLimiter
 from tests.redisproc import RedisProcess
 
 

@@ -26,8 +26,9 @@ import httpx
 import uvloop
 from pyreqwest.client import ClientBuilder
 
-from bulkrelay.records import PreparedRequest
-from bulkrelay.transport import ClientName, TransportSettings, open_transport
+from bulkrelay.job.records import PreparedRequest
+from bulkrelay.relay.transport import open_transport
+from bulkrelay.relay.transport.base import ClientName, TransportSettings
 
 _BODY = b'{"customer_id": "c-000123", "email": "someone@example.com", "source": "migration"}'
 _HEADERS = (("Content-Type", "application/json"), ("Authorization", "Bearer not-a-secret"))
@@ -37,7 +38,14 @@ _HEADERS = (("Content-Type", "application/json"), ("Authorization", "Bearer not-
 def _target_process() -> Iterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port"
-        command = [sys.executable, "-m", "bulkrelay.target", "--port-file", str(port_file), "--no-record"]
+        command = [
+            sys.executable,
+            "-m",
+            "bulkrelay.demo.target",
+            "--port-file",
+            str(port_file),
+            "--no-record",
+        ]
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 10

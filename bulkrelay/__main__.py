@@ -1,3 +1,3 @@
-from bulkrelay.cli import main
+from bulkrelay.cli.main import main
 
 main()

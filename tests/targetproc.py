@@ -41,7 +41,15 @@ class TargetProcess:
         self._tmp = tempfile.TemporaryDirectory(prefix="bulkrelay-target-")
         workdir = Path(self._tmp.name)
         port_file = workdir / "port"
-        command = [sys.executable, "-m", "bulkrelay.target", "--port", "0", "--port-file", str(port_file)]
+        command = [
+            sys.executable,
+            "-m",
+            "bulkrelay.demo.target",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ]
         if self._plan is not None:
             (workdir / "plan.json").write_text(json.dumps(self._plan))
             command += ["--plan", str(workdir / "plan.json")]

@@ -1,0 +1,409 @@
+"""The call budget and background jobs: work outlives the call, and a caller never hangs.
+
+`run`, `resume` and `retry-failed` are wrapped by `budgeted()`. With a budget, the front process
+starts a detached worker (`bulkrelay.background.worker`) and waits for it up to the budget: the
+job's own answer when it ends in time, else INCOMPLETE (14) with the job's id and progress. The
+identical invocation attaches to its live job instead of starting a second one. `job wait|status|cancel`
+reach a job later.
+Job state lives on disk (`bulkrelay.background.state`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bulkrelay.background.state import (
+    ENDED,
+    LOST,
+    RUNNING,
+    JobDir,
+    acquire_lock,
+    index_locked,
+    job_for_key,
+    jobs_root,
+    record_pid,
+    remember_job,
+    remove_expired,
+)
+from bulkrelay.background.worker import LOCK_FD_ENV
+from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
+from bulkrelay.job.fingerprint import file_sha256
+from bulkrelay.job.inputs import spool_stdin_into
+from bulkrelay.ops.invocation import invocation_key
+from bulkrelay.private import open_private
+from bulkrelay.store.rundir import CANCELLED, RunDir, is_locked
+from bulkrelay.store.rundir import RUNNING as RUN_RUNNING
+
+BUDGET_ENV = "AGENT_CALL_BUDGET_MS"
+DEFAULT_BUDGET_MS = 30_000
+CANCEL_WAIT_SECONDS = 60.0
+_POLL_SECONDS = 0.05
+
+Handler = Callable[[argparse.Namespace], Result]
+KeyOf = Callable[[argparse.Namespace, Path | None], str]  # (args, spooled stdin) -> invocation key
+_NOT_IN_KEY = frozenset({"budget", "timeout", "argv", "started", "supervisor", "command", "job_command"})
+# Operational settings: where the call reports, not what it does (never part of the identity).
+_OPERATIONAL = frozenset({"metrics_file", "log_file", "run_log", "observers", "quiet", "human"})
+
+
+def resolve_budget(flag_ms: int | None, environ: Mapping[str, str], stdout_is_terminal: bool) -> int | None:
+    """`--budget`, else AGENT_CALL_BUDGET_MS, else 30 s without a terminal; None: no budget at all.
+
+    0 turns the budget off: the call runs synchronously (and says so with `meta.budget_ms` 0)."""
+    if flag_ms is not None:
+        return flag_ms
+    raw = environ.get(BUDGET_ENV, "").strip()
+    if raw:
+        if not raw.isdigit():
+            raise UsageError(f"{BUDGET_ENV}={raw!r} is not a whole number of milliseconds")
+        return int(raw)
+    return None if stdout_is_terminal else DEFAULT_BUDGET_MS
+
+
+def arguments_key(command: str, args: argparse.Namespace, stdin: Path | None) -> str:
+    """The invocation key from the parsed arguments: paths resolved, budget and timeout left out."""
+    arguments = {
+        name: str(value.resolve()) if isinstance(value, Path) else None if value is None else str(value)
+        for name, value in sorted(vars(args).items())
+        if name not in _NOT_IN_KEY and name not in _OPERATIONAL
+    }
+    stdin_sha256 = file_sha256(stdin) if stdin is not None else None
+    return invocation_key(command, arguments, stdin_sha256=stdin_sha256, idempotency_key=None)
+
+
+def budgeted(command: str, handler: Handler, key_of: KeyOf | None = None) -> Handler:
+    """`handler` bounded by the call budget; unchanged inside a worker or when there is no budget."""
+
+    def call(args: argparse.Namespace) -> Result:
+        if getattr(args, "supervisor", None) is not None:
+            return handler(args)  # inside the worker: synchronous, the job is the budget's business
+        budget_ms = resolve_budget(args.budget, os.environ, sys.stdout.isatty())
+        try:
+            if not budget_ms:
+                result = handler(args)
+            else:
+                key = key_of or (lambda a, stdin: arguments_key(command, a, stdin))
+                result = _front(command, args, budget_ms, key)
+        except BulkRelayError as exc:
+            result = Result.from_error(exc)
+        if budget_ms is not None:
+            result.meta["budget_ms"] = budget_ms
+        return result
+
+    return call
+
+
+# ------------------------------------------------------------------------------- the front process
+
+
+def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf) -> Result:
+    """Start (or attach to) the invocation's job, then wait for it up to the budget."""
+    started = float(getattr(args, "started", time.monotonic()))
+    with _hand_off_on_signal() as handed_off:
+        spool = _spool_stdin() if getattr(args, "input", None) == "-" else None
+        try:
+            key = key_of(args, spool)
+            with index_locked():
+                remove_expired()
+                job = job_for_key(key)
+                if job is None or job.state() != RUNNING:
+                    job = _start_job(command, args, key, spool, previous=job)
+                    spool = None  # it moved into the job
+        finally:
+            if spool is not None:
+                spool.unlink(missing_ok=True)
+        result = wait_for(job, budget_ms, started=started, handed_off=handed_off)
+    if result.exit_code == ExitCode.INCOMPLETE and unattended(os.environ):
+        result.warnings.append(_unattended_warning(job, budget_ms))
+    return result
+
+
+def unattended(environ: Mapping[str, str]) -> bool:
+    """No terminal on stdin or stdout and no agent's budget: cron, a timer, a script."""
+    return not (sys.stdin.isatty() or sys.stdout.isatty() or environ.get(BUDGET_ENV, "").strip())
+
+
+def _unattended_warning(job: JobDir, budget_ms: int) -> EnvelopeWarning:
+    """Said loudly (also on stderr): from cron, exit 14 with the work going on detached is rarely meant."""
+    return EnvelopeWarning(
+        "BUDGET_HANDOFF_UNATTENDED",
+        f"no terminal and no {BUDGET_ENV}: the {budget_ms} ms call budget handed the work to background "
+        f"job {job.job_id}, which goes on after this call exits 14; from cron, a systemd timer or any "
+        "script that should wait for the end, run with --budget 0",
+        {"job_id": job.job_id, "budget_ms": budget_ms, "use": "--budget 0"},
+    )
+
+
+@contextmanager
+def _hand_off_on_signal() -> Iterator[Callable[[], str | None]]:
+    """SIGTERM (or SIGINT, SIGHUP) to the front before the budget ends: answer at once, the job goes on.
+    Yields a function naming the first signal received, or None."""
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield lambda: signal.Signals(received[0]).name if received else None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _spool_stdin() -> Path:
+    return spool_stdin_into(jobs_root() / ".spool", sys.stdin.buffer)
+
+
+def _start_job(
+    command: str, args: argparse.Namespace, key: str, spool: Path | None, previous: JobDir | None
+) -> JobDir:
+    now = time.time()
+    timeout_ms = getattr(args, "timeout", None)
+    spec: dict[str, Any] = {
+        "command": command,
+        "argv": list(args.argv),
+        "cwd": os.getcwd(),
+        "key": key,
+        "created_at": now,
+        "deadline": now + timeout_ms / 1000 if timeout_ms is not None else None,
+        "previous_job": None,
+    }
+    if previous is not None and previous.state() == LOST and not previous.cancel_requested:
+        # Only the continuation of a lost job keeps its bounds (the lifetime, and the --timeout unless a
+        # new one is given). A job that ended took its deadline with it: the next call has its own.
+        earlier = previous.spec()
+        spec.update(created_at=earlier["created_at"], previous_job=previous.job_id)
+        if timeout_ms is None:
+            spec["deadline"] = earlier["deadline"]
+    job = JobDir.create(command, spec)
+    if spool is not None:
+        os.replace(spool, job.stdin_path)
+    _spawn(job, stdin=job.stdin_path if spool is not None else None)
+    remember_job(key, job)
+    return job
+
+
+def _spawn(job: JobDir, stdin: Path | None) -> None:
+    """Start the worker detached: its own session, its own stdio, the job's lock already held for it."""
+    lock_fd = acquire_lock(job)
+    try:
+        with open(job.log_path, "ab", opener=open_private) as log, _open_or_devnull(stdin) as stdin_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "bulkrelay", "_job-worker", job.job_id],
+                start_new_session=True,
+                stdin=stdin_file,
+                stdout=log,
+                stderr=log,
+                close_fds=True,
+                pass_fds=(lock_fd,),
+                env={**os.environ, LOCK_FD_ENV: str(lock_fd)},
+            )
+        record_pid(lock_fd, process.pid)
+        process.returncode = 0  # never waited for: the worker outlives this process on purpose
+    finally:
+        os.close(lock_fd)
+
+
+@contextmanager
+def _open_or_devnull(path: Path | None) -> Iterator[Any]:
+    if path is None:
+        yield subprocess.DEVNULL
+    else:
+        with path.open("rb") as stream:
+            yield stream
+
+
+# ---------------------------------------------------------------------------------- waiting
+
+
+def wait_for(
+    job: JobDir,
+    budget_ms: int | None,
+    *,
+    started: float | None = None,
+    handed_off: Callable[[], str | None] = lambda: None,
+) -> Result:
+    """The job's own answer if it ends within the budget (None: no limit), else INCOMPLETE."""
+    started = time.monotonic() if started is None else started
+    deadline = None if budget_ms is None else started + budget_ms / 1000
+    while True:
+        state = job.state()
+        if state == ENDED:
+            return stored_result(job, budget_ms)
+        if state == LOST:
+            raise job_lost(job)
+        signalled = handed_off()
+        if signalled or (deadline is not None and time.monotonic() >= deadline):
+            return incomplete(job, budget_ms, handed_off_on=signalled)
+        time.sleep(_POLL_SECONDS)
+
+
+def stored_result(job: JobDir, budget_ms: int | None) -> Result:
+    """The job's final envelope as the job wrote it; `duration_ms` stays the work's."""
+    stored = job.result()
+    assert stored is not None
+    envelope = stored["envelope"]
+    meta = {k: v for k, v in envelope["meta"].items() if k not in ("exit_code", "duration_ms", "budget_ms")}
+    meta.update(work_duration_ms=envelope["meta"]["duration_ms"], job_id=job.job_id)
+    if budget_ms is not None:
+        meta["budget_ms"] = budget_ms
+    return Result(
+        data=envelope["data"],
+        exit_code=ExitCode(stored["exit_code"]),
+        error=envelope["error"],
+        warnings=_warnings(envelope["warnings"]),
+        meta=meta,
+        kind=str(stored.get("kind", "generic")),
+    )
+
+
+def _warnings(stored: list[dict[str, Any]]) -> list[EnvelopeWarning]:
+    return [EnvelopeWarning(w["code"], w["message"], w.get("context")) for w in stored]
+
+
+def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None = None) -> Result:
+    """Exit 14: the job goes on. Says where it is (its stage, the rows preflight read, its run
+    directory once that exists), the warnings it met so far, and why the call let go of it."""
+    status = job.status()
+    continue_command = f"bulkrelay job wait {job.job_id}"
+    state = "cancelling" if job.cancel_requested else "running"
+    data: dict[str, Any] = {
+        "state": state,
+        "stage": status.get("stage") or "starting",
+        "job_id": job.job_id,
+        "progress": status.get("progress") or {"done": 0, "total": None, "unit": "rows"},
+        "run_dir": status.get("run_dir"),
+        "continue_command": continue_command,
+        "cancel_command": f"bulkrelay job cancel {job.job_id}",
+    }
+    if data["stage"] == "preflight":
+        data["rows_read"] = status.get("rows_read") or 0
+    why = _why_incomplete(state, budget_ms, handed_off_on)
+    goes_on = "its worker has not ended yet" if state == "cancelling" else "it goes on in the background"
+    error: dict[str, Any] = {
+        "code": "INCOMPLETE",
+        "message": f"job {job.job_id} {why}; {goes_on}",
+        "retryable": True,
+        "suggestion": continue_command,
+    }
+    if handed_off_on is not None:
+        error["context"] = {"handed_off_on": handed_off_on}
+    meta: dict[str, Any] = {"job_id": job.job_id}
+    if budget_ms is not None:
+        meta["budget_ms"] = budget_ms
+    return Result(
+        data=data,
+        exit_code=ExitCode.INCOMPLETE,
+        error=error,
+        warnings=_warnings(status.get("warnings") or []),
+        meta=meta,
+        kind="job",
+    )
+
+
+def _why_incomplete(state: str, budget_ms: int | None, handed_off_on: str | None) -> str:
+    if handed_off_on is not None:
+        return f"was handed off on {handed_off_on}"
+    if budget_ms is not None:
+        return f"is still {state} after the call budget of {budget_ms} ms"
+    return f"is still {state}"
+
+
+def job_lost(job: JobDir) -> JobLost:
+    return JobLost(
+        f"job {job.job_id} ended without a result; its worker exited",
+        detail=job.log_tail() or "(the job's log is empty)",
+        context={"job_id": job.job_id, "log": str(job.log_path), "run_dir": job.status().get("run_dir")},
+        suggestion="run the same command again: it continues the run from its journal",
+    )
+
+
+# ------------------------------------------------------------------------ job wait|status|cancel
+
+
+def _open(job_id: str) -> JobDir:
+    with index_locked():
+        remove_expired()
+    return JobDir.open(job_id)
+
+
+def job_wait(job_id: str, budget_flag_ms: int | None) -> Result:
+    budget_ms = resolve_budget(budget_flag_ms, os.environ, sys.stdout.isatty())
+    job = _open(job_id)
+    with _hand_off_on_signal() as handed_off:
+        return wait_for(job, budget_ms, handed_off=handed_off)
+
+
+def job_status(job_id: str) -> Result:
+    job = _open(job_id)
+    state = job.state()
+    if state == ENDED:
+        return stored_result(job, None)
+    if state == LOST:
+        raise job_lost(job)
+    return incomplete(job, None)
+
+
+def job_cancel(job_id: str, budget_flag_ms: int | None = None) -> Result:
+    """Ask the job to stop and abort its rows in flight; wait for its end up to the call budget.
+
+    The answer is the job's true state: `cancelled` once the worker has ended, else 14 with the
+    job `cancelling` and the command that waits for it."""
+    started = time.monotonic()
+    budget_ms = resolve_budget(budget_flag_ms, os.environ, sys.stdout.isatty())
+    job = _open(job_id)
+    if job.state() == ENDED:
+        return _cancel_answer(job, budget_ms)
+    job.request_cancel()
+    pid = job.worker_pid()
+    if pid is not None and job.is_live():
+        # Wakes a worker still in preflight; once relaying, its supervisor reads the cancel file.
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+    deadline = started + (budget_ms / 1000 if budget_ms else CANCEL_WAIT_SECONDS)
+    while job.is_live() and time.monotonic() < deadline:
+        time.sleep(_POLL_SECONDS)
+    if job.is_live():
+        return incomplete(job, budget_ms)
+    if job.result() is None:
+        _cancel_lost_run(job)
+    return _cancel_answer(job, budget_ms)
+
+
+def _cancel_lost_run(job: JobDir) -> None:
+    """A dead worker left its run `running`; cancelling the job cancels that run too."""
+    run_dir = job.status().get("run_dir")
+    if run_dir and not is_locked(Path(run_dir)):
+        with suppress(BulkRelayError):
+            run = RunDir.open(Path(run_dir))
+            if run.state == RUN_RUNNING:
+                run.set_state(CANCELLED, stop_reason="cancelled", pid=None)
+
+
+def _cancel_answer(job: JobDir, budget_ms: int | None) -> Result:
+    """A job that has ended: `cancelled` when its run was (or a lost worker's run now is), else `ended`."""
+    stored = job.result()
+    envelope = stored["envelope"] if stored else None
+    run_data = envelope["data"] if envelope and isinstance(envelope["data"], dict) else {}
+    run_state = run_data.get("state") if stored else CANCELLED
+    data = {
+        "job_id": job.job_id,
+        "state": "cancelled" if run_state == CANCELLED else "ended",
+        "run_dir": run_data.get("run_dir") or job.status().get("run_dir"),
+        "run_state": run_state,
+        "job_exit_code": stored["exit_code"] if stored else None,
+    }
+    meta = {} if budget_ms is None else {"budget_ms": budget_ms}
+    return Result(data=data, meta=meta, kind="job")

@@ -1,0 +1,178 @@
+"""The background worker (`bulkrelay _job-worker ID`): runs one job's command to its end.
+
+It re-runs the command line stored in the job's spec, synchronously, with a `JobSupervisor` that
+writes the job's status as committed progress arrives and requests a stop, honoured at a safe point,
+when the job is cancelled (CANCELLED: the rows in flight are aborted too) or terminated (TERMINATED,
+on SIGTERM or SIGHUP). The run itself ends a stall (STALLED) and keeps the job's deadline (TIMEOUT),
+which the supervisor hands to it. Then the worker writes the final envelope to `result.json`, and only
+then lets go of the job's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+import anyio
+
+from bulkrelay.background.state import ENDED, RUNNING, JobDir, acquire_lock
+from bulkrelay.envelope import EnvelopeWarning, Result, to_envelope
+from bulkrelay.errors import BulkRelayError
+from bulkrelay.job.preflight import Preflight
+from bulkrelay.relay.progress import Snapshot
+from bulkrelay.relay.stopping import CANCELLED, INTERRUPTED, TERMINATED, StopControl
+from bulkrelay.store.rundir import RunDir
+
+# The job's stage in its status: the worker has not reached preflight yet, preflight, sending.
+STARTING, PREFLIGHT, RELAY = "starting", "preflight", "relay"
+LOCK_FD_ENV = "BULKRELAY_JOB_LOCK_FD"  # the job's lock, taken by the front process and inherited
+STATUS_INTERVAL_SECONDS = 0.5
+_POLL_SECONDS = 0.1
+
+
+class JobSupervisor:
+    """The worker's side of a run: status file, cancel and SIGTERM; the job's time bounds.
+
+    The idle timeout and the time limit are the run's own (bulkrelay.ops.execute, for every run);
+    the supervisor hands over the job's: an absolute `--timeout` deadline and when the work began."""
+
+    def __init__(self, job: JobDir, spec: dict[str, Any]) -> None:
+        self._job = job
+        self.deadline: float | None = spec.get("deadline")  # absolute, from --timeout
+        self.started_at = float(spec["created_at"])  # max_lifetime_seconds counts from here
+        self._snapshot: Snapshot | None = None
+        self._written_at = 0.0
+        self.run_dir: str | None = None
+        self.signalled: str | None = None  # TERMINATED or INTERRUPTED, set by the signal handler
+        self.stage = STARTING
+        self.rows_read: int | None = None
+        self.warnings: list[dict[str, Any]] = []  # recorded as they arise, so a hand-off carries them
+
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.signalled = INTERRUPTED if signum == signal.SIGINT else TERMINATED
+
+    def on_rows_read(self, rows_read: int) -> None:
+        # Written at once when preflight starts and at its first record, then at most every interval.
+        first = self.stage != PREFLIGHT or not self.rows_read
+        self.stage, self.rows_read = PREFLIGHT, rows_read
+        if first or time.monotonic() - self._written_at >= STATUS_INTERVAL_SECONDS:
+            self.write_status()
+
+    def on_run(self, run: RunDir) -> None:
+        self.run_dir = str(run.path)
+        self.write_status()
+
+    def on_warnings(self, warnings: Sequence[EnvelopeWarning]) -> None:
+        self.warnings.extend(warning.to_dict() for warning in warnings)
+        self.write_status()
+
+    def progress(self) -> dict[str, Any] | None:
+        return None if self._snapshot is None else self._snapshot.to_dict()
+
+    def on_progress(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        if time.monotonic() - self._written_at >= STATUS_INTERVAL_SECONDS:
+            self.write_status()
+
+    def write_status(self, state: str = RUNNING, **extra: Any) -> None:
+        self._written_at = time.monotonic()
+        self._job.write_status(
+            {
+                "state": state,
+                "progress": self.progress(),
+                "run_dir": self.run_dir,
+                "stage": self.stage,
+                "rows_read": self.rows_read,
+                "warnings": self.warnings,
+                "pid": os.getpid(),
+                **extra,
+            }
+        )
+
+    async def watch(self, stop: StopControl, preflight: Preflight, run: RunDir) -> None:
+        """Runs beside the relay; requests a stop when one is due. Cancelled when the relay ends."""
+        self.run_dir = str(run.path)
+        self.stage = RELAY
+        self.write_status()
+        while not stop.requested:
+            if self._job.cancel_requested:
+                stop.request(CANCELLED, job_id=self._job.job_id)
+            elif self.signalled is not None:
+                stop.request(self.signalled)
+            await anyio.sleep(_POLL_SECONDS)
+        await self._abort_when_cancelled(stop)
+
+    async def _abort_when_cancelled(self, stop: StopControl) -> None:
+        """`job cancel` aborts the rows in flight at once: they are not journaled, and the caller waits
+        on a budget. (A stall is the run's own to force, after its grace: bulkrelay.relay.stopping.)"""
+        while not stop.forced:
+            if self._job.cancel_requested:
+                stop.force()
+                return
+            await anyio.sleep(_POLL_SECONDS)
+
+
+# Runs a stored command line to its end under a supervisor: given by the command line's own module, so
+# the worker needs nothing from the layer above it.
+CommandRunner = Callable[[list[str], "JobSupervisor"], Result]
+
+
+def run_worker(job_id: str, execute: CommandRunner) -> Result:
+    """The whole life of a worker; the returned result also goes to the job's log."""
+    job = JobDir.open(job_id)
+    lock_fd = _hold_lock(job)
+    try:
+        spec = job.spec()
+        sys.stderr.write(
+            f"bulkrelay job {job_id}: worker {os.getpid()} runs: bulkrelay {shlex.join(spec['argv'])}\n"
+        )
+        sys.stderr.flush()
+        supervisor = JobSupervisor(job, spec)
+        signal.signal(signal.SIGTERM, supervisor.on_signal)
+        signal.signal(signal.SIGINT, supervisor.on_signal)
+        signal.signal(signal.SIGHUP, supervisor.on_signal)  # handled like SIGTERM
+        started = time.monotonic()
+        result = _run_command(list(spec["argv"]), supervisor, execute)
+        envelope = to_envelope(result, duration_ms=round((time.monotonic() - started) * 1000))
+        job.write_result(
+            {
+                "envelope": envelope,
+                "exit_code": int(result.exit_code),
+                "kind": result.kind,
+                "ended_at": time.time(),
+            }
+        )
+        supervisor.write_status(ENDED, exit_code=int(result.exit_code))
+        return result
+    finally:
+        os.close(lock_fd)
+
+
+def _hold_lock(job: JobDir) -> int:
+    """The lock the front process took and handed down; taken here when started by hand."""
+    inherited = os.environ.pop(LOCK_FD_ENV, None)
+    if inherited is not None:
+        return int(inherited)
+    fd = acquire_lock(job)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _run_command(argv: list[str], supervisor: JobSupervisor, execute: CommandRunner) -> Result:
+    try:
+        return execute(argv, supervisor)
+    except BulkRelayError as exc:
+        return Result.from_error(exc)
+    except Exception as exc:  # the worker's only catch site: any failure still becomes the job's answer
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+        return Result.from_unexpected(exc)

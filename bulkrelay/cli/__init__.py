@@ -1,0 +1,1 @@
+"""The command line: parser, command table, the one renderer, the one catch site."""

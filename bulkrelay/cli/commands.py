@@ -1,0 +1,299 @@
+"""The command table: each entry turns parsed arguments into one library call."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from pathlib import Path
+
+from bulkrelay.background import jobs
+from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
+from bulkrelay.job.config import Job, load_job
+from bulkrelay.job.inputs import STDIN_NAME
+from bulkrelay.ops import inspect as commands
+from bulkrelay.ops import run as launch
+from bulkrelay.ops.execute import RunObserver, RunOptions, prepared_input
+from bulkrelay.ops.runlog import RunLog, start_event
+from bulkrelay.ops.shard import resolve_shard
+from bulkrelay.relay.metrics import MetricsFile, metrics_path
+from bulkrelay.store.rundir import default_runs_dir
+
+
+def _prepared_input(
+    args: argparse.Namespace, job: Job | None, spool_dir: Path
+) -> AbstractContextManager[Path | None]:
+    suffix = ""
+    if job is not None:
+        if job.config.input.file:
+            suffix = "".join(Path(job.config.input.file).suffixes)
+        elif job.config.input.format:
+            suffix = f".{job.config.input.format}"
+    return prepared_input(args.input, spool_dir, suffix)
+
+
+def _input_name(args: argparse.Namespace) -> str | None:
+    return STDIN_NAME if args.input == "-" else None
+
+
+def _validate(args: argparse.Namespace) -> Result:
+    job = load_job(args.job)
+    with _prepared_input(args, job, default_runs_dir(None) / ".spool") as input_path:
+        return commands.validate(job, input_path, _input_name(args))
+
+
+def _render(args: argparse.Namespace) -> Result:
+    job = load_job(args.job)
+    with _prepared_input(args, job, default_runs_dir(None) / ".spool") as input_path:
+        return commands.render(job, input_path, args.rows, _input_name(args))
+
+
+def _options(args: argparse.Namespace) -> RunOptions:
+    supervisor = getattr(args, "supervisor", None)
+    quiet = bool(getattr(args, "quiet", False))
+    observers = getattr(args, "observers", ())
+    if supervisor is not None:  # a background worker: its supervisor owns signals and the job's bounds
+        return RunOptions(
+            handle_signals=False,
+            supervisor=supervisor,
+            deadline=supervisor.deadline,
+            started_at=supervisor.started_at,
+            observers=observers,
+            quiet=quiet,
+        )
+    timeout_ms = getattr(args, "timeout", None)
+    return RunOptions(
+        timeout_seconds=timeout_ms / 1000 if timeout_ms is not None else None,
+        observers=observers,
+        quiet=quiet,
+    )
+
+
+def _observers(args: argparse.Namespace) -> tuple[RunObserver, ...]:
+    """The run log (always) and the metrics file (`--metrics-file` or BULKRELAY_METRICS_FILE)."""
+    observers: list[RunObserver] = []
+    run_log: RunLog | None = getattr(args, "run_log", None)
+    if run_log is not None:
+        observers.append(run_log)
+    path = metrics_path(getattr(args, "metrics_file", None), os.environ)
+    if path is not None:
+        observers.append(MetricsFile(path))
+    return tuple(observers)
+
+
+def _logged(
+    command: str, handler: Callable[[argparse.Namespace], Result]
+) -> Callable[[argparse.Namespace], Result]:
+    """`handler` with a run log: `start` and `exit` lines around it (see bulkrelay.ops.runlog)."""
+
+    def call(args: argparse.Namespace) -> Result:
+        run_log = RunLog(getattr(args, "log_file", None))
+        args.run_log = run_log
+        start_event(run_log, command, list(getattr(args, "argv", [])))
+        try:
+            args.observers = _observers(args)  # checked here, so a bad path fails before any hand-off
+            result = handler(args)
+        except BulkRelayError as exc:
+            result = Result.from_error(exc)
+        except BaseException as exc:  # logged, then left to the CLI's catch site
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            run_log.exit(Result(exit_code=ExitCode.SIGINT if interrupted else ExitCode.GENERAL_ERROR))
+            run_log.close()
+            raise
+        run_log.exit(result)
+        run_log.close()
+        return result
+
+    return call
+
+
+def _runs_dir_of_run(args: argparse.Namespace) -> Path | None:
+    """`--runs-dir`, or the public alpha's `--output-dir` (the same directory of run directories)."""
+    runs_dir: Path | None = args.runs_dir
+    output_dir: Path | None = args.output_dir
+    if output_dir is None:
+        return runs_dir
+    if runs_dir is not None and runs_dir.resolve() != output_dir.resolve():
+        raise UsageError(
+            "--output-dir (the alpha's name for --runs-dir) and --runs-dir name different directories",
+            suggestion=f"give only --runs-dir {runs_dir}",
+        )
+    return output_dir
+
+
+def _output_dir_warning(args: argparse.Namespace) -> list[EnvelopeWarning]:
+    if args.output_dir is None:
+        return []
+    text = f"--output-dir is the alpha's spelling; write --runs-dir {args.output_dir}"
+    return [EnvelopeWarning("DEPRECATED_FLAG", text, {"flag": "--output-dir", "use": "--runs-dir"})]
+
+
+def _run_request(args: argparse.Namespace, input_path: Path | None) -> launch.RunRequest:
+    return launch.RunRequest(
+        job=load_job(args.job),
+        input_path=input_path,
+        from_stdin=args.input == "-",
+        runs_dir=default_runs_dir(_runs_dir_of_run(args)),
+        idempotency_key=args.idempotency_key,
+        options=_options(args),
+        full=args.full,
+        shard=resolve_shard(args.shard, args.shards, os.environ),
+    )
+
+
+def _run(args: argparse.Namespace) -> Result:
+    request = _run_request(args, None)
+    with _prepared_input(args, request.job, request.runs_dir / ".spool") as input_path:
+        result = launch.run(replace(request, input_path=input_path))
+    result.warnings[:0] = _output_dir_warning(args)
+    _apply_retention(result, request.runs_dir)
+    return result
+
+
+def _apply_retention(result: Result, runs_dir: Path) -> None:
+    """`.bulkrelay/config.yaml` retention, once the run's state is final; never fails the run."""
+    from bulkrelay.ops.prune import retention_after_run  # loaded only at a run's end
+
+    report = retention_after_run(runs_dir)
+    result.warnings.extend(report.warnings)
+    if report.removed and isinstance(result.data, dict):
+        result.data["pruned"] = report.removed
+
+
+def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:
+    """The job key of a budgeted `run`: the same identity the identical re-run uses."""
+    named = Path(args.input) if args.input not in (None, "-") else None
+    return _run_request(args, spooled_stdin or named).key()
+
+
+def _run_dir(args: argparse.Namespace) -> Path:
+    """The run directory the RUN argument names: a path, a run id, or `latest`."""
+    return _resolved(args.run_dir, args.runs_dir)
+
+
+def _resolved(ref: Path, runs_dir: Path | None) -> Path:
+    from bulkrelay.ops.runref import resolve_run
+
+    return resolve_run(ref, runs_dir)
+
+
+def _resume(args: argparse.Namespace) -> Result:
+    input_path = Path(args.input) if args.input not in (None, "-") else None
+    if args.input == "-":
+        raise UsageError(
+            "resume cannot read stdin: a run that read stdin keeps its own copy",
+            suggestion=f"bulkrelay resume {args.run_dir}",
+        )
+    return launch.resume(_run_dir(args), args.config, input_path, _options(args))
+
+
+def _status(args: argparse.Namespace) -> Result:
+    return commands.status(_run_dir(args))
+
+
+def _shards(args: argparse.Namespace) -> Result:
+    from bulkrelay.ops.shards import shards  # loaded only for its own command
+
+    return shards(args.dirs)
+
+
+def _runs(args: argparse.Namespace) -> Result:
+    return commands.runs(default_runs_dir(args.runs_dir))
+
+
+def _retry_failed(args: argparse.Namespace) -> Result:
+    from bulkrelay.ops import retry_failed as retryfailed  # loaded only for its own command
+
+    return retryfailed.retry_failed(
+        _run_dir(args),
+        config=args.config,
+        statuses=args.status,
+        classification=args.classification,
+        options=_options(args),
+    )
+
+
+def _export(args: argparse.Namespace) -> Result:
+    from bulkrelay.ops import export  # loaded only for its own command
+
+    return export.export(
+        _run_dir(args),
+        failed_only=args.failed,
+        fmt=args.format,
+        output=args.output,
+        with_reasons=args.with_reasons,
+        shards=tuple(_resolved(ref, args.runs_dir) for ref in args.shard_runs),
+    )
+
+
+def _sync_state(args: argparse.Namespace) -> Result:
+    from bulkrelay.ops import syncstate  # loaded only for its own command
+
+    job = load_job(args.job)
+    if job.config.execution.sync == "full":
+        raise UsageError(
+            f"job {args.job} is not a delta job (execution.sync is full); it keeps no sync state"
+        )
+    identity = syncstate.job_identity(job.config.name, job.path)
+    action = syncstate.rebuild_state if args.sync_command == "rebuild" else syncstate.verify_state
+    return Result(data=action(default_runs_dir(args.runs_dir), identity), kind="generic")
+
+
+def _prune(args: argparse.Namespace) -> Result:
+    from bulkrelay.ops import (
+        prune,  # loaded only for its own command
+        settings,
+    )
+
+    if args.keep is not None or args.older_than is not None:  # flags replace the settings file's rule
+        retention = settings.retention_from_flags(args.keep, args.older_than)
+    else:
+        retention = settings.load_settings().retention
+    return prune.prune_command(default_runs_dir(args.runs_dir), retention, dry_run=args.dry_run)
+
+
+def _completion(args: argparse.Namespace) -> Result:
+    """The shell's completion script, alone on stdout, so `source <(bulkrelay completion bash)` works."""
+    import shtab  # loaded only for its own command
+
+    from bulkrelay.cli.parser import build_parser  # loaded only for its own command
+
+    script = shtab.complete(build_parser(), shell=args.shell)
+    return Result(data={"shell": args.shell}, meta={"stdout_payload": script}, kind="completion")
+
+
+def _failures(args: argparse.Namespace) -> Result:
+    from bulkrelay.ops import failures  # loaded only for its own command
+
+    return failures.failures(_run_dir(args))
+
+
+def _demo(args: argparse.Namespace) -> Result:
+    from bulkrelay.demo import quickstart as demo  # loaded only for its own command
+
+    return demo.run_demo(rows=args.rows, runs_dir=args.runs_dir)
+
+
+TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
+    "validate": _validate,
+    "render": _render,
+    "run": _logged("run", jobs.budgeted("run", _run, _run_key)),
+    "resume": _logged("resume", jobs.budgeted("resume", _resume)),
+    "status": _status,
+    "shards": _shards,
+    "runs": _runs,
+    "retry-failed": _logged("retry-failed", jobs.budgeted("retry-failed", _retry_failed)),
+    "export": _export,
+    "failures": _failures,
+    "prune": _prune,
+    "completion": _completion,
+    "demo": _demo,
+    "sync-state rebuild": _sync_state,
+    "sync-state verify": _sync_state,
+    "job wait": lambda args: jobs.job_wait(args.job_id, args.budget),
+    "job status": lambda args: jobs.job_status(args.job_id),
+    "job cancel": lambda args: jobs.job_cancel(args.job_id, args.budget),
+}

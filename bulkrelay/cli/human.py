@@ -1,0 +1,166 @@
+"""Human output on a terminal: the same result the envelope carries, shown with rich."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bulkrelay.envelope import Result
+from bulkrelay.relay.progress import pace_text
+
+_console = Console()
+_err = Console(stderr=True)
+
+
+def print_human(result: Result, envelope: dict[str, Any]) -> None:
+    for warning in envelope["warnings"]:
+        _err.print(f"[yellow]warning[/] {warning['code']}: {warning['message']}")
+    data = result.data
+    show = _RENDERERS.get(result.kind)
+    if show is not None and data is not None:
+        show(data)
+    elif data is not None:
+        _console.print_json(data=data)
+    if result.error is not None:
+        _print_error(result.error)
+
+
+def _print_error(error: dict[str, Any]) -> None:
+    _err.print(f"[bold red]error[/] {error['code']}: {error['message']}", highlight=False)
+    for problem in (error.get("context") or {}).get("problems", [])[1:]:
+        where = ", ".join(f"{k} {v}" for k, v in problem.items() if k != "message")
+        _err.print(f"  {where}: {problem['message']}", highlight=False)
+    if error.get("suggestion"):
+        _err.print(f"[dim]hint:[/] {error['suggestion']}", highlight=False)
+
+
+def _validate(data: dict[str, Any]) -> None:
+    _console.print(
+        f"[green]valid[/] {data['job']}: {data['record_count']} records ({data['format']}"
+        f"{', gzip' if data['gzip'] else ''}) from {data['input']['path']}",
+        highlight=False,
+    )
+    _console.print(f"input sha256 {data['input']['sha256']}  config sha256 {data['config_sha256']}")
+
+
+def _render(data: dict[str, Any]) -> None:
+    for request in data["requests"]:
+        _console.rule(f"row {request['row_number']} (line {request['line']})")
+        _console.print(f"[bold]{request['method']}[/] {request['url']}", highlight=False)
+        for name, value in request["headers"]:
+            _console.print(f"{name}: {value}", highlight=False)
+        if request.get("body") is not None:
+            _console.print()
+            _console.print(request["body"], highlight=False)
+
+
+def _summary_table(summary: dict[str, Any]) -> Table:
+    table = Table(title="summary", show_header=False)
+    table.add_row("rows", f"{summary['rows_done']} of {summary['rows_total']} done")
+    table.add_row("succeeded", str(summary["by_outcome"]["succeeded"]))
+    table.add_row("failed", str(summary["by_outcome"]["failed"]))
+    table.add_row("attempts / retries", f"{summary['attempts']} / {summary['retries']}")
+    table.add_row("by status", ", ".join(f"{k}: {v}" for k, v in summary["by_status"].items()))
+    table.add_row(
+        "by classification", ", ".join(f"{k}: {v}" for k, v in summary["by_classification"].items())
+    )
+    latency = summary["latency_ms"]
+    table.add_row("latency ms p50/p95/p99", " / ".join(_ms(latency.get(p)) for p in ("p50", "p95", "p99")))
+    this_call = summary.get("this_call")
+    if this_call:
+        table.add_row("rate", f"{this_call['rows_per_second']} rows/s")
+    return table
+
+
+def _ms(value: object) -> str:
+    return "-" if value is None else str(value)  # no rows yet: no latency, never "None"
+
+
+def _status(data: dict[str, Any]) -> None:
+    _run(data)
+    line = f"liveness: {data['liveness']}"
+    if data.get("pid"):
+        line += f" (pid {data['pid']})"
+    if data.get("stop_reason"):
+        line += f"; stop reason: {data['stop_reason']}"
+    _console.print(line, highlight=False)
+    rate = data.get("rate")
+    if rate:
+        _console.print(f"pace: {pace_text(rate)}", highlight=False)
+
+
+def _run(data: dict[str, Any]) -> None:
+    if data.get("summary"):
+        _console.print(_summary_table(data["summary"]))
+    _console.print(f"run {data['run_id']}: [bold]{data['state']}[/]  ({data['run_dir']})", highlight=False)
+    if data.get("continue_command"):
+        _console.print(f"continue with: {data['continue_command']}", highlight=False)
+
+
+def _runs(data: dict[str, Any]) -> None:
+    # The run id starts with its UTC start time, so it doubles as the "when" column; it never wraps.
+    columns = ("run_id", "state", "done", "total", "failed", "name")
+    table = Table(title=f"runs in {data['runs_dir']}")
+    for column in columns:
+        table.add_column(column, no_wrap=column != "name", min_width=6 if column == "name" else None)
+    for run in data["runs"]:
+        table.add_row(*("" if run[c] is None else str(run[c]) for c in columns))
+    _console.print(table)
+
+
+def _demo(data: dict[str, Any]) -> None:
+    _run(data)
+    demo = data["demo"]
+    expected = demo["expected"]
+    _console.print(
+        f"The demo target at {demo['target']} rejected {expected['rejected']} rows on purpose (422) and "
+        f"answered 503 once to {expected['retried']} rows, which succeeded on retry.",
+        highlight=False,
+    )
+    _console.print(f"job file: {demo['job']}\ninput:    {demo['input']}", highlight=False)
+    _console.print(f"look inside: bulkrelay status {data['run_dir']}", highlight=False)
+
+
+def _failures(data: dict[str, Any]) -> None:
+    table = Table(title=f"{data['failed']} failed rows in run {data['run_id']}")
+    for column in ("count", "status", "classification", "examples (row: error, body)"):
+        table.add_column(column, overflow="fold")
+    for group in data["groups"]:
+        examples = "\n".join(
+            f"{e['row_number']}: {e['error']}" + (f", {e['body'][:120]}" if e.get("body") else "")
+            for e in group["examples"]
+        )
+        status = "-" if group["status_code"] is None else str(group["status_code"])
+        table.add_row(str(group["count"]), status, group["classification"], examples)
+    _console.print(table)
+
+
+def _prune(data: dict[str, Any]) -> None:
+    verb = "would remove" if data["dry_run"] else "removed"
+    _console.print(f"{verb} {len(data['removed'])} runs, kept {data['kept']} in {data['runs_dir']}")
+    for run_id in data["removed"]:
+        _console.print(f"  {run_id}", highlight=False)
+
+
+def _help(data: dict[str, Any]) -> None:
+    _console.print(data["help"], markup=False, highlight=False, soft_wrap=True, end="")
+
+
+def _version(data: dict[str, Any]) -> None:
+    _console.print(f"{data['name']} {data['version']}", highlight=False)
+
+
+_RENDERERS = {
+    "help": _help,
+    "version": _version,
+    "validate": _validate,
+    "render": _render,
+    "run": _run,
+    "status": _status,
+    "runs": _runs,
+    "demo": _demo,
+    "failures": _failures,
+    "prune": _prune,
+}

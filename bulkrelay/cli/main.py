@@ -1,0 +1,168 @@
+"""The command line: parse, call the library, render one result, exit with its code.
+
+This is the only catch site. In JSON mode (`--json`, or stdout not a terminal) stdout carries
+exactly one envelope, whatever happens, including usage errors and unexpected exceptions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, NoReturn
+
+from bulkrelay.cli.parser import Answered, command_name, parse_command_line
+from bulkrelay.envelope import Result, dumps_envelope, to_envelope
+from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
+
+
+def json_mode(argv: Sequence[str]) -> bool:
+    """`--json`, else JSON when stdout is not a terminal, unless `--human` or `--quiet` asks for people."""
+    if "--json" in argv:
+        if "--human" in argv:
+            raise UsageError(
+                "--json and --human ask for two different outputs", suggestion="give one of them"
+            )
+        return True
+    return not sys.stdout.isatty() and "--human" not in argv and "--quiet" not in argv
+
+
+def dispatch(args: argparse.Namespace) -> Result:
+    if args.command == "_job-worker":
+        from bulkrelay.background import worker  # a background job's own process
+
+        return worker.run_worker(args.job_id, run_stored_command)
+    from bulkrelay.cli import commands as handlers  # the command table; imported late so `--help` stays fast
+
+    handler: Callable[[argparse.Namespace], Result] | None = handlers.TABLE.get(command_name(args))
+    if handler is None:
+        raise UsageError("a command is required", suggestion="see `bulkrelay --help`")
+    return handler(args)
+
+
+def run_stored_command(argv: list[str], supervisor: Any) -> Result:
+    """A background job's command line, run to its end in its worker: no budget (it is the job), and
+    the supervisor owns its signals and bounds."""
+    args = parse_command_line(argv)
+    args.argv = argv
+    args.budget = 0
+    args.supervisor = supervisor
+    return dispatch(args)
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP outside the relay (start-up, preflight): end there, still with an envelope.
+
+    The relay, the budget's front process and a job's worker install their own handlers meanwhile,
+    so there the signal stops the work at a safe point instead."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
+def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
+    raise _Terminated(signum)
+
+
+def _open_closed_stdout() -> None:
+    """A closed stdout (`bulkrelay ... >&-`) becomes /dev/null: the command runs and exits with its code."""
+    if sys.stdout is None:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        if fd != 1:
+            os.dup2(fd, 1)
+            os.close(fd)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - lives as long as the process
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    for handled in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(handled, _raise_terminated)
+    _open_closed_stdout()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    started = time.monotonic()
+    quiet = "--quiet" in argv
+    as_json = "--json" in argv or not sys.stdout.isatty()
+    try:
+        as_json = json_mode(argv)
+        args = parse_command_line(argv)
+        args.argv = argv  # a background job re-runs the same command line
+        args.started = started  # the call budget counts from here
+        result = dispatch(args)
+    except Answered as answered:
+        result = answered.result
+    except BulkRelayError as exc:
+        result = Result.from_error(exc)
+    except KeyboardInterrupt:
+        result = _stopped_outside_the_relay("INTERRUPTED", ExitCode.SIGINT, "SIGINT")
+    except _Terminated as signalled:
+        result = _stopped_outside_the_relay("TERMINATED", ExitCode.SIGTERM, signalled.name)
+    except Exception as exc:  # the one place an unexpected failure becomes an answer
+        result = Result.from_unexpected(exc)
+    emit(result, started=started, as_json=as_json, quiet=quiet)
+    sys.exit(int(result.exit_code))
+
+
+def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Result:
+    return Result(
+        exit_code=exit_code,
+        kind="error",
+        error={
+            "code": code,
+            "message": f"stopped by {name} while no row was in flight (start-up, preflight or wrap-up)",
+            "retryable": True,
+            "suggestion": "run the same command again: it continues any run this one left unfinished",
+        },
+    )
+
+
+# Warnings also said on stderr in JSON mode: an unattended caller (cron) never reads the envelope.
+_STDERR_WARNINGS = frozenset({"BUDGET_HANDOFF_UNATTENDED"})
+
+
+def emit(result: Result, *, started: float, as_json: bool, quiet: bool = False) -> None:
+    """Print the result; a reader that went away (EPIPE) costs the answer, never the exit code.
+    `--quiet`: nothing on success (cron mails any output)."""
+    if quiet and result.exit_code == ExitCode.SUCCESS:
+        return
+    try:
+        _write_result(result, started=started, as_json=as_json)
+    except OSError as exc:  # EPIPE, or EIO from a terminal that hung up
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # so the interpreter's last flush of stdout has somewhere to go
+        os.close(devnull)
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.write(f"bulkrelay: the answer was not delivered: stdout: {exc.strerror or exc}\n")
+            sys.stderr.flush()
+
+
+def _write_result(result: Result, *, started: float, as_json: bool) -> None:
+    duration_ms = result.meta.pop("work_duration_ms", None)
+    if duration_ms is None:
+        duration_ms = round((time.monotonic() - started) * 1000)
+    on_stderr = result.meta.pop("envelope_on_stderr", False)  # stdout carries data (`export -o -`)
+    payload = result.meta.pop("stdout_payload", None)  # the whole answer (`completion`): no envelope
+    envelope = to_envelope(result, duration_ms=int(duration_ms))
+    if as_json or on_stderr:
+        for warning in result.warnings:
+            if warning.code in _STDERR_WARNINGS:
+                sys.stderr.write(f"bulkrelay: warning {warning.code}: {warning.message}\n")
+                sys.stderr.flush()
+    if isinstance(payload, str):
+        sys.stdout.write(payload)
+        sys.stdout.flush()
+    elif on_stderr:
+        sys.stderr.buffer.write(dumps_envelope(envelope))
+        sys.stderr.flush()
+    elif as_json:
+        sys.stdout.buffer.write(dumps_envelope(envelope))
+        sys.stdout.flush()
+    else:
+        from bulkrelay.cli.human import print_human  # rich loads only when a person reads the output
+
+        print_human(result, envelope)

@@ -1,0 +1,331 @@
+"""The command line's grammar: every command and flag, global flags in any position, and `--help` and
+`--version` answered with an envelope. Parsing only: `main` runs what this parses."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from bulkrelay._version import __version__
+from bulkrelay.envelope import Result
+from bulkrelay.errors import UsageError
+from bulkrelay.job.durations import parse_duration_ms
+
+# The flags that may stand before or after the subcommand: dest -> (flag, value when not given).
+_GLOBAL_FLAGS: dict[str, tuple[str, object]] = {
+    "json": ("--json", False),
+    "budget": ("--budget", None),
+    "timeout": ("--timeout", None),
+    "runs_dir": ("--runs-dir", None),
+    "quiet": ("--quiet", False),
+    "human": ("--human", False),
+    "metrics_file": ("--metrics-file", None),
+    "log_file": ("--log-file", None),
+}
+
+
+class Answered(Exception):  # not a failure: `--help` or `--version` answered the call
+    """Raised while parsing when the command line is fully answered, so the answer gets an envelope."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(result.kind)
+        self.result = result
+
+
+class _HelpAction(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        raise Answered(Result(data={"help": parser.format_help()}, kind="help"))
+
+
+class _VersionAction(_HelpAction):
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        raise Answered(Result(data={"name": "bulkrelay", "version": __version__}, kind="version"))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing and exiting, so usage errors, `--help` and
+    `--version` all get an envelope. Every parser takes `--json`, wherever it stands."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["add_help"] = False  # our own -h/--help, which answers with an envelope
+        super().__init__(*args, **kwargs)
+        self.add_argument("-h", "--help", action=_HelpAction, help="show this help and exit")
+        _add_global(self, "--json", action="store_true", help="print one JSON envelope on stdout")
+        _add_global(
+            self,
+            "--quiet",
+            action="store_true",
+            help="print nothing on success; the human summary on failure",
+        )
+        _add_global(
+            self, "--human", action="store_true", help="human output even when stdout is not a terminal"
+        )
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}", suggestion=f"see `{self.prog} --help`")
+
+
+def _add_global(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
+    """A global flag: set only when given, so the subcommand's parser never overwrites the
+    value given before the subcommand with its default (`_settle_globals` fills those in).
+    Each parser also records which global flags it takes; the innermost parser's record wins."""
+    action = parser.add_argument(flag, default=argparse.SUPPRESS, **kwargs)
+    accepted = parser.get_default("accepted_globals") or frozenset()
+    parser.set_defaults(accepted_globals=accepted | {action.dest})
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"expected a whole number of at least 1, not {text!r}")
+    return int(text)
+
+
+def _duration(text: str) -> int:
+    return parse_duration_ms(text)
+
+
+def _classification(name: str) -> str:
+    from bulkrelay.relay.retry import CLASSIFICATIONS  # loaded only when the flag is given
+
+    if name not in CLASSIFICATIONS:
+        raise UsageError(
+            f"--classification {name!r} is not a classification; use one of: {', '.join(CLASSIFICATIONS)}",
+            context={"classification": name, "valid": list(CLASSIFICATIONS)},
+        )
+    return name
+
+
+def _add_input(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--input", metavar="FILE", help="read records from FILE instead of the job's input; - for stdin"
+    )
+
+
+def _add_budget(parser: argparse.ArgumentParser) -> None:
+    _add_global(
+        parser,
+        "--budget",
+        type=_duration,
+        metavar="DUR",
+        help="hand the work to a background job after DUR (0: never); default 30s without a terminal",
+    )
+    _add_global(
+        parser,
+        "--timeout",
+        type=_duration,
+        metavar="DUR",
+        help="stop at a safe point after DUR of work in all (resumable)",
+    )
+    _add_operational(parser)  # the commands with a budget are the ones that relay
+
+
+def _add_operational(parser: argparse.ArgumentParser) -> None:
+    """Where a run reports, never what it does: not part of its fingerprint or invocation identity."""
+    _add_global(
+        parser,
+        "--metrics-file",
+        type=Path,
+        metavar="PATH",
+        help="keep Prometheus metrics of the run in PATH (every ~10s, at the end); BULKRELAY_METRICS_FILE",
+    )
+    _add_global(
+        parser,
+        "--log-file",
+        type=Path,
+        metavar="PATH",
+        help="append the run log's JSON lines to PATH too (for cron)",
+    )
+
+
+def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
+    _add_global(
+        parser, "--runs-dir", type=Path, metavar="DIR", help="where runs live (default ./.bulkrelay/runs)"
+    )
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="preflight, then relay every record")
+    p.add_argument("job", type=Path, metavar="JOB")
+    _add_input(p)
+    _add_runs_dir(p)
+    p.add_argument(
+        "--output-dir", type=Path, metavar="DIR", help="the public alpha's name for --runs-dir (deprecated)"
+    )
+    p.add_argument("--idempotency-key", metavar="K", help="part of the invocation's identity for re-runs")
+    p.add_argument(
+        "--full", action="store_true", help="a delta job: send every row once and refresh its sync state"
+    )
+    p.add_argument("--shard", metavar="K/N", help="relay only shard K of N (from 0; also BULKRELAY_SHARD)")
+    p.add_argument(
+        "--shards",
+        type=_positive_int,
+        metavar="N",
+        help="one of N shards, K from JOB_COMPLETION_INDEX (a Kubernetes Indexed Job)",
+    )
+    _add_budget(p)
+
+
+def _add_sync_state(sub: argparse._SubParsersAction[_Parser]) -> None:
+    sync = sub.add_parser(
+        "sync-state", help="a delta job's sync state: rebuild or verify it from the journals"
+    )
+    sync_sub = sync.add_subparsers(dest="sync_command", metavar="ACTION", parser_class=_Parser)
+    for action, text in (
+        ("rebuild", "replace the sync state with one built from the job's journals"),
+        ("verify", "check the sync state against the job's journals (exit 4 when they differ)"),
+    ):
+        sp = sync_sub.add_parser(action, help=text)
+        sp.add_argument("job", type=Path, metavar="JOB")
+        _add_runs_dir(sp)
+
+
+def _add_run_ref(parser: argparse.ArgumentParser) -> None:
+    """The run a command works on: a run directory, a run id, or `latest` (see `runref`)."""
+    parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory, a run id, or `latest`")
+    _add_runs_dir(parser)
+
+
+def _add_export_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--failed", action="store_true", help="only failed rows, in the input's own format")
+    parser.add_argument(
+        "--with-reasons", action="store_true", help="with --failed: add _status, _error, _attempts columns"
+    )
+    parser.add_argument("--format", choices=["csv", "jsonl"], help="output format (default: the input's)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="write here; - for stdout (the envelope then goes to stderr); default: in the run directory",
+    )
+
+
+def _add_operations(sub: Any) -> None:
+    """The commands of unattended operation: what failed, what to keep, shell completion."""
+    p = sub.add_parser("failures", help="a run's failed rows grouped by status and classification")
+    _add_run_ref(p)
+
+    p = sub.add_parser("prune", help="remove finished runs that retention no longer keeps")
+    p.add_argument("--keep", type=int, metavar="N", help="keep the newest N finished runs of each job")
+    p.add_argument("--older-than", metavar="AGE", help="remove only runs older than AGE, e.g. 30d")
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    _add_runs_dir(p)
+
+    p = sub.add_parser("completion", help="print a shell completion script: bash, zsh or fish")
+    p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete in")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="bulkrelay", description="Turn a file of records into HTTP requests, durably.")
+    parser.add_argument("--version", action=_VersionAction, help="show the version and exit")
+    _add_budget(parser)
+    _add_runs_dir(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("validate", help="full preflight of the job and every record; sends nothing")
+    p.add_argument("job", type=Path, metavar="JOB")
+    _add_input(p)
+
+    p = sub.add_parser("render", help="show the exact requests some rows would send, secrets redacted")
+    p.add_argument("job", type=Path, metavar="JOB")
+    _add_input(p)
+    p.add_argument("--rows", help="rows to render, e.g. 1-5 or 3,7-9 (default: the first five)")
+
+    _add_run(sub)
+
+    p = sub.add_parser("resume", help="continue an interrupted run; refuses on any change")
+    _add_run_ref(p)
+    p.add_argument("--config", type=Path, metavar="JOB", help="the job file, if it moved")
+    _add_input(p)
+    _add_budget(p)
+
+    p = sub.add_parser("retry-failed", help="a new run, linked to its parent, of a run's failed rows")
+    _add_run_ref(p)
+    p.add_argument("--status", metavar="CODES", help="only rows that ended with these statuses, e.g. 503,504")
+    p.add_argument(
+        "--classification", type=_classification, metavar="NAME", help="only rows with this classification"
+    )
+    p.add_argument("--config", type=Path, metavar="JOB", help="the job file, if it moved")
+    _add_budget(p)
+
+    p = sub.add_parser("status", help="one run's state and counters")
+    _add_run_ref(p)
+
+    p = sub.add_parser("shards", help="the shards of one job (--shard K/N runs) summed into one view")
+    p.add_argument(
+        "dirs", type=Path, nargs="+", metavar="DIR", help="each shard's runs directory or run directory"
+    )
+
+    p = sub.add_parser("runs", help="a table of runs")
+    _add_runs_dir(p)
+
+    p = sub.add_parser("export", help="input rows joined with their latest result")
+    _add_run_ref(p)
+    p.add_argument(
+        "shard_runs",
+        type=Path,
+        nargs="*",
+        metavar="RUN",
+        help="more runs: the other shards of one input, joined",
+    )
+    _add_export_flags(p)
+    _add_operations(sub)
+
+    _add_sync_state(sub)
+
+    job = sub.add_parser("job", help="background jobs: wait, status, cancel")
+    job_sub = job.add_subparsers(dest="job_command", metavar="ACTION", parser_class=_Parser)
+    for action, text in (
+        ("wait", "wait up to the budget for a job's result"),
+        ("status", "a job's state at once"),
+        ("cancel", "stop a job, aborting its requests in flight; wait for its end up to the budget"),
+    ):
+        jp = job_sub.add_parser(action, help=text)
+        jp.add_argument("job_id", metavar="JOB_ID")
+        if action in ("wait", "cancel"):
+            _add_global(jp, "--budget", type=_duration, metavar="DUR", help="how long to hold the call")
+
+    p = sub.add_parser("demo", help="run an example job against an embedded local target")
+    p.add_argument("--rows", type=int, default=3000, help="how many rows the demo sends (default 3000)")
+    _add_runs_dir(p)
+
+    p = sub.add_parser("_job-worker")  # no help=: a hidden subcommand is never listed
+    p.add_argument("job_id")
+    return parser
+
+
+def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
+    """The parsed command line, global flags settled wherever they stood."""
+    args = build_parser().parse_args(argv)
+    _settle_globals(args)
+    return args
+
+
+def _settle_globals(args: argparse.Namespace) -> None:
+    """Fill in the global flags the command takes; refuse one it does not take."""
+    accepted = vars(args).pop("accepted_globals")
+    for dest, (flag, default) in _GLOBAL_FLAGS.items():
+        if dest in accepted:
+            if not hasattr(args, dest):
+                setattr(args, dest, default)
+        elif hasattr(args, dest):
+            raise UsageError(
+                f"{flag} does not apply to `bulkrelay {command_name(args)}`",
+                suggestion=f"see `bulkrelay {command_name(args)} --help`",
+            )
+    vars(args).pop("json")  # read before parsing by json_mode(), so even a usage error is JSON
+
+
+def command_name(args: argparse.Namespace) -> str:
+    if args.command == "job":
+        return f"job {args.job_command}" if args.job_command else "job"
+    if args.command == "sync-state":
+        return f"sync-state {args.sync_command}" if args.sync_command else "sync-state"
+    return str(args.command)

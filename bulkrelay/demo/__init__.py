@@ -1,0 +1,1 @@
+"""`bulkrelay demo` and the embedded loopback target it (and the tests) relay to."""

@@ -1,0 +1,1 @@
+"""What to send: the job file, inputs, templates, fingerprints, preflight and the request of a row."""

@@ -1,0 +1,531 @@
+"""Streaming readers for the input file (CSV, JSON Lines, optionally gzipped) and its fingerprint.
+
+One pass does everything: the raw bytes are hashed as they are read (compressed bytes for .gz), records
+are yielded one at a time, and bad records are reported through a callback and skipped, so memory stays
+flat however large the file is. Row numbers count records from 1 and stay stable: a bad record still
+consumes its row number.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import gzip
+import hashlib
+import io
+import itertools
+import os
+import shutil
+import time
+import zlib
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
+
+import orjson
+
+from bulkrelay.errors import InputChanged, InputInvalid, NotFound, Problem, StorageFailed, UsageError
+from bulkrelay.job.records import Record
+from bulkrelay.private import make_private_dir, open_private
+
+if TYPE_CHECKING:
+    from _csv import Reader as _CsvReader
+
+InputFormat = Literal["csv", "jsonl"]
+ProblemSink = Callable[[Problem], None]
+
+STDIN_NAME = "<stdin>"  # what messages call records read from standard input (never the spool's path)
+
+_DECLARED_FORMATS: dict[str, InputFormat] = {"csv": "csv", "jsonl": "jsonl", "ndjson": "jsonl"}
+_EXTENSIONS: dict[str, InputFormat] = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+_CHUNK = 1 << 20
+_READ_BUFFER = 1 << 16
+# A truncated or damaged .gz shows up as one of these while decompressing, wherever that happens.
+_GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
+_JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+# How many records a verified reader hands out between two checks that its file is unchanged (a
+# check is one fstat; each raw read is checked too, before its bytes can reach a record).
+_CHECK_EVERY = 64
+
+
+def detect_format(path_name: str, declared: str | None) -> tuple[InputFormat, bool]:
+    """The format and gzip flag of an input: a declared format wins, else the file extension decides."""
+    suffixes = [s.lower() for s in Path(path_name).suffixes]
+    gzipped = bool(suffixes) and suffixes[-1] == ".gz"
+    if declared is not None:
+        fmt = _DECLARED_FORMATS.get(declared.lower())
+        if fmt is None:
+            raise UsageError(
+                f"unknown input format {declared!r} for {path_name}",
+                context={"file": path_name, "format": declared},
+                suggestion="use one of: csv, jsonl, ndjson",
+            )
+        return fmt, gzipped
+    data_suffix = suffixes[-2] if gzipped and len(suffixes) >= 2 else (suffixes[-1] if suffixes else "")
+    fmt = _EXTENSIONS.get(data_suffix) if not gzipped or len(suffixes) >= 2 else None
+    if fmt is None:
+        raise UsageError(
+            f"cannot tell the format of {path_name} from its name",
+            context={"file": path_name},
+            suggestion="name it .csv, .jsonl or .ndjson (optionally .gz), or set input.format",
+        )
+    return fmt, gzipped
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Where an input is and how to read it. `name` is what problems call the file (STDIN_NAME)."""
+
+    path: Path
+    format: InputFormat
+    gzip: bool
+    delimiter: str = ","
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.delimiter) != 1 or self.delimiter in '\r\n"':
+            raise UsageError(
+                f"the CSV delimiter must be one character other than a quote or newline, "
+                f"got {self.delimiter!r}",
+                context={"delimiter": self.delimiter},
+            )
+
+    @classmethod
+    def detect(cls, path: Path, declared: str | None = None, delimiter: str = ",") -> InputSpec:
+        """A spec whose format and gzip flag come from `detect_format`."""
+        fmt, gzipped = detect_format(str(path), declared)
+        return cls(path=path, format=fmt, gzip=gzipped, delimiter=delimiter)
+
+    @property
+    def display_name(self) -> str:
+        return self.name if self.name is not None else str(self.path)
+
+
+@dataclass(frozen=True)
+class InputFingerprint:
+    """What identifies an input: format, gzip flag, sha256 and size of the raw bytes, record count."""
+
+    format: str
+    gzip: bool
+    sha256: str
+    size: int
+    record_count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "gzip": self.gzip,
+            "sha256": self.sha256,
+            "size": self.size,
+            "record_count": self.record_count,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InputFingerprint:
+        """Rebuild from `to_dict()` output; raises ValueError naming the first missing or mistyped key."""
+        expected: dict[str, type] = {
+            "format": str,
+            "gzip": bool,
+            "sha256": str,
+            "size": int,
+            "record_count": int,
+        }
+        for key, kind in expected.items():
+            value = data.get(key)
+            # bool is an int subclass: refuse it where a count is expected.
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ValueError(f"input fingerprint: {key!r} must be {kind.__name__}, got {value!r}")
+        return cls(
+            format=data["format"],
+            gzip=data["gzip"],
+            sha256=data["sha256"],
+            size=data["size"],
+            record_count=data["record_count"],
+        )
+
+
+@dataclass(frozen=True)
+class InputIdentity:
+    """Which file a reader read, and in which state: device and inode, size, modification time."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, fd: int) -> InputIdentity:
+        st = os.fstat(fd)
+        return cls(device=st.st_dev, inode=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+    def differences(self, now: InputIdentity) -> dict[str, dict[str, int]]:
+        """`{field: {"recorded": ..., "now": ...}}` for each field that differs, as resume names them."""
+        names = ("device", "inode", "size", "mtime_ns")
+        return {
+            name: {"recorded": getattr(self, name), "now": getattr(now, name)}
+            for name in names
+            if getattr(self, name) != getattr(now, name)
+        }
+
+
+@dataclass(frozen=True)
+class ExpectedInput:
+    """What preflight read, which the relay must read again byte for byte."""
+
+    fingerprint: InputFingerprint
+    identity: InputIdentity
+
+
+def input_changed(file: str, when: str, changed: Mapping[str, Any]) -> InputChanged:
+    what = ", ".join(f"{name} {v['recorded']!r} -> {v['now']!r}" for name, v in changed.items())
+    return InputChanged(
+        f"{file} changed {when}: {what}",
+        context={"file": file, "changed": dict(changed)},
+        suggestion="restore the input as preflight read it, or start a new run",
+    )
+
+
+def spool_stdin_into(folder: Path, stream: BinaryIO, suffix: str = "") -> Path:
+    """`spool_stdin` into a fresh private file in `folder` (made 0700 if missing); `suffix` keeps the
+    extension. The caller removes the copy when its command ends, unless a run or job took it."""
+    make_private_dir(folder)
+    return spool_stdin(folder / f"stdin-{os.getpid()}-{time.time_ns()}{suffix}", stream)
+
+
+def spool_stdin(dest: Path, stream: BinaryIO) -> Path:
+    """Copy standard input to a new 0600 file `dest` and fsync it, so the input can be read twice
+    (preflight, then send). A failed copy is removed."""
+    try:
+        out = open(dest, "xb", opener=open_private)  # noqa: SIM115 (closed below, removed on failure)
+    except OSError as exc:
+        raise _spool_failed(dest, exc) from exc
+    try:
+        with out:
+            shutil.copyfileobj(stream, out, _CHUNK)
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException as exc:
+        dest.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _spool_failed(dest, exc) from exc
+        raise
+    return dest
+
+
+def _spool_failed(dest: Path, exc: OSError) -> StorageFailed:
+    return StorageFailed(
+        f"cannot keep a copy of {STDIN_NAME} to read it: {exc.strerror or exc}", context={"file": str(dest)}
+    )
+
+
+class _HashingReader(io.RawIOBase):
+    """A raw reader that hashes and counts the bytes it passes on: the fingerprint needs no second pass."""
+
+    def __init__(self, raw: io.FileIO) -> None:
+        super().__init__()
+        self._raw = raw
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        count = self._raw.readinto(buffer)
+        if count:
+            self.digest.update(memoryview(buffer)[:count])
+            self.size += count
+        return count or 0
+
+    def drain(self) -> None:
+        """Read (and hash) whatever the decoder left unread, so the digest covers the whole file."""
+        buffer = bytearray(_CHUNK)
+        while self.readinto(buffer):
+            pass
+
+    def identity(self) -> InputIdentity:
+        return InputIdentity.of(self._raw.fileno())
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _GuardedReader(_HashingReader):
+    """A hashing reader over exactly the bytes preflight read: never past their size, and only while
+    the file is the one preflight read, unchanged. Checked after every read, so bytes written to the
+    file after preflight never reach a record without an `InputChanged` first."""
+
+    def __init__(self, raw: io.FileIO, expected: InputIdentity, file: str) -> None:
+        super().__init__(raw)
+        self._expected = expected
+        self._file = file
+        self.check()
+
+    def readinto(self, buffer: Any) -> int:
+        room = self._expected.size - self.size
+        count = super().readinto(memoryview(buffer)[:room]) if room > 0 else 0
+        self.check()
+        return count
+
+    def check(self) -> None:
+        now = self.identity()
+        if now != self._expected:
+            raise input_changed(self._file, "during the run", self._expected.differences(now))
+
+
+def _open_raw(spec: InputSpec) -> io.FileIO:
+    try:
+        return io.FileIO(spec.path, "r")
+    except FileNotFoundError as exc:
+        raise NotFound(
+            f"input file not found: {spec.display_name}", context={"file": spec.display_name}
+        ) from exc
+    except OSError as exc:
+        problem = Problem(f"cannot open the input: {exc.strerror or exc}", file=spec.display_name)
+        raise InputInvalid([problem]) from exc
+
+
+def _without_bom(lines: BinaryIO) -> Iterator[bytes]:
+    """The lines of a binary stream, with a UTF-8 byte order mark removed from the first one."""
+    first = lines.readline()
+    if first.startswith(codecs.BOM_UTF8):
+        first = first[len(codecs.BOM_UTF8) :]
+    head: Iterable[bytes] = (first,) if first else ()
+    return itertools.chain(head, lines)
+
+
+class RecordStream:
+    """The records of one input, read once. After a full iteration `fingerprint()` describes the file."""
+
+    def __init__(
+        self, spec: InputSpec, raw: io.FileIO, on_problem: ProblemSink, expected: ExpectedInput | None = None
+    ) -> None:
+        self._spec = spec
+        self._file = spec.display_name
+        self._report = on_problem
+        self._expected = expected
+        self._opened = InputIdentity.of(raw.fileno())
+        self._guard = None if expected is None else _GuardedReader(raw, expected.identity, self._file)
+        self._hashing = _HashingReader(raw) if self._guard is None else self._guard
+        self._gzip: gzip.GzipFile | None = None
+        source: BinaryIO = io.BufferedReader(self._hashing, _READ_BUFFER)
+        if spec.gzip:
+            self._gzip = gzip.GzipFile(fileobj=source, mode="rb")
+            source = io.BufferedReader(self._gzip, _READ_BUFFER)
+        self._binary = source
+        self._started = False
+        self._row_count: int | None = None
+
+    @property
+    def bytes_read(self) -> int:
+        """Raw bytes read from the file so far (for progress against the file size)."""
+        return self._hashing.size
+
+    def __iter__(self) -> Iterator[Record]:
+        if self._started:
+            raise RuntimeError("a RecordStream can be iterated only once")
+        self._started = True
+        return self._records()
+
+    def fingerprint(self) -> InputFingerprint:
+        if self._row_count is None:
+            raise RuntimeError("fingerprint() needs the stream read to the end first")
+        return InputFingerprint(
+            format=self._spec.format,
+            gzip=self._spec.gzip,
+            sha256=self._hashing.digest.hexdigest(),
+            size=self._hashing.size,
+            record_count=self._row_count,
+        )
+
+    def identity(self) -> InputIdentity:
+        """The file as this stream read it; `InputChanged` if it changed while it was being read."""
+        now = self._hashing.identity()
+        if now != self._opened:
+            raise input_changed(self._file, "while it was being read", self._opened.differences(now))
+        return now
+
+    def close(self) -> None:
+        if self._gzip is not None:
+            self._gzip.close()
+        self._hashing.close()
+
+    def _records(self) -> Iterator[Record]:
+        rows = self._csv_records() if self._spec.format == "csv" else self._jsonl_records()
+        if self._guard is not None and self._expected is not None:
+            rows = self._verified(rows, self._guard.check, self._expected.fingerprint.record_count)
+        count = 0
+        try:
+            count = yield from rows
+        except _GZIP_ERRORS as exc:  # damage found while reading the header or first line
+            self._report_damage(exc)
+        self._hashing.drain()
+        self._row_count = count
+        if self._expected is not None:
+            self._verify_end(self._expected.fingerprint)
+
+    def _verified(
+        self, rows: Iterator[Record], check: Callable[[], None], limit: int
+    ) -> Generator[Record, None, int]:
+        """The records, with the file checked every few of them (so a change stops the relay soon even
+        when the rest of the input is already buffered), and none past preflight's record count."""
+        count = 0
+        for count, record in enumerate(rows, 1):
+            if count > limit:
+                raise input_changed(
+                    self._file, "during the run", {"record_count": {"recorded": limit, "now": count}}
+                )
+            if not count % _CHECK_EVERY:
+                check()
+            yield record
+        return count
+
+    def _verify_end(self, expected: InputFingerprint) -> None:
+        """At the end, the bytes read must be the bytes preflight read (a change the file's size and
+        modification time did not show is caught here, if nowhere before)."""
+        now, was = self.fingerprint().to_dict(), expected.to_dict()
+        changed = {name: {"recorded": was[name], "now": now[name]} for name in was if was[name] != now[name]}
+        if changed:
+            raise input_changed(self._file, "during the run", changed)
+
+    def _report_damage(self, exc: Exception) -> None:
+        self._report(Problem(f"cannot decompress the gzip data: {exc}", file=self._file))
+
+    def _no_records(self) -> None:
+        self._report(Problem("input has no records", file=self._file))
+
+    def _jsonl_records(self) -> Generator[Record, None, int]:
+        """One JSON object per line; every line is a row, so row number and line number agree."""
+        loads = orjson.loads
+        line = 0
+        try:
+            for line, raw in enumerate(_without_bom(self._binary), 1):
+                try:
+                    value = loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    self._report(self._json_problem(raw, exc, line))
+                    continue
+                if type(value) is not dict:
+                    self._report(self._not_an_object(value, line))
+                    continue
+                yield Record(line, line, value)
+        except _GZIP_ERRORS as exc:
+            self._report_damage(exc)
+            return line
+        if line == 0:
+            self._no_records()
+        return line
+
+    def _not_an_object(self, value: object, line: int) -> Problem:
+        kind = "null" if value is None else _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+        return Problem(f"expected a JSON object, got {kind}", file=self._file, line=line, row=line)
+
+    def _json_problem(self, raw: bytes, exc: orjson.JSONDecodeError, line: int) -> Problem:
+        if not raw.strip():
+            return Problem("blank line", file=self._file, line=line, row=line)
+        return Problem(f"invalid JSON: {exc.msg} at column {exc.colno}", file=self._file, line=line, row=line)
+
+    def _csv_records(self) -> Generator[Record, None, int]:
+        """CSV with a header row. `reader.line_num` counts physical lines, which gives each record's start."""
+        reader = csv.reader(
+            map(bytes.decode, _without_bom(self._binary)), delimiter=self._spec.delimiter, strict=True
+        )
+        headers = self._csv_header(reader)
+        if headers is None:
+            return 0
+        width = len(headers)
+        row_number = 0
+        skipped = 0  # lines that failed to decode: the csv reader never saw them, so line_num misses them
+        end = reader.line_num
+        while True:
+            try:
+                for row in reader:
+                    start = end + 1
+                    end = reader.line_num + skipped
+                    if not row:  # a blank line, skipped like csv.DictReader does
+                        continue
+                    row_number += 1
+                    if len(row) != width:
+                        self._report(self._ragged(row, width, start, row_number))
+                        continue
+                    yield Record(row_number, start, dict(zip(headers, row, strict=False)))
+                break
+            except UnicodeDecodeError as exc:
+                skipped += 1
+                row_number += 1
+                end = reader.line_num + skipped
+                self._report(self._undecodable(exc, end, row_number))
+            except csv.Error as exc:
+                row_number += 1
+                start, end = end + 1, reader.line_num + skipped
+                self._report(Problem(f"malformed CSV: {exc}", file=self._file, line=start, row=row_number))
+            except _GZIP_ERRORS as exc:
+                self._report_damage(exc)
+                return row_number
+        if row_number == 0:
+            self._no_records()
+        return row_number
+
+    def _csv_header(self, reader: _CsvReader) -> list[str] | None:
+        """The header row (the first non-blank line), or None after reporting why the file cannot be read."""
+        try:
+            headers = next((row for row in reader if row), None)
+        except UnicodeDecodeError as exc:
+            self._report(self._undecodable(exc, reader.line_num + 1, None))
+            return None
+        except csv.Error as exc:
+            self._report(Problem(f"malformed CSV header: {exc}", file=self._file, line=reader.line_num))
+            return None
+        if headers is None:
+            self._no_records()
+            return None
+        line = reader.line_num
+        seen: set[str] = set()
+        for column, name in enumerate(headers, 1):
+            if not name.strip():
+                self._report(Problem(f"header column {column} has no name", file=self._file, line=line))
+                return None
+            if name in seen:
+                self._report(Problem("duplicate header", file=self._file, line=line, field=name))
+                return None
+            seen.add(name)
+        return headers
+
+    def _ragged(self, row: list[str], width: int, line: int, row_number: int) -> Problem:
+        return Problem(
+            f"expected {width} fields (as in the header), got {len(row)}",
+            file=self._file,
+            line=line,
+            row=row_number,
+        )
+
+    def _undecodable(self, exc: UnicodeDecodeError, line: int, row: int | None) -> Problem:
+        return Problem(
+            f"invalid UTF-8: {exc.reason} at byte {exc.start + 1} of the line",
+            file=self._file,
+            line=line,
+            row=row,
+        )
+
+
+@contextmanager
+def open_records(
+    spec: InputSpec, on_problem: ProblemSink, expected: ExpectedInput | None = None
+) -> Iterator[RecordStream]:
+    """Open an input for one streaming pass. Raises NotFound if the file is missing; closes it on exit.
+
+    With `expected` (what preflight read), the stream reads exactly those bytes or raises
+    `InputChanged`: at the open, after every read, every few records, and at the end."""
+    raw = _open_raw(spec)
+    try:
+        stream = RecordStream(spec, raw, on_problem, expected)
+    except BaseException:
+        raw.close()
+        raise
+    try:
+        yield stream
+    finally:
+        stream.close()

@@ -1,0 +1,203 @@
+"""Preflight: one streaming pass over the input that must succeed before any request is sent.
+
+It computes the input fingerprint and the semantic config fingerprint, renders every record's
+request, and collects problems (up to `MAX_PROBLEMS`, with file, line, row and field).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, UsageError
+from bulkrelay.job.config import Job, required_fields
+from bulkrelay.job.digest import RequestDigester
+from bulkrelay.job.fingerprint import config_fingerprint
+from bulkrelay.job.inputs import (
+    ExpectedInput,
+    InputFingerprint,
+    InputIdentity,
+    InputSpec,
+    detect_format,
+    open_records,
+)
+from bulkrelay.job.keycheck import DuplicateKeyFinder
+from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.job.request import RenderError, RequestRenderer
+
+MAX_PROBLEMS = 20
+_KEYS_LISTED = 50  # at most this many of the input's field names in a message
+
+RowsRead = Callable[[int], None]  # told how many records preflight has read so far
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """Everything a run needs to know before it starts sending."""
+
+    job: Job
+    input_spec: InputSpec
+    input_fingerprint: InputFingerprint
+    config_fingerprint: str
+    renderer: RequestRenderer
+    input_identity: InputIdentity | None = None  # the file preflight read; the relay reads it again
+    digester: RequestDigester | None = None  # a delta job: journal lines carry each row's digest
+
+    @property
+    def record_count(self) -> int:
+        return self.input_fingerprint.record_count
+
+    @property
+    def expected_input(self) -> ExpectedInput | None:
+        """What the relay must read: these bytes of this file (None: not preflighted from a file)."""
+        if self.input_identity is None:
+            return None
+        return ExpectedInput(self.input_fingerprint, self.input_identity)
+
+
+def resolve_input(job: Job, input_override: Path | None, name: str | None = None) -> InputSpec:
+    """The input named by `--input` (already spooled when it was stdin), else the job file's.
+    `name` is what messages call it (STDIN_NAME for a spool: its path is nobody's business)."""
+    path = input_override if input_override is not None else job.input_path
+    if path is None:
+        raise UsageError(
+            "the job names no input file and no --input was given",
+            suggestion="add input.file to the job or pass --input FILE",
+        )
+    declared = job.config.input.format
+    fmt, gzip = detect_format(path.name, declared)
+    return InputSpec(path=path, format=fmt, gzip=gzip, delimiter=job.config.input.delimiter, name=name)
+
+
+# A delta run's row chooser: given the job's digester, what preflight calls with each rendered record.
+DeltaObserver = Callable[[RequestDigester], Callable[[Record, PreparedRequest], None]]
+
+
+class _ProblemCollector:
+    """Keeps the first problems in full and counts the rest."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        self.total = 0
+
+    def add(self, problem: Problem) -> None:
+        self.total += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(problem)
+
+
+class _FieldPresence:
+    """Finds the fields the job needs that no record has: a typo in the job file, not in the data.
+
+    CSV records all have the header's columns, so the first record settles it and preflight stops
+    there. JSON Lines records vary, so a field is reported only when it is absent from every record;
+    one that only some records lack remains an error of those rows."""
+
+    def __init__(self, job: Job, spec: InputSpec) -> None:
+        self._job = job
+        self._spec = spec
+        self._needed = required_fields(job.config)
+        self._unseen = set(self._needed)
+        self._keys: dict[str, None] = {}  # the input's field names, in order of appearance
+
+    def add(self, record: Record) -> None:
+        """Note one record; raises `ConfigInvalid` once a CSV header shows a needed column is absent."""
+        if not self._unseen:
+            return
+        self._unseen.difference_update(record.fields)
+        if len(self._keys) < _KEYS_LISTED:
+            self._keys.update(dict.fromkeys(record.fields))
+        if self._spec.format == "csv":
+            self.check()
+
+    def check(self) -> None:
+        if self._unseen and self._keys:
+            raise ConfigInvalid([self._problem(name) for name in sorted(self._unseen)], phase="preflight")
+
+    def _problem(self, name: str) -> Problem:
+        keys = list(self._keys)[:_KEYS_LISTED]
+        close = _closest(name, keys)
+        if self._spec.format == "csv":
+            message = f"no column {name!r} in {self._spec.display_name}; its columns: {', '.join(keys)}"
+        else:
+            listed = ", ".join(sorted(keys))
+            message = f"no record of {self._spec.display_name} has the field {name!r}; their keys: {listed}"
+        if close is not None:
+            message += f" (did you mean {close!r}?)"
+        return self._job.problem_at(self._needed[name], message, field=name)
+
+
+def _closest(name: str, keys: list[str]) -> str | None:
+    """The key `name` was most likely meant to be: the same but for case, else a near spelling."""
+    by_lower = {key.lower(): key for key in keys}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close else None
+
+
+def run_preflight(
+    job: Job,
+    input_override: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    on_rows_read: RowsRead | None = None,
+    *,
+    input_name: str | None = None,
+    delta: DeltaObserver | None = None,
+) -> Preflight:
+    """Validate the whole job and input; raise `InputInvalid` with the problems found.
+
+    `on_rows_read` hears 0 when the pass starts, then the count after every record. `delta` sees every
+    record that renders, with its request, in the same pass: the rows a delta run sends are chosen
+    without reading the input twice."""
+    renderer = RequestRenderer.from_config(
+        job.config.request,
+        os.environ if env is None else env,
+        sorted_json=job.config.execution.sync != "full",
+    )
+    digester = None
+    if job.config.execution.sync != "full":
+        digester = RequestDigester(job.config.request, renderer.redactor, sorted_json=renderer.sorted_json)
+    observe = delta(digester) if delta is not None and digester is not None else None
+    spec = resolve_input(job, input_override, input_name)
+    collector = _ProblemCollector()
+    key_field = job.config.input.key
+    file = spec.display_name
+    keys = DuplicateKeyFinder(key_field, file) if key_field else None
+    render = renderer.render
+    presence = _FieldPresence(job, spec)
+    if on_rows_read is not None:
+        on_rows_read(0)
+    with open_records(spec, collector.add) as stream:
+        for record in stream:
+            presence.add(record)
+            if on_rows_read is not None:
+                on_rows_read(record.row_number)
+            try:
+                request = render(record)
+                if observe is not None:
+                    observe(record, request)
+            except RenderError as exc:
+                collector.add(
+                    Problem(exc.message, file=file, line=record.line, row=record.row_number, field=exc.field)
+                )
+            if keys is not None and (problem := keys.add(record)) is not None:
+                collector.add(problem)
+        fingerprint = stream.fingerprint()
+        identity = stream.identity()
+    presence.check()
+    if keys is not None:
+        for problem in keys.duplicates(spec):
+            collector.add(problem)
+    if collector.total:
+        raise InputInvalid(collector.problems, total=collector.total, phase="preflight")
+    return Preflight(
+        job=job,
+        input_spec=spec,
+        input_fingerprint=fingerprint,
+        config_fingerprint=config_fingerprint(job.config),
+        renderer=renderer,
+        input_identity=identity,
+        digester=digester,
+    )

@@ -1,0 +1,439 @@
+"""Record → `PreparedRequest`, and the idempotency key of a row.
+
+`RequestRenderer.from_config` does all the per-job work once: it parses every template, looks the
+secrets up, and turns the `json` tree into a tree of small getter functions. `render` is then the
+per-row hot path: a few dictionary lookups, string joins and one `orjson.dumps`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+import orjson
+
+from bulkrelay.errors import SecretInvalid
+from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
+from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.job.redact import Redactor, basic_credentials
+from bulkrelay.job.template import (
+    BoundTemplate,
+    FieldRef,
+    RenderError,
+    compile_template,
+    resolve_secrets,
+    value_text,
+)
+from bulkrelay.job.wire import header_value_refusal, wire_url
+
+__all__ = ["RenderError", "RequestRenderer", "idempotency_key"]
+
+Fields = Mapping[str, Any]
+Getter = Callable[[Fields], Any]
+
+_ABSENT = object()
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+_INT_RANGE = range(-(2**63), 2**63)  # signed 64-bit, as documented (orjson would write up to 2**64-1)
+_CONTENT_TYPES = {"json": "application/json", "form": "application/x-www-form-urlencoded"}
+_KEY_SCHEME = "bulkrelay-idempotency-v1"
+
+
+class RequestRenderer:
+    """Renders records into requests for one job; built once by `from_config`."""
+
+    def __init__(
+        self,
+        *,
+        method: str,
+        url: BoundTemplate,
+        query: tuple[tuple[str, BoundTemplate], ...],
+        headers: tuple[tuple[str, BoundTemplate], ...],
+        body: Callable[[Fields], bytes] | None,
+        fields_used: frozenset[str],
+        idempotency_header: str | None,
+        redactor: Redactor,
+        sorted_json: bool = False,
+    ) -> None:
+        self.method = method
+        self._url = url
+        self._query = query
+        self._headers = headers
+        # When no header names a field, the headers are the same for every row: build them once.
+        constant = tuple((n, t.constant) for n, t in headers if t.constant is not None)
+        self._constant_headers = constant if len(constant) == len(headers) else None
+        self._body = body
+        self.fields_used = fields_used
+        self.idempotency_header = idempotency_header
+        self.redactor = redactor
+        self.sorted_json = (
+            sorted_json  # a JSON body is written with sorted keys (delta sync digests it as is)
+        )
+
+    @classmethod
+    def from_config(
+        cls, req: RequestConfig, env: Mapping[str, str], *, sorted_json: bool = False
+    ) -> RequestRenderer:
+        """Compile the request config. Raises `SecretMissing` naming every unset `${NAME}`.
+
+        `sorted_json` writes a JSON body with its keys sorted at every level (a delta job: the
+        canonical form is then what goes on the wire, and what `render` shows)."""
+        texts = [req.url, *req.query.values(), *req.headers.values()]
+        if req.body is not None:
+            texts.append(req.body)
+        form_texts = [v for v in (req.form or {}).values() if isinstance(v, str)]
+        templates = [compile_template(text) for text in texts + form_texts]
+        secrets = resolve_secrets((name for t in templates for name in t.secrets), env)
+        _refuse_unsendable_secrets(req, secrets)
+
+        def bind(text: str, *, url: bool = False) -> BoundTemplate:
+            return compile_template(text).bind(secrets, url=url)
+
+        headers = [(name, bind(value)) for name, value in req.headers.items()]
+        if not any(name.lower() == "content-type" for name, _ in headers):
+            content_type = req.content_type or _content_type_for(req)
+            if content_type is not None:
+                headers.append(("Content-Type", BoundTemplate(content_type, (), url=False)))
+        fields = {f for t in templates for f in t.fields} | _body_fields(req)
+        url = bind(req.url, url=True)
+        _refuse_unsendable_url(req.url, url)
+        return cls(
+            method=req.method,
+            url=url,
+            query=tuple((name, bind(value)) for name, value in req.query.items()),
+            headers=tuple(headers),
+            body=_body_renderer(req, bind, sorted_json),
+            fields_used=frozenset(fields),
+            idempotency_header=req.idempotency_key.header if req.idempotency_key else None,
+            redactor=Redactor(
+                secrets.values(), derived=basic_credentials(_url_head(req.url, secrets), secrets.values())
+            ),
+            sorted_json=sorted_json and req.json_ is not None,
+        )
+
+    def render(self, record: Record) -> PreparedRequest:
+        """The request for one record. Raises `RenderError` naming the field that does not fit."""
+        fields = record.fields
+        url = self._url.render(fields)
+        if self._query:
+            pairs = [(name, template.render(fields)) for name, template in self._query]
+            url = url.partition("#")[0]  # field values are encoded: a "#" here begins the fragment
+            url += ("&" if "?" in url else "?") + urlencode(pairs)
+        url = self._wire_url(url)
+        headers = self._constant_headers
+        if headers is None:
+            headers = tuple((name, _header_value(name, t, fields)) for name, t in self._headers)
+        body = self._body(fields) if self._body is not None else None
+        return PreparedRequest(self.method, url, headers, body)
+
+    def _wire_url(self, url: str) -> str:
+        """The URL as the transport sends it, so that `render` shows the bytes on the wire."""
+        try:
+            return wire_url(url)
+        except ValueError as exc:
+            blamed = self._url.authority_fields or self._url.fields
+            if not blamed:
+                raise
+            raise RenderError(min(blamed), f"makes a URL the transport refuses ({exc})") from None
+
+    def redact(self, request: PreparedRequest) -> dict[str, Any]:
+        """The request as shown to people (`render`, logs): every secret value replaced by `***`."""
+        redact = self.redactor.redact_rendered
+        return {
+            "method": request.method,
+            "url": redact(request.url),
+            "headers": [[name, redact(value)] for name, value in request.headers],
+            "body": None if request.body is None else redact(request.body.decode("utf-8", "replace")),
+        }
+
+    def idempotency_key(self, config_fingerprint: str, row_identity: str, request: PreparedRequest) -> str:
+        """The idempotency key of one row's request; see the module function `idempotency_key`."""
+        return idempotency_key(
+            config_fingerprint,
+            row_identity,
+            request,
+            redactor=self.redactor,
+            skip_header=self.idempotency_header,
+        )
+
+    def with_idempotency_key(self, request: PreparedRequest, key: str) -> PreparedRequest:
+        """`request` with the configured idempotency header added (unchanged when none is configured)."""
+        if self.idempotency_header is None:
+            return request
+        headers = (*request.headers, (self.idempotency_header, key))
+        return PreparedRequest(request.method, request.url, headers, request.body)
+
+
+def idempotency_key(
+    config_fingerprint: str,
+    row_identity: str,
+    request: PreparedRequest,
+    *,
+    redactor: Redactor,
+    skip_header: str | None = None,
+) -> str:
+    """A stable key for one row's request: 32 hex characters of a SHA-256.
+
+    It hashes canonical bytes of the job's semantic fingerprint, the row's identity (the `key`
+    field's value, else the row number) and the rendered request (method, URL, headers, body)
+    with every secret value replaced by `***` and the idempotency header (`skip_header`) left
+    out. So it is the same across retries, resumes and re-runs of unchanged data, it changes when
+    the row's content (or the job's meaning) changes, and it does not change when a secret rotates.
+    """
+    redact = redactor.redact_rendered
+    skip = (skip_header or "").lower()
+    headers = [[name, redact(value)] for name, value in request.headers if name.lower() != skip]
+    body = None if request.body is None else redact(request.body.decode("utf-8", "replace"))
+    canonical = orjson.dumps(
+        [_KEY_SCHEME, config_fingerprint, row_identity, request.method, redact(request.url), headers, body]
+    )
+    return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+def _url_head(url: str, secrets: Mapping[str, str]) -> str:
+    """The URL up to its first record field, secrets in place: where `user:password@` credentials sit."""
+    head = ""
+    for part in compile_template(url).parts:
+        if isinstance(part, FieldRef):
+            break
+        head += part if isinstance(part, str) else secrets[part.name]
+    return head
+
+
+def _content_type_for(req: RequestConfig) -> str | None:
+    if req.json_ is not None:
+        return _CONTENT_TYPES["json"]
+    return _CONTENT_TYPES["form"] if req.form is not None else None
+
+
+def _header_value(name: str, template: BoundTemplate, fields: Fields) -> str:
+    if template.constant is not None:
+        return template.constant
+    value = template.render(fields)
+    if (refusal := header_value_refusal(value)) is not None:
+        raise RenderError(min(template.fields), f"{refusal}, which header {name} cannot carry")
+    return value
+
+
+def _refuse_unsendable_url(source: str, url: BoundTemplate) -> None:
+    """With the secrets in place and each field standing in as "1", the URL must be one the transport
+    sends; else every row would fail alike. (Without secrets, loading the job file has checked this.)"""
+    try:
+        wire_url(url.render(dict.fromkeys(url.fields, "1")))
+    except ValueError as exc:
+        names = sorted(compile_template(source).secrets)
+        raise SecretInvalid(
+            f"request.url with {', '.join(names)} in place is not a URL the transport sends: {exc}",
+            context={"invalid": names},
+            suggestion=f"set {names[0] if names else 'the variable'} to an http:// or https:// URL",
+        ) from None
+
+
+def _refuse_unsendable_secrets(req: RequestConfig, secrets: Mapping[str, str]) -> None:
+    """A secret in a header or the URL that the transport cannot send is `SecretInvalid`, found once here
+    rather than as a failure of every row. The URL parser would silently drop a line break, so the same
+    rule holds there (and the redactor could then no longer find the secret)."""
+    placed = [(f"request.headers.{name}", text) for name, text in req.headers.items()]
+    refused: dict[str, str] = {}
+    for place, text in [*placed, ("request.url", req.url)]:
+        for name in sorted(compile_template(text).secrets):
+            if name not in refused and (refusal := header_value_refusal(secrets[name])) is not None:
+                refused[name] = f"{refusal} (used in {place})"
+    if refused:
+        listed = "; ".join(f"{name} {why}" for name, why in refused.items())
+        first = next(iter(refused))
+        raise SecretInvalid(
+            f"environment variable{'s' if len(refused) > 1 else ''} cannot be sent: {listed}",
+            context={"invalid": list(refused)},
+            suggestion=f"set {first} without line breaks or control characters "
+            "(a value read from a file often ends with a newline)",
+        )
+
+
+# --- bodies ---------------------------------------------------------------------------------
+
+
+def _body_fields(req: RequestConfig) -> set[str]:
+    fields: set[str] = set()
+    if req.json_ is not None:
+        fields.update(leaf.from_ for leaf in _json_leaves(req.json_) if isinstance(leaf, JsonField))
+    for value in (req.form or {}).values():
+        if isinstance(value, FormField):
+            fields.add(value.from_)
+    return fields
+
+
+def _json_leaves(node: JsonNode) -> Iterable[JsonField | JsonValue]:
+    if isinstance(node, dict):
+        for child in node.values():
+            yield from _json_leaves(child)
+    else:
+        yield node
+
+
+def _body_renderer(
+    req: RequestConfig, bind: Callable[[str], BoundTemplate], sorted_json: bool = False
+) -> Callable[[Fields], bytes] | None:
+    if req.json_ is not None:
+        return _json_body(_json_getter(req.json_), orjson.OPT_SORT_KEYS if sorted_json else 0)
+    if req.form is not None:
+        return _form_body(req.form, bind)
+    if req.body is not None:
+        template = bind(req.body)
+        return lambda fields: template.render(fields).encode()
+    return None
+
+
+def _json_body(getter: Getter, option: int = 0) -> Callable[[Fields], bytes]:
+    def render(fields: Fields) -> bytes:
+        value = getter(fields)
+        try:
+            return orjson.dumps(value, option=option)
+        except orjson.JSONEncodeError as exc:
+            raise RenderError("json", f"cannot be written as JSON: {exc}") from None
+
+    return render
+
+
+def _form_body(
+    form: Mapping[str, str | FormField], bind: Callable[[str], BoundTemplate]
+) -> Callable[[Fields], bytes]:
+    getters = tuple(
+        (name, _text_getter(value.from_) if isinstance(value, FormField) else bind(value).render)
+        for name, value in form.items()
+    )
+
+    def render(fields: Fields) -> bytes:
+        return urlencode([(name, get(fields)) for name, get in getters]).encode("ascii")
+
+    return render
+
+
+def _text_getter(name: str) -> Callable[[Fields], str]:
+    def get(fields: Fields) -> str:
+        try:
+            value = fields[name]
+        except KeyError:
+            raise RenderError(name, "missing from the record") from None
+        return value if type(value) is str else value_text(name, value)
+
+    return get
+
+
+def _json_getter(node: JsonNode) -> Getter:
+    if isinstance(node, JsonValue):
+        literal = node.value
+        return lambda fields: literal
+    if isinstance(node, JsonField):
+        return _field_getter(node)
+    items = tuple((key, _json_getter(child)) for key, child in node.items())
+    return lambda fields: {key: get(fields) for key, get in items}
+
+
+def _field_getter(leaf: JsonField) -> Getter:
+    name = leaf.from_
+    if leaf.type is None and not leaf.has_default:
+        return _as_read_getter(name)
+    coerce = _COERCERS[leaf.type] if leaf.type is not None else None
+    has_default, default = leaf.has_default, leaf.default
+    empty_is_absent = leaf.type not in (None, "string")
+
+    def get(fields: Fields) -> Any:
+        value = fields.get(name, _ABSENT)
+        if value is _ABSENT or value is None or (empty_is_absent and value == ""):
+            if has_default:
+                return default
+            return _absent_value(name, value, leaf.type)
+        return value if coerce is None else coerce(name, value)
+
+    return get
+
+
+def _as_read_getter(name: str) -> Getter:
+    def get(fields: Fields) -> Any:
+        try:
+            return fields[name]
+        except KeyError:
+            raise RenderError(name, "missing from the record") from None
+
+    return get
+
+
+def _absent_value(name: str, value: object, type_name: str | None) -> Any:
+    if value is _ABSENT:
+        raise RenderError(name, "missing from the record")
+    if value is None and type_name in (None, "json"):
+        return None
+    state = "null" if value is None else "empty"
+    raise RenderError(name, f"is {state}; type {type_name} needs a value (a `default` allows {state} values)")
+
+
+# --- type coercion: CSV text (or a JSON string) into the configured type --------------------
+
+
+def _to_integer(name: str, value: Any) -> int:
+    if type(value) is int:
+        if value in _INT_RANGE:
+            return value
+        raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
+    if type(value) is str and len(value) < 19 and value.isdigit() and value.isascii():
+        return int(value)  # the common case, short of the range check and the regex
+    if type(value) is str and _INTEGER.fullmatch(text := value.strip()):
+        number = int(text)
+        if number in _INT_RANGE:
+            return number
+        raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
+    raise RenderError(name, f"{value!r} is not an integer")
+
+
+def _to_number(name: str, value: Any) -> int | float:
+    if type(value) is int:
+        return value
+    if type(value) is float and math.isfinite(value):
+        return value
+    if type(value) is str and _NUMBER.fullmatch(text := value.strip()):
+        if _INTEGER.fullmatch(text):
+            return _to_integer(name, text)
+        number = float(text)
+        if math.isfinite(number):
+            return number
+    raise RenderError(name, f"{value!r} is not a finite number")
+
+
+def _to_boolean(name: str, value: Any) -> bool:
+    if type(value) is bool:
+        return value
+    if type(value) is int and value in (0, 1):
+        return value == 1
+    if type(value) is str:
+        found = _BOOLEANS.get(value.strip().lower())
+        if found is not None:
+            return found
+    raise RenderError(name, f"{value!r} is not a boolean (true/false, 1/0, yes/no)")
+
+
+def _to_json(name: str, value: Any) -> Any:
+    if type(value) is not str:
+        return value
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        raise RenderError(name, f"{value!r} is not valid JSON") from None
+
+
+def _to_string(name: str, value: Any) -> str:
+    return value if type(value) is str else value_text(name, value)
+
+
+_COERCERS: dict[str, Callable[[str, Any], Any]] = {
+    "integer": _to_integer,
+    "number": _to_number,
+    "boolean": _to_boolean,
+    "json": _to_json,
+    "string": _to_string,
+}

@@ -1,0 +1,1 @@
+"""Use cases (run, resume, retry-failed, export, inspect) returning typed results; no argparse here."""

@@ -1,0 +1,135 @@
+"""Delta sync: which rows changed since their last successful delivery.
+
+A row's digest covers what the request means, not its bytes: the method, the URL, the headers as
+the job file writes them (a `${NAME}` stays `${NAME}`, so rotating a token sends nothing; the
+idempotency header is left out) and the body, a JSON body in canonical form (sorted keys). A row is
+sent when the sync state holds no digest for its key, or a different one (docs/delta.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bulkrelay.job.config import Job
+from bulkrelay.job.digest import RequestDigester
+from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.ops.syncstate import (
+    LOOKUP_BATCH,
+    SyncState,
+    catch_up,
+    job_identity,
+    job_runs,
+    key_text,
+    manifest_identity,
+)
+from bulkrelay.store.rowset import RowSet
+from bulkrelay.store.rundir import RunDir
+
+
+class DeltaSelector:
+    """Fed every rendered record by preflight; collects the rows whose digest differs from the state.
+
+    Keys are looked up `LOOKUP_BATCH` at a time, and the changed rows are kept as bits, so memory
+    stays flat however long the input is."""
+
+    def __init__(self, state: SyncState, key_field: str, *, select: bool, remember_keys: bool) -> None:
+        self._state = state
+        self._key_field = key_field
+        self._select = select  # False under --full: every row is sent
+        self._remember_keys = remember_keys  # sync: mirror: tonight's keys, to find the ones gone
+        self._pending: list[tuple[int, str, bytes]] = []
+        self._bits = bytearray(1)
+        self.changed = 0
+
+    def observer(self, digester: RequestDigester) -> Callable[[Record, PreparedRequest], None]:
+        """What preflight calls with each rendered record."""
+        pending, key_field, digest = self._pending, self._key_field, digester.digest
+
+        def observe(record: Record, request: PreparedRequest) -> None:
+            fields = record.fields
+            key = fields.get(key_field)
+            if type(key) is not str:
+                key = key_text(key)
+            pending.append((record.row_number, key, digest(request, fields)))
+            if len(pending) >= LOOKUP_BATCH:
+                self._flush()
+
+        return observe
+
+    def _flush(self) -> None:
+        keys = [key for _, key, _ in self._pending]
+        if self._remember_keys:
+            self._state.remember_seen(keys)
+        if self._select:
+            self._mark_changed(self._state.lookup(keys))
+        self._pending.clear()
+
+    def _mark_changed(self, stored: dict[str, bytes]) -> None:
+        bits = self._bits
+        for row, key, digest in self._pending:
+            if stored.get(key) != digest:
+                index = row >> 3
+                if index >= len(bits):
+                    bits.extend(bytes(index + 1 - len(bits)))
+                bits[index] |= 1 << (row & 7)
+                self.changed += 1
+
+    def selection(self, size: int) -> RowSet:
+        """The changed rows among rows 1..size."""
+        self._flush()
+        length = size // 8 + 1
+        data = bytes(self._bits[:length]).ljust(length, b"\0")
+        return RowSet.from_bytes(size, data)
+
+
+class DeltaStart:
+    """A delta job's state, caught up with every journal no process holds, and (unless `--full`) the
+    selector that preflight feeds. Close it once the selection is made."""
+
+    def __init__(self, job: Job, runs_dir: Path, *, full: bool) -> None:
+        identity = job_identity(job.config.name, job.path)
+        self.state = SyncState.for_job(runs_dir, identity)
+        catch_up(self.state, job_runs(runs_dir, identity))
+        key_field = job.config.input.key
+        assert key_field is not None  # the config refuses a delta job without input.key
+        self.full = full
+        self.mirror = job.config.mirror
+        self.selector: DeltaSelector | None = None
+        if not full or self.mirror is not None:
+            self.selector = DeltaSelector(
+                self.state, key_field, select=not full, remember_keys=self.mirror is not None
+            )
+
+    def selection(self, size: int) -> RowSet | None:
+        """The rows to send (None: all of them, under `--full`)."""
+        if self.selector is None:
+            return None
+        rows = self.selector.selection(size)  # also the last batch of keys, seen or looked up
+        return None if self.full else rows
+
+    def close(self) -> None:
+        self.state.close()
+
+
+def open_delta(job: Job, runs_dir: Path, *, full: bool) -> DeltaStart | None:
+    return None if job.config.execution.sync == "full" else DeltaStart(job, runs_dir, full=full)
+
+
+def sync_manifest(job: Job, selection: RowSet | None, record_count: int) -> dict[str, Any]:
+    """What the run manifest records of a delta run: its mode and how many rows it skipped."""
+    selected = record_count if selection is None else len(selection)
+    return {
+        "mode": job.config.execution.sync,
+        "full": selection is None,
+        "selected": selected,
+        "skipped_unchanged": record_count - selected,
+    }
+
+
+def record_deliveries(run: RunDir) -> None:
+    """After a delta run's relay: its committed successes go into the sync state."""
+    identity = manifest_identity(run.manifest)
+    with SyncState.for_job(run.path.parent, identity) as state:
+        state.apply_run(run)

@@ -1,0 +1,414 @@
+"""One run's life: create or reopen its directory, hold its lock, relay, record how it ended.
+
+`run`, `resume` and `retry-failed` differ only in how they find their run and start point;
+from there they share `relay_locked()`, which maps the engine's outcome to a run state, a
+summary and a `Result` with the exit code DESIGN §3 names.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+
+from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
+from bulkrelay.errors import BulkRelayError, ExitCode, StorageFailed, sole_error
+from bulkrelay.job.inputs import spool_stdin_into
+from bulkrelay.job.preflight import Preflight, RowsRead
+from bulkrelay.ops.delta import record_deliveries
+from bulkrelay.ops.resume import config_sections, recover_start
+from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
+from bulkrelay.relay.metrics import RelayStats
+from bulkrelay.relay.progress import CallbackReporter, FanOut, Reporter, Snapshot
+from bulkrelay.relay.stopping import (
+    CANCELLED,
+    HALT_AUTH,
+    HALT_LIMIT_UNAVAILABLE,
+    HALT_UNAVAILABLE,
+    INPUT_CHANGED,
+    INTERRUPTED,
+    STALLED,
+    TERMINATED,
+    TIMEOUT,
+    IdleWatchdog,
+    StopControl,
+    stop_at,
+    watch_signals,
+)
+from bulkrelay.store.atomic import write_json_atomic
+from bulkrelay.store.liverun import LiveSlot
+from bulkrelay.store.rundir import (
+    CANCELLED as CANCELLED_STATE,
+)
+from bulkrelay.store.rundir import (
+    COMPLETED,
+    COMPLETED_WITH_FAILURES,
+    FORCED,
+    RUNNING,
+    STOPPED,
+    SUMMARY,
+    RunDir,
+    utc_now,
+)
+from bulkrelay.store.summary import summarize
+
+# How each stop reason ends a run: (error code, exit code, message).
+_STOPS: dict[str, tuple[str, ExitCode, str]] = {
+    INTERRUPTED: ("INTERRUPTED", ExitCode.SIGINT, "stopped by SIGINT at a safe point"),
+    TERMINATED: ("TERMINATED", ExitCode.SIGTERM, "stopped by SIGTERM at a safe point"),
+    TIMEOUT: ("TIMEOUT", ExitCode.TIMEOUT, "the time limit was reached; stopped at a safe point"),
+    STALLED: ("STALLED", ExitCode.TIMEOUT, "no progress for the idle timeout; stopped"),
+    HALT_AUTH: ("TARGET_AUTH_FAILED", ExitCode.AUTH_REQUIRED, "the target refused our credentials; halted"),
+    HALT_UNAVAILABLE: ("TARGET_UNAVAILABLE", ExitCode.UNAVAILABLE, "the target looks down; halted"),
+    HALT_LIMIT_UNAVAILABLE: (
+        "SHARED_LIMIT_UNAVAILABLE",
+        ExitCode.UNAVAILABLE,
+        "the shared rate limit cannot be reached, and no shard sends without it; halted",
+    ),
+    CANCELLED: ("CANCELLED", ExitCode.SIGTERM, "the job was cancelled"),
+    INPUT_CHANGED: (
+        "INPUT_CHANGED",
+        ExitCode.PRECONDITION,
+        "the input changed during the run, so nothing more was read from it; stopped at a safe point",
+    ),
+}
+
+
+class Supervisor(Protocol):
+    """What a background worker adds to a run: it hears each step as it happens, so a hand-off can
+    say where the work is (preflight and its rows read, the run directory, warnings so far), sees
+    the progress, and may request a stop."""
+
+    def on_rows_read(self, rows_read: int) -> None: ...
+
+    def on_run(self, run: RunDir) -> None: ...
+
+    def on_warnings(self, warnings: Sequence[EnvelopeWarning]) -> None: ...
+
+    def on_progress(self, snapshot: Snapshot) -> None: ...
+
+    async def watch(self, stop: StopControl, preflight: Preflight, run: RunDir) -> None: ...
+
+
+class RunObserver(Protocol):
+    """Something that follows a run from the outside (the metrics file, the run log).
+
+    The seam for anything that reports on runs: it never changes what the run does."""
+
+    def run_started(self, run: RunDir, preflight: Preflight, stats: RelayStats) -> None: ...
+
+    def progressed(self, snapshot: Snapshot) -> None: ...  # about once a second while relaying
+
+    def stop_requested(self, reason: str, detail: dict[str, object]) -> None: ...
+
+    def run_finished(self, run: RunDir, result: Result) -> None: ...  # may add warnings to `result`
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one invocation relays. Its time limit is `--timeout` when given, else the job's
+    `max_lifetime_seconds`; both belong to the invocation (a lost job's continuation carries
+    its predecessor's over, through `deadline` and `started_at`)."""
+
+    timeout_seconds: float | None = None  # --timeout, counted from the start of the relay
+    handle_signals: bool = True
+    supervisor: Supervisor | None = None  # set by the background job worker (bulkrelay.background.worker)
+    deadline: float | None = None  # an absolute --timeout (epoch seconds), a background job's
+    started_at: float | None = None  # when the work began (epoch seconds); None: now
+    observers: tuple[RunObserver, ...] = ()
+    quiet: bool = False  # no progress on stderr (`--quiet`)
+
+    @property
+    def rows_read(self) -> RowsRead | None:
+        """Where preflight reports its rows read, when a supervisor listens."""
+        return None if self.supervisor is None else self.supervisor.on_rows_read
+
+    def announce_run(self, run: RunDir) -> None:
+        if self.supervisor is not None:
+            self.supervisor.on_run(run)
+
+    def announce_warnings(self, warnings: Sequence[EnvelopeWarning]) -> None:
+        if self.supervisor is not None and warnings:
+            self.supervisor.on_warnings(warnings)
+
+
+def _time_limit(options: RunOptions, max_lifetime_seconds: float) -> tuple[float, dict[str, object]]:
+    """Seconds this relay may take, and what set them (for the TIMEOUT error's context)."""
+    now = time.time()
+    if options.deadline is not None:
+        end, limit = options.deadline, "--timeout"
+    elif options.timeout_seconds is not None:
+        end, limit = now + options.timeout_seconds, "--timeout"
+    else:
+        began = options.started_at if options.started_at is not None else now
+        end, limit = began + max_lifetime_seconds, "max_lifetime_seconds"
+    deadline = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end))
+    return end - now, {"limit": limit, "deadline": deadline}
+
+
+def manifest_for(preflight: Preflight, extra: dict[str, Any]) -> dict[str, Any]:
+    """The run manifest: ids, fingerprints, paths. Never a header value or a secret."""
+    job = preflight.job
+    return {
+        "name": job.config.name,
+        "job_path": str(job.path),
+        "input": {"path": str(preflight.input_spec.path.resolve()), **preflight.input_fingerprint.to_dict()},
+        "config_sha256": preflight.config_fingerprint,
+        "config_sections": config_sections(job.config),
+        "cwd": os.getcwd(),
+        **extra,
+    }
+
+
+def continue_command(run: RunDir) -> str:
+    return f"bulkrelay resume {shlex.quote(str(run.path))}"
+
+
+async def _relay_with_stops(
+    preflight: Preflight,
+    run: RunDir,
+    start: StartPoint,
+    context: tuple[Reporter, RunOptions, StopControl | None, RelayStats],
+) -> RelayOutcome:
+    reporter, options, given_stop, stats = context
+    stop = given_stop or StopControl()  # made here: anyio primitives need the running loop
+    execution = preflight.job.config.execution
+    delay, limit = _time_limit(options, execution.max_lifetime_seconds)
+    idle = IdleWatchdog(execution.idle_timeout_seconds)  # every run, foreground or background
+    reporter = FanOut(reporter, CallbackReporter(lambda snapshot: idle.progressed(snapshot.done)))
+    async with anyio.create_task_group() as watchers:
+        if options.handle_signals:
+            watchers.start_soon(watch_signals, stop)
+        watchers.start_soon(partial(stop_at, stop, delay, TIMEOUT, **limit))
+        watchers.start_soon(idle.watch, stop)
+        if options.supervisor is not None:
+            watchers.start_soon(options.supervisor.watch, stop, preflight, run)
+        watchers.start_soon(_announce_stop, stop, options.observers)
+
+        def on_tick(snapshot: Snapshot) -> None:
+            for observer in options.observers:
+                observer.progressed(snapshot)
+
+        outcome = await relay(
+            preflight, run, start, stop=stop, reporter=reporter, stats=stats, on_tick=on_tick
+        )
+        watchers.cancel_scope.cancel()
+    return outcome
+
+
+async def _announce_stop(stop: StopControl, observers: tuple[RunObserver, ...]) -> None:
+    await stop.wait()
+    for observer in observers:
+        observer.stop_requested(str(stop.reason), dict(stop.detail))
+
+
+def relay_locked(
+    preflight: Preflight,
+    run: RunDir,
+    start: StartPoint,
+    *,
+    options: RunOptions,
+    reporter: Reporter,
+    stop: StopControl | None = None,
+) -> Result:
+    """Relay with the run's lock already held and turn the outcome into the command's result."""
+    run.set_state(RUNNING, pid=os.getpid())
+    if options.supervisor is not None:
+        reporter = FanOut(reporter, CallbackReporter(options.supervisor.on_progress))
+    stats = RelayStats()
+    for observer in options.observers:
+        observer.run_started(run, preflight, stats)
+    try:
+        try:
+            outcome = anyio.run(
+                _relay_with_stops,
+                preflight,
+                run,
+                start,
+                (reporter, options, stop, stats),
+                backend_options={"use_uvloop": True},
+            )
+        except BaseExceptionGroup as group:
+            raise sole_error(group) from None
+        finally:
+            reporter.close()
+        if preflight.digester is not None or run.manifest.get("mirror_deletes"):
+            record_deliveries(run)  # from the committed journal only; a crash before this is caught up later
+        result = _conclude(preflight, run, outcome)
+    except BulkRelayError as exc:
+        if isinstance(exc, StorageFailed):
+            _say_how_to_continue(exc, run)
+        _notify_finished(options.observers, run, Result.from_error(exc))
+        raise
+    result.warnings[:0] = deprecation_warnings(preflight.job.deprecations)
+    _notify_finished(options.observers, run, result)
+    return result
+
+
+def _say_how_to_continue(failed: StorageFailed, run: RunDir) -> None:
+    """Committed rows are safe; the rest is resumable once the disk is fixed: say where and how."""
+    failed.data = {"run_id": run.run_id, "run_dir": str(run.path), "continue_command": continue_command(run)}
+    failed.suggestion = failed.suggestion or f"fix the disk, then: {continue_command(run)}"
+
+
+def _notify_finished(observers: tuple[RunObserver, ...], run: RunDir, result: Result) -> None:
+    """The "run finished" hook: every observer hears how the run ended, whatever ended it."""
+    for observer in observers:
+        observer.run_finished(run, result)
+
+
+def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Result:
+    committed = outcome.committed
+    if outcome.stop_reason is None:
+        state = COMPLETED if committed.failed == 0 else COMPLETED_WITH_FAILURES
+    elif outcome.stop_reason == CANCELLED:
+        state = CANCELLED_STATE
+    else:
+        state = FORCED if outcome.forced else STOPPED
+    summary = write_summary(run, committed.total, outcome)
+    run.set_state(state, stop_reason=outcome.stop_reason, pid=None)
+    data = {
+        "run_id": run.run_id,
+        "run_dir": str(run.path),
+        "state": state,
+        "progress": committed.snapshot().to_dict(),
+        "summary": summary,
+    }
+    if state in (STOPPED, FORCED):
+        data["continue_command"] = continue_command(run)
+    if outcome.stop_reason is None:
+        code = ExitCode.SUCCESS if state == COMPLETED else ExitCode.PARTIAL_FAILURE
+        error = (
+            None
+            if code == ExitCode.SUCCESS
+            else {
+                "code": "PARTIAL_FAILURE",
+                "message": f"{committed.failed} of {committed.total} rows failed",
+                "retryable": False,
+                "suggestion": f"bulkrelay retry-failed {shlex.quote(str(run.path))}",
+            }
+        )
+        return Result(data=data, exit_code=code, error=error, kind="run")
+    code_name, exit_code, message = _STOPS.get(
+        outcome.stop_reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
+    )
+    if state == FORCED:
+        message = _forced_message(outcome.stop_reason, message)
+    error = {
+        "code": code_name,
+        "message": f"run {run.run_id}: {message}",
+        "retryable": state != CANCELLED_STATE,
+        "context": {"run_dir": str(run.path), **outcome.stop_detail},
+    }
+    if state in (STOPPED, FORCED):
+        error["suggestion"] = continue_command(run)
+        if outcome.stop_reason == INPUT_CHANGED:  # what changed, e.g. "data.csv changed ...: size 1 -> 2"
+            error["detail"] = str(outcome.stop_detail.get("message", ""))
+            error["suggestion"] = f"restore the input preflight read, then: {continue_command(run)}"
+    return Result(data=data, exit_code=exit_code, error=error, kind="run")
+
+
+def _forced_message(stop_reason: str, message: str) -> str:
+    """A forced stop did not wait for a safe point: say so, and what became of the rows in flight."""
+    cancelled = "the rows in flight were cancelled (state forced); resume sends them again"
+    if stop_reason == INTERRUPTED:
+        return f"stopped by a second SIGINT: {cancelled}"
+    return f"{message.removesuffix(' at a safe point')}; {cancelled}"
+
+
+def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
+    summary = summarize(run.journal_path, total_rows=total_rows)
+    summary["run_id"] = run.run_id
+    if "sync" in run.manifest:  # a delta run: rows it did not send because they had not changed
+        summary["skipped_unchanged"] = run.manifest["sync"]["skipped_unchanged"]
+    if outcome is not None:
+        elapsed = outcome.elapsed_seconds
+        summary["this_call"] = {
+            "rows_committed": outcome.committed.committed_this_run,
+            "elapsed_seconds": round(elapsed, 3),
+            "rows_per_second": round(outcome.committed.committed_this_run / elapsed, 1) if elapsed else None,
+        }
+    summary["updated_at"] = utc_now()
+    write_json_atomic(run.path / SUMMARY, summary, run.storage)
+    return summary
+
+
+@contextmanager
+def prepared_input(input_arg: str | None, spool_dir: Path, suffix: str) -> Iterator[Path | None]:
+    """`--input -` is read to a private file first, so preflight and sending can both read it.
+
+    The copy is removed when the command ends, however it ends, unless a run took it (moved it into
+    its own directory): nothing read from stdin outlives the command that read it."""
+    if input_arg != "-":
+        yield None if input_arg is None else Path(input_arg)
+        return
+    spool = spool_stdin_into(spool_dir, sys.stdin.buffer, suffix)
+    try:
+        yield spool
+    finally:
+        spool.unlink(missing_ok=True)
+
+
+def start_fresh(
+    preflight: Preflight,
+    runs_dir: Path,
+    options: RunOptions,
+    reporter: Reporter,
+    *,
+    slot: LiveSlot,
+    manifest: dict[str, Any],
+    spooled: bool = False,
+    prepare: Callable[[RunDir], None] | None = None,
+    start: StartPoint | None = None,
+) -> Result:
+    """Create a run directory for a preflighted job and relay it, holding the job's live slot.
+
+    A spooled stdin moves into the run and `prepare` completes it (an index entry, a selection)
+    before the run appears under its own name, so a crash never leaves half a run behind."""
+
+    def complete(run: RunDir, final: Path) -> None:
+        if spooled:
+            _keep_spool(run, final, preflight.input_spec.path)
+        if prepare is not None:
+            prepare(run)
+
+    manifest = manifest_for(preflight, {"parent_run": None, **manifest})
+    run = RunDir.create(runs_dir, manifest, staging=slot.directory, before_publish=complete)
+    if spooled:  # the run reads its own copy now
+        kept = Path(run.manifest["input"]["path"])
+        preflight = replace(preflight, input_spec=replace(preflight.input_spec, path=kept))
+    slot.claim(run)
+    options.announce_run(run)
+    with run.locked():
+        return relay_locked(preflight, run, start or StartPoint(), options=options, reporter=reporter)
+
+
+def _keep_spool(run: RunDir, final: Path, spool: Path) -> None:
+    """Move the spooled stdin into the run being built; its manifest names where it will be."""
+    name = f"input{''.join(spool.suffixes)}"
+    os.replace(spool, run.path / name)
+    run.manifest["input"]["path"] = str(final.resolve() / name)
+    run.save()
+
+
+def continue_run(
+    run: RunDir, preflight: Preflight, options: RunOptions, reporter: Reporter, *, slot: LiveSlot
+) -> Result:
+    """Relay what a stopped or crashed run has not committed yet; the caller checked the fingerprints."""
+    slot.claim(run)
+    options.announce_run(run)
+    with run.locked():
+        start, warnings = recover_start(run, preflight.record_count)
+        options.announce_warnings(warnings)
+        result = relay_locked(preflight, run, start, options=options, reporter=reporter)
+    result.warnings[:0] = warnings
+    return result

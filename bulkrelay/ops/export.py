@@ -1,0 +1,236 @@
+"""`export`: the input rows joined with their latest result.
+
+The latest result of a row is the one in the newest run of the family: the run itself, then its
+`retry-failed` children in the order they were made. Results are located by byte offset (8 bytes
+a row), and the input is streamed once, so memory stays small for millions of rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from bulkrelay.envelope import Result
+from bulkrelay.errors import InputChanged, UsageError
+from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
+from bulkrelay.store.journal import decode_line
+from bulkrelay.store.rowset import RowSet
+from bulkrelay.store.rundir import RunDir, list_runs
+from bulkrelay.store.selection import load_selection
+
+_RESULT_COLUMNS = ("success", "status_code", "classification", "attempts", "error", "run_id")
+# A delta run's row that was not sent: an earlier run delivered this very request successfully.
+_SKIPPED_UNCHANGED = {"success": True, "classification": "skipped_unchanged", "attempts": 0, "error": None}
+# `--failed --with-reasons`: why each row failed, in columns a spreadsheet or `retry` script can read;
+# the leading underscore keeps them apart from the input's own fields.
+_REASON_COLUMNS = (("_status", "status_code"), ("_error", "error"), ("_attempts", "attempts"))
+STDOUT = "-"
+
+
+def _family(run: RunDir) -> list[RunDir]:
+    """The run and its retry-failed descendants, oldest first."""
+    children: dict[str, list[RunDir]] = {}
+    for other in list_runs(run.path.parent):
+        parent = other.manifest.get("parent_run")
+        if parent:
+            children.setdefault(str(parent), []).append(other)
+    family, queue = [], [run]
+    while queue:
+        current = queue.pop(0)
+        family.append(current)
+        queue.extend(sorted(children.get(current.run_id, []), key=lambda r: r.run_id))
+    return family
+
+
+class _LatestResults:
+    """Where each row's latest result line is: which journal, at which byte offset."""
+
+    def __init__(self, family: list[RunDir], size: int) -> None:
+        self._runs = family
+        self._offset = array("q", [-1]) * (size + 1)
+        self._journal = array("h", [0]) * (size + 1)
+        for index, run in enumerate(family):
+            self._index(index, run.journal_path)
+        self._files = [run.journal_path.open("rb") if run.journal_path.exists() else None for run in family]
+
+    def _index(self, index: int, journal: Path) -> None:
+        if not journal.exists():
+            return
+        offset = 0
+        with journal.open("rb") as lines:
+            for line in lines:
+                try:
+                    entry = decode_line(line)
+                except ValueError:
+                    break  # a torn tail: what follows is not committed
+                row = int(entry["row_number"])
+                self._offset[row], self._journal[row] = offset, index
+                offset += len(line)
+
+    def get(self, row: int) -> dict[str, Any] | None:
+        offset = self._offset[row]
+        if offset < 0:
+            return None
+        index = self._journal[row]
+        handle = self._files[index]
+        assert handle is not None
+        handle.seek(offset)
+        entry = decode_line(handle.readline())
+        entry["run_id"] = self._runs[index].run_id
+        return entry
+
+    def close(self) -> None:
+        for handle in self._files:
+            if handle is not None:
+                handle.close()
+
+
+def _input_spec(run: RunDir) -> InputSpec:
+    recorded = run.manifest["input"]
+    path = Path(recorded["path"])
+    spec = InputSpec.detect(path, recorded["format"])
+    return spec
+
+
+def _same_input(run: RunDir, other_dir: Path) -> RunDir:
+    """Another shard's run, refused unless it relayed the very same input."""
+    other = RunDir.open(other_dir)
+    if other.manifest["input"].get("sha256") != run.manifest["input"].get("sha256"):
+        raise UsageError(
+            f"run {other.run_id} relayed another input than run {run.run_id}: only shards of one input join",
+            context={"run_dir": str(other.path)},
+        )
+    return other
+
+
+def _joined(
+    spec: InputSpec,
+    results: _LatestResults,
+    failed_only: bool,
+    recorded: InputFingerprint,
+    delta_selected: RowSet | None = None,
+) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+    problems: list[object] = []
+    with open_records(spec, problems.append) as stream:
+        for record in stream:
+            result = results.get(record.row_number)
+            if result is None and delta_selected is not None and record.row_number not in delta_selected:
+                result = {**_SKIPPED_UNCHANGED, "status_code": None, "run_id": None}
+            if failed_only and (result is None or result["success"]):
+                continue
+            yield record.fields, result
+        if stream.fingerprint() != recorded or problems:
+            raise InputChanged(
+                f"the input {spec.path} changed since the run; the export is incomplete",
+                context={"path": str(spec.path)},
+            )
+
+
+def _with_reasons(
+    rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]],
+) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Each failed row with `_status`, `_error`, `_attempts` added after its own fields."""
+    for fields, result in rows:
+        found = result or {}
+        yield {**fields, **{column: found.get(key) for column, key in _REASON_COLUMNS}}, result
+
+
+def _write(
+    out: BinaryIO, fmt: str, rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]], with_results: bool
+) -> int:
+    count = 0
+    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True) if fmt == "csv" else None
+    writer: Any = None
+    for fields, result in rows:
+        count += 1
+        if text is not None:
+            if writer is None:
+                header = list(fields) + ([f"result_{c}" for c in _RESULT_COLUMNS] if with_results else [])
+                writer = csv.writer(text)
+                writer.writerow(header)
+            extra = (
+                [("" if result is None else result.get(c)) for c in _RESULT_COLUMNS] if with_results else []
+            )
+            writer.writerow([*fields.values(), *extra])
+        elif with_results:
+            out.write(orjson.dumps({"record": fields, "result": result}) + b"\n")
+        else:
+            out.write(orjson.dumps(fields) + b"\n")
+    if text is not None:
+        text.flush()
+        text.detach()
+    return count
+
+
+@contextmanager
+def _opened(target: Path) -> Iterator[BinaryIO]:
+    """The export's destination: a file, or standard output for `-o -` (left open for the CLI)."""
+    if str(target) == STDOUT:
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    with target.open("wb") as out:
+        yield out
+
+
+def export(
+    run_dir: Path,
+    *,
+    failed_only: bool,
+    fmt: str | None,
+    output: Path | None,
+    with_reasons: bool = False,
+    shards: tuple[Path, ...] = (),
+) -> Result:
+    """Write the joined rows to `output` (`-`: stdout, the envelope then goes to stderr).
+
+    `shards`: the other shards' run directories of the same input, joined in (rows are disjoint)."""
+    run = RunDir.open(run_dir)
+    spec = _input_spec(run)
+    fmt = fmt or spec.format
+    _check_flags(spec, fmt, failed_only=failed_only, with_reasons=with_reasons)
+    family = _family(run) + [member for other in shards for member in _family(_same_input(run, other))]
+    total = int(run.manifest["input"]["record_count"])
+    target = output or run.path / f"{'failed' if failed_only else 'export'}.{fmt}"
+    results = _LatestResults(family, total)
+    recorded = InputFingerprint.from_dict(run.manifest["input"])
+    sync = run.manifest.get("sync")
+    delta_selected = load_selection(run.path, total) if sync and not sync["full"] else None
+    rows = _joined(spec, results, failed_only, recorded, delta_selected)
+    try:
+        with _opened(target) as out:
+            count = _write(out, fmt, _with_reasons(rows) if with_reasons else rows, not failed_only)
+    finally:
+        results.close()
+    data = {
+        "run_id": run.run_id,
+        "output": str(target),
+        "format": fmt,
+        "rows": count,
+        "failed_only": failed_only,
+        "runs": [r.run_id for r in family],
+    }
+    if sync:  # a delta run: its unsent rows are in the export as `skipped_unchanged`
+        data["skipped_unchanged"] = sync["skipped_unchanged"]
+    meta = {"envelope_on_stderr": True} if str(target) == STDOUT else {}
+    return Result(data=data, kind="generic", meta=meta)
+
+
+def _check_flags(spec: InputSpec, fmt: str, *, failed_only: bool, with_reasons: bool) -> None:
+    if with_reasons and not failed_only:
+        raise UsageError(
+            "--with-reasons adds _status, _error, _attempts to --failed rows; the full export has them",
+            suggestion="add --failed",
+        )
+    if failed_only and fmt != spec.format:
+        raise UsageError(
+            "--failed writes rows in the input's own format", suggestion=f"use --format {spec.format}"
+        )

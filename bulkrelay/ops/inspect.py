@@ -1,0 +1,311 @@
+"""The commands that read: `validate`, `render`, `status`, `runs`. Each returns a `Result`."""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
+from bulkrelay.errors import BulkRelayError, InputInvalid, Problem, UsageError
+from bulkrelay.job.config import Job
+from bulkrelay.job.fingerprint import config_fingerprint
+from bulkrelay.job.inputs import InputSpec, open_records
+from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
+from bulkrelay.job.request import RenderError, RequestRenderer
+from bulkrelay.relay.sender import row_identity
+from bulkrelay.store.atomic import read_json
+from bulkrelay.store.checkpoint import read_checkpoint
+from bulkrelay.store.rundir import (
+    ALPHA,
+    CHECKPOINT,
+    FORCED,
+    RUNNING,
+    STOPPED,
+    SUMMARY,
+    RunDir,
+    is_locked,
+    run_dirs,
+)
+from bulkrelay.store.selection import load_selection
+
+_ROWS = re.compile(r"^\d+(-\d+)?$")
+DEFAULT_ROWS = "1-5"  # `render` without --rows: the first five rows, however many there are
+
+
+def preflight_data(preflight: Preflight) -> dict[str, Any]:
+    fingerprint = preflight.input_fingerprint
+    return {
+        "job": str(preflight.job.path),
+        "record_count": fingerprint.record_count,
+        "format": fingerprint.format,
+        "gzip": fingerprint.gzip,
+        "input": {
+            "path": preflight.input_spec.display_name,
+            "sha256": fingerprint.sha256,
+            "size": fingerprint.size,
+        },
+        "config_sha256": preflight.config_fingerprint,
+    }
+
+
+def validate(job: Job, input_path: Path | None, input_name: str | None = None) -> Result:
+    preflight = run_preflight(job, input_path, input_name=input_name)
+    return Result(
+        data=preflight_data(preflight), kind="validate", warnings=deprecation_warnings(job.deprecations)
+    )
+
+
+@dataclass(frozen=True)
+class RowRanges:
+    """The rows `--rows` names, as sorted, merged (first, last) spans: never one entry per row,
+    so `1-1000000000000` costs two numbers."""
+
+    spec: str
+    spans: tuple[tuple[int, int], ...]
+
+    def __contains__(self, row: int) -> bool:
+        index = bisect.bisect_right(self.spans, row, key=lambda span: span[0]) - 1
+        return index >= 0 and self.spans[index][0] <= row <= self.spans[index][1]
+
+    @property
+    def last(self) -> int:
+        return self.spans[-1][1]
+
+    def beyond(self, record_count: int) -> str:
+        """The named rows past the end of the input, as a spec (`4-9,12`)."""
+        parts = []
+        for first, last in self.spans:
+            if last > record_count:
+                low = max(first, record_count + 1)
+                parts.append(str(low) if low == last else f"{low}-{last}")
+        return ",".join(parts)
+
+
+def parse_rows(spec: str) -> RowRanges:
+    """`1-5`, `7`, or a comma list of both."""
+    spans: list[tuple[int, int]] = []
+    for raw in spec.split(","):
+        part = raw.strip()
+        if not _ROWS.match(part):
+            raise UsageError(f"--rows {spec!r}: expected numbers or ranges like 1-5,9")
+        low, _, high = part.partition("-")
+        first, last = int(low), int(high or low)
+        if first < 1 or last < first:
+            raise UsageError(f"--rows {spec!r}: ranges start at 1 and go upwards")
+        spans.append((first, last))
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(spans):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return RowRanges(spec, tuple(merged))
+
+
+def render(job: Job, input_path: Path | None, rows_spec: str | None, input_name: str | None = None) -> Result:
+    """The exact requests the chosen rows would send, secrets shown as `***`. Sends nothing.
+
+    Rows past the end of the input are a warning; when none of the named rows exist, a usage error."""
+    wanted = parse_rows(rows_spec or DEFAULT_ROWS)
+    spec = resolve_input(job, input_path, input_name)
+    requests, problems, record_count = _render_rows(job, spec, wanted)
+    problems = [p for p in problems if p.row is None or p.row in wanted]
+    if problems:
+        raise InputInvalid(problems, phase="render")
+    warnings = deprecation_warnings(job.deprecations)
+    if record_count is not None and rows_spec is not None:
+        if not requests:
+            raise UsageError(
+                f"--rows {rows_spec}: {spec.display_name} has only {record_count} rows; nothing to render",
+                context={"rows": rows_spec, "record_count": record_count, "input": spec.display_name},
+            )
+        warnings.append(
+            EnvelopeWarning(
+                "ROWS_BEYOND_INPUT",
+                f"rows {wanted.beyond(record_count)} are beyond the input's {record_count} rows",
+                {"rows": rows_spec, "record_count": record_count},
+            )
+        )
+    return Result(data={"job": str(job.path), "requests": requests}, warnings=warnings, kind="render")
+
+
+def _render_rows(
+    job: Job, spec: InputSpec, wanted: RowRanges
+) -> tuple[list[dict[str, Any]], list[Problem], int | None]:
+    """The rendered requests, the problems met, and the input's row count when the range
+    reached past its end (None when it stopped early: every named row exists)."""
+    renderer = RequestRenderer.from_config(
+        job.config.request, os.environ, sorted_json=job.config.execution.sync != "full"
+    )
+    config_sha256 = config_fingerprint(job.config)
+    problems: list[Problem] = []
+    requests: list[dict[str, Any]] = []
+    seen = 0
+    with open_records(spec, problems.append) as stream:
+        for record in stream:
+            if record.row_number > wanted.last:
+                return requests, problems, None
+            seen = record.row_number
+            if record.row_number not in wanted:
+                continue
+            try:
+                request = renderer.render(record)
+            except RenderError as exc:
+                problems.append(
+                    Problem(
+                        exc.message,
+                        file=spec.display_name,
+                        line=record.line,
+                        row=record.row_number,
+                        field=exc.field,
+                    )
+                )
+                continue
+            if renderer.idempotency_header is not None:
+                identity = row_identity(record, job.config.input.key)
+                key = renderer.idempotency_key(config_sha256, identity, request)
+                request = renderer.with_idempotency_key(request, key)
+            requests.append(
+                {"row_number": record.row_number, "line": record.line, **renderer.redact(request)}
+            )
+    return requests, problems, seen if seen < wanted.last else None
+
+
+def committed_progress(run: RunDir) -> dict[str, Any]:
+    """What the checkpoint says is durably done; a retry-failed run counts only its selected rows."""
+    checkpoint = read_checkpoint(run.path)
+    record_count = int(run.manifest["input"]["record_count"])
+    selection = load_selection(run.path, record_count)
+    return {
+        "done": checkpoint.rows_done if checkpoint else 0,
+        "total": len(selection) if selection is not None else record_count,
+        "unit": "rows",
+        "ok": checkpoint.ok if checkpoint else 0,
+        "failed": checkpoint.failed if checkpoint else 0,
+    }
+
+
+LIVE = "live"
+CRASHED = "crashed \u2014 resumable"
+RESUMABLE = "stopped \u2014 resumable"
+FINISHED = "finished"
+
+
+def liveness(run: RunDir) -> str:
+    """Whether a process works on the run now, judged by its lock (the OS drops it when the holder
+    dies), not by the manifest's state, which a killed process leaves at `running`."""
+    if is_locked(run.path):
+        return LIVE
+    if run.state == RUNNING:
+        return CRASHED
+    return RESUMABLE if run.state in (STOPPED, FORCED) else FINISHED
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists; it is someone else's
+    return True
+
+
+def _rate(run: RunDir, alive: str, summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A live run's pace from its checkpoint; a finished call's from its summary."""
+    if alive == LIVE:
+        checkpoint = read_checkpoint(run.path)
+        return checkpoint.live if checkpoint is not None else None
+    this_call = (summary or {}).get("this_call")
+    return {"rows_per_second": this_call["rows_per_second"]} if this_call else None
+
+
+def status(run_dir: Path) -> Result:
+    """One run's state, liveness, pace and counters, read without changing anything."""
+    run = RunDir.open(run_dir)
+    summary_path = run.path / SUMMARY
+    summary = read_json(summary_path) if summary_path.exists() else None
+    alive = liveness(run)
+    pid = run.manifest.get("pid")
+    data = {
+        "run_id": run.run_id,
+        "run_dir": str(run.path),
+        "state": run.state,
+        "live": alive == LIVE,
+        "liveness": alive,
+        "pid": pid if alive == LIVE and _pid_alive(pid) else None,
+        "stop_reason": run.manifest.get("stop_reason"),
+        "created_at": run.manifest.get("created_at"),
+        "updated_at": run.manifest.get("updated_at"),
+        "parent_run": run.manifest.get("parent_run"),
+        "progress": committed_progress(run),
+        "rate": _rate(run, alive, summary),
+        "latency_ms": _known_latency(summary),
+        "summary": summary,
+    }
+    if "sync" in run.manifest:  # a delta run: its mode, rows selected and rows skipped unchanged
+        data["sync"] = run.manifest["sync"]
+    if alive in (CRASHED, RESUMABLE):
+        data["continue_command"] = f"bulkrelay resume {shlex.quote(str(run.path))}"
+    return Result(data=data, kind="status")
+
+
+def _known_latency(summary: dict[str, Any] | None) -> dict[str, float]:
+    """Latency percentiles that exist: none before the first committed row, never a `null`."""
+    latency = (summary or {}).get("latency_ms") or {}
+    return {name: value for name, value in latency.items() if value is not None}
+
+
+def _alpha_progress(run: RunDir) -> dict[str, Any]:
+    """The counters of a public alpha run, from its own `checkpoint.json` (`processed`, `failed`)."""
+    path = run.path / CHECKPOINT
+    checkpoint = read_json(path) if path.is_file() else {}
+    return {
+        "done": checkpoint.get("processed", 0),
+        "total": run.manifest.get("input_total"),
+        "failed": checkpoint.get("failed", 0),
+    }
+
+
+def runs(runs_dir: Path) -> Result:
+    """A table of runs; one whose files cannot be read is left out with a warning naming it."""
+    table = []
+    warnings: list[EnvelopeWarning] = []
+    for run_dir in run_dirs(runs_dir):
+        try:
+            table.append(_run_row(RunDir.open(run_dir, alpha_ok=True)))
+        except (BulkRelayError, KeyError, TypeError, ValueError) as exc:
+            warnings.append(_unreadable_run(run_dir, exc))
+    return Result(data={"runs_dir": str(runs_dir), "runs": table}, warnings=warnings, kind="runs")
+
+
+def _run_row(run: RunDir) -> dict[str, Any]:
+    alpha = run.format == ALPHA
+    progress = _alpha_progress(run) if alpha else committed_progress(run)
+    return {
+        "run_id": run.run_id,
+        "state": ALPHA if alpha else run.state,
+        "format": run.format,
+        "name": run.manifest.get("name"),
+        "created_at": run.manifest.get("created_at"),
+        "done": progress["done"],
+        "total": progress["total"],
+        "failed": progress["failed"],
+        "run_dir": str(run.path),
+    }
+
+
+def _unreadable_run(run_dir: Path, exc: Exception) -> EnvelopeWarning:
+    reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
+    return EnvelopeWarning(
+        "RUN_UNREADABLE",
+        f"skipped {run_dir}: its run files are damaged ({reason})",
+        {"run_dir": str(run_dir), "reason": reason},
+    )

@@ -1,0 +1,59 @@
+"""The identity of an invocation, so that running the same command again continues its run.
+
+Two invocations are identical when they have the same command, normalized arguments, working
+directory, tool version, stdin digest and `--idempotency-key`. How long the caller is willing
+to wait (`--budget`, `--timeout`) is not part of what the command does, so it is left out.
+
+The key is recorded in the run's manifest and in a small index (`<runs-dir>/.invocations/<key>`
+holding the newest run id), so finding the run is one file read, not a scan of every run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from bulkrelay._version import __version__
+from bulkrelay.job.fingerprint import canonical_sha256
+from bulkrelay.private import make_private_dir
+from bulkrelay.store.atomic import write_atomic
+
+INDEX_DIR = ".invocations"
+
+
+def invocation_key(
+    command: str,
+    arguments: Mapping[str, str | None],
+    *,
+    stdin_sha256: str | None,
+    idempotency_key: str | None,
+) -> str:
+    """A stable hash of everything that makes two invocations the same."""
+    return canonical_sha256(
+        {
+            "command": command,
+            "arguments": dict(arguments),
+            "cwd": os.getcwd(),
+            "tool_version": __version__,
+            "stdin_sha256": stdin_sha256,
+            "idempotency_key": idempotency_key,
+        }
+    )[:32]
+
+
+def normalized_path(path: Path | None) -> str | None:
+    return None if path is None else str(path.resolve())
+
+
+def remember(runs_dir: Path, key: str, run_id: str) -> None:
+    index = runs_dir / INDEX_DIR
+    make_private_dir(index)
+    write_atomic(index / key, run_id.encode())
+
+
+def last_run_id(runs_dir: Path, key: str) -> str | None:
+    try:
+        return (runs_dir / INDEX_DIR / key).read_text().strip() or None
+    except (FileNotFoundError, NotADirectoryError):  # no runs dir (yet): creating a run says why
+        return None

@@ -1,0 +1,100 @@
+"""`sync: mirror`: keys delivered before and gone from tonight's input get the `mirror` request.
+
+The deletions are found after preflight has read the whole input (tonight's keys against the sync
+state), counted against `mirror.max_deletes` before anything is sent, and written to a small JSON
+Lines file. After the night's own run has finished they are sent by a second run whose input is
+that file and whose request is the `mirror` one; its committed successes take the keys out of the
+sync state. A crash in between is healed by the identical command: it catches the state up and
+finds the keys still to delete again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bulkrelay.errors import TooManyDeletes
+from bulkrelay.job.config import InputConfig, Job, JobConfig, MirrorConfig, RequestConfig
+from bulkrelay.ops.syncstate import SyncState
+
+
+def check_and_spool(state: SyncState, job: Job, spool_dir: Path) -> tuple[Path | None, int]:
+    """Write tonight's deletions to a spool file (None when there are none) and count them;
+    `TooManyDeletes` when they exceed `mirror.max_deletes`, before anything is sent."""
+    mirror = job.config.mirror
+    key_field = job.config.input.key
+    assert mirror is not None and key_field is not None
+    spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = spool_dir / f"deletions-{os.getpid()}-{time.time_ns()}.jsonl"
+    count = 0
+    try:
+        with path.open("wb") as out:
+            for key in state.missing_keys():
+                out.write(orjson.dumps({key_field: key}) + b"\n")
+                count += 1
+            out.flush()
+            os.fsync(out.fileno())  # the deletion run's input, like a spooled stdin
+        _check_limit(mirror, count, state.count())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    if count == 0:
+        path.unlink()
+        return None, 0
+    return path, count
+
+
+def _check_limit(mirror: MirrorConfig, count: int, delivered: int) -> None:
+    limit = mirror.delete_limit(delivered)
+    if count > limit:
+        raise TooManyDeletes(
+            f"{count} of the {delivered} keys delivered before are gone from this input; "
+            f"mirror.max_deletes allows {limit} ({mirror.max_deletes}). Nothing was sent",
+            context={"deletions": count, "delivered_keys": delivered, "limit": limit},
+            suggestion="check the input export; if the deletions are meant, raise mirror.max_deletes",
+        )
+
+
+def deletion_job(job: Job) -> Job:
+    """The job that sends the deletions: the mirror request (with the job's headers), keyed input."""
+    config = job.config
+    mirror = config.mirror
+    assert mirror is not None
+    request = RequestConfig.model_validate(
+        {
+            "method": mirror.method,
+            "url": mirror.url,
+            "headers": config.request.headers,
+            "idempotency_key": config.request.idempotency_key,
+        }
+    )
+    derived: JobConfig = config.model_copy(
+        update={
+            "request": request,
+            "input": InputConfig(key=config.input.key, format="jsonl"),
+            "execution": config.execution.model_copy(update={"sync": "full"}),
+            "mirror": None,
+        }
+    )
+    return Job(config=derived, path=job.path, base_dir=job.base_dir)
+
+
+def merge_results(night: dict[str, Any], deletions: dict[str, Any]) -> dict[str, Any]:
+    """What the night's envelope says of its deletions."""
+    return {
+        "deletions": deletions.get("progress", {}).get("total"),
+        "run_id": deletions.get("run_id"),
+        "run_dir": deletions.get("run_dir"),
+        "state": deletions.get("state"),
+        "progress": deletions.get("progress"),
+        "after_run": night.get("run_id"),
+    }
+
+
+def discard(path: Path | None) -> None:
+    if path is not None and path.exists():
+        os.unlink(path)

@@ -1,0 +1,144 @@
+"""`prune`: remove finished runs that a retention rule no longer keeps.
+
+Safety first, like logrotate with a lock: a run is a candidate only when it is finished
+(`completed`, `completed_with_failures`, `cancelled`) and no process holds its lock. A live run, a
+resumable one (`running` — perhaps crashed —, `stopped`, `forced`), the newest run of each job, and a
+run whose files cannot be read are never removed. Runs are grouped by job (the job file's path in
+`run.json`, else the invocation key). A run is removed when every rule given says so: it is not among
+the newest `keep` runs of its job, and it is older than `older_than`. Each removal takes the run's
+lock first, so a `resume` that starts meanwhile either wins the lock (the run is kept) or finds it gone.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.errors import BulkRelayError, RunLocked, UsageError
+from bulkrelay.ops.settings import Retention, load_settings
+from bulkrelay.store.rundir import FINAL_STATES, RunDir, is_alpha_manifest, is_locked, run_dirs
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    run: RunDir
+    job: str
+    created: datetime
+
+
+@dataclass
+class PruneReport:
+    removed: list[str]
+    kept: int
+    warnings: list[EnvelopeWarning]
+
+    def to_data(self, runs_dir: Path, retention: Retention, dry_run: bool) -> dict[str, Any]:
+        return {
+            "runs_dir": str(runs_dir),
+            "dry_run": dry_run,
+            "keep": retention.keep,
+            "older_than": retention.older_than,
+            "removed": self.removed,
+            "kept": self.kept,
+        }
+
+
+def _job_of(manifest: dict[str, Any], run_id: str) -> str:
+    return str(manifest.get("job_path") or manifest.get("invocation_key") or run_id)
+
+
+def _created(manifest: dict[str, Any]) -> datetime:
+    return datetime.strptime(str(manifest["created_at"]), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def _read_runs(runs_dir: Path, warnings: list[EnvelopeWarning]) -> list[_Candidate]:
+    runs: list[_Candidate] = []
+    for path in run_dirs(runs_dir):
+        try:
+            run = RunDir.open(path, alpha_ok=True)
+            if is_alpha_manifest(run.manifest):
+                continue  # the alpha's runs are the alpha's to manage
+            runs.append(_Candidate(run, _job_of(run.manifest, run.run_id), _created(run.manifest)))
+        except (BulkRelayError, KeyError, TypeError, ValueError) as exc:
+            reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
+            warnings.append(
+                EnvelopeWarning(
+                    "RUN_UNREADABLE",
+                    f"kept {path}: its run files cannot be read ({reason})",
+                    {"run_dir": str(path), "reason": reason},
+                )
+            )
+    return runs
+
+
+def _doomed(runs: list[_Candidate], retention: Retention, now: datetime) -> list[_Candidate]:
+    """The runs every given rule lets go, never the newest of a job nor an unfinished one."""
+    by_job: dict[str, list[_Candidate]] = {}
+    for candidate in runs:
+        by_job.setdefault(candidate.job, []).append(candidate)
+    age = retention.older_than_seconds
+    doomed: list[_Candidate] = []
+    for group in by_job.values():
+        group.sort(key=lambda c: (c.created, c.run.run_id), reverse=True)
+        keep = max(retention.keep or 1, 1)  # the newest run of a job always stays
+        for candidate in group[keep:]:
+            if candidate.run.state not in FINAL_STATES or is_locked(candidate.run.path):
+                continue
+            if age is not None and (now - candidate.created).total_seconds() <= age:
+                continue
+            doomed.append(candidate)
+    return sorted(doomed, key=lambda c: c.run.run_id)
+
+
+def _remove(run: RunDir) -> bool:
+    """Delete a run under its own lock, re-checking its state there; False when it came alive."""
+    try:
+        with run.locked():
+            current = RunDir.open(run.path)
+            if current.state not in FINAL_STATES:
+                return False
+            shutil.rmtree(run.path)
+    except RunLocked:
+        return False
+    return True
+
+
+def prune(runs_dir: Path, retention: Retention, *, dry_run: bool = False) -> PruneReport:
+    """Remove (or, dry, list) the finished runs `retention` no longer keeps."""
+    if not retention.active:
+        raise UsageError(
+            "prune needs a rule: --keep N, --older-than AGE, or retention in .bulkrelay/config.yaml",
+            suggestion="bulkrelay prune --keep 14",
+        )
+    warnings: list[EnvelopeWarning] = []
+    runs = _read_runs(runs_dir, warnings)
+    removed: list[str] = []
+    for candidate in _doomed(runs, retention, datetime.now(UTC)):
+        if dry_run or _remove(candidate.run):
+            removed.append(candidate.run.run_id)
+    return PruneReport(removed, len(runs) - len(removed), warnings)
+
+
+def prune_command(runs_dir: Path, retention: Retention, *, dry_run: bool) -> Result:
+    report = prune(runs_dir, retention, dry_run=dry_run)
+    return Result(data=report.to_data(runs_dir, retention, dry_run), warnings=report.warnings, kind="prune")
+
+
+def retention_after_run(runs_dir: Path, settings_file: Path | None = None) -> PruneReport:
+    """`run`'s retention at its end, from `.bulkrelay/config.yaml`: it never fails the run; a bad
+    settings file or a failed removal becomes a `PRUNE_FAILED` warning."""
+    try:
+        retention = load_settings(settings_file).retention
+        if not retention.active:
+            return PruneReport([], 0, [])
+        return prune(runs_dir, retention)
+    except (BulkRelayError, OSError) as exc:
+        reason = exc.message if isinstance(exc, BulkRelayError) else str(exc)
+        warning = EnvelopeWarning(
+            "PRUNE_FAILED", f"retention could not prune {runs_dir}: {reason}", {"runs_dir": str(runs_dir)}
+        )
+        return PruneReport([], 0, [warning])

@@ -1,0 +1,107 @@
+"""`retry-failed`: a new run, linked to its parent, of the rows the parent recorded as failed.
+
+The child reads the parent's input, unchanged, and is limited to a selection of its rows, so row
+numbers (and with them idempotency keys of rows identified by number) stay those of the input.
+The job may change between parent and child: fixing the job is often why one retries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bulkrelay.envelope import Result
+from bulkrelay.errors import InputChanged, RunLocked, UsageError
+from bulkrelay.job.config import load_job
+from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
+from bulkrelay.ops.execute import RunOptions, start_fresh
+from bulkrelay.ops.resume import input_differences, input_path_for, job_path_for
+from bulkrelay.ops.shard import shard_of_run
+from bulkrelay.relay import progress
+from bulkrelay.relay.engine import StartPoint
+from bulkrelay.store.journal import iter_journal
+from bulkrelay.store.liverun import live_slot
+from bulkrelay.store.rowset import RowSet
+from bulkrelay.store.rundir import RunDir, is_locked
+from bulkrelay.store.selection import save_selection
+
+
+def parse_statuses(text: str | None) -> frozenset[int] | None:
+    if text is None:
+        return None
+    try:
+        return frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"--status {text!r}: expected status codes like 503,504") from None
+
+
+def failed_rows(
+    parent: RunDir, size: int, statuses: frozenset[int] | None, classification: str | None
+) -> RowSet:
+    """The parent's failed rows that match the filters, read from its journal."""
+    rows = RowSet(size)
+    for entry in iter_journal(parent.journal_path):
+        if entry["success"]:
+            continue
+        if statuses is not None and entry.get("status_code") not in statuses:
+            continue
+        if classification is not None and entry["classification"] != classification:
+            continue
+        rows.add(int(entry["row_number"]))
+    return rows
+
+
+def _parent_preflight(parent: RunDir, config: Path | None, on_rows_read: RowsRead | None) -> Preflight:
+    job = load_job(job_path_for(parent, config))
+    preflight = run_preflight(job, input_path_for(parent, None), on_rows_read=on_rows_read)
+    changed = input_differences(parent.manifest["input"], preflight.input_fingerprint.to_dict())
+    if changed:
+        raise InputChanged(
+            f"the input of run {parent.run_id} changed; its row numbers no longer apply",
+            context={"run_dir": str(parent.path), "changed": changed},
+        )
+    return preflight
+
+
+def retry_failed(
+    run_dir: Path,
+    *,
+    config: Path | None,
+    statuses: str | None,
+    classification: str | None,
+    options: RunOptions,
+) -> Result:
+    parent = RunDir.open(run_dir)
+    if is_locked(parent.path):
+        raise RunLocked(f"run {parent.run_id} is still running", context={"run_dir": str(parent.path)})
+    preflight = _parent_preflight(parent, config, options.rows_read)
+    selection = failed_rows(parent, preflight.record_count, parse_statuses(statuses), classification)
+    if not len(selection):
+        return Result(
+            data={
+                "parent_run": parent.run_id,
+                "selected": 0,
+                "message": "no failed rows match; nothing to retry",
+            },
+            kind="generic",
+        )
+    manifest = {
+        "parent_run": parent.run_id,
+        "input_explicit": True,
+        "retry_filter": {"statuses": statuses, "classification": classification},
+    }
+    if parent.manifest.get("shard"):  # a shard's failed rows: the child is of the same shard
+        manifest["shard"] = parent.manifest["shard"]
+    with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent.manifest)) as slot:
+        result = start_fresh(
+            preflight,
+            parent.path.parent,
+            options,
+            progress.for_stderr(options.quiet),
+            slot=slot,
+            manifest=manifest,
+            prepare=lambda child: save_selection(child.path, selection, child.storage),
+            start=StartPoint(done_rows=selection.complement(), total=len(selection)),
+        )
+    if isinstance(result.data, dict):
+        result.data["parent_run"] = parent.run_id
+    return result

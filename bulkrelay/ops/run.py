@@ -1,0 +1,263 @@
+"""How `run` and `resume` find their run: a fresh one, the identical invocation's unfinished one,
+or the run directory named on the command line."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, NotFound, UsageError
+from bulkrelay.job.config import Job
+from bulkrelay.job.fingerprint import file_sha256
+from bulkrelay.job.inputs import STDIN_NAME
+from bulkrelay.job.preflight import Preflight, run_preflight
+from bulkrelay.ops.delta import open_delta, sync_manifest
+from bulkrelay.ops.execute import RunOptions, continue_run, start_fresh
+from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
+from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard, merge_results
+from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
+from bulkrelay.ops.shard import ShardSpec, shard_of_run, shard_rows
+from bulkrelay.relay import progress
+from bulkrelay.relay.engine import StartPoint
+from bulkrelay.relay.progress import Reporter
+from bulkrelay.store.liverun import LiveSlot, live_slot
+from bulkrelay.store.rowset import RowSet
+from bulkrelay.store.rundir import FINAL_STATES, RunDir
+from bulkrelay.store.selection import save_selection
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A `bulkrelay run` invocation, normalized."""
+
+    job: Job
+    input_path: Path | None  # a spooled copy when the records came from stdin
+    from_stdin: bool
+    runs_dir: Path
+    idempotency_key: str | None
+    options: RunOptions
+    full: bool = False  # `--full`: a delta job sends every row once and refreshes its sync state
+    shard: ShardSpec | None = None  # --shard K/N: only the rows this shard owns
+
+    def key(self) -> str:
+        """The invocation's identity; computable before preflight, so a job can be attached to at once."""
+        arguments = {
+            "job": normalized_path(self.job.path),
+            "input": "-" if self.from_stdin else normalized_path(self.input_path),
+            "runs_dir": normalized_path(self.runs_dir),
+        }
+        if self.full:  # only when given, so the keys of earlier invocations stay what they were
+            arguments["full"] = "true"
+        if self.shard is not None:
+            arguments["shard"] = str(self.shard)
+        stdin_sha256 = None
+        if self.from_stdin and self.input_path is not None:
+            stdin_sha256 = file_sha256(self.input_path)
+        return invocation_key(
+            "run", arguments, stdin_sha256=stdin_sha256, idempotency_key=self.idempotency_key
+        )
+
+
+def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
+    """Preflight, then continue the identical invocation's unfinished run or start a new one;
+    then, for a `sync: mirror` job, send the deletions.
+
+    Deciding which run, and claiming it, happens inside the job's live slot: while a run of the job
+    is alive, a second caller gets RUN_LOCKED naming it, whatever its input, and never relays beside it."""
+    reporter = reporter or progress.for_stderr(request.options.quiet)
+    deletions = None
+    try:
+        preflight, selection, deletions = _preflight(request)
+        result = _run_in_slot(request, preflight, selection, reporter)
+        if deletions is not None:
+            result = _send_deletions(request, result, deletions)
+    finally:
+        discard(deletions[0] if deletions is not None else None)
+        if request.from_stdin and request.input_path is not None:
+            request.input_path.unlink(missing_ok=True)  # moved into its run, or no run took it
+    return result
+
+
+def _run_in_slot(
+    request: RunRequest, preflight: Preflight, selection: RowSet | None, reporter: Reporter
+) -> Result:
+    key = request.key()
+    shard = None if request.shard is None else str(request.shard)
+    with live_slot(request.runs_dir, request.job.path, shard) as slot:
+        previous = _unfinished_run(request.runs_dir, key)
+        warnings: list[EnvelopeWarning] = []
+        if previous is not None:
+            try:
+                verify_unchanged(previous, preflight)
+            except (InputChanged, ConfigChanged) as changed:
+                warnings.append(_discarded(previous, changed))
+                request.options.announce_warnings(warnings)  # a hand-off from here on carries it
+            else:
+                if request.from_stdin and request.input_path is not None:
+                    # The run keeps its own copy of the same bytes: this one, which preflight just read
+                    # and the relay must read again (the old copy is another file).
+                    kept = Path(previous.manifest["input"]["path"])
+                    os.replace(request.input_path, kept)
+                    preflight = _with_input(preflight, kept)
+                return continue_run(previous, preflight, request.options, reporter, slot=slot)
+        manifest = {
+            "invocation_key": key,
+            "input_explicit": request.input_path is not None,
+            "idempotency_key": request.idempotency_key,
+        }
+        result = _start_fresh(request, preflight, selection, reporter, slot=slot, manifest=manifest)
+    result.warnings[:0] = warnings
+    return result
+
+
+def _start_fresh(
+    request: RunRequest,
+    preflight: Preflight,
+    delta_rows: RowSet | None,
+    reporter: Reporter,
+    *,
+    slot: LiveSlot,
+    manifest: dict[str, Any],
+) -> Result:
+    """A new run, limited to its rows (a delta run's changed rows, a shard's own) by the selection
+    retry-failed uses too; every row outside it counts as done from the start."""
+    key = manifest["invocation_key"]
+    selection = delta_rows
+    if request.shard is not None:
+        key_field = preflight.job.config.input.key
+        owned = shard_rows(preflight.input_spec, key_field, request.shard, preflight.record_count)
+        selection = owned if selection is None else _both(owned, selection)
+        manifest["shard"] = request.shard.to_dict()
+    if preflight.digester is not None:
+        manifest["sync"] = sync_manifest(request.job, delta_rows, preflight.record_count)
+    start = StartPoint()
+    if selection is not None:
+        start = StartPoint(done_rows=selection.complement(), total=len(selection))
+
+    def prepare(run: RunDir) -> None:
+        if selection is not None:
+            save_selection(run.path, selection, run.storage)
+        remember(request.runs_dir, key, run.run_id)  # last: the index names only whole runs
+
+    return start_fresh(
+        preflight,
+        request.runs_dir,
+        request.options,
+        reporter,
+        slot=slot,
+        manifest=manifest,
+        spooled=request.from_stdin,
+        prepare=prepare,
+        start=start,
+    )
+
+
+def _both(first: RowSet, second: RowSet) -> RowSet:
+    return first.complement().union(second.complement()).complement()
+
+
+def _preflight(request: RunRequest) -> tuple[Preflight, RowSet | None, tuple[Path, int] | None]:
+    """Preflight; for a delta job also the rows that changed since their last delivery, and for a
+    mirror job the keys gone from the input (spooled, and checked against `mirror.max_deletes`)."""
+    input_name = STDIN_NAME if request.from_stdin else None
+    rows_read = request.options.rows_read
+    delta = open_delta(request.job, request.runs_dir, full=request.full)
+    if delta is None:
+        preflight = run_preflight(
+            request.job, request.input_path, on_rows_read=rows_read, input_name=input_name
+        )
+        return preflight, None, None
+    if delta.mirror is not None and request.shard is not None:
+        delta.close()
+        raise UsageError(
+            "sync: mirror cannot run in shards: each shard would delete every key gone from the input",
+            suggestion="run the mirror job unsharded, or use sync: delta in the shards",
+        )
+    try:
+        preflight = run_preflight(
+            request.job,
+            request.input_path,
+            on_rows_read=rows_read,
+            input_name=input_name,
+            delta=None if delta.selector is None else delta.selector.observer,
+        )
+        selection = delta.selection(preflight.record_count)
+        deletions = None
+        if delta.mirror is not None:
+            path, count = check_and_spool(delta.state, request.job, request.runs_dir / ".spool")
+            deletions = None if path is None else (path, count)
+        return preflight, selection, deletions
+    finally:
+        delta.close()
+
+
+def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, int]) -> Result:
+    """After the night's run has finished (all rows with a final result), a run of the deletions."""
+    path, count = deletions
+    data = night.data if isinstance(night.data, dict) else {}
+    if night.exit_code not in (ExitCode.SUCCESS, ExitCode.PARTIAL_FAILURE):
+        data["mirror"] = {"deletions": count, "sent": False, "reason": "the run did not finish"}
+        return night
+    job = deletion_job(request.job)
+    preflight = run_preflight(job, path)
+    manifest = {"mirror_deletes": True, "mirror_of": data.get("run_id"), "input_explicit": True}
+    with live_slot(request.runs_dir, request.job.path) as slot:
+        deleted = start_fresh(
+            preflight,
+            request.runs_dir,
+            request.options,
+            progress.for_stderr(request.options.quiet),
+            slot=slot,
+            manifest=manifest,
+            spooled=True,
+        )
+    data["mirror"] = merge_results(data, deleted.data if isinstance(deleted.data, dict) else {})
+    if night.exit_code == ExitCode.SUCCESS and deleted.exit_code != ExitCode.SUCCESS:
+        night.exit_code, night.error = deleted.exit_code, deleted.error
+    night.warnings.extend(deleted.warnings)
+    return night
+
+
+def _discarded(previous: RunDir, changed: InputChanged | ConfigChanged) -> EnvelopeWarning:
+    return EnvelopeWarning(
+        "CHECKPOINT_DISCARDED",
+        f"{changed.message}; started over",
+        {"previous_run": previous.run_id, "reason": changed.code},
+    )
+
+
+def _with_input(preflight: Preflight, path: Path) -> Preflight:
+    return replace(preflight, input_spec=replace(preflight.input_spec, path=path))
+
+
+def _unfinished_run(runs_dir: Path, key: str) -> RunDir | None:
+    run_id = last_run_id(runs_dir, key)
+    if run_id is None:
+        return None
+    try:
+        run = RunDir.open(runs_dir / run_id)
+    except NotFound:
+        return None
+    return None if run.state in FINAL_STATES else run
+
+
+def resume(
+    run_dir: Path,
+    config: Path | None,
+    input_path: Path | None,
+    options: RunOptions,
+    reporter: Reporter | None = None,
+) -> Result:
+    run = RunDir.open(run_dir)
+    check_resumable(run)
+    options.announce_run(run)
+    preflight = preflight_for_resume(run, config, input_path, on_rows_read=options.rows_read)
+    with live_slot(run.path.parent, preflight.job.path, shard_of_run(run.manifest)) as slot:
+        run = RunDir.open(run_dir)  # as it is now: it may have ended while we preflighted
+        check_resumable(run)
+        return continue_run(
+            run, preflight, options, reporter or progress.for_stderr(options.quiet), slot=slot
+        )

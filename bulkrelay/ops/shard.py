@@ -1,0 +1,112 @@
+"""Which rows a shard owns (`--shard K/N`): a deterministic split that every shard computes alone.
+
+With `input.key`, a row belongs to shard `blake2b-64(key) mod N`, so a row keeps its shard when rows are
+added, removed or reordered; without a key, to `(row_number - 1) mod N`. Shards count from 0, like a
+Kubernetes Indexed Job's `JOB_COMPLETION_INDEX`. The hash is fixed here forever: changing it would move
+rows between the shards of a run in progress.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bulkrelay.errors import InputChanged, UsageError
+from bulkrelay.job.inputs import InputSpec, open_records
+from bulkrelay.job.records import Record
+from bulkrelay.store.rowset import RowSet
+
+MAX_SHARDS = 10_000
+_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    index: int  # 0 .. count-1
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def owns(self, record: Record, key_field: str | None) -> bool:
+        if key_field is None:
+            return (record.row_number - 1) % self.count == self.index
+        return shard_of_key(record.fields.get(key_field), self.count) == self.index
+
+    def to_dict(self) -> dict[str, int]:
+        return {"index": self.index, "count": self.count}
+
+
+def shard_of_key(value: Any, count: int) -> int:
+    """The shard of a key value; a key is compared as text, as the duplicate check compares it."""
+    text = "" if value is None else value if type(value) is str else str(value)
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
+
+
+def parse_shard(text: str, source: str = "--shard") -> ShardSpec:
+    match = _SPEC.match(text)
+    if match is None:
+        raise UsageError(
+            f"{source} must be K/N (shard K of N, counting from 0), not {text!r}",
+            suggestion="for example --shard 0/4 ... --shard 3/4",
+        )
+    return _checked(int(match.group(1)), int(match.group(2)), source)
+
+
+def _checked(index: int, count: int, source: str) -> ShardSpec:
+    if not 1 <= count <= MAX_SHARDS:
+        raise UsageError(f"{source}: the number of shards must be 1 to {MAX_SHARDS}, not {count}")
+    if not 0 <= index < count:
+        raise UsageError(
+            f"{source}: shard {index} does not exist among {count} (they count from 0 to {count - 1})"
+        )
+    return ShardSpec(index, count)
+
+
+def resolve_shard(shard: str | None, shards: int | None, environ: Mapping[str, str]) -> ShardSpec | None:
+    """The shard of this process: `--shard K/N`, else `BULKRELAY_SHARD`, else `JOB_COMPLETION_INDEX` (a
+    Kubernetes Indexed Job's) of `--shards N` / `BULKRELAY_SHARDS`; None when unsharded."""
+    if shard is not None:
+        return parse_shard(shard)
+    if environ.get("BULKRELAY_SHARD"):
+        return parse_shard(environ["BULKRELAY_SHARD"], "BULKRELAY_SHARD")
+    count_text = str(shards) if shards is not None else environ.get("BULKRELAY_SHARDS")
+    if not count_text:
+        return None
+    if not count_text.isdigit():
+        raise UsageError(f"BULKRELAY_SHARDS must be a whole number, not {count_text!r}")
+    index_text = environ.get("JOB_COMPLETION_INDEX")
+    if index_text is None or not index_text.isdigit():
+        raise UsageError(
+            "--shards N needs the shard's index in JOB_COMPLETION_INDEX (set by a Kubernetes Indexed Job)",
+            suggestion="or name the shard with --shard K/N",
+        )
+    return _checked(int(index_text), int(count_text), "JOB_COMPLETION_INDEX")
+
+
+def shard_rows(spec: InputSpec, key_field: str | None, shard: ShardSpec, record_count: int) -> RowSet:
+    """The rows of a preflighted input that `shard` owns: one streaming pass, one bit a row."""
+    owned = RowSet(record_count)
+    with open_records(spec, _preflight_checked_it) as stream:
+        for record in stream:
+            if shard.owns(record, key_field):
+                owned.add(record.row_number)
+    return owned
+
+
+def _preflight_checked_it(problem: object) -> None:
+    """Preflight has read this input whole and clean; a problem now means it changed meanwhile."""
+    raise InputChanged(
+        f"the input changed while its shard was being worked out: {problem}",
+        suggestion="restore the input, then run the same command again",
+    )
+
+
+def shard_of_run(manifest: Mapping[str, Any]) -> str | None:
+    """`K/N` of a run made by `--shard`, from its manifest; None for an unsharded run."""
+    shard = manifest.get("shard")
+    return None if not shard else str(ShardSpec(int(shard["index"]), int(shard["count"])))

@@ -1,0 +1,84 @@
+"""`bulkrelay shards DIR...`: the shards of one job, each an ordinary run, summed into one view.
+
+Each DIR is a shard's runs directory (its newest sharded run is taken) or a run directory. Reads only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.errors import NotFound
+from bulkrelay.ops.inspect import committed_progress
+from bulkrelay.ops.shard import shard_of_run
+from bulkrelay.store.rundir import MANIFEST, RunDir, is_locked, list_runs
+
+_COUNTS = ("done", "total", "ok", "failed")
+
+
+def shards(dirs: list[Path]) -> Result:
+    rows = [_shard_row(_shard_run(path)) for path in dirs]
+    rows.sort(key=lambda row: (row["shard"] is None, row["shard"] or ""))
+    totals = {name: sum(int(row[name] or 0) for row in rows) for name in _COUNTS}
+    totals["live"] = sum(1 for row in rows if row["live"])
+    data = {"shards": rows, "total": totals, "complete": _complete(rows)}
+    return Result(data=data, warnings=_consistency(rows), kind="shards")
+
+
+def _shard_run(path: Path) -> RunDir:
+    """The run directory itself, or the newest sharded run of a runs directory."""
+    if (path / MANIFEST).is_file():
+        return RunDir.open(path)
+    for run in list_runs(path):
+        if run.format != "alpha" and shard_of_run(run.manifest) is not None:
+            return run
+    raise NotFound(
+        f"no sharded run in {path}",
+        context={"path": str(path)},
+        suggestion="name each shard's runs directory (--runs-dir of its `run --shard K/N`) or run directory",
+    )
+
+
+def _shard_row(run: RunDir) -> dict[str, Any]:
+    progress = committed_progress(run)
+    return {
+        "shard": shard_of_run(run.manifest),
+        "run_id": run.run_id,
+        "run_dir": str(run.path),
+        "state": run.state,
+        "live": is_locked(run.path),
+        **{name: progress[name] for name in _COUNTS},
+    }
+
+
+def _complete(rows: list[dict[str, Any]]) -> bool:
+    """Every shard of N present once, and each finished (with or without failed rows)."""
+    specs = [row["shard"] for row in rows]
+    if not specs or None in specs:
+        return False
+    count = int(specs[0].split("/")[1])
+    every = {f"{k}/{count}" for k in range(count)}
+    finished = all(row["state"] in ("completed", "completed_with_failures") for row in rows)
+    return set(specs) == every and len(specs) == count and finished
+
+
+def _consistency(rows: list[dict[str, Any]]) -> list[EnvelopeWarning]:
+    specs = [row["shard"] for row in rows if row["shard"] is not None]
+    warnings = []
+    counts = {spec.split("/")[1] for spec in specs}
+    if len(counts) > 1:
+        warnings.append(
+            EnvelopeWarning("SHARDS_MIXED", f"shards of different splits: {', '.join(sorted(specs))}", {})
+        )
+    twice = [spec for spec, n in Counter(specs).items() if n > 1]
+    if twice:
+        warnings.append(EnvelopeWarning("SHARD_TWICE", f"named twice: {', '.join(twice)}", {"shards": twice}))
+    if len(counts) == 1:
+        count = int(next(iter(counts)))
+        missing = sorted(set(range(count)) - {int(spec.split("/")[0]) for spec in specs})
+        if missing:
+            text = ", ".join(f"{k}/{count}" for k in missing)
+            warnings.append(EnvelopeWarning("SHARDS_MISSING", f"not given: {text}", {"missing": missing}))
+    return warnings

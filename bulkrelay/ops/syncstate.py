@@ -1,0 +1,311 @@
+"""The sync state of a delta job: for each key, the digest of the request last delivered for it.
+
+One SQLite database (WAL) per job in `<runs-dir>/sync-state/`. It is a cache of the journals: it
+is written only from verified journal lines of successful rows (`apply_run`), so a crash can never
+mark a row delivered that has no committed success, and `rebuild` recreates it from the journals
+alone. Each run's journal is applied from the offset reached last time, so applying is incremental
+and applying twice changes nothing.
+
+A key's entry is replaced only by a delivery from a run that started no earlier (`at`, the run's
+creation time in microseconds), so catching up an older run's journal never undoes a newer delivery.
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from contextlib import closing
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bulkrelay.errors import NotFound, RunLocked, SyncStateMismatch
+from bulkrelay.job.fingerprint import canonical_sha256
+from bulkrelay.ops.invocation import normalized_path
+from bulkrelay.store.journal import MAX_LINE_BYTES, decode_line
+from bulkrelay.store.rundir import RunDir, is_locked, list_runs
+from bulkrelay.store.storage import Storage
+
+STATE_DIR = "sync-state"
+LOOKUP_BATCH = 999  # keys per `IN (...)` query: the variable limit of SQLite before 3.32
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY, run_id TEXT UNIQUE NOT NULL, at INTEGER NOT NULL, applied_offset INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS delivered (
+    key TEXT PRIMARY KEY, digest BLOB NOT NULL, run INTEGER NOT NULL, at INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+_UPSERT = (
+    "INSERT INTO delivered (key, digest, run, at) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT(key) DO UPDATE SET digest = excluded.digest, run = excluded.run, at = excluded.at "
+    "WHERE excluded.at >= delivered.at"
+)
+
+_DELETE = "DELETE FROM delivered WHERE key = ? AND at <= ?"
+
+
+def job_identity(name: str | None, job_path: str | Path) -> str:
+    """What makes two runs the same job across nights: its `name`, else its job file's path.
+
+    Not the semantic fingerprint: changing concurrency must not resend everything, and a change
+    that alters requests (a new URL) already changes every row's digest."""
+    return f"name:{name}" if name else f"path:{normalized_path(Path(job_path))}"
+
+
+def manifest_identity(manifest: dict[str, Any]) -> str:
+    return job_identity(manifest.get("name"), manifest["job_path"])
+
+
+def key_text(value: Any) -> str:
+    """The key of a record as stored: strings as they are, other JSON values in their JSON spelling."""
+    return value if type(value) is str else orjson.dumps(value).decode()
+
+
+def state_path(runs_dir: Path, identity: str) -> Path:
+    return runs_dir / STATE_DIR / f"{canonical_sha256(identity)[:24]}.sqlite"
+
+
+def run_started(run: RunDir) -> int:
+    """When a run was created, in microseconds since the epoch: its manifest's `created_at`
+    (microseconds, so two runs made in the same second keep their order), else its id's second."""
+    created = run.manifest.get("created_at")
+    if isinstance(created, str):
+        stamp = datetime.strptime(created, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    else:
+        stamp = datetime.strptime(run.run_id.split("-", 1)[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    return (calendar.timegm(stamp.timetuple())) * 1_000_000 + stamp.microsecond
+
+
+class SyncState:
+    """An open sync state. Use as a context manager; every write is its own transaction."""
+
+    def __init__(self, path: Path, identity: str) -> None:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.close(fd)  # created private before SQLite opens it
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('job', ?)", (identity,))
+
+    @classmethod
+    def for_job(cls, runs_dir: Path, identity: str) -> SyncState:
+        return cls(state_path(runs_dir, identity), identity)
+
+    def __enter__(self) -> SyncState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def lookup(self, keys: list[str]) -> dict[str, bytes]:
+        """The stored digest of each of `keys` that has one (at most `LOOKUP_BATCH` keys)."""
+        if not keys:
+            return {}
+        marks = ",".join("?" * len(keys))
+        query = f"SELECT key, digest FROM delivered WHERE key IN ({marks})"
+        return dict(self._db.execute(query, keys).fetchall())
+
+    def remember_seen(self, keys: list[str]) -> None:
+        """Note keys present in tonight's input (a temporary table: gone when the state is closed)."""
+        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID")
+        self._db.executemany("INSERT OR IGNORE INTO temp.seen VALUES (?)", [(key,) for key in keys])
+
+    def missing_keys(self) -> Iterator[str]:
+        """Delivered keys not seen tonight (call after `remember_seen` of every key), in key order."""
+        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID")
+        query = "SELECT key FROM delivered WHERE key NOT IN (SELECT key FROM temp.seen) ORDER BY key"
+        for (key,) in self._db.execute(query):
+            yield key
+
+    def items(self) -> Iterator[tuple[str, bytes, str]]:
+        """Every key with its digest and the run that delivered it, in key order."""
+        yield from self._db.execute(
+            "SELECT d.key, d.digest, r.run_id FROM delivered d JOIN runs r ON r.id = d.run ORDER BY d.key"
+        )
+
+    def count(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM delivered").fetchone()[0])
+
+    def apply_run(self, run: RunDir) -> int:
+        """Record the successful deliveries in `run`'s journal not applied yet; how many were new."""
+        at = run_started(run)
+        row_id, offset = self._run_row(run.run_id, at)
+        deletes = bool(run.manifest.get("mirror_deletes"))  # a mirror run's deletions: keys leave the state
+        applied = 0
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            reached = offset
+            for reached, entry in _verified_from(run.journal_path, offset):  # noqa: B007 - kept after
+                if not entry["success"] or "key" not in entry:
+                    continue
+                if deletes:
+                    self._db.execute(_DELETE, (key_text(entry["key"]), at))
+                    applied += 1
+                elif "digest" in entry:
+                    delivered = (key_text(entry["key"]), bytes.fromhex(entry["digest"]), row_id, at)
+                    self._db.execute(_UPSERT, delivered)
+                    applied += 1
+            self._db.execute("UPDATE runs SET applied_offset = ? WHERE id = ?", (reached, row_id))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return applied
+
+    def _run_row(self, run_id: str, at: int) -> tuple[int, int]:
+        self._db.execute(
+            "INSERT OR IGNORE INTO runs (run_id, at, applied_offset) VALUES (?, ?, 0)", (run_id, at)
+        )
+        row = self._db.execute("SELECT id, applied_offset FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return int(row[0]), int(row[1])
+
+
+def _verified_from(journal: Path, offset: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(offset after the line, entry) for each verified line from `offset`; stops at the first line
+    that does not verify: a torn tail is not a delivery. A journal cut shorter than `offset` (its
+    torn tail moved aside) is read again from its start: applying a line twice changes nothing."""
+    if not journal.exists():
+        return
+    with journal.open("rb") as stream:
+        if offset > os.fstat(stream.fileno()).st_size:
+            offset = 0
+        stream.seek(offset)
+        for line in iter(lambda: stream.readline(MAX_LINE_BYTES), b""):
+            try:
+                entry = decode_line(line)
+            except ValueError:
+                return
+            offset += len(line)
+            yield offset, entry
+
+
+def job_runs(runs_dir: Path, identity: str) -> list[RunDir]:
+    """The runs of one job in `runs_dir`, oldest first."""
+    return sorted(
+        (run for run in list_runs(runs_dir) if manifest_identity(run.manifest) == identity),
+        key=lambda run: (run_started(run), run.run_id),
+    )
+
+
+def catch_up(state: SyncState, runs: Iterable[RunDir]) -> None:
+    """Apply the journals of runs no process holds (a crashed run's committed lines included)."""
+    for run in runs:
+        if not is_locked(run.path):
+            state.apply_run(run)
+
+
+def rebuilt_items(runs_dir: Path, identity: str) -> Iterator[tuple[str, bytes, str]]:
+    """The state the journals imply, built in memory from nothing."""
+    with closing(_MemoryState(identity)) as fresh:
+        for run in job_runs(runs_dir, identity):
+            fresh.apply_run(run)
+        yield from fresh.items()
+
+
+class _MemoryState(SyncState):
+    def __init__(self, identity: str) -> None:
+        self.path = Path(":memory:")
+        self._db = sqlite3.connect(":memory:", isolation_level=None)
+        self._db.executescript(_SCHEMA)
+        self._db.execute("INSERT INTO meta VALUES ('job', ?)", (identity,))
+
+
+def _refuse_live(runs: list[RunDir]) -> None:
+    for run in runs:
+        if is_locked(run.path):
+            raise RunLocked(
+                f"run {run.run_id} of this job is running; its results are not all in the journal yet",
+                context={"run_dir": str(run.path)},
+                suggestion="wait for it to end (or `bulkrelay job wait`), then try again",
+            )
+
+
+def rebuild_state(runs_dir: Path, identity: str) -> dict[str, Any]:
+    """Replace the job's sync state with one built from its journals alone."""
+    runs = job_runs(runs_dir, identity)
+    _refuse_live(runs)
+    final = state_path(runs_dir, identity)
+    building = final.with_name(final.name + ".rebuild")
+    for stale in _files_of(building):
+        stale.unlink(missing_ok=True)
+    with SyncState(building, identity) as fresh:
+        for run in runs:
+            fresh.apply_run(run)
+        keys = fresh.count()
+    for stale in _files_of(final)[1:]:  # the old database's WAL and shared memory go with it
+        stale.unlink(missing_ok=True)
+    storage = Storage()
+    storage.replace(building, final)
+    storage.fsync_dir(final.parent)
+    return {"job": identity, "state": str(final), "runs": len(runs), "keys": keys}
+
+
+def verify_state(runs_dir: Path, identity: str) -> dict[str, Any]:
+    """Compare the job's sync state with what its journals imply; `SyncStateMismatch` naming the
+    differences when they disagree."""
+    runs = job_runs(runs_dir, identity)
+    _refuse_live(runs)
+    path = state_path(runs_dir, identity)
+    if not path.exists():
+        raise NotFound(
+            f"no sync state for job {identity} in {runs_dir}",
+            context={"state": str(path)},
+            suggestion="run the delta job once, or `bulkrelay sync-state rebuild JOB`",
+        )
+    with SyncState(path, identity) as live:
+        differences = _differences(live.items(), rebuilt_items(runs_dir, identity))
+        keys = live.count()
+    if any(differences[kind] for kind in ("missing", "extra", "different")):
+        raise SyncStateMismatch(
+            f"the sync state of job {identity} differs from its journals: {differences['missing']} keys "
+            f"missing, {differences['extra']} extra, {differences['different']} with another digest or run",
+            context={"state": str(path), **differences},
+            suggestion="bulkrelay sync-state rebuild JOB",
+        )
+    return {"job": identity, "state": str(path), "runs": len(runs), "keys": keys, "matches": True}
+
+
+Item = tuple[str, bytes, str]
+_EXAMPLES = 5
+
+
+def _differences(live: Iterator[Item], rebuilt: Iterator[Item]) -> dict[str, Any]:
+    """Walk both key-ordered listings together; count and name (a few) keys that differ."""
+    found: dict[str, Any] = {"missing": 0, "extra": 0, "different": 0, "examples": []}
+
+    def note(kind: str, key: str) -> None:
+        found[kind] += 1
+        if len(found["examples"]) < _EXAMPLES:
+            found["examples"].append({"key": key, "problem": kind})
+
+    have, want = next(live, None), next(rebuilt, None)
+    while have is not None or want is not None:
+        if want is None or (have is not None and have[0] < want[0]):
+            assert have is not None
+            note("extra", have[0])
+            have = next(live, None)
+        elif have is None or want[0] < have[0]:
+            note("missing", want[0])
+            want = next(rebuilt, None)
+        else:
+            if have != want:
+                note("different", have[0])
+            have, want = next(live, None), next(rebuilt, None)
+    return found
+
+
+def _files_of(database: Path) -> list[Path]:
+    return [database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")]

@@ -1,0 +1,354 @@
+"""The relay engine, the only place that wires the pipeline:
+
+    records ─► window (N workers) ─► rate limiter ─► transport ─► retry policy ─► journal ─► checkpoint
+
+A fixed pool of `concurrency` workers pulls records from one shared stream, so at most
+`concurrency` rows are in flight and no task is made per row. A row is done only when its
+journal batch has been fsynced; only then does it count in the progress and the checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+
+from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
+from bulkrelay.job.config import JobConfig
+from bulkrelay.job.inputs import open_records
+from bulkrelay.job.preflight import Preflight
+from bulkrelay.job.records import Record
+from bulkrelay.relay.metrics import RelayStats
+from bulkrelay.relay.progress import Reporter, Snapshot
+from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, RateLimiter
+from bulkrelay.relay.retry import RetryPolicy
+from bulkrelay.relay.sender import RowSender
+from bulkrelay.relay.stopping import HALT_LIMIT_UNAVAILABLE, HALT_UNAVAILABLE, INPUT_CHANGED, StopControl
+from bulkrelay.relay.transport import open_transport
+from bulkrelay.relay.transport.base import ClientCertificate, Transport, TransportSettings
+from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
+from bulkrelay.store.journal import JournalWriter
+from bulkrelay.store.rowset import RowSet
+from bulkrelay.store.rundir import RunDir, utc_now
+
+CHECKPOINT_INTERVAL_SECONDS = 1.0
+# The first checkpoint comes sooner: a process killed soon after it starts (again and again, say)
+# has still moved the frontier, which also covers the lines a crashed predecessor left after it.
+FIRST_CHECKPOINT_SECONDS = 0.1
+
+
+@dataclass
+class StartPoint:
+    """Where the journal stands before this process sends anything (all zeros for a new run)."""
+
+    next_seq: int = 1
+    offset: int = 0
+    ok: int = 0
+    failed: int = 0
+    done_rows: RowSet | None = None
+    total: int | None = None  # rows this run is for; None: every record of the input
+
+
+@dataclass
+class Committed:
+    """Counters of committed results; advanced only by the journal's commit callback."""
+
+    total: int
+    seq: int
+    offset: int
+    ok: int
+    failed: int
+    committed_this_run: int = 0
+    started: float = field(default_factory=time.monotonic)
+    pace: Callable[[], dict[str, Any]] | None = None  # the limiter's state, for the live checkpoint
+
+    @property
+    def done(self) -> int:
+        return self.ok + self.failed
+
+    def on_commit(self, entries: list[dict[str, Any]], end_offset: int) -> None:
+        for entry in entries:
+            if entry["success"]:
+                self.ok += 1
+            else:
+                self.failed += 1
+        self.committed_this_run += len(entries)
+        self.seq = int(entries[-1]["seq"])
+        self.offset = end_offset
+
+    def snapshot(self) -> Snapshot:
+        pace = self.pace() if self.pace is not None else None
+        return Snapshot(total=self.total, done=self.done, ok=self.ok, failed=self.failed, pace=pace)
+
+    def checkpoint(self, *, live: bool = False) -> Checkpoint:
+        """The counters; `live`: with this call's pace, for `status` while the run goes on."""
+        return Checkpoint(
+            seq=self.seq,
+            offset=self.offset,
+            rows_done=self.done,
+            ok=self.ok,
+            failed=self.failed,
+            updated_at=utc_now(),
+            live=self.live_pace() if live else None,
+        )
+
+    def live_pace(self) -> dict[str, Any]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        pace = {"rows_per_second": round(self.committed_this_run / elapsed, 1)}
+        return {**pace, **(self.pace() if self.pace is not None else {})}
+
+
+@dataclass
+class RelayOutcome:
+    stop_reason: str | None  # None: every row has a committed final result
+    committed: Committed
+    elapsed_seconds: float
+    stop_detail: dict[str, object] = field(default_factory=dict)
+    forced: bool = False
+
+
+class _FailureStreak:
+    """Holds back the results of a run of consecutive transport errors and 5xx, counted in row order.
+
+    Rows complete out of order (a window of workers), so arrival order would let a late success of
+    an earlier row end a streak that follows it, and journal 503s of a target that is down as final.
+    The streak is therefore the failures of rows after the last row, in row order, that ended
+    otherwise (the breaker); a row still in flight does not break it. When the streak reaches
+    `halt.consecutive_failures` the run halts and the held rows are never journaled, so a resume
+    sends them again. A breaker releases the held failures before it (in row order) as final.
+    """
+
+    _STREAK_CLASSES = frozenset({"http_server_error", "timeout_error", "connect_error", "protocol_error"})
+
+    def __init__(self, limit: int, stop: StopControl) -> None:
+        self._limit = limit
+        self._stop = stop
+        self._held: list[dict[str, Any]] = []  # all after the breaker, in completion order
+        self._breaker = 0  # the highest row number that ended other than in a streak failure
+
+    def admit(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
+        """The entries to journal now, given one more final result."""
+        if self._stop.reason == HALT_UNAVAILABLE:
+            return [entry] if entry["success"] else []
+        row = int(entry["row_number"])
+        if entry["classification"] not in self._STREAK_CLASSES:
+            self._breaker = max(self._breaker, row)
+            released = [held for held in self._held if held["row_number"] < row]
+            self._held = [held for held in self._held if held["row_number"] > row]
+            return [*released, entry]
+        if row < self._breaker:
+            return [entry]  # a later row already ended otherwise: this failure belongs to no streak
+        self._held.append(entry)
+        if self._limit > 0 and len(self._held) >= self._limit:
+            self._stop.request(
+                HALT_UNAVAILABLE,
+                consecutive_failures=len(self._held),
+                last_classification=entry["classification"],
+            )
+            self._held = []
+        return []
+
+    def release(self) -> list[dict[str, Any]]:
+        """At the end: held results are real final results unless the target was declared down."""
+        held, self._held = self._held, []
+        return [] if self._stop.reason == HALT_UNAVAILABLE else held
+
+
+def _pending_records(
+    preflight: Preflight, done: RowSet | None, stop: StopControl
+) -> Generator[Record, None, None]:
+    """The records without a committed result, read from exactly the bytes preflight validated. If the
+    input changed (or went), the records end there and the run stops at a safe point, resumable."""
+    file = preflight.input_spec.display_name
+
+    def on_problem(problem: Problem) -> None:  # preflight proved these bytes clean: they changed
+        raise InputChanged(
+            f"{file} changed during the run: {problem.describe()}",
+            context={"file": file, "problem": problem.to_dict()},
+        )
+
+    try:
+        with open_records(preflight.input_spec, on_problem, preflight.expected_input) as stream:
+            for record in stream:
+                if done is None or record.row_number not in done:
+                    yield record
+    except (InputChanged, NotFound) as changed:
+        stop.request(INPUT_CHANGED, message=changed.message, **changed.context)
+
+
+def transport_settings(preflight: Preflight) -> TransportSettings:
+    execution = preflight.job.config.execution
+    timeout = execution.timeout
+    header_names = {name.lower() for name in preflight.job.config.request.headers}
+    return TransportSettings(
+        concurrency=execution.concurrency,
+        connect_seconds=timeout.connect_seconds,
+        read_seconds=timeout.read_seconds,
+        write_seconds=timeout.write_seconds,
+        pool_seconds=timeout.pool_seconds,
+        http2=execution.http2,
+        decompress="accept-encoding" in header_names,
+        client=execution.client,
+        proxy=execution.proxy,
+        client_certificate=_client_certificate(preflight),
+    )
+
+
+def _client_certificate(preflight: Preflight) -> ClientCertificate | None:
+    tls = preflight.job.config.execution.tls
+    if tls is None:
+        return None
+    base = preflight.job.base_dir
+    key = None if tls.client_key is None else base / tls.client_key
+    return ClientCertificate(base / tls.client_cert, key)
+
+
+async def relay(
+    preflight: Preflight,
+    run: RunDir,
+    start: StartPoint,
+    *,
+    stop: StopControl,
+    reporter: Reporter,
+    transport_factory: Callable[[TransportSettings], Transport] = open_transport,
+    stats: RelayStats | None = None,
+    on_tick: Callable[[Snapshot], None] | None = None,
+) -> RelayOutcome:
+    """Send every pending row, commit every final result, and say why it ended.
+
+    `stats` counts what goes on the wire; `on_tick` hears the committed progress about once a second
+    (the metrics file and the run log), whether or not rows were committed meanwhile."""
+    config = preflight.job.config
+    committed = Committed(
+        total=start.total if start.total is not None else preflight.record_count,
+        seq=start.next_seq - 1,
+        offset=start.offset,
+        ok=start.ok,
+        failed=start.failed,
+    )
+    started = time.monotonic()
+    storage = run.storage
+
+    def on_commit(entries: list[dict[str, Any]], end_offset: int) -> None:
+        committed.on_commit(entries, end_offset)
+        reporter.update(committed.snapshot())
+
+    journal = JournalWriter(run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit)
+    transport = transport_factory(transport_settings(preflight))
+    limiter = open_limiter(config)
+    sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats())
+    committed.pace = limiter.state
+    streak = _FailureStreak(config.halt.consecutive_failures, stop)
+    records = _pending_records(preflight, start.done_rows, stop)
+
+    reporter.update(committed.snapshot())
+    try:
+        async with anyio.create_task_group() as background:
+            background.start_soon(journal.run)
+            background.start_soon(_checkpointer, run, committed, on_tick or _no_tick)
+            async with anyio.create_task_group() as workers:
+                background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
+                for _ in range(config.execution.concurrency):
+                    workers.start_soon(_worker, records, sender, streak, journal)
+            for admitted in streak.release():
+                await journal.submit(admitted)
+            await journal.close()
+            background.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise sole_error(group) from None
+    finally:
+        records.close()
+        with anyio.CancelScope(shield=True):
+            await transport.aclose()
+            await limiter.aclose()
+    write_checkpoint(run.path, committed.checkpoint(), storage)
+    reporter.update(committed.snapshot())
+    finished_all = committed.done == committed.total
+    return RelayOutcome(
+        stop_reason=None if finished_all and not _reported_anyway(stop) else stop.reason or "incomplete",
+        committed=committed,
+        elapsed_seconds=time.monotonic() - started,
+        stop_detail=dict(stop.detail),
+        forced=stop.forced,
+    )
+
+
+def open_limiter(config: JobConfig) -> Limiter:
+    """The job's rate limit: shared by every shard through Redis (`rate_limit.shared`), else our own."""
+    rate = config.execution.rate_limit
+    if rate is None or rate.shared is None:
+        return RateLimiter(rate.requests_per_second if rate else None)
+    from bulkrelay.relay.ratelimit_redis import SharedRateLimiter  # redis loads only for a shared limit
+
+    return SharedRateLimiter(rate.shared, rate.shared_key or target_origin(config), rate.requests_per_second)
+
+
+def target_origin(config: JobConfig) -> str:
+    """scheme://host:port of the request URL: the default key of a shared limit (one target, one limit)."""
+    parts = urlsplit(config.request.url)
+    return f"{parts.scheme}://{parts.netloc}" if "{" not in parts.netloc else config.request.url
+
+
+def _row_sender(
+    preflight: Preflight, transport: Transport, limiter: Limiter, stop: StopControl, stats: RelayStats
+) -> RowSender:
+    config = preflight.job.config
+    return RowSender(
+        preflight=preflight,
+        transport=transport,
+        limiter=limiter,
+        policy=RetryPolicy.from_config(config.retry, config.response, config.halt),
+        stop=stop,
+        stats=stats,
+    )
+
+
+async def _worker(
+    records: Iterator[Record], sender: RowSender, streak: _FailureStreak, journal: JournalWriter
+) -> None:
+    """One slot of the window: take the next pending record, see it to its end, hand over its result."""
+    while not sender.stop.requested:
+        record = next(records, None)
+        if record is None:
+            return
+        try:
+            entry = await sender.send(record)
+        except LimiterUnavailable as exc:  # never a local fallback: that could exceed the shared limit
+            sender.stop.request(HALT_LIMIT_UNAVAILABLE, limiter=exc.url, cause=exc.cause)
+            return
+        if entry is not None:
+            for admitted in streak.admit(entry):
+                await journal.submit(admitted)
+
+
+def _no_tick(snapshot: Snapshot) -> None:
+    pass
+
+
+async def _checkpointer(run: RunDir, committed: Committed, on_tick: Callable[[Snapshot], None]) -> None:
+    """Replace `checkpoint.json` soon after the first commit, then at most once a second."""
+    last = (committed.seq, committed.offset)
+    interval = FIRST_CHECKPOINT_SECONDS
+    while True:
+        on_tick(committed.snapshot())  # at once, then each second; observers keep their own cadence (10 s)
+        await anyio.sleep(interval)
+        if (committed.seq, committed.offset) != last:
+            interval = CHECKPOINT_INTERVAL_SECONDS
+            last = (committed.seq, committed.offset)
+            live = committed.checkpoint(live=True)
+            await anyio.to_thread.run_sync(write_checkpoint, run.path, live, run.storage)
+
+
+def _reported_anyway(stop: StopControl) -> bool:
+    """Stops that are the run's outcome even when every row got a result first: a halt rule fired, or
+    the input changed (the rows sent were the ones preflight read, but the file is not that any more)."""
+    return stop.reason is not None and (stop.reason.startswith("halt") or stop.reason == INPUT_CHANGED)
+
+
+async def _cancel_when_forced(stop: StopControl, scope: anyio.CancelScope) -> None:
+    await stop.wait_forced()
+    scope.cancel()

@@ -1,0 +1,263 @@
+"""Prometheus metrics of a run, in the text format node_exporter's textfile collector reads.
+
+`RelayStats` counts what went on the wire in this process (requests by status class, retries,
+429 pauses, request latency); the sender feeds it. `MetricsFile` turns the stats and the committed
+progress into a metrics file, replaced atomically (temp file, fsync, rename, directory fsync) when
+the run starts, about every 10 s while it runs, and when it ends. It is an operational setting:
+nothing about it enters the run's fingerprint or the invocation's identity.
+
+Every sample carries the label `job_name` (the job's `name`, else its file name without suffix).
+The label is not `job`: Prometheus gives that name to the scrape job and would rename ours
+`exported_job`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.errors import StorageFailed, UsageError
+from bulkrelay.job.preflight import Preflight
+from bulkrelay.relay.progress import Snapshot
+from bulkrelay.store.atomic import write_atomic
+from bulkrelay.store.rundir import STATES, RunDir
+
+METRICS_ENV = "BULKRELAY_METRICS_FILE"
+METRICS_INTERVAL_SECONDS = 10.0
+# Upper bounds (seconds) of the request latency histogram: loopback answers to slow batch APIs.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LAST_SUCCESS = "bulkrelay_last_success_timestamp_seconds"
+
+
+def status_class(status: int | None) -> str:
+    """`2xx`, `4xx`, ... for an HTTP status; `error` when no answer came (transport error)."""
+    return "error" if status is None else f"{status // 100}xx"
+
+
+class RelayStats:
+    """What this process sent: cheap counters, updated on the event loop by the row sender."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self.retries = 0
+        self.pauses = 0
+        self.pause_seconds = 0.0
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)  # per bucket, the last one is +Inf
+        self.latency_sum = 0.0
+        self._pause_listeners: list[Callable[[float], None]] = []
+
+    def on_attempt(self, status: int | None, latency_seconds: float) -> None:
+        self.requests[status_class(status)] += 1
+        self.latency_sum += latency_seconds
+        bucket = next((i for i, le in enumerate(LATENCY_BUCKETS) if latency_seconds <= le), -1)
+        self.latency_counts[bucket] += 1
+
+    def on_retry(self) -> None:
+        self.retries += 1
+
+    def on_pause(self, seconds: float) -> None:
+        """A 429 with Retry-After paused every start for `seconds`."""
+        self.pauses += 1
+        self.pause_seconds += seconds
+        for listener in self._pause_listeners:
+            listener(seconds)
+
+    def on_pauses(self, listener: Callable[[float], None]) -> None:
+        """Call `listener(seconds)` at every 429 pause (the run log writes one line each)."""
+        self._pause_listeners.append(listener)
+
+    def cumulative_buckets(self) -> list[tuple[str, float]]:
+        buckets: list[tuple[str, float]] = []
+        total = 0
+        for le, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.latency_counts, strict=True):
+            total += count
+            buckets.append((le, total))
+        return buckets
+
+
+class MetricsFile:
+    """The run observer that keeps a metrics file up to date (see `lifecycle.RunObserver`)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        interval: float = METRICS_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not path.parent.is_dir():
+            raise UsageError(
+                f"--metrics-file {path}: directory {path.parent} does not exist",
+                context={"metrics_file": str(path)},
+                suggestion=f"create {path.parent}, or name a file in an existing directory",
+            )
+        self.path = path
+        self._interval = interval
+        self._clock = clock
+        self._labels: dict[str, str] = {}
+        self._stats = RelayStats()
+        self._snapshot = Snapshot(total=0, done=0, ok=0, failed=0)
+        self._first_done: int | None = None
+        self._run_id = ""
+        self._started = clock()
+        self._started_at = time.time()
+        self._written = -float("inf")
+        self._last_success: float | None = None
+        self._failure: StorageFailed | None = None
+
+    def run_started(self, run: RunDir, preflight: Preflight, stats: RelayStats) -> None:
+        name = preflight.job.config.name or preflight.job.path.stem
+        self._labels = {"job_name": name}
+        self._stats = stats
+        self._last_success = previous_last_success(self.path, name)
+        self._run_id = run.run_id
+        self._started, self._started_at = self._clock(), time.time()
+        self._write(run.state, None)
+
+    def progressed(self, snapshot: Snapshot) -> None:
+        first = self._first_done is None
+        if first:
+            self._first_done = snapshot.done  # a resumed run's rate counts only this process's rows
+        self._snapshot = snapshot
+        if first or self._clock() - self._written >= self._interval:
+            self._write("running", None)
+
+    def stop_requested(self, reason: str, detail: dict[str, object]) -> None:
+        pass  # the file says how the run ended when it has ended
+
+    def run_finished(self, run: RunDir, result: Result) -> None:
+        progress = result.data.get("progress") if isinstance(result.data, dict) else None
+        if progress:
+            self._snapshot = Snapshot(
+                total=int(progress["total"]),
+                done=progress["done"],
+                ok=progress["ok"],
+                failed=progress["failed"],
+            )
+        if result.exit_code == 0:
+            self._last_success = time.time()
+        self._write(run.state, int(result.exit_code))
+        if self._failure is not None:
+            result.warnings.append(
+                EnvelopeWarning(
+                    "METRICS_WRITE_FAILED",
+                    f"the metrics file could not be written: {self._failure.message}",
+                    {"metrics_file": str(self.path)},
+                )
+            )
+
+    def _write(self, state: str, exit_code: int | None) -> None:
+        """Replace the file; a failure is reported once at the end and never stops the run."""
+        self._written = self._clock()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(lambda: self.families(state, exit_code)))
+        try:
+            write_atomic(self.path, generate_latest(registry))
+        except StorageFailed as exc:
+            self._failure = self._failure or exc
+
+    def families(self, state: str, exit_code: int | None) -> Iterator[Metric]:
+        """Every metric family of the file, for the run in `state` (`exit_code` once it has ended)."""
+        yield from self._run_families(state, exit_code)
+        yield from self._wire_families()
+
+    def _run_families(self, state: str, exit_code: int | None) -> Iterator[Metric]:
+        names, snap = list(self._labels), self._snapshot
+        rows = GaugeMetricFamily("bulkrelay_rows", "Rows of the run by outcome.", labels=[*names, "outcome"])
+        pending = snap.total - snap.done
+        for outcome, count in (("succeeded", snap.ok), ("failed", snap.failed), ("pending", pending)):
+            rows.add_metric([*self._labels.values(), outcome], count)
+        yield rows
+        elapsed = max(self._clock() - self._started, 1e-9)
+        rate = (snap.done - (self._first_done or 0)) / elapsed
+        yield self._gauge("bulkrelay_rows_per_second", "Rows committed per second by this process.", rate)
+        yield self._gauge("bulkrelay_run_start_timestamp_seconds", "When relaying began.", self._started_at)
+        yield self._gauge(
+            "bulkrelay_run_updated_timestamp_seconds", "When this file was written.", time.time()
+        )
+        yield self._gauge("bulkrelay_run_info", "The run this file describes.", 1, run_id=self._run_id)
+        run_state = GaugeMetricFamily(
+            "bulkrelay_run_state", "1 for the run's state, 0 for the others.", labels=[*names, "state"]
+        )
+        for name in STATES:
+            run_state.add_metric([*self._labels.values(), name], 1 if name == state else 0)
+        yield run_state
+        if exit_code is not None:
+            yield self._gauge("bulkrelay_run_exit_code", "Exit code of the run's last call.", exit_code)
+        if self._last_success is not None:
+            yield self._gauge(_LAST_SUCCESS, "When a run of this job last exited 0.", self._last_success)
+
+    def _wire_families(self) -> Iterator[Metric]:
+        names, labels, stats = list(self._labels), list(self._labels.values()), self._stats
+        requests = CounterMetricFamily(
+            "bulkrelay_requests", "Requests sent, by status class.", labels=[*names, "status_class"]
+        )
+        for klass in ("1xx", "2xx", "3xx", "4xx", "5xx", "error"):
+            requests.add_metric([*labels, klass], stats.requests[klass])
+        yield requests
+        for name, text, value in (
+            ("bulkrelay_retries", "Retried attempts.", stats.retries),
+            (
+                "bulkrelay_rate_limit_pauses",
+                "429 answers whose Retry-After paused every start.",
+                stats.pauses,
+            ),
+            ("bulkrelay_rate_limit_pause_seconds", "Seconds of those pauses.", stats.pause_seconds),
+        ):
+            counter = CounterMetricFamily(name, text, labels=names)
+            counter.add_metric(labels, value)
+            yield counter
+        latency = HistogramMetricFamily(
+            "bulkrelay_request_duration_seconds", "Round trip of each request.", labels=names
+        )
+        latency.add_metric(labels, stats.cumulative_buckets(), stats.latency_sum)
+        yield latency
+
+    def _gauge(self, name: str, text: str, value: float, **extra: str) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, text, labels=[*self._labels, *extra])
+        family.add_metric([*self._labels.values(), *extra.values()], value)
+        return family
+
+
+class _Collector:
+    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families()
+
+
+def previous_last_success(path: Path, job_name: str) -> float | None:
+    """The last success time an earlier run wrote to the same file, so it survives failed nights."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == _LAST_SUCCESS and sample.labels.get("job_name") == job_name:
+                    return float(sample.value)
+    except ValueError:  # not a metrics file we can read: start afresh
+        return None
+    return None
+
+
+def metrics_path(flag: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """`--metrics-file`, else BULKRELAY_METRICS_FILE, else none."""
+    if flag is not None:
+        return flag
+    value = environ.get(METRICS_ENV, "").strip()
+    return Path(value) if value else None

@@ -1,0 +1,224 @@
+"""Classification of an attempt's outcome, and the retry policy that decides what happens next.
+
+Classifications (the `classification` of a journal line):
+
+    success               a success status (the job's `success_statuses`, else any 2xx)
+    http_client_error     4xx other than 429
+    http_rate_limited     429
+    http_server_error     5xx
+    http_redirect         3xx (redirects are never followed)
+    http_unexpected       anything else: 1xx, or a 2xx the job does not count as success
+    connect_error         no connection could be made
+    timeout_error         a timeout phase expired (connect, write, read, pool)
+    protocol_error        reset, disconnect, malformed response
+
+A status outcome is retryable when its status is in `retry.statuses` and not a halt status; transport
+errors are always retryable (delivery is at-least-once: a timed-out request may have been applied,
+which idempotency keys make harmless). Attempt n (from 1) failing retryably is retried while
+n < max_attempts, after `min(max_backoff, initial * 2**(n-1))`, then scaled by a uniform jitter in
+[1 - jitter_ratio, 1 + jitter_ratio] (so a jittered delay may exceed max_backoff by that ratio), and never
+shorter than the response's Retry-After when `respect_retry_after` is on.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING
+
+from bulkrelay.relay.transport.base import TransportError
+
+if TYPE_CHECKING:
+    from bulkrelay.job.config import HaltConfig, ResponseConfig, RetryConfig
+
+# Every classification a journal line can carry, in the order of the docstring above.
+CLASSIFICATIONS = (
+    "success",
+    "http_client_error",
+    "http_rate_limited",
+    "http_server_error",
+    "http_redirect",
+    "http_unexpected",
+    "connect_error",
+    "timeout_error",
+    "protocol_error",
+)
+
+DEFAULT_RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+DEFAULT_HALT_STATUSES = frozenset({401, 403})
+
+_DELTA_SECONDS = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    retry: bool  # send the request again after delay_seconds
+    delay_seconds: float  # 0 when not retrying
+    classification: str
+    retryable: bool  # this kind of outcome is retryable, even when no attempts are left
+    halt: bool = False  # a halt status: stop the run (resumable), never retried
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 1
+    statuses: Collection[int] = DEFAULT_RETRY_STATUSES
+    initial_backoff_seconds: float = 1.0
+    max_backoff_seconds: float = 30.0
+    jitter_ratio: float = 0.2
+    respect_retry_after: bool = True
+    success_statuses: Collection[int] | None = None  # None: any 2xx
+    halt_statuses: Collection[int] = DEFAULT_HALT_STATUSES
+    rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if not 0 <= self.jitter_ratio <= 1:
+            raise ValueError("jitter_ratio must be between 0 and 1")
+        # frozensets make the per-response membership tests cheap whatever collection was given
+        object.__setattr__(self, "statuses", frozenset(self.statuses))
+        object.__setattr__(self, "halt_statuses", frozenset(self.halt_statuses))
+        if self.success_statuses is not None:
+            object.__setattr__(self, "success_statuses", frozenset(self.success_statuses))
+
+    @classmethod
+    def from_config(
+        cls, retry: RetryConfig, response: ResponseConfig, halt: HaltConfig, rng: random.Random | None = None
+    ) -> RetryPolicy:
+        """The policy of a job file's `retry`, `response.success_statuses` and `halt.on_statuses`."""
+        return cls(
+            max_attempts=retry.max_attempts,
+            statuses=retry.statuses,
+            initial_backoff_seconds=retry.initial_backoff_seconds,
+            max_backoff_seconds=retry.max_backoff_seconds,
+            jitter_ratio=retry.jitter_ratio,
+            respect_retry_after=retry.respect_retry_after,
+            success_statuses=response.success_statuses,
+            halt_statuses=halt.on_statuses,
+            rng=rng if rng is not None else random.Random(),
+        )
+
+    def is_success(self, status: int) -> bool:
+        if self.success_statuses is None:
+            return 200 <= status < 300
+        return status in self.success_statuses
+
+    def classify_status(self, status: int) -> str:
+        if self.is_success(status):
+            return "success"
+        if status == 429:
+            return "http_rate_limited"
+        if 400 <= status < 500:
+            return "http_client_error"
+        if 500 <= status < 600:
+            return "http_server_error"
+        if 300 <= status < 400:
+            return "http_redirect"
+        return "http_unexpected"
+
+    @staticmethod
+    def classify_error(error: TransportError) -> str:
+        return classify_error(error)
+
+    def decide(
+        self,
+        attempt: int,
+        status: int | None,
+        error: TransportError | None,
+        retry_after: float | None = None,
+    ) -> Decision:
+        """What to do after attempt number `attempt` (from 1) ended with `status` or `error`."""
+        if (status is None) == (error is None):
+            raise ValueError("decide() needs exactly one of status and error")
+        halt = False
+        if error is not None:
+            classification, retryable = error.classification, True
+        else:
+            assert status is not None
+            classification = self.classify_status(status)
+            halt = status in self.halt_statuses and classification != "success"
+            retryable = classification != "success" and not halt and status in self.statuses
+        if not retryable or attempt >= self.max_attempts:
+            return Decision(False, 0.0, classification, retryable, halt)
+        return Decision(True, self.delay(attempt, retry_after), classification, True)
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait before the attempt after `attempt`."""
+        base = min(self.max_backoff_seconds, self.initial_backoff_seconds * 2.0 ** (attempt - 1))
+        jitter = self.rng.uniform(-self.jitter_ratio, self.jitter_ratio) if self.jitter_ratio else 0.0
+        seconds = max(0.0, base * (1.0 + jitter))
+        if self.respect_retry_after and retry_after is not None:
+            seconds = max(seconds, retry_after)
+        return seconds
+
+
+def classify_error(error: TransportError) -> str:
+    """connect_error, timeout_error or protocol_error."""
+    return error.classification
+
+
+def parse_retry_after(value: str, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After value (delta-seconds or HTTP-date); None if it is neither."""
+    text = value.strip()
+    if _DELTA_SECONDS.fullmatch(text):  # the RFC says digits; fractions and a sign are tolerated
+        return max(0.0, float(text))
+    return _seconds_until_http_date(text, now)
+
+
+def _seconds_until_http_date(text: str, now: datetime | None) -> float | None:
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000" dates parse naive; HTTP dates are GMT
+        when = when.replace(tzinfo=UTC)
+    reference = now if now is not None else datetime.now(UTC)
+    return max(0.0, (when - reference).total_seconds())
+
+
+_QUOTA_PARAM = re.compile(r"\b(remaining|reset|r|t)\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+_EPOCH_SECONDS = 1_000_000_000  # a reset this large is a Unix time (GitHub style), not a delay
+
+
+def quota_exhausted_for(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds until the target's quota resets when its rate-limit headers say nothing remains.
+
+    Reads the IETF httpapi draft's `RateLimit-Remaining` / `RateLimit-Reset` (delay seconds), its
+    later combined `RateLimit: limit=10, remaining=0, reset=3` (`r=`/`t=` too), and the common
+    `X-RateLimit-Remaining` / `X-RateLimit-Reset` (delay seconds, or a Unix time). None: quota left,
+    or no such headers.
+    """
+    remaining, reset = (
+        _separate_quota(headers, "RateLimit-")
+        or _separate_quota(headers, "X-RateLimit-")
+        or (_combined_quota(headers.get("RateLimit")))
+    )
+    if remaining is None or remaining > 0 or reset is None:
+        return None
+    if reset >= _EPOCH_SECONDS:
+        reset -= now if now is not None else datetime.now(UTC).timestamp()
+    return max(0.0, reset)
+
+
+def _separate_quota(headers: Mapping[str, str], prefix: str) -> tuple[float | None, float | None] | None:
+    remaining = _number(headers.get(f"{prefix}Remaining"))
+    if remaining is None:
+        return None
+    return remaining, _number(headers.get(f"{prefix}Reset"))
+
+
+def _combined_quota(value: str | None) -> tuple[float | None, float | None]:
+    params = {name.lower(): float(number) for name, number in _QUOTA_PARAM.findall(value or "")}
+    remaining = params.get("remaining", params.get("r"))
+    return remaining, params.get("reset", params.get("t"))
+
+
+def _number(value: str | None) -> float | None:
+    if value is None or not _DELTA_SECONDS.fullmatch(value.strip()):
+        return None
+    return float(value.strip())

@@ -1,0 +1,186 @@
+"""One row, start to final result: render, rate-limit each attempt, send, retry, judge.
+
+`RowSender.send` returns the journal entry of the row's final result, or None when the row
+must stay pending: a halt status was seen, or a stop arrived while it waited to retry.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from bulkrelay.job.preflight import Preflight
+from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.relay.metrics import RelayStats
+from bulkrelay.relay.ratelimit import Limiter
+from bulkrelay.relay.response import ResponseReader
+from bulkrelay.relay.retry import RetryPolicy, parse_retry_after, quota_exhausted_for
+from bulkrelay.relay.stopping import HALT_AUTH, StopControl
+from bulkrelay.relay.transport.base import Response, Transport, TransportError
+
+
+def row_identity(record: Record, key_field: str | None) -> str:
+    """What names a row across runs: its `input.key` value, else its row number."""
+    if key_field is not None:
+        return f"key:{record.fields.get(key_field)}"
+    return f"row:{record.row_number}"
+
+
+class RowSender:
+    def __init__(
+        self,
+        preflight: Preflight,
+        transport: Transport,
+        limiter: Limiter,
+        policy: RetryPolicy,
+        stop: StopControl,
+        *,
+        stats: RelayStats | None = None,
+    ) -> None:
+        config = preflight.job.config
+        self._stats = stats or RelayStats()
+        self._renderer = preflight.renderer
+        self._digester = preflight.digester
+        self._config_fingerprint = preflight.config_fingerprint
+        self._key_field = config.input.key
+        self._transport = transport
+        self._limiter = limiter
+        self._policy = policy
+        self.stop = stop
+        self._respect_retry_after = config.retry.respect_retry_after
+        self._max_pause = config.retry.max_retry_after_seconds
+        self._reader = ResponseReader(
+            config.response.capture, config.response.failure_body_bytes, self._renderer.redactor
+        )
+
+    def _prepare(self, record: Record) -> tuple[PreparedRequest, str | None]:
+        request = self._renderer.render(record)
+        if self._renderer.idempotency_header is None:
+            return request, None
+        key = self._renderer.idempotency_key(
+            self._config_fingerprint, row_identity(record, self._key_field), request
+        )
+        return self._renderer.with_idempotency_key(request, key), key
+
+    async def send(self, record: Record) -> dict[str, Any] | None:
+        request, key = self._prepare(record)
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            await self._limiter.acquire()
+            response: Response | None = None
+            error: TransportError | None = None
+            sent = time.monotonic()
+            try:
+                response = await self._transport.send(request)
+            except TransportError as exc:
+                error = exc
+            latency = time.monotonic() - sent
+            status = response.status if response is not None else None
+            self._stats.on_attempt(status, latency)
+            retry_after = self._retry_after(response)
+            decision = self._policy.decide(attempt, status, error, retry_after)
+            if decision.halt:
+                self.stop.request(HALT_AUTH, status_code=status, row=record.row_number)
+                return None
+            self._slow_down(response, retry_after)
+            if not decision.retry:
+                break
+            self._stats.on_retry()
+            if await self._stopped_during(decision.delay_seconds):
+                return None
+        entry = self._entry(
+            record,
+            key,
+            attempts=attempt,
+            started=started,
+            latency=latency,
+            response=response,
+            error=error,
+            classification=decision.classification,
+            retryable=decision.retryable,
+        )
+        if self._digester is not None:  # a delta job: the sync state learns from this line
+            entry["digest"] = self._digester.digest(request, record.fields).hex()
+        return entry
+
+    async def _stopped_during(self, delay: float) -> bool:
+        """Wait out a backoff; a stop request ends the wait and leaves the row pending."""
+        with anyio.move_on_after(delay):
+            await self.stop.wait()
+        return self.stop.requested
+
+    @property
+    def limiter(self) -> Limiter:
+        return self._limiter
+
+    def _slow_down(self, response: Response | None, retry_after: float | None) -> None:
+        """What the target said about its load applies to every start, not only this row's."""
+        if response is None:
+            return
+        if response.status == 429:
+            self._limiter.rate_limited()  # AIMD: repeated 429s lower the rate
+            if retry_after is not None:
+                self._limiter.pause_until(time.monotonic() + retry_after)
+                self._stats.on_pause(retry_after)
+        if self._respect_retry_after:
+            reset = quota_exhausted_for(response.headers)  # nothing remains: wait for the reset
+            if reset is not None:
+                self._limiter.pause_until(time.monotonic() + min(reset, self._max_pause))
+
+    def _retry_after(self, response: Response | None) -> float | None:
+        """The response's Retry-After in seconds, capped at `retry.max_retry_after_seconds`."""
+        if response is None or not self._respect_retry_after:
+            return None
+        value = response.headers.get("Retry-After")  # the transport's headers are case-insensitive
+        seconds = parse_retry_after(value) if value else None
+        return None if seconds is None else min(seconds, self._max_pause)
+
+    def _entry(
+        self,
+        record: Record,
+        key: str | None,
+        *,
+        attempts: int,
+        started: float,
+        latency: float,
+        response: Response | None,
+        error: TransportError | None,
+        classification: str,
+        retryable: bool,
+    ) -> dict[str, Any]:
+        success = classification == "success"
+        entry: dict[str, Any] = {
+            "row_number": record.row_number,
+            "success": success,
+            "classification": classification,
+            "status_code": response.status if response is not None else None,
+            "attempts": attempts,
+            "retryable": retryable,
+            "error": None if success else self._error_text(response, error),
+            "duration_ms": round((time.monotonic() - started) * 1000, 3),  # the row: waits and retries too
+            "latency_ms": round(latency * 1000, 3),  # the final attempt's round trip
+        }
+        if self._key_field is not None:
+            entry["key"] = record.fields.get(self._key_field)
+        if key is not None:
+            entry["idempotency_key"] = key
+        if response is not None:
+            if success:
+                captured = self._reader.captured(response.body)
+                if captured is not None:
+                    entry["captured"] = captured
+            else:
+                entry["response_body"] = self._reader.failure_body(
+                    response.body, truncated=response.truncated
+                )
+        return entry
+
+    def _error_text(self, response: Response | None, error: TransportError | None) -> str:
+        if error is not None:
+            return self._renderer.redactor.redact(f"{type(error).__name__}: {error}")
+        assert response is not None
+        return f"HTTP {response.status}"

@@ -1,0 +1,143 @@
+"""The HTTP seam: the engine sends a `PreparedRequest` and gets back a `Response` or a `TransportError`.
+
+The engine only knows the `Transport` protocol and `open_transport()` (the package's face), which
+builds the client the job names in `execution.client`:
+
+    reqwest  (default) pyreqwest, bindings of Rust's reqwest and hyper: the fastest client measured here
+             (docs/transport.md), in `transport_reqwest.py`
+    httpx    the Python ecosystem's standard client, with a real write timeout, in `transport_httpx.py`
+
+Both classify failures the same way (one contract suite, tests/test_transport.py, runs against both):
+`ConnectFailed` means the request was never sent, `RequestTimeout` names the phase that ran out, and
+`ProtocolFailed` means the request may have reached the target but no valid answer came back.
+Messages never quote the request URL, which may carry a secret.
+
+What the transport accepts is decided in one place, bulkrelay.job.wire, which preflight asks too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+from urllib.parse import urlsplit
+
+from bulkrelay._version import __version__
+from bulkrelay.errors import TlsUnavailable, UsageError
+from bulkrelay.job.records import PreparedRequest
+
+TimeoutPhase = Literal["connect", "write", "read", "pool"]  # reqwest never says "write": see its module
+ClientName = Literal["reqwest", "httpx"]
+
+USER_AGENT = f"bulkrelay/{__version__}"
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A response as the engine sees it.
+
+    `headers` is case-insensitive; `truncated` marks a body cut at max_body_bytes.
+    """
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+    truncated: bool = False
+
+
+class Transport(Protocol):
+    async def send(self, request: PreparedRequest) -> Response: ...
+
+    async def aclose(self) -> None: ...
+
+
+class TransportError(Exception):
+    """No usable response: the request may or may not have reached the target."""
+
+    classification = "transport_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConnectFailed(TransportError):
+    """No connection could be made (refused, DNS failure, TLS failure): the request was not sent."""
+
+    classification = "connect_error"
+
+
+class RequestTimeout(TransportError):
+    """A phase of the exchange took longer than its timeout."""
+
+    classification = "timeout_error"
+
+    def __init__(self, message: str, *, phase: TimeoutPhase) -> None:
+        super().__init__(message)
+        self.phase = phase
+
+
+class ProtocolFailed(TransportError):
+    """The connection broke or the answer was not valid HTTP: reset, disconnect, malformed response."""
+
+    classification = "protocol_error"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCertificate:
+    """A client certificate for mutual TLS: PEM files (the key may sit in the certificate's file)."""
+
+    cert_file: Path
+    key_file: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransportSettings:
+    concurrency: int
+    connect_seconds: float
+    read_seconds: float
+    write_seconds: float
+    pool_seconds: float
+    max_body_bytes: int = 1 << 20
+    http2: bool = False  # HTTP/2 only, by prior knowledge: no HTTP/1.1 fallback
+    decompress: bool = False  # decode gzip/brotli/zstd/deflate answers: when the job sends Accept-Encoding
+    client: ClientName = "reqwest"
+    proxy: str = "none"  # "none", "environment" (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY) or a URL
+    client_certificate: ClientCertificate | None = None
+
+
+def invalid_request() -> ConnectFailed:
+    return ConnectFailed("cannot send: invalid URL or header")
+
+
+def host_port(url: str) -> str:
+    """host:port of the URL for messages, or "the target" when Python's parser reads no host (reqwest's
+    WHATWG parser is more lenient: it reads http:///name as http://name/)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        return "the target"
+    if not parts.hostname:
+        return "the target"
+    return f"{parts.hostname}:{port or (443 if parts.scheme == 'https' else 80)}"
+
+
+def tls_unavailable(cause: str) -> TlsUnavailable:
+    """No authority to trust at all: said before any request, the same way by both clients."""
+    return TlsUnavailable(
+        f"cannot make an HTTP client: {cause}",
+        suggestion="install the system's CA certificates (Debian: ca-certificates), "
+        "or set SSL_CERT_FILE to a PEM bundle of the authorities to trust",
+    )
+
+
+def read_pem(path: Path) -> bytes:
+    """A PEM file's bytes, or a usage error naming the file."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read the client certificate file {path}: {exc.strerror}", context={"path": str(path)}
+        ) from None

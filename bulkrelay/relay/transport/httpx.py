@@ -1,0 +1,166 @@
+"""The httpx transport: the Python ecosystem's standard client, chosen with `execution.client: httpx`.
+
+It is slower than reqwest here (docs/transport.md) but has what some targets need: httpx's own write
+timeout (the `write` phase), and the same proxy and client-certificate handling as our users' own code.
+TLS trusts the system's store as `ssl.create_default_context()` loads it (SSL_CERT_FILE and SSL_CERT_DIR
+name a private authority), like the reqwest transport, rather than httpx's bundled certifi.
+
+Timeout phases map one to one: httpx's connect, write, read and pool timeouts.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+
+import httpx
+
+from bulkrelay.errors import UsageError
+from bulkrelay.job.records import PreparedRequest
+from bulkrelay.relay.transport.base import (
+    USER_AGENT,
+    ConnectFailed,
+    ProtocolFailed,
+    RequestTimeout,
+    Response,
+    TransportError,
+    TransportSettings,
+    host_port,
+    invalid_request,
+    tls_unavailable,
+)
+
+# Headers httpx adds by default that the job did not ask for: the wire carries what the request says.
+_UNASKED_DEFAULTS = ("Accept", "Accept-Encoding")
+
+
+class HttpxTransport:
+    """One httpx client with a keep-alive pool of `concurrency` connections, no cookies, no redirects."""
+
+    def __init__(self, settings: TransportSettings) -> None:
+        if settings.concurrency < 1:
+            raise UsageError("concurrency must be at least 1", context={"concurrency": settings.concurrency})
+        self._settings = settings
+        self._client = _build_client(settings)
+
+    async def send(self, request: PreparedRequest) -> Response:
+        try:
+            outgoing = self._client.build_request(
+                request.method, request.url, headers=list(request.headers), content=request.body
+            )
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError, ValueError):
+            raise invalid_request() from None
+        if not _sendable(outgoing.url):
+            raise invalid_request()
+        try:
+            streamed = await self._client.send(outgoing, stream=True)
+            try:
+                body, truncated = await self._read_bounded(streamed)
+            finally:
+                await streamed.aclose()
+        except httpx.TransportError as exc:
+            raise _translate(exc, request.url) from None
+        return Response(streamed.status_code, streamed.headers, body, truncated)
+
+    async def _read_bounded(self, response: httpx.Response) -> tuple[bytes, bool]:
+        """The body, at most max_body_bytes of it, decoded only when the job sent Accept-Encoding."""
+        limit = self._settings.max_body_bytes
+        chunks = response.aiter_bytes() if self._settings.decompress else response.aiter_raw()
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in chunks:
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                return b"".join(parts)[:limit], True
+        return b"".join(parts), False
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _sendable(url: httpx.URL) -> bool:
+    """What reqwest refuses and httpx would try: no host, a host with characters it had to escape
+    (a space, say: httpx would look that name up), a port out of range."""
+    host = url.host
+    return bool(host) and "%" not in host and " " not in host and (url.port is None or 0 < url.port < 65536)
+
+
+def _build_client(settings: TransportSettings) -> httpx.AsyncClient:
+    client = httpx.AsyncClient(
+        limits=httpx.Limits(
+            max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency
+        ),
+        timeout=httpx.Timeout(
+            connect=settings.connect_seconds,
+            read=settings.read_seconds,
+            write=settings.write_seconds,
+            pool=settings.pool_seconds,
+        ),
+        http1=not settings.http2,
+        http2=settings.http2,
+        follow_redirects=False,  # a 302 must not turn a POST into a GET behind the user's back
+        cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),  # rows never influence each other
+        verify=_tls_context(settings),
+        trust_env=settings.proxy == "environment",
+        proxy=None if settings.proxy in ("none", "environment") else settings.proxy,
+        headers={"User-Agent": USER_AGENT},
+    )
+    for name in _UNASKED_DEFAULTS:
+        del client.headers[name]
+    return client
+
+
+def _tls_context(settings: TransportSettings) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    if _trusts_nothing(context):
+        raise tls_unavailable("no trusted certificate authority was found")
+    certificate = settings.client_certificate
+    if certificate is not None:
+        try:
+            context.load_cert_chain(certificate.cert_file, certificate.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(
+                f"cannot load the client certificate {certificate.cert_file}: {exc}",
+                context={"path": str(certificate.cert_file)},
+            ) from None
+    return context
+
+
+def _trusts_nothing(context: ssl.SSLContext) -> bool:
+    """True when the store is empty: no authority loaded from a file and no directory to look in
+    (a directory's certificates load lazily, so the count says nothing about it)."""
+    if context.cert_store_stats()["x509_ca"]:
+        return False
+    capath = ssl.get_default_verify_paths().capath
+    return not (capath and os.path.isdir(capath))
+
+
+def _translate(exc: httpx.TransportError, url: str) -> TransportError:
+    """The httpx exception as one of our kinds; messages never quote the URL."""
+    if isinstance(exc, httpx.PoolTimeout):
+        return RequestTimeout("pool timeout: no free connection slot in time", phase="pool")
+    if isinstance(exc, httpx.ConnectTimeout):
+        return RequestTimeout("connect timeout", phase="connect")
+    if isinstance(exc, httpx.WriteTimeout):
+        return RequestTimeout("write timeout: the target did not take the request in time", phase="write")
+    if isinstance(exc, httpx.TimeoutException):
+        return RequestTimeout("read timeout: no answer from the target in time", phase="read")
+    if isinstance(exc, httpx.ConnectError | httpx.ProxyError):
+        return ConnectFailed(f"cannot connect to {host_port(url)}: {_cause(exc)}")
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return invalid_request()
+    if isinstance(exc, httpx.RemoteProtocolError) and "disconnected without sending a response" not in str(
+        exc
+    ):
+        return ProtocolFailed(f"bad response: {_cause(exc)}")
+    return ProtocolFailed(f"connection broken: {_cause(exc)}")
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost cause ("[Errno 111] Connection refused"), which names no URL."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    text = str(exc)
+    return text if text and "://" not in text else type(exc).__name__

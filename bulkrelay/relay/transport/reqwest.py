@@ -1,0 +1,171 @@
+"""The pyreqwest transport (Python bindings of Rust's reqwest and hyper), the default client.
+
+Timeout phases map onto reqwest like this:
+
+    pool     waiting for one of `concurrency` request slots (pool_timeout)                  -> phase "pool"
+    connect  DNS, TCP and TLS of a new connection (connect_timeout)                         -> phase "connect"
+    read     reqwest's read_timeout: from sending the request to its response headers, then the longest
+             silence between pieces of the body                                             -> phase "read"
+    write    reqwest has no write timer: reqwest's read timer already runs while the body is sent, and
+             the whole exchange has a deadline, timeout = connect + write + read            -> phase "read"
+
+reqwest's errors say less than we need (a reset after the request went out and a refused connection are
+both a "ConnectError"), so `_translate` also reads the error's cause chain: only a failure inside hyper's
+connect step ("client error (Connect)") means the request was never sent.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pyreqwest import exceptions as rq
+from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.proxy import ProxyBuilder
+from pyreqwest.response import Response as StreamedResponse
+
+from bulkrelay.errors import UsageError
+from bulkrelay.job.records import PreparedRequest
+from bulkrelay.relay.transport.base import (
+    USER_AGENT,
+    ConnectFailed,
+    ProtocolFailed,
+    RequestTimeout,
+    Response,
+    TransportError,
+    TransportSettings,
+    host_port,
+    invalid_request,
+    read_pem,
+    tls_unavailable,
+)
+
+_READ_CHUNK = 64 * 1024
+
+
+class ReqwestTransport:
+    """One pyreqwest client with a keep-alive pool of `concurrency` connections, no cookies, no redirects."""
+
+    def __init__(self, settings: TransportSettings) -> None:
+        if settings.concurrency < 1:
+            raise UsageError("concurrency must be at least 1", context={"concurrency": settings.concurrency})
+        self._settings = settings
+        self._client = _build_client(settings)
+
+    async def send(self, request: PreparedRequest) -> Response:
+        try:
+            builder = self._client.request(request.method, request.url).headers(request.headers)
+            if request.body is not None:
+                builder = builder.body_bytes(request.body)
+            streamed = builder.build_streamed()
+        except ValueError:  # pyreqwest's URL and header parsing; preflight has normally caught these
+            raise invalid_request() from None
+        try:
+            async with streamed as resp:
+                body, truncated = await _read_bounded(resp, self._settings.max_body_bytes)
+                return Response(resp.status, resp.headers, body, truncated)
+        except rq.PyreqwestError as exc:
+            raise _translate(exc, request.url) from None
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def _build_client(settings: TransportSettings) -> Client:
+    builder = (
+        ClientBuilder()
+        .max_connections(settings.concurrency)
+        .pool_max_idle_per_host(settings.concurrency)
+        .pool_timeout(_seconds(settings.pool_seconds))
+        .connect_timeout(_seconds(settings.connect_seconds))
+        .read_timeout(_seconds(settings.read_seconds))
+        .timeout(_seconds(settings.connect_seconds + settings.write_seconds + settings.read_seconds))
+        .user_agent(USER_AGENT)
+        .follow_redirects(False)  # a 302 must not turn a POST into a GET behind the user's back
+        .default_cookie_store(False)  # rows never influence each other through the transport
+        .tcp_nodelay(True)
+    )
+    builder = _with_proxy(builder, settings.proxy)
+    if settings.client_certificate is not None:
+        certificate = settings.client_certificate
+        pem = read_pem(certificate.cert_file)
+        if certificate.key_file is not None:
+            pem = read_pem(certificate.key_file) + b"\n" + pem
+        builder = builder.identity_pem(pem)
+    # The wire carries what the request says: no Accept-Encoding unless the job sets one, in which case
+    # reqwest keeps the job's header and decodes the answer.
+    decode = settings.decompress
+    builder = builder.gzip(decode).brotli(decode).zstd(decode).deflate(decode)
+    builder = builder.http2_prior_knowledge() if settings.http2 else builder.http1_only()
+    try:
+        return builder.build()
+    except rq.BuilderError as exc:
+        # reqwest loads the system's CA store when the client is built and refuses an empty one.
+        raise tls_unavailable(_root_cause(exc)) from None
+
+
+def _with_proxy(builder: ClientBuilder, proxy: str) -> ClientBuilder:
+    """reqwest reads HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY itself unless told not to."""
+    if proxy == "environment":
+        return builder
+    builder = builder.no_proxy()  # "none": the target is what the job names, whatever the environment says
+    return builder if proxy == "none" else builder.proxy(ProxyBuilder.all(proxy))
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=value)
+
+
+async def _read_bounded(resp: StreamedResponse, limit: int) -> tuple[bytes, bool]:
+    """The body, at most `limit` bytes of it; the rest is not read (the connection is then dropped)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await resp.body_reader.read(_READ_CHUNK)
+        if chunk is None:
+            return b"".join(chunks), False
+        chunks.append(bytes(chunk))
+        size += len(chunk)
+    return b"".join(chunks)[:limit], True
+
+
+def _translate(exc: rq.PyreqwestError, url: str) -> TransportError:
+    """The pyreqwest exception as one of our three kinds.
+
+    Messages never quote the request URL, which may carry a secret; reqwest's own texts do.
+    """
+    in_connect = _failed_in_connect(exc)
+    if isinstance(exc, rq.PoolTimeoutError):
+        return RequestTimeout("pool timeout: no free connection slot in time", phase="pool")
+    if isinstance(exc, rq.RequestTimeoutError):
+        if in_connect:
+            return RequestTimeout("connect timeout", phase="connect")
+        return RequestTimeout("read timeout: no answer from the target in time", phase="read")
+    if in_connect:
+        return ConnectFailed(f"cannot connect to {host_port(url)}: {_root_cause(exc)}")
+    if isinstance(exc, rq.BuilderError):  # what reqwest refuses only when sending (a scheme, say)
+        return invalid_request()
+    if isinstance(exc, rq.DecodeError):
+        return ProtocolFailed(f"bad response: {_root_cause(exc)}")
+    if isinstance(exc, rq.NetworkError):
+        return ProtocolFailed(f"connection broken: {_root_cause(exc)}")
+    return ProtocolFailed(f"{type(exc).__name__}: {_root_cause(exc)}")
+
+
+# hyper-util's text for a failure in its connect step (DNS, TCP, TLS): the request was not written.
+_CONNECT_CAUSE = "client error (Connect)"
+
+
+def _causes(exc: rq.PyreqwestError) -> list[str]:
+    details = getattr(exc, "details", None)
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return [str(cause.get("message", "")) for cause in causes or ()]
+
+
+def _failed_in_connect(exc: rq.PyreqwestError) -> bool:
+    return _CONNECT_CAUSE in _causes(exc)
+
+
+def _root_cause(exc: rq.PyreqwestError) -> str:
+    """The innermost cause reqwest reports ("Connection refused (os error 111)"), which names no URL."""
+    causes = _causes(exc)
+    return causes[-1] if causes and "://" not in causes[-1] else type(exc).__name__

@@ -1,0 +1,1 @@
+"""What was done: the run directory, the journal, checkpoints and summaries. Knows no job file."""

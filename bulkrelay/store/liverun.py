@@ -1,0 +1,118 @@
+"""One live run per job and runs directory: a second relay of a job never starts beside a live one.
+
+Whoever relays a run of a job holds the job's *live lock* for as long as it relays. Whoever wants to
+relay one first takes the job's *decide lock*, blocking but brief, so "find or create the run, then
+claim the live lock" is one step across processes: a second caller waits until the first has named
+its run, then finds the live lock held and gets RUN_LOCKED naming that run.
+
+    <runs-dir>/.live/<job-key>/      job-key: a digest of the job file's absolute path
+    ├── decide                       flock: one process at a time decides which run the job relays
+    ├── live                         flock: held by the relaying process for its whole life; names the run
+    └── new-<run-id>/                a run being created; renamed into the runs directory when complete
+
+The OS drops both locks when a process dies, however it dies. A `new-*` directory left by a crash is
+an unfinished creation (never a run: it was never renamed into place) and is removed by the next caller.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import orjson
+
+from bulkrelay.errors import RunLocked
+from bulkrelay.private import make_private_dir, open_private
+from bulkrelay.store.rundir import RunDir, runs_dir_unwritable
+
+LIVE_DIR = ".live"
+STAGING_PREFIX = "new-"
+
+
+def job_key(job_path: Path, shard: str | None = None) -> str:
+    """The job's slot: its file's absolute path, and the shard (`K/N`) when it is one of several."""
+    identity = str(job_path.resolve()) if shard is None else f"{job_path.resolve()}\0shard {shard}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+
+class LiveSlot:
+    """The right to relay one run of a job in a runs directory, held until the `live_slot` block ends."""
+
+    def __init__(self, directory: Path, decide_fd: int, live_fd: int) -> None:
+        self.directory = directory  # new runs of the job are built here, then renamed into place
+        self._decide_fd: int | None = decide_fd
+        self._live_fd = live_fd
+
+    def claim(self, run: RunDir) -> None:
+        """The job now relays `run`: name it in the live lock, then let the next caller decide."""
+        holder = {"run_id": run.run_id, "run_dir": str(run.path), "pid": os.getpid()}
+        os.ftruncate(self._live_fd, 0)
+        os.pwrite(self._live_fd, orjson.dumps(holder) + b"\n", 0)
+        self._release_decide()
+
+    def _release_decide(self) -> None:
+        if self._decide_fd is not None:
+            os.close(self._decide_fd)
+            self._decide_fd = None
+
+    def release(self) -> None:
+        self._release_decide()
+        os.close(self._live_fd)
+
+
+@contextmanager
+def live_slot(runs_dir: Path, job_path: Path, shard: str | None = None) -> Iterator[LiveSlot]:
+    """Hold the job's live lock for the block, or raise RunLocked naming the run another process relays."""
+    directory = runs_dir / LIVE_DIR / job_key(job_path, shard)
+    try:
+        make_private_dir(directory)
+        decide_fd = _open_lock(directory / "decide")
+    except OSError as exc:  # RunDirUnsafe (a link) is not an OSError: it goes up as it is
+        raise runs_dir_unwritable(runs_dir, exc) from None
+    try:
+        fcntl.flock(decide_fd, fcntl.LOCK_EX)  # blocks only while another caller decides
+        live_fd = _open_lock(directory / "live")
+    except BaseException:
+        os.close(decide_fd)
+        raise
+    slot = LiveSlot(directory, decide_fd, live_fd)
+    try:
+        try:
+            fcntl.flock(live_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _run_locked(live_fd, job_path) from None
+        _remove_unfinished_creations(directory)
+        yield slot
+    finally:
+        slot.release()
+
+
+def _open_lock(path: Path) -> int:
+    return open_private(path, os.O_RDWR | os.O_CREAT)
+
+
+def _run_locked(live_fd: int, job_path: Path) -> RunLocked:
+    """Named from the live lock, which the holder wrote before it let anyone else decide."""
+    holder: dict[str, object] = {}
+    with suppress(ValueError):
+        holder = orjson.loads(os.pread(live_fd, 4096, 0) or b"{}")
+    run_id = holder.get("run_id", "(unknown)")
+    return RunLocked(
+        f"job {job_path} already has a live run, {run_id} (pid {holder.get('pid', '?')}); "
+        "not starting a second one beside it",
+        context={"run_dir": holder.get("run_dir"), "run_id": run_id, "pid": holder.get("pid")},
+        suggestion="wait for that run to end, then run the same command again; "
+        "`bulkrelay status` on its run directory shows its progress",
+    )
+
+
+def _remove_unfinished_creations(directory: Path) -> None:
+    """Left by a process that died while creating a run (we hold the decide lock: nobody is creating)."""
+    for child in directory.iterdir():
+        if child.name.startswith(STAGING_PREFIX) and child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)

@@ -1,0 +1,105 @@
+"""`job cancel` with real processes: a background job whose rows hang on a slow target.
+
+The cancel answers within its own call budget with the job's true state, aborts the requests in
+flight (they are not journaled), and the worker process is gone soon after.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bulkrelay.errors import ExitCode
+from tests.background.test_jobs import _cli, _worker_pid
+from tests.ops.test_run_cli import journal, tag_rule, write_job
+from tests.targetproc import TargetProcess
+
+_SLOW_MS = 30_000  # rows 5 and on: far longer than any budget in these tests
+
+
+@pytest.fixture
+def hanging_target() -> Iterator[TargetProcess]:
+    with TargetProcess({"rules": [tag_rule("slow", delay_ms=_SLOW_MS)]}) as server:
+        yield server
+
+
+def _poll(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _process_gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie nobody has reaped yet (the worker is not our child)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _start_hanging_job(tmp_path: Path, target: TargetProcess) -> tuple[str, int]:
+    """A background job with rows 1-4 done and rows 5-8 on the wire, waiting on the target."""
+    tags = {n: "slow" for n in range(5, 41)}
+    job = write_job(
+        tmp_path,
+        target.url,
+        rows=40,
+        tags=tags,
+        execution={"concurrency": 4, "timeout": {"read_seconds": 60}},
+    )
+    started = _cli(tmp_path, "run", job, "--budget", "500ms")
+    assert started.exit_code == ExitCode.INCOMPLETE, started.envelope
+    job_id = started.data["job_id"]
+    _poll(lambda: target.stats()["requests"] >= 8, "four rows in flight")
+    return job_id, _worker_pid(tmp_path, job_id)
+
+
+def test_cancel_aborts_requests_in_flight_and_answers_within_its_budget(
+    tmp_path: Path, hanging_target: TargetProcess
+) -> None:
+    job_id, worker = _start_hanging_job(tmp_path, hanging_target)
+    assert _cli(tmp_path, "job", "status", job_id).data["state"] == "running"
+
+    asked = time.monotonic()
+    cancel = _cli(tmp_path, "job", "cancel", job_id, AGENT_CALL_BUDGET_MS="15000")
+    took = time.monotonic() - asked
+    assert cancel.exit_code == ExitCode.SUCCESS, cancel.envelope
+    assert took < 15  # the rows in flight would have held it for 30 s
+    assert (cancel.data["state"], cancel.data["run_state"]) == ("cancelled", "cancelled")
+    assert cancel.envelope["meta"]["budget_ms"] == 15_000
+    _poll(lambda: _process_gone(worker), "the worker to exit")
+
+    ended = _cli(tmp_path, "job", "wait", job_id, "--budget", "5s")
+    assert ended.error_code == "CANCELLED" and ended.data["state"] == "cancelled"
+    # The four rows that were on the wire were aborted: not journaled, nothing started after them.
+    assert sorted(e["row_number"] for e in journal(cancel.data["run_dir"])) == [1, 2, 3, 4]
+    assert hanging_target.stats()["requests"] == 8
+
+
+def test_status_says_cancelling_until_the_worker_has_ended(
+    tmp_path: Path, hanging_target: TargetProcess
+) -> None:
+    job_id, worker = _start_hanging_job(tmp_path, hanging_target)
+    os.kill(worker, signal.SIGSTOP)  # a worker that cannot reach its end within the cancel's budget
+    try:
+        cancel = _cli(tmp_path, "job", "cancel", job_id, "--budget", "1s")
+        assert cancel.exit_code == ExitCode.INCOMPLETE, cancel.envelope
+        assert cancel.data["state"] == "cancelling"
+        assert cancel.data["continue_command"] == f"bulkrelay job wait {job_id}"
+        assert cancel.envelope["meta"]["budget_ms"] == 1000
+        status = _cli(tmp_path, "job", "status", job_id)
+        assert (status.exit_code, status.data["state"]) == (ExitCode.INCOMPLETE, "cancelling")
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    ended = _cli(tmp_path, "job", "wait", job_id, "--budget", "20s")
+    assert ended.error_code == "CANCELLED" and ended.data["state"] == "cancelled"
+    _poll(lambda: _process_gone(worker), "the worker to exit")
+    again = _cli(tmp_path, "job", "cancel", job_id)
+    assert (again.exit_code, again.data["state"]) == (ExitCode.SUCCESS, "cancelled")

@@ -1,0 +1,80 @@
+"""The CLI contract: one envelope on stdout in JSON mode, named exit codes, documented commands."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bulkrelay.cli.parser import build_parser
+from bulkrelay.errors import ExitCode, UsageError
+from bulkrelay.job.durations import parse_duration_ms
+from tests.clirun import run_cli
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_unknown_flag_is_a_usage_error_with_an_envelope() -> None:
+    result = run_cli("validate", "job.yaml", "--no-such-flag")
+    assert result.exit_code == ExitCode.ARG_ERROR
+    assert result.error_code == "USAGE_ERROR"
+    assert "--no-such-flag" in result.envelope["error"]["message"]
+
+
+def test_missing_command_is_a_usage_error() -> None:
+    result = run_cli()
+    assert result.exit_code == ExitCode.ARG_ERROR
+    assert result.error_code == "USAGE_ERROR"
+
+
+def test_stdout_holds_exactly_one_json_document() -> None:
+    result = run_cli("status", "/nonexistent/run")
+    assert result.exit_code == ExitCode.NOT_FOUND
+    assert result.stdout.count(b"\n") == 1
+
+
+def _commands() -> list[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return [name for name in sub.choices if not name.startswith("_")]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_command_has_help_and_docs(command: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bulkrelay", command, "--help"], capture_output=True, check=False
+    )
+    assert proc.returncode == 0
+    assert b"usage:" in proc.stdout
+    documented = (DOCS / "commands.md").read_text()
+    assert re.search(rf"^## `bulkrelay {re.escape(command)}\b", documented, re.MULTILINE), command
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("500ms", 500),
+        ("30s", 30_000),
+        ("5m", 300_000),
+        ("2h", 7_200_000),
+        ("1500", 1_500_000),
+        ("1.5", 1500),
+        ("1.5s", 1500),
+    ],
+)
+def test_durations(text: str, ms: int) -> None:
+    assert parse_duration_ms(text) == ms
+
+
+def test_bad_duration_names_itself() -> None:
+    with pytest.raises(UsageError, match="'5 parsecs'"):
+        parse_duration_ms("5 parsecs")
+
+
+def test_every_exit_code_is_documented() -> None:
+    documented = (DOCS / "exit-codes.md").read_text()
+    for code in ExitCode:
+        assert re.search(rf"^\| {int(code)} \| {code.name} \|", documented, re.MULTILINE), code.name

@@ -1,0 +1,139 @@
+"""Global flags in any position, `--help` and `--version` as envelopes, durations in seconds.
+
+Every command runs through the real CLI (`run_cli`) with its flags after the subcommand, once with the
+call budget off and once with one, because a budget sends `run`, `resume` and `retry-failed` through a
+background worker that parses the same command line again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bulkrelay.cli.parser import build_parser
+from bulkrelay.errors import ExitCode
+from tests.clirun import CliResult, cli_env, run_cli
+from tests.jobfiles import write_job
+from tests.targetproc import TargetProcess
+
+_UNKNOWN_JOB = "run-0123456789"
+
+
+def _failing_row_target() -> TargetProcess:
+    return TargetProcess({"rules": [{"match": {"path_contains": "/items/3"}, "status": 503}]})
+
+
+def _checked(result: CliResult, expected: ExitCode, what: str) -> CliResult:
+    assert result.error_code != "USAGE_ERROR", (what, result.envelope)
+    assert result.exit_code == expected, (what, result.envelope)
+    return result
+
+
+@pytest.mark.parametrize("budget_ms", ["0", "60000"])
+def test_every_command_takes_its_flags_after_the_subcommand(tmp_path: Path, budget_ms: str) -> None:
+    env = cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"), AGENT_CALL_BUDGET_MS=budget_ms)
+    runs = tmp_path / "runs"
+
+    def cli(*args: str | Path) -> CliResult:
+        return run_cli(*args, cwd=tmp_path, env=env)
+
+    with _failing_row_target() as target:
+        job = write_job(tmp_path, target.url, rows=4)
+        _checked(
+            cli("validate", job, "--input", tmp_path / "data.csv", "--json"), ExitCode.SUCCESS, "validate"
+        )
+        _checked(cli("render", job, "--rows", "1-2", "--json"), ExitCode.SUCCESS, "render")
+        ran = _checked(
+            cli("run", job, "--json", "--runs-dir", runs, "--timeout", "60", "--idempotency-key", "k"),
+            ExitCode.PARTIAL_FAILURE,
+            "run",
+        )
+        run_dir = ran.data["run_dir"]
+        assert ran.envelope["meta"]["budget_ms"] == int(budget_ms)
+        _checked(cli("status", run_dir, "--json"), ExitCode.SUCCESS, "status")
+        _checked(cli("runs", "--json", "--runs-dir", runs), ExitCode.SUCCESS, "runs")
+        _checked(cli("export", run_dir, "--failed", "--json"), ExitCode.SUCCESS, "export")
+        _checked(
+            cli(
+                "retry-failed", run_dir, "--json", "--classification", "http_server_error", "--timeout", "60"
+            ),
+            ExitCode.PARTIAL_FAILURE,
+            "retry-failed",
+        )
+        resumed = _checked(
+            cli("resume", run_dir, "--json", "--timeout", "60"), ExitCode.PRECONDITION, "resume"
+        )
+        assert resumed.error_code == "RUN_NOT_RESUMABLE"
+    job_id = ran.envelope["meta"].get("job_id", _UNKNOWN_JOB)
+    ended, cancelled = (
+        (ExitCode.PARTIAL_FAILURE, ExitCode.SUCCESS)  # the run's own code; cancelling an ended job is 0
+        if budget_ms != "0"
+        else (ExitCode.NOT_FOUND, ExitCode.NOT_FOUND)  # no budget: no job was started
+    )
+    _checked(cli("job", "status", job_id, "--json"), ended, "job status")
+    _checked(cli("job", "wait", job_id, "--json", "--budget", "5s"), ended, "job wait")
+    _checked(cli("job", "cancel", job_id, "--json"), cancelled, "job cancel")
+    _checked(cli("demo", "--rows", "5", "--json", "--runs-dir", runs), ExitCode.SUCCESS, "demo")
+
+
+def test_global_flags_also_stand_before_the_subcommand(tmp_path: Path) -> None:
+    env = cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"))
+    runs = tmp_path / "runs"
+    with _failing_row_target() as target:
+        job = write_job(tmp_path, target.url, rows=4)
+        ran = run_cli(
+            "--json",
+            "--runs-dir",
+            runs,
+            "--budget",
+            "30s",
+            "--timeout",
+            "60",
+            "run",
+            job,
+            cwd=tmp_path,
+            env=env,
+        )
+    assert ran.exit_code == ExitCode.PARTIAL_FAILURE, ran.envelope
+    assert ran.envelope["meta"]["budget_ms"] == 30_000
+    assert Path(ran.data["run_dir"]).parent == runs
+    listed = run_cli("--runs-dir", runs, "runs", cwd=tmp_path, env=env)
+    assert [r["run_dir"] for r in listed.data["runs"]] == [ran.data["run_dir"]]
+
+
+def test_a_global_flag_the_command_does_not_take_is_a_usage_error(tmp_path: Path) -> None:
+    result = run_cli("--timeout", "5s", "status", tmp_path)
+    assert result.exit_code == ExitCode.ARG_ERROR
+    assert result.error_code == "USAGE_ERROR"
+    assert "--timeout" in result.envelope["error"]["message"]
+    assert "status" in result.envelope["error"]["message"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["job", "wait", "-h"]])
+def test_help_without_a_terminal_is_an_envelope(argv: list[str]) -> None:
+    result = run_cli(*argv)
+    assert result.exit_code == ExitCode.SUCCESS
+    assert result.stdout.count(b"\n") == 1
+    text = result.data["help"]
+    assert text.startswith("usage: bulkrelay")
+    assert "_job-worker" not in text
+    assert "SUPPRESS" not in text
+
+
+def test_version_without_a_terminal_is_an_envelope() -> None:
+    from bulkrelay._version import __version__
+
+    result = run_cli("--version")
+    assert result.exit_code == ExitCode.SUCCESS
+    assert result.data == {"name": "bulkrelay", "version": __version__}
+    assert orjson.loads(result.stdout) == result.envelope
+
+
+def test_a_bare_duration_is_seconds_on_every_flag() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["run", "job.yaml", "--timeout", "300"]).timeout == 300_000
+    assert parser.parse_args(["run", "job.yaml", "--budget", "2.5"]).budget == 2_500
+    assert parser.parse_args(["job", "wait", _UNKNOWN_JOB, "--budget", "20"]).budget == 20_000
+    assert parser.parse_args(["run", "job.yaml", "--timeout", "300ms"]).timeout == 300

@@ -1,0 +1,115 @@
+"""The envelope: five keys always, `ok` iff exit code 0, warnings as code/message/context; human output."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import orjson
+import pytest
+from rich.console import Console
+
+from bulkrelay.cli import human
+from bulkrelay.envelope import EnvelopeWarning, Result, dumps_envelope, to_envelope
+from bulkrelay.errors import ExitCode, NotFound
+
+
+@pytest.mark.parametrize("code", list(ExitCode))
+def test_ok_exactly_when_the_exit_code_is_zero(code: ExitCode) -> None:
+    envelope = to_envelope(Result(data={"x": 1}, exit_code=code), duration_ms=5)
+    assert set(envelope) == {"ok", "data", "error", "warnings", "meta"}
+    assert envelope["ok"] is (code == ExitCode.SUCCESS)
+    assert envelope["meta"]["exit_code"] == int(code)
+    assert envelope["meta"]["duration_ms"] == 5
+
+
+def test_an_error_result_carries_code_message_and_context() -> None:
+    result = Result.from_error(NotFound("no run directory at /x", context={"run_dir": "/x"}))
+    envelope = to_envelope(result, duration_ms=1)
+    assert envelope["ok"] is False and envelope["data"] is None
+    assert envelope["error"]["code"] == "NOT_FOUND"
+    assert envelope["error"]["message"] == "no run directory at /x"
+    assert envelope["error"]["context"] == {"run_dir": "/x"}
+    assert envelope["meta"]["exit_code"] == ExitCode.NOT_FOUND
+
+
+def test_warnings_have_code_message_and_optional_context() -> None:
+    result = Result(
+        warnings=[EnvelopeWarning("TORN_TAIL", "moved aside", {"file": "a"}), EnvelopeWarning("W", "plain")]
+    )
+    envelope = to_envelope(result, duration_ms=0)
+    assert envelope["warnings"] == [
+        {"code": "TORN_TAIL", "message": "moved aside", "context": {"file": "a"}},
+        {"code": "W", "message": "plain"},
+    ]
+
+
+def test_meta_keeps_extra_fields_and_dumps_as_one_line() -> None:
+    envelope = to_envelope(Result(meta={"budget_ms": 30000}), duration_ms=2)
+    assert envelope["meta"] == {"exit_code": 0, "duration_ms": 2, "budget_ms": 30000}
+    line = dumps_envelope(envelope)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert orjson.loads(line) == envelope
+
+
+# ------------------------------------------------------------------------------- human output
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> tuple[io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(human, "_console", Console(file=out, width=120))
+    monkeypatch.setattr(human, "_err", Console(file=err, width=120))
+    return out, err
+
+
+def _summary() -> dict[str, Any]:
+    return {
+        "rows_total": 10,
+        "rows_done": 8,
+        "rows_pending": 2,
+        "by_outcome": {"succeeded": 7, "failed": 1},
+        "by_status": {"200": 7, "422": 1},
+        "by_classification": {"http_client_error": 1, "success": 7},
+        "attempts": 9,
+        "retries": 1,
+        "latency_ms": {"p50": 1.5, "p95": 3.0, "p99": 4.0, "max": 4.2},
+        "this_call": {"rows_committed": 8, "elapsed_seconds": 0.5, "rows_per_second": 16.0},
+    }
+
+
+def test_human_run_result_shows_the_summary_and_the_way_on(captured: tuple[io.StringIO, io.StringIO]) -> None:
+    out, err = captured
+    data = {
+        "run_id": "20260101T000000Z-abcd1234",
+        "run_dir": "/runs/20260101T000000Z-abcd1234",
+        "state": "stopped",
+        "progress": {"done": 8, "total": 10, "unit": "rows", "ok": 7, "failed": 1},
+        "summary": _summary(),
+        "continue_command": "bulkrelay resume /runs/20260101T000000Z-abcd1234",
+    }
+    error = {"code": "INTERRUPTED", "message": "stopped by SIGINT", "suggestion": data["continue_command"]}
+    result = Result(data=data, exit_code=ExitCode.SIGINT, error=error, kind="run")
+    human.print_human(result, to_envelope(result, duration_ms=1))
+    text = out.getvalue()
+    assert "8 of 10 done" in text and "16.0 rows/s" in text and "422: 1" in text
+    assert "stopped" in text and "continue with: bulkrelay resume" in text
+    assert "INTERRUPTED" in err.getvalue() and "hint:" in err.getvalue()
+
+
+def test_human_validate_result(captured: tuple[io.StringIO, io.StringIO]) -> None:
+    out, err = captured
+    data = {
+        "job": "job.yaml",
+        "record_count": 3,
+        "format": "csv",
+        "gzip": False,
+        "input": {"path": "in.csv", "sha256": "ab" * 32, "size": 10},
+        "config_sha256": "cd" * 32,
+    }
+    warning = EnvelopeWarning("SOMETHING", "mind this")
+    result = Result(data=data, kind="validate", warnings=[warning])
+    human.print_human(result, to_envelope(result, duration_ms=1))
+    assert "valid job.yaml: 3 records (csv) from in.csv" in out.getvalue()
+    assert "ab" * 32 in out.getvalue()
+    assert "warning SOMETHING: mind this" in err.getvalue()

@@ -1,0 +1,47 @@
+"""Duplicate keys in bounded memory: the Bloom filter only nominates, the second pass decides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bulkrelay.errors import Problem
+from bulkrelay.job import keycheck
+from bulkrelay.job.inputs import InputSpec, open_records
+
+
+def _find(tmp_path: Path, ids: list[str]) -> tuple[list[Problem], list[Problem]]:
+    path = tmp_path / "in.csv"
+    path.write_text("id,x\n" + "".join(f"{i},v\n" for i in ids))
+    spec = InputSpec(path=path, format="csv", gzip=False)
+    finder = keycheck.DuplicateKeyFinder("id", str(path))
+    first_pass: list[Problem] = []
+    with open_records(spec, first_pass.append) as stream:
+        for record in stream:
+            if (problem := finder.add(record)) is not None:
+                first_pass.append(problem)
+    return first_pass, finder.duplicates(spec)
+
+
+def test_distinct_keys_report_nothing(tmp_path: Path) -> None:
+    assert _find(tmp_path, [str(n) for n in range(5000)]) == ([], [])
+
+
+def test_a_duplicate_names_its_row_and_the_first(tmp_path: Path) -> None:
+    _, duplicates = _find(tmp_path, ["a", "b", "c", "b", "d", "b"])
+    assert [(p.row, p.line) for p in duplicates] == [(4, 5), (6, 7)]
+    assert "first at row 2" in duplicates[0].message
+
+
+def test_missing_key_is_reported_in_the_first_pass(tmp_path: Path) -> None:
+    first_pass, _ = _find(tmp_path, ["a", "", "c"])
+    assert [(p.row, p.field) for p in first_pass] == [(2, "id")]
+
+
+def test_false_candidates_are_never_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 16-bit filter makes almost every value a candidate; only the exact pass may report.
+    monkeypatch.setattr(keycheck, "_MASK", (1 << 4) - 1)
+    ids = [str(n) for n in range(300)] + ["17"]
+    _, duplicates = _find(tmp_path, ids)
+    assert [(p.row, p.message) for p in duplicates] == [(301, "duplicate key value '17' (first at row 18)")]

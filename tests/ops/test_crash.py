@@ -1,0 +1,295 @@
+"""Crashes and storage failures with real processes: a kill -9 loop against a deduplicating target,
+and a failed fsync injected through the storage seam (and, where strace exists, into the real syscall)."""
+
+from __future__ import annotations
+
+import errno
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bulkrelay.errors import ExitCode, StorageFailed
+from bulkrelay.job.config import load_job
+from bulkrelay.job.preflight import run_preflight
+from bulkrelay.ops.execute import RunOptions, manifest_for, relay_locked
+from bulkrelay.relay.engine import StartPoint
+from bulkrelay.relay.progress import NullReporter
+from bulkrelay.store.checkpoint import read_checkpoint
+from bulkrelay.store.journal import decode_line, iter_journal, scan_journal
+from bulkrelay.store.rundir import RunDir
+from bulkrelay.store.storage import Storage
+from tests.clirun import cli_env, run_cli
+from tests.jobfiles import write_job
+from tests.ops.test_resume import assert_each_row_once, resume, sent_ids, stop_midway
+from tests.targetproc import TargetProcess
+
+CRASH_ROWS = 3000
+KILLS = 24
+# Answers take 1-6 ms depending on the row, so kills land with requests in flight at the target.
+DEDUP_TARGET = {
+    "dedup": True,
+    "rules": [
+        {"match": {"body_contains": "3@"}, "delay_ms": 6},
+        {"match": {"body_contains": "7@"}, "delay_ms": 3},
+        {"delay_ms": 1},
+    ],
+}
+CRASH_JOB: dict[str, Any] = {
+    "input": {"key": "id"},
+    "request": {"idempotency_key": {"header": "Idempotency-Key"}},
+    "execution": {"concurrency": 8, "rate_limit": {"requests_per_second": 250}},
+}
+
+
+def _spawn_run(cwd: Path, job: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
+        cwd=cwd,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _run_held_by(runs_root: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> Path:
+    """The run directory whose lock `proc` holds, once it has taken it."""
+    pid = str(proc.pid).encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        for lock in runs_root.glob("*/lock"):
+            try:
+                if lock.read_bytes().strip() == pid:
+                    return lock.parent
+            except FileNotFoundError:
+                pass
+        assert proc.poll() is None, f"the run ended on its own (exit {proc.returncode}) before the kill"
+        assert time.monotonic() < deadline, "the run never took its lock"
+        time.sleep(0.005)
+
+
+def _wait_for_frontier_past(run_dir: Path, offset: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        checkpoint = read_checkpoint(run_dir)
+        if checkpoint is not None and checkpoint.offset > offset:
+            return
+        assert proc.poll() is None, f"the run ended on its own (exit {proc.returncode}) before the kill"
+        assert time.monotonic() < deadline, "the checkpoint never moved past the last kill's"
+        time.sleep(0.005)
+
+
+def _committed_prefix(run_dir: Path) -> bytes:
+    """The journal up to the checkpoint's frontier."""
+    checkpoint = read_checkpoint(run_dir)
+    if checkpoint is None:
+        return b""
+    with (run_dir / "results.jsonl").open("rb") as journal:
+        return journal.read(checkpoint.offset)
+
+
+def _valid_prefix(run_dir: Path) -> bytes:
+    """The journal up to its last line that verifies: what a kill -9 left written."""
+    journal = run_dir / "results.jsonl"
+    if not journal.exists():
+        return b""
+    kept = []
+    for line in journal.read_bytes().splitlines(keepends=True):
+        try:
+            decode_line(line)
+        except ValueError:
+            break
+        kept.append(line)
+    return b"".join(kept)
+
+
+def test_kill_9_loop_loses_nothing_committed_and_every_row_takes_effect_once(tmp_path: Path) -> None:
+    rng = random.Random(20261002)
+    runs_root = tmp_path / ".bulkrelay" / "runs"
+    snapshots: list[tuple[Path, bytes]] = []  # each kill's committed journal prefix
+    frontier = 0  # the checkpoint's offset at the last kill
+    with TargetProcess(DEDUP_TARGET) as target:
+        job = write_job(tmp_path, target.url, rows=CRASH_ROWS, **CRASH_JOB)
+        for kill in range(KILLS):
+            proc = _spawn_run(tmp_path, job)
+            if kill % 6 == 5:  # now and then, die during start-up (preflight, recovery) instead
+                time.sleep(rng.uniform(0.05, 0.4))
+                run_dir = None
+            else:
+                run_dir = _run_held_by(runs_root, proc)
+                # Kill only once this process has moved the checkpoint on, so that every such kill
+                # tests a new frontier whatever the machine's load (a time alone did not ensure it).
+                _wait_for_frontier_past(run_dir, frontier, proc)
+                time.sleep(rng.uniform(0.0, 0.2))
+            assert proc.poll() is None, f"kill {kill}: the run ended on its own (exit {proc.returncode})"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            if run_dir is not None:
+                snapshots.append((run_dir, _committed_prefix(run_dir)))
+                snapshots.append((run_dir, _valid_prefix(run_dir)))
+                frontier = len(snapshots[-2][1])
+
+        final = run_cli("run", job, "--budget", "0", cwd=tmp_path, timeout=60)
+
+        stats = target.stats()
+        requests = target.requests()
+    assert final.exit_code == ExitCode.SUCCESS, final.envelope
+    run_dir = Path(final.data["run_dir"])
+    _assert_journal_whole(run_dir)
+    _assert_committed_prefixes_kept(run_dir, snapshots)
+    for other in runs_root.glob("*/run.json"):  # a kill between creating a run and indexing it
+        journal = other.parent / "results.jsonl"
+        assert other.parent == run_dir or journal.stat().st_size == 0  # leaves its journal empty
+    # Delivery: every row reached the target; each row's key never changed; each took effect once.
+    keys_by_row: dict[str, set[str]] = defaultdict(set)
+    for request in requests:
+        keys_by_row[request["path"].rsplit("/", 1)[-1]].add(request["idempotency_key"])
+    assert set(keys_by_row) == {str(n) for n in range(1, CRASH_ROWS + 1)}
+    assert all(len(keys) == 1 for keys in keys_by_row.values())
+    journal_keys = {
+        str(e["row_number"]): e["idempotency_key"] for e in iter_journal(run_dir / "results.jsonl")
+    }
+    assert journal_keys == {row: next(iter(keys)) for row, keys in keys_by_row.items()}
+    assert stats["effects"] == CRASH_ROWS
+    assert stats["requests"] == CRASH_ROWS + stats["duplicates"]
+
+
+def _assert_journal_whole(run_dir: Path) -> None:
+    journal = run_dir / "results.jsonl"
+    checkpoint = read_checkpoint(run_dir)
+    assert checkpoint is not None and checkpoint.offset == journal.stat().st_size
+    scan = scan_journal(
+        journal, committed_seq=checkpoint.seq, committed_offset=checkpoint.offset, row_count=CRASH_ROWS
+    )
+    assert scan.torn_tail is None and scan.last_seq == CRASH_ROWS
+    assert_each_row_once(run_dir, CRASH_ROWS)
+
+
+def _assert_committed_prefixes_kept(run_dir: Path, snapshots: list[tuple[Path, bytes]]) -> None:
+    final = (run_dir / "results.jsonl").read_bytes()
+    ours = [prefix for where, prefix in snapshots if where == run_dir]
+    assert len(ours) >= 2 * (KILLS - KILLS // 6 - 1)  # nearly every kill hit the one run
+    checkpointed = [len(prefix) for prefix in ours[::2]]
+    assert checkpointed == sorted(set(checkpointed))  # the frontier moved on between every two kills
+    for prefix in ours:
+        assert final.startswith(prefix)
+
+
+# ---------------------------------------------------------------- a failed fsync
+
+
+class _FailingJournalStorage(Storage):
+    """Fails the Nth fsync of the journal with EIO; remembers the journal's size at each good fsync."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+        self.journal_fsyncs = 0
+        self.synced_sizes: list[int] = []
+
+    def fsync(self, fd: int) -> None:
+        name = self.name_of(fd)
+        if not name.endswith("results.jsonl"):
+            super().fsync(fd)
+            return
+        self.journal_fsyncs += 1
+        if self.journal_fsyncs == self.fail_at:
+            raise self._failed("fsync", name, OSError(errno.EIO, "Input/output error"))
+        super().fsync(fd)
+        self.synced_sizes.append(Path(name).stat().st_size)
+
+
+FSYNC_ROWS = 800
+
+
+@pytest.fixture
+def slow_target() -> Iterator[TargetProcess]:
+    with TargetProcess({"rules": [{"delay_ms": 10}]}) as running:  # ~400 rows/s: 2 s for all rows
+        yield running
+
+
+def test_a_failed_fsync_through_the_storage_seam_stops_without_advancing_the_checkpoint(
+    tmp_path: Path, slow_target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, slow_target.url, rows=FSYNC_ROWS)
+    preflight = run_preflight(load_job(job))
+    storage = _FailingJournalStorage(fail_at=60)  # batches commit about every 10 ms: past a checkpoint
+    manifest = manifest_for(preflight, {"parent_run": None, "input_explicit": False, "idempotency_key": None})
+    run = RunDir.create(tmp_path / "runs", manifest, storage)
+
+    with run.locked(), pytest.raises(StorageFailed, match=r"fsync failed on .*results\.jsonl") as failed:
+        relay_locked(
+            preflight, run, StartPoint(), options=RunOptions(handle_signals=False), reporter=NullReporter()
+        )
+
+    assert failed.value.exit_code == ExitCode.GENERAL_ERROR and failed.value.code == "STORAGE_FAILED"
+    assert failed.value.context["errno"] == errno.EIO
+    checkpoint = read_checkpoint(run.path)
+    assert checkpoint is not None, "a checkpoint was written before the failure"
+    assert checkpoint.offset in storage.synced_sizes  # never past what was fsynced
+    assert RunDir.open(run.path).state == "running"  # left as a crash leaves it: resumable
+
+    result = resume(tmp_path, run.path)
+
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    assert_each_row_once(run.path, FSYNC_ROWS)
+    assert len(sent_ids(slow_target)) == FSYNC_ROWS
+
+
+_STRACE_LINE = re.compile(r"^\d+\s+(write|fsync)\(\d+.*\)\s+=\s+(-?\d+)")
+
+
+def _fsynced_bytes(trace: Path) -> int:
+    """Bytes written to the journal before its last successful fsync, from an strace log."""
+    written = synced = 0
+    for line in trace.read_text().splitlines():
+        match = _STRACE_LINE.match(line)
+        if match is None:
+            continue
+        call, value = match.group(1), int(match.group(2))
+        if call == "write" and value > 0:
+            written += value
+        elif call == "fsync" and value == 0:
+            synced = written
+    return synced
+
+
+def _strace_fsync_failure(tmp_path: Path, slow_target: TargetProcess) -> None:
+    """The real syscall fails (strace injects EIO into the resume's 3rd journal fsync)."""
+    job = write_job(tmp_path, slow_target.url, rows=FSYNC_ROWS)
+    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    journal = run_dir / "results.jsonl"
+    size_before = journal.stat().st_size
+    trace = tmp_path / "strace.log"
+    command = [
+        *("strace", "-f", "-qq", "-o", str(trace), "-P", str(journal)),
+        *("-e", "trace=write,fsync", "-e", "inject=fsync:error=EIO:when=3"),
+        *(sys.executable, "-m", "bulkrelay", "resume", str(run_dir), "--budget", "0"),
+    ]
+    proc = subprocess.run(command, cwd=tmp_path, env=cli_env(), capture_output=True, timeout=60, check=False)
+
+    assert proc.returncode == ExitCode.GENERAL_ERROR, proc.stdout
+    assert b'"code":"STORAGE_FAILED"' in proc.stdout and b"Input/output error" in proc.stdout
+    checkpoint = read_checkpoint(run_dir)
+    assert checkpoint is not None
+    assert checkpoint.offset <= size_before + _fsynced_bytes(trace)
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    assert_each_row_once(run_dir, FSYNC_ROWS)
+
+
+# The storage-seam test above holds everywhere; this one runs the real CLI and needs strace.
+if shutil.which("strace") is not None:
+    test_a_failed_fsync_injected_by_strace_ends_with_storage_failed = _strace_fsync_failure

@@ -1,0 +1,413 @@
+"""Delta sync with real processes: the target's request log proves which rows each night sent."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.job.config import RequestConfig
+from bulkrelay.job.digest import RequestDigester
+from bulkrelay.job.records import Record
+from bulkrelay.job.request import RequestRenderer
+from bulkrelay.ops.syncstate import SyncState, job_identity, rebuilt_items
+from bulkrelay.store.journal import decode_line, encode_entry, iter_journal
+from tests.clirun import CliResult, cli_env, run_cli
+from tests.jobfiles import make_rows, write_csv, write_job
+from tests.ops.test_resume import rewrite_job, sent_ids
+from tests.targetproc import TargetProcess
+
+ROWS = 500
+CHANGED = (7, 99, 250, 251, 480)  # 1% of the rows
+DELTA: dict[str, Any] = {
+    "input": {"key": "id"},
+    "request": {"idempotency_key": {"header": "Idempotency-Key"}},
+    "execution": {"concurrency": 4, "sync": "delta"},
+}
+
+
+def _night(cwd: Path, job: Path, *extra: str) -> CliResult:
+    result = run_cli("run", job, "--budget", "0", *extra, cwd=cwd)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    return result
+
+
+def _rows_with_changes(changed: tuple[int, ...], tag: str = "-v2") -> list[dict[str, str]]:
+    rows = make_rows(ROWS)
+    for n in changed:
+        rows[n - 1]["email"] = f"user{n}{tag}@example.com"
+    return rows
+
+
+def _state(cwd: Path) -> list[tuple[str, bytes, str]]:
+    runs_dir = cwd / ".bulkrelay" / "runs"
+    with SyncState.for_job(runs_dir, job_identity("test-job", cwd / "job.yaml")) as state:
+        return list(state.items())
+
+
+def _rebuilt(cwd: Path) -> list[tuple[str, bytes, str]]:
+    return list(rebuilt_items(cwd / ".bulkrelay" / "runs", job_identity("test-job", cwd / "job.yaml")))
+
+
+@pytest.fixture
+def target() -> Any:
+    with TargetProcess({"dedup": True}) as running:
+        yield running
+
+
+def test_night_1_sends_all_and_night_2_sends_exactly_the_changed_rows(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    first = _night(tmp_path, job)
+    assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+    assert first.data["summary"]["skipped_unchanged"] == 0
+
+    target.reset()
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    second = _night(tmp_path, job)
+    assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
+    assert second.data["summary"]["skipped_unchanged"] == ROWS - len(CHANGED)
+    assert second.data["progress"]["total"] == len(CHANGED)
+    status = run_cli("status", second.data["run_dir"], cwd=tmp_path)
+    assert status.data["sync"]["skipped_unchanged"] == ROWS - len(CHANGED)
+    exported = run_cli("export", second.data["run_dir"], "--format", "jsonl", cwd=tmp_path)
+    assert exported.data["skipped_unchanged"] == ROWS - len(CHANGED)
+    lines = [orjson.loads(line) for line in Path(exported.data["output"]).read_bytes().splitlines()]
+    outcome = {line["record"]["id"]: line["result"]["classification"] for line in lines}
+    assert outcome == {str(n): "success" if n in CHANGED else "skipped_unchanged" for n in range(1, ROWS + 1)}
+
+    target.reset()
+    _night(tmp_path, job)  # nothing changed since: nothing is sent
+    assert target.requests() == []
+    assert _state(tmp_path) == _rebuilt(tmp_path)
+    assert len(_state(tmp_path)) == ROWS
+
+
+def test_rotating_a_token_or_reordering_the_body_sends_nothing_but_a_new_url_sends_all(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    headers = {"headers": {"Authorization": "Bearer ${API_TOKEN}"}}
+    job = write_job(tmp_path, target.url, rows=ROWS, **{**DELTA, "request": {**DELTA["request"], **headers}})
+    assert run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env(API_TOKEN="one")).exit_code == 0
+    target.reset()
+    rewrite_job(job, request={"json": {"name": {"from": "name"}, "email": {"from": "email"}}})
+    again = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env(API_TOKEN="two"))
+    assert again.exit_code == 0, again.envelope
+    assert target.requests() == []
+    assert again.data["summary"]["skipped_unchanged"] == ROWS
+
+    rewrite_job(job, request={"url": f"{target.url}/v2/items/{{id}}"})
+    moved = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env(API_TOKEN="two"))
+    assert moved.exit_code == 0, moved.envelope
+    assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+    assert {r["path"].rsplit("/", 1)[0] for r in target.requests()} == {"/v2/items"}
+
+
+def test_full_sends_every_row_once_and_refreshes_the_state(tmp_path: Path, target: TargetProcess) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    _night(tmp_path, job)
+    target.reset()
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    full = _night(tmp_path, job, "--full")
+    assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+    assert full.data["summary"]["skipped_unchanged"] == 0
+    target.reset()
+    _night(tmp_path, job)  # the full run refreshed the state: the changed rows are known now
+    assert target.requests() == []
+
+
+def _committed_lines(journal: Path) -> int:
+    if not journal.exists():
+        return 0
+    count = 0
+    for line in journal.read_bytes().splitlines(keepends=True):
+        try:
+            decode_line(line)
+        except ValueError:
+            break
+        count += 1
+    return count
+
+
+def _kill_after_commits(cwd: Path, job: Path, commits: int) -> Path:
+    """Start night 2, wait until `commits` rows are in its journal, kill -9 it; its run directory."""
+    runs = cwd / ".bulkrelay" / "runs"
+    before = set(runs.iterdir())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
+        cwd=cwd,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            assert proc.poll() is None, f"night 2 ended on its own (exit {proc.returncode})"
+            assert time.monotonic() < deadline, "night 2 never committed enough rows"
+            fresh = [d for d in runs.iterdir() if d not in before and d.is_dir()]
+            if fresh and _committed_lines(fresh[0] / "results.jsonl") >= commits:
+                proc.send_signal(signal.SIGKILL)
+                return fresh[0]
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_kill_9_in_night_2_then_the_identical_command_delivers_each_changed_row_once(
+    tmp_path: Path,
+) -> None:
+    changed = tuple(range(3, ROWS, 10))  # 50 rows
+    # The first changed row is sent first and its first answer never comes (until the 30 s read
+    # timeout): night 2 cannot finish before the kill, and the row is in flight when it comes.
+    stalled = f"user{changed[0]}-v2@"
+    plan = {"dedup": True, "rules": [{"match": {"body_contains": stalled}, "delay_ms": 600_000, "times": 1}]}
+    with TargetProcess(plan) as target:
+        job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+        _night(tmp_path, job)
+        target.reset()
+        write_csv(tmp_path / "data.csv", _rows_with_changes(changed))
+        run_dir = _kill_after_commits(tmp_path, job, commits=20)
+        after = _night(tmp_path, job)
+        assert after.data["run_id"] == run_dir.name  # the identical command continued the killed run
+
+        delivered = Counter(str(e["key"]) for e in iter_journal(run_dir / "results.jsonl"))
+        assert delivered == Counter({str(n): 1 for n in changed})
+        sent = sent_ids(target)
+        assert set(sent) == {str(n) for n in changed}  # no unchanged row went out
+        assert target.stats()["effects"] == len(changed)  # each changed row took effect once
+    assert _state(tmp_path) == _rebuilt(tmp_path)
+
+
+def test_a_row_that_failed_is_not_delivered_and_goes_again_the_next_night(tmp_path: Path) -> None:
+    failing = {"match": {"body_contains": f"user{CHANGED[0]}-v2@"}, "status": 422, "times": 1}
+    with TargetProcess({"rules": [failing]}) as target:
+        job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+        _night(tmp_path, job)
+        target.reset()
+        write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+        second = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        assert second.exit_code == ExitCode.PARTIAL_FAILURE, second.envelope
+        target.set_plan({})
+        target.reset()
+        third = _night(tmp_path, job)
+        assert sent_ids(target) == Counter({str(CHANGED[0]): 1})
+        assert third.data["summary"]["skipped_unchanged"] == ROWS - 1
+
+
+def test_sync_state_rebuild_equals_the_live_state_and_verify_names_a_difference(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    _night(tmp_path, job)
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    _night(tmp_path, job)
+    live = _state(tmp_path)
+    verified = run_cli("sync-state", "verify", job, cwd=tmp_path)
+    assert verified.exit_code == ExitCode.SUCCESS, verified.envelope
+    assert verified.data["keys"] == ROWS
+
+    state_file = Path(verified.data["state"])
+    with sqlite3.connect(state_file) as db:  # the state drifts from its journals
+        db.execute("UPDATE delivered SET digest = zeroblob(16) WHERE key = '99'")
+        db.execute("DELETE FROM delivered WHERE key = '7'")
+    db.close()
+    drifted = run_cli("sync-state", "verify", job, cwd=tmp_path)
+    assert drifted.exit_code == ExitCode.PRECONDITION, drifted.envelope
+    assert drifted.error_code == "SYNC_STATE_MISMATCH"
+    context = drifted.envelope["error"]["context"]
+    assert (context["missing"], context["extra"], context["different"]) == (1, 0, 1)
+    assert {e["key"] for e in context["examples"]} == {"7", "99"}
+
+    state_file.unlink()
+    rebuilt = run_cli("sync-state", "rebuild", job, cwd=tmp_path)
+    assert rebuilt.exit_code == ExitCode.SUCCESS, rebuilt.envelope
+    assert (rebuilt.data["runs"], rebuilt.data["keys"]) == (2, ROWS)
+    assert _state(tmp_path) == live
+    assert run_cli("sync-state", "verify", job, cwd=tmp_path).exit_code == ExitCode.SUCCESS
+
+
+def _mirror(target: TargetProcess, max_deletes: int | str) -> dict[str, Any]:
+    return {
+        **DELTA,
+        "execution": {"concurrency": 4, "sync": "mirror"},
+        "mirror": {"url": f"{target.url}/items/{{id}}", "max_deletes": max_deletes},
+    }
+
+
+def test_mirror_deletes_exactly_the_missing_keys_and_halts_over_max_deletes(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **_mirror(target, "1%"))  # 5 of 500
+    _night(tmp_path, job)
+    target.reset()
+    gone = {12, 13, 300, 499}
+    rows = [row for row in _rows_with_changes(CHANGED[:1]) if int(row["id"]) not in gone]
+    write_csv(tmp_path / "data.csv", rows)
+    second = _night(tmp_path, job)
+    sent = Counter((r["method"], r["path"].rsplit("/", 1)[-1]) for r in target.requests())
+    assert sent == Counter({("POST", str(CHANGED[0])): 1, **{("DELETE", str(n)): 1 for n in gone}})
+    assert second.data["mirror"]["deletions"] == len(gone)
+    assert {key for key, _, _ in _state(tmp_path)} == {str(n) for n in range(1, ROWS + 1)} - {
+        str(n) for n in gone
+    }
+    assert _state(tmp_path) == _rebuilt(tmp_path)
+
+    target.reset()
+    _night(tmp_path, job)  # the deleted keys are gone from the state: nothing is sent again
+    assert target.requests() == []
+
+    write_csv(tmp_path / "data.csv", rows[10:])  # a bad export: 10 more keys missing, 1% allows 4
+    halted = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+    assert halted.exit_code == ExitCode.PRECONDITION, halted.envelope
+    assert halted.error_code == "TOO_MANY_DELETES"
+    context = halted.envelope["error"]["context"]
+    assert (context["deletions"], context["limit"]) == (10, 4)
+    assert target.requests() == []  # halted before sending anything
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"execution": {"sync": "delta"}}, "needs input.key"),
+        ({"input": {"key": "id"}, "execution": {"sync": "mirror"}}, "go together"),
+        (
+            {"input": {"key": "id"}, "mirror": {"url": "http://127.0.0.1:9/{name}", "max_deletes": 1}},
+            "go together",
+        ),
+        (
+            {
+                "input": {"key": "id"},
+                "execution": {"sync": "mirror"},
+                "mirror": {"url": "http://127.0.0.1:9/{name}", "max_deletes": 1},
+            },
+            "only the key field {id}",
+        ),
+        (
+            {
+                "input": {"key": "id"},
+                "execution": {"sync": "mirror"},
+                "mirror": {"url": "http://127.0.0.1:9/{id}", "max_deletes": "half"},
+            },
+            "expected a count (like 100) or a percentage",
+        ),
+    ],
+)
+def test_delta_and_mirror_settings_are_checked_with_the_line(
+    tmp_path: Path, overrides: dict[str, Any], message: str
+) -> None:
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=3, **overrides)
+    result = run_cli("validate", job, cwd=tmp_path)
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    assert result.error_code == "CONFIG_INVALID"
+    assert message in result.envelope["error"]["message"]
+
+
+def test_a_delta_run_resumes_and_retries_its_failed_rows_like_any_run(tmp_path: Path) -> None:
+    changed = tuple(range(3, ROWS, 10))  # 50 rows
+    # The first changed row's first answer never comes: it fails on the 2 s read timeout.
+    stalled = {"match": {"body_contains": f"user{changed[0]}-v2@"}, "delay_ms": 600_000, "times": 1}
+    with TargetProcess({"rules": [stalled]}) as target:
+        job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+        _night(tmp_path, job)
+        target.reset()
+        write_csv(tmp_path / "data.csv", _rows_with_changes(changed))
+        rewrite_job(
+            job, execution={"rate_limit": {"requests_per_second": 20}, "timeout": {"read_seconds": 2}}
+        )
+        stopped = run_cli("run", job, "--budget", "0", "--timeout", "1s", cwd=tmp_path)
+        assert stopped.exit_code == ExitCode.TIMEOUT, stopped.envelope
+        assert stopped.data["progress"]["done"] < stopped.data["progress"]["total"] == len(changed)
+
+        resumed = run_cli("resume", stopped.data["run_dir"], "--budget", "0", cwd=tmp_path)
+        assert resumed.exit_code == ExitCode.PARTIAL_FAILURE, resumed.envelope  # the stalled row
+        assert resumed.data["progress"]["done"] == len(changed)
+        retried = run_cli("retry-failed", stopped.data["run_dir"], "--budget", "0", cwd=tmp_path)
+        assert retried.exit_code == ExitCode.SUCCESS, retried.envelope
+        assert retried.data["progress"]["total"] == 1
+
+        # The log keeps answered requests (the stalled first try never was); arrivals count it too.
+        assert sent_ids(target) == Counter({str(n): 1 for n in changed})
+        assert target.stats()["requests"] == len(changed) + 1
+        assert _state(tmp_path) == _rebuilt(tmp_path)
+        target.reset()
+        _night(tmp_path, job)  # every changed row, the retried one included, is in the state
+        assert target.requests() == []
+
+
+def _digest(
+    request: dict[str, Any], fields: dict[str, Any], token: str = "one", *, wire: bool = True
+) -> bytes:
+    """`wire`: the renderer writes the JSON body sorted (a delta job), so the digest takes it as is;
+    else the digest sorts it itself. Both give the same digest."""
+    config = RequestConfig.model_validate(request)
+    renderer = RequestRenderer.from_config(config, {"API_TOKEN": token}, sorted_json=wire)
+    record = Record(row_number=1, line=2, fields=fields)
+    digester = RequestDigester(config, renderer.redactor, sorted_json=wire)
+    return digester.digest(renderer.render(record), fields)
+
+
+def test_the_digest_is_of_the_request_as_it_means_not_as_it_is_spelled() -> None:
+    base = {
+        "method": "POST",
+        "url": "http://127.0.0.1:9/items/{id}?token=${API_TOKEN}",
+        "headers": {"Authorization": "Bearer ${API_TOKEN}", "X-Tenant": "{tenant}"},
+        "json": {"a": {"from": "a"}, "b": {"from": "b", "type": "json"}},
+        "idempotency_key": {"header": "Idempotency-Key"},
+    }
+    fields = {"id": "7", "tenant": "acme", "a": "x", "b": '{"k": 1, "j": 2}'}
+    digest = _digest(base, fields)
+    assert _digest(base, fields, wire=False) == digest
+    reordered_plain = {**base, "json": {"b": {"from": "b", "type": "json"}, "a": {"from": "a"}}}
+    assert _digest(reordered_plain, {**fields, "b": '{"j": 2, "k": 1}'}, wire=False) == digest
+    assert _digest(base, fields, token="two") == digest  # a rotated secret sends nothing
+    reordered = {**base, "json": {"b": {"from": "b", "type": "json"}, "a": {"from": "a"}}}
+    assert _digest(reordered, {**fields, "b": '{"j": 2, "k": 1}'}) == digest  # canonical JSON
+    assert _digest({**base, "idempotency_key": {"header": "X-Key"}}, fields) == digest
+    assert _digest(base, {**fields, "a": "y"}) != digest
+    assert _digest(base, {**fields, "tenant": "other"}) != digest  # a header taken from a field
+    assert _digest({**base, "method": "PUT"}, fields) != digest
+    assert _digest({**base, "url": "http://127.0.0.1:9/v2/items/{id}?token=${API_TOKEN}"}, fields) != digest
+    auth = {**base, "headers": {"Authorization": "Token ${API_TOKEN}", "X-Tenant": "{tenant}"}}
+    assert _digest(auth, fields) != digest  # the header as written changed
+
+
+def _journaled_run(runs_dir: Path, run_id: str, created_at: str, digest: str) -> None:
+    run = runs_dir / run_id
+    run.mkdir(parents=True)
+    manifest = {"run_id": run_id, "created_at": created_at, "name": "test-job", "job_path": "/job.yaml"}
+    (run / "run.json").write_bytes(orjson.dumps({**manifest, "state": "completed"}))
+    entry = {
+        "seq": 1,
+        "row_number": 1,
+        "success": True,
+        "classification": "success",
+        "status_code": 200,
+        "attempts": 1,
+        "retryable": False,
+        "error": None,
+        "duration_ms": 1.0,
+        "key": "k",
+        "digest": digest,
+    }
+    (run / "results.jsonl").write_bytes(encode_entry(entry))
+
+
+def test_of_two_runs_made_in_the_same_second_the_later_one_wins_whatever_their_ids(tmp_path: Path) -> None:
+    # The ids sort the other way round from the creation times (their random suffixes).
+    _journaled_run(tmp_path, "20261201T030000Z-ffffffff", "2026-12-01T03:00:00.100000Z", "11" * 16)
+    _journaled_run(tmp_path, "20261201T030000Z-00000000", "2026-12-01T03:00:00.900000Z", "22" * 16)
+    identity = job_identity("test-job", "/job.yaml")
+    assert [(k, d.hex()) for k, d, _ in rebuilt_items(tmp_path, identity)] == [("k", "22" * 16)]

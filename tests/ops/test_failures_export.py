@@ -1,0 +1,131 @@
+"""`failures` (failed rows grouped, with redacted examples), `export --failed --with-reasons -o -`,
+and the run reference every run command takes: a run directory, a run id, or `latest`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.ops.runref import resolve_run
+from bulkrelay.store.rundir import RunDir
+from tests.clirun import cli_env, run_cli
+from tests.jobfiles import write_job
+from tests.targetproc import TargetProcess
+
+SECRET = "s3cr3t-token-value-4711"
+# Rows whose name holds a 3 get 422 echoing the token; rows with a 7 get 503; the rest succeed.
+PLAN = {
+    "rules": [
+        {
+            "match": {"body_field": "name", "contains": "3"},
+            "status": 422,
+            "body": {"error": "rejected", "token": SECRET},
+        },
+        {"match": {"body_field": "name", "contains": "7"}, "status": 503, "body": "busy"},
+    ]
+}
+AUTH: dict[str, Any] = {"headers": {"Authorization": "Bearer ${API_TOKEN}"}}
+
+
+def _run_with_failures(tmp_path: Path, rows: int = 40) -> tuple[Path, Path]:
+    runs = tmp_path / "runs"
+    with TargetProcess(PLAN) as target:
+        job = write_job(tmp_path, target.url, rows, request=AUTH)
+        env = cli_env(API_TOKEN=SECRET)
+        run = run_cli("run", job, "--budget", "0", "--runs-dir", runs, cwd=tmp_path, env=env)
+    assert run.exit_code == ExitCode.PARTIAL_FAILURE, run.envelope
+    return Path(run.data["run_dir"]), runs
+
+
+def test_failures_groups_rows_by_status_and_classification_with_redacted_examples(
+    tmp_path: Path,
+) -> None:
+    run_dir, _ = _run_with_failures(tmp_path)
+    answer = run_cli("failures", run_dir, cwd=tmp_path)
+    assert answer.exit_code == ExitCode.SUCCESS, answer.envelope
+    groups = {(g["status_code"], g["classification"]): g for g in answer.data["groups"]}
+    # 1..40: names with a 3 (3, 13, 23, 30-39: 13 rows), else with a 7 (7, 17, 27: 3 rows).
+    assert set(groups) == {(422, "http_client_error"), (503, "http_server_error")}, groups
+    assert groups[(422, "http_client_error")]["count"] == 13
+    assert groups[(503, "http_server_error")]["count"] == 3
+    assert answer.data["failed"] == 16
+    examples = groups[(422, "http_client_error")]["examples"]
+    assert [e["row_number"] for e in examples] == [3, 13, 23]  # at most three, in journal order
+    for example in examples:
+        assert "rejected" in example["body"] and SECRET not in example["body"]
+    assert SECRET not in answer.stdout.decode()
+
+
+def test_export_failed_with_reasons_writes_csv_to_stdout_and_the_envelope_to_stderr(
+    tmp_path: Path,
+) -> None:
+    run_dir, _ = _run_with_failures(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bulkrelay", "export", str(run_dir), "--failed", "--with-reasons", "-o", "-"],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == ExitCode.SUCCESS, proc.stderr
+    rows = list(csv.DictReader(io.StringIO(proc.stdout.decode())))
+    assert list(rows[0]) == ["id", "email", "name", "_status", "_error", "_attempts"]
+    by_id = {row["id"]: row for row in rows}
+    assert len(by_id) == 16
+    assert by_id["3"]["_status"] == "422" and by_id["7"]["_status"] == "503"
+    assert by_id["7"]["_attempts"] == "1" and by_id["3"]["_error"]
+    envelope = orjson.loads(proc.stderr.splitlines()[-1])
+    assert envelope["ok"] is True and envelope["data"]["rows"] == 16
+
+
+def test_with_reasons_without_failed_is_a_usage_error(tmp_path: Path) -> None:
+    run_dir, _ = _run_with_failures(tmp_path, rows=5)
+    answer = run_cli("export", run_dir, "--with-reasons", cwd=tmp_path)
+    assert answer.exit_code == ExitCode.ARG_ERROR
+    assert "--failed" in answer.envelope["error"]["suggestion"]
+
+
+def test_run_commands_take_a_run_id_or_latest(tmp_path: Path) -> None:
+    first, runs = _run_with_failures(tmp_path, rows=5)
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, 4, job_name="second.yaml", input_name="second.csv")
+        second = run_cli("run", job, "--budget", "0", "--runs-dir", runs, cwd=tmp_path)
+    assert second.exit_code == ExitCode.SUCCESS
+    by_id = run_cli("status", first.name, "--runs-dir", runs, cwd=tmp_path)
+    assert by_id.exit_code == ExitCode.SUCCESS and by_id.data["run_id"] == first.name
+    env = cli_env(BULKRELAY_RUNS_DIR=str(runs))
+    latest = run_cli("status", "latest", cwd=tmp_path, env=env)
+    assert latest.data["run_id"] == second.data["run_id"]
+    failures = run_cli("failures", first.name, cwd=tmp_path, env=env)
+    assert failures.data["run_id"] == first.name and failures.data["failed"] == 1
+    exported = run_cli("export", "latest", "--runs-dir", runs, cwd=tmp_path)
+    assert exported.data["run_id"] == second.data["run_id"] and exported.data["rows"] == 4
+
+
+def test_an_unknown_run_reference_is_not_found_naming_where_it_looked(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    missing = run_cli("status", "20990101T000000Z-deadbeef", "--runs-dir", runs, cwd=tmp_path)
+    assert missing.exit_code == ExitCode.NOT_FOUND
+    assert str(runs) in missing.envelope["error"]["message"]
+    none_yet = run_cli("failures", "latest", "--runs-dir", runs, cwd=tmp_path)
+    assert none_yet.exit_code == ExitCode.NOT_FOUND and "latest" in none_yet.envelope["error"]["message"]
+
+
+def test_latest_is_the_newest_by_created_at_even_within_one_second(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    older = RunDir.create(runs, {"name": "a"})
+    newer = RunDir.create(runs, {"name": "b"})
+    # Within one second the ids differ only in their random part: the name order says nothing.
+    newer.set_state("completed", created_at="2099-01-01T00:00:00.000001Z")
+    older.set_state("completed", created_at="2099-01-01T00:00:00.000000Z")
+    assert resolve_run("latest", runs) == newer.path
+    assert resolve_run(older.run_id, runs) == older.path
+    assert resolve_run(str(older.path), None) == older.path

@@ -1,0 +1,120 @@
+"""The input changes while a run is sending it: the relay reads only the bytes preflight validated,
+stops at a safe point with INPUT_CHANGED (exit 4), and the run resumes once the file is restored.
+
+"Mid-run" is made deterministic with a gate at the target: every request gets 503 (and is retried)
+until the test has changed the file, so the relay has taken only the first rows when the change
+lands; the reader checks the file every 64 records, long before the 300 rows run out.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bulkrelay.errors import ExitCode
+from tests.clirun import cli_env
+from tests.jobfiles import make_rows, write_csv, write_job
+from tests.ops.test_resume import assert_each_row_once, resume
+from tests.targetproc import TargetProcess
+
+ROWS = 300
+GATE = {"rules": [{"status": 503}]}  # closed: nothing succeeds, every row is retried
+OPEN: dict[str, Any] = {}  # every request gets 200
+GATED_JOB: dict[str, Any] = {
+    "retry": {
+        "max_attempts": 100,
+        "statuses": [503],
+        "initial_backoff_seconds": 0.05,
+        "max_backoff_seconds": 1,
+        "jitter_ratio": 0,
+    },
+}
+
+
+@pytest.fixture
+def target() -> Iterator[TargetProcess]:
+    with TargetProcess(GATE) as running:
+        yield running
+
+
+def _append_a_row(data: Path) -> None:
+    with data.open("a") as out:
+        out.write(f"{ROWS + 1},user{ROWS + 1}@example.com,User {ROWS + 1}\n")
+
+
+def _rewrite_in_place(data: Path) -> None:
+    write_csv(data, make_rows(ROWS, tag="-new"))  # truncates and rewrites the same inode
+
+
+def _run_changing_the_input(
+    cwd: Path, job: Path, target: TargetProcess, change: Callable[[Path], None]
+) -> tuple[int, dict[str, Any]]:
+    """Start `run`, wait until the relay has taken rows (held at the closed gate), change the
+    input, open the gate, and return the run's exit code and envelope."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
+        cwd=cwd,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while target.stats()["requests"] < 4:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run never reached the target"
+            time.sleep(0.01)
+        change(cwd / "data.csv")
+        target.set_plan(OPEN)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert b"Traceback" not in stderr, stderr.decode()
+    return proc.returncode, orjson.loads(stdout)
+
+
+def _delivered(target: TargetProcess) -> Counter[str]:
+    """Row ids the target answered with 200 (the gate's 503s are not deliveries)."""
+    return Counter(r["path"].rsplit("/", 1)[-1] for r in target.requests() if r["status"] == 200)
+
+
+@pytest.mark.parametrize("change", [_append_a_row, _rewrite_in_place], ids=["append", "rewrite_in_place"])
+def test_an_input_changed_mid_run_stops_with_input_changed_and_resumes_once_restored(
+    tmp_path: Path, target: TargetProcess, change: Callable[[Path], None]
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **GATED_JOB)
+    original = (tmp_path / "data.csv").read_bytes()
+
+    exit_code, envelope = _run_changing_the_input(tmp_path, job, target, change)
+
+    assert exit_code == ExitCode.PRECONDITION, envelope
+    error = envelope["error"]
+    assert error["code"] == "INPUT_CHANGED"
+    assert "size" in error["context"]["changed"]
+    assert "data.csv changed during the run: size" in error["detail"]
+    assert "resume" in error["suggestion"]
+    run_dir = Path(envelope["data"]["run_dir"])
+    assert envelope["data"]["state"] == "stopped"
+    assert orjson.loads((run_dir / "run.json").read_bytes())["state"] == "stopped"
+    assert 0 < envelope["data"]["progress"]["done"] < ROWS
+    bodies = [r["body"] for r in target.requests()]
+    assert str(ROWS + 1) not in _delivered(target)  # the appended row was never sent
+    assert not any("-new" in body for body in bodies)  # nor a byte of the rewrite
+
+    (tmp_path / "data.csv").write_bytes(original)
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    assert_each_row_once(run_dir, ROWS)
+    assert _delivered(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})

@@ -1,0 +1,124 @@
+"""`prune` and the retention `run` applies from `.bulkrelay/config.yaml`: only finished runs go,
+never a live or resumable one, never the newest run of a job."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.ops.prune import prune
+from bulkrelay.ops.settings import Retention
+from bulkrelay.store.rundir import COMPLETED, COMPLETED_WITH_FAILURES, RUNNING, STOPPED, RunDir
+from tests.clirun import cli_env, run_cli
+from tests.jobfiles import write_job
+from tests.targetproc import TargetProcess
+
+
+def _make_run(runs: Path, job: str, state: str, days_old: float) -> RunDir:
+    run = RunDir.create(runs, {"job_path": job, "name": Path(job).stem})
+    created = datetime.now(UTC) - timedelta(days=days_old)
+    run.set_state(state, created_at=created.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+    return run
+
+
+def _remaining(runs: Path) -> set[str]:
+    return {p.name for p in runs.iterdir() if (p / "run.json").exists()}
+
+
+class _LockHolder:
+    """Another live process holding a run's lock, as a running `bulkrelay` would."""
+
+    def __init__(self, run: RunDir) -> None:
+        code = (
+            "import fcntl, os, sys\n"
+            f"fd = os.open({str(run.path / 'lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\n"
+            "sys.stdin.read()\n"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == "locked"  # waits for the lock, however long
+
+    def release(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        self.proc.wait(30)
+        self.proc.stdout.close()
+
+
+def test_prune_keeps_the_newest_of_each_job_and_never_a_live_or_resumable_run(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    a = [_make_run(runs, "/jobs/a.yaml", COMPLETED, days_old=10 - n) for n in range(4)]  # a[3] newest
+    resumable = _make_run(runs, "/jobs/a.yaml", STOPPED, days_old=20)
+    crashed = _make_run(runs, "/jobs/a.yaml", RUNNING, days_old=21)
+    live = _make_run(runs, "/jobs/a.yaml", COMPLETED_WITH_FAILURES, days_old=22)
+    only_b = _make_run(runs, "/jobs/b.yaml", COMPLETED, days_old=90)  # the last of its job
+    holder = _LockHolder(live)
+    try:
+        report = prune(runs, Retention(keep=2))
+    finally:
+        holder.release()
+    assert sorted(report.removed) == sorted([a[0].run_id, a[1].run_id])
+    kept = [a[2], a[3], resumable, crashed, live, only_b]
+    assert _remaining(runs) == {run.run_id for run in kept}
+    again = prune(runs, Retention(keep=2))  # the lock is free now: the live run was finished
+    assert again.removed == [live.run_id]
+
+
+def test_prune_older_than_and_dry_run(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    old = _make_run(runs, "/jobs/a.yaml", COMPLETED, days_old=40)
+    recent = _make_run(runs, "/jobs/a.yaml", COMPLETED, days_old=5)
+    newest = _make_run(runs, "/jobs/a.yaml", COMPLETED, days_old=1)
+    dry = prune(runs, Retention(older_than="30d"), dry_run=True)
+    assert dry.removed == [old.run_id]
+    assert _remaining(runs) == {old.run_id, recent.run_id, newest.run_id}  # a dry run removes nothing
+    answer = run_cli("prune", "--older-than", "30d", "--runs-dir", runs, cwd=tmp_path)
+    assert answer.exit_code == ExitCode.SUCCESS, answer.envelope
+    assert answer.data["removed"] == [old.run_id] and answer.data["kept"] == 2
+    assert _remaining(runs) == {recent.run_id, newest.run_id}
+
+
+def test_prune_without_a_rule_or_with_a_bad_one_is_a_usage_error(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for args in ([], ["--keep", "0"], ["--older-than", "soon"]):
+        answer = run_cli("prune", *args, "--runs-dir", runs, cwd=tmp_path)
+        assert answer.exit_code == ExitCode.ARG_ERROR, (args, answer.envelope)
+
+
+def test_run_applies_retention_from_the_settings_file_at_its_end(tmp_path: Path) -> None:
+    settings = tmp_path / ".bulkrelay" / "config.yaml"
+    settings.parent.mkdir()
+    settings.write_text("retention:\n  keep: 2\n")
+    runs = tmp_path / ".bulkrelay" / "runs"
+    made: list[str] = []
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, 3)
+        for _ in range(3):
+            run = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env())
+            assert run.exit_code == ExitCode.SUCCESS, run.envelope
+            made.append(run.data["run_id"])
+    assert run.data["pruned"] == [made[0]]
+    assert _remaining(runs) == set(made[1:])
+
+
+def test_a_bad_settings_file_is_a_warning_at_the_end_of_a_run_and_an_error_for_prune(
+    tmp_path: Path,
+) -> None:
+    settings = tmp_path / ".bulkrelay" / "config.yaml"
+    settings.parent.mkdir()
+    settings.write_text("retention:\n  keep: 2\n  kep: 3\n")
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, 2)
+        run = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+    assert run.exit_code == ExitCode.SUCCESS, run.envelope
+    warning = next(w for w in run.envelope["warnings"] if w["code"] == "PRUNE_FAILED")
+    assert "config.yaml:3" in warning["message"] and "kep" in warning["message"]
+    answer = run_cli("prune", cwd=tmp_path)
+    assert answer.exit_code == ExitCode.ARG_ERROR and answer.error_code == "CONFIG_INVALID"

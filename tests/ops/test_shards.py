@@ -1,0 +1,158 @@
+"""Shards of one job (`run --shard K/N`) against one loopback target, sharing one rate limit in a real
+redis-server: every row once across shards, the limit kept by all together, a killed shard resumed."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.relay.ratelimit import most_in_window
+from bulkrelay.store.journal import iter_journal
+from tests.clirun import CliResult, cli_env, run_cli
+from tests.ops.test_run_cli import write_job
+from tests.redisproc import RedisProcess
+from tests.targetproc import TargetProcess
+
+SHARDS = 4
+KEYED: dict[str, Any] = {
+    "input": {"key": "id"},
+    "request": {"idempotency_key": {"header": "Idempotency-Key"}},
+}
+
+
+def _shared(redis_url: str, rate: int) -> dict[str, object]:
+    return {"concurrency": 4, "rate_limit": {"requests_per_second": rate, "shared": redis_url}}
+
+
+def _shard_command(job: Path, k: int) -> list[str]:
+    runs = job.parent / f"runs-{k}"
+    shard = ["--shard", f"{k}/{SHARDS}", "--budget", "0", "--runs-dir", str(runs)]
+    return [sys.executable, "-m", "bulkrelay", "run", str(job), *shard]
+
+
+def _start_shards(job: Path) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen(
+            _shard_command(job, k),
+            cwd=job.parent,
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        for k in range(SHARDS)
+    ]
+
+
+def _finish(proc: subprocess.Popen[bytes]) -> tuple[int, dict[str, object]]:
+    out, _ = proc.communicate(timeout=180)
+    return proc.returncode, orjson.loads(out)
+
+
+def _ids(target: TargetProcess) -> Counter[int]:
+    return Counter(int(orjson.loads(r["body"])["id"]) for r in target.requests() if r["status"] == 200)
+
+
+def test_four_shards_send_every_row_once_within_one_shared_limit(tmp_path: Path) -> None:
+    rate, rows = 40, 160
+    with RedisProcess() as redis_url, TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=rows, execution=_shared(redis_url, rate), **KEYED)
+        results = [_finish(proc) for proc in _start_shards(job)]
+        arrivals = sorted(r["t"] for r in target.requests())
+        sent = _ids(target)
+    assert [code for code, _ in results] == [ExitCode.SUCCESS] * SHARDS, results
+    assert sent == Counter(range(1, rows + 1))  # every row once, across all the shards
+    totals = [envelope["data"]["summary"]["rows_total"] for _, envelope in results]  # type: ignore[index]
+    assert sum(totals) == rows and all(total > 0 for total in totals)
+    # Four processes, one limit: arrivals over any 0.9 s window (jitter on the way allowed) stay within it.
+    assert most_in_window(arrivals, 0.9) <= rate + 1
+    assert len(arrivals) == rows
+
+
+def test_a_killed_shard_runs_again_and_loses_nothing(tmp_path: Path) -> None:
+    rows = 120
+    plan = {"dedup": True, "rules": [{"delay_ms": 20}]}
+    with RedisProcess() as redis_url, TargetProcess(plan) as target:
+        job = write_job(tmp_path, target.url, rows=rows, execution=_shared(redis_url, 60), **KEYED)
+        procs = _start_shards(job)
+        victim = procs[1]
+        journal = _wait_for_journal(tmp_path / "runs-1", lines=5, proc=victim)
+        victim.send_signal(signal.SIGKILL)
+        victim.communicate()  # reaps it and closes its pipe
+        others = [_finish(proc) for k, proc in enumerate(procs) if k != 1]
+        again = run_cli(*_shard_command(job, 1)[3:], cwd=tmp_path, timeout=180)
+        stats = target.stats()
+    assert [code for code, _ in others] == [ExitCode.SUCCESS] * (SHARDS - 1)
+    assert again.exit_code == ExitCode.SUCCESS, again.envelope
+    assert Path(again.data["run_dir"]) == journal.parent  # the identical command continued its own run
+    assert stats["effects"] == rows  # each row took effect once, the killed shard's in-flight rows too
+    shards = _shards_view(tmp_path)
+    assert shards.data["complete"] is True
+    assert shards.data["total"]["done"] == rows == shards.data["total"]["total"]
+    run_dirs = [row["run_dir"] for row in shards.data["shards"]]
+    joined = run_cli("export", *run_dirs, "--format", "jsonl", "-o", tmp_path / "all.jsonl", cwd=tmp_path)
+    assert joined.exit_code == ExitCode.SUCCESS, joined.envelope
+    exported = [orjson.loads(line) for line in (tmp_path / "all.jsonl").read_bytes().splitlines()]
+    assert len(exported) == rows and all(e["result"]["success"] for e in exported)  # each row's result found
+
+
+def _wait_for_journal(runs_dir: Path, *, lines: int, proc: subprocess.Popen[bytes]) -> Path:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for journal in runs_dir.glob("2*/results.jsonl"):
+            if sum(1 for _ in iter_journal(journal)) >= lines:
+                return journal
+        assert proc.poll() is None, "the shard ended before it could be killed"
+        time.sleep(0.01)
+    raise AssertionError("the shard committed nothing in time")
+
+
+def _shards_view(tmp_path: Path) -> CliResult:
+    result = run_cli("shards", *(tmp_path / f"runs-{k}" for k in range(SHARDS)), cwd=tmp_path)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    return result
+
+
+def test_without_redis_a_shard_halts_unavailable_and_continues_once_it_is_back(tmp_path: Path) -> None:
+    redis = RedisProcess()
+    redis_url = redis.__enter__()
+    redis.kill()  # a Redis that is gone: the port refuses
+    try:
+        with TargetProcess() as target:
+            job = write_job(tmp_path, target.url, rows=12, execution=_shared(redis_url, 50), **KEYED)
+            halted = run_cli(*_shard_command(job, 0)[3:], cwd=tmp_path)
+            assert target.stats()["requests"] == 0  # never a local fallback
+            assert halted.exit_code == ExitCode.UNAVAILABLE, halted.envelope
+            assert halted.error_code == "SHARED_LIMIT_UNAVAILABLE"
+            assert halted.data["state"] == "stopped"
+            with RedisProcess() as live_url:
+                job.write_text(job.read_text().replace(redis_url, live_url))  # operational: same run
+                again = run_cli(*_shard_command(job, 0)[3:], cwd=tmp_path)
+    finally:
+        redis.__exit__(None, None, None)
+    assert again.exit_code == ExitCode.SUCCESS, again.envelope
+    assert again.data["run_dir"] == halted.data["run_dir"]
+
+
+def test_a_shard_is_part_of_the_invocation(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=30, **KEYED)
+        runs = tmp_path / "runs"
+        first = run_cli("run", job, "--shard", "0/2", "--budget", "0", "--runs-dir", runs, cwd=tmp_path)
+        second = run_cli("run", job, "--shard", "1/2", "--budget", "0", "--runs-dir", runs, cwd=tmp_path)
+        sent = _ids(target)
+        bad = run_cli("run", job, "--shard", "2/2", "--budget", "0", "--runs-dir", runs, cwd=tmp_path)
+    assert (first.exit_code, second.exit_code) == (ExitCode.SUCCESS, ExitCode.SUCCESS)
+    assert first.data["run_dir"] != second.data["run_dir"]  # two shards, two runs, in one runs dir
+    assert sent == Counter(range(1, 31))
+    assert bad.exit_code == ExitCode.ARG_ERROR and "does not exist" in bad.envelope["error"]["message"]
+    manifest = orjson.loads((Path(first.data["run_dir"]) / "run.json").read_bytes())
+    assert manifest["shard"] == {"index": 0, "count": 2}

@@ -1,0 +1,172 @@
+"""Signals and closed output outside the happy path, with real processes.
+
+SIGHUP stops a run like SIGTERM; a signal during start-up or preflight still gets its envelope and
+sends nothing; a closed stdout or a reader that went away costs the answer, never the exit code.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bulkrelay.errors import ExitCode
+from tests.clirun import cli_env
+from tests.ops.test_run_cli import journal, target_ids, write_job
+from tests.relay.test_engine_faults import _finish, _journal_has_lines, _run_dir, _start_run, _wait_for
+from tests.targetproc import TargetProcess
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_sighup_stops_a_run_at_a_safe_point_like_sigterm(tmp_path: Path, signum: signal.Signals) -> None:
+    with TargetProcess({"rules": [{"delay_ms": 200}]}) as target:
+        job = write_job(tmp_path, target.url, rows=200)
+        proc = _start_run(job)
+        _wait_for(lambda: _journal_has_lines(job), "the first committed rows")
+        proc.send_signal(signum)
+        result = _finish(proc)
+        taken = target_ids(target)
+    assert result.exit_code == ExitCode.SIGTERM, result.envelope
+    assert result.error_code == "TERMINATED"
+    assert result.envelope["error"]["context"]["signal"] == signum.name
+    run_dir = _run_dir(job)
+    assert result.data["state"] == "stopped"
+    assert orjson.loads((run_dir / "run.json").read_bytes())["state"] == "stopped"
+    journaled = sorted(e["row_number"] for e in journal(run_dir))
+    assert sorted(taken) == journaled  # rows in flight finished and were recorded
+    assert 0 < len(journaled) < 200
+
+
+def _spooling_stdin(job: Path) -> tuple[subprocess.Popen[bytes], Callable[[], None]]:
+    """`run --input -` blocked reading a stdin that stays open: start-up, before preflight."""
+    command = [sys.executable, "-m", "bulkrelay", "run", str(job), "--input", "-", "--budget", "0"]
+    proc = subprocess.Popen(
+        [*command, "--runs-dir", str(job.parent / "runs")],
+        cwd=job.parent,
+        env=cli_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(b"id,email,tag\n1,a@example.com,plain\n")
+    proc.stdin.flush()
+    spool = job.parent / "runs" / ".spool"
+    _wait_for(lambda: any(spool.glob("stdin-*")), "stdin being spooled")  # made, then read into
+    return proc, lambda: None  # stdin stays open until the process has answered
+
+
+def _open_writer(fifo: Path) -> int:
+    """The FIFO's write end, once a reader has opened it (ENXIO until then)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            assert exc.errno == errno.ENXIO and time.monotonic() < deadline, exc
+            time.sleep(0.02)
+
+
+def _reading_input_in_preflight(job: Path) -> tuple[subprocess.Popen[bytes], Callable[[], None]]:
+    """`run` whose input is a FIFO: preflight opens it and blocks reading rows that never end."""
+    records = job.parent / "records.csv"
+    records.unlink()
+    os.mkfifo(records)
+    proc = _start_run(job)
+    writer = _open_writer(records)
+    os.write(writer, b"id,email,tag\n1,a@example.com,plain\n")
+    return proc, lambda: os.close(writer)
+
+
+@pytest.mark.parametrize(
+    ("phase", "signum", "code", "exit_code"),
+    [
+        ("start-up", signal.SIGTERM, "TERMINATED", ExitCode.SIGTERM),
+        ("start-up", signal.SIGINT, "INTERRUPTED", ExitCode.SIGINT),
+        ("preflight", signal.SIGHUP, "TERMINATED", ExitCode.SIGTERM),
+        ("preflight", signal.SIGTERM, "TERMINATED", ExitCode.SIGTERM),
+    ],
+)
+def test_a_signal_during_start_up_or_preflight_gets_its_envelope_and_sends_nothing(
+    tmp_path: Path, phase: str, signum: signal.Signals, code: str, exit_code: ExitCode
+) -> None:
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=3)
+        start = _spooling_stdin if phase == "start-up" else _reading_input_in_preflight
+        proc, release_input = start(job)
+        try:
+            proc.send_signal(signum)
+            proc.wait(timeout=30)
+        finally:
+            release_input()
+        result = _finish(proc)
+        assert target.stats()["requests"] == 0
+    assert result.exit_code == exit_code, (result.envelope, result.stderr)
+    assert result.error_code == code
+    assert "Traceback" not in result.stderr
+    assert not list((tmp_path / "runs").glob("2*")), "no run was created"
+
+
+def _close_stdout() -> None:
+    os.close(1)
+
+
+@pytest.mark.parametrize("how", ["closed", "reader gone"])
+@pytest.mark.parametrize(("valid", "exit_code"), [(True, ExitCode.SUCCESS), (False, ExitCode.ARG_ERROR)])
+def test_a_closed_stdout_keeps_the_exit_code_and_gives_no_traceback(
+    tmp_path: Path, how: str, valid: bool, exit_code: ExitCode
+) -> None:
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=3)
+    if not valid:
+        job.write_text(job.read_text() + "unknown_key: 1\n")
+    read_end, write_end = os.pipe()
+    if how == "reader gone":
+        os.close(read_end)  # a reader that closed the pipe: writing the envelope meets EPIPE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bulkrelay", "validate", str(job)],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            preexec_fn=_close_stdout if how == "closed" else None,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+        if how != "reader gone":
+            os.close(read_end)
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == exit_code, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    assert len(stderr) < 200, stderr  # a short note at most
+
+
+def test_a_run_with_its_stdout_closed_relays_and_exits_with_its_code(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=20)
+        proc = subprocess.run(
+            [sys.executable, "-m", "bulkrelay", "run", str(job), "--runs-dir", str(tmp_path / "runs")],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=_close_stdout,
+            timeout=120,
+            check=False,
+        )
+        sent = sorted(target_ids(target))
+    assert proc.returncode == ExitCode.SUCCESS, proc.stderr
+    assert b"Traceback" not in proc.stderr
+    assert sent == list(range(1, 21))
+    assert sorted(e["row_number"] for e in journal(_run_dir(job))) == sent

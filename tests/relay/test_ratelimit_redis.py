@@ -1,0 +1,85 @@
+"""The shared rate limit against a real redis-server: several limiters (as shards would) share one limit."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from bulkrelay.relay.ratelimit import most_in_window
+from bulkrelay.relay.ratelimit_redis import SharedLimitUnavailable, SharedRateLimiter
+from tests.redisproc import RedisProcess
+
+pytestmark = pytest.mark.anyio
+
+
+async def _starts(limiter: SharedRateLimiter, workers: int, until: float, starts: list[float]) -> None:
+    async def worker() -> None:
+        while time.monotonic() < until:
+            await limiter.acquire()
+            starts.append(time.monotonic())
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+
+
+async def test_four_limiters_on_one_key_keep_one_limit_together() -> None:
+    rate = 40
+    with RedisProcess() as url:
+        shards = [SharedRateLimiter(url, "one-target", rate) for _ in range(4)]
+        starts: list[float] = []
+        until = time.monotonic() + 2.5
+        await asyncio.gather(*(_starts(shard, 8, until, starts) for shard in shards))
+        for shard in shards:
+            await shard.aclose()
+    starts.sort()
+    # The limit holds for all four together. Redis grants by its own clock; these times are taken when each
+    # caller resumes, which a busy machine delays, so the window is read a little short and one start over
+    # is allowed (the issue's ±3%). And they are not starved: close to 2.5 s at the rate.
+    assert most_in_window(starts, 0.95) <= rate + 1
+    assert len(starts) >= rate * 2
+
+
+async def test_other_keys_have_limits_of_their_own() -> None:
+    with RedisProcess() as url:
+        first, second = SharedRateLimiter(url, "a", 20), SharedRateLimiter(url, "b", 20)
+        a: list[float] = []
+        b: list[float] = []
+        until = time.monotonic() + 1.5
+        await asyncio.gather(_starts(first, 4, until, a), _starts(second, 4, until, b))
+        await first.aclose()
+        await second.aclose()
+    assert len(a) >= 20 and len(b) >= 20  # neither took the other's share
+
+
+async def test_a_pause_in_one_shard_holds_every_shard() -> None:
+    with RedisProcess() as url:
+        pausing, other = SharedRateLimiter(url, "t", 100), SharedRateLimiter(url, "t", 100)
+        await pausing.acquire()
+        pausing.pause_until(time.monotonic() + 0.8)
+        await asyncio.sleep(0.1)  # the pause reaches Redis
+        asked = time.monotonic()
+        await other.acquire()
+        waited = time.monotonic() - asked
+        await pausing.aclose()
+        await other.aclose()
+    assert waited >= 0.5  # held by the pause the other shard shared, not by pacing (10 ms)
+
+
+async def test_unreachable_redis_is_an_error_not_a_local_fallback() -> None:
+    server = RedisProcess()
+    url = server.__enter__()
+    limiter = SharedRateLimiter(url, "t", 10)
+    await limiter.acquire()
+    server.kill()
+    with pytest.raises(SharedLimitUnavailable) as caught:
+        await limiter.acquire()
+    await limiter.aclose()
+    server.__exit__(None, None, None)
+    assert "unavailable" in str(caught.value)
+
+
+def test_a_password_never_appears_in_the_error() -> None:
+    error = SharedLimitUnavailable("redis://:hunter2secret@127.0.0.1:1/0", "refused")
+    assert "hunter2secret" not in str(error)
+    assert error.url == "redis://***@127.0.0.1:1/0"

@@ -1,0 +1,138 @@
+"""Atomic replace and the storage seam under it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bulkrelay.errors import JournalCorrupt, NotFound, RunNotResumable, StorageFailed
+from bulkrelay.store.atomic import read_json, write_atomic, write_json_atomic
+from bulkrelay.store.storage import Storage
+
+
+class SpyStorage(Storage):
+    """Records every call; fails the Nth fsync or the rename when told to."""
+
+    def __init__(self, *, fail_fsync_at: int | None = None, fail_replace: bool = False) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.fsyncs = 0
+        self.dir_fsyncs: list[Path] = []
+        self._fail_fsync_at = fail_fsync_at
+        self._fail_replace = fail_replace
+
+    def write(self, fd: int, data: bytes) -> None:
+        self.calls.append("write")
+        super().write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self.calls.append("fsync")
+        self.fsyncs += 1
+        if self.fsyncs == self._fail_fsync_at:
+            raise StorageFailed(f"injected fsync failure on {self.name_of(fd)}")
+        super().fsync(fd)
+
+    def replace(self, source: Path, target: Path) -> None:
+        self.calls.append("replace")
+        if self._fail_replace:
+            raise StorageFailed("injected rename failure")
+        super().replace(source, target)
+
+    def fsync_dir(self, path: Path) -> None:
+        self.calls.append("fsync_dir")
+        self.dir_fsyncs.append(path)
+        super().fsync_dir(path)
+
+
+def test_write_atomic_replaces_in_order_and_fsyncs_the_directory(tmp_path: Path) -> None:
+    target = tmp_path / "state.json"
+    target.write_bytes(b"old")
+    spy = SpyStorage()
+    write_atomic(target, b"new content", spy)
+    assert target.read_bytes() == b"new content"
+    assert spy.calls == ["write", "fsync", "replace", "fsync_dir"]
+    assert spy.dir_fsyncs == [tmp_path]
+    assert sorted(os.listdir(tmp_path)) == ["state.json"]  # no temp file left behind
+
+
+def test_write_atomic_creates_a_missing_file_readable_by_its_owner_only(tmp_path: Path) -> None:
+    target = tmp_path / "fresh.bin"
+    write_atomic(target, b"\x00\x01")
+    assert target.read_bytes() == b"\x00\x01"
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("spy", [SpyStorage(fail_fsync_at=1), SpyStorage(fail_replace=True)])
+def test_a_failed_write_keeps_the_old_file_and_removes_the_temp(tmp_path: Path, spy: SpyStorage) -> None:
+    target = tmp_path / "state.json"
+    target.write_bytes(b"old")
+    with pytest.raises(StorageFailed, match="injected"):
+        write_atomic(target, b"new", spy)
+    assert target.read_bytes() == b"old"
+    assert sorted(os.listdir(tmp_path)) == ["state.json"]
+    assert "fsync_dir" not in spy.calls
+
+
+def test_write_json_atomic_writes_sorted_indented_json(tmp_path: Path) -> None:
+    target = tmp_path / "run.json"
+    write_json_atomic(target, {"b": 1, "a": {"y": [1, 2], "x": None}})
+    text = target.read_text()
+    assert text == '{\n  "a": {\n    "x": null,\n    "y": [\n      1,\n      2\n    ]\n  },\n  "b": 1\n}\n'
+    assert read_json(target) == {"a": {"x": None, "y": [1, 2]}, "b": 1}
+
+
+def test_read_json_missing_file_is_not_found(tmp_path: Path) -> None:
+    with pytest.raises(NotFound) as caught:
+        read_json(tmp_path / "nope.json")
+    assert caught.value.context["path"] == str(tmp_path / "nope.json")
+
+
+def test_read_json_malformed_names_the_file(tmp_path: Path) -> None:
+    target = tmp_path / "run.json"
+    target.write_bytes(b'{"state": "runn')
+    with pytest.raises(JournalCorrupt, match=r"run\.json is not valid JSON") as caught:
+        read_json(target)
+    assert caught.value.context["path"] == str(target)
+    with pytest.raises(RunNotResumable):
+        read_json(target, invalid=RunNotResumable)
+
+
+def test_read_json_of_a_directory_is_invalid_not_a_crash(tmp_path: Path) -> None:
+    with pytest.raises(JournalCorrupt, match="cannot read"):
+        read_json(tmp_path)
+
+
+def test_storage_wraps_os_errors_naming_the_file(tmp_path: Path) -> None:
+    storage = Storage()
+    path = tmp_path / "journal"
+    fd = storage.open_append(path)
+    os.close(fd)  # behind the storage's back: the next write gets EBADF
+    with pytest.raises(StorageFailed) as caught:
+        storage.write(fd, b"data")
+    error = caught.value
+    assert str(path) in error.message and "Bad file descriptor" in error.message
+    assert error.context["file"] == str(path) and error.context["operation"] == "write"
+    with pytest.raises(StorageFailed, match="fsync failed"):
+        storage.fsync(fd)
+
+
+def test_storage_open_new_refuses_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "exists"
+    path.write_bytes(b"")
+    with pytest.raises(StorageFailed, match="open failed"):
+        Storage().open_new(path)
+
+
+def test_storage_write_appends_everything(tmp_path: Path) -> None:
+    storage = Storage()
+    path = tmp_path / "log"
+    data = orjson.dumps(list(range(100_000)))
+    for _ in range(2):
+        fd = storage.open_append(path)
+        storage.write(fd, data)
+        storage.fsync(fd)
+        storage.close(fd)
+    assert path.read_bytes() == data + data

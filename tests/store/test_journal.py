@@ -1,0 +1,402 @@
+"""The journal line format and the group-commit writer."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+
+from bulkrelay.errors import StorageFailed
+from bulkrelay.store.journal import (
+    JournalWriter,
+    decode_line,
+    encode_entry,
+    entry_problem,
+    iter_journal,
+    scan_journal,
+)
+from bulkrelay.store.storage import Storage
+
+
+def result(row: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "row_number": row,
+        "success": row % 5 != 0,
+        "classification": "ok" if row % 5 else "http_client_error",
+        "status_code": 201 if row % 5 else 422,
+        "attempts": 1,
+        "retryable": False,
+        "error": None if row % 5 else "HTTP 422",
+        "duration_ms": 1.5 * row,
+        **extra,
+    }
+
+
+class SpyStorage(Storage):
+    """Counts writes and fsyncs; can fail the Nth of each, or make every fsync slow."""
+
+    def __init__(
+        self, *, fail_write_at: int | None = None, fail_fsync_at: int | None = None, fsync_delay: float = 0
+    ) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.fsyncs = 0
+        self.dir_fsyncs = 0
+        self._fail_write_at = fail_write_at
+        self._fail_fsync_at = fail_fsync_at
+        self._fsync_delay = fsync_delay
+        self.threads: set[int] = set()
+
+    def write(self, fd: int, data: bytes) -> None:
+        self.threads.add(threading.get_ident())
+        self.writes.append(data)
+        if len(self.writes) == self._fail_write_at:
+            super().write(fd, data[: len(data) // 2])  # a short, torn write
+            raise StorageFailed(f"injected write failure on {self.name_of(fd)}")
+        super().write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        if self.fsyncs == self._fail_fsync_at:
+            raise StorageFailed(f"injected fsync failure on {self.name_of(fd)}")
+        time.sleep(self._fsync_delay)
+        super().fsync(fd)
+
+    def fsync_dir(self, path: Path) -> None:
+        self.dir_fsyncs += 1
+        super().fsync_dir(path)
+
+
+class Commits:
+    def __init__(self) -> None:
+        self.batches: list[tuple[list[dict[str, Any]], int]] = []
+
+    def __call__(self, entries: list[dict[str, Any]], end_offset: int) -> None:
+        self.batches.append((list(entries), end_offset))
+
+    @property
+    def rows(self) -> int:
+        return sum(len(entries) for entries, _ in self.batches)
+
+
+async def write_all(writer: JournalWriter, entries: list[dict[str, Any]]) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        for entry in entries:
+            await writer.submit(entry)
+        await writer.close()
+
+
+# ---------------------------------------------------------------- line format
+
+
+def test_line_ends_with_a_checksum_of_its_own_bytes() -> None:
+    line = encode_entry({"seq": 1, **result(7)})
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    head, tail = line[:-19], line[-19:]
+    assert tail == b',"crc":"%08x"}\n' % zlib.crc32(head)
+    parsed = orjson.loads(line)
+    assert list(parsed)[-1] == "crc"
+    assert decode_line(line) == {"seq": 1, **result(7)}
+
+
+def test_extra_keys_round_trip() -> None:
+    entry = {"seq": 3, **result(3, key="c-3", idempotency_key="abc", captured={"id": "x\ny"}, ts="t")}
+    assert decode_line(encode_entry(entry)) == entry
+
+
+def test_every_single_byte_flip_is_detected() -> None:
+    line = encode_entry({"seq": 1, **result(7)})
+    for index in range(len(line)):
+        damaged = bytearray(line)
+        damaged[index] ^= 0x01
+        with pytest.raises(ValueError):
+            decode_line(bytes(damaged))
+
+
+def _with_crc(head: bytes) -> bytes:
+    return head + b',"crc":"%08x"}\n' % zlib.crc32(head)
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (b"\n", "blank line"),
+        (b"   \n", "blank line"),
+        (b"\0" * 40, "truncated line"),
+        (b"\0" * 40 + b"\n", "NUL bytes"),
+        (b'{"seq":1,"row_number":2}\n', "no checksum"),
+        (encode_entry({"seq": 1, **result(2)})[:-1], "truncated line"),
+        (encode_entry({"seq": 1, **result(2)}).replace(b"201", b"202"), "checksum mismatch"),
+        (_with_crc(b'{"seq":1,"row_number":'), "not valid JSON"),
+        (_with_crc(b"[1,2"), "not valid JSON"),
+        (_with_crc(b'{"seq":1'), "missing key 'row_number'"),
+        (
+            encode_entry({"seq": 1, **result(2, status_code=True)}),
+            "'status_code' must be int or null, got bool",
+        ),
+        (encode_entry({"seq": 1, **result(2, success=1)}), "'success' must be bool, got int"),
+        (encode_entry({"seq": "1", **result(2)}), "'seq' must be int, got str"),
+    ],
+)
+def test_bad_lines_say_why(line: bytes, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        decode_line(line)
+
+
+def test_entry_problem_accepts_nulls_where_allowed() -> None:
+    assert entry_problem({"seq": 1, **result(1, status_code=None, error="connect refused")}) is None
+    assert entry_problem({"seq": 1, **result(1, duration_ms=3)}) is None
+    assert entry_problem({"seq": 1, **result(1, error=None)}) is None
+    missing = {"seq": 1, **result(1)}
+    del missing["status_code"]
+    assert entry_problem(missing) == "missing key 'status_code'"
+
+
+def test_iter_journal_stops_at_the_first_bad_line(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    good = [encode_entry({"seq": n, **result(n)}) for n in (1, 2)]
+    path.write_bytes(b"".join(good) + b'{"seq":3,"row_num' + good[1])
+    assert [entry["seq"] for entry in iter_journal(path)] == [1, 2]
+
+
+# ---------------------------------------------------------------- writer
+
+
+@pytest.mark.anyio
+async def test_one_write_and_one_fsync_per_batch(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    spy, commits = SpyStorage(), Commits()
+    writer = JournalWriter(path, spy, next_seq=1, on_commit=commits, max_rows=10, max_delay=5.0)
+    await write_all(writer, [result(n) for n in range(1, 96)])
+
+    assert len(spy.writes) == spy.fsyncs == len(commits.batches) == 10  # 9 full batches and the rest
+    assert [len(entries) for entries, _ in commits.batches] == [10] * 9 + [5]
+    assert spy.dir_fsyncs == 1
+    assert threading.get_ident() not in spy.threads  # blocking I/O ran off the event loop
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert [decode_line(line)["seq"] for line in lines] == list(range(1, 96))
+    assert [decode_line(line)["row_number"] for line in lines] == list(range(1, 96))
+
+
+@pytest.mark.anyio
+async def test_on_commit_reports_entries_and_end_offsets(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    spy, commits = SpyStorage(), Commits()
+    writer = JournalWriter(path, spy, next_seq=1, on_commit=commits, max_rows=7)
+    await write_all(writer, [result(n) for n in range(1, 31)])
+
+    offset = 0
+    for (entries, end_offset), data in zip(commits.batches, spy.writes, strict=True):
+        offset += len(data)
+        assert end_offset == offset
+        assert b"".join(encode_entry(entry) for entry in entries) == data
+    assert offset == path.stat().st_size
+    assert [entry["seq"] for entries, _ in commits.batches for entry in entries] == list(range(1, 31))
+
+
+@pytest.mark.anyio
+async def test_appends_after_an_existing_journal_continuing_seq(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    first = Commits()
+    writer = JournalWriter(path, Storage(), next_seq=1, on_commit=first)
+    await write_all(writer, [result(n) for n in (1, 2, 3)])
+    size = path.stat().st_size
+    second = Commits()
+    await write_all(JournalWriter(path, Storage(), next_seq=4, on_commit=second), [result(n) for n in (4, 5)])
+
+    assert second.batches[-1][1] == path.stat().st_size > size
+    scan = scan_journal(path, committed_seq=3, committed_offset=size, row_count=5)
+    assert scan.last_seq == 5 and scan.torn_tail is None and scan.done.count == 5
+
+
+@pytest.mark.anyio
+async def test_a_lone_entry_is_committed_after_max_delay(tmp_path: Path) -> None:
+    commits = Commits()
+    writer = JournalWriter(tmp_path / "j", Storage(), next_seq=1, on_commit=commits, max_delay=0.02)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        await writer.submit(result(1))
+        await anyio.sleep(0.005)
+        assert commits.rows == 0  # still gathering a batch
+        with anyio.fail_after(2):
+            while commits.rows == 0:
+                await anyio.sleep(0.005)
+        await writer.close()
+    assert commits.rows == 1
+
+
+@pytest.mark.anyio
+async def test_close_commits_at_once_without_waiting_for_max_delay(tmp_path: Path) -> None:
+    commits = Commits()
+    writer = JournalWriter(tmp_path / "j", Storage(), next_seq=1, on_commit=commits, max_delay=60)
+    with anyio.fail_after(5):
+        await write_all(writer, [result(1), result(2)])
+    assert commits.rows == 2
+
+
+@pytest.mark.anyio
+async def test_batches_respect_max_bytes(tmp_path: Path) -> None:
+    spy, commits = SpyStorage(), Commits()
+    writer = JournalWriter(tmp_path / "j", spy, next_seq=1, on_commit=commits, max_rows=1000, max_bytes=2000)
+    await write_all(writer, [result(n, error="x" * 300) for n in range(1, 41)])
+    assert commits.rows == 40
+    assert len(spy.writes) > 1
+    assert all(len(data) <= 2000 for data in spy.writes)
+
+
+@pytest.mark.anyio
+async def test_async_on_commit_is_awaited_before_the_next_batch(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    async def on_commit(entries: list[dict[str, Any]], end_offset: int) -> None:
+        await anyio.sleep(0.001)
+        seen.append(entries[-1]["seq"])
+
+    writer = JournalWriter(tmp_path / "j", Storage(), next_seq=1, on_commit=on_commit, max_rows=3)
+    await write_all(writer, [result(n) for n in range(1, 10)])
+    assert seen == [3, 6, 9]
+
+
+@pytest.mark.anyio
+async def test_backpressure_bounds_the_pending_entries(tmp_path: Path) -> None:
+    spy, commits = SpyStorage(fsync_delay=0.002), Commits()
+    writer = JournalWriter(tmp_path / "j", spy, next_seq=1, on_commit=commits, max_rows=10)
+    lag: list[int] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        for n in range(1, 301):
+            await writer.submit(result(n))
+            lag.append(n - commits.rows)
+        await writer.close()
+    assert max(lag) <= 4 * 10 + 10  # the backlog limit, plus the batch being fsynced
+    assert commits.rows == 300
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("spy", [SpyStorage(fail_fsync_at=2), SpyStorage(fail_write_at=2)])
+async def test_a_failed_write_or_fsync_ends_run_unreported(tmp_path: Path, spy: SpyStorage) -> None:
+    commits = Commits()
+    writer = JournalWriter(tmp_path / "j", spy, next_seq=1, on_commit=commits, max_rows=5)
+    failures: list[StorageFailed] = []
+    try:
+        await write_all(writer, [result(n) for n in range(1, 21)])
+    except* StorageFailed as group:
+        failures = [exc for exc in group.exceptions if isinstance(exc, StorageFailed)]
+    assert len(failures) == 1 and "injected" in failures[0].message
+    assert [entry["seq"] for entries, _ in commits.batches for entry in entries] == [1, 2, 3, 4, 5]
+    assert len(spy.writes) == 2  # never retried
+    with pytest.raises(StorageFailed):
+        await writer.submit(result(21))
+
+
+@pytest.mark.anyio
+async def test_submit_refuses_entries_a_resume_would_refuse(tmp_path: Path) -> None:
+    writer = JournalWriter(tmp_path / "j", Storage(), next_seq=1, on_commit=Commits())
+    with pytest.raises(ValueError, match="'status_code' must be int or null, got str"):
+        await writer.submit(result(1, status_code="201"))
+    with pytest.raises(ValueError, match="seq and crc"):
+        await writer.submit({**result(1), "crc": "0"})
+    with pytest.raises(ValueError, match="seq and crc"):
+        await writer.submit({**result(1), "seq": 9})
+
+
+@pytest.mark.anyio
+async def test_cancelling_the_run_leaves_only_whole_committed_batches(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    spy, commits = SpyStorage(fsync_delay=0.01), Commits()
+    writer = JournalWriter(path, spy, next_seq=1, on_commit=commits, max_rows=4)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        for n in range(1, 13):
+            await writer.submit(result(n))
+        await anyio.sleep(0.015)
+        tg.cancel_scope.cancel()
+    assert commits.batches, "the batch in flight when cancelled is still reported"
+    assert commits.batches[-1][1] == path.stat().st_size
+
+
+def _leaf_exceptions(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaf_exceptions(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves
+
+
+@pytest.mark.anyio
+async def test_a_failure_surfaces_once_when_submitters_are_blocked_in_a_nested_group(tmp_path: Path) -> None:
+    """The engine's shape: run() in an outer group, workers blocked on backpressure in an inner one."""
+    spy = SpyStorage(fail_fsync_at=3, fsync_delay=0.005)
+    writer = JournalWriter(tmp_path / "j", spy, next_seq=1, on_commit=Commits(), max_rows=5)
+    rows = iter(range(1, 10_000))
+
+    async def worker() -> None:
+        for row in rows:
+            await writer.submit(result(row))
+
+    leaves: list[BaseException] = []
+    with anyio.fail_after(5):
+        try:
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(writer.run)
+                async with anyio.create_task_group() as workers:
+                    for _ in range(8):
+                        workers.start_soon(worker)
+                await writer.close()
+        except BaseExceptionGroup as group:
+            leaves = _leaf_exceptions(group)
+    assert len(leaves) == 1 and isinstance(leaves[0], StorageFailed)
+
+
+REQUIRED = (
+    "seq",
+    "row_number",
+    "success",
+    "classification",
+    "status_code",
+    "attempts",
+    "retryable",
+    "error",
+    "duration_ms",
+)
+WRONG = {
+    "seq": 1.0,
+    "row_number": "1",
+    "success": 1,
+    "classification": None,
+    "status_code": 200.0,
+    "attempts": True,
+    "retryable": None,
+    "error": 5,
+    "duration_ms": "1",
+}
+
+
+@pytest.mark.parametrize("key", REQUIRED)
+def test_every_required_key_is_checked_by_the_reader(key: str) -> None:
+    entry = {"seq": 1, **result(1)}
+    missing = {k: v for k, v in entry.items() if k != key}
+    with pytest.raises(ValueError, match=f"missing key '{key}'"):
+        decode_line(encode_entry(missing))
+    with pytest.raises(ValueError, match=f"'{key}' must be"):
+        decode_line(encode_entry({**entry, key: WRONG[key]}))
+
+
+@pytest.mark.anyio
+async def test_an_error_in_on_commit_ends_run_and_close_reports_it(tmp_path: Path) -> None:
+    def on_commit(entries: list[dict[str, Any]], end_offset: int) -> None:
+        raise RuntimeError("counter bug")
+
+    writer = JournalWriter(tmp_path / "j", Storage(), next_seq=1, on_commit=on_commit)
+    failures: list[RuntimeError] = []
+    try:
+        await write_all(writer, [result(1)])
+    except* RuntimeError as group:
+        failures = [exc for exc in group.exceptions if isinstance(exc, RuntimeError)]
+    assert [str(exc) for exc in failures] == ["counter bug"]

@@ -1,0 +1,72 @@
+"""`summary.json` is rebuilt from the journal: its counts are the journal's, its percentiles bucketed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bulkrelay.store.journal import encode_entry
+from bulkrelay.store.summary import LatencyHistogram, summarize
+
+
+def _entry(seq: int, status: int | None, classification: str, attempts: int, ms: float) -> dict[str, Any]:
+    success = classification == "success"
+    return {
+        "seq": seq,
+        "row_number": seq,
+        "success": success,
+        "classification": classification,
+        "status_code": status,
+        "attempts": attempts,
+        "retryable": not success,
+        "error": None if success else "x",
+        "duration_ms": ms,
+    }
+
+
+def test_counts_by_outcome_status_and_classification(tmp_path: Path) -> None:
+    journal = tmp_path / "results.jsonl"
+    rows = [
+        (200, "success", 1, 10.0),
+        (200, "success", 3, 30.0),
+        (422, "http_client_error", 1, 5.0),
+        (None, "timeout_error", 2, 900.0),
+        (503, "http_server_error", 3, 20.0),
+    ]
+    journal.write_bytes(b"".join(encode_entry(_entry(i, *row)) for i, row in enumerate(rows, start=1)))
+    summary = summarize(journal, total_rows=8)
+    assert (summary["rows_total"], summary["rows_done"], summary["rows_pending"]) == (8, 5, 3)
+    assert summary["by_outcome"] == {"succeeded": 2, "failed": 3}
+    assert summary["by_status"] == {"200": 2, "422": 1, "503": 1, "none": 1}
+    assert summary["by_classification"] == {
+        "http_client_error": 1,
+        "http_server_error": 1,
+        "success": 2,
+        "timeout_error": 1,
+    }
+    assert (summary["attempts"], summary["retries"]) == (10, 5)
+    assert summary["latency_ms"] == {"p50": 20.0, "p95": 900.0, "p99": 900.0, "max": 900.0}
+
+
+def test_a_missing_journal_is_an_empty_summary(tmp_path: Path) -> None:
+    summary = summarize(tmp_path / "results.jsonl", total_rows=4)
+    assert summary["rows_pending"] == 4 and summary["attempts"] == 0
+    assert summary["latency_ms"] == {"p50": None, "p95": None, "p99": None, "max": None}
+
+
+def test_histogram_percentiles_on_a_uniform_spread() -> None:
+    histogram = LatencyHistogram()
+    for ms in range(1, 1001):
+        histogram.add(float(ms))
+    assert histogram.percentiles((0.5, 0.95, 0.99)) == {"p50": 500.0, "p95": 950.0, "p99": 990.0}
+    assert histogram.maximum() == 1000.0
+    assert histogram.count == 1000
+
+
+def test_histogram_buckets_to_a_tenth_of_a_millisecond() -> None:
+    histogram = LatencyHistogram()
+    histogram.add(1.234)
+    histogram.add(1.239)
+    assert histogram.percentiles((0.5,)) == {"p50": pytest.approx(1.2)}
