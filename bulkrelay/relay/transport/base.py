@@ -106,6 +106,10 @@ class TransportSettings:
     proxy: str = "none"  # "none", "environment" (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY) or a URL
     client_certificate: ClientCertificate | None = None
 
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:  # checked once here, for every client
+            raise UsageError("concurrency must be at least 1", context={"concurrency": self.concurrency})
+
 
 def invalid_request() -> ConnectFailed:
     return ConnectFailed("cannot send: invalid URL or header")

@@ -39,8 +39,6 @@ class HttpxTransport:
     """One httpx client with a keep-alive pool of `concurrency` connections, no cookies, no redirects."""
 
     def __init__(self, settings: TransportSettings) -> None:
-        if settings.concurrency < 1:
-            raise UsageError("concurrency must be at least 1", context={"concurrency": settings.concurrency})
         self._settings = settings
         self._client = _build_client(settings)
 

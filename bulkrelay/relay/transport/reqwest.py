@@ -23,7 +23,6 @@ from pyreqwest.client import Client, ClientBuilder
 from pyreqwest.proxy import ProxyBuilder
 from pyreqwest.response import Response as StreamedResponse
 
-from bulkrelay.errors import UsageError
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.transport.base import (
     USER_AGENT,
@@ -46,8 +45,6 @@ class ReqwestTransport:
     """One pyreqwest client with a keep-alive pool of `concurrency` connections, no cookies, no redirects."""
 
     def __init__(self, settings: TransportSettings) -> None:
-        if settings.concurrency < 1:
-            raise UsageError("concurrency must be at least 1", context={"concurrency": settings.concurrency})
         self._settings = settings
         self._client = _build_client(settings)
 
