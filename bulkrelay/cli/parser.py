@@ -228,7 +228,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_budget(parser)
     _add_runs_dir(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_preflight_commands(sub)
+    _add_run(sub)
+    _add_continuing_commands(sub)
+    _add_reading_commands(sub)
+    _add_operations(sub)
+    _add_sync_state(sub)
+    _add_job_commands(sub)
+    p = sub.add_parser("demo", help="run an example job against an embedded local target")
+    p.add_argument("--rows", type=int, default=3000, help="how many rows the demo sends (default 3000)")
+    _add_runs_dir(p)
+    p = sub.add_parser("_job-worker")  # no help=: a hidden subcommand is never listed
+    p.add_argument("job_id")
+    return parser
 
+
+def _add_preflight_commands(sub: Any) -> None:
+    """The commands that send nothing: validate and render."""
     p = sub.add_parser("validate", help="full preflight of the job and every record; sends nothing")
     p.add_argument("job", type=Path, metavar="JOB")
     _add_input(p)
@@ -238,8 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_input(p)
     p.add_argument("--rows", help="rows to render, e.g. 1-5 or 3,7-9 (default: the first five)")
 
-    _add_run(sub)
 
+def _add_continuing_commands(sub: Any) -> None:
+    """The commands that continue a run's work: resume and retry-failed."""
     p = sub.add_parser("resume", help="continue an interrupted run; refuses on any change")
     _add_run_ref(p)
     p.add_argument("--config", type=Path, metavar="JOB", help="the job file, if it moved")
@@ -255,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, metavar="JOB", help="the job file, if it moved")
     _add_budget(p)
 
+
+def _add_reading_commands(sub: Any) -> None:
+    """The commands that read runs: status, shards, runs, export."""
     p = sub.add_parser("status", help="one run's state and counters")
     _add_run_ref(p)
 
@@ -276,10 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="more runs: the other shards of one input, joined",
     )
     _add_export_flags(p)
-    _add_operations(sub)
 
-    _add_sync_state(sub)
 
+def _add_job_commands(sub: Any) -> None:
     job = sub.add_parser("job", help="background jobs: wait, status, cancel")
     job_sub = job.add_subparsers(dest="job_command", metavar="ACTION", parser_class=_Parser)
     for action, text in (
@@ -291,14 +310,6 @@ def build_parser() -> argparse.ArgumentParser:
         jp.add_argument("job_id", metavar="JOB_ID")
         if action in ("wait", "cancel"):
             _add_global(jp, "--budget", type=_duration, metavar="DUR", help="how long to hold the call")
-
-    p = sub.add_parser("demo", help="run an example job against an embedded local target")
-    p.add_argument("--rows", type=int, default=3000, help="how many rows the demo sends (default 3000)")
-    _add_runs_dir(p)
-
-    p = sub.add_parser("_job-worker")  # no help=: a hidden subcommand is never listed
-    p.add_argument("job_id")
-    return parser
 
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:

@@ -76,6 +76,17 @@ def resolve_input(job: Job, input_override: Path | None, name: str | None = None
 DeltaObserver = Callable[[RequestDigester], Callable[[Record, PreparedRequest], None]]
 
 
+def _renderer_and_digester(
+    job: Job, env: Mapping[str, str]
+) -> tuple[RequestRenderer, RequestDigester | None]:
+    """The job's renderer, and for a delta job the digester its journal lines and state compare."""
+    delta = job.config.execution.sync != "full"
+    renderer = RequestRenderer.from_config(job.config.request, env, sorted_json=delta)
+    if not delta:
+        return renderer, None
+    return renderer, RequestDigester(job.config.request, renderer.redactor, sorted_json=renderer.sorted_json)
+
+
 class _ProblemCollector:
     """Keeps the first problems in full and counts the rest."""
 
@@ -151,14 +162,7 @@ def run_preflight(
     `on_rows_read` hears 0 when the pass starts, then the count after every record. `delta` sees every
     record that renders, with its request, in the same pass: the rows a delta run sends are chosen
     without reading the input twice."""
-    renderer = RequestRenderer.from_config(
-        job.config.request,
-        os.environ if env is None else env,
-        sorted_json=job.config.execution.sync != "full",
-    )
-    digester = None
-    if job.config.execution.sync != "full":
-        digester = RequestDigester(job.config.request, renderer.redactor, sorted_json=renderer.sorted_json)
+    renderer, digester = _renderer_and_digester(job, os.environ if env is None else env)
     observe = delta(digester) if delta is not None and digester is not None else None
     spec = resolve_input(job, input_override, input_name)
     collector = _ProblemCollector()
