@@ -125,8 +125,11 @@ def test_storage_failed_names_the_run_and_the_command_that_continues(tmp_path: P
         assert failed.data["continue_command"] == f"bulkrelay resume {run_dir}"
         assert Path(run_dir).parent == runs and failed.data["run_id"] == Path(run_dir).name
         first = set(target_ids(target))
+        committed_before = len(journal(run_dir))  # what the small file let through before the write failed
 
         resumed = run_cli(*failed.data["continue_command"].split()[1:], "--budget", "0", cwd=tmp_path)
     assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
     assert sorted(e["row_number"] for e in journal(run_dir)) == list(range(1, 301))
-    assert 0 < len(first) < 300
+    # The run stopped short of its journal's end; how many requests had gone out by then depends on the
+    # machine's load (all 300, at times), so only that some had is asserted of the target.
+    assert committed_before < 300 and len(first) > 0
