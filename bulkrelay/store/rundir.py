@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import os
 import secrets
@@ -32,14 +33,39 @@ JOURNAL = "results.jsonl"
 SUMMARY = "summary.json"
 LOCK = "lock"
 
-RUNNING = "running"
-STOPPED = "stopped"
-FORCED = "forced"
-COMPLETED = "completed"
-COMPLETED_WITH_FAILURES = "completed_with_failures"
-CANCELLED = "cancelled"
-STATES = (RUNNING, STOPPED, FORCED, COMPLETED, COMPLETED_WITH_FAILURES, CANCELLED)
-FINAL_STATES = frozenset({COMPLETED, COMPLETED_WITH_FAILURES, CANCELLED})
+
+class RunState(enum.StrEnum):
+    """The state a run's manifest records. The values are on disk (run.json) and in envelopes and
+    the metrics file: never change one. `running` is neither final nor resumable by its name alone:
+    it is a live run, or a crashed one, which only the lock tells (`is_locked`)."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"  # stopped at a safe point
+    FORCED = "forced"  # stopped with rows in flight cancelled
+    COMPLETED = "completed"
+    COMPLETED_WITH_FAILURES = "completed_with_failures"
+    CANCELLED = "cancelled"  # by `job cancel`
+
+    @property
+    def final(self) -> bool:
+        """Nothing more happens to the run: it cannot be resumed, only retried or run afresh."""
+        return self in _FINAL
+
+    @property
+    def resumable(self) -> bool:
+        """Stopped before its end, on purpose: `resume` continues it."""
+        return self in _STOPPED_EARLY
+
+    @property
+    def every_row_ended(self) -> bool:
+        """Every row has a final result (some may have failed)."""
+        return self in _EVERY_ROW_ENDED
+
+
+_FINAL = frozenset({RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES, RunState.CANCELLED})
+_STOPPED_EARLY = frozenset({RunState.STOPPED, RunState.FORCED})
+_EVERY_ROW_ENDED = frozenset({RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES})
+
 ALPHA = "alpha"  # the format (and listed state) of a run directory the public alpha made
 
 
@@ -72,8 +98,8 @@ class RunDir:
         return str(self.manifest["run_id"])
 
     @property
-    def state(self) -> str:
-        return str(self.manifest["state"])
+    def state(self) -> RunState:
+        return RunState(self.manifest["state"])
 
     @property
     def journal_path(self) -> Path:
@@ -106,7 +132,7 @@ class RunDir:
         full = {
             "version": 1,
             "run_id": run_id,
-            "state": RUNNING,
+            "state": RunState.RUNNING,
             "created_at": now,
             "updated_at": now,
             "tool_version": __version__,
@@ -147,9 +173,8 @@ class RunDir:
         self.manifest["updated_at"] = utc_now()
         write_json_atomic(self.path / MANIFEST, self.manifest, self.storage)
 
-    def set_state(self, state: str, **extra: Any) -> None:
-        assert state in STATES, state
-        self.manifest["state"] = state
+    def set_state(self, state: RunState, **extra: Any) -> None:
+        self.manifest["state"] = RunState(state)
         self.manifest.update(extra)
         self.save()
 

@@ -1,0 +1,34 @@
+"""`JobState`: the values in status.json and the `job` envelopes, and which states are final."""
+
+from __future__ import annotations
+
+import orjson
+
+from bulkrelay.background.state import JobDir, JobState
+
+# In status.json and envelopes: a renamed member must never change one of these.
+VALUES = {
+    JobState.RUNNING: "running",
+    JobState.CANCELLING: "cancelling",
+    JobState.ENDED: "ended",
+    JobState.CANCELLED: "cancelled",
+    JobState.LOST: "lost",
+}
+
+
+def test_every_job_state_keeps_its_string_value() -> None:
+    assert {state: state.value for state in JobState} == VALUES
+
+
+def test_a_job_is_final_once_its_worker_is_gone() -> None:
+    assert {s for s in JobState if not s.final} == {JobState.RUNNING, JobState.CANCELLING}
+
+
+def test_a_job_s_state_on_disk_and_as_read() -> None:
+    job = JobDir.create("run", {"argv": ["run", "job.yaml"]})
+    assert orjson.loads((job.path / "status.json").read_bytes())["state"] == "running"
+    assert job.state() is JobState.LOST  # no worker holds its lock, and it has no result
+
+    job.write_result({"envelope": {}, "exit_code": 0})
+
+    assert job.state() is JobState.ENDED
