@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay._version import __version__
-from bulkrelay.errors import NotFound, RunLocked, RunLockNotOurs, RunNotResumable, RunsDirUnwritable
+from bulkrelay.errors import (
+    JournalCorrupt,
+    NotFound,
+    RunLocked,
+    RunLockNotOurs,
+    RunNotResumable,
+    RunsDirUnwritable,
+)
 from bulkrelay.private import PRIVATE_DIR_MODE, make_private_dir, open_private, refuse_links
 from bulkrelay.store.atomic import read_json, write_json_atomic
 from bulkrelay.store.storage import Storage
@@ -65,6 +72,7 @@ class RunState(enum.StrEnum):
 _FINAL = frozenset({RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES, RunState.CANCELLED})
 _STOPPED_EARLY = frozenset({RunState.STOPPED, RunState.FORCED})
 _EVERY_ROW_ENDED = frozenset({RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES})
+_STATE_VALUES = frozenset(state.value for state in RunState)
 
 ALPHA = "alpha"  # the format (and listed state) of a run directory the public alpha made
 
@@ -165,8 +173,14 @@ class RunDir:
         if not manifest_path.is_file():
             raise NotFound(f"no run directory at {path} (missing {MANIFEST})", context={"run_dir": str(path)})
         manifest = read_json(manifest_path)
-        if is_alpha_manifest(manifest) and not alpha_ok:
-            raise alpha_run_refused(path, manifest)
+        if is_alpha_manifest(manifest):
+            if not alpha_ok:
+                raise alpha_run_refused(path, manifest)
+        elif str(manifest.get("state")) not in _STATE_VALUES:  # a damaged or hand-edited run.json
+            raise JournalCorrupt(
+                f"{manifest_path}: its state {manifest.get('state')!r} is none of {', '.join(RunState)}",
+                context={"path": str(manifest_path), "field": "state", "state": manifest.get("state")},
+            )
         return cls(path=path, manifest=manifest, storage=storage or Storage())
 
     def save(self) -> None:

@@ -1,11 +1,14 @@
-"""`RunState` and the manifest's state: the values on disk and what each state allows."""
+"""`RunState` and the manifest's state: the values on disk, what each state allows, and a manifest
+whose state is none of them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import orjson
+import pytest
 
+from bulkrelay.errors import JournalCorrupt
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.rundir import MANIFEST, RunDir, RunState
 
@@ -49,6 +52,19 @@ def test_the_state_and_stop_reason_are_written_as_bare_strings(tmp_path: Path) -
     on_disk = (run.path / MANIFEST).read_text()
     assert '"state": "stopped"' in on_disk and '"stop_reason": "halt_auth"' in on_disk
     assert RunDir.open(run.path).state is RunState.STOPPED
+
+
+def test_a_manifest_with_an_unknown_state_is_refused_naming_file_and_field(tmp_path: Path) -> None:
+    run = RunDir.create(tmp_path, {"job_path": "/jobs/a.yaml"})
+    manifest = run.path / MANIFEST
+    data = orjson.loads(manifest.read_bytes())
+    manifest.write_bytes(orjson.dumps({**data, "state": "paused"}))
+
+    with pytest.raises(JournalCorrupt) as refused:
+        RunDir.open(run.path)
+
+    assert refused.value.context == {"path": str(manifest), "field": "state", "state": "paused"}
+    assert str(manifest) in refused.value.message and "'paused'" in refused.value.message
 
 
 def test_an_alpha_manifest_keeps_its_own_state(tmp_path: Path) -> None:
