@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import orjson
+import pytest
 
 from bulkrelay.background.state import JobDir, JobState
 
@@ -24,11 +28,13 @@ def test_a_job_is_final_once_its_worker_is_gone() -> None:
     assert {s for s in JobState if not s.final} == {JobState.RUNNING, JobState.CANCELLING}
 
 
-def test_a_job_s_state_on_disk_and_as_read() -> None:
-    job = JobDir.create("run", {"argv": ["run", "job.yaml"]})
+def test_a_job_s_state_on_disk_and_as_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its own state directory: the session's is shared with the CLI tests, whose calls read every job.
+    monkeypatch.setenv("BULKRELAY_STATE_DIR", str(tmp_path))
+    job = JobDir.create("run", {"argv": ["run", "job.yaml"], "created_at": time.time()})
     assert orjson.loads((job.path / "status.json").read_bytes())["state"] == "running"
     assert job.state() is JobState.LOST  # no worker holds its lock, and it has no result
 
-    job.write_result({"envelope": {}, "exit_code": 0})
+    job.write_result({"envelope": {}, "exit_code": 0, "kind": "run", "ended_at": time.time()})
 
     assert job.state() is JobState.ENDED
