@@ -37,7 +37,7 @@ from bulkrelay.job.preflight import resolve_input
 from bulkrelay.job.request import RequestRenderer
 from bulkrelay.ops.syncstate import job_identity, rebuild_state, state_path
 from bulkrelay.store.journal import encode_entry
-from bulkrelay.store.rundir import COMPLETED, RunDir
+from bulkrelay.store.rundir import RunDir, RunState
 
 JOB = """\
 version: 1
@@ -92,7 +92,7 @@ def seed_night_1(job_path: Path, runs_dir: Path) -> None:
                 "digest": digester.digest(request, record.fields).hex(),
             }
             journal.write(encode_entry(entry))
-    run.set_state(COMPLETED)
+    run.set_state(RunState.COMPLETED)
     rebuild_state(runs_dir, job_identity(job.config.name, job.path))
 
 

@@ -27,7 +27,7 @@ from bulkrelay.ops.execute import manifest_for
 from bulkrelay.ops.resume import recover_start
 from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
 from bulkrelay.store.journal import encode_entry
-from bulkrelay.store.rundir import RunDir, utc_now
+from bulkrelay.store.rundir import RunDir, RunState, utc_now
 
 _JOB = """\
 version: 1
@@ -90,7 +90,7 @@ def _write_run(directory: Path, preflight: Preflight, rows: int) -> RunDir:
         seq=rows, offset=offset, rows_done=rows, ok=ok, failed=rows - ok, updated_at=utc_now()
     )
     write_checkpoint(run.path, checkpoint)
-    run.set_state("stopped")
+    run.set_state(RunState.STOPPED)
     return run
 
 

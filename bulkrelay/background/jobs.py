@@ -23,10 +23,8 @@ from types import FrameType
 from typing import Any
 
 from bulkrelay.background.state import (
-    ENDED,
-    LOST,
-    RUNNING,
     JobDir,
+    JobState,
     acquire_lock,
     index_locked,
     job_for_key,
@@ -42,8 +40,8 @@ from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import spool_stdin_into
 from bulkrelay.ops.invocation import invocation_key
 from bulkrelay.private import open_private
-from bulkrelay.store.rundir import CANCELLED, RunDir, is_locked
-from bulkrelay.store.rundir import RUNNING as RUN_RUNNING
+from bulkrelay.relay.stopping import StopReason
+from bulkrelay.store.rundir import RunDir, RunState, is_locked
 
 BUDGET_ENV = "AGENT_CALL_BUDGET_MS"
 DEFAULT_BUDGET_MS = 30_000
@@ -117,7 +115,7 @@ def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf
             with index_locked():
                 remove_expired()
                 job = job_for_key(key)
-                if job is None or job.state() != RUNNING:
+                if job is None or job.state().final:
                     job = _start_job(command, args, key, spool, previous=job)
                     spool = None  # it moved into the job
         finally:
@@ -180,7 +178,7 @@ def _start_job(
         "deadline": now + timeout_ms / 1000 if timeout_ms is not None else None,
         "previous_job": None,
     }
-    if previous is not None and previous.state() == LOST and not previous.cancel_requested:
+    if previous is not None and previous.state() is JobState.LOST and not previous.cancel_requested:
         # Only the continuation of a lost job keeps its bounds (the lifetime, and the --timeout unless a
         # new one is given). A job that ended took its deadline with it: the next call has its own.
         earlier = previous.spec()
@@ -240,9 +238,9 @@ def wait_for(
     deadline = None if budget_ms is None else started + budget_ms / 1000
     while True:
         state = job.state()
-        if state == ENDED:
+        if state is JobState.ENDED:
             return stored_result(job, budget_ms)
-        if state == LOST:
+        if state is JobState.LOST:
             raise job_lost(job)
         signalled = handed_off()
         if signalled or (deadline is not None and time.monotonic() >= deadline):
@@ -278,7 +276,7 @@ def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None 
     directory once that exists), the warnings it met so far, and why the call let go of it."""
     status = job.status()
     continue_command = f"bulkrelay job wait {job.job_id}"
-    state = "cancelling" if job.cancel_requested else "running"
+    state = JobState.CANCELLING if job.cancel_requested else JobState.RUNNING
     data: dict[str, Any] = {
         "state": state,
         "stage": status.get("stage") or "starting",
@@ -291,7 +289,9 @@ def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None 
     if data["stage"] == "preflight":
         data["rows_read"] = status.get("rows_read") or 0
     why = _why_incomplete(state, budget_ms, handed_off_on)
-    goes_on = "its worker has not ended yet" if state == "cancelling" else "it goes on in the background"
+    goes_on = (
+        "its worker has not ended yet" if state is JobState.CANCELLING else "it goes on in the background"
+    )
     error: dict[str, Any] = {
         "code": "INCOMPLETE",
         "message": f"job {job.job_id} {why}; {goes_on}",
@@ -313,7 +313,7 @@ def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None 
     )
 
 
-def _why_incomplete(state: str, budget_ms: int | None, handed_off_on: str | None) -> str:
+def _why_incomplete(state: JobState, budget_ms: int | None, handed_off_on: str | None) -> str:
     if handed_off_on is not None:
         return f"was handed off on {handed_off_on}"
     if budget_ms is not None:
@@ -349,9 +349,9 @@ def job_wait(job_id: str, budget_flag_ms: int | None) -> Result:
 def job_status(job_id: str) -> Result:
     job = _open(job_id)
     state = job.state()
-    if state == ENDED:
+    if state is JobState.ENDED:
         return stored_result(job, None)
-    if state == LOST:
+    if state is JobState.LOST:
         raise job_lost(job)
     return incomplete(job, None)
 
@@ -364,7 +364,7 @@ def job_cancel(job_id: str, budget_flag_ms: int | None = None) -> Result:
     started = time.monotonic()
     budget_ms = resolve_budget(budget_flag_ms, os.environ, sys.stdout.isatty())
     job = _open(job_id)
-    if job.state() == ENDED:
+    if job.state() is JobState.ENDED:
         return _cancel_answer(job, budget_ms)
     job.request_cancel()
     pid = job.worker_pid()
@@ -388,8 +388,8 @@ def _cancel_lost_run(job: JobDir) -> None:
     if run_dir and not is_locked(Path(run_dir)):
         with suppress(BulkRelayError):
             run = RunDir.open(Path(run_dir))
-            if run.state == RUN_RUNNING:
-                run.set_state(CANCELLED, stop_reason="cancelled", pid=None)
+            if run.state is RunState.RUNNING:
+                run.set_state(RunState.CANCELLED, stop_reason=StopReason.CANCELLED, pid=None)
 
 
 def _cancel_answer(job: JobDir, budget_ms: int | None) -> Result:
@@ -397,10 +397,10 @@ def _cancel_answer(job: JobDir, budget_ms: int | None) -> Result:
     stored = job.result()
     envelope = stored["envelope"] if stored else None
     run_data = envelope["data"] if envelope and isinstance(envelope["data"], dict) else {}
-    run_state = run_data.get("state") if stored else CANCELLED
+    run_state = run_data.get("state") if stored else RunState.CANCELLED
     data = {
         "job_id": job.job_id,
-        "state": "cancelled" if run_state == CANCELLED else "ended",
+        "state": JobState.CANCELLED if run_state == RunState.CANCELLED else JobState.ENDED,
         "run_dir": run_data.get("run_dir") or job.status().get("run_dir"),
         "run_state": run_state,
         "job_exit_code": stored["exit_code"] if stored else None,

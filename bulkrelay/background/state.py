@@ -22,6 +22,7 @@ through a link (bulkrelay.store.storage).
 from __future__ import annotations
 
 import contextlib
+import enum
 import fcntl
 import os
 import re
@@ -41,9 +42,22 @@ from bulkrelay.store.rundir import lock_is_held
 RETENTION_ENV = "BULKRELAY_JOB_RETENTION_SECONDS"
 DEFAULT_RETENTION_SECONDS = 24 * 3600.0
 
-RUNNING = "running"
-ENDED = "ended"
-LOST = "lost"
+
+class JobState(enum.StrEnum):
+    """A background job's state, as status.json and the `job` envelopes name it. The values are on
+    disk and on the wire: never change one."""
+
+    RUNNING = "running"  # its worker holds the job's lock
+    CANCELLING = "cancelling"  # running, and `job cancel` asked it to stop
+    ENDED = "ended"  # its worker wrote the result and exited
+    CANCELLED = "cancelled"  # ended, and its run was cancelled (the answer of `job cancel`)
+    LOST = "lost"  # its worker exited without a result
+
+    @property
+    def final(self) -> bool:
+        """The worker is gone: the job will not change any more."""
+        return self not in (JobState.RUNNING, JobState.CANCELLING)
+
 
 _JOB_ID = re.compile(r"^[a-z][a-z-]*-[0-9a-f]{10}$")
 
@@ -105,7 +119,7 @@ class JobDir:
         path.mkdir(mode=PRIVATE_DIR_MODE)
         job = cls(path)
         write_json_atomic(path / "spec.json", {"job_id": job_id, **spec})
-        job.write_status({"state": RUNNING, "progress": None, "run_dir": None})
+        job.write_status({"state": JobState.RUNNING, "progress": None, "run_dir": None})
         return job
 
     @classmethod
@@ -131,7 +145,7 @@ class JobDir:
         with contextlib.suppress(NotFound):
             status: dict[str, Any] = read_json(self.path / "status.json", invalid=BulkRelayError)
             return status
-        return {"state": RUNNING, "progress": None, "run_dir": None}
+        return {"state": JobState.RUNNING, "progress": None, "run_dir": None}
 
     def write_status(self, status: dict[str, Any]) -> None:
         write_json_atomic(self.path / "status.json", {**status, "updated_at": time.time()})
@@ -158,13 +172,13 @@ class JobDir:
         """Whether a worker holds the job's lock right now."""
         return lock_is_held(self.lock_path)
 
-    def state(self) -> str:
+    def state(self) -> JobState:
         """`running`, `ended` or `lost`. Liveness is read first: a worker writes its result before
         it lets go of the lock, so a dead lock with no result really means the worker died."""
         live = self.is_live()
         if self.result() is not None:
-            return ENDED
-        return RUNNING if live else LOST
+            return JobState.ENDED
+        return JobState.RUNNING if live else JobState.LOST
 
     def worker_pid(self) -> int | None:
         try:

@@ -23,12 +23,12 @@ from typing import Any
 
 import anyio
 
-from bulkrelay.background.state import ENDED, RUNNING, JobDir, acquire_lock
+from bulkrelay.background.state import JobDir, JobState, acquire_lock
 from bulkrelay.envelope import EnvelopeWarning, Result, to_envelope
 from bulkrelay.errors import BulkRelayError
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.relay.progress import Snapshot
-from bulkrelay.relay.stopping import CANCELLED, INTERRUPTED, TERMINATED, StopControl
+from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.store.rundir import RunDir
 
 # The job's stage in its status: the worker has not reached preflight yet, preflight, sending.
@@ -51,13 +51,13 @@ class JobSupervisor:
         self._snapshot: Snapshot | None = None
         self._written_at = 0.0
         self.run_dir: str | None = None
-        self.signalled: str | None = None  # TERMINATED or INTERRUPTED, set by the signal handler
+        self.signalled: StopReason | None = None  # TERMINATED or INTERRUPTED, set by the signal handler
         self.stage = STARTING
         self.rows_read: int | None = None
         self.warnings: list[dict[str, Any]] = []  # recorded as they arise, so a hand-off carries them
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        self.signalled = INTERRUPTED if signum == signal.SIGINT else TERMINATED
+        self.signalled = StopReason.INTERRUPTED if signum == signal.SIGINT else StopReason.TERMINATED
 
     def on_rows_read(self, rows_read: int) -> None:
         # Written at once when preflight starts and at its first record, then at most every interval.
@@ -82,7 +82,7 @@ class JobSupervisor:
         if time.monotonic() - self._written_at >= STATUS_INTERVAL_SECONDS:
             self.write_status()
 
-    def write_status(self, state: str = RUNNING, **extra: Any) -> None:
+    def write_status(self, state: JobState = JobState.RUNNING, **extra: Any) -> None:
         self._written_at = time.monotonic()
         self._job.write_status(
             {
@@ -104,7 +104,7 @@ class JobSupervisor:
         self.write_status()
         while not stop.requested:
             if self._job.cancel_requested:
-                stop.request(CANCELLED, job_id=self._job.job_id)
+                stop.request(StopReason.CANCELLED, job_id=self._job.job_id)
             elif self.signalled is not None:
                 stop.request(self.signalled)
             await anyio.sleep(_POLL_SECONDS)
@@ -150,7 +150,7 @@ def run_worker(job_id: str, execute: CommandRunner) -> Result:
                 "ended_at": time.time(),
             }
         )
-        supervisor.write_status(ENDED, exit_code=int(result.exit_code))
+        supervisor.write_status(JobState.ENDED, exit_code=int(result.exit_code))
         return result
     finally:
         os.close(lock_fd)

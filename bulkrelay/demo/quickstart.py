@@ -22,7 +22,7 @@ from bulkrelay.ops.execute import RunOptions
 from bulkrelay.ops.run import RunRequest
 from bulkrelay.ops.run import run as launch_run
 from bulkrelay.private import make_private_dir
-from bulkrelay.store.rundir import default_runs_dir
+from bulkrelay.store.rundir import RunState, default_runs_dir
 
 TOKEN_VARIABLE = "BULKRELAY_DEMO_TOKEN"
 REJECT_EVERY = 500  # rows whose email the target rejects with 422
@@ -146,7 +146,7 @@ def run_demo(rows: int, runs_dir: Path | None) -> Result:
                 "retried": len(range(7, rows + 1, FLAKY_EVERY)),
             },
         }
-    if result.data and result.data.get("state") in ("completed", "completed_with_failures"):
+    if result.data and result.data.get("state") in (RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES):
         result.exit_code = ExitCode.SUCCESS  # the rejected rows are part of the show
         result.error = None
     return result

@@ -29,53 +29,35 @@ from bulkrelay.ops.resume import config_sections, recover_start
 from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import CallbackReporter, FanOut, Reporter, Snapshot
-from bulkrelay.relay.stopping import (
-    CANCELLED,
-    HALT_AUTH,
-    HALT_LIMIT_UNAVAILABLE,
-    HALT_UNAVAILABLE,
-    INPUT_CHANGED,
-    INTERRUPTED,
-    STALLED,
-    TERMINATED,
-    TIMEOUT,
-    IdleWatchdog,
-    StopControl,
-    stop_at,
-    watch_signals,
-)
+from bulkrelay.relay.stopping import IdleWatchdog, StopControl, StopReason, stop_at, watch_signals
 from bulkrelay.store.atomic import write_json_atomic
 from bulkrelay.store.liverun import LiveSlot
-from bulkrelay.store.rundir import (
-    CANCELLED as CANCELLED_STATE,
-)
-from bulkrelay.store.rundir import (
-    COMPLETED,
-    COMPLETED_WITH_FAILURES,
-    FORCED,
-    RUNNING,
-    STOPPED,
-    SUMMARY,
-    RunDir,
-    utc_now,
-)
+from bulkrelay.store.rundir import SUMMARY, RunDir, RunState, utc_now
 from bulkrelay.store.summary import summarize
 
 # How each stop reason ends a run: (error code, exit code, message).
-_STOPS: dict[str, tuple[str, ExitCode, str]] = {
-    INTERRUPTED: ("INTERRUPTED", ExitCode.SIGINT, "stopped by SIGINT at a safe point"),
-    TERMINATED: ("TERMINATED", ExitCode.SIGTERM, "stopped by SIGTERM at a safe point"),
-    TIMEOUT: ("TIMEOUT", ExitCode.TIMEOUT, "the time limit was reached; stopped at a safe point"),
-    STALLED: ("STALLED", ExitCode.TIMEOUT, "no progress for the idle timeout; stopped"),
-    HALT_AUTH: ("TARGET_AUTH_FAILED", ExitCode.AUTH_REQUIRED, "the target refused our credentials; halted"),
-    HALT_UNAVAILABLE: ("TARGET_UNAVAILABLE", ExitCode.UNAVAILABLE, "the target looks down; halted"),
-    HALT_LIMIT_UNAVAILABLE: (
+_STOPS: dict[StopReason, tuple[str, ExitCode, str]] = {
+    StopReason.INTERRUPTED: ("INTERRUPTED", ExitCode.SIGINT, "stopped by SIGINT at a safe point"),
+    StopReason.TERMINATED: ("TERMINATED", ExitCode.SIGTERM, "stopped by SIGTERM at a safe point"),
+    StopReason.TIMEOUT: ("TIMEOUT", ExitCode.TIMEOUT, "the time limit was reached; stopped at a safe point"),
+    StopReason.STALLED: ("STALLED", ExitCode.TIMEOUT, "no progress for the idle timeout; stopped"),
+    StopReason.HALT_AUTH: (
+        "TARGET_AUTH_FAILED",
+        ExitCode.AUTH_REQUIRED,
+        "the target refused our credentials; halted",
+    ),
+    StopReason.HALT_UNAVAILABLE: (
+        "TARGET_UNAVAILABLE",
+        ExitCode.UNAVAILABLE,
+        "the target looks down; halted",
+    ),
+    StopReason.HALT_LIMIT_UNAVAILABLE: (
         "SHARED_LIMIT_UNAVAILABLE",
         ExitCode.UNAVAILABLE,
         "the shared rate limit cannot be reached, and no shard sends without it; halted",
     ),
-    CANCELLED: ("CANCELLED", ExitCode.SIGTERM, "the job was cancelled"),
-    INPUT_CHANGED: (
+    StopReason.CANCELLED: ("CANCELLED", ExitCode.SIGTERM, "the job was cancelled"),
+    StopReason.INPUT_CHANGED: (
         "INPUT_CHANGED",
         ExitCode.PRECONDITION,
         "the input changed during the run, so nothing more was read from it; stopped at a safe point",
@@ -108,7 +90,7 @@ class RunObserver(Protocol):
 
     def progressed(self, snapshot: Snapshot) -> None: ...  # about once a second while relaying
 
-    def stop_requested(self, reason: str, detail: dict[str, object]) -> None: ...
+    def stop_requested(self, reason: StopReason, detail: dict[str, object]) -> None: ...
 
     def run_finished(self, run: RunDir, result: Result) -> None: ...  # may add warnings to `result`
 
@@ -188,7 +170,7 @@ async def _relay_with_stops(
     async with anyio.create_task_group() as watchers:
         if options.handle_signals:
             watchers.start_soon(watch_signals, stop)
-        watchers.start_soon(partial(stop_at, stop, delay, TIMEOUT, **limit))
+        watchers.start_soon(partial(stop_at, stop, delay, StopReason.TIMEOUT, **limit))
         watchers.start_soon(idle.watch, stop)
         if options.supervisor is not None:
             watchers.start_soon(options.supervisor.watch, stop, preflight, run)
@@ -207,8 +189,9 @@ async def _relay_with_stops(
 
 async def _announce_stop(stop: StopControl, observers: tuple[RunObserver, ...]) -> None:
     await stop.wait()
+    assert stop.reason is not None  # wait() returns once a reason is set
     for observer in observers:
-        observer.stop_requested(str(stop.reason), dict(stop.detail))
+        observer.stop_requested(stop.reason, dict(stop.detail))
 
 
 def relay_locked(
@@ -221,7 +204,7 @@ def relay_locked(
     stop: StopControl | None = None,
 ) -> Result:
     """Relay with the run's lock already held and turn the outcome into the command's result."""
-    run.set_state(RUNNING, pid=os.getpid())
+    run.set_state(RunState.RUNNING, pid=os.getpid())
     if options.supervisor is not None:
         reporter = FanOut(reporter, CallbackReporter(options.supervisor.on_progress))
     stats = RelayStats()
@@ -269,11 +252,11 @@ def _notify_finished(observers: tuple[RunObserver, ...], run: RunDir, result: Re
 def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Result:
     committed = outcome.committed
     if outcome.stop_reason is None:
-        state = COMPLETED if committed.failed == 0 else COMPLETED_WITH_FAILURES
-    elif outcome.stop_reason == CANCELLED:
-        state = CANCELLED_STATE
+        state = RunState.COMPLETED if committed.failed == 0 else RunState.COMPLETED_WITH_FAILURES
+    elif outcome.stop_reason is StopReason.CANCELLED:
+        state = RunState.CANCELLED
     else:
-        state = FORCED if outcome.forced else STOPPED
+        state = RunState.FORCED if outcome.forced else RunState.STOPPED
     summary = write_summary(run, committed.total, outcome)
     run.set_state(state, stop_reason=outcome.stop_reason, pid=None)
     data = {
@@ -283,10 +266,10 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
         "progress": committed.snapshot().to_dict(),
         "summary": summary,
     }
-    if state in (STOPPED, FORCED):
+    if state.resumable:
         data["continue_command"] = continue_command(run)
     if outcome.stop_reason is None:
-        code = ExitCode.SUCCESS if state == COMPLETED else ExitCode.PARTIAL_FAILURE
+        code = ExitCode.SUCCESS if state is RunState.COMPLETED else ExitCode.PARTIAL_FAILURE
         error = (
             None
             if code == ExitCode.SUCCESS
@@ -301,26 +284,28 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     code_name, exit_code, message = _STOPS.get(
         outcome.stop_reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
     )
-    if state == FORCED:
+    if state is RunState.FORCED:
         message = _forced_message(outcome.stop_reason, message)
     error = {
         "code": code_name,
         "message": f"run {run.run_id}: {message}",
-        "retryable": state != CANCELLED_STATE,
+        "retryable": state is not RunState.CANCELLED,
         "context": {"run_dir": str(run.path), **outcome.stop_detail},
     }
-    if state in (STOPPED, FORCED):
+    if state.resumable:
         error["suggestion"] = continue_command(run)
-        if outcome.stop_reason == INPUT_CHANGED:  # what changed, e.g. "data.csv changed ...: size 1 -> 2"
+        if (
+            outcome.stop_reason is StopReason.INPUT_CHANGED
+        ):  # what changed, e.g. "data.csv changed ...: size 1 -> 2"
             error["detail"] = str(outcome.stop_detail.get("message", ""))
             error["suggestion"] = f"restore the input preflight read, then: {continue_command(run)}"
     return Result(data=data, exit_code=exit_code, error=error, kind="run")
 
 
-def _forced_message(stop_reason: str, message: str) -> str:
+def _forced_message(stop_reason: StopReason, message: str) -> str:
     """A forced stop did not wait for a safe point: say so, and what became of the rows in flight."""
     cancelled = "the rows in flight were cancelled (state forced); resume sends them again"
-    if stop_reason == INTERRUPTED:
+    if stop_reason is StopReason.INTERRUPTED:
         return f"stopped by a second SIGINT: {cancelled}"
     return f"{message.removesuffix(' at a safe point')}; {cancelled}"
 

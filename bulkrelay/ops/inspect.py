@@ -23,11 +23,9 @@ from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.rundir import (
     ALPHA,
     CHECKPOINT,
-    FORCED,
-    RUNNING,
-    STOPPED,
     SUMMARY,
     RunDir,
+    RunState,
     is_locked,
     run_dirs,
 )
@@ -201,9 +199,9 @@ def liveness(run: RunDir) -> str:
     dies), not by the manifest's state, which a killed process leaves at `running`."""
     if is_locked(run.path):
         return LIVE
-    if run.state == RUNNING:
+    if run.state is RunState.RUNNING:
         return CRASHED
-    return RESUMABLE if run.state in (STOPPED, FORCED) else FINISHED
+    return RESUMABLE if run.state.resumable else FINISHED
 
 
 def _pid_alive(pid: object) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, RunLocked, UsageError
 from bulkrelay.ops.settings import Retention, load_settings
-from bulkrelay.store.rundir import FINAL_STATES, RunDir, is_alpha_manifest, is_locked, run_dirs
+from bulkrelay.store.rundir import RunDir, is_alpha_manifest, is_locked, run_dirs
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _doomed(runs: list[_Candidate], retention: Retention, now: datetime) -> list
         group.sort(key=lambda c: (c.created, c.run.run_id), reverse=True)
         keep = max(retention.keep or 1, 1)  # the newest run of a job always stays
         for candidate in group[keep:]:
-            if candidate.run.state not in FINAL_STATES or is_locked(candidate.run.path):
+            if not candidate.run.state.final or is_locked(candidate.run.path):
                 continue
             if age is not None and (now - candidate.created).total_seconds() <= age:
                 continue
@@ -99,7 +99,7 @@ def _remove(run: RunDir) -> bool:
     try:
         with run.locked():
             current = RunDir.open(run.path)
-            if current.state not in FINAL_STATES:
+            if not current.state.final:
                 return False
             shutil.rmtree(run.path)
     except RunLocked:

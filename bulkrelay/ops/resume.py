@@ -19,20 +19,20 @@ from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import recover_torn_tail, scan_journal
-from bulkrelay.store.rundir import FINAL_STATES, JOURNAL, RunDir
+from bulkrelay.store.rundir import JOURNAL, RunDir, RunState
 from bulkrelay.store.selection import load_selection
 
 _INPUT_FIELDS = ("format", "gzip", "sha256", "size", "record_count")
 
 
 def check_resumable(run: RunDir) -> None:
-    if run.state in FINAL_STATES:
+    if run.state.final:
         raise RunNotResumable(
             f"run {run.run_id} is {run.state}; only stopped, forced or crashed runs can be resumed",
             context={"run_dir": str(run.path), "state": run.state},
             suggestion=(
                 f"bulkrelay retry-failed {run.path}"
-                if run.state == "completed_with_failures"
+                if run.state is RunState.COMPLETED_WITH_FAILURES
                 else "start a new run with `bulkrelay run`"
             ),
         )

@@ -25,7 +25,7 @@ from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import Reporter
 from bulkrelay.store.liverun import LiveSlot, live_slot
 from bulkrelay.store.rowset import RowSet
-from bulkrelay.store.rundir import FINAL_STATES, RunDir
+from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.selection import save_selection
 
 
@@ -241,7 +241,7 @@ def _unfinished_run(runs_dir: Path, key: str) -> RunDir | None:
         run = RunDir.open(runs_dir / run_id)
     except NotFound:
         return None
-    return None if run.state in FINAL_STATES else run
+    return None if run.state.final else run
 
 
 def resume(

@@ -34,6 +34,7 @@ from bulkrelay.errors import UsageError
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Snapshot
+from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.rundir import RunDir, utc_now
 
 RUN_LOG = "run.log"
@@ -128,8 +129,8 @@ class RunLog:
         rate = (snapshot.done - self._first_done) / max(now - self._started, 1e-9)
         self.event("checkpoint", **snapshot.to_dict(), rows_per_second=round(rate, 1))
 
-    def stop_requested(self, reason: str, detail: dict[str, object]) -> None:
-        self.event("halt" if reason.startswith("halt") else "stop_requested", reason=reason, **detail)
+    def stop_requested(self, reason: StopReason, detail: dict[str, object]) -> None:
+        self.event("halt" if reason.halts else "stop_requested", reason=reason, **detail)
 
     def run_finished(self, run: RunDir, result: Result) -> None:
         data = result.data if isinstance(result.data, dict) else {}

@@ -13,7 +13,7 @@ from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import NotFound
 from bulkrelay.ops.inspect import committed_progress
 from bulkrelay.ops.shard import shard_of_run
-from bulkrelay.store.rundir import MANIFEST, RunDir, is_locked, list_runs
+from bulkrelay.store.rundir import ALPHA, MANIFEST, RunDir, is_locked, list_runs
 
 _COUNTS = ("done", "total", "ok", "failed")
 
@@ -32,7 +32,7 @@ def _shard_run(path: Path) -> RunDir:
     if (path / MANIFEST).is_file():
         return RunDir.open(path)
     for run in list_runs(path):
-        if run.format != "alpha" and shard_of_run(run.manifest) is not None:
+        if run.format != ALPHA and shard_of_run(run.manifest) is not None:
             return run
     raise NotFound(
         f"no sharded run in {path}",
@@ -60,7 +60,7 @@ def _complete(rows: list[dict[str, Any]]) -> bool:
         return False
     count = int(specs[0].split("/")[1])
     every = {f"{k}/{count}" for k in range(count)}
-    finished = all(row["state"] in ("completed", "completed_with_failures") for row in rows)
+    finished = all(row["state"].every_row_ended for row in rows)
     return set(specs) == every and len(specs) == count and finished
 
 

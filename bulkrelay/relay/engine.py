@@ -27,7 +27,7 @@ from bulkrelay.relay.progress import Reporter, Snapshot
 from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, RateLimiter
 from bulkrelay.relay.retry import RetryPolicy
 from bulkrelay.relay.sender import RowSender
-from bulkrelay.relay.stopping import HALT_LIMIT_UNAVAILABLE, HALT_UNAVAILABLE, INPUT_CHANGED, StopControl
+from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import ClientCertificate, Transport, TransportSettings
 from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
@@ -104,7 +104,7 @@ class Committed:
 
 @dataclass
 class RelayOutcome:
-    stop_reason: str | None  # None: every row has a committed final result
+    stop_reason: StopReason | None  # None: every row has a committed final result
     committed: Committed
     elapsed_seconds: float
     stop_detail: dict[str, object] = field(default_factory=dict)
@@ -132,7 +132,7 @@ class _FailureStreak:
 
     def admit(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
         """The entries to journal now, given one more final result."""
-        if self._stop.reason == HALT_UNAVAILABLE:
+        if self._stop.reason is StopReason.HALT_UNAVAILABLE:
             return [entry] if entry["success"] else []
         row = int(entry["row_number"])
         if entry["classification"] not in self._STREAK_CLASSES:
@@ -145,7 +145,7 @@ class _FailureStreak:
         self._held.append(entry)
         if self._limit > 0 and len(self._held) >= self._limit:
             self._stop.request(
-                HALT_UNAVAILABLE,
+                StopReason.HALT_UNAVAILABLE,
                 consecutive_failures=len(self._held),
                 last_classification=entry["classification"],
             )
@@ -155,7 +155,7 @@ class _FailureStreak:
     def release(self) -> list[dict[str, Any]]:
         """At the end: held results are real final results unless the target was declared down."""
         held, self._held = self._held, []
-        return [] if self._stop.reason == HALT_UNAVAILABLE else held
+        return [] if self._stop.reason is StopReason.HALT_UNAVAILABLE else held
 
 
 def _pending_records(
@@ -177,7 +177,7 @@ def _pending_records(
                 if done is None or record.row_number not in done:
                     yield record
     except (InputChanged, NotFound) as changed:
-        stop.request(INPUT_CHANGED, message=changed.message, **changed.context)
+        stop.request(StopReason.INPUT_CHANGED, message=changed.message, **changed.context)
 
 
 def transport_settings(preflight: Preflight) -> TransportSettings:
@@ -269,7 +269,9 @@ async def relay(
     reporter.update(committed.snapshot())
     finished_all = committed.done == committed.total
     return RelayOutcome(
-        stop_reason=None if finished_all and not _reported_anyway(stop) else stop.reason or "incomplete",
+        stop_reason=None
+        if finished_all and not _reported_anyway(stop)
+        else stop.reason or StopReason.INCOMPLETE,
         committed=committed,
         elapsed_seconds=time.monotonic() - started,
         stop_detail=dict(stop.detail),
@@ -318,7 +320,7 @@ async def _worker(
         try:
             entry = await sender.send(record)
         except LimiterUnavailable as exc:  # never a local fallback: that could exceed the shared limit
-            sender.stop.request(HALT_LIMIT_UNAVAILABLE, limiter=exc.url, cause=exc.cause)
+            sender.stop.request(StopReason.HALT_LIMIT_UNAVAILABLE, limiter=exc.url, cause=exc.cause)
             return
         if entry is not None:
             for admitted in streak.admit(entry):
@@ -344,9 +346,8 @@ async def _checkpointer(run: RunDir, committed: Committed, on_tick: Callable[[Sn
 
 
 def _reported_anyway(stop: StopControl) -> bool:
-    """Stops that are the run's outcome even when every row got a result first: a halt rule fired, or
-    the input changed (the rows sent were the ones preflight read, but the file is not that any more)."""
-    return stop.reason is not None and (stop.reason.startswith("halt") or stop.reason == INPUT_CHANGED)
+    """Stops that are the run's outcome even when every row got a result first (StopReason)."""
+    return stop.reason is not None and stop.reason.outcome_even_when_all_rows_ended
 
 
 async def _cancel_when_forced(stop: StopControl, scope: anyio.CancelScope) -> None:

@@ -31,8 +31,9 @@ from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import StorageFailed, UsageError
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.relay.progress import Snapshot
+from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.atomic import write_atomic
-from bulkrelay.store.rundir import STATES, RunDir
+from bulkrelay.store.rundir import RunDir, RunState
 
 METRICS_ENV = "BULKRELAY_METRICS_FILE"
 METRICS_INTERVAL_SECONDS = 10.0
@@ -132,9 +133,9 @@ class MetricsFile:
             self._first_done = snapshot.done  # a resumed run's rate counts only this process's rows
         self._snapshot = snapshot
         if first or self._clock() - self._written >= self._interval:
-            self._write("running", None)
+            self._write(RunState.RUNNING, None)
 
-    def stop_requested(self, reason: str, detail: dict[str, object]) -> None:
+    def stop_requested(self, reason: StopReason, detail: dict[str, object]) -> None:
         pass  # the file says how the run ended when it has ended
 
     def run_finished(self, run: RunDir, result: Result) -> None:
@@ -158,7 +159,7 @@ class MetricsFile:
                 )
             )
 
-    def _write(self, state: str, exit_code: int | None) -> None:
+    def _write(self, state: RunState, exit_code: int | None) -> None:
         """Replace the file; a failure is reported once at the end and never stops the run."""
         self._written = self._clock()
         registry = CollectorRegistry(auto_describe=False)
@@ -168,12 +169,12 @@ class MetricsFile:
         except StorageFailed as exc:
             self._failure = self._failure or exc
 
-    def families(self, state: str, exit_code: int | None) -> Iterator[Metric]:
+    def families(self, state: RunState, exit_code: int | None) -> Iterator[Metric]:
         """Every metric family of the file, for the run in `state` (`exit_code` once it has ended)."""
         yield from self._run_families(state, exit_code)
         yield from self._wire_families()
 
-    def _run_families(self, state: str, exit_code: int | None) -> Iterator[Metric]:
+    def _run_families(self, state: RunState, exit_code: int | None) -> Iterator[Metric]:
         names, snap = list(self._labels), self._snapshot
         rows = GaugeMetricFamily("bulkrelay_rows", "Rows of the run by outcome.", labels=[*names, "outcome"])
         pending = snap.total - snap.done
@@ -191,7 +192,7 @@ class MetricsFile:
         run_state = GaugeMetricFamily(
             "bulkrelay_run_state", "1 for the run's state, 0 for the others.", labels=[*names, "state"]
         )
-        for name in STATES:
+        for name in RunState:
             run_state.add_metric([*self._labels.values(), name], 1 if name == state else 0)
         yield run_state
         if exit_code is not None:

@@ -17,7 +17,7 @@ from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
 from bulkrelay.relay.retry import RetryPolicy, parse_retry_after, quota_exhausted_for
-from bulkrelay.relay.stopping import HALT_AUTH, StopControl
+from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
 
 
@@ -84,7 +84,7 @@ class RowSender:
             retry_after = self._retry_after(response)
             decision = self._policy.decide(attempt, status, error, retry_after)
             if decision.halt:
-                self.stop.request(HALT_AUTH, status_code=status, row=record.row_number)
+                self.stop.request(StopReason.HALT_AUTH, status_code=status, row=record.row_number)
                 return None
             self._slow_down(response, retry_after)
             if not decision.retry:

@@ -6,30 +6,51 @@ their results are committed. Forcing (a second SIGINT) cancels the rows in fligh
 
 from __future__ import annotations
 
+import enum
 import signal
 import time
 from dataclasses import dataclass, field
 
 import anyio
 
-# Why a run stopped before its end; each maps to a run state and an exit code in the CLI.
-INTERRUPTED = "interrupted"  # SIGINT
-TERMINATED = "terminated"  # SIGTERM or SIGHUP
-TIMEOUT = "timeout"  # --timeout or max_lifetime_seconds
-HALT_AUTH = "halt_auth"  # a status in halt.on_statuses
-HALT_UNAVAILABLE = "halt_unavailable"  # halt.consecutive_failures reached
-HALT_LIMIT_UNAVAILABLE = "halt_limit_unavailable"  # the shared rate limit (Redis) cannot be reached
-CANCELLED = "cancelled"  # job cancel
-HANDOFF = "handoff"  # the call budget ran out in the foreground; a background worker continues
-STALLED = "stalled"  # no progress for idle_timeout_seconds
-INPUT_CHANGED = "input_changed"  # the input is no longer the file preflight read
+
+class StopReason(enum.StrEnum):
+    """Why a run stopped before its end; each maps to a run state and an exit code (ops/execute).
+
+    The values are written to run.json, the run log and envelopes: never change one."""
+
+    INTERRUPTED = "interrupted"  # SIGINT
+    TERMINATED = "terminated"  # SIGTERM or SIGHUP
+    TIMEOUT = "timeout"  # --timeout or max_lifetime_seconds
+    HALT_AUTH = "halt_auth"  # a status in halt.on_statuses
+    HALT_UNAVAILABLE = "halt_unavailable"  # halt.consecutive_failures reached
+    HALT_LIMIT_UNAVAILABLE = "halt_limit_unavailable"  # the shared rate limit (Redis) cannot be reached
+    CANCELLED = "cancelled"  # job cancel
+    HANDOFF = "handoff"  # the call budget ran out in the foreground; a background worker continues
+    STALLED = "stalled"  # no progress for idle_timeout_seconds
+    INPUT_CHANGED = "input_changed"  # the input is no longer the file preflight read
+    INCOMPLETE = "incomplete"  # rows are left and nobody asked for a stop (the engine's fallback)
+
+    @property
+    def halts(self) -> bool:
+        """A halt rule fired: the target (or the shared limit) said to stop sending."""
+        return self in _HALTS
+
+    @property
+    def outcome_even_when_all_rows_ended(self) -> bool:
+        """The run's outcome even when every row got a result first: a halt rule fired, or the input
+        changed (the rows sent were the ones preflight read, but the file is not that any more)."""
+        return self.halts or self is StopReason.INPUT_CHANGED
+
+
+_HALTS = frozenset({StopReason.HALT_AUTH, StopReason.HALT_UNAVAILABLE, StopReason.HALT_LIMIT_UNAVAILABLE})
 
 
 @dataclass
 class StopControl:
     """The one place where anyone asks the engine to stop; the first reason wins."""
 
-    reason: str | None = None
+    reason: StopReason | None = None
     detail: dict[str, object] = field(default_factory=dict)
     forced: bool = False
     _event: anyio.Event = field(default_factory=anyio.Event)
@@ -39,7 +60,7 @@ class StopControl:
     def requested(self) -> bool:
         return self.reason is not None
 
-    def request(self, reason: str, **detail: object) -> None:
+    def request(self, reason: StopReason, **detail: object) -> None:
         if self.reason is None:
             self.reason = reason
             self.detail = dict(detail)
@@ -63,12 +84,12 @@ async def watch_signals(stop: StopControl) -> None:
             if signum == signal.SIGINT:
                 if stop.requested:
                     stop.force()
-                stop.request(INTERRUPTED)
+                stop.request(StopReason.INTERRUPTED)
             else:
-                stop.request(TERMINATED, signal=signal.Signals(signum).name)
+                stop.request(StopReason.TERMINATED, signal=signal.Signals(signum).name)
 
 
-async def stop_at(stop: StopControl, delay_seconds: float, reason: str, **detail: object) -> None:
+async def stop_at(stop: StopControl, delay_seconds: float, reason: StopReason, **detail: object) -> None:
     """Request a stop once `delay_seconds` have passed (a `--timeout`, a budget)."""
     await anyio.sleep(max(0.0, delay_seconds))
     stop.request(reason, **detail)
@@ -101,8 +122,10 @@ class IdleWatchdog:
         self._changed_at = time.monotonic()  # idleness counts from the first send, not from preflight
         while not stop.requested:
             if time.monotonic() - self._changed_at >= self._idle:
-                stop.request(STALLED, idle_timeout_seconds=self._idle, grace_seconds=STALL_GRACE_SECONDS)
+                stop.request(
+                    StopReason.STALLED, idle_timeout_seconds=self._idle, grace_seconds=STALL_GRACE_SECONDS
+                )
             await anyio.sleep(min(_IDLE_POLL_SECONDS, self._idle))
-        if stop.reason == STALLED:
+        if stop.reason is StopReason.STALLED:
             await anyio.sleep(STALL_GRACE_SECONDS)
             stop.force()

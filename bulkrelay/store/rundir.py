@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import os
 import secrets
@@ -21,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay._version import __version__
-from bulkrelay.errors import NotFound, RunLocked, RunLockNotOurs, RunNotResumable, RunsDirUnwritable
+from bulkrelay.errors import (
+    JournalCorrupt,
+    NotFound,
+    RunLocked,
+    RunLockNotOurs,
+    RunNotResumable,
+    RunsDirUnwritable,
+)
 from bulkrelay.private import PRIVATE_DIR_MODE, make_private_dir, open_private, refuse_links
 from bulkrelay.store.atomic import read_json, write_json_atomic
 from bulkrelay.store.storage import Storage
@@ -32,14 +40,40 @@ JOURNAL = "results.jsonl"
 SUMMARY = "summary.json"
 LOCK = "lock"
 
-RUNNING = "running"
-STOPPED = "stopped"
-FORCED = "forced"
-COMPLETED = "completed"
-COMPLETED_WITH_FAILURES = "completed_with_failures"
-CANCELLED = "cancelled"
-STATES = (RUNNING, STOPPED, FORCED, COMPLETED, COMPLETED_WITH_FAILURES, CANCELLED)
-FINAL_STATES = frozenset({COMPLETED, COMPLETED_WITH_FAILURES, CANCELLED})
+
+class RunState(enum.StrEnum):
+    """The state a run's manifest records. The values are on disk (run.json) and in envelopes and
+    the metrics file: never change one. `running` is neither final nor resumable by its name alone:
+    it is a live run, or a crashed one, which only the lock tells (`is_locked`)."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"  # stopped at a safe point
+    FORCED = "forced"  # stopped with rows in flight cancelled
+    COMPLETED = "completed"
+    COMPLETED_WITH_FAILURES = "completed_with_failures"
+    CANCELLED = "cancelled"  # by `job cancel`
+
+    @property
+    def final(self) -> bool:
+        """Nothing more happens to the run: it cannot be resumed, only retried or run afresh."""
+        return self in _FINAL
+
+    @property
+    def resumable(self) -> bool:
+        """Stopped before its end, on purpose: `resume` continues it."""
+        return self in _STOPPED_EARLY
+
+    @property
+    def every_row_ended(self) -> bool:
+        """Every row has a final result (some may have failed)."""
+        return self in _EVERY_ROW_ENDED
+
+
+_FINAL = frozenset({RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES, RunState.CANCELLED})
+_STOPPED_EARLY = frozenset({RunState.STOPPED, RunState.FORCED})
+_EVERY_ROW_ENDED = frozenset({RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES})
+_STATE_VALUES = frozenset(state.value for state in RunState)
+
 ALPHA = "alpha"  # the format (and listed state) of a run directory the public alpha made
 
 
@@ -72,8 +106,8 @@ class RunDir:
         return str(self.manifest["run_id"])
 
     @property
-    def state(self) -> str:
-        return str(self.manifest["state"])
+    def state(self) -> RunState:
+        return RunState(self.manifest["state"])
 
     @property
     def journal_path(self) -> Path:
@@ -106,7 +140,7 @@ class RunDir:
         full = {
             "version": 1,
             "run_id": run_id,
-            "state": RUNNING,
+            "state": RunState.RUNNING,
             "created_at": now,
             "updated_at": now,
             "tool_version": __version__,
@@ -139,17 +173,22 @@ class RunDir:
         if not manifest_path.is_file():
             raise NotFound(f"no run directory at {path} (missing {MANIFEST})", context={"run_dir": str(path)})
         manifest = read_json(manifest_path)
-        if is_alpha_manifest(manifest) and not alpha_ok:
-            raise alpha_run_refused(path, manifest)
+        if is_alpha_manifest(manifest):
+            if not alpha_ok:
+                raise alpha_run_refused(path, manifest)
+        elif str(manifest.get("state")) not in _STATE_VALUES:  # a damaged or hand-edited run.json
+            raise JournalCorrupt(
+                f"{manifest_path}: its state {manifest.get('state')!r} is none of {', '.join(RunState)}",
+                context={"path": str(manifest_path), "field": "state", "state": manifest.get("state")},
+            )
         return cls(path=path, manifest=manifest, storage=storage or Storage())
 
     def save(self) -> None:
         self.manifest["updated_at"] = utc_now()
         write_json_atomic(self.path / MANIFEST, self.manifest, self.storage)
 
-    def set_state(self, state: str, **extra: Any) -> None:
-        assert state in STATES, state
-        self.manifest["state"] = state
+    def set_state(self, state: RunState, **extra: Any) -> None:
+        self.manifest["state"] = RunState(state)
         self.manifest.update(extra)
         self.save()
 

@@ -14,7 +14,7 @@ import orjson
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.ops.runref import resolve_run
-from bulkrelay.store.rundir import RunDir
+from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
@@ -124,8 +124,8 @@ def test_latest_is_the_newest_by_created_at_even_within_one_second(tmp_path: Pat
     older = RunDir.create(runs, {"name": "a"})
     newer = RunDir.create(runs, {"name": "b"})
     # Within one second the ids differ only in their random part: the name order says nothing.
-    newer.set_state("completed", created_at="2099-01-01T00:00:00.000001Z")
-    older.set_state("completed", created_at="2099-01-01T00:00:00.000000Z")
+    newer.set_state(RunState.COMPLETED, created_at="2099-01-01T00:00:00.000001Z")
+    older.set_state(RunState.COMPLETED, created_at="2099-01-01T00:00:00.000000Z")
     assert resolve_run("latest", runs) == newer.path
     assert resolve_run(older.run_id, runs) == older.path
     assert resolve_run(str(older.path), None) == older.path

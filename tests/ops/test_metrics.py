@@ -17,7 +17,7 @@ from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.relay.metrics import MetricsFile, RelayStats
 from bulkrelay.relay.progress import Snapshot
-from bulkrelay.store.rundir import RunDir
+from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import cli_env, run_cli, run_cli_raw
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
@@ -177,7 +177,7 @@ def test_while_a_run_goes_on_the_file_is_rewritten_every_interval_and_not_more(t
     result = Result(
         exit_code=ExitCode.SUCCESS, data={"progress": {"done": 10, "total": 10, "ok": 10, "failed": 0}}
     )
-    run.set_state("completed")
+    run.set_state(RunState.COMPLETED)
     metrics.run_finished(run, result)
     final = read_metrics(prom)
     assert metric(final, "bulkrelay_run_exit_code") == 0

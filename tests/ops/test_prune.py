@@ -11,13 +11,13 @@ from pathlib import Path
 from bulkrelay.errors import ExitCode
 from bulkrelay.ops.prune import prune
 from bulkrelay.ops.settings import Retention
-from bulkrelay.store.rundir import COMPLETED, COMPLETED_WITH_FAILURES, RUNNING, STOPPED, RunDir
+from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
 
 
-def _make_run(runs: Path, job: str, state: str, days_old: float) -> RunDir:
+def _make_run(runs: Path, job: str, state: RunState, days_old: float) -> RunDir:
     run = RunDir.create(runs, {"job_path": job, "name": Path(job).stem})
     created = datetime.now(UTC) - timedelta(days=days_old)
     run.set_state(state, created_at=created.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
@@ -54,11 +54,13 @@ class _LockHolder:
 
 def test_prune_keeps_the_newest_of_each_job_and_never_a_live_or_resumable_run(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    a = [_make_run(runs, "/jobs/a.yaml", COMPLETED, days_old=10 - n) for n in range(4)]  # a[3] newest
-    resumable = _make_run(runs, "/jobs/a.yaml", STOPPED, days_old=20)
-    crashed = _make_run(runs, "/jobs/a.yaml", RUNNING, days_old=21)
-    live = _make_run(runs, "/jobs/a.yaml", COMPLETED_WITH_FAILURES, days_old=22)
-    only_b = _make_run(runs, "/jobs/b.yaml", COMPLETED, days_old=90)  # the last of its job
+    a = [
+        _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=10 - n) for n in range(4)
+    ]  # a[3] newest
+    resumable = _make_run(runs, "/jobs/a.yaml", RunState.STOPPED, days_old=20)
+    crashed = _make_run(runs, "/jobs/a.yaml", RunState.RUNNING, days_old=21)
+    live = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED_WITH_FAILURES, days_old=22)
+    only_b = _make_run(runs, "/jobs/b.yaml", RunState.COMPLETED, days_old=90)  # the last of its job
     holder = _LockHolder(live)
     try:
         report = prune(runs, Retention(keep=2))
@@ -73,9 +75,9 @@ def test_prune_keeps_the_newest_of_each_job_and_never_a_live_or_resumable_run(tm
 
 def test_prune_older_than_and_dry_run(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    old = _make_run(runs, "/jobs/a.yaml", COMPLETED, days_old=40)
-    recent = _make_run(runs, "/jobs/a.yaml", COMPLETED, days_old=5)
-    newest = _make_run(runs, "/jobs/a.yaml", COMPLETED, days_old=1)
+    old = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=40)
+    recent = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=5)
+    newest = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=1)
     dry = prune(runs, Retention(older_than="30d"), dry_run=True)
     assert dry.removed == [old.run_id]
     assert _remaining(runs) == {old.run_id, recent.run_id, newest.run_id}  # a dry run removes nothing

@@ -201,6 +201,24 @@ def test_cancelled_runs_are_not_resumable(tmp_path: Path, target: TargetProcess)
     assert result.envelope["error"]["context"]["state"] == "cancelled"
 
 
+def test_a_run_json_with_an_unknown_state_is_refused_naming_the_file_and_field(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = stop_midway(tmp_path, job).data["run_dir"]
+    sent = sum(sent_ids(target).values())
+    set_manifest_state(run_dir, "paused")  # hand-edited: no state BulkRelay writes
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.PRECONDITION, result.envelope
+    assert result.error_code == "JOURNAL_CORRUPT"
+    context = result.envelope["error"]["context"]
+    assert context == {"path": str(Path(run_dir) / "run.json"), "field": "state", "state": "paused"}
+    assert "'paused'" in result.envelope["error"]["message"]
+    assert sum(sent_ids(target).values()) == sent  # nothing more was sent
+
+
 def test_a_missing_run_dir_is_not_found(tmp_path: Path) -> None:
     result = resume(tmp_path, tmp_path / "no-such-run")
     assert result.exit_code == ExitCode.NOT_FOUND

@@ -15,6 +15,7 @@ from bulkrelay.job.preflight import run_preflight
 from bulkrelay.ops.runlog import RUN_LOG, RunLog
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Snapshot
+from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.rundir import RunDir
 from tests.clirun import run_cli
 from tests.jobfiles import write_job
@@ -113,7 +114,7 @@ def test_checkpoints_are_logged_every_interval_and_a_stop_request_when_it_comes(
         now[0] = 500.0 + seconds
         log.progressed(Snapshot(total=10, done=done, ok=done, failed=0))
     stats.on_pause(2.5)
-    log.stop_requested("timeout", {})
+    log.stop_requested(StopReason.TIMEOUT, {})
     log.close()
     lines = read_log(run.path / RUN_LOG)
     assert events(lines) == [

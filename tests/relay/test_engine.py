@@ -19,7 +19,7 @@ from bulkrelay.job.records import PreparedRequest
 from bulkrelay.ops.execute import manifest_for
 from bulkrelay.relay.engine import RelayOutcome, StartPoint, _FailureStreak, relay, transport_settings
 from bulkrelay.relay.progress import NullReporter, Snapshot
-from bulkrelay.relay.stopping import HALT_UNAVAILABLE, StopControl
+from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, TransportSettings
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import iter_journal
@@ -149,7 +149,7 @@ async def test_a_stop_request_lets_in_flight_rows_finish(tmp_path: Path) -> None
 
     async def stop_soon() -> None:
         await anyio.sleep(0.1)
-        stop.request("interrupted")
+        stop.request(StopReason.INTERRUPTED)
 
     async with anyio.create_task_group() as group:
         group.start_soon(stop_soon)
@@ -199,7 +199,7 @@ async def test_the_failure_streak_counts_in_row_order_whatever_the_completion_or
         streak = _FailureStreak(5, stop)
         admitted = [kept for row in order for kept in streak.admit(_finished(row, outcomes[row]))]
         admitted += streak.release()
-        assert stop.reason == HALT_UNAVAILABLE, order
+        assert stop.reason == StopReason.HALT_UNAVAILABLE, order
         assert all(entry["success"] for entry in admitted), order
         assert stop.detail["consecutive_failures"] == 5
 

@@ -9,7 +9,7 @@ import orjson
 from bulkrelay.job.inputs import InputFingerprint
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import scan_journal
-from bulkrelay.store.rundir import CHECKPOINT, JOURNAL, LOCK, MANIFEST, STATES, SUMMARY, RunDir
+from bulkrelay.store.rundir import CHECKPOINT, JOURNAL, LOCK, MANIFEST, SUMMARY, RunDir, RunState
 from bulkrelay.store.summary import summarize
 
 EXAMPLE_RUNS = Path(__file__).resolve().parents[2] / ".bulkrelay.example" / "runs"
@@ -28,7 +28,7 @@ def test_example_holds_every_file_of_the_contract() -> None:
 
 def test_example_manifest_checkpoint_and_journal_agree() -> None:
     run = example_run()
-    assert run.state in STATES
+    assert run.state in RunState
     fingerprint = InputFingerprint.from_dict(run.manifest["input"])
     checkpoint = read_checkpoint(run.path)
     assert checkpoint is not None

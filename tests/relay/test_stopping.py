@@ -1,0 +1,55 @@
+"""`StopReason`: the values written to run.json, the run log and envelopes, and what each one means."""
+
+from __future__ import annotations
+
+import orjson
+
+from bulkrelay.relay.stopping import StopControl, StopReason
+
+# On disk and on the wire: a renamed member must never change one of these.
+VALUES = {
+    StopReason.INTERRUPTED: "interrupted",
+    StopReason.TERMINATED: "terminated",
+    StopReason.TIMEOUT: "timeout",
+    StopReason.HALT_AUTH: "halt_auth",
+    StopReason.HALT_UNAVAILABLE: "halt_unavailable",
+    StopReason.HALT_LIMIT_UNAVAILABLE: "halt_limit_unavailable",
+    StopReason.CANCELLED: "cancelled",
+    StopReason.HANDOFF: "handoff",
+    StopReason.STALLED: "stalled",
+    StopReason.INPUT_CHANGED: "input_changed",
+    StopReason.INCOMPLETE: "incomplete",
+}
+
+
+def test_every_stop_reason_keeps_its_string_value() -> None:
+    assert {reason: reason.value for reason in StopReason} == VALUES
+    assert [str(reason) for reason in StopReason] == list(VALUES.values())
+
+
+def test_a_stop_reason_is_written_as_its_bare_string() -> None:
+    assert orjson.dumps({"stop_reason": StopReason.HALT_AUTH}) == b'{"stop_reason":"halt_auth"}'
+    assert f"{StopReason.STALLED}" == "stalled"
+    assert StopReason("input_changed") is StopReason.INPUT_CHANGED
+
+
+def test_only_the_halt_rules_halt() -> None:
+    halting = {reason for reason in StopReason if reason.halts}
+    assert halting == {StopReason.HALT_AUTH, StopReason.HALT_UNAVAILABLE, StopReason.HALT_LIMIT_UNAVAILABLE}
+
+
+def test_halts_and_a_changed_input_are_the_outcome_even_when_every_row_ended() -> None:
+    outcome = {reason for reason in StopReason if reason.outcome_even_when_all_rows_ended}
+    assert outcome == {
+        StopReason.HALT_AUTH,
+        StopReason.HALT_UNAVAILABLE,
+        StopReason.HALT_LIMIT_UNAVAILABLE,
+        StopReason.INPUT_CHANGED,
+    }
+
+
+def test_the_first_stop_reason_wins() -> None:
+    stop = StopControl()
+    stop.request(StopReason.HALT_AUTH, status_code=401)
+    stop.request(StopReason.INTERRUPTED)
+    assert stop.reason is StopReason.HALT_AUTH and stop.detail == {"status_code": 401}
