@@ -272,12 +272,19 @@ def remove_expired(now: float | None = None) -> list[str]:
 def _expired(job: JobDir, now: float, keep_for: float) -> bool:
     if job.is_live():
         return False
+    return now - _ended_at(job) >= keep_for
+
+
+def _ended_at(job: JobDir) -> float:
+    """When the job ended; for a lost worker, a job being set up or a damaged result, its last sign of
+    life. A damaged job must never stop every later call, which all clean up expired jobs first."""
     result = job.result()
-    if result is not None:
-        ended_at = float(result["ended_at"])
-    else:  # a lost worker, or a job being set up: its last sign of life
-        ended_at = float(job.status().get("updated_at") or job.path.stat().st_mtime)
-    return now - ended_at >= keep_for
+    try:
+        if result is not None:
+            return float(result["ended_at"])
+        return float(job.status().get("updated_at") or job.path.stat().st_mtime)
+    except (KeyError, TypeError, ValueError):
+        return job.path.stat().st_mtime
 
 
 def _prune_index(root: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bulkrelay.background.state import JobDir, JobState
+from bulkrelay.background.state import JobDir, JobState, remove_expired, retention_seconds
 
 # In status.json and envelopes: a renamed member must never change one of these.
 VALUES = {
@@ -38,3 +38,13 @@ def test_a_job_s_state_on_disk_and_as_read(tmp_path: Path, monkeypatch: pytest.M
     job.write_result({"envelope": {}, "exit_code": 0, "kind": "run", "ended_at": time.time()})
 
     assert job.state() is JobState.ENDED
+
+
+def test_a_job_with_a_damaged_result_expires_instead_of_breaking_every_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BULKRELAY_STATE_DIR", str(tmp_path))
+    job = JobDir.create("run", {"argv": ["run", "job.yaml"], "created_at": time.time()})
+    job.write_result({"envelope": {}, "exit_code": 0, "kind": "run"})  # no ended_at: written by hand, say
+    assert remove_expired(now=time.time()) == []  # not old yet: kept, and no KeyError
+    assert remove_expired(now=time.time() + 2 * retention_seconds()) == [job.job_id]
