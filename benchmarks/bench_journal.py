@@ -13,12 +13,11 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import anyio
 import orjson
 
-from bulkrelay.store.journal import JournalWriter, scan_journal
+from bulkrelay.store.journal import JournalEntry, JournalWriter, scan_journal
 from bulkrelay.store.storage import Storage
 
 
@@ -32,28 +31,28 @@ class _CountingStorage(Storage):
         super().fsync(fd)
 
 
-def _entry(row: int) -> dict[str, Any]:
+def _entry(row: int) -> JournalEntry:
     ok = row % 50 != 0
-    return {
-        "row_number": row,
-        "success": ok,
-        "classification": "ok" if ok else "http_server_error",
-        "status_code": 201 if ok else 503,
-        "attempts": 1 if ok else 3,
-        "retryable": not ok,
-        "error": None if ok else "HTTP 503 Service Unavailable",
-        "duration_ms": 12.5 + row % 97,
-        "key": f"customer-{row}",
-        "idempotency_key": f"{row:032x}",
-        "captured": {"remote_id": f"r{row}"},
-        "ts": "2026-11-29T14:15:00.123456Z",
-    }
+    return JournalEntry(
+        row_number=row,
+        success=ok,
+        classification="ok" if ok else "http_server_error",
+        status_code=201 if ok else 503,
+        attempts=1 if ok else 3,
+        retryable=not ok,
+        error=None if ok else "HTTP 503 Service Unavailable",
+        duration_ms=12.5 + row % 97,
+        latency_ms=12.5 + row % 89,
+        key=f"customer-{row}",
+        idempotency_key=f"{row:032x}",
+        captured={"remote_id": f"r{row}"},
+    )
 
 
 async def _write(path: Path, rows: int, storage: Storage) -> int:
     batches = 0
 
-    def on_commit(entries: list[dict[str, Any]], end_offset: int) -> None:
+    def on_commit(entries: list[JournalEntry], end_offset: int) -> None:
         nonlocal batches
         batches += 1
 
