@@ -29,10 +29,12 @@ damaged line, and a journal whose lines all check out but whose bytes changed is
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime
 from functools import partial
 from io import BufferedReader
@@ -189,7 +191,18 @@ def encode_batch(first_seq: int, entries: list[JournalEntry]) -> list[bytes]:
 def decode_line(line: bytes) -> tuple[int, JournalEntry]:
     """The seq and entry of a verified line; ValueError naming the reason otherwise."""
     fields = _verified_fields(line)
-    return fields.pop("seq"), JournalEntry(**fields)
+    return fields.pop("seq"), _entry_of(fields)
+
+
+def _entry_of(fields: dict[str, Any]) -> JournalEntry:
+    """The entry of a verified line's keys, `seq` removed. A line of this version has every field in
+    field order: its dict becomes the entry's own, as `JournalEntry.__init__` would build it, without
+    a keyword call (readers build one per line). An older line, missing fields, goes the long way."""
+    if len(fields) != _FIELD_COUNT:
+        return JournalEntry(**fields)
+    entry = _new_object(JournalEntry)
+    _set_attribute(entry, "__dict__", fields)
+    return entry
 
 
 def _verified_fields(line: bytes) -> dict[str, Any]:
@@ -209,29 +222,24 @@ def _verified_fields(line: bytes) -> dict[str, Any]:
 
 
 def _has_schema(fields: dict[str, Any]) -> bool:
-    """The fast form of `entry_problem(fields) is None` for the replay hot path (same rules)."""
-    get = fields.get
-    return (
-        type(get("seq")) is int
-        and type(get("row_number")) is int
-        and type(get("success")) is bool
-        and type(get("classification")) is str
-        and type(get("status_code", _MISSING)) in _INT_OR_NULL
-        and type(get("attempts")) is int
-        and type(get("retryable")) is bool
-        and type(get("error", _MISSING)) in _STR_OR_NULL
-        and type(get("duration_ms")) in _NUMBER
-        and fields.keys() <= _KNOWN_KEYS
-        and type(get("latency_ms")) in _NUMBER_OR_NULL  # an absent optional key reads as null
-        and type(get("idempotency_key")) in _STR_OR_NULL
-        and type(get("captured")) in _DICT_OR_NULL
-        and type(get("response_body")) in _STR_OR_NULL
-        and type(get("digest")) in _STR_OR_NULL
-    )
+    """The fast form of `entry_problem(fields) is None` for the hot paths (same rules): a line of
+    this version holds exactly `_LINE_KEYS`, in that order, and the types of its values are one of
+    the `_VALID_SHAPES` (one C-level map and one set lookup). Any other shape (an older line that
+    left out null fields, or a hand-made one) is judged by `entry_problem`."""
+    if tuple(fields) != _LINE_KEYS:
+        return entry_problem(fields) is None
+    return tuple(map(type, fields.values())) in _VALID_SHAPES
 
 
 _REQUIRED = frozenset(name for name, _ in _SCHEMA)
-_KNOWN_KEYS = _REQUIRED | _OPTIONAL.keys()
+_FIELD_COUNT = len(_SCHEMA) - 1 + len(_OPTIONAL)  # JournalEntry's fields: the line's keys but seq
+_LINE_KEYS = ("seq", *(field.name for field in dataclass_fields(JournalEntry)))  # as the writer writes them
+_new_object = object.__new__
+_JSON_TYPES: frozenset[type] = frozenset({str, int, float, bool, _NoneType, dict, list})
+_TYPES_BY_KEY = {**dict(_SCHEMA), **{key: types or _JSON_TYPES for key, types in _OPTIONAL.items()}}
+# Every combination of value types a line of this version may hold, in `_LINE_KEYS` order (a few
+# thousand tuples, made once).
+_VALID_SHAPES = frozenset(itertools.product(*(_TYPES_BY_KEY[key] for key in _LINE_KEYS)))
 
 
 def entry_problem(fields: dict[str, Any]) -> str | None:
@@ -284,8 +292,16 @@ def read_journal(path: Path) -> Iterator[JournalEntry]:
     """The committed entries of a journal, in order, streaming. Stops quietly at the first line that
     does not verify: a torn tail, or a batch being written right now, is not committed. A missing
     journal has no entries. (Judging damage is `scan_journal`'s job, for resume.)"""
-    for _, _, entry in read_journal_from(path, 0):
-        yield entry
+    if not path.exists():
+        return
+    with path.open("rb") as stream:
+        for line in _read_lines(stream):
+            try:
+                fields = _verified_fields(line)
+            except ValueError:
+                return
+            del fields["seq"]
+            yield _entry_of(fields)
 
 
 def read_journal_from(path: Path, offset: int) -> Iterator[tuple[int, int, JournalEntry]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import re
 import threading
 import time
 import zlib
@@ -496,3 +497,26 @@ def test_the_entry_constructor_sets_exactly_the_declared_fields() -> None:
     assert list(inspect.signature(JournalEntry).parameters) == names
     with pytest.raises(dataclasses.FrozenInstanceError):
         entry.success = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "reason"),
+    [
+        ("row_number", "1", "'row_number' must be int, got str"),
+        ("success", 1, "'success' must be bool, got int"),
+        ("status_code", True, "'status_code' must be int or null, got bool"),
+        ("attempts", 1.0, "'attempts' must be int, got float"),
+        ("duration_ms", None, "'duration_ms' must be float or int, got NoneType"),
+        ("latency_ms", "3", "'latency_ms' must be float or int or null, got str"),
+        ("idempotency_key", 7, "'idempotency_key' must be null or str, got int"),
+        ("captured", "x", "'captured' must be dict or null, got str"),
+        ("response_body", {}, "'response_body' must be null or str, got dict"),
+        ("digest", 1.5, "'digest' must be null or str, got float"),
+    ],
+)
+def test_a_line_of_this_version_with_a_wrong_type_is_refused(name: str, value: object, reason: str) -> None:
+    """Lines with every key in the writer's order take the fast shape check: it refuses what
+    `entry_problem` refuses, and the reason is still the field's."""
+    line = encode_line(1, result(2, **{name: value}))
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        decode_line(line)
