@@ -36,7 +36,7 @@ from bulkrelay.job.inputs import open_records
 from bulkrelay.job.preflight import resolve_input
 from bulkrelay.job.request import RequestRenderer
 from bulkrelay.ops.syncstate import job_identity, rebuild_state, state_path
-from bulkrelay.store.journal import encode_entry
+from bulkrelay.store.journal import JournalEntry, encode_line
 from bulkrelay.store.rundir import RunDir, RunState
 
 JOB = """\
@@ -78,20 +78,19 @@ def seed_night_1(job_path: Path, runs_dir: Path) -> None:
     with run.journal_path.open("wb") as journal, open_records(resolve_input(job, None), print) as records:
         for record in records:
             request = renderer.render(record)
-            entry = {
-                "seq": record.row_number,
-                "row_number": record.row_number,
-                "success": True,
-                "classification": "success",
-                "status_code": 200,
-                "attempts": 1,
-                "retryable": False,
-                "error": None,
-                "duration_ms": 1.0,
-                "key": record.fields["id"],
-                "digest": digester.digest(request, record.fields).hex(),
-            }
-            journal.write(encode_entry(entry))
+            entry = JournalEntry(
+                row_number=record.row_number,
+                success=True,
+                classification="success",
+                status_code=200,
+                attempts=1,
+                retryable=False,
+                error=None,
+                duration_ms=1.0,
+                key=record.fields["id"],
+                digest=digester.digest(request, record.fields).hex(),
+            )
+            journal.write(encode_line(record.row_number, entry))
     run.set_state(RunState.COMPLETED)
     rebuild_state(runs_dir, job_identity(job.config.name, job.path))
 

@@ -21,7 +21,7 @@ import orjson
 from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, UsageError
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
-from bulkrelay.store.journal import decode_line
+from bulkrelay.store.journal import read_entry_at, read_journal_from
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, list_runs
 from bulkrelay.store.selection import load_selection
@@ -62,18 +62,8 @@ class _LatestResults:
         self._files = [run.journal_path.open("rb") if run.journal_path.exists() else None for run in family]
 
     def _index(self, index: int, journal: Path) -> None:
-        if not journal.exists():
-            return
-        offset = 0
-        with journal.open("rb") as lines:
-            for line in lines:
-                try:
-                    entry = decode_line(line)
-                except ValueError:
-                    break  # a torn tail: what follows is not committed
-                row = int(entry["row_number"])
-                self._offset[row], self._journal[row] = offset, index
-                offset += len(line)
+        for offset, _, entry in read_journal_from(journal, 0):
+            self._offset[entry.row_number], self._journal[entry.row_number] = offset, index
 
     def get(self, row: int) -> dict[str, Any] | None:
         offset = self._offset[row]
@@ -82,10 +72,7 @@ class _LatestResults:
         index = self._journal[row]
         handle = self._files[index]
         assert handle is not None
-        handle.seek(offset)
-        entry = decode_line(handle.readline())
-        entry["run_id"] = self._runs[index].run_id
-        return entry
+        return {**read_entry_at(handle, offset).as_dict(), "run_id": self._runs[index].run_id}
 
     def close(self) -> None:
         for handle in self._files:

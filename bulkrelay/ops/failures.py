@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay.envelope import Result
-from bulkrelay.store.journal import decode_line
+from bulkrelay.store.journal import JournalEntry, read_journal
 from bulkrelay.store.rundir import RunDir
 
 EXAMPLES = 3
@@ -26,15 +26,15 @@ class _Group:
     count: int = 0
     examples: list[dict[str, Any]] = field(default_factory=list)
 
-    def add(self, entry: dict[str, Any]) -> None:
+    def add(self, entry: JournalEntry) -> None:
         self.count += 1
         if len(self.examples) < EXAMPLES:
             self.examples.append(
                 {
-                    "row_number": entry["row_number"],
-                    "attempts": entry["attempts"],
-                    "error": entry.get("error"),
-                    "body": entry.get("response_body"),
+                    "row_number": entry.row_number,
+                    "attempts": entry.attempts,
+                    "error": entry.error,
+                    "body": entry.response_body,
                 }
             )
 
@@ -47,18 +47,9 @@ class _Group:
         }
 
 
-def _failed_entries(journal: Path) -> Iterator[dict[str, Any]]:
+def _failed_entries(journal: Path) -> Iterator[JournalEntry]:
     """The committed failed entries, in journal order (a run records each row once)."""
-    if not journal.exists():
-        return
-    with journal.open("rb") as lines:
-        for line in lines:
-            try:
-                entry = decode_line(line)
-            except ValueError:
-                return  # a torn tail: what follows is not committed
-            if not entry["success"]:
-                yield entry
+    return (entry for entry in read_journal(journal) if not entry.success)
 
 
 def failures(run_dir: Path) -> Result:
@@ -68,7 +59,7 @@ def failures(run_dir: Path) -> Result:
     failed = 0
     for entry in _failed_entries(run.journal_path):
         failed += 1
-        key = (entry.get("status_code"), str(entry["classification"]))
+        key = (entry.status_code, entry.classification)
         groups.setdefault(key, _Group(*key)).add(entry)
     ordered = sorted(groups.values(), key=lambda g: (-g.count, str(g.status_code), g.classification))
     data = {

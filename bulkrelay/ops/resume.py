@@ -174,6 +174,7 @@ def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[Enve
         committed_seq=checkpoint.seq if checkpoint else 0,
         committed_offset=checkpoint.offset if checkpoint else 0,
         row_count=record_count,
+        prefix=checkpoint.prefix if checkpoint else None,
     )
     warnings: list[EnvelopeWarning] = []
     aside = recover_torn_tail(run.journal_path, scan, run.storage)
@@ -196,5 +197,6 @@ def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[Enve
         failed=scan.failed,
         done_rows=done,
         total=total,
+        journal=scan.writer_state(),
     )
     return start, warnings

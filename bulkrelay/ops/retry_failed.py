@@ -18,7 +18,7 @@ from bulkrelay.ops.resume import input_differences, input_path_for, job_path_for
 from bulkrelay.ops.shard import shard_of_run
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
-from bulkrelay.store.journal import iter_journal
+from bulkrelay.store.journal import read_journal
 from bulkrelay.store.liverun import live_slot
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, is_locked
@@ -39,14 +39,14 @@ def failed_rows(
 ) -> RowSet:
     """The parent's failed rows that match the filters, read from its journal."""
     rows = RowSet(size)
-    for entry in iter_journal(parent.journal_path):
-        if entry["success"]:
+    for entry in read_journal(parent.journal_path):
+        if entry.success:
             continue
-        if statuses is not None and entry.get("status_code") not in statuses:
+        if statuses is not None and entry.status_code not in statuses:
             continue
-        if classification is not None and entry["classification"] != classification:
+        if classification is not None and entry.classification != classification:
             continue
-        rows.add(int(entry["row_number"]))
+        rows.add(entry.row_number)
     return rows
 
 

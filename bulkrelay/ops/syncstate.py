@@ -26,7 +26,7 @@ import orjson
 from bulkrelay.errors import NotFound, RunLocked, SyncStateMismatch
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.ops.invocation import normalized_path
-from bulkrelay.store.journal import MAX_LINE_BYTES, decode_line
+from bulkrelay.store.journal import JournalEntry, read_journal_from
 from bulkrelay.store.rundir import RunDir, is_locked, list_runs
 from bulkrelay.store.storage import Storage
 
@@ -149,13 +149,13 @@ class SyncState:
         try:
             reached = offset
             for reached, entry in _verified_from(run.journal_path, offset):  # noqa: B007 - kept after
-                if not entry["success"] or "key" not in entry:
+                if not entry.success or entry.key is None:
                     continue
                 if deletes:
-                    self._db.execute(_DELETE, (key_text(entry["key"]), at))
+                    self._db.execute(_DELETE, (key_text(entry.key), at))
                     applied += 1
-                elif "digest" in entry:
-                    delivered = (key_text(entry["key"]), bytes.fromhex(entry["digest"]), row_id, at)
+                elif entry.digest is not None:
+                    delivered = (key_text(entry.key), bytes.fromhex(entry.digest), row_id, at)
                     self._db.execute(_UPSERT, delivered)
                     applied += 1
             self._db.execute("UPDATE runs SET applied_offset = ? WHERE id = ?", (reached, row_id))
@@ -173,23 +173,14 @@ class SyncState:
         return int(row[0]), int(row[1])
 
 
-def _verified_from(journal: Path, offset: int) -> Iterator[tuple[int, dict[str, Any]]]:
+def _verified_from(journal: Path, offset: int) -> Iterator[tuple[int, JournalEntry]]:
     """(offset after the line, entry) for each verified line from `offset`; stops at the first line
     that does not verify: a torn tail is not a delivery. A journal cut shorter than `offset` (its
     torn tail moved aside) is read again from its start: applying a line twice changes nothing."""
-    if not journal.exists():
-        return
-    with journal.open("rb") as stream:
-        if offset > os.fstat(stream.fileno()).st_size:
-            offset = 0
-        stream.seek(offset)
-        for line in iter(lambda: stream.readline(MAX_LINE_BYTES), b""):
-            try:
-                entry = decode_line(line)
-            except ValueError:
-                return
-            offset += len(line)
-            yield offset, entry
+    if journal.exists() and offset > journal.stat().st_size:
+        offset = 0
+    for _, end, entry in read_journal_from(journal, offset):
+        yield end, entry
 
 
 def job_runs(runs_dir: Path, identity: str) -> list[RunDir]:

@@ -31,7 +31,7 @@ from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import ClientCertificate, Transport, TransportSettings
 from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
-from bulkrelay.store.journal import JournalWriter
+from bulkrelay.store.journal import CommittedPrefix, JournalEntry, JournalState, JournalWriter
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, utc_now
 
@@ -51,6 +51,7 @@ class StartPoint:
     failed: int = 0
     done_rows: RowSet | None = None
     total: int | None = None  # rows this run is for; None: every record of the input
+    journal: JournalState | None = None  # the journal's digest and rows so far (None: a new journal)
 
 
 @dataclass
@@ -65,19 +66,18 @@ class Committed:
     committed_this_run: int = 0
     started: float = field(default_factory=time.monotonic)
     pace: Callable[[], dict[str, Any]] | None = None  # the limiter's state, for the live checkpoint
+    prefix: Callable[[], CommittedPrefix | None] | None = None  # the journal's, for the checkpoint
 
     @property
     def done(self) -> int:
         return self.ok + self.failed
 
-    def on_commit(self, entries: list[dict[str, Any]], end_offset: int) -> None:
-        for entry in entries:
-            if entry["success"]:
-                self.ok += 1
-            else:
-                self.failed += 1
+    def on_commit(self, entries: list[JournalEntry], end_offset: int) -> None:
+        ok = sum(entry.success for entry in entries)
+        self.ok += ok
+        self.failed += len(entries) - ok
         self.committed_this_run += len(entries)
-        self.seq = int(entries[-1]["seq"])
+        self.seq += len(entries)  # the writer numbers lines without gaps
         self.offset = end_offset
 
     def snapshot(self) -> Snapshot:
@@ -86,6 +86,9 @@ class Committed:
 
     def checkpoint(self, *, live: bool = False) -> Checkpoint:
         """The counters; `live`: with this call's pace, for `status` while the run goes on."""
+        prefix = self.prefix() if self.prefix is not None else None
+        if prefix is not None and (prefix.seq, prefix.offset, prefix.ok) != (self.seq, self.offset, self.ok):
+            prefix = None  # not these counters' frontier: the resume checks every line instead
         return Checkpoint(
             seq=self.seq,
             offset=self.offset,
@@ -94,6 +97,7 @@ class Committed:
             failed=self.failed,
             updated_at=utc_now(),
             live=self.live_pace() if live else None,
+            prefix=prefix,
         )
 
     def live_pace(self) -> dict[str, Any]:
@@ -127,18 +131,18 @@ class _FailureStreak:
     def __init__(self, limit: int, stop: StopControl) -> None:
         self._limit = limit
         self._stop = stop
-        self._held: list[dict[str, Any]] = []  # all after the breaker, in completion order
+        self._held: list[JournalEntry] = []  # all after the breaker, in completion order
         self._breaker = 0  # the highest row number that ended other than in a streak failure
 
-    def admit(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    def admit(self, entry: JournalEntry) -> list[JournalEntry]:
         """The entries to journal now, given one more final result."""
         if self._stop.reason is StopReason.HALT_UNAVAILABLE:
-            return [entry] if entry["success"] else []
-        row = int(entry["row_number"])
-        if entry["classification"] not in self._STREAK_CLASSES:
+            return [entry] if entry.success else []
+        row = entry.row_number
+        if entry.classification not in self._STREAK_CLASSES:
             self._breaker = max(self._breaker, row)
-            released = [held for held in self._held if held["row_number"] < row]
-            self._held = [held for held in self._held if held["row_number"] > row]
+            released = [held for held in self._held if held.row_number < row]
+            self._held = [held for held in self._held if held.row_number > row]
             return [*released, entry]
         if row < self._breaker:
             return [entry]  # a later row already ended otherwise: this failure belongs to no streak
@@ -147,12 +151,12 @@ class _FailureStreak:
             self._stop.request(
                 StopReason.HALT_UNAVAILABLE,
                 consecutive_failures=len(self._held),
-                last_classification=entry["classification"],
+                last_classification=entry.classification,
             )
             self._held = []
         return []
 
-    def release(self) -> list[dict[str, Any]]:
+    def release(self) -> list[JournalEntry]:
         """At the end: held results are real final results unless the target was declared down."""
         held, self._held = self._held, []
         return [] if self._stop.reason is StopReason.HALT_UNAVAILABLE else held
@@ -233,15 +237,19 @@ async def relay(
     started = time.monotonic()
     storage = run.storage
 
-    def on_commit(entries: list[dict[str, Any]], end_offset: int) -> None:
+    def on_commit(entries: list[JournalEntry], end_offset: int) -> None:
         committed.on_commit(entries, end_offset)
         reporter.update(committed.snapshot())
 
-    journal = JournalWriter(run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit)
+    state = start.journal or JournalState.empty(preflight.record_count)
+    journal = JournalWriter(
+        run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit, state=state
+    )
     transport = transport_factory(transport_settings(preflight))
     limiter = open_limiter(config)
     sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats())
     committed.pace = limiter.state
+    committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     records = _pending_records(preflight, start.done_rows, stop)
 

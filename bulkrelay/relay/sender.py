@@ -7,7 +7,6 @@ must stay pending: a halt status was seen, or a stop arrived while it waited to 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import anyio
 
@@ -19,6 +18,7 @@ from bulkrelay.relay.response import ResponseReader
 from bulkrelay.relay.retry import RetryPolicy, parse_retry_after, quota_exhausted_for
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
+from bulkrelay.store.journal import JournalEntry
 
 
 def row_identity(record: Record, key_field: str | None) -> str:
@@ -64,7 +64,7 @@ class RowSender:
         )
         return self._renderer.with_idempotency_key(request, key), key
 
-    async def send(self, record: Record) -> dict[str, Any] | None:
+    async def send(self, record: Record) -> JournalEntry | None:
         request, key = self._prepare(record)
         started = time.monotonic()
         attempt = 0
@@ -92,7 +92,7 @@ class RowSender:
             self._stats.on_retry()
             if await self._stopped_during(decision.delay_seconds):
                 return None
-        entry = self._entry(
+        return self._entry(
             record,
             key,
             attempts=attempt,
@@ -102,10 +102,8 @@ class RowSender:
             error=error,
             classification=decision.classification,
             retryable=decision.retryable,
+            request=request,
         )
-        if self._digester is not None:  # a delta job: the sync state learns from this line
-            entry["digest"] = self._digester.digest(request, record.fields).hex()
-        return entry
 
     async def _stopped_during(self, delay: float) -> bool:
         """Wait out a backoff; a stop request ends the wait and leaves the row pending."""
@@ -151,33 +149,33 @@ class RowSender:
         error: TransportError | None,
         classification: str,
         retryable: bool,
-    ) -> dict[str, Any]:
+        request: PreparedRequest,
+    ) -> JournalEntry:
         success = classification == "success"
-        entry: dict[str, Any] = {
-            "row_number": record.row_number,
-            "success": success,
-            "classification": classification,
-            "status_code": response.status if response is not None else None,
-            "attempts": attempts,
-            "retryable": retryable,
-            "error": None if success else self._error_text(response, error),
-            "duration_ms": round((time.monotonic() - started) * 1000, 3),  # the row: waits and retries too
-            "latency_ms": round(latency * 1000, 3),  # the final attempt's round trip
-        }
-        if self._key_field is not None:
-            entry["key"] = record.fields.get(self._key_field)
-        if key is not None:
-            entry["idempotency_key"] = key
+        captured = response_body = digest = None
+        if self._digester is not None:  # a delta job: the sync state learns from this line
+            digest = self._digester.digest(request, record.fields).hex()
         if response is not None:
             if success:
                 captured = self._reader.captured(response.body)
-                if captured is not None:
-                    entry["captured"] = captured
             else:
-                entry["response_body"] = self._reader.failure_body(
-                    response.body, truncated=response.truncated
-                )
-        return entry
+                response_body = self._reader.failure_body(response.body, truncated=response.truncated)
+        return JournalEntry(
+            row_number=record.row_number,
+            success=success,
+            classification=classification,
+            status_code=response.status if response is not None else None,
+            attempts=attempts,
+            retryable=retryable,
+            error=None if success else self._error_text(response, error),
+            duration_ms=round((time.monotonic() - started) * 1000, 3),  # the row: waits and retries too
+            latency_ms=round(latency * 1000, 3),  # the final attempt's round trip
+            key=record.fields.get(self._key_field) if self._key_field is not None else None,
+            idempotency_key=key,
+            captured=captured,
+            response_body=response_body,
+            digest=digest,
+        )
 
     def _error_text(self, response: Response | None, error: TransportError | None) -> str:
         if error is not None:

@@ -6,24 +6,38 @@ Line format. A line is a compact JSON object whose last key is a checksum of the
 
 `crc` is the CRC-32 (zlib) of every byte before `,"crc":`, as 8 lowercase hex digits, so the line
 ends with exactly 19 fixed-shape bytes. Verifying is a slice, a C-speed crc32 and a compare; the
-JSON parser then reads the line as is (no copy) and the `crc` key is dropped.
+JSON parser then reads the line as is (no copy) and the `crc` key is dropped. Between `seq` and
+`crc` a line is a `JournalEntry`, every field spelled out (null when absent); `encode_line` and
+`decode_line` are the only code that writes or parses a line, and `read_journal` the only reader
+the rest of BulkRelay uses (summary, export, failures, retry-failed, sync state).
 
 Durability. One `JournalWriter` appends: a batch (up to `max_rows`, `max_bytes`, or `max_delay` after
-its first entry) is written with one write and one fsync, and only then reported as committed.
-A crash can therefore damage only the last, uncommitted batch. Recovery (`scan_journal`) treats
-damage after the checkpoint's committed frontier as that torn batch and moves it aside; damage at
-or before the frontier, or a journal shorter than it, is corruption and refuses the resume. With no
-frontier (no checkpoint yet, or a deleted one) only damage that no good line follows is a torn tail.
+its first entry) is encoded, written with one write and fsynced in a worker thread, and only then
+reported as committed. A crash can therefore damage only the last, uncommitted batch. Recovery
+(`scan_journal`) treats damage after the checkpoint's committed frontier as that torn batch and
+moves it aside; damage at or before the frontier, or a journal shorter than it, is corruption and
+refuses the resume. With no frontier (no checkpoint yet, or a deleted one) only damage that no good
+line follows is a torn tail.
+
+Fast resume. The writer keeps a SHA-256 of every byte it committed and the set of rows they hold
+(`CommittedPrefix`), which the checkpoint records with its frontier. A resume hashes the journal up
+to the frontier (one C-speed pass) and, when the digest matches, takes those rows as they are and
+decodes only the lines after it; when it does not, every line is checked, so the refusal names the
+damaged line, and a journal whose lines all check out but whose bytes changed is refused as well.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime
 from functools import partial
+from io import BufferedReader
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,6 +61,8 @@ _NoneType = type(None)
 _INT_OR_NULL: frozenset[type] = frozenset({int, _NoneType})
 _STR_OR_NULL: frozenset[type] = frozenset({str, _NoneType})
 _NUMBER: frozenset[type] = frozenset({int, float})
+_NUMBER_OR_NULL: frozenset[type] = frozenset({int, float, _NoneType})
+_DICT_OR_NULL: frozenset[type] = frozenset({dict, _NoneType})
 # The keys every line must carry, and the types each may hold (bool is not an int here).
 _SCHEMA: tuple[tuple[str, frozenset[type]], ...] = (
     ("seq", frozenset({int})),
@@ -59,8 +75,94 @@ _SCHEMA: tuple[tuple[str, frozenset[type]], ...] = (
     ("error", _STR_OR_NULL),
     ("duration_ms", _NUMBER),
 )
+# The keys a line may carry besides those; None: any JSON value (an `input.key` value is any scalar).
+_OPTIONAL: dict[str, frozenset[type] | None] = {
+    "latency_ms": _NUMBER_OR_NULL,
+    "key": None,
+    "idempotency_key": _STR_OR_NULL,
+    "captured": _DICT_OR_NULL,
+    "response_body": _STR_OR_NULL,
+    "digest": _STR_OR_NULL,
+}
 
-OnCommit = Callable[[list[dict[str, Any]], int], Awaitable[None] | None]
+
+@dataclass(frozen=True, kw_only=True, init=False)
+class JournalEntry:
+    """The final result of one row, as a journal line records it (the line adds `seq` and `crc`).
+
+    The type is the schema: the writer encodes it as it is (orjson serialises a dataclass natively,
+    in field order), and `decode_line` checks a line's keys and types before building one.
+
+    Frozen, so an entry cannot change between the sender and the writer's thread. Not slotted, and
+    with its own `__init__`, for speed: one is built per row, and the generated frozen `__init__`
+    (one `object.__setattr__` a field) costs twice this one (which sets the instance dict at once),
+    and orjson serialises a dataclass with a `__dict__` much faster than a slotted one.
+    `tests/store/test_journal.py` checks the two spellings of the fields agree.
+    """
+
+    row_number: int
+    success: bool
+    classification: str
+    status_code: int | None
+    attempts: int
+    retryable: bool
+    error: str | None
+    duration_ms: float  # the row: waits and retries too
+    latency_ms: float | None = None  # the final attempt's round trip (absent from early journals)
+    key: Any = None  # the row's `input.key` value, when the job has one
+    idempotency_key: str | None = None
+    captured: dict[str, Any] | None = None
+    response_body: str | None = None  # the start of a failure's body, redacted
+    digest: str | None = None  # a delta job's request digest (hex)
+
+    def __init__(
+        self,
+        *,
+        row_number: int,
+        success: bool,
+        classification: str,
+        status_code: int | None,
+        attempts: int,
+        retryable: bool,
+        error: str | None,
+        duration_ms: float,
+        latency_ms: float | None = None,
+        key: Any = None,
+        idempotency_key: str | None = None,
+        captured: dict[str, Any] | None = None,
+        response_body: str | None = None,
+        digest: str | None = None,
+    ) -> None:
+        _set_attribute(
+            self,
+            "__dict__",
+            {
+                "row_number": row_number,
+                "success": success,
+                "classification": classification,
+                "status_code": status_code,
+                "attempts": attempts,
+                "retryable": retryable,
+                "error": error,
+                "duration_ms": duration_ms,
+                "latency_ms": latency_ms,
+                "key": key,
+                "idempotency_key": idempotency_key,
+                "captured": captured,
+                "response_body": response_body,
+                "digest": digest,
+            },
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The entry as a JSON object, without the optional fields it does not have (export, tests)."""
+        return {name: value for name, value in vars(self).items() if value is not None or name in _REQUIRED}
+
+
+_set_attribute = object.__setattr__  # how a frozen dataclass sets its fields in __init__
+
+
+OnCommit = Callable[[list[JournalEntry], int], Awaitable[None] | None]
 
 
 class _LineError(ValueError):
@@ -70,54 +172,97 @@ class _LineError(ValueError):
 # ---------------------------------------------------------------- line format
 
 
-def encode_entry(entry: dict[str, Any]) -> bytes:
-    """One journal line for `entry` (which must not hold a `crc` key), newline included."""
-    head = orjson.dumps(entry)[:-1]
+def encode_line(seq: int, entry: JournalEntry) -> bytes:
+    """The journal line of `entry` under `seq`, newline included."""
+    head = b'{"seq":%d,' % seq + orjson.dumps(entry)[1:-1]
     return head + b',"crc":"%08x"}\n' % zlib.crc32(head)
 
 
-def decode_line(line: bytes) -> dict[str, Any]:
-    """The entry of a verified line, without its `crc`; ValueError naming the reason otherwise."""
-    if line[-_SUFFIX_LEN:] != b',"crc":"%08x"}\n' % zlib.crc32(line[:-_SUFFIX_LEN]):
-        raise _LineError(_diagnose(line))
-    try:
-        entry = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        raise _LineError("not valid JSON") from None
-    if type(entry) is not dict:
-        raise _LineError("not a JSON object")
-    entry.pop("crc", None)
-    if not _has_schema(entry):
-        raise _LineError(entry_problem(entry) or "invalid entry")
+def encode_batch(first_seq: int, entries: list[JournalEntry]) -> list[bytes]:
+    """The lines of `entries` numbered from `first_seq`: `encode_line` with its lookups hoisted, as
+    the writer's thread runs it once per batch."""
+    dumps, crc32, lines = orjson.dumps, zlib.crc32, []
+    for seq, entry in enumerate(entries, first_seq):
+        head = b'{"seq":%d,' % seq + dumps(entry)[1:-1]
+        lines.append(head + b',"crc":"%08x"}\n' % crc32(head))
+    return lines
+
+
+def decode_line(line: bytes) -> tuple[int, JournalEntry]:
+    """The seq and entry of a verified line; ValueError naming the reason otherwise."""
+    fields = _verified_fields(line)
+    return fields.pop("seq"), _entry_of(fields)
+
+
+def _entry_of(fields: dict[str, Any]) -> JournalEntry:
+    """The entry of a verified line's keys, `seq` removed. A line of this version has every field in
+    field order: its dict becomes the entry's own, as `JournalEntry.__init__` would build it, without
+    a keyword call (readers build one per line). An older line, missing fields, goes the long way."""
+    if len(fields) != _FIELD_COUNT:
+        return JournalEntry(**fields)
+    entry = _new_object(JournalEntry)
+    _set_attribute(entry, "__dict__", fields)
     return entry
 
 
-def _has_schema(entry: dict[str, Any]) -> bool:
-    """The fast form of `entry_problem(entry) is None` for the replay hot path (same _SCHEMA)."""
-    get = entry.get
-    return (
-        type(get("seq")) is int
-        and type(get("row_number")) is int
-        and type(get("success")) is bool
-        and type(get("classification")) is str
-        and type(get("status_code", _MISSING)) in _INT_OR_NULL
-        and type(get("attempts")) is int
-        and type(get("retryable")) is bool
-        and type(get("error", _MISSING)) in _STR_OR_NULL
-        and type(get("duration_ms")) in _NUMBER
-    )
+def _verified_fields(line: bytes) -> dict[str, Any]:
+    """The keys of a verified line (checksum, JSON, schema), `crc` dropped; the replay's hot path."""
+    if line[-_SUFFIX_LEN:] != b',"crc":"%08x"}\n' % zlib.crc32(line[:-_SUFFIX_LEN]):
+        raise _LineError(_diagnose(line))
+    try:
+        fields = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise _LineError("not valid JSON") from None
+    if type(fields) is not dict:
+        raise _LineError("not a JSON object")
+    del fields["crc"]  # present: the checksum test found it at the end of the line
+    if not _has_schema(fields):
+        raise _LineError(entry_problem(fields) or "invalid entry")
+    return fields
 
 
-def entry_problem(entry: dict[str, Any]) -> str | None:
-    """Why `entry` is not a valid journal entry, or None when it is."""
+def _has_schema(fields: dict[str, Any]) -> bool:
+    """The fast form of `entry_problem(fields) is None` for the hot paths (same rules): a line of
+    this version holds exactly `_LINE_KEYS`, in that order, and the types of its values are one of
+    the `_VALID_SHAPES` (one C-level map and one set lookup). Any other shape (an older line that
+    left out null fields, or a hand-made one) is judged by `entry_problem`."""
+    if tuple(fields) != _LINE_KEYS:
+        return entry_problem(fields) is None
+    return tuple(map(type, fields.values())) in _VALID_SHAPES
+
+
+_REQUIRED = frozenset(name for name, _ in _SCHEMA)
+_FIELD_COUNT = len(_SCHEMA) - 1 + len(_OPTIONAL)  # JournalEntry's fields: the line's keys but seq
+_LINE_KEYS = ("seq", *(field.name for field in dataclass_fields(JournalEntry)))  # as the writer writes them
+_new_object = object.__new__
+_JSON_TYPES: frozenset[type] = frozenset({str, int, float, bool, _NoneType, dict, list})
+_TYPES_BY_KEY = {**dict(_SCHEMA), **{key: types or _JSON_TYPES for key, types in _OPTIONAL.items()}}
+# Every combination of value types a line of this version may hold, in `_LINE_KEYS` order (a few
+# thousand tuples, made once).
+_VALID_SHAPES = frozenset(itertools.product(*(_TYPES_BY_KEY[key] for key in _LINE_KEYS)))
+
+
+def entry_problem(fields: dict[str, Any]) -> str | None:
+    """Why the keys of a line do not make a valid journal entry, or None when they do."""
     for key, types in _SCHEMA:
-        value = entry.get(key, _MISSING)
+        value = fields.get(key, _MISSING)
         if type(value) not in types:
             if value is _MISSING:
                 return f"missing key {key!r}"
-            allowed = " or ".join(sorted("null" if t is _NoneType else t.__name__ for t in types))
-            return f"{key!r} must be {allowed}, got {type(value).__name__}"
+            return f"{key!r} must be {_type_names(types)}, got {type(value).__name__}"
+    for key, value in fields.items():
+        if key in _REQUIRED:
+            continue
+        if key not in _OPTIONAL:
+            return f"unknown key {key!r}"
+        allowed = _OPTIONAL[key]
+        if allowed is not None and type(value) not in allowed:
+            return f"{key!r} must be {_type_names(allowed)}, got {type(value).__name__}"
     return None
+
+
+def _type_names(types: frozenset[type]) -> str:
+    return " or ".join(sorted("null" if t is _NoneType else t.__name__ for t in types))
 
 
 def _diagnose(line: bytes) -> str:
@@ -140,29 +285,90 @@ def _read_lines(stream: IO[bytes]) -> Iterator[bytes]:
     return iter(partial(stream.readline, MAX_LINE_BYTES + 1), b"")
 
 
-def iter_journal(path: Path) -> Iterator[dict[str, Any]]:
-    """Stream the verified entries of a journal, stopping quietly at the first line that does not
-    verify (a torn tail, or a batch being written right now). Use `scan_journal` to judge damage."""
+# ---------------------------------------------------------------- the reader API
+
+
+def read_journal(path: Path) -> Iterator[JournalEntry]:
+    """The committed entries of a journal, in order, streaming. Stops quietly at the first line that
+    does not verify: a torn tail, or a batch being written right now, is not committed. A missing
+    journal has no entries. (Judging damage is `scan_journal`'s job, for resume.)"""
+    if not path.exists():
+        return
     with path.open("rb") as stream:
         for line in _read_lines(stream):
             try:
-                entry = decode_line(line)
+                fields = _verified_fields(line)
             except ValueError:
                 return
-            yield entry
+            del fields["seq"]
+            yield _entry_of(fields)
+
+
+def read_journal_from(path: Path, offset: int) -> Iterator[tuple[int, int, JournalEntry]]:
+    """(offset of the line, offset after it, entry) for each committed line from byte `offset`, for
+    readers that come back to a line (export) or resume where they left off (sync state)."""
+    if not path.exists():
+        return
+    with path.open("rb") as stream:
+        stream.seek(offset)
+        for line in _read_lines(stream):
+            try:
+                _, entry = decode_line(line)
+            except ValueError:
+                return
+            yield offset, offset + len(line), entry
+            offset += len(line)
+
+
+def read_entry_at(stream: IO[bytes], offset: int) -> JournalEntry:
+    """The entry of the line at `offset` of an open journal (one `read_journal_from` found there)."""
+    stream.seek(offset)
+    return decode_line(stream.readline(MAX_LINE_BYTES + 1))[1]
 
 
 # ---------------------------------------------------------------- group-commit writer
 
 
+@dataclass(frozen=True, slots=True)
+class CommittedPrefix:
+    """The journal's first `offset` bytes (lines 1..`seq`) as a checkpoint records them: their SHA-256
+    and the rows they hold. A resume that finds the same digest there knows those lines are the very
+    lines a writer wrote (and a writer writes only whole, valid entries), so it decodes only the
+    lines after them; any change to those bytes makes it check every line and refuse."""
+
+    seq: int
+    offset: int
+    ok: int  # lines 1..seq with a successful result
+    sha256: str
+    done_rows: bytes  # RowSet.to_bytes() of the rows in lines 1..seq
+
+
+@dataclass(slots=True)
+class JournalState:
+    """What a writer knows of the journal before its first append, so it can keep `CommittedPrefix`."""
+
+    offset: int
+    hasher: Any  # a hashlib sha256 object fed bytes [0, offset)
+    done: RowSet  # the rows in those bytes (the writer's own copy: it adds to it)
+    ok: int = 0  # how many of them succeeded
+
+    @classmethod
+    def empty(cls, row_count: int) -> JournalState:
+        return cls(0, hashlib.sha256(), RowSet(row_count))
+
+
 class JournalWriter:
     """The one appender of a journal, committing entries in groups.
 
-    `run()` is the committer loop (start it in the engine's task group); `submit()` assigns the next
-    seq and queues an entry; `close()` commits what is pending and ends the loop. After each batch's
-    write and fsync succeed, `on_commit(entries, end_offset)` is called (and awaited if it returns an
+    `run()` is the committer loop (start it in the engine's task group); `submit()` queues an entry
+    under the next seq; `close()` commits what is pending and ends the loop. A batch is encoded,
+    checksummed, written and fsynced in a worker thread, off the event loop. After its write and
+    fsync succeed, `on_commit(entries, end_offset)` is called (and awaited if it returns an
     awaitable); `end_offset` is the journal's size after the batch. A failed write or fsync raises
     `StorageFailed` out of `run()` and that batch is never reported.
+
+    Given a `state` matching the file it opens, the writer keeps the digest and done rows of what it
+    has committed (`prefix()`), for the checkpoint; without one, `prefix()` is None.
     """
 
     def __init__(
@@ -175,53 +381,51 @@ class JournalWriter:
         max_rows: int = 1000,
         max_bytes: int = 1 << 20,
         max_delay: float = 0.010,
+        state: JournalState | None = None,
     ) -> None:
         if next_seq < 1 or max_rows < 1 or max_bytes < 1 or max_delay < 0:
             raise ValueError("next_seq, max_rows and max_bytes must be >= 1 and max_delay >= 0")
         self._path = path
         self._storage = storage
-        self._next_seq = next_seq
+        self._committed_seq = next_seq - 1
         self._on_commit = on_commit
         self._max_rows = max_rows
         self._max_bytes = max_bytes
         self._max_delay = max_delay
-        self._entries: list[dict[str, Any]] = []
-        self._lines: list[bytes] = []
-        self._pending_bytes = 0
+        self._pending: list[JournalEntry] = []  # numbered from _committed_seq + 1; the first may be in flight
         self._first_at = 0.0  # when the oldest pending entry arrived
         self._wake = anyio.Event()  # set when the committer has something to look at
-        self._space = anyio.Event()  # set when the committer took a batch (backpressure)
+        self._space = anyio.Event()  # set when a batch was committed (backpressure)
         self._stopped = anyio.Event()
         self._started = False
         self._closing = False
         self._failure: Exception | None = None
         self._offset = 0
+        self._state = state
+        self._sha256 = ""
 
-    async def submit(self, entry: dict[str, Any]) -> None:
+    async def submit(self, entry: JournalEntry) -> None:
         """Queue `entry` under the next seq; waits while too much is pending (backpressure)."""
-        while self._backlogged():
+        while len(self._pending) >= 4 * self._max_rows:
             await self._check_running()
             await self._space.wait()
         if self._failure is not None or self._stopped.is_set():  # the common case skips an await
             await self._check_running()
         if self._closing:
             raise RuntimeError("journal writer is closing")
-        if "seq" in entry or "crc" in entry:
-            raise ValueError("journal entries get their seq and crc from the writer")
-        full = {"seq": self._next_seq, **entry}
-        if not _has_schema(full):  # a line the writer accepts must never make a resume refuse
-            problem = entry_problem(full)
-            raise ValueError(f"invalid journal entry for row {entry.get('row_number')!r}: {problem}")
-        line = encode_entry(full)
-        self._next_seq += 1
-        if not self._lines:
+        if not self._pending:
             self._first_at = anyio.current_time()
             self._wake.set()
-        self._entries.append(full)
-        self._lines.append(line)
-        self._pending_bytes += len(line)
-        if self._batch_full():
+        self._pending.append(entry)
+        if len(self._pending) == self._max_rows:
             self._wake.set()
+
+    def prefix(self) -> CommittedPrefix | None:
+        """The digest and done rows of everything committed so far, or None when not kept."""
+        if self._state is None:
+            return None
+        done = self._state.done.to_bytes()
+        return CommittedPrefix(self._committed_seq, self._offset, self._state.ok, self._sha256, done)
 
     async def close(self) -> None:
         """Commit everything pending, then wait for `run()` to end; re-raises the failure that ended it.
@@ -255,16 +459,21 @@ class JournalWriter:
         # the file already existed, as a killed predecessor may have died before its own dir fsync.
         self._storage.fsync_dir(self._path.parent)
         self._offset = os.fstat(fd).st_size
+        if self._state is not None:
+            if self._state.offset != self._offset:
+                self._state = None  # not the bytes the state describes: keep no prefix
+            else:
+                self._sha256 = self._state.hasher.hexdigest()
         return fd
 
     async def _wait_for_batch(self) -> bool:
         """Wait until a batch is due: full, `max_delay` old, or closing. False: closed and drained."""
-        while not self._lines:
+        while not self._pending:
             if self._closing:
                 return False
             await self._wait_wake(None)
         deadline = self._first_at + self._max_delay
-        while not self._closing and not self._batch_full():
+        while not self._closing and len(self._pending) < self._max_rows:
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 break
@@ -278,43 +487,58 @@ class JournalWriter:
             self._wake = anyio.Event()
 
     async def _commit(self, fd: int) -> None:
-        entries, data = self._take_batch()
+        batch = self._pending[: self._max_rows]
         # Shielded: once the bytes may be on disk, finish the fsync and report the commit, so a
         # cancellation cannot separate what is durable from what the engine counts.
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._write_and_sync, fd, data)
-            self._offset += len(data)
-            result = self._on_commit(entries, self._offset)
+            count, size, sha256 = await anyio.to_thread.run_sync(self._write_batch, fd, batch)
+            del self._pending[:count], batch[count:]
+            self._committed_seq += count
+            self._offset += size
+            self._sha256 = sha256
+            self._track(batch)
+            if self._pending:
+                self._first_at = anyio.current_time()
+            self._space.set()
+            self._space = anyio.Event()
+            result = self._on_commit(batch, self._offset)
             if result is not None:
                 await result
 
-    def _take_batch(self) -> tuple[list[dict[str, Any]], bytes]:
-        count = min(len(self._lines), self._max_rows)
-        if self._pending_bytes > self._max_bytes:
-            size = 0
-            for index in range(count):
-                size += len(self._lines[index])
-                if size > self._max_bytes and index > 0:
-                    count = index
-                    break
-        entries, data = self._entries[:count], b"".join(self._lines[:count])
-        del self._entries[:count], self._lines[:count]
-        self._pending_bytes -= len(data)
-        if self._lines:
-            self._first_at = anyio.current_time()
-        self._space.set()
-        self._space = anyio.Event()
-        return entries, data
-
-    def _write_and_sync(self, fd: int, data: bytes) -> None:
+    def _write_batch(self, fd: int, batch: list[JournalEntry]) -> tuple[int, int, str]:
+        """In the writer's thread: encode the batch's lines (as many as fit in `max_bytes`, at least
+        one), write them with one write, fsync, and fold them into the digest.
+        Returns (lines, bytes, the digest of the journal up to them)."""
+        lines = encode_batch(self._committed_seq + 1, batch)
+        size, count = 0, 0
+        for line in lines:
+            if count and size + len(line) > self._max_bytes:
+                break
+            size += len(line)
+            count += 1
+        data = b"".join(lines[:count])
         self._storage.write(fd, data)
         self._storage.fsync(fd)
+        if self._state is None:
+            return count, size, ""
+        self._state.hasher.update(data)
+        return count, size, self._state.hasher.hexdigest()
 
-    def _batch_full(self) -> bool:
-        return len(self._lines) >= self._max_rows or self._pending_bytes >= self._max_bytes
-
-    def _backlogged(self) -> bool:
-        return len(self._lines) >= 4 * self._max_rows or self._pending_bytes >= 4 * self._max_bytes
+    def _track(self, batch: list[JournalEntry]) -> None:
+        """Add the committed rows to the prefix's done rows (on the event loop, so `prefix()` never
+        sees rows of a batch that is not committed yet)."""
+        if self._state is None:
+            return
+        add, ok = self._state.done.add, 0
+        try:
+            for entry in batch:
+                if not add(entry.row_number):
+                    raise ValueError(f"row {entry.row_number} twice")
+                ok += entry.success
+        except ValueError:
+            self._state = None  # a resume must then check every line, and will say what is wrong
+            return
+        self._state.ok += ok
 
     async def _check_running(self, *, closing: bool = False) -> None:
         """Raise if `run()` has ended (on failure: the exception that ended it, normally StorageFailed)."""
@@ -332,34 +556,6 @@ class JournalWriter:
 # ---------------------------------------------------------------- replay and recovery
 
 
-@dataclass(slots=True)
-class JournalCounts:
-    """Counts of the valid entries, enough for a resumed run's counters and summary."""
-
-    lines: int = 0
-    ok: int = 0
-    attempts: int = 0
-    by_outcome: dict[tuple[str, int | None], int] = field(default_factory=dict)  # (classification, status)
-
-    @property
-    def failed(self) -> int:
-        return self.lines - self.ok
-
-    @property
-    def by_classification(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (classification, _), count in self.by_outcome.items():
-            out[classification] = out.get(classification, 0) + count
-        return out
-
-    @property
-    def by_status(self) -> dict[int | None, int]:
-        out: dict[int | None, int] = {}
-        for (_, status), count in self.by_outcome.items():
-            out[status] = out.get(status, 0) + count
-        return out
-
-
 @dataclass(frozen=True, slots=True)
 class TornTail:
     """Damage after the committed frontier: bytes [start, end) of the journal, from line `line` on."""
@@ -375,16 +571,18 @@ class JournalScan:
     done: RowSet  # rows with a committed final result
     last_seq: int  # also the number of good lines: seq counts them from 1
     valid_end: int  # byte offset just past the last good line
-    counts: JournalCounts
+    ok: int  # good lines with a successful result
     torn_tail: TornTail | None
-
-    @property
-    def ok(self) -> int:
-        return self.counts.ok
+    hasher: Any  # sha256 of bytes [0, valid_end)
 
     @property
     def failed(self) -> int:
-        return self.counts.failed
+        return self.last_seq - self.ok
+
+    def writer_state(self) -> JournalState:
+        """What a writer appending after `valid_end` starts from (its own copies)."""
+        done = RowSet.from_bytes(self.done.size, self.done.to_bytes())
+        return JournalState(self.valid_end, self.hasher.copy(), done, self.ok)
 
 
 @dataclass(slots=True)
@@ -392,22 +590,21 @@ class _Replay:
     """The state of a replay: everything learned from the good lines so far."""
 
     done: RowSet
-    counts: JournalCounts = field(default_factory=JournalCounts)
+    ok: int = 0
     last_seq: int = 0
     offset: int = 0
 
     def run(self, lines: Iterator[bytes], stop_at: int) -> str | None:
         """Take good lines until `offset` reaches `stop_at` or the lines end. Returns the reason the
         next line is damage (it is not taken), or None. Hot path: state lives in locals."""
-        done, counts, size = self.done, self.counts, self.done.size
-        by_outcome = counts.by_outcome
-        last_seq, offset, ok, attempts = self.last_seq, self.offset, counts.ok, counts.attempts
+        done, size, verified = self.done, self.done.size, _verified_fields
+        last_seq, offset, ok = self.last_seq, self.offset, self.ok
         if offset >= stop_at:
             return None
         reason = None
         for line in lines:
             try:
-                entry = decode_line(line)
+                entry = verified(line)
             except ValueError as bad:
                 reason = str(bad)
                 break
@@ -423,37 +620,106 @@ class _Replay:
                 break
             last_seq, offset = seq, offset + len(line)
             ok += entry["success"]
-            attempts += entry["attempts"]
-            key = (entry["classification"], entry["status_code"])
-            by_outcome[key] = by_outcome.get(key, 0) + 1
             if offset >= stop_at:
                 break
-        self.last_seq, self.offset = last_seq, offset
-        counts.lines, counts.ok, counts.attempts = last_seq, ok, attempts  # seq counts lines from 1
+        self.last_seq, self.offset, self.ok = last_seq, offset, ok
         return reason
 
 
-def scan_journal(path: Path, *, committed_seq: int, committed_offset: int, row_count: int) -> JournalScan:
-    """Validate every line of the journal, streaming, and rebuild the done rows and counts.
+def scan_journal(
+    path: Path,
+    *,
+    committed_seq: int,
+    committed_offset: int,
+    row_count: int,
+    prefix: CommittedPrefix | None = None,
+) -> JournalScan:
+    """Validate the journal, streaming, and rebuild the done rows and counts.
 
-    Raises `JournalCorrupt` (context: offset, line, reason) for damage at or before the committed
-    frontier or a journal shorter than it; damage after it is reported as `torn_tail`.
+    With the checkpoint's `prefix` (digest and done rows of the committed lines) the committed bytes
+    are checked by one hash pass and only the lines after them are decoded; when the digest differs,
+    every line is checked, so the refusal names the damaged line. Raises `JournalCorrupt` (context:
+    offset, line, reason) for damage at or before the committed frontier or a journal shorter than
+    it; damage after it is reported as `torn_tail`.
     """
+    frontier = (committed_seq, committed_offset)
+    if prefix is not None and (not committed_offset or (prefix.seq, prefix.offset) != frontier):
+        prefix = None  # recorded for another frontier: it says nothing about this one
     replay = _Replay(RowSet(row_count))
+    hasher = hashlib.sha256()
     size = path.stat().st_size if path.exists() else 0
     torn: TornTail | None = None
     if size:
         with open(path, "rb", opener=open_private) as stream:
+            hashed = _verified_prefix(stream, size, replay, hasher, prefix)
+            if not hashed:
+                hasher = hashlib.sha256()
+                stream.seek(0)
+                _replay_committed(path, size, _read_lines(stream), replay, frontier)
+                if prefix is not None:
+                    raise _prefix_mismatch(path, committed_offset)
             lines = _read_lines(stream)
-            _replay_committed(path, size, lines, replay, (committed_seq, committed_offset))
             reason = replay.run(lines, stop_at=size + 1)
             if reason is not None:
                 if not committed_seq:
                     _refuse_unless_at_end(path, lines, replay, reason)
                 torn = TornTail(start=replay.offset, end=size, line=replay.last_seq + 1, reason=reason)
+            _hash_range(stream, hasher, hashed, replay.offset)
     elif committed_seq or committed_offset:
         raise _shorter_than_checkpoint(path, replay, size, committed_offset)
-    return JournalScan(replay.done, replay.last_seq, replay.offset, replay.counts, torn)
+    return JournalScan(replay.done, replay.last_seq, replay.offset, replay.ok, torn, hasher)
+
+
+def _verified_prefix(
+    stream: BufferedReader,
+    size: int,
+    replay: _Replay,
+    hasher: Any,
+    prefix: CommittedPrefix | None,
+) -> int:
+    """Take the committed lines at once when their bytes hash to the checkpoint's digest (and its done
+    rows fit): `replay` and `hasher` then stand at the frontier, whose offset is returned, and the
+    stream just past it. 0: check them line by line."""
+    if prefix is None or size < prefix.offset:
+        return 0
+    if not _hash_range(stream, hasher, 0, prefix.offset) or hasher.hexdigest() != prefix.sha256:
+        return 0
+    try:
+        done = RowSet.from_bytes(replay.done.size, prefix.done_rows)
+    except ValueError:
+        return 0
+    if len(done) != prefix.seq or not 0 <= prefix.ok <= prefix.seq:
+        return 0
+    replay.done, replay.ok, replay.last_seq, replay.offset = done, prefix.ok, prefix.seq, prefix.offset
+    return prefix.offset
+
+
+def _hash_range(stream: BufferedReader, hasher: Any, start: int, end: int) -> bool:
+    """Feed bytes [start, end) of `stream` to `hasher`, leaving the stream at `end`; False: it ended first."""
+    stream.seek(start)
+    buffer = memoryview(bytearray(_COPY_CHUNK))
+    remaining = end - start
+    while remaining > 0:
+        read = stream.readinto(buffer[: min(remaining, _COPY_CHUNK)])
+        if not read:
+            return False
+        hasher.update(buffer[:read])
+        remaining -= read
+    return True
+
+
+def _prefix_mismatch(path: Path, committed_offset: int) -> JournalCorrupt:
+    """Every committed line checks out on its own, yet their bytes are not the ones the checkpoint
+    recorded (lines rewritten with valid checksums, or a damaged checkpoint): refuse all the same."""
+    reason = (
+        f"the committed bytes 0..{committed_offset} do not match the digest and rows the checkpoint "
+        "recorded for them"
+    )
+    return JournalCorrupt(
+        f"{path.name} does not match {path.parent.name}/checkpoint.json: {reason}",
+        context={"file": str(path), "offset": 0, "line": 1, "reason": reason},
+        suggestion="committed results were changed; the run cannot be resumed safely",
+    )
 
 
 def _replay_committed(
@@ -496,7 +762,7 @@ def _refuse_unless_at_end(path: Path, lines: Iterator[bytes], replay: _Replay, r
     in committed rows (a flipped byte, say), and replaying past it would resend them."""
     for line in lines:
         try:
-            decode_line(line)
+            _verified_fields(line)
         except ValueError:
             continue
         raise _corrupt(

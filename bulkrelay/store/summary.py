@@ -7,11 +7,11 @@ journal's, across any number of interruptions and resumes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import orjson
+from bulkrelay.store.journal import read_journal
 
 _TENTHS = 10  # latencies are bucketed to 0.1 ms: exact enough, and memory stays a few buckets
 
@@ -50,35 +50,22 @@ def _label(quantile: float) -> str:
     return f"p{round(quantile * 100)}"
 
 
-def _committed_entries(journal: Path) -> Iterator[dict[str, Any]]:
-    """The journal's entries, parsed without re-verifying checksums.
-
-    The summary is written by the process that owns the run, after its own commits, and a resumed
-    run's journal was verified line by line before it continued; so every line here is whole.
-    """
-    if not journal.exists():
-        return
-    with journal.open("rb") as lines:
-        for line in lines:
-            yield orjson.loads(line)
-
-
 def summarize(journal: Path, *, total_rows: int) -> dict[str, Any]:
     """Stream the journal once and count everything the summary reports."""
     by_status: Counter[str] = Counter()
     by_classification: Counter[str] = Counter()
     latency = LatencyHistogram()
     ok = failed = attempts = 0
-    for entry in _committed_entries(journal):
-        if entry["success"]:
+    for entry in read_journal(journal):
+        if entry.success:
             ok += 1
         else:
             failed += 1
-        status = entry.get("status_code")
+        status = entry.status_code
         by_status["none" if status is None else str(status)] += 1
-        by_classification[str(entry["classification"])] += 1
-        attempts += int(entry["attempts"])
-        latency.add(float(entry.get("latency_ms", entry["duration_ms"])))
+        by_classification[entry.classification] += 1
+        attempts += entry.attempts
+        latency.add(entry.duration_ms if entry.latency_ms is None else entry.latency_ms)
     done = ok + failed
     return {
         "rows_total": total_rows,

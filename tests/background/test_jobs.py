@@ -21,7 +21,7 @@ import pytest
 
 from bulkrelay.background.jobs import DEFAULT_BUDGET_MS, resolve_budget
 from bulkrelay.errors import ExitCode
-from bulkrelay.store.journal import iter_journal
+from bulkrelay.store.journal import read_journal
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_job
 from tests.targetproc import TargetProcess
@@ -54,7 +54,7 @@ def _worker_pid(tmp_path: Path, job_id: str) -> int:
 
 
 def _rows_per_key(run_dir: str) -> Counter[int]:
-    return Counter(int(entry["row_number"]) for entry in iter_journal(Path(run_dir) / "results.jsonl"))
+    return Counter(entry.row_number for entry in read_journal(Path(run_dir) / "results.jsonl"))
 
 
 def _bodies(target: TargetProcess) -> Counter[str]:

@@ -17,7 +17,7 @@ import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import parse_job_with_deprecations
-from bulkrelay.store.journal import iter_journal
+from bulkrelay.store.journal import read_journal
 from tests.clirun import CliResult, run_cli
 from tests.targetproc import TargetProcess
 
@@ -200,11 +200,11 @@ def test_failed_rows_exit_3_and_keep_the_response_body(tmp_path: Path) -> None:
         result = run_job(job)
     assert result.exit_code == ExitCode.PARTIAL_FAILURE  # the alpha exited 1
     assert result.data["state"] == "completed_with_failures"
-    failed = [e for e in iter_journal(Path(result.data["run_dir"]) / "results.jsonl") if not e["success"]]
-    assert [(e["row_number"], e["classification"], e["error"]) for e in failed] == [
+    failed = [e for e in read_journal(Path(result.data["run_dir"]) / "results.jsonl") if not e.success]
+    assert [(e.row_number, e.classification, e.error) for e in failed] == [
         (2, "http_client_error", "HTTP 422")
     ]
-    assert json.loads(failed[0]["response_body"]) == {"detail": "email taken"}  # the alpha's `error`
+    assert json.loads(failed[0].response_body or "") == {"detail": "email taken"}  # the alpha's `error`
 
 
 def test_resume_with_a_moved_config_continues_and_a_completed_run_is_refused(tmp_path: Path) -> None:

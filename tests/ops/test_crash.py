@@ -25,7 +25,7 @@ from bulkrelay.ops.execute import RunOptions, manifest_for, relay_locked
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import NullReporter
 from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.journal import decode_line, iter_journal, scan_journal
+from bulkrelay.store.journal import decode_line, read_journal, scan_journal
 from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.storage import Storage
 from tests.clirun import cli_env, run_cli
@@ -156,9 +156,7 @@ def test_kill_9_loop_loses_nothing_committed_and_every_row_takes_effect_once(tmp
         keys_by_row[request["path"].rsplit("/", 1)[-1]].add(request["idempotency_key"])
     assert set(keys_by_row) == {str(n) for n in range(1, CRASH_ROWS + 1)}
     assert all(len(keys) == 1 for keys in keys_by_row.values())
-    journal_keys = {
-        str(e["row_number"]): e["idempotency_key"] for e in iter_journal(run_dir / "results.jsonl")
-    }
+    journal_keys = {str(e.row_number): e.idempotency_key for e in read_journal(run_dir / "results.jsonl")}
     assert journal_keys == {row: next(iter(keys)) for row, keys in keys_by_row.items()}
     assert stats["effects"] == CRASH_ROWS
     assert stats["requests"] == CRASH_ROWS + stats["duplicates"]

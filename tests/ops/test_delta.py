@@ -20,7 +20,7 @@ from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RequestRenderer
 from bulkrelay.ops.syncstate import SyncState, job_identity, rebuilt_items
-from bulkrelay.store.journal import decode_line, encode_entry, iter_journal
+from bulkrelay.store.journal import JournalEntry, decode_line, encode_line, read_journal
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_resume import rewrite_job, sent_ids
@@ -183,7 +183,7 @@ def test_kill_9_in_night_2_then_the_identical_command_delivers_each_changed_row_
         after = _night(tmp_path, job)
         assert after.data["run_id"] == run_dir.name  # the identical command continued the killed run
 
-        delivered = Counter(str(e["key"]) for e in iter_journal(run_dir / "results.jsonl"))
+        delivered = Counter(str(e.key) for e in read_journal(run_dir / "results.jsonl"))
         assert delivered == Counter({str(n): 1 for n in changed})
         sent = sent_ids(target)
         assert set(sent) == {str(n) for n in changed}  # no unchanged row went out
@@ -389,20 +389,19 @@ def _journaled_run(runs_dir: Path, run_id: str, created_at: str, digest: str) ->
     run.mkdir(parents=True)
     manifest = {"run_id": run_id, "created_at": created_at, "name": "test-job", "job_path": "/job.yaml"}
     (run / "run.json").write_bytes(orjson.dumps({**manifest, "state": "completed"}))
-    entry = {
-        "seq": 1,
-        "row_number": 1,
-        "success": True,
-        "classification": "success",
-        "status_code": 200,
-        "attempts": 1,
-        "retryable": False,
-        "error": None,
-        "duration_ms": 1.0,
-        "key": "k",
-        "digest": digest,
-    }
-    (run / "results.jsonl").write_bytes(encode_entry(entry))
+    entry = JournalEntry(
+        row_number=1,
+        success=True,
+        classification="success",
+        status_code=200,
+        attempts=1,
+        retryable=False,
+        error=None,
+        duration_ms=1.0,
+        key="k",
+        digest=digest,
+    )
+    (run / "results.jsonl").write_bytes(encode_line(1, entry))
 
 
 def test_of_two_runs_made_in_the_same_second_the_later_one_wins_whatever_their_ids(tmp_path: Path) -> None:

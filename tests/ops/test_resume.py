@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import yaml
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.journal import iter_journal
+from bulkrelay.store.journal import read_journal
 from bulkrelay.store.rundir import is_locked
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
@@ -58,7 +59,7 @@ def resume(
 
 
 def journal_rows(run_dir: str | Path) -> list[int]:
-    return [entry["row_number"] for entry in iter_journal(Path(run_dir) / "results.jsonl")]
+    return [entry.row_number for entry in read_journal(Path(run_dir) / "results.jsonl")]
 
 
 def sent_ids(target: TargetProcess) -> Counter[str]:
@@ -321,11 +322,12 @@ def _line_starts(journal: Path) -> list[int]:
 def _rewind_checkpoint(run_dir: Path, lines: int) -> None:
     """Make the checkpoint say only the first `lines` lines were committed (a crash before it moved on)."""
     journal = run_dir / "results.jsonl"
-    entries = list(iter_journal(journal))[:lines]
-    ok = sum(1 for entry in entries if entry["success"])
+    entries = list(read_journal(journal))[:lines]
+    ok = sum(1 for entry in entries if entry.success)
     path = run_dir / "checkpoint.json"
     data = orjson.loads(path.read_bytes())
     data.update(seq=lines, offset=_line_starts(journal)[lines], rows_done=lines, ok=ok, failed=lines - ok)
+    del data["journal_prefix"]  # the digest of the later frontier: a checkpoint of then had its own
     path.write_bytes(orjson.dumps(data))
 
 
@@ -526,3 +528,28 @@ def test_two_resumes_of_one_run_one_gets_run_locked(tmp_path: Path, target: Targ
     assert first.returncode == ExitCode.SUCCESS, stdout
     assert_each_row_once(run_dir, ROWS)
     assert set(sent_ids(target).values()) == {1}
+
+
+def test_a_committed_line_rewritten_with_a_valid_checksum_refuses_naming_the_file(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """Each line still checks out on its own; the checkpoint's digest of the committed bytes does not."""
+    job = write_job(tmp_path, target.url, rows=ROWS)
+    run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
+    journal = run_dir / "results.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    fields = orjson.loads(lines[0])
+    del fields["crc"]
+    fields["attempts"] += 1  # line 1: committed (a stop commits every finished row, then checkpoints)
+    head = orjson.dumps(fields)[:-1]
+    lines[0] = head + b',"crc":"%08x"}\n' % zlib.crc32(head)
+    journal.write_bytes(b"".join(lines))
+    before = sum(sent_ids(target).values())
+
+    result = resume(tmp_path, run_dir)
+
+    assert result.exit_code == ExitCode.PRECONDITION
+    assert result.error_code == "JOURNAL_CORRUPT"
+    assert result.envelope["error"]["context"]["file"] == str(journal)
+    assert "results.jsonl" in result.envelope["error"]["message"]
+    assert sum(sent_ids(target).values()) == before

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 
 from bulkrelay.errors import ExitCode
-from bulkrelay.store.journal import iter_journal
+from bulkrelay.store.journal import read_journal
 from tests.clirun import run_cli
 from tests.jobfiles import make_rows, write_job
 from tests.targetproc import TargetProcess
@@ -18,7 +18,7 @@ REJECT_422 = {"rules": [{"match": {"body_field": "email", "contains": "user3"}, 
 
 
 def _journal_rows(run_dir: Path) -> dict[int, dict[str, object]]:
-    return {int(e["row_number"]): e for e in iter_journal(run_dir / "results.jsonl")}
+    return {e.row_number: e.as_dict() for e in read_journal(run_dir / "results.jsonl")}
 
 
 def test_retry_failed_sends_only_the_matching_failed_rows_and_links_the_parent(tmp_path: Path) -> None:

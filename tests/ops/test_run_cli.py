@@ -16,7 +16,7 @@ import orjson
 import yaml
 
 from bulkrelay.errors import ExitCode
-from bulkrelay.store.journal import iter_journal
+from bulkrelay.store.journal import read_journal
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import merge
 from tests.targetproc import TargetProcess
@@ -68,7 +68,7 @@ def run_job(job: Path, *extra: str | Path, env: dict[str, str] | None = None) ->
 
 
 def journal(run_dir: str | Path) -> list[dict[str, Any]]:
-    return list(iter_journal(Path(run_dir) / "results.jsonl"))
+    return [entry.as_dict() for entry in read_journal(Path(run_dir) / "results.jsonl")]
 
 
 def target_ids(target: TargetProcess) -> list[int]:

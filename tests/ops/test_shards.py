@@ -15,7 +15,7 @@ import orjson
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.relay.ratelimit import most_in_window
-from bulkrelay.store.journal import iter_journal
+from bulkrelay.store.journal import read_journal
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.ops.test_run_cli import write_job
 from tests.redisproc import RedisProcess
@@ -108,7 +108,7 @@ def _wait_for_journal(runs_dir: Path, *, lines: int, proc: subprocess.Popen[byte
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for journal in runs_dir.glob("2*/results.jsonl"):
-            if sum(1 for _ in iter_journal(journal)) >= lines:
+            if sum(1 for _ in read_journal(journal)) >= lines:
                 return journal
         assert proc.poll() is None, "the shard ended before it could be killed"
         time.sleep(0.01)

@@ -22,7 +22,7 @@ from bulkrelay.relay.progress import NullReporter, Snapshot
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, TransportSettings
 from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.journal import iter_journal
+from bulkrelay.store.journal import JournalEntry, decode_line, read_journal
 from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.storage import Storage
 from tests.ops.test_run_cli import write_job
@@ -129,9 +129,9 @@ async def test_at_most_concurrency_rows_in_flight_and_every_row_committed(tmp_pa
     assert outcome.stop_reason is None
     assert transport.most_in_flight == 7
     assert transport.sent == 500
-    entries = list(iter_journal(run.journal_path))
-    assert [e["seq"] for e in entries] == list(range(1, 501))
-    assert sorted(e["row_number"] for e in entries) == list(range(1, 501))
+    lines = run.journal_path.read_bytes().splitlines(keepends=True)
+    assert [decode_line(line)[0] for line in lines] == list(range(1, 501))
+    assert sorted(e.row_number for e in read_journal(run.journal_path)) == list(range(1, 501))
     checkpoint = read_checkpoint(run.path)
     assert checkpoint is not None
     assert (checkpoint.seq, checkpoint.rows_done, checkpoint.ok) == (500, 500, 500)
@@ -156,7 +156,7 @@ async def test_a_stop_request_lets_in_flight_rows_finish(tmp_path: Path) -> None
         outcome = await _relay(preflight, run, transport, stop=stop)
     assert outcome.stop_reason == "interrupted" and not outcome.forced
     assert transport.in_flight == 0
-    assert len(list(iter_journal(run.journal_path))) == transport.sent == outcome.committed.done
+    assert len(list(read_journal(run.journal_path))) == transport.sent == outcome.committed.done
     assert 0 < outcome.committed.done < 1000
 
 
@@ -175,8 +175,18 @@ def test_a_failed_journal_fsync_ends_the_run_without_advancing_the_checkpoint(tm
     assert checkpoint.rows_done < 5000
 
 
-def _finished(row: int, classification: str) -> dict[str, Any]:
-    return {"row_number": row, "success": classification == "success", "classification": classification}
+def _finished(row: int, classification: str) -> JournalEntry:
+    success = classification == "success"
+    return JournalEntry(
+        row_number=row,
+        success=success,
+        classification=classification,
+        status_code=200 if success else None,
+        attempts=1,
+        retryable=not success,
+        error=None if success else classification,
+        duration_ms=1.0,
+    )
 
 
 def _window_shuffles(rows: list[int], window: int, count: int) -> list[list[int]]:
@@ -200,7 +210,7 @@ async def test_the_failure_streak_counts_in_row_order_whatever_the_completion_or
         admitted = [kept for row in order for kept in streak.admit(_finished(row, outcomes[row]))]
         admitted += streak.release()
         assert stop.reason == StopReason.HALT_UNAVAILABLE, order
-        assert all(entry["success"] for entry in admitted), order
+        assert all(entry.success for entry in admitted), order
         assert stop.detail["consecutive_failures"] == 5
 
 
@@ -209,9 +219,9 @@ async def test_a_failure_followed_in_row_order_by_another_outcome_is_final() -> 
     stop = StopControl()
     streak = _FailureStreak(3, stop)
     assert streak.admit(_finished(2, "http_server_error")) == []  # may start a streak: held
-    assert [e["row_number"] for e in streak.admit(_finished(3, "success"))] == [2, 3]  # row 3 ended it
-    assert [e["row_number"] for e in streak.admit(_finished(1, "timeout_error"))] == [1]  # before row 3
+    assert [e.row_number for e in streak.admit(_finished(3, "success"))] == [2, 3]  # row 3 ended it
+    assert [e.row_number for e in streak.admit(_finished(1, "timeout_error"))] == [1]  # before row 3
     assert streak.admit(_finished(4, "connect_error")) == []
     assert streak.admit(_finished(5, "http_server_error")) == []
-    assert [e["row_number"] for e in streak.release()] == [4, 5]  # no halt: they are real results
+    assert [e.row_number for e in streak.release()] == [4, 5]  # no halt: they are real results
     assert stop.reason is None

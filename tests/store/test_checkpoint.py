@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import pytest
 
 from bulkrelay.errors import JournalCorrupt
 from bulkrelay.store.checkpoint import CHECKPOINT_FILE, Checkpoint, read_checkpoint, write_checkpoint
+from bulkrelay.store.journal import CommittedPrefix
+from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.storage import Storage
 
 CP = Checkpoint(seq=12, offset=3456, rows_done=12, ok=10, failed=2, updated_at="2026-11-29T14:15:00.000000Z")
@@ -89,3 +92,40 @@ def test_a_json_array_is_refused(tmp_path: Path) -> None:
     (tmp_path / CHECKPOINT_FILE).write_bytes(b"[1, 2]")
     with pytest.raises(JournalCorrupt, match="not a JSON object"):
         read_checkpoint(tmp_path)
+
+
+def test_the_journal_prefix_round_trips_packed(tmp_path: Path) -> None:
+    done = RowSet(100_000)
+    for row in range(1, 60_001):
+        done.add(row)
+    prefix = CommittedPrefix(
+        seq=60_000, offset=9_000_000, ok=59_000, sha256="ab" * 32, done_rows=done.to_bytes()
+    )
+    cp = Checkpoint(
+        seq=60_000, offset=9_000_000, rows_done=60_000, ok=59_000, failed=1_000, updated_at="t", prefix=prefix
+    )
+    write_checkpoint(tmp_path, cp)
+    assert read_checkpoint(tmp_path) == cp
+    raw = orjson.loads((tmp_path / CHECKPOINT_FILE).read_bytes())
+    assert set(raw["journal_prefix"]) == {"sha256", "done_rows"}
+    assert len(raw["journal_prefix"]["done_rows"]) < 1_000  # 12.5 KB of bits, mostly runs of ones
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        {"sha256": "ab"},
+        {"sha256": 5, "done_rows": ""},
+        {"sha256": "ab", "done_rows": "not base64!"},
+        {"sha256": "ab", "done_rows": base64.b64encode(b"not zlib").decode()},
+        "ab",
+    ],
+)
+def test_a_damaged_journal_prefix_is_malformed(tmp_path: Path, prefix: object) -> None:
+    write_checkpoint(tmp_path, CP)
+    raw = orjson.loads((tmp_path / CHECKPOINT_FILE).read_bytes())
+    (tmp_path / CHECKPOINT_FILE).write_bytes(orjson.dumps({**raw, "journal_prefix": prefix}))
+    with pytest.raises(JournalCorrupt) as caught:
+        read_checkpoint(tmp_path)
+    assert "journal_prefix" in caught.value.message
+    assert caught.value.context["file"] == str(tmp_path / CHECKPOINT_FILE)

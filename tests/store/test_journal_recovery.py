@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import signal
 import subprocess
@@ -13,8 +14,17 @@ from typing import Any
 import pytest
 
 from bulkrelay.errors import JournalCorrupt, StorageFailed
+from bulkrelay.store import journal as journal_module
 from bulkrelay.store.checkpoint import CHECKPOINT_FILE, read_checkpoint
-from bulkrelay.store.journal import JournalScan, encode_entry, recover_torn_tail, scan_journal
+from bulkrelay.store.journal import (
+    CommittedPrefix,
+    JournalEntry,
+    JournalScan,
+    encode_line,
+    recover_torn_tail,
+    scan_journal,
+)
+from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.storage import Storage
 
 ROWS = 20
@@ -24,7 +34,6 @@ BATCHES = (4, 4, 4, 4)  # checkpoint frontier after batch 3: lines 1-12 committe
 def line(seq: int, row: int | None = None, **change: Any) -> bytes:
     row = seq if row is None else row
     entry: dict[str, Any] = {
-        "seq": seq,
         "row_number": row,
         "success": row % 3 != 0,
         "classification": "ok" if row % 3 else "http_server_error",
@@ -36,7 +45,7 @@ def line(seq: int, row: int | None = None, **change: Any) -> bytes:
         "key": f"k{row}",
         **change,
     }
-    return encode_entry(entry)
+    return encode_line(seq, JournalEntry(**entry))
 
 
 class Journal:
@@ -84,13 +93,10 @@ def test_a_clean_journal_rebuilds_done_rows_and_counts(tmp_path: Path) -> None:
     journal = Journal(tmp_path).write()
     scan = journal.scan()
     assert scan.torn_tail is None
-    assert scan.last_seq == scan.counts.lines == 16
+    assert scan.last_seq == 16
     assert scan.valid_end == len(journal.data)
     assert list(scan.done.missing()) == [17, 18, 19, 20]
-    assert (scan.ok, scan.failed) == (scan.counts.ok, scan.counts.failed) == (11, 5)
-    assert scan.counts.attempts == 11 + 2 * 5
-    assert scan.counts.by_classification == {"ok": 11, "http_server_error": 5}
-    assert scan.counts.by_status == {200: 11, 503: 5}
+    assert (scan.ok, scan.failed) == (11, 5)
     assert recover_torn_tail(journal.path, scan, Storage()) is None
 
 
@@ -375,14 +381,16 @@ _WRITER = """
 import sys, anyio
 from pathlib import Path
 from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
-from bulkrelay.store.journal import JournalWriter
+from bulkrelay.store.journal import JournalEntry, JournalWriter
 from bulkrelay.store.storage import Storage
 
 run_dir = Path(sys.argv[1])
 storage = Storage()
+seq = 0
 
 def on_commit(entries, end_offset):
-    seq = entries[-1]["seq"]
+    global seq
+    seq += len(entries)
     write_checkpoint(run_dir, Checkpoint(seq, end_offset, seq, seq, 0, "now"), storage)
 
 async def main():
@@ -391,9 +399,9 @@ async def main():
     async with anyio.create_task_group() as tg:
         tg.start_soon(writer.run)
         for row in range(1, 10_000_000):
-            await writer.submit({"row_number": row, "success": True, "classification": "ok",
-                                 "status_code": 200, "attempts": 1, "retryable": False, "error": None,
-                                 "duration_ms": 1.0, "pad": "x" * (row % 300)})
+            await writer.submit(JournalEntry(row_number=row, success=True, classification="ok",
+                                 status_code=200, attempts=1, retryable=False, error=None,
+                                 duration_ms=1.0, key="x" * (row % 300)))
             if row % 100 == 0:
                 await anyio.sleep(0)
 
@@ -425,3 +433,111 @@ def test_kill_9_mid_write_leaves_every_checkpointed_row_intact(tmp_path: Path, d
     )
     assert again.torn_tail is None
     assert next(again.done.missing()) == again.last_seq + 1  # rows 1..last_seq, no gaps
+
+
+# ---------------------------------------------------------------- with the checkpoint's prefix digest
+
+
+def prefix_of(journal: Journal) -> CommittedPrefix:
+    """What the writer would have recorded at the frontier: digest and rows of lines 1..committed_seq."""
+    done = RowSet(ROWS)
+    for row in range(1, journal.committed_seq + 1):
+        done.add(row)
+    ok = sum(1 for row in range(1, journal.committed_seq + 1) if row % 3)
+    digest = hashlib.sha256(journal.data[: journal.frontier]).hexdigest()
+    return CommittedPrefix(journal.committed_seq, journal.frontier, ok, digest, done.to_bytes())
+
+
+def scan_with_prefix(journal: Journal, prefix: CommittedPrefix | None = None) -> JournalScan:
+    return scan_journal(
+        journal.path,
+        committed_seq=journal.committed_seq,
+        committed_offset=journal.frontier,
+        row_count=ROWS,
+        prefix=prefix or prefix_of(journal),
+    )
+
+
+def test_a_matching_prefix_decodes_only_the_lines_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal(tmp_path).write()
+    full = journal.scan()
+    decoded: list[bytes] = []
+    verify = journal_module._verified_fields
+
+    def counting(line: bytes) -> dict[str, Any]:
+        decoded.append(line)
+        return verify(line)
+
+    monkeypatch.setattr(journal_module, "_verified_fields", counting)
+    fast = scan_with_prefix(journal)
+    assert decoded == journal.lines[journal.committed_seq :]  # lines 13-16 only
+    assert (fast.last_seq, fast.valid_end, fast.ok, fast.torn_tail) == (16, len(journal.data), 11, None)
+    assert fast.done.to_bytes() == full.done.to_bytes()
+    assert fast.hasher.hexdigest() == full.hasher.hexdigest() == hashlib.sha256(journal.data).hexdigest()
+
+
+@pytest.mark.parametrize("index", [0, 5, 11])
+def test_with_a_prefix_damage_before_the_frontier_names_file_line_and_offset(
+    tmp_path: Path, index: int
+) -> None:
+    journal = Journal(tmp_path)
+    prefix = prefix_of(journal)
+    ends = journal.ends()
+    damaged = bytearray(journal.data)
+    damaged[ends[index] + 10] ^= 0x01
+    journal.write(bytes(damaged))
+    with pytest.raises(JournalCorrupt) as caught:
+        scan_with_prefix(journal, prefix)
+    error = caught.value
+    assert (error.context["line"], error.context["offset"]) == (index + 1, ends[index])
+    assert error.context["file"] == str(journal.path)
+    assert f"{journal.path.name} is corrupt at line {index + 1} (byte offset {ends[index]})" in error.message
+    assert journal.path.read_bytes() == bytes(damaged)
+
+
+def test_with_a_prefix_damage_after_the_frontier_is_a_torn_tail(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    ends = journal.ends()
+    damaged = bytearray(journal.data)
+    damaged[ends[13] + 10] ^= 0x01  # line 14, after the frontier (line 12)
+    journal.write(bytes(damaged))
+    scan = scan_with_prefix(journal)
+    assert scan.torn_tail is not None
+    assert (scan.torn_tail.line, scan.torn_tail.start, scan.valid_end) == (14, ends[13], ends[13])
+    assert scan.last_seq == 13 and "checksum mismatch" in scan.torn_tail.reason
+    assert scan.hasher.hexdigest() == hashlib.sha256(journal.data[: ends[13]]).hexdigest()
+
+
+def test_a_committed_line_rewritten_with_a_valid_checksum_is_refused(tmp_path: Path) -> None:
+    """Every line checks out on its own, but the committed bytes are not those the writer recorded."""
+    journal = Journal(tmp_path)
+    prefix = prefix_of(journal)
+    journal.lines[2] = line(3, success=True, classification="ok", status_code=200, error=None)
+    journal.data = b"".join(journal.lines)
+    journal.frontier = journal.ends()[journal.committed_seq]
+    journal.write()
+    prefix = CommittedPrefix(prefix.seq, journal.frontier, prefix.ok, prefix.sha256, prefix.done_rows)
+    journal.scan()  # each line is valid: without the digest this went unnoticed
+    with pytest.raises(JournalCorrupt) as caught:
+        scan_with_prefix(journal, prefix)
+    assert caught.value.context["file"] == str(journal.path)
+    assert "do not match the digest" in caught.value.context["reason"]
+    assert "checkpoint.json" in caught.value.message
+
+
+def test_a_prefix_whose_rows_do_not_fit_is_refused(tmp_path: Path) -> None:
+    journal = Journal(tmp_path).write()
+    good = prefix_of(journal)
+    wrong_rows = CommittedPrefix(good.seq, good.offset, good.ok, good.sha256, RowSet(ROWS).to_bytes())
+    with pytest.raises(JournalCorrupt, match="do not match the digest"):
+        scan_with_prefix(journal, wrong_rows)
+
+
+def test_a_prefix_of_another_frontier_is_not_used(tmp_path: Path) -> None:
+    journal = Journal(tmp_path).write()
+    stale = prefix_of(journal)
+    journal.committed_seq, journal.frontier = 16, len(journal.data)  # a newer checkpoint's frontier
+    scan = scan_with_prefix(journal, stale)
+    assert scan.last_seq == 16 and scan.torn_tail is None

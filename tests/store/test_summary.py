@@ -3,27 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bulkrelay.store.journal import encode_entry
+from bulkrelay.store.journal import JournalEntry, encode_line
 from bulkrelay.store.summary import LatencyHistogram, summarize
 
 
-def _entry(seq: int, status: int | None, classification: str, attempts: int, ms: float) -> dict[str, Any]:
+def _entry(seq: int, status: int | None, classification: str, attempts: int, ms: float) -> bytes:
     success = classification == "success"
-    return {
-        "seq": seq,
-        "row_number": seq,
-        "success": success,
-        "classification": classification,
-        "status_code": status,
-        "attempts": attempts,
-        "retryable": not success,
-        "error": None if success else "x",
-        "duration_ms": ms,
-    }
+    entry = JournalEntry(
+        row_number=seq,
+        success=success,
+        classification=classification,
+        status_code=status,
+        attempts=attempts,
+        retryable=not success,
+        error=None if success else "x",
+        duration_ms=ms,
+    )
+    return encode_line(seq, entry)
 
 
 def test_counts_by_outcome_status_and_classification(tmp_path: Path) -> None:
@@ -35,7 +34,7 @@ def test_counts_by_outcome_status_and_classification(tmp_path: Path) -> None:
         (None, "timeout_error", 2, 900.0),
         (503, "http_server_error", 3, 20.0),
     ]
-    journal.write_bytes(b"".join(encode_entry(_entry(i, *row)) for i, row in enumerate(rows, start=1)))
+    journal.write_bytes(b"".join(_entry(i, *row) for i, row in enumerate(rows, start=1)))
     summary = summarize(journal, total_rows=8)
     assert (summary["rows_total"], summary["rows_done"], summary["rows_pending"]) == (8, 5, 3)
     assert summary["by_outcome"] == {"succeeded": 2, "failed": 3}
@@ -48,6 +47,14 @@ def test_counts_by_outcome_status_and_classification(tmp_path: Path) -> None:
     }
     assert (summary["attempts"], summary["retries"]) == (10, 5)
     assert summary["latency_ms"] == {"p50": 20.0, "p95": 900.0, "p99": 900.0, "max": 900.0}
+
+
+def test_a_torn_tail_is_not_counted(tmp_path: Path) -> None:
+    """After a failed fsync the summary is written over a journal whose last batch may be cut short."""
+    journal = tmp_path / "results.jsonl"
+    journal.write_bytes(_entry(1, 200, "success", 1, 1.0) + _entry(2, 200, "success", 1, 1.0)[:40])
+    summary = summarize(journal, total_rows=2)
+    assert summary["rows_done"] == 1 and summary["by_outcome"] == {"succeeded": 1, "failed": 0}
 
 
 def test_a_missing_journal_is_an_empty_summary(tmp_path: Path) -> None:
