@@ -23,7 +23,7 @@ import orjson
 
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import Preflight, run_preflight
-from bulkrelay.ops.execute import manifest_for
+from bulkrelay.ops.execute import plan_for
 from bulkrelay.ops.resume import recover_start
 from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
 from bulkrelay.store.journal import encode_entry
@@ -74,7 +74,7 @@ def _entry(seq: int) -> dict[str, Any]:
 
 
 def _write_run(directory: Path, preflight: Preflight, rows: int) -> RunDir:
-    run = RunDir.create(directory / "runs", manifest_for(preflight, {"parent_run": None}))
+    run = RunDir.create(directory / "runs", plan_for(preflight))
     ok = offset = 0
     with run.journal_path.open("wb") as journal:
         batch: list[bytes] = []
@@ -90,7 +90,7 @@ def _write_run(directory: Path, preflight: Preflight, rows: int) -> RunDir:
         seq=rows, offset=offset, rows_done=rows, ok=ok, failed=rows - ok, updated_at=utc_now()
     )
     write_checkpoint(run.path, checkpoint)
-    run.set_state(RunState.STOPPED)
+    run.mark_ended(RunState.STOPPED, None)
     return run
 
 

@@ -389,7 +389,7 @@ def _cancel_lost_run(job: JobDir) -> None:
         with suppress(BulkRelayError):
             run = RunDir.open(Path(run_dir))
             if run.state is RunState.RUNNING:
-                run.set_state(RunState.CANCELLED, stop_reason=StopReason.CANCELLED, pid=None)
+                run.mark_ended(RunState.CANCELLED, StopReason.CANCELLED)
 
 
 def _cancel_answer(job: JobDir, budget_ms: int | None) -> Result:

@@ -20,7 +20,8 @@ from typing import Any
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, RunLocked, UsageError
 from bulkrelay.ops.settings import Retention, load_settings
-from bulkrelay.store.rundir import RunDir, is_alpha_manifest, is_locked, run_dirs
+from bulkrelay.store.manifest import RunManifest
+from bulkrelay.store.rundir import AlphaRun, RunDir, is_locked, open_listed, run_dirs
 
 
 @dataclass(frozen=True)
@@ -47,22 +48,18 @@ class PruneReport:
         }
 
 
-def _job_of(manifest: dict[str, Any], run_id: str) -> str:
-    return str(manifest.get("job_path") or manifest.get("invocation_key") or run_id)
-
-
-def _created(manifest: dict[str, Any]) -> datetime:
-    return datetime.strptime(str(manifest["created_at"]), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+def _created(manifest: RunManifest) -> datetime:
+    return datetime.strptime(manifest.created_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
 def _read_runs(runs_dir: Path, warnings: list[EnvelopeWarning]) -> list[_Candidate]:
     runs: list[_Candidate] = []
     for path in run_dirs(runs_dir):
         try:
-            run = RunDir.open(path, alpha_ok=True)
-            if is_alpha_manifest(run.manifest):
+            run = open_listed(path)
+            if isinstance(run, AlphaRun):
                 continue  # the alpha's runs are the alpha's to manage
-            runs.append(_Candidate(run, _job_of(run.manifest, run.run_id), _created(run.manifest)))
+            runs.append(_Candidate(run, run.plan.job_path, _created(run.manifest)))
         except (BulkRelayError, KeyError, TypeError, ValueError) as exc:
             reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
             warnings.append(

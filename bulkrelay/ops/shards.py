@@ -32,7 +32,7 @@ def _shard_run(path: Path) -> RunDir:
     if (path / MANIFEST).is_file():
         return RunDir.open(path)
     for run in list_runs(path):
-        if run.format != ALPHA and shard_of_run(run.manifest) is not None:
+        if run.format != ALPHA and shard_of_run(run) is not None:
             return run
     raise NotFound(
         f"no sharded run in {path}",
@@ -44,7 +44,7 @@ def _shard_run(path: Path) -> RunDir:
 def _shard_row(run: RunDir) -> dict[str, Any]:
     progress = committed_progress(run)
     return {
-        "shard": shard_of_run(run.manifest),
+        "shard": shard_of_run(run),
         "run_id": run.run_id,
         "run_dir": str(run.path),
         "state": run.state,
