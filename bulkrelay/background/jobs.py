@@ -18,12 +18,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from bulkrelay.background.state import (
     JobDir,
+    JobSpec,
     JobState,
     acquire_lock,
     index_locked,
@@ -169,23 +171,22 @@ def _start_job(
 ) -> JobDir:
     now = time.time()
     timeout_ms = getattr(args, "timeout", None)
-    spec: dict[str, Any] = {
-        "command": command,
-        "argv": list(args.argv),
-        "cwd": os.getcwd(),
-        "key": key,
-        "created_at": now,
-        "deadline": now + timeout_ms / 1000 if timeout_ms is not None else None,
-        "previous_job": None,
-    }
+    spec = JobSpec(
+        command=command,
+        argv=tuple(args.argv),
+        cwd=os.getcwd(),
+        key=key,
+        created_at=now,
+        deadline=now + timeout_ms / 1000 if timeout_ms is not None else None,
+    )
     if previous is not None and previous.state() is JobState.LOST and not previous.cancel_requested:
         # Only the continuation of a lost job keeps its bounds (the lifetime, and the --timeout unless a
         # new one is given). A job that ended took its deadline with it: the next call has its own.
         earlier = previous.spec()
-        spec.update(created_at=earlier["created_at"], previous_job=previous.job_id)
+        spec = replace(spec, created_at=earlier.created_at, previous_job=previous.job_id)
         if timeout_ms is None:
-            spec["deadline"] = earlier["deadline"]
-    job = JobDir.create(command, spec)
+            spec = replace(spec, deadline=earlier.deadline)
+    job = JobDir.create(spec)
     if spool is not None:
         os.replace(spool, job.stdin_path)
     _spawn(job, stdin=job.stdin_path if spool is not None else None)
@@ -252,18 +253,18 @@ def stored_result(job: JobDir, budget_ms: int | None) -> Result:
     """The job's final envelope as the job wrote it; `duration_ms` stays the work's."""
     stored = job.result()
     assert stored is not None
-    envelope = stored["envelope"]
+    envelope = stored.envelope
     meta = {k: v for k, v in envelope["meta"].items() if k not in ("exit_code", "duration_ms", "budget_ms")}
     meta.update(work_duration_ms=envelope["meta"]["duration_ms"], job_id=job.job_id)
     if budget_ms is not None:
         meta["budget_ms"] = budget_ms
     return Result(
         data=envelope["data"],
-        exit_code=ExitCode(stored["exit_code"]),
+        exit_code=ExitCode(stored.exit_code),
         error=envelope["error"],
         warnings=_warnings(envelope["warnings"]),
         meta=meta,
-        kind=str(stored.get("kind", "generic")),
+        kind=stored.kind,
     )
 
 
@@ -275,19 +276,20 @@ def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None 
     """Exit 14: the job goes on. Says where it is (its stage, the rows preflight read, its run
     directory once that exists), the warnings it met so far, and why the call let go of it."""
     status = job.status()
+    worker = status.worker
     continue_command = f"bulkrelay job wait {job.job_id}"
     state = JobState.CANCELLING if job.cancel_requested else JobState.RUNNING
     data: dict[str, Any] = {
         "state": state,
-        "stage": status.get("stage") or "starting",
+        "stage": worker.stage if worker is not None else "starting",
         "job_id": job.job_id,
-        "progress": status.get("progress") or {"done": 0, "total": None, "unit": "rows"},
-        "run_dir": status.get("run_dir"),
+        "progress": status.progress or {"done": 0, "total": None, "unit": "rows"},
+        "run_dir": status.run_dir,
         "continue_command": continue_command,
         "cancel_command": f"bulkrelay job cancel {job.job_id}",
     }
     if data["stage"] == "preflight":
-        data["rows_read"] = status.get("rows_read") or 0
+        data["rows_read"] = (worker.rows_read if worker is not None else None) or 0
     why = _why_incomplete(state, budget_ms, handed_off_on)
     goes_on = (
         "its worker has not ended yet" if state is JobState.CANCELLING else "it goes on in the background"
@@ -307,7 +309,7 @@ def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None 
         data=data,
         exit_code=ExitCode.INCOMPLETE,
         error=error,
-        warnings=_warnings(status.get("warnings") or []),
+        warnings=_warnings(list(worker.warnings) if worker is not None else []),
         meta=meta,
         kind="job",
     )
@@ -322,10 +324,13 @@ def _why_incomplete(state: JobState, budget_ms: int | None, handed_off_on: str |
 
 
 def job_lost(job: JobDir) -> JobLost:
+    run_dir = None
+    with suppress(BulkRelayError):  # a damaged status must not hide that the worker is gone
+        run_dir = job.status().run_dir
     return JobLost(
         f"job {job.job_id} ended without a result; its worker exited",
         detail=job.log_tail() or "(the job's log is empty)",
-        context={"job_id": job.job_id, "log": str(job.log_path), "run_dir": job.status().get("run_dir")},
+        context={"job_id": job.job_id, "log": str(job.log_path), "run_dir": run_dir},
         suggestion="run the same command again: it continues the run from its journal",
     )
 
@@ -384,7 +389,7 @@ def job_cancel(job_id: str, budget_flag_ms: int | None = None) -> Result:
 
 def _cancel_lost_run(job: JobDir) -> None:
     """A dead worker left its run `running`; cancelling the job cancels that run too."""
-    run_dir = job.status().get("run_dir")
+    run_dir = job.status().run_dir
     if run_dir and not is_locked(Path(run_dir)):
         with suppress(BulkRelayError):
             run = RunDir.open(Path(run_dir))
@@ -395,15 +400,15 @@ def _cancel_lost_run(job: JobDir) -> None:
 def _cancel_answer(job: JobDir, budget_ms: int | None) -> Result:
     """A job that has ended: `cancelled` when its run was (or a lost worker's run now is), else `ended`."""
     stored = job.result()
-    envelope = stored["envelope"] if stored else None
+    envelope = stored.envelope if stored else None
     run_data = envelope["data"] if envelope and isinstance(envelope["data"], dict) else {}
     run_state = run_data.get("state") if stored else RunState.CANCELLED
     data = {
         "job_id": job.job_id,
         "state": JobState.CANCELLED if run_state == RunState.CANCELLED else JobState.ENDED,
-        "run_dir": run_data.get("run_dir") or job.status().get("run_dir"),
+        "run_dir": run_data.get("run_dir") or job.status().run_dir,
         "run_state": run_state,
-        "job_exit_code": stored["exit_code"] if stored else None,
+        "job_exit_code": stored.exit_code if stored else None,
     }
     meta = {} if budget_ms is None else {"budget_ms": budget_ms}
     return Result(data=data, meta=meta, kind="job")

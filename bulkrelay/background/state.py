@@ -30,13 +30,14 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bulkrelay.errors import BulkRelayError, NotFound, StateDirUnwritable, UsageError
 from bulkrelay.private import PRIVATE_DIR_MODE, make_private_dir, open_private
 from bulkrelay.store.atomic import read_json, write_atomic, write_json_atomic
+from bulkrelay.store.jsonfields import JsonFields
 from bulkrelay.store.rundir import lock_is_held
 
 RETENTION_ENV = "BULKRELAY_JOB_RETENTION_SECONDS"
@@ -59,6 +60,132 @@ class JobState(enum.StrEnum):
         return self not in (JobState.RUNNING, JobState.CANCELLING)
 
 
+@dataclass(frozen=True)
+class JobSpec:
+    """`spec.json`: the command line a background job runs, where, and the bounds of its work."""
+
+    command: str
+    argv: tuple[str, ...]  # never a secret: secrets come from the environment
+    cwd: str
+    key: str  # the invocation key, so the identical invocation attaches to the job
+    created_at: float  # when the work began; a lost job's continuation keeps its predecessor's
+    deadline: float | None = None  # absolute, from --timeout
+    previous_job: str | None = None  # the lost job this one continues
+
+    @classmethod
+    def from_json(cls, path: Path, data: object) -> JobSpec:
+        fields = JsonFields(path, data, BulkRelayError)
+        return cls(
+            command=fields.text("command"),
+            argv=tuple(fields.texts("argv")),
+            cwd=fields.text("cwd"),
+            key=fields.text("key"),
+            created_at=fields.number("created_at"),
+            deadline=fields.optional_number("deadline"),
+            previous_job=fields.optional_text("previous_job"),
+        )
+
+    def to_json(self, job_id: str) -> dict[str, Any]:
+        return {
+            "job_id": job_id,
+            "command": self.command,
+            "argv": list(self.argv),
+            "cwd": self.cwd,
+            "key": self.key,
+            "created_at": self.created_at,
+            "deadline": self.deadline,
+            "previous_job": self.previous_job,
+        }
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What the worker adds to a job's status once it runs: its stage, preflight's rows, warnings, pid."""
+
+    stage: str  # starting, preflight, relay
+    rows_read: int | None
+    warnings: tuple[dict[str, Any], ...]  # envelope warnings, recorded as they arise
+    pid: int
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """`status.json`: a background job's state and progress as last written (by the front, the worker)."""
+
+    state: JobState
+    progress: dict[str, Any] | None = None  # committed progress {done, total, unit, ok, failed}
+    run_dir: str | None = None
+    worker: WorkerReport | None = None
+    exit_code: int | None = None  # once the worker has ended
+    updated_at: float | None = None  # stamped when written
+
+    @classmethod
+    def from_json(cls, path: Path, data: object) -> JobStatus:
+        fields = JsonFields(path, data, BulkRelayError)
+        state = fields.text("state")
+        if state not in _JOB_STATES:
+            raise fields.refuse("state", f"one of {', '.join(JobState)}", state)
+        worker = None
+        if fields.has("pid"):
+            worker = WorkerReport(
+                stage=fields.text("stage"),
+                rows_read=fields.optional_integer("rows_read"),
+                warnings=tuple(fields.objects("warnings")),
+                pid=fields.integer("pid"),
+            )
+        return cls(
+            state=JobState(state),
+            progress=fields.raw_object("progress", optional=True),
+            run_dir=fields.optional_text("run_dir"),
+            worker=worker,
+            exit_code=fields.optional_integer("exit_code"),
+            updated_at=fields.optional_number("updated_at"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"state": self.state.value, "progress": self.progress, "run_dir": self.run_dir}
+        if self.worker is not None:
+            data.update(
+                stage=self.worker.stage,
+                rows_read=self.worker.rows_read,
+                warnings=list(self.worker.warnings),
+                pid=self.worker.pid,
+            )
+        if self.exit_code is not None:
+            data["exit_code"] = self.exit_code
+        data["updated_at"] = self.updated_at
+        return data
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """`result.json`: the job's final envelope and exit code, written before the job is marked ended."""
+
+    envelope: dict[str, Any]  # exactly as the command's own call would have printed it
+    exit_code: int
+    kind: str = "generic"  # how the CLI renders it
+    ended_at: float | None = None  # None only in a result damaged or written by hand
+
+    @classmethod
+    def from_json(cls, path: Path, data: object) -> JobResult:
+        fields = JsonFields(path, data, BulkRelayError)
+        envelope = fields.raw_object("envelope")
+        assert envelope is not None
+        return cls(
+            envelope=envelope,
+            exit_code=fields.integer("exit_code"),
+            kind=fields.optional_text("kind") or "generic",
+            ended_at=fields.optional_number("ended_at"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"envelope": self.envelope, "exit_code": self.exit_code, "kind": self.kind}
+        if self.ended_at is not None:
+            data["ended_at"] = self.ended_at
+        return data
+
+
+_JOB_STATES = frozenset(state.value for state in JobState)
 _JOB_ID = re.compile(r"^[a-z][a-z-]*-[0-9a-f]{10}$")
 
 
@@ -113,13 +240,13 @@ class JobDir:
         return self.path / "lock"
 
     @classmethod
-    def create(cls, command: str, spec: dict[str, Any]) -> JobDir:
-        job_id = f"{command}-{secrets.token_hex(5)}"
+    def create(cls, spec: JobSpec) -> JobDir:
+        job_id = f"{spec.command}-{secrets.token_hex(5)}"
         path = jobs_root() / job_id
         path.mkdir(mode=PRIVATE_DIR_MODE)
         job = cls(path)
-        write_json_atomic(path / "spec.json", {"job_id": job_id, **spec})
-        job.write_status({"state": JobState.RUNNING, "progress": None, "run_dir": None})
+        write_json_atomic(path / "spec.json", spec.to_json(job_id))
+        job.write_status(JobStatus(JobState.RUNNING))
         return job
 
     @classmethod
@@ -137,29 +264,30 @@ class JobDir:
             raise NotFound(f"no job {job_id!r}", context={"job_id": job_id, "jobs_dir": str(path.parent)})
         return cls(path)
 
-    def spec(self) -> dict[str, Any]:
-        spec: dict[str, Any] = read_json(self.path / "spec.json", invalid=BulkRelayError)
-        return spec
+    def spec(self) -> JobSpec:
+        path = self.path / "spec.json"
+        return JobSpec.from_json(path, read_json(path, invalid=BulkRelayError))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> JobStatus:
+        path = self.path / "status.json"
         with contextlib.suppress(NotFound):
-            status: dict[str, Any] = read_json(self.path / "status.json", invalid=BulkRelayError)
-            return status
-        return {"state": JobState.RUNNING, "progress": None, "run_dir": None}
+            return JobStatus.from_json(path, read_json(path, invalid=BulkRelayError))
+        return JobStatus(JobState.RUNNING)
 
-    def write_status(self, status: dict[str, Any]) -> None:
-        write_json_atomic(self.path / "status.json", {**status, "updated_at": time.time()})
+    def write_status(self, status: JobStatus) -> None:
+        stamped = replace(status, updated_at=time.time())
+        write_json_atomic(self.path / "status.json", stamped.to_json())
 
-    def result(self) -> dict[str, Any] | None:
-        """The stored final answer: {envelope, exit_code, kind, ended_at}, or None while there is none."""
+    def result(self) -> JobResult | None:
+        """The stored final answer, or None while there is none."""
+        path = self.path / "result.json"
         try:
-            result: dict[str, Any] = read_json(self.path / "result.json", invalid=BulkRelayError)
+            return JobResult.from_json(path, read_json(path, invalid=BulkRelayError))
         except NotFound:
             return None
-        return result
 
-    def write_result(self, result: dict[str, Any]) -> None:
-        write_json_atomic(self.path / "result.json", result)
+    def write_result(self, result: JobResult) -> None:
+        write_json_atomic(self.path / "result.json", result.to_json())
 
     def request_cancel(self) -> None:
         write_atomic(self.path / "cancel", b"cancel\n")
@@ -278,13 +406,12 @@ def _expired(job: JobDir, now: float, keep_for: float) -> bool:
 def _ended_at(job: JobDir) -> float:
     """When the job ended; for a lost worker, a job being set up or a damaged result, its last sign of
     life. A damaged job must never stop every later call, which all clean up expired jobs first."""
-    result = job.result()
     try:
-        if result is not None:
-            return float(result["ended_at"])
-        return float(job.status().get("updated_at") or job.path.stat().st_mtime)
-    except (KeyError, TypeError, ValueError):
-        return job.path.stat().st_mtime
+        result = job.result()
+        ended = job.status().updated_at if result is None else result.ended_at
+    except BulkRelayError:  # a damaged spec, status or result
+        ended = None
+    return job.path.stat().st_mtime if ended is None else ended
 
 
 def _prune_index(root: Path) -> None:

@@ -23,7 +23,15 @@ from typing import Any
 
 import anyio
 
-from bulkrelay.background.state import JobDir, JobState, acquire_lock
+from bulkrelay.background.state import (
+    JobDir,
+    JobResult,
+    JobSpec,
+    JobState,
+    JobStatus,
+    WorkerReport,
+    acquire_lock,
+)
 from bulkrelay.envelope import EnvelopeWarning, Result, to_envelope
 from bulkrelay.errors import BulkRelayError
 from bulkrelay.job.preflight import Preflight
@@ -44,10 +52,10 @@ class JobSupervisor:
     The idle timeout and the time limit are the run's own (bulkrelay.ops.execute, for every run);
     the supervisor hands over the job's: an absolute `--timeout` deadline and when the work began."""
 
-    def __init__(self, job: JobDir, spec: dict[str, Any]) -> None:
+    def __init__(self, job: JobDir, spec: JobSpec) -> None:
         self._job = job
-        self.deadline: float | None = spec.get("deadline")  # absolute, from --timeout
-        self.started_at = float(spec["created_at"])  # max_lifetime_seconds counts from here
+        self.deadline = spec.deadline  # absolute, from --timeout
+        self.started_at = spec.created_at  # max_lifetime_seconds counts from here
         self._snapshot: Snapshot | None = None
         self._written_at = 0.0
         self.run_dir: str | None = None
@@ -82,20 +90,10 @@ class JobSupervisor:
         if time.monotonic() - self._written_at >= STATUS_INTERVAL_SECONDS:
             self.write_status()
 
-    def write_status(self, state: JobState = JobState.RUNNING, **extra: Any) -> None:
+    def write_status(self, state: JobState = JobState.RUNNING, exit_code: int | None = None) -> None:
         self._written_at = time.monotonic()
-        self._job.write_status(
-            {
-                "state": state,
-                "progress": self.progress(),
-                "run_dir": self.run_dir,
-                "stage": self.stage,
-                "rows_read": self.rows_read,
-                "warnings": self.warnings,
-                "pid": os.getpid(),
-                **extra,
-            }
-        )
+        report = WorkerReport(self.stage, self.rows_read, tuple(self.warnings), os.getpid())
+        self._job.write_status(JobStatus(state, self.progress(), self.run_dir, report, exit_code))
 
     async def watch(self, stop: StopControl, preflight: Preflight, run: RunDir) -> None:
         """Runs beside the relay; requests a stop when one is due. Cancelled when the relay ends."""
@@ -132,7 +130,7 @@ def run_worker(job_id: str, execute: CommandRunner) -> Result:
     try:
         spec = job.spec()
         sys.stderr.write(
-            f"bulkrelay job {job_id}: worker {os.getpid()} runs: bulkrelay {shlex.join(spec['argv'])}\n"
+            f"bulkrelay job {job_id}: worker {os.getpid()} runs: bulkrelay {shlex.join(spec.argv)}\n"
         )
         sys.stderr.flush()
         supervisor = JobSupervisor(job, spec)
@@ -140,16 +138,9 @@ def run_worker(job_id: str, execute: CommandRunner) -> Result:
         signal.signal(signal.SIGINT, supervisor.on_signal)
         signal.signal(signal.SIGHUP, supervisor.on_signal)  # handled like SIGTERM
         started = time.monotonic()
-        result = _run_command(list(spec["argv"]), supervisor, execute)
+        result = _run_command(list(spec.argv), supervisor, execute)
         envelope = to_envelope(result, duration_ms=round((time.monotonic() - started) * 1000))
-        job.write_result(
-            {
-                "envelope": envelope,
-                "exit_code": int(result.exit_code),
-                "kind": result.kind,
-                "ended_at": time.time(),
-            }
-        )
+        job.write_result(JobResult(envelope, int(result.exit_code), result.kind, ended_at=time.time()))
         supervisor.write_status(JobState.ENDED, exit_code=int(result.exit_code))
         return result
     finally:

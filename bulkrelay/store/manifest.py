@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay.errors import JournalCorrupt
+from bulkrelay.store.jsonfields import JsonFields
 
 MANIFEST_VERSION = 1
 
@@ -55,61 +56,9 @@ _STOPPED_EARLY = frozenset({RunState.STOPPED, RunState.FORCED})
 _EVERY_ROW_ENDED = frozenset({RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES})
 
 
-class _Fields:
-    """One JSON object of a manifest, read field by field; a bad field names the file and its path."""
-
-    def __init__(self, path: Path, data: object, prefix: str = "") -> None:
-        if not isinstance(data, dict):
-            raise _corrupt(path, prefix.rstrip(".") or "(top level)", "an object", data)
-        self._path, self._data, self._prefix = path, data, prefix
-
-    def has(self, name: str) -> bool:
-        return name in self._data
-
-    def _get(self, name: str, kinds: tuple[type, ...], want: str, *, optional: bool) -> Any:
-        value = self._data.get(name)
-        if value is None and optional:
-            return None
-        if not isinstance(value, kinds) or (int in kinds and bool not in kinds and isinstance(value, bool)):
-            raise _corrupt(self._path, self._prefix + name, want, value)
-        return value
-
-    def text(self, name: str) -> str:
-        return str(self._get(name, (str,), "a string", optional=False))
-
-    def optional_text(self, name: str) -> str | None:
-        value = self._get(name, (str,), "a string or null", optional=True)
-        return None if value is None else str(value)
-
-    def integer(self, name: str) -> int:
-        return int(self._get(name, (int,), "an integer", optional=False))
-
-    def optional_integer(self, name: str) -> int | None:
-        value = self._get(name, (int,), "an integer or null", optional=True)
-        return None if value is None else int(value)
-
-    def flag(self, name: str) -> bool:
-        return bool(self._get(name, (bool,), "true or false", optional=False))
-
-    def block(self, name: str) -> _Fields:
-        return _Fields(self._path, self._data.get(name), f"{self._prefix}{name}.")
-
-    def optional_block(self, name: str) -> _Fields | None:
-        return None if self._data.get(name) is None else self.block(name)
-
-    def text_map(self, name: str) -> dict[str, str] | None:
-        value = self._get(name, (dict,), "an object of strings or null", optional=True)
-        if value is not None and not all(isinstance(item, str) for item in value.values()):
-            raise _corrupt(self._path, self._prefix + name, "an object of strings", value)
-        return None if value is None else dict(value)
-
-
-def _corrupt(path: Path, field: str, want: str, value: object) -> JournalCorrupt:
-    shown = "missing" if value is None else repr(value)
-    return JournalCorrupt(
-        f"{path}: its field {field!r} must be {want}, got {shown}",
-        context={"path": str(path), "field": field},
-        suggestion="restore run.json from a backup, or start a new run",
+def _fields(path: Path, data: object) -> JsonFields:
+    return JsonFields(
+        path, data, JournalCorrupt, suggestion="restore run.json from a backup, or start a new run"
     )
 
 
@@ -125,7 +74,7 @@ class InputRecord:
     record_count: int
 
     @classmethod
-    def from_json(cls, fields: _Fields) -> InputRecord:
+    def from_json(cls, fields: JsonFields) -> InputRecord:
         return cls(
             path=fields.text("path"),
             format=fields.text("format"),
@@ -226,7 +175,7 @@ class RunPlan:
         return replace(self, input=replace(self.input, path=str(path)))
 
     @classmethod
-    def from_json(cls, fields: _Fields) -> RunPlan:
+    def from_json(cls, fields: JsonFields) -> RunPlan:
         return cls(
             job_path=fields.text("job_path"),
             input=InputRecord.from_json(fields.block("input")),
@@ -272,17 +221,17 @@ class RunPlan:
         return data
 
 
-def _invocation(fields: _Fields) -> Invocation | None:
+def _invocation(fields: JsonFields) -> Invocation | None:
     if not fields.has("invocation_key"):
         return None
     return Invocation(fields.text("invocation_key"), fields.optional_text("idempotency_key"))
 
 
-def _shard(fields: _Fields | None) -> ShardRecord | None:
+def _shard(fields: JsonFields | None) -> ShardRecord | None:
     return None if fields is None else ShardRecord(fields.integer("index"), fields.integer("count"))
 
 
-def _sync(fields: _Fields | None) -> SyncRecord | None:
+def _sync(fields: JsonFields | None) -> SyncRecord | None:
     if fields is None:
         return None
     return SyncRecord(
@@ -293,7 +242,7 @@ def _sync(fields: _Fields | None) -> SyncRecord | None:
     )
 
 
-def _retry_filter(fields: _Fields | None) -> RetryFilter | None:
+def _retry_filter(fields: JsonFields | None) -> RetryFilter | None:
     if fields is None:
         return None
     return RetryFilter(fields.optional_text("statuses"), fields.optional_text("classification"))
@@ -315,10 +264,10 @@ class RunManifest:
     @classmethod
     def from_json(cls, path: Path, data: object) -> RunManifest:
         """The manifest `data` read from `path`; `JournalCorrupt` naming the file and the first bad field."""
-        fields = _Fields(path, data)
+        fields = _fields(path, data)
         version = fields.integer("version")
         if version != MANIFEST_VERSION:
-            raise _corrupt(path, "version", f"{MANIFEST_VERSION}", version)
+            raise fields.refuse("version", f"{MANIFEST_VERSION}", version)
         return cls(
             run_id=fields.text("run_id"),
             state=_state(path, fields.optional_text("state")),
@@ -386,7 +335,7 @@ class AlphaManifest:
 
     @classmethod
     def from_json(cls, path: Path, data: object) -> AlphaManifest:
-        fields = _Fields(path, data)
+        fields = _fields(path, data)
         return cls(
             run_id=fields.text("run_id"),
             state=fields.optional_text("state"),

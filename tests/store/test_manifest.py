@@ -128,4 +128,3 @@ def test_status_of_a_run_json_with_a_mistyped_count_is_journal_corrupt(tmp_path:
     assert status.exit_code == ExitCode.PRECONDITION, status.envelope
     assert status.error_code == "JOURNAL_CORRUPT"
     assert status.envelope["error"]["context"] == {"path": str(path), "field": "input.record_count"}
-
