@@ -18,9 +18,9 @@ from bulkrelay.ops import inspect as commands
 from bulkrelay.ops import run as launch
 from bulkrelay.ops.execute import RunObserver, RunOptions, prepared_input
 from bulkrelay.ops.runlog import RunLog, start_event
+from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.ops.shard import resolve_shard
 from bulkrelay.relay.metrics import MetricsFile, metrics_path
-from bulkrelay.store.rundir import default_runs_dir
 
 
 def _prepared_input(

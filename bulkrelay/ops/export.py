@@ -21,9 +21,10 @@ import orjson
 from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, UsageError
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
+from bulkrelay.ops.runref import runs_in
 from bulkrelay.store.journal import decode_line
 from bulkrelay.store.rowset import RowSet
-from bulkrelay.store.rundir import RunDir, list_runs
+from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.selection import load_selection
 
 _RESULT_COLUMNS = ("success", "status_code", "classification", "attempts", "error", "run_id")
@@ -38,7 +39,7 @@ STDOUT = "-"
 def _family(run: RunDir) -> list[RunDir]:
     """The run and its retry-failed descendants, oldest first."""
     children: dict[str, list[RunDir]] = {}
-    for other in list_runs(run.path.parent):
+    for other in runs_in(run.path.parent):
         parent = other.plan.parent_run
         if parent:
             children.setdefault(parent, []).append(other)

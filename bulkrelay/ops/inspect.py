@@ -17,6 +17,7 @@ from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.request import RenderError, RequestRenderer
+from bulkrelay.ops.runref import survey
 from bulkrelay.relay.sender import row_identity
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.checkpoint import read_checkpoint
@@ -28,8 +29,6 @@ from bulkrelay.store.rundir import (
     RunDir,
     RunState,
     is_locked,
-    open_listed,
-    run_dirs,
 )
 from bulkrelay.store.selection import load_selection
 
@@ -277,12 +276,14 @@ def _alpha_progress(run: AlphaRun) -> dict[str, Any]:
 def runs(runs_dir: Path) -> Result:
     """A table of runs; one whose files cannot be read is left out with a warning naming it."""
     table = []
-    warnings: list[EnvelopeWarning] = []
-    for run_dir in run_dirs(runs_dir):
+    listed, unreadable = survey(runs_dir)
+    warnings = [_unreadable_run(damaged.path, damaged.reason) for damaged in unreadable]
+    for run in listed:
         try:
-            table.append(_run_row(open_listed(run_dir)))
-        except (BulkRelayError, KeyError, TypeError, ValueError) as exc:
-            warnings.append(_unreadable_run(run_dir, exc))
+            table.append(_run_row(run))
+        except (BulkRelayError, KeyError, TypeError, ValueError) as exc:  # its checkpoint or selection
+            reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
+            warnings.append(_unreadable_run(run.path, reason))
     return Result(data={"runs_dir": str(runs_dir), "runs": table}, warnings=warnings, kind="runs")
 
 
@@ -304,8 +305,7 @@ def _run_row(run: RunDir | AlphaRun) -> dict[str, Any]:
     }
 
 
-def _unreadable_run(run_dir: Path, exc: Exception) -> EnvelopeWarning:
-    reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
+def _unreadable_run(run_dir: Path, reason: str) -> EnvelopeWarning:
     return EnvelopeWarning(
         "RUN_UNREADABLE",
         f"skipped {run_dir}: its run files are damaged ({reason})",

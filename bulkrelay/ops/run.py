@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bulkrelay.envelope import EnvelopeWarning, Result
-from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, NotFound, UsageError
+from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, UsageError
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import STDIN_NAME
@@ -18,6 +18,7 @@ from bulkrelay.ops.execute import RunOptions, continue_run, plan_for, start_fres
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard, merge_results
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
+from bulkrelay.ops.runref import run_by_id
 from bulkrelay.ops.shard import ShardSpec, shard_of_run, shard_rows
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
@@ -240,13 +241,8 @@ def _with_input(preflight: Preflight, path: Path) -> Preflight:
 
 def _unfinished_run(runs_dir: Path, key: str) -> RunDir | None:
     run_id = last_run_id(runs_dir, key)
-    if run_id is None:
-        return None
-    try:
-        run = RunDir.open(runs_dir / run_id)
-    except NotFound:
-        return None
-    return None if run.state.final else run
+    run = None if run_id is None else run_by_id(runs_dir, run_id)
+    return None if run is None or run.state.final else run
 
 
 def resume(

@@ -26,9 +26,10 @@ import orjson
 from bulkrelay.errors import NotFound, RunLocked, SyncStateMismatch
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.ops.invocation import normalized_path
+from bulkrelay.ops.runref import runs_in
 from bulkrelay.store.journal import MAX_LINE_BYTES, decode_line
 from bulkrelay.store.manifest import RunPlan
-from bulkrelay.store.rundir import RunDir, is_locked, list_runs
+from bulkrelay.store.rundir import RunDir, is_locked
 from bulkrelay.store.storage import Storage
 
 STATE_DIR = "sync-state"
@@ -192,7 +193,7 @@ def _verified_from(journal: Path, offset: int) -> Iterator[tuple[int, dict[str, 
 def job_runs(runs_dir: Path, identity: str) -> list[RunDir]:
     """The runs of one job in `runs_dir`, oldest first."""
     return sorted(
-        (run for run in list_runs(runs_dir) if manifest_identity(run.plan) == identity),
+        (run for run in runs_in(runs_dir) if manifest_identity(run.plan) == identity),
         key=lambda run: (run_started(run), run.run_id),
     )
 

@@ -47,13 +47,6 @@ def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def default_runs_dir(explicit: Path | None) -> Path:
-    if explicit is not None:
-        return explicit.resolve()
-    env = os.environ.get("BULKRELAY_RUNS_DIR")
-    return (Path(env) if env else Path(".bulkrelay") / "runs").resolve()
-
-
 def new_run_id() -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{stamp}-{secrets.token_hex(4)}"
@@ -250,21 +243,3 @@ def lock_is_held(lock_file: Path) -> bool:
     finally:
         os.close(fd)
     return False
-
-
-def run_dirs(runs_dir: Path) -> list[Path]:
-    """Every directory under `runs_dir` that holds a manifest, newest first; nothing is read yet."""
-    if not runs_dir.is_dir():
-        return []
-    return [
-        child
-        for child in sorted(runs_dir.iterdir(), reverse=True)
-        if not child.name.startswith(".") and (child / MANIFEST).is_file()  # hidden: being created
-    ]
-
-
-def list_runs(runs_dir: Path) -> list[RunDir]:
-    """Every run of this version under `runs_dir`, newest first: the public alpha's runs, directories
-    without a manifest, and hidden ones (being created) are skipped."""
-    listed = (open_listed(child) for child in run_dirs(runs_dir))
-    return [run for run in listed if isinstance(run, RunDir)]
