@@ -38,6 +38,7 @@ from bulkrelay.job.request import RequestRenderer
 from bulkrelay.ops.syncstate import job_identity, rebuild_state, state_path
 from bulkrelay.store.journal import JournalEntry, encode_line
 from bulkrelay.store.rundir import RunDir, RunState
+from tests.runplans import run_plan
 
 JOB = """\
 version: 1
@@ -74,7 +75,7 @@ def seed_night_1(job_path: Path, runs_dir: Path) -> None:
     job = load_job(job_path)
     renderer = RequestRenderer.from_config(job.config.request, ENV, sorted_json=True)
     digester = RequestDigester(job.config.request, renderer.redactor, sorted_json=True)
-    run = RunDir.create(runs_dir, {"name": job.config.name, "job_path": str(job.path)})
+    run = RunDir.create(runs_dir, run_plan(str(job.path), name=job.config.name))
     with run.journal_path.open("wb") as journal, open_records(resolve_input(job, None), print) as records:
         for record in records:
             request = renderer.render(record)
@@ -91,7 +92,7 @@ def seed_night_1(job_path: Path, runs_dir: Path) -> None:
                 digest=digester.digest(request, record.fields).hex(),
             )
             journal.write(encode_line(record.row_number, entry))
-    run.set_state(RunState.COMPLETED)
+    run.mark_ended(RunState.COMPLETED, None)
     rebuild_state(runs_dir, job_identity(job.config.name, job.path))
 
 

@@ -26,7 +26,7 @@ import orjson
 
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import Preflight, run_preflight
-from bulkrelay.ops.execute import manifest_for
+from bulkrelay.ops.execute import plan_for
 from bulkrelay.ops.resume import recover_start
 from bulkrelay.store.checkpoint import CHECKPOINT_FILE, Checkpoint, write_checkpoint
 from bulkrelay.store.journal import CommittedPrefix, JournalEntry, encode_line
@@ -79,7 +79,7 @@ def _entry(seq: int) -> JournalEntry:
 
 
 def _write_run(directory: Path, preflight: Preflight, rows: int) -> RunDir:
-    run = RunDir.create(directory / "runs", manifest_for(preflight, {"parent_run": None}))
+    run = RunDir.create(directory / "runs", plan_for(preflight))
     ok = offset = 0
     hasher = hashlib.sha256()
     with run.journal_path.open("wb") as journal:
@@ -104,7 +104,7 @@ def _write_run(directory: Path, preflight: Preflight, rows: int) -> RunDir:
         prefix=CommittedPrefix(rows, offset, ok, hasher.hexdigest(), done),
     )
     write_checkpoint(run.path, checkpoint)
-    run.set_state(RunState.STOPPED)
+    run.mark_ended(RunState.STOPPED, None)
     return run
 
 

@@ -18,19 +18,21 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from bulkrelay.background.state import (
-    JobDir,
-    JobState,
+    BackgroundJob,
+    BackgroundJobSpec,
+    BackgroundJobState,
     acquire_lock,
+    background_job_for_key,
+    background_jobs_root,
     index_locked,
-    job_for_key,
-    jobs_root,
     record_pid,
-    remember_job,
+    remember_background_job,
     remove_expired,
 )
 from bulkrelay.background.worker import LOCK_FD_ENV
@@ -114,16 +116,16 @@ def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf
             key = key_of(args, spool)
             with index_locked():
                 remove_expired()
-                job = job_for_key(key)
-                if job is None or job.state().final:
-                    job = _start_job(command, args, key, spool, previous=job)
+                background = background_job_for_key(key)
+                if background is None or background.state().final:
+                    background = _start_background_job(command, args, key, spool, previous=background)
                     spool = None  # it moved into the job
         finally:
             if spool is not None:
                 spool.unlink(missing_ok=True)
-        result = wait_for(job, budget_ms, started=started, handed_off=handed_off)
+        result = wait_for(background, budget_ms, started=started, handed_off=handed_off)
     if result.exit_code == ExitCode.INCOMPLETE and unattended(os.environ):
-        result.warnings.append(_unattended_warning(job, budget_ms))
+        result.warnings.append(_unattended_warning(background, budget_ms))
     return result
 
 
@@ -132,14 +134,14 @@ def unattended(environ: Mapping[str, str]) -> bool:
     return not (sys.stdin.isatty() or sys.stdout.isatty() or environ.get(BUDGET_ENV, "").strip())
 
 
-def _unattended_warning(job: JobDir, budget_ms: int) -> EnvelopeWarning:
+def _unattended_warning(background: BackgroundJob, budget_ms: int) -> EnvelopeWarning:
     """Said loudly (also on stderr): from cron, exit 14 with the work going on detached is rarely meant."""
     return EnvelopeWarning(
         "BUDGET_HANDOFF_UNATTENDED",
         f"no terminal and no {BUDGET_ENV}: the {budget_ms} ms call budget handed the work to background "
-        f"job {job.job_id}, which goes on after this call exits 14; from cron, a systemd timer or any "
+        f"job {background.job_id}, which goes on after this call exits 14; from cron, a systemd timer or any "
         "script that should wait for the end, run with --budget 0",
-        {"job_id": job.job_id, "budget_ms": budget_ms, "use": "--budget 0"},
+        {"job_id": background.job_id, "budget_ms": budget_ms, "use": "--budget 0"},
     )
 
 
@@ -161,45 +163,47 @@ def _hand_off_on_signal() -> Iterator[Callable[[], str | None]]:
 
 
 def _spool_stdin() -> Path:
-    return spool_stdin_into(jobs_root() / ".spool", sys.stdin.buffer)
+    return spool_stdin_into(background_jobs_root() / ".spool", sys.stdin.buffer)
 
 
-def _start_job(
-    command: str, args: argparse.Namespace, key: str, spool: Path | None, previous: JobDir | None
-) -> JobDir:
+def _start_background_job(
+    command: str, args: argparse.Namespace, key: str, spool: Path | None, previous: BackgroundJob | None
+) -> BackgroundJob:
     now = time.time()
     timeout_ms = getattr(args, "timeout", None)
-    spec: dict[str, Any] = {
-        "command": command,
-        "argv": list(args.argv),
-        "cwd": os.getcwd(),
-        "key": key,
-        "created_at": now,
-        "deadline": now + timeout_ms / 1000 if timeout_ms is not None else None,
-        "previous_job": None,
-    }
-    if previous is not None and previous.state() is JobState.LOST and not previous.cancel_requested:
+    spec = BackgroundJobSpec(
+        command=command,
+        argv=tuple(args.argv),
+        cwd=os.getcwd(),
+        key=key,
+        created_at=now,
+        deadline=now + timeout_ms / 1000 if timeout_ms is not None else None,
+    )
+    if previous is not None and previous.state() is BackgroundJobState.LOST and not previous.cancel_requested:
         # Only the continuation of a lost job keeps its bounds (the lifetime, and the --timeout unless a
         # new one is given). A job that ended took its deadline with it: the next call has its own.
         earlier = previous.spec()
-        spec.update(created_at=earlier["created_at"], previous_job=previous.job_id)
+        spec = replace(spec, created_at=earlier.created_at, previous_job=previous.job_id)
         if timeout_ms is None:
-            spec["deadline"] = earlier["deadline"]
-    job = JobDir.create(command, spec)
+            spec = replace(spec, deadline=earlier.deadline)
+    background = BackgroundJob.create(spec)
     if spool is not None:
-        os.replace(spool, job.stdin_path)
-    _spawn(job, stdin=job.stdin_path if spool is not None else None)
-    remember_job(key, job)
-    return job
+        os.replace(spool, background.stdin_path)
+    _spawn(background, stdin=background.stdin_path if spool is not None else None)
+    remember_background_job(key, background)
+    return background
 
 
-def _spawn(job: JobDir, stdin: Path | None) -> None:
+def _spawn(background: BackgroundJob, stdin: Path | None) -> None:
     """Start the worker detached: its own session, its own stdio, the job's lock already held for it."""
-    lock_fd = acquire_lock(job)
+    lock_fd = acquire_lock(background)
     try:
-        with open(job.log_path, "ab", opener=open_private) as log, _open_or_devnull(stdin) as stdin_file:
+        with (
+            open(background.log_path, "ab", opener=open_private) as log,
+            _open_or_devnull(stdin) as stdin_file,
+        ):
             process = subprocess.Popen(
-                [sys.executable, "-m", "bulkrelay", "_job-worker", job.job_id],
+                [sys.executable, "-m", "bulkrelay", "_job-worker", background.job_id],
                 start_new_session=True,
                 stdin=stdin_file,
                 stdout=log,
@@ -227,7 +231,7 @@ def _open_or_devnull(path: Path | None) -> Iterator[Any]:
 
 
 def wait_for(
-    job: JobDir,
+    background: BackgroundJob,
     budget_ms: int | None,
     *,
     started: float | None = None,
@@ -237,33 +241,33 @@ def wait_for(
     started = time.monotonic() if started is None else started
     deadline = None if budget_ms is None else started + budget_ms / 1000
     while True:
-        state = job.state()
-        if state is JobState.ENDED:
-            return stored_result(job, budget_ms)
-        if state is JobState.LOST:
-            raise job_lost(job)
+        state = background.state()
+        if state is BackgroundJobState.ENDED:
+            return stored_result(background, budget_ms)
+        if state is BackgroundJobState.LOST:
+            raise background_job_lost(background)
         signalled = handed_off()
         if signalled or (deadline is not None and time.monotonic() >= deadline):
-            return incomplete(job, budget_ms, handed_off_on=signalled)
+            return incomplete(background, budget_ms, handed_off_on=signalled)
         time.sleep(_POLL_SECONDS)
 
 
-def stored_result(job: JobDir, budget_ms: int | None) -> Result:
+def stored_result(background: BackgroundJob, budget_ms: int | None) -> Result:
     """The job's final envelope as the job wrote it; `duration_ms` stays the work's."""
-    stored = job.result()
+    stored = background.result()
     assert stored is not None
-    envelope = stored["envelope"]
+    envelope = stored.envelope
     meta = {k: v for k, v in envelope["meta"].items() if k not in ("exit_code", "duration_ms", "budget_ms")}
-    meta.update(work_duration_ms=envelope["meta"]["duration_ms"], job_id=job.job_id)
+    meta.update(work_duration_ms=envelope["meta"]["duration_ms"], job_id=background.job_id)
     if budget_ms is not None:
         meta["budget_ms"] = budget_ms
     return Result(
         data=envelope["data"],
-        exit_code=ExitCode(stored["exit_code"]),
+        exit_code=ExitCode(stored.exit_code),
         error=envelope["error"],
         warnings=_warnings(envelope["warnings"]),
         meta=meta,
-        kind=str(stored.get("kind", "generic")),
+        kind=stored.kind,
     )
 
 
@@ -271,49 +275,54 @@ def _warnings(stored: list[dict[str, Any]]) -> list[EnvelopeWarning]:
     return [EnvelopeWarning(w["code"], w["message"], w.get("context")) for w in stored]
 
 
-def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None = None) -> Result:
+def incomplete(
+    background: BackgroundJob, budget_ms: int | None, *, handed_off_on: str | None = None
+) -> Result:
     """Exit 14: the job goes on. Says where it is (its stage, the rows preflight read, its run
     directory once that exists), the warnings it met so far, and why the call let go of it."""
-    status = job.status()
-    continue_command = f"bulkrelay job wait {job.job_id}"
-    state = JobState.CANCELLING if job.cancel_requested else JobState.RUNNING
+    status = background.status()
+    worker = status.worker
+    continue_command = f"bulkrelay job wait {background.job_id}"
+    state = BackgroundJobState.CANCELLING if background.cancel_requested else BackgroundJobState.RUNNING
     data: dict[str, Any] = {
         "state": state,
-        "stage": status.get("stage") or "starting",
-        "job_id": job.job_id,
-        "progress": status.get("progress") or {"done": 0, "total": None, "unit": "rows"},
-        "run_dir": status.get("run_dir"),
+        "stage": worker.stage if worker is not None else "starting",
+        "job_id": background.job_id,
+        "progress": status.progress or {"done": 0, "total": None, "unit": "rows"},
+        "run_dir": status.run_dir,
         "continue_command": continue_command,
-        "cancel_command": f"bulkrelay job cancel {job.job_id}",
+        "cancel_command": f"bulkrelay job cancel {background.job_id}",
     }
     if data["stage"] == "preflight":
-        data["rows_read"] = status.get("rows_read") or 0
+        data["rows_read"] = (worker.rows_read if worker is not None else None) or 0
     why = _why_incomplete(state, budget_ms, handed_off_on)
     goes_on = (
-        "its worker has not ended yet" if state is JobState.CANCELLING else "it goes on in the background"
+        "its worker has not ended yet"
+        if state is BackgroundJobState.CANCELLING
+        else "it goes on in the background"
     )
     error: dict[str, Any] = {
         "code": "INCOMPLETE",
-        "message": f"job {job.job_id} {why}; {goes_on}",
+        "message": f"job {background.job_id} {why}; {goes_on}",
         "retryable": True,
         "suggestion": continue_command,
     }
     if handed_off_on is not None:
         error["context"] = {"handed_off_on": handed_off_on}
-    meta: dict[str, Any] = {"job_id": job.job_id}
+    meta: dict[str, Any] = {"job_id": background.job_id}
     if budget_ms is not None:
         meta["budget_ms"] = budget_ms
     return Result(
         data=data,
         exit_code=ExitCode.INCOMPLETE,
         error=error,
-        warnings=_warnings(status.get("warnings") or []),
+        warnings=_warnings(list(worker.warnings) if worker is not None else []),
         meta=meta,
         kind="job",
     )
 
 
-def _why_incomplete(state: JobState, budget_ms: int | None, handed_off_on: str | None) -> str:
+def _why_incomplete(state: BackgroundJobState, budget_ms: int | None, handed_off_on: str | None) -> str:
     if handed_off_on is not None:
         return f"was handed off on {handed_off_on}"
     if budget_ms is not None:
@@ -321,11 +330,14 @@ def _why_incomplete(state: JobState, budget_ms: int | None, handed_off_on: str |
     return f"is still {state}"
 
 
-def job_lost(job: JobDir) -> JobLost:
+def background_job_lost(background: BackgroundJob) -> JobLost:
+    run_dir = None
+    with suppress(BulkRelayError):  # a damaged status must not hide that the worker is gone
+        run_dir = background.status().run_dir
     return JobLost(
-        f"job {job.job_id} ended without a result; its worker exited",
-        detail=job.log_tail() or "(the job's log is empty)",
-        context={"job_id": job.job_id, "log": str(job.log_path), "run_dir": job.status().get("run_dir")},
+        f"job {background.job_id} ended without a result; its worker exited",
+        detail=background.log_tail() or "(the job's log is empty)",
+        context={"job_id": background.job_id, "log": str(background.log_path), "run_dir": run_dir},
         suggestion="run the same command again: it continues the run from its journal",
     )
 
@@ -333,77 +345,79 @@ def job_lost(job: JobDir) -> JobLost:
 # ------------------------------------------------------------------------ job wait|status|cancel
 
 
-def _open(job_id: str) -> JobDir:
+def _open_background_job(job_id: str) -> BackgroundJob:
     with index_locked():
         remove_expired()
-    return JobDir.open(job_id)
+    return BackgroundJob.open(job_id)
 
 
-def job_wait(job_id: str, budget_flag_ms: int | None) -> Result:
+def background_wait(job_id: str, budget_flag_ms: int | None) -> Result:
     budget_ms = resolve_budget(budget_flag_ms, os.environ, sys.stdout.isatty())
-    job = _open(job_id)
+    background = _open_background_job(job_id)
     with _hand_off_on_signal() as handed_off:
-        return wait_for(job, budget_ms, handed_off=handed_off)
+        return wait_for(background, budget_ms, handed_off=handed_off)
 
 
-def job_status(job_id: str) -> Result:
-    job = _open(job_id)
-    state = job.state()
-    if state is JobState.ENDED:
-        return stored_result(job, None)
-    if state is JobState.LOST:
-        raise job_lost(job)
-    return incomplete(job, None)
+def background_status(job_id: str) -> Result:
+    background = _open_background_job(job_id)
+    state = background.state()
+    if state is BackgroundJobState.ENDED:
+        return stored_result(background, None)
+    if state is BackgroundJobState.LOST:
+        raise background_job_lost(background)
+    return incomplete(background, None)
 
 
-def job_cancel(job_id: str, budget_flag_ms: int | None = None) -> Result:
+def background_cancel(job_id: str, budget_flag_ms: int | None = None) -> Result:
     """Ask the job to stop and abort its rows in flight; wait for its end up to the call budget.
 
     The answer is the job's true state: `cancelled` once the worker has ended, else 14 with the
     job `cancelling` and the command that waits for it."""
     started = time.monotonic()
     budget_ms = resolve_budget(budget_flag_ms, os.environ, sys.stdout.isatty())
-    job = _open(job_id)
-    if job.state() is JobState.ENDED:
-        return _cancel_answer(job, budget_ms)
-    job.request_cancel()
-    pid = job.worker_pid()
-    if pid is not None and job.is_live():
+    background = _open_background_job(job_id)
+    if background.state() is BackgroundJobState.ENDED:
+        return _cancel_answer(background, budget_ms)
+    background.request_cancel()
+    pid = background.worker_pid()
+    if pid is not None and background.is_live():
         # Wakes a worker still in preflight; once relaying, its supervisor reads the cancel file.
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
     deadline = started + (budget_ms / 1000 if budget_ms else CANCEL_WAIT_SECONDS)
-    while job.is_live() and time.monotonic() < deadline:
+    while background.is_live() and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)
-    if job.is_live():
-        return incomplete(job, budget_ms)
-    if job.result() is None:
-        _cancel_lost_run(job)
-    return _cancel_answer(job, budget_ms)
+    if background.is_live():
+        return incomplete(background, budget_ms)
+    if background.result() is None:
+        _cancel_lost_run(background)
+    return _cancel_answer(background, budget_ms)
 
 
-def _cancel_lost_run(job: JobDir) -> None:
+def _cancel_lost_run(background: BackgroundJob) -> None:
     """A dead worker left its run `running`; cancelling the job cancels that run too."""
-    run_dir = job.status().get("run_dir")
+    run_dir = background.status().run_dir
     if run_dir and not is_locked(Path(run_dir)):
         with suppress(BulkRelayError):
             run = RunDir.open(Path(run_dir))
             if run.state is RunState.RUNNING:
-                run.set_state(RunState.CANCELLED, stop_reason=StopReason.CANCELLED, pid=None)
+                run.mark_ended(RunState.CANCELLED, StopReason.CANCELLED)
 
 
-def _cancel_answer(job: JobDir, budget_ms: int | None) -> Result:
+def _cancel_answer(background: BackgroundJob, budget_ms: int | None) -> Result:
     """A job that has ended: `cancelled` when its run was (or a lost worker's run now is), else `ended`."""
-    stored = job.result()
-    envelope = stored["envelope"] if stored else None
+    stored = background.result()
+    envelope = stored.envelope if stored else None
     run_data = envelope["data"] if envelope and isinstance(envelope["data"], dict) else {}
     run_state = run_data.get("state") if stored else RunState.CANCELLED
     data = {
-        "job_id": job.job_id,
-        "state": JobState.CANCELLED if run_state == RunState.CANCELLED else JobState.ENDED,
-        "run_dir": run_data.get("run_dir") or job.status().get("run_dir"),
+        "job_id": background.job_id,
+        "state": BackgroundJobState.CANCELLED
+        if run_state == RunState.CANCELLED
+        else BackgroundJobState.ENDED,
+        "run_dir": run_data.get("run_dir") or background.status().run_dir,
         "run_state": run_state,
-        "job_exit_code": stored["exit_code"] if stored else None,
+        "job_exit_code": stored.exit_code if stored else None,
     }
     meta = {} if budget_ms is None else {"budget_ms": budget_ms}
     return Result(data=data, meta=meta, kind="job")

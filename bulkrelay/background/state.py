@@ -30,20 +30,21 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from bulkrelay.errors import BulkRelayError, NotFound, StateDirUnwritable, UsageError
 from bulkrelay.private import PRIVATE_DIR_MODE, make_private_dir, open_private
 from bulkrelay.store.atomic import read_json, write_atomic, write_json_atomic
+from bulkrelay.store.jsonfields import JsonFields
 from bulkrelay.store.rundir import lock_is_held
 
 RETENTION_ENV = "BULKRELAY_JOB_RETENTION_SECONDS"
 DEFAULT_RETENTION_SECONDS = 24 * 3600.0
 
 
-class JobState(enum.StrEnum):
+class BackgroundJobState(enum.StrEnum):
     """A background job's state, as status.json and the `job` envelopes name it. The values are on
     disk and on the wire: never change one."""
 
@@ -56,9 +57,135 @@ class JobState(enum.StrEnum):
     @property
     def final(self) -> bool:
         """The worker is gone: the job will not change any more."""
-        return self not in (JobState.RUNNING, JobState.CANCELLING)
+        return self not in (BackgroundJobState.RUNNING, BackgroundJobState.CANCELLING)
 
 
+@dataclass(frozen=True)
+class BackgroundJobSpec:
+    """`spec.json`: the command line a background job runs, where, and the bounds of its work."""
+
+    command: str
+    argv: tuple[str, ...]  # never a secret: secrets come from the environment
+    cwd: str
+    key: str  # the invocation key, so the identical invocation attaches to the job
+    created_at: float  # when the work began; a lost job's continuation keeps its predecessor's
+    deadline: float | None = None  # absolute, from --timeout
+    previous_job: str | None = None  # the lost job this one continues
+
+    @classmethod
+    def from_json(cls, path: Path, data: object) -> BackgroundJobSpec:
+        fields = JsonFields(path, data, BulkRelayError)
+        return cls(
+            command=fields.text("command"),
+            argv=tuple(fields.texts("argv")),
+            cwd=fields.text("cwd"),
+            key=fields.text("key"),
+            created_at=fields.number("created_at"),
+            deadline=fields.optional_number("deadline"),
+            previous_job=fields.optional_text("previous_job"),
+        )
+
+    def to_json(self, job_id: str) -> dict[str, Any]:
+        return {
+            "job_id": job_id,
+            "command": self.command,
+            "argv": list(self.argv),
+            "cwd": self.cwd,
+            "key": self.key,
+            "created_at": self.created_at,
+            "deadline": self.deadline,
+            "previous_job": self.previous_job,
+        }
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What the worker adds to a job's status once it runs: its stage, preflight's rows, warnings, pid."""
+
+    stage: str  # starting, preflight, relay
+    rows_read: int | None
+    warnings: tuple[dict[str, Any], ...]  # envelope warnings, recorded as they arise
+    pid: int
+
+
+@dataclass(frozen=True)
+class BackgroundJobStatus:
+    """`status.json`: a background job's state and progress as last written (by the front, the worker)."""
+
+    state: BackgroundJobState
+    progress: dict[str, Any] | None = None  # committed progress {done, total, unit, ok, failed}
+    run_dir: str | None = None
+    worker: WorkerReport | None = None
+    exit_code: int | None = None  # once the worker has ended
+    updated_at: float | None = None  # stamped when written
+
+    @classmethod
+    def from_json(cls, path: Path, data: object) -> BackgroundJobStatus:
+        fields = JsonFields(path, data, BulkRelayError)
+        state = fields.text("state")
+        if state not in _JOB_STATES:
+            raise fields.refuse("state", f"one of {', '.join(BackgroundJobState)}", state)
+        worker = None
+        if fields.has("pid"):
+            worker = WorkerReport(
+                stage=fields.text("stage"),
+                rows_read=fields.optional_integer("rows_read"),
+                warnings=tuple(fields.objects("warnings")),
+                pid=fields.integer("pid"),
+            )
+        return cls(
+            state=BackgroundJobState(state),
+            progress=fields.raw_object("progress", optional=True),
+            run_dir=fields.optional_text("run_dir"),
+            worker=worker,
+            exit_code=fields.optional_integer("exit_code"),
+            updated_at=fields.optional_number("updated_at"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"state": self.state.value, "progress": self.progress, "run_dir": self.run_dir}
+        if self.worker is not None:
+            data.update(
+                stage=self.worker.stage,
+                rows_read=self.worker.rows_read,
+                warnings=list(self.worker.warnings),
+                pid=self.worker.pid,
+            )
+        if self.exit_code is not None:
+            data["exit_code"] = self.exit_code
+        data["updated_at"] = self.updated_at
+        return data
+
+
+@dataclass(frozen=True)
+class BackgroundJobResult:
+    """`result.json`: the job's final envelope and exit code, written before the job is marked ended."""
+
+    envelope: dict[str, Any]  # exactly as the command's own call would have printed it
+    exit_code: int
+    kind: str = "generic"  # how the CLI renders it
+    ended_at: float | None = None  # None only in a result damaged or written by hand
+
+    @classmethod
+    def from_json(cls, path: Path, data: object) -> BackgroundJobResult:
+        fields = JsonFields(path, data, BulkRelayError)
+        envelope = fields.raw_object("envelope")
+        assert envelope is not None
+        return cls(
+            envelope=envelope,
+            exit_code=fields.integer("exit_code"),
+            kind=fields.optional_text("kind") or "generic",
+            ended_at=fields.optional_number("ended_at"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"envelope": self.envelope, "exit_code": self.exit_code, "kind": self.kind}
+        if self.ended_at is not None:
+            data["ended_at"] = self.ended_at
+        return data
+
+
+_JOB_STATES = frozenset(state.value for state in BackgroundJobState)
 _JOB_ID = re.compile(r"^[a-z][a-z-]*-[0-9a-f]{10}$")
 
 
@@ -75,7 +202,7 @@ def state_dir() -> Path:
     return (base / "bulkrelay").resolve()
 
 
-def jobs_root() -> Path:
+def background_jobs_root() -> Path:
     root = state_dir() / "jobs"
     try:
         make_private_dir(root)  # the state dir too, when BulkRelay is the one making it
@@ -91,7 +218,7 @@ def jobs_root() -> Path:
 
 
 @dataclass(frozen=True)
-class JobDir:
+class BackgroundJob:
     """One job's directory; every read goes to disk, nothing is cached."""
 
     path: Path
@@ -113,17 +240,17 @@ class JobDir:
         return self.path / "lock"
 
     @classmethod
-    def create(cls, command: str, spec: dict[str, Any]) -> JobDir:
-        job_id = f"{command}-{secrets.token_hex(5)}"
-        path = jobs_root() / job_id
+    def create(cls, spec: BackgroundJobSpec) -> BackgroundJob:
+        job_id = f"{spec.command}-{secrets.token_hex(5)}"
+        path = background_jobs_root() / job_id
         path.mkdir(mode=PRIVATE_DIR_MODE)
-        job = cls(path)
-        write_json_atomic(path / "spec.json", {"job_id": job_id, **spec})
-        job.write_status({"state": JobState.RUNNING, "progress": None, "run_dir": None})
-        return job
+        background = cls(path)
+        write_json_atomic(path / "spec.json", spec.to_json(job_id))
+        background.write_status(BackgroundJobStatus(BackgroundJobState.RUNNING))
+        return background
 
     @classmethod
-    def open(cls, job_id: str) -> JobDir:
+    def open(cls, job_id: str) -> BackgroundJob:
         """A malformed id is a usage error checked before it comes near a path; a well-formed one
         without a job is NOT_FOUND."""
         if not is_job_id(job_id):
@@ -132,34 +259,35 @@ class JobDir:
                 context={"job_id": job_id},
                 suggestion="use the job_id of the envelope that started the job",
             )
-        path = jobs_root() / job_id
+        path = background_jobs_root() / job_id
         if not (path / "spec.json").is_file():
             raise NotFound(f"no job {job_id!r}", context={"job_id": job_id, "jobs_dir": str(path.parent)})
         return cls(path)
 
-    def spec(self) -> dict[str, Any]:
-        spec: dict[str, Any] = read_json(self.path / "spec.json", invalid=BulkRelayError)
-        return spec
+    def spec(self) -> BackgroundJobSpec:
+        path = self.path / "spec.json"
+        return BackgroundJobSpec.from_json(path, read_json(path, invalid=BulkRelayError))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BackgroundJobStatus:
+        path = self.path / "status.json"
         with contextlib.suppress(NotFound):
-            status: dict[str, Any] = read_json(self.path / "status.json", invalid=BulkRelayError)
-            return status
-        return {"state": JobState.RUNNING, "progress": None, "run_dir": None}
+            return BackgroundJobStatus.from_json(path, read_json(path, invalid=BulkRelayError))
+        return BackgroundJobStatus(BackgroundJobState.RUNNING)
 
-    def write_status(self, status: dict[str, Any]) -> None:
-        write_json_atomic(self.path / "status.json", {**status, "updated_at": time.time()})
+    def write_status(self, status: BackgroundJobStatus) -> None:
+        stamped = replace(status, updated_at=time.time())
+        write_json_atomic(self.path / "status.json", stamped.to_json())
 
-    def result(self) -> dict[str, Any] | None:
-        """The stored final answer: {envelope, exit_code, kind, ended_at}, or None while there is none."""
+    def result(self) -> BackgroundJobResult | None:
+        """The stored final answer, or None while there is none."""
+        path = self.path / "result.json"
         try:
-            result: dict[str, Any] = read_json(self.path / "result.json", invalid=BulkRelayError)
+            return BackgroundJobResult.from_json(path, read_json(path, invalid=BulkRelayError))
         except NotFound:
             return None
-        return result
 
-    def write_result(self, result: dict[str, Any]) -> None:
-        write_json_atomic(self.path / "result.json", result)
+    def write_result(self, result: BackgroundJobResult) -> None:
+        write_json_atomic(self.path / "result.json", result.to_json())
 
     def request_cancel(self) -> None:
         write_atomic(self.path / "cancel", b"cancel\n")
@@ -172,13 +300,13 @@ class JobDir:
         """Whether a worker holds the job's lock right now."""
         return lock_is_held(self.lock_path)
 
-    def state(self) -> JobState:
+    def state(self) -> BackgroundJobState:
         """`running`, `ended` or `lost`. Liveness is read first: a worker writes its result before
         it lets go of the lock, so a dead lock with no result really means the worker died."""
         live = self.is_live()
         if self.result() is not None:
-            return JobState.ENDED
-        return JobState.RUNNING if live else JobState.LOST
+            return BackgroundJobState.ENDED
+        return BackgroundJobState.RUNNING if live else BackgroundJobState.LOST
 
     def worker_pid(self) -> int | None:
         try:
@@ -196,9 +324,9 @@ class JobDir:
             return ""
 
 
-def acquire_lock(job: JobDir) -> int:
+def acquire_lock(background: BackgroundJob) -> int:
     """Take the job's lock for a worker about to start; returns the descriptor that holds it."""
-    fd = open_private(job.lock_path, os.O_RDWR | os.O_CREAT)
+    fd = open_private(background.lock_path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -215,7 +343,7 @@ def record_pid(lock_fd: int, pid: int) -> None:
 @contextlib.contextmanager
 def index_locked() -> Iterator[None]:
     """One process at a time finds or starts the job of an invocation, so two never start two."""
-    fd = open_private(jobs_root() / "index.lock", os.O_RDWR | os.O_CREAT)
+    fd = open_private(background_jobs_root() / "index.lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -223,23 +351,23 @@ def index_locked() -> Iterator[None]:
         os.close(fd)
 
 
-def job_for_key(key: str) -> JobDir | None:
+def background_job_for_key(key: str) -> BackgroundJob | None:
     try:
-        job_id = (jobs_root() / "index" / key).read_text().strip()
+        job_id = (background_jobs_root() / "index" / key).read_text().strip()
     except FileNotFoundError:
         return None
     if not is_job_id(job_id):  # a damaged index entry: as if there were none
         return None
     try:
-        return JobDir.open(job_id)
+        return BackgroundJob.open(job_id)
     except NotFound:
         return None
 
 
-def remember_job(key: str, job: JobDir) -> None:
-    index = jobs_root() / "index"
+def remember_background_job(key: str, background: BackgroundJob) -> None:
+    index = background_jobs_root() / "index"
     make_private_dir(index)
-    write_atomic(index / key, job.job_id.encode())
+    write_atomic(index / key, background.job_id.encode())
 
 
 def retention_seconds() -> float:
@@ -256,35 +384,34 @@ def remove_expired(now: float | None = None) -> list[str]:
     Call it with `index_locked()` held, so a job being set up is never mistaken for an old one."""
     now = time.time() if now is None else now
     keep_for = retention_seconds()
-    root = jobs_root()
+    root = background_jobs_root()
     removed = []
     for path in root.iterdir():
         if not is_job_id(path.name):
             continue
         with contextlib.suppress(OSError, BulkRelayError):
-            if _expired(JobDir(path), now, keep_for):
+            if _expired(BackgroundJob(path), now, keep_for):
                 shutil.rmtree(path)
                 removed.append(path.name)
     _prune_index(root)
     return removed
 
 
-def _expired(job: JobDir, now: float, keep_for: float) -> bool:
-    if job.is_live():
+def _expired(background: BackgroundJob, now: float, keep_for: float) -> bool:
+    if background.is_live():
         return False
-    return now - _ended_at(job) >= keep_for
+    return now - _ended_at(background) >= keep_for
 
 
-def _ended_at(job: JobDir) -> float:
+def _ended_at(background: BackgroundJob) -> float:
     """When the job ended; for a lost worker, a job being set up or a damaged result, its last sign of
     life. A damaged job must never stop every later call, which all clean up expired jobs first."""
-    result = job.result()
     try:
-        if result is not None:
-            return float(result["ended_at"])
-        return float(job.status().get("updated_at") or job.path.stat().st_mtime)
-    except (KeyError, TypeError, ValueError):
-        return job.path.stat().st_mtime
+        result = background.result()
+        ended = background.status().updated_at if result is None else result.ended_at
+    except BulkRelayError:  # a damaged spec, status or result
+        ended = None
+    return background.path.stat().st_mtime if ended is None else ended
 
 
 def _prune_index(root: Path) -> None:

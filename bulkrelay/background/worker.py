@@ -1,6 +1,6 @@
 """The background worker (`bulkrelay _job-worker ID`): runs one job's command to its end.
 
-It re-runs the command line stored in the job's spec, synchronously, with a `JobSupervisor` that
+It re-runs the command line stored in the job's spec, synchronously, with a `BackgroundSupervisor` that
 writes the job's status as committed progress arrives and requests a stop, honoured at a safe point,
 when the job is cancelled (CANCELLED: the rows in flight are aborted too) or terminated (TERMINATED,
 on SIGTERM or SIGHUP). The run itself ends a stall (STALLED) and keeps the job's deadline (TIMEOUT),
@@ -23,7 +23,15 @@ from typing import Any
 
 import anyio
 
-from bulkrelay.background.state import JobDir, JobState, acquire_lock
+from bulkrelay.background.state import (
+    BackgroundJob,
+    BackgroundJobResult,
+    BackgroundJobSpec,
+    BackgroundJobState,
+    BackgroundJobStatus,
+    WorkerReport,
+    acquire_lock,
+)
 from bulkrelay.envelope import EnvelopeWarning, Result, to_envelope
 from bulkrelay.errors import BulkRelayError
 from bulkrelay.job.preflight import Preflight
@@ -38,16 +46,16 @@ STATUS_INTERVAL_SECONDS = 0.5
 _POLL_SECONDS = 0.1
 
 
-class JobSupervisor:
+class BackgroundSupervisor:
     """The worker's side of a run: status file, cancel and SIGTERM; the job's time bounds.
 
     The idle timeout and the time limit are the run's own (bulkrelay.ops.execute, for every run);
     the supervisor hands over the job's: an absolute `--timeout` deadline and when the work began."""
 
-    def __init__(self, job: JobDir, spec: dict[str, Any]) -> None:
-        self._job = job
-        self.deadline: float | None = spec.get("deadline")  # absolute, from --timeout
-        self.started_at = float(spec["created_at"])  # max_lifetime_seconds counts from here
+    def __init__(self, background: BackgroundJob, spec: BackgroundJobSpec) -> None:
+        self._background = background
+        self.deadline = spec.deadline  # absolute, from --timeout
+        self.started_at = spec.created_at  # max_lifetime_seconds counts from here
         self._snapshot: Snapshot | None = None
         self._written_at = 0.0
         self.run_dir: str | None = None
@@ -82,19 +90,13 @@ class JobSupervisor:
         if time.monotonic() - self._written_at >= STATUS_INTERVAL_SECONDS:
             self.write_status()
 
-    def write_status(self, state: JobState = JobState.RUNNING, **extra: Any) -> None:
+    def write_status(
+        self, state: BackgroundJobState = BackgroundJobState.RUNNING, exit_code: int | None = None
+    ) -> None:
         self._written_at = time.monotonic()
-        self._job.write_status(
-            {
-                "state": state,
-                "progress": self.progress(),
-                "run_dir": self.run_dir,
-                "stage": self.stage,
-                "rows_read": self.rows_read,
-                "warnings": self.warnings,
-                "pid": os.getpid(),
-                **extra,
-            }
+        report = WorkerReport(self.stage, self.rows_read, tuple(self.warnings), os.getpid())
+        self._background.write_status(
+            BackgroundJobStatus(state, self.progress(), self.run_dir, report, exit_code)
         )
 
     async def watch(self, stop: StopControl, preflight: Preflight, run: RunDir) -> None:
@@ -103,8 +105,8 @@ class JobSupervisor:
         self.stage = RELAY
         self.write_status()
         while not stop.requested:
-            if self._job.cancel_requested:
-                stop.request(StopReason.CANCELLED, job_id=self._job.job_id)
+            if self._background.cancel_requested:
+                stop.request(StopReason.CANCELLED, job_id=self._background.job_id)
             elif self.signalled is not None:
                 stop.request(self.signalled)
             await anyio.sleep(_POLL_SECONDS)
@@ -114,7 +116,7 @@ class JobSupervisor:
         """`job cancel` aborts the rows in flight at once: they are not journaled, and the caller waits
         on a budget. (A stall is the run's own to force, after its grace: bulkrelay.relay.stopping.)"""
         while not stop.forced:
-            if self._job.cancel_requested:
+            if self._background.cancel_requested:
                 stop.force()
                 return
             await anyio.sleep(_POLL_SECONDS)
@@ -122,52 +124,47 @@ class JobSupervisor:
 
 # Runs a stored command line to its end under a supervisor: given by the command line's own module, so
 # the worker needs nothing from the layer above it.
-CommandRunner = Callable[[list[str], "JobSupervisor"], Result]
+CommandRunner = Callable[[list[str], "BackgroundSupervisor"], Result]
 
 
 def run_worker(job_id: str, execute: CommandRunner) -> Result:
     """The whole life of a worker; the returned result also goes to the job's log."""
-    job = JobDir.open(job_id)
-    lock_fd = _hold_lock(job)
+    background = BackgroundJob.open(job_id)
+    lock_fd = _hold_lock(background)
     try:
-        spec = job.spec()
+        spec = background.spec()
         sys.stderr.write(
-            f"bulkrelay job {job_id}: worker {os.getpid()} runs: bulkrelay {shlex.join(spec['argv'])}\n"
+            f"bulkrelay job {job_id}: worker {os.getpid()} runs: bulkrelay {shlex.join(spec.argv)}\n"
         )
         sys.stderr.flush()
-        supervisor = JobSupervisor(job, spec)
+        supervisor = BackgroundSupervisor(background, spec)
         signal.signal(signal.SIGTERM, supervisor.on_signal)
         signal.signal(signal.SIGINT, supervisor.on_signal)
         signal.signal(signal.SIGHUP, supervisor.on_signal)  # handled like SIGTERM
         started = time.monotonic()
-        result = _run_command(list(spec["argv"]), supervisor, execute)
+        result = _run_command(list(spec.argv), supervisor, execute)
         envelope = to_envelope(result, duration_ms=round((time.monotonic() - started) * 1000))
-        job.write_result(
-            {
-                "envelope": envelope,
-                "exit_code": int(result.exit_code),
-                "kind": result.kind,
-                "ended_at": time.time(),
-            }
+        background.write_result(
+            BackgroundJobResult(envelope, int(result.exit_code), result.kind, ended_at=time.time())
         )
-        supervisor.write_status(JobState.ENDED, exit_code=int(result.exit_code))
+        supervisor.write_status(BackgroundJobState.ENDED, exit_code=int(result.exit_code))
         return result
     finally:
         os.close(lock_fd)
 
 
-def _hold_lock(job: JobDir) -> int:
+def _hold_lock(background: BackgroundJob) -> int:
     """The lock the front process took and handed down; taken here when started by hand."""
     inherited = os.environ.pop(LOCK_FD_ENV, None)
     if inherited is not None:
         return int(inherited)
-    fd = acquire_lock(job)
+    fd = acquire_lock(background)
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
 
 
-def _run_command(argv: list[str], supervisor: JobSupervisor, execute: CommandRunner) -> Result:
+def _run_command(argv: list[str], supervisor: BackgroundSupervisor, execute: CommandRunner) -> Result:
     try:
         return execute(argv, supervisor)
     except BulkRelayError as exc:

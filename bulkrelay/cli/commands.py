@@ -18,9 +18,9 @@ from bulkrelay.ops import inspect as commands
 from bulkrelay.ops import run as launch
 from bulkrelay.ops.execute import RunObserver, RunOptions, prepared_input
 from bulkrelay.ops.runlog import RunLog, start_event
+from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.ops.shard import resolve_shard
 from bulkrelay.relay.metrics import MetricsFile, metrics_path
-from bulkrelay.store.rundir import default_runs_dir
 
 
 def _prepared_input(
@@ -164,7 +164,7 @@ def _apply_retention(result: Result, runs_dir: Path) -> None:
 
 
 def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:
-    """The job key of a budgeted `run`: the same identity the identical re-run uses."""
+    """The background job's key of a budgeted `run`: the same identity the identical re-run uses."""
     named = Path(args.input) if args.input not in (None, "-") else None
     return _run_request(args, spooled_stdin or named).key()
 
@@ -293,7 +293,7 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "demo": _demo,
     "sync-state rebuild": _sync_state,
     "sync-state verify": _sync_state,
-    "job wait": lambda args: jobs.job_wait(args.job_id, args.budget),
-    "job status": lambda args: jobs.job_status(args.job_id),
-    "job cancel": lambda args: jobs.job_cancel(args.job_id, args.budget),
+    "job wait": lambda args: jobs.background_wait(args.job_id, args.budget),
+    "job status": lambda args: jobs.background_status(args.job_id),
+    "job cancel": lambda args: jobs.background_cancel(args.job_id, args.budget),
 }

@@ -21,8 +21,9 @@ from bulkrelay.job.config import load_job
 from bulkrelay.ops.execute import RunOptions
 from bulkrelay.ops.run import RunRequest
 from bulkrelay.ops.run import run as launch_run
+from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.private import make_private_dir
-from bulkrelay.store.rundir import RunState, default_runs_dir
+from bulkrelay.store.rundir import RunState
 
 TOKEN_VARIABLE = "BULKRELAY_DEMO_TOKEN"
 REJECT_EVERY = 500  # rows whose email the target rejects with 422

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from bulkrelay.job.config import Job
 from bulkrelay.job.digest import RequestDigester
@@ -24,6 +23,7 @@ from bulkrelay.ops.syncstate import (
     key_text,
     manifest_identity,
 )
+from bulkrelay.store.manifest import SyncRecord
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir
 
@@ -117,19 +117,19 @@ def open_delta(job: Job, runs_dir: Path, *, full: bool) -> DeltaStart | None:
     return None if job.config.execution.sync == "full" else DeltaStart(job, runs_dir, full=full)
 
 
-def sync_manifest(job: Job, selection: RowSet | None, record_count: int) -> dict[str, Any]:
+def sync_manifest(job: Job, selection: RowSet | None, record_count: int) -> SyncRecord:
     """What the run manifest records of a delta run: its mode and how many rows it skipped."""
     selected = record_count if selection is None else len(selection)
-    return {
-        "mode": job.config.execution.sync,
-        "full": selection is None,
-        "selected": selected,
-        "skipped_unchanged": record_count - selected,
-    }
+    return SyncRecord(
+        mode=job.config.execution.sync,
+        full=selection is None,
+        selected=selected,
+        skipped_unchanged=record_count - selected,
+    )
 
 
 def record_deliveries(run: RunDir) -> None:
     """After a delta run's relay: its committed successes go into the sync state."""
-    identity = manifest_identity(run.manifest)
+    identity = manifest_identity(run.plan)
     with SyncState.for_job(run.path.parent, identity) as state:
         state.apply_run(run)

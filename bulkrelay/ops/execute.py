@@ -32,6 +32,7 @@ from bulkrelay.relay.progress import CallbackReporter, FanOut, Reporter, Snapsho
 from bulkrelay.relay.stopping import IdleWatchdog, StopControl, StopReason, stop_at, watch_signals
 from bulkrelay.store.atomic import write_json_atomic
 from bulkrelay.store.liverun import LiveSlot
+from bulkrelay.store.manifest import InputRecord, RunPlan
 from bulkrelay.store.rundir import SUMMARY, RunDir, RunState, utc_now
 from bulkrelay.store.summary import summarize
 
@@ -137,18 +138,19 @@ def _time_limit(options: RunOptions, max_lifetime_seconds: float) -> tuple[float
     return end - now, {"limit": limit, "deadline": deadline}
 
 
-def manifest_for(preflight: Preflight, extra: dict[str, Any]) -> dict[str, Any]:
-    """The run manifest: ids, fingerprints, paths. Never a header value or a secret."""
+def plan_for(preflight: Preflight) -> RunPlan:
+    """What a new run's manifest records of a preflighted job: fingerprints, paths. Never a header
+    value or a secret. The maker adds its own part (parent, invocation, shard, ...) by `replace`."""
     job = preflight.job
-    return {
-        "name": job.config.name,
-        "job_path": str(job.path),
-        "input": {"path": str(preflight.input_spec.path.resolve()), **preflight.input_fingerprint.to_dict()},
-        "config_sha256": preflight.config_fingerprint,
-        "config_sections": config_sections(job.config),
-        "cwd": os.getcwd(),
-        **extra,
-    }
+    path = str(preflight.input_spec.path.resolve())
+    return RunPlan(
+        name=job.config.name,
+        job_path=str(job.path),
+        input=InputRecord(path=path, **preflight.input_fingerprint.to_dict()),
+        config_sha256=preflight.config_fingerprint,
+        config_sections=config_sections(job.config),
+        cwd=os.getcwd(),
+    )
 
 
 def continue_command(run: RunDir) -> str:
@@ -204,7 +206,7 @@ def relay_locked(
     stop: StopControl | None = None,
 ) -> Result:
     """Relay with the run's lock already held and turn the outcome into the command's result."""
-    run.set_state(RunState.RUNNING, pid=os.getpid())
+    run.mark_running(os.getpid())
     if options.supervisor is not None:
         reporter = FanOut(reporter, CallbackReporter(options.supervisor.on_progress))
     stats = RelayStats()
@@ -224,7 +226,7 @@ def relay_locked(
             raise sole_error(group) from None
         finally:
             reporter.close()
-        if preflight.digester is not None or run.manifest.get("mirror_deletes"):
+        if preflight.digester is not None or run.plan.mirror_deletes:
             record_deliveries(run)  # from the committed journal only; a crash before this is caught up later
         result = _conclude(preflight, run, outcome)
     except BulkRelayError as exc:
@@ -258,7 +260,7 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     else:
         state = RunState.FORCED if outcome.forced else RunState.STOPPED
     summary = write_summary(run, committed.total, outcome)
-    run.set_state(state, stop_reason=outcome.stop_reason, pid=None)
+    run.mark_ended(state, outcome.stop_reason)
     data = {
         "run_id": run.run_id,
         "run_dir": str(run.path),
@@ -313,8 +315,8 @@ def _forced_message(stop_reason: StopReason, message: str) -> str:
 def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
     summary = summarize(run.journal_path, total_rows=total_rows)
     summary["run_id"] = run.run_id
-    if "sync" in run.manifest:  # a delta run: rows it did not send because they had not changed
-        summary["skipped_unchanged"] = run.manifest["sync"]["skipped_unchanged"]
+    if run.plan.sync is not None:  # a delta run: rows it did not send because they had not changed
+        summary["skipped_unchanged"] = run.plan.sync.skipped_unchanged
     if outcome is not None:
         elapsed = outcome.elapsed_seconds
         summary["this_call"] = {
@@ -350,7 +352,7 @@ def start_fresh(
     reporter: Reporter,
     *,
     slot: LiveSlot,
-    manifest: dict[str, Any],
+    plan: RunPlan,
     spooled: bool = False,
     prepare: Callable[[RunDir], None] | None = None,
     start: StartPoint | None = None,
@@ -366,10 +368,9 @@ def start_fresh(
         if prepare is not None:
             prepare(run)
 
-    manifest = manifest_for(preflight, {"parent_run": None, **manifest})
-    run = RunDir.create(runs_dir, manifest, staging=slot.directory, before_publish=complete)
+    run = RunDir.create(runs_dir, plan, staging=slot.directory, before_publish=complete)
     if spooled:  # the run reads its own copy now
-        kept = Path(run.manifest["input"]["path"])
+        kept = Path(run.plan.input.path)
         preflight = replace(preflight, input_spec=replace(preflight.input_spec, path=kept))
     slot.claim(run)
     options.announce_run(run)
@@ -381,8 +382,7 @@ def _keep_spool(run: RunDir, final: Path, spool: Path) -> None:
     """Move the spooled stdin into the run being built; its manifest names where it will be."""
     name = f"input{''.join(spool.suffixes)}"
     os.replace(spool, run.path / name)
-    run.manifest["input"]["path"] = str(final.resolve() / name)
-    run.save()
+    run.save(replace(run.manifest, plan=run.plan.with_input_path(final.resolve() / name)))
 
 
 def continue_run(

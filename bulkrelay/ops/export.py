@@ -21,9 +21,10 @@ import orjson
 from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, UsageError
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
+from bulkrelay.ops.runref import runs_in
 from bulkrelay.store.journal import read_entry_at, read_journal_from
 from bulkrelay.store.rowset import RowSet
-from bulkrelay.store.rundir import RunDir, list_runs
+from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.selection import load_selection
 
 _RESULT_COLUMNS = ("success", "status_code", "classification", "attempts", "error", "run_id")
@@ -38,10 +39,10 @@ STDOUT = "-"
 def _family(run: RunDir) -> list[RunDir]:
     """The run and its retry-failed descendants, oldest first."""
     children: dict[str, list[RunDir]] = {}
-    for other in list_runs(run.path.parent):
-        parent = other.manifest.get("parent_run")
+    for other in runs_in(run.path.parent):
+        parent = other.plan.parent_run
         if parent:
-            children.setdefault(str(parent), []).append(other)
+            children.setdefault(parent, []).append(other)
     family, queue = [], [run]
     while queue:
         current = queue.pop(0)
@@ -81,16 +82,16 @@ class _LatestResults:
 
 
 def _input_spec(run: RunDir) -> InputSpec:
-    recorded = run.manifest["input"]
-    path = Path(recorded["path"])
-    spec = InputSpec.detect(path, recorded["format"])
+    recorded = run.plan.input
+    path = Path(recorded.path)
+    spec = InputSpec.detect(path, recorded.format)
     return spec
 
 
 def _same_input(run: RunDir, other_dir: Path) -> RunDir:
     """Another shard's run, refused unless it relayed the very same input."""
     other = RunDir.open(other_dir)
-    if other.manifest["input"].get("sha256") != run.manifest["input"].get("sha256"):
+    if other.plan.input.sha256 != run.plan.input.sha256:
         raise UsageError(
             f"run {other.run_id} relayed another input than run {run.run_id}: only shards of one input join",
             context={"run_dir": str(other.path)},
@@ -185,12 +186,12 @@ def export(
     fmt = fmt or spec.format
     _check_flags(spec, fmt, failed_only=failed_only, with_reasons=with_reasons)
     family = _family(run) + [member for other in shards for member in _family(_same_input(run, other))]
-    total = int(run.manifest["input"]["record_count"])
+    total = run.plan.input.record_count
     target = output or run.path / f"{'failed' if failed_only else 'export'}.{fmt}"
     results = _LatestResults(family, total)
-    recorded = InputFingerprint.from_dict(run.manifest["input"])
-    sync = run.manifest.get("sync")
-    delta_selected = load_selection(run.path, total) if sync and not sync["full"] else None
+    recorded = InputFingerprint.from_dict(run.plan.input.fingerprint())
+    sync = run.plan.sync
+    delta_selected = load_selection(run.path, total) if sync is not None and not sync.full else None
     rows = _joined(spec, results, failed_only, recorded, delta_selected)
     try:
         with _opened(target) as out:
@@ -205,8 +206,8 @@ def export(
         "failed_only": failed_only,
         "runs": [r.run_id for r in family],
     }
-    if sync:  # a delta run: its unsent rows are in the export as `skipped_unchanged`
-        data["skipped_unchanged"] = sync["skipped_unchanged"]
+    if sync is not None:  # a delta run: its unsent rows are in the export as `skipped_unchanged`
+        data["skipped_unchanged"] = sync.skipped_unchanged
     meta = {"envelope_on_stderr": True} if str(target) == STDOUT else {}
     return Result(data=data, kind="generic", meta=meta)
 

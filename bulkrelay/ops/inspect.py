@@ -17,6 +17,7 @@ from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.request import RenderError, RequestRenderer
+from bulkrelay.ops.runref import survey
 from bulkrelay.relay.sender import row_identity
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.checkpoint import read_checkpoint
@@ -24,10 +25,10 @@ from bulkrelay.store.rundir import (
     ALPHA,
     CHECKPOINT,
     SUMMARY,
+    AlphaRun,
     RunDir,
     RunState,
     is_locked,
-    run_dirs,
 )
 from bulkrelay.store.selection import load_selection
 
@@ -177,7 +178,7 @@ def _render_rows(
 def committed_progress(run: RunDir) -> dict[str, Any]:
     """What the checkpoint says is durably done; a retry-failed run counts only its selected rows."""
     checkpoint = read_checkpoint(run.path)
-    record_count = int(run.manifest["input"]["record_count"])
+    record_count = run.plan.input.record_count
     selection = load_selection(run.path, record_count)
     return {
         "done": checkpoint.rows_done if checkpoint else 0,
@@ -231,7 +232,7 @@ def status(run_dir: Path) -> Result:
     summary_path = run.path / SUMMARY
     summary = read_json(summary_path) if summary_path.exists() else None
     alive = liveness(run)
-    pid = run.manifest.get("pid")
+    pid = run.manifest.pid
     data = {
         "run_id": run.run_id,
         "run_dir": str(run.path),
@@ -239,17 +240,17 @@ def status(run_dir: Path) -> Result:
         "live": alive == LIVE,
         "liveness": alive,
         "pid": pid if alive == LIVE and _pid_alive(pid) else None,
-        "stop_reason": run.manifest.get("stop_reason"),
-        "created_at": run.manifest.get("created_at"),
-        "updated_at": run.manifest.get("updated_at"),
-        "parent_run": run.manifest.get("parent_run"),
+        "stop_reason": run.manifest.stop_reason,
+        "created_at": run.manifest.created_at,
+        "updated_at": run.manifest.updated_at,
+        "parent_run": run.plan.parent_run,
         "progress": committed_progress(run),
         "rate": _rate(run, alive, summary),
         "latency_ms": _known_latency(summary),
         "summary": summary,
     }
-    if "sync" in run.manifest:  # a delta run: its mode, rows selected and rows skipped unchanged
-        data["sync"] = run.manifest["sync"]
+    if run.plan.sync is not None:  # a delta run: its mode, rows selected and rows skipped unchanged
+        data["sync"] = run.plan.sync.to_json()
     if alive in (CRASHED, RESUMABLE):
         data["continue_command"] = f"bulkrelay resume {shlex.quote(str(run.path))}"
     return Result(data=data, kind="status")
@@ -261,13 +262,13 @@ def _known_latency(summary: dict[str, Any] | None) -> dict[str, float]:
     return {name: value for name, value in latency.items() if value is not None}
 
 
-def _alpha_progress(run: RunDir) -> dict[str, Any]:
+def _alpha_progress(run: AlphaRun) -> dict[str, Any]:
     """The counters of a public alpha run, from its own `checkpoint.json` (`processed`, `failed`)."""
     path = run.path / CHECKPOINT
     checkpoint = read_json(path) if path.is_file() else {}
     return {
         "done": checkpoint.get("processed", 0),
-        "total": run.manifest.get("input_total"),
+        "total": run.manifest.input_total,
         "failed": checkpoint.get("failed", 0),
     }
 
@@ -275,24 +276,28 @@ def _alpha_progress(run: RunDir) -> dict[str, Any]:
 def runs(runs_dir: Path) -> Result:
     """A table of runs; one whose files cannot be read is left out with a warning naming it."""
     table = []
-    warnings: list[EnvelopeWarning] = []
-    for run_dir in run_dirs(runs_dir):
+    listed, unreadable = survey(runs_dir)
+    warnings = [_unreadable_run(damaged.path, damaged.reason) for damaged in unreadable]
+    for run in listed:
         try:
-            table.append(_run_row(RunDir.open(run_dir, alpha_ok=True)))
-        except (BulkRelayError, KeyError, TypeError, ValueError) as exc:
-            warnings.append(_unreadable_run(run_dir, exc))
+            table.append(_run_row(run))
+        except (BulkRelayError, KeyError, TypeError, ValueError) as exc:  # its checkpoint or selection
+            reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
+            warnings.append(_unreadable_run(run.path, reason))
     return Result(data={"runs_dir": str(runs_dir), "runs": table}, warnings=warnings, kind="runs")
 
 
-def _run_row(run: RunDir) -> dict[str, Any]:
-    alpha = run.format == ALPHA
-    progress = _alpha_progress(run) if alpha else committed_progress(run)
+def _run_row(run: RunDir | AlphaRun) -> dict[str, Any]:
+    if isinstance(run, AlphaRun):
+        progress, state, name = _alpha_progress(run), ALPHA, run.manifest.name
+    else:
+        progress, state, name = committed_progress(run), run.state, run.plan.name
     return {
         "run_id": run.run_id,
-        "state": ALPHA if alpha else run.state,
+        "state": state,
         "format": run.format,
-        "name": run.manifest.get("name"),
-        "created_at": run.manifest.get("created_at"),
+        "name": name,
+        "created_at": run.manifest.created_at,
         "done": progress["done"],
         "total": progress["total"],
         "failed": progress["failed"],
@@ -300,8 +305,7 @@ def _run_row(run: RunDir) -> dict[str, Any]:
     }
 
 
-def _unreadable_run(run_dir: Path, exc: Exception) -> EnvelopeWarning:
-    reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
+def _unreadable_run(run_dir: Path, reason: str) -> EnvelopeWarning:
     return EnvelopeWarning(
         "RUN_UNREADABLE",
         f"skipped {run_dir}: its run files are damaged ({reason})",

@@ -4,7 +4,7 @@ Safety first, like logrotate with a lock: a run is a candidate only when it is f
 (`completed`, `completed_with_failures`, `cancelled`) and no process holds its lock. A live run, a
 resumable one (`running` — perhaps crashed —, `stopped`, `forced`), the newest run of each job, and a
 run whose files cannot be read are never removed. Runs are grouped by job (the job file's path in
-`run.json`, else the invocation key). A run is removed when every rule given says so: it is not among
+`run.json`). A run is removed when every rule given says so: it is not among
 the newest `keep` runs of its job, and it is older than `older_than`. Each removal takes the run's
 lock first, so a `resume` that starts meanwhile either wins the lock (the run is kept) or finds it gone.
 """
@@ -19,8 +19,10 @@ from typing import Any
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, RunLocked, UsageError
+from bulkrelay.ops.runref import survey
 from bulkrelay.ops.settings import Retention, load_settings
-from bulkrelay.store.rundir import RunDir, is_alpha_manifest, is_locked, run_dirs
+from bulkrelay.store.manifest import RunManifest
+from bulkrelay.store.rundir import RunDir, is_locked
 
 
 @dataclass(frozen=True)
@@ -47,32 +49,22 @@ class PruneReport:
         }
 
 
-def _job_of(manifest: dict[str, Any], run_id: str) -> str:
-    return str(manifest.get("job_path") or manifest.get("invocation_key") or run_id)
-
-
-def _created(manifest: dict[str, Any]) -> datetime:
-    return datetime.strptime(str(manifest["created_at"]), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+def _created(manifest: RunManifest) -> datetime:
+    return datetime.strptime(manifest.created_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
 def _read_runs(runs_dir: Path, warnings: list[EnvelopeWarning]) -> list[_Candidate]:
-    runs: list[_Candidate] = []
-    for path in run_dirs(runs_dir):
-        try:
-            run = RunDir.open(path, alpha_ok=True)
-            if is_alpha_manifest(run.manifest):
-                continue  # the alpha's runs are the alpha's to manage
-            runs.append(_Candidate(run, _job_of(run.manifest, run.run_id), _created(run.manifest)))
-        except (BulkRelayError, KeyError, TypeError, ValueError) as exc:
-            reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
-            warnings.append(
-                EnvelopeWarning(
-                    "RUN_UNREADABLE",
-                    f"kept {path}: its run files cannot be read ({reason})",
-                    {"run_dir": str(path), "reason": reason},
-                )
+    listed, unreadable = survey(runs_dir)
+    for damaged in unreadable:
+        warnings.append(
+            EnvelopeWarning(
+                "RUN_UNREADABLE",
+                f"kept {damaged.path}: its run files cannot be read ({damaged.reason})",
+                {"run_dir": str(damaged.path), "reason": damaged.reason},
             )
-    return runs
+        )
+    ours = [run for run in listed if isinstance(run, RunDir)]  # the alpha's runs are the alpha's to manage
+    return [_Candidate(run, run.plan.job_path, _created(run.manifest)) for run in ours]
 
 
 def _doomed(runs: list[_Candidate], retention: Retention, now: datetime) -> list[_Candidate]:

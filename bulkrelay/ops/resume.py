@@ -8,6 +8,7 @@ final result.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def check_resumable(run: RunDir) -> None:
 
 
 def job_path_for(run: RunDir, config_override: Path | None) -> Path:
-    path = config_override or Path(run.manifest["job_path"])
+    path = config_override or Path(run.plan.job_path)
     if not path.is_file():
         raise NotFound(
             f"job file {path} not found",
@@ -53,8 +54,8 @@ def input_path_for(run: RunDir, input_override: Path | None) -> Path | None:
     """`--input`, else the file the run was started with when it was given explicitly, else the job's."""
     if input_override is not None:
         return input_override
-    if run.manifest.get("input_explicit"):
-        return Path(run.manifest["input"]["path"])
+    if run.plan.input_explicit:
+        return Path(run.plan.input.path)
     return None
 
 
@@ -68,7 +69,7 @@ def input_differences(recorded: dict[str, Any], current: dict[str, Any]) -> dict
 
 def verify_unchanged(run: RunDir, preflight: Preflight) -> None:
     """Refuse, naming old and new values, when the input or the job's meaning changed."""
-    changed = input_differences(run.manifest["input"], preflight.input_fingerprint.to_dict())
+    changed = input_differences(run.plan.input.fingerprint(), preflight.input_fingerprint.to_dict())
     if changed:
         what = ", ".join(f"{k} {v['recorded']!r} -> {v['now']!r}" for k, v in changed.items())
         raise InputChanged(
@@ -76,9 +77,9 @@ def verify_unchanged(run: RunDir, preflight: Preflight) -> None:
             context={"run_dir": str(run.path), "changed": changed},
             suggestion="restore the original input, or start a new run",
         )
-    recorded = run.manifest["config_sha256"]
+    recorded = run.plan.config_sha256
     if recorded != preflight.config_fingerprint:
-        sections = changed_sections(run.manifest.get("config_sections"), preflight.job.config)
+        sections = changed_sections(run.plan.config_sections, preflight.job.config)
         where = f" in {', '.join(sections)}" if sections else ""
         raise ConfigChanged(
             f"the job's semantic configuration changed{where} since run {run.run_id} started "
@@ -104,7 +105,7 @@ def config_sections(config: JobConfig) -> dict[str, str]:
     return digests
 
 
-def changed_sections(recorded: dict[str, str] | None, config: JobConfig) -> list[str]:
+def changed_sections(recorded: Mapping[str, str] | None, config: JobConfig) -> list[str]:
     if not recorded:
         return []
     now = config_sections(config)
@@ -115,7 +116,7 @@ def require_input(run: RunDir, path: Path | None, *, given: bool) -> None:
     """A missing input is NOT_FOUND naming where the run's input was and how to point at its new place."""
     if path is None or path.exists():
         return
-    recorded = str(run.manifest["input"]["path"])
+    recorded = run.plan.input.path
     if given:
         message = f"--input {path} not found (the input of run {run.run_id} was {recorded})"
     else:

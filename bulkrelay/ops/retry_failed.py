@@ -7,19 +7,21 @@ The job may change between parent and child: fixing the job is often why one ret
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
-from bulkrelay.ops.execute import RunOptions, start_fresh
+from bulkrelay.ops.execute import RunOptions, plan_for, start_fresh
 from bulkrelay.ops.resume import input_differences, input_path_for, job_path_for
 from bulkrelay.ops.shard import shard_of_run
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.journal import read_journal
 from bulkrelay.store.liverun import live_slot
+from bulkrelay.store.manifest import RetryFilter
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, is_locked
 from bulkrelay.store.selection import save_selection
@@ -53,7 +55,7 @@ def failed_rows(
 def _parent_preflight(parent: RunDir, config: Path | None, on_rows_read: RowsRead | None) -> Preflight:
     job = load_job(job_path_for(parent, config))
     preflight = run_preflight(job, input_path_for(parent, None), on_rows_read=on_rows_read)
-    changed = input_differences(parent.manifest["input"], preflight.input_fingerprint.to_dict())
+    changed = input_differences(parent.plan.input.fingerprint(), preflight.input_fingerprint.to_dict())
     if changed:
         raise InputChanged(
             f"the input of run {parent.run_id} changed; its row numbers no longer apply",
@@ -84,21 +86,21 @@ def retry_failed(
             },
             kind="generic",
         )
-    manifest = {
-        "parent_run": parent.run_id,
-        "input_explicit": True,
-        "retry_filter": {"statuses": statuses, "classification": classification},
-    }
-    if parent.manifest.get("shard"):  # a shard's failed rows: the child is of the same shard
-        manifest["shard"] = parent.manifest["shard"]
-    with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent.manifest)) as slot:
+    plan = replace(
+        plan_for(preflight),
+        parent_run=parent.run_id,
+        input_explicit=True,
+        retry_filter=RetryFilter(statuses, classification),
+        shard=parent.plan.shard,  # a shard's failed rows: the child is of the same shard
+    )
+    with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent)) as slot:
         result = start_fresh(
             preflight,
             parent.path.parent,
             options,
             progress.for_stderr(options.quiet),
             slot=slot,
-            manifest=manifest,
+            plan=plan,
             prepare=lambda child: save_selection(child.path, selection, child.storage),
             start=StartPoint(done_rows=selection.complement(), total=len(selection)),
         )

@@ -6,24 +6,25 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from bulkrelay.envelope import EnvelopeWarning, Result
-from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, NotFound, UsageError
+from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, UsageError
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import STDIN_NAME
 from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.delta import open_delta, sync_manifest
-from bulkrelay.ops.execute import RunOptions, continue_run, start_fresh
+from bulkrelay.ops.execute import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard, merge_results
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
+from bulkrelay.ops.runref import run_by_id
 from bulkrelay.ops.shard import ShardSpec, shard_of_run, shard_rows
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import Reporter
 from bulkrelay.store.liverun import LiveSlot, live_slot
+from bulkrelay.store.manifest import Invocation, ShardRecord
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.selection import save_selection
@@ -99,16 +100,11 @@ def _run_in_slot(
                 if request.from_stdin and request.input_path is not None:
                     # The run keeps its own copy of the same bytes: this one, which preflight just read
                     # and the relay must read again (the old copy is another file).
-                    kept = Path(previous.manifest["input"]["path"])
+                    kept = Path(previous.plan.input.path)
                     os.replace(request.input_path, kept)
                     preflight = _with_input(preflight, kept)
                 return continue_run(previous, preflight, request.options, reporter, slot=slot)
-        manifest = {
-            "invocation_key": key,
-            "input_explicit": request.input_path is not None,
-            "idempotency_key": request.idempotency_key,
-        }
-        result = _start_fresh(request, preflight, selection, reporter, slot=slot, manifest=manifest)
+        result = _start_fresh(request, preflight, selection, reporter, slot=slot, key=key)
     result.warnings[:0] = warnings
     return result
 
@@ -120,19 +116,23 @@ def _start_fresh(
     reporter: Reporter,
     *,
     slot: LiveSlot,
-    manifest: dict[str, Any],
+    key: str,
 ) -> Result:
     """A new run, limited to its rows (a delta run's changed rows, a shard's own) by the selection
     retry-failed uses too; every row outside it counts as done from the start."""
-    key = manifest["invocation_key"]
+    plan = replace(
+        plan_for(preflight),
+        invocation=Invocation(key, request.idempotency_key),
+        input_explicit=request.input_path is not None,
+    )
     selection = delta_rows
     if request.shard is not None:
         key_field = preflight.job.config.input.key
         owned = shard_rows(preflight.input_spec, key_field, request.shard, preflight.record_count)
         selection = owned if selection is None else _both(owned, selection)
-        manifest["shard"] = request.shard.to_dict()
+        plan = replace(plan, shard=ShardRecord(request.shard.index, request.shard.count))
     if preflight.digester is not None:
-        manifest["sync"] = sync_manifest(request.job, delta_rows, preflight.record_count)
+        plan = replace(plan, sync=sync_manifest(request.job, delta_rows, preflight.record_count))
     start = StartPoint()
     if selection is not None:
         start = StartPoint(done_rows=selection.complement(), total=len(selection))
@@ -148,7 +148,7 @@ def _start_fresh(
         request.options,
         reporter,
         slot=slot,
-        manifest=manifest,
+        plan=plan,
         spooled=request.from_stdin,
         prepare=prepare,
         start=start,
@@ -203,7 +203,13 @@ def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, i
         return night
     job = deletion_job(request.job)
     preflight = run_preflight(job, path)
-    manifest = {"mirror_deletes": True, "mirror_of": data.get("run_id"), "input_explicit": True}
+    night_run = data.get("run_id")
+    plan = replace(
+        plan_for(preflight),
+        mirror_deletes=True,
+        mirror_of=None if night_run is None else str(night_run),
+        input_explicit=True,
+    )
     with live_slot(request.runs_dir, request.job.path) as slot:
         deleted = start_fresh(
             preflight,
@@ -211,7 +217,7 @@ def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, i
             request.options,
             progress.for_stderr(request.options.quiet),
             slot=slot,
-            manifest=manifest,
+            plan=plan,
             spooled=True,
         )
     data["mirror"] = merge_results(data, deleted.data if isinstance(deleted.data, dict) else {})
@@ -235,13 +241,8 @@ def _with_input(preflight: Preflight, path: Path) -> Preflight:
 
 def _unfinished_run(runs_dir: Path, key: str) -> RunDir | None:
     run_id = last_run_id(runs_dir, key)
-    if run_id is None:
-        return None
-    try:
-        run = RunDir.open(runs_dir / run_id)
-    except NotFound:
-        return None
-    return None if run.state.final else run
+    run = None if run_id is None else run_by_id(runs_dir, run_id)
+    return None if run is None or run.state.final else run
 
 
 def resume(
@@ -255,7 +256,7 @@ def resume(
     check_resumable(run)
     options.announce_run(run)
     preflight = preflight_for_resume(run, config, input_path, on_rows_read=options.rows_read)
-    with live_slot(run.path.parent, preflight.job.path, shard_of_run(run.manifest)) as slot:
+    with live_slot(run.path.parent, preflight.job.path, shard_of_run(run)) as slot:
         run = RunDir.open(run_dir)  # as it is now: it may have ended while we preflighted
         check_resumable(run)
         return continue_run(

@@ -138,7 +138,7 @@ class RunLog:
             "stop",
             run_id=run.run_id,
             state=run.state,
-            stop_reason=run.manifest.get("stop_reason"),
+            stop_reason=run.manifest.stop_reason,
             progress=data.get("progress"),
         )
 

@@ -1,23 +1,85 @@
-"""What a command that takes a run means by its argument: a run directory, a run id, or `latest`.
+"""Where runs are: the one place that finds run directories, lists them, and says what a command's
+`RUN` argument names.
 
-One resolver for every such command (status, resume, retry-failed, export, failures, prune's
-neighbours), so `latest` and run ids mean the same thing everywhere:
+Every command that lists or locates runs goes through here (`runs`, `status`, `resume`,
+`retry-failed`, `export`, `failures`, `prune`, `shards`, a delta job's earlier runs, the identical
+invocation's run), so a runs directory, `latest` and a run id mean the same thing everywhere:
 
-- `latest`: the newest run (by its manifest's `created_at`) in the runs directory
-  (`--runs-dir`, else `BULKRELAY_RUNS_DIR`, else `./.bulkrelay/runs`);
-- an existing directory: that run directory;
-- otherwise a run id: `<runs dir>/<id>`.
+- the runs directory: `--runs-dir`, else `BULKRELAY_RUNS_DIR`, else `./.bulkrelay/runs`;
+- a run: a directory in it holding a `run.json`; hidden ones (`.new-*`: being created) are not runs;
+- `latest`: the newest run by its manifest's `created_at` (ids made in one second sort at random);
+- an existing directory: that run directory; otherwise a run id: `<runs dir>/<id>`.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from bulkrelay.errors import BulkRelayError, NotFound
-from bulkrelay.store.atomic import read_json
-from bulkrelay.store.rundir import MANIFEST, default_runs_dir, run_dirs
+from bulkrelay.store.rundir import MANIFEST, AlphaRun, RunDir, open_listed
 
 LATEST = "latest"
+
+
+def default_runs_dir(explicit: Path | None) -> Path:
+    """`explicit` (`--runs-dir`), else `BULKRELAY_RUNS_DIR`, else `./.bulkrelay/runs`; absolute."""
+    if explicit is not None:
+        return explicit.resolve()
+    env = os.environ.get("BULKRELAY_RUNS_DIR")
+    return (Path(env) if env else Path(".bulkrelay") / "runs").resolve()
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / MANIFEST).is_file()
+
+
+def run_paths(runs_dir: Path) -> list[Path]:
+    """Every run directory under `runs_dir`, newest id first; nothing is read yet."""
+    if not runs_dir.is_dir():
+        return []
+    return [
+        child
+        for child in sorted(runs_dir.iterdir(), reverse=True)
+        if not child.name.startswith(".") and is_run_dir(child)  # hidden: being created
+    ]
+
+
+def runs_in(runs_dir: Path) -> list[RunDir]:
+    """Every run of this version under `runs_dir`, newest id first; the public alpha's are left out.
+    A damaged run raises (JOURNAL_CORRUPT naming it): what reads runs to act on them must not guess."""
+    listed = (open_listed(path) for path in run_paths(runs_dir))
+    return [run for run in listed if isinstance(run, RunDir)]
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A run directory whose files cannot be read, and why."""
+
+    path: Path
+    reason: str
+
+
+def survey(runs_dir: Path) -> tuple[list[RunDir | AlphaRun], list[Unreadable]]:
+    """Every run under `runs_dir` (the alpha's included), newest id first, and apart from them the
+    directories that cannot be read: a listing shows what it can and names the rest."""
+    runs: list[RunDir | AlphaRun] = []
+    unreadable: list[Unreadable] = []
+    for path in run_paths(runs_dir):
+        try:
+            runs.append(open_listed(path))
+        except BulkRelayError as exc:
+            unreadable.append(Unreadable(path, exc.message))
+    return runs, unreadable
+
+
+def run_by_id(runs_dir: Path, run_id: str) -> RunDir | None:
+    """The run `run_id` in `runs_dir`, or None when it is gone."""
+    try:
+        return RunDir.open(runs_dir / run_id)
+    except NotFound:
+        return None
 
 
 def resolve_run(ref: Path | str, runs_dir: Path | None) -> Path:
@@ -41,18 +103,12 @@ def resolve_run(ref: Path | str, runs_dir: Path | None) -> Path:
 
 def latest_run(runs_dir: Path) -> Path:
     """The newest run under `runs_dir`: run ids share a second, so `created_at` decides."""
-    newest: tuple[tuple[str, str], Path] | None = None
-    for path in run_dirs(runs_dir):
-        try:
-            created = str(read_json(path / MANIFEST).get("created_at") or "")
-        except (BulkRelayError, AttributeError):
-            continue  # an unreadable run is not the newest one; `runs` reports it
-        if newest is None or (created, path.name) > newest[0]:
-            newest = ((created, path.name), path)
-    if newest is None:
+    runs, _unreadable = survey(runs_dir)  # an unreadable run is not the newest one; `runs` reports it
+    dated = [((run.manifest.created_at or "", run.path.name), run.path) for run in runs]
+    if not dated:
         raise NotFound(
             f"no runs in {runs_dir}, so there is no `latest`",
             context={"runs_dir": str(runs_dir)},
             suggestion="give --runs-dir (or BULKRELAY_RUNS_DIR) where your runs are",
         )
-    return newest[1]
+    return max(dated)[1]

@@ -18,6 +18,7 @@ from bulkrelay.errors import InputChanged, UsageError
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.records import Record
 from bulkrelay.store.rowset import RowSet
+from bulkrelay.store.rundir import RunDir
 
 MAX_SHARDS = 10_000
 _SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -106,7 +107,6 @@ def _preflight_checked_it(problem: object) -> None:
     )
 
 
-def shard_of_run(manifest: Mapping[str, Any]) -> str | None:
+def shard_of_run(run: RunDir) -> str | None:
     """`K/N` of a run made by `--shard`, from its manifest; None for an unsharded run."""
-    shard = manifest.get("shard")
-    return None if not shard else str(ShardSpec(int(shard["index"]), int(shard["count"])))
+    return None if run.plan.shard is None else str(run.plan.shard)

@@ -12,8 +12,9 @@ from typing import Any
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import NotFound
 from bulkrelay.ops.inspect import committed_progress
+from bulkrelay.ops.runref import is_run_dir, runs_in
 from bulkrelay.ops.shard import shard_of_run
-from bulkrelay.store.rundir import ALPHA, MANIFEST, RunDir, is_locked, list_runs
+from bulkrelay.store.rundir import RunDir, is_locked
 
 _COUNTS = ("done", "total", "ok", "failed")
 
@@ -29,10 +30,10 @@ def shards(dirs: list[Path]) -> Result:
 
 def _shard_run(path: Path) -> RunDir:
     """The run directory itself, or the newest sharded run of a runs directory."""
-    if (path / MANIFEST).is_file():
+    if is_run_dir(path):
         return RunDir.open(path)
-    for run in list_runs(path):
-        if run.format != ALPHA and shard_of_run(run.manifest) is not None:
+    for run in runs_in(path):
+        if shard_of_run(run) is not None:
             return run
     raise NotFound(
         f"no sharded run in {path}",
@@ -44,7 +45,7 @@ def _shard_run(path: Path) -> RunDir:
 def _shard_row(run: RunDir) -> dict[str, Any]:
     progress = committed_progress(run)
     return {
-        "shard": shard_of_run(run.manifest),
+        "shard": shard_of_run(run),
         "run_id": run.run_id,
         "run_dir": str(run.path),
         "state": run.state,

@@ -26,8 +26,10 @@ import orjson
 from bulkrelay.errors import NotFound, RunLocked, SyncStateMismatch
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.ops.invocation import normalized_path
+from bulkrelay.ops.runref import runs_in
 from bulkrelay.store.journal import JournalEntry, read_journal_from
-from bulkrelay.store.rundir import RunDir, is_locked, list_runs
+from bulkrelay.store.manifest import RunPlan
+from bulkrelay.store.rundir import RunDir, is_locked
 from bulkrelay.store.storage import Storage
 
 STATE_DIR = "sync-state"
@@ -59,8 +61,8 @@ def job_identity(name: str | None, job_path: str | Path) -> str:
     return f"name:{name}" if name else f"path:{normalized_path(Path(job_path))}"
 
 
-def manifest_identity(manifest: dict[str, Any]) -> str:
-    return job_identity(manifest.get("name"), manifest["job_path"])
+def manifest_identity(plan: RunPlan) -> str:
+    return job_identity(plan.name, plan.job_path)
 
 
 def key_text(value: Any) -> str:
@@ -74,12 +76,8 @@ def state_path(runs_dir: Path, identity: str) -> Path:
 
 def run_started(run: RunDir) -> int:
     """When a run was created, in microseconds since the epoch: its manifest's `created_at`
-    (microseconds, so two runs made in the same second keep their order), else its id's second."""
-    created = run.manifest.get("created_at")
-    if isinstance(created, str):
-        stamp = datetime.strptime(created, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-    else:
-        stamp = datetime.strptime(run.run_id.split("-", 1)[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    (microseconds, so two runs made in the same second keep their order)."""
+    stamp = datetime.strptime(run.manifest.created_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     return (calendar.timegm(stamp.timetuple())) * 1_000_000 + stamp.microsecond
 
 
@@ -143,7 +141,7 @@ class SyncState:
         """Record the successful deliveries in `run`'s journal not applied yet; how many were new."""
         at = run_started(run)
         row_id, offset = self._run_row(run.run_id, at)
-        deletes = bool(run.manifest.get("mirror_deletes"))  # a mirror run's deletions: keys leave the state
+        deletes = run.plan.mirror_deletes  # a mirror run's deletions: keys leave the state
         applied = 0
         self._db.execute("BEGIN IMMEDIATE")
         try:
@@ -186,7 +184,7 @@ def _verified_from(journal: Path, offset: int) -> Iterator[tuple[int, JournalEnt
 def job_runs(runs_dir: Path, identity: str) -> list[RunDir]:
     """The runs of one job in `runs_dir`, oldest first."""
     return sorted(
-        (run for run in list_runs(runs_dir) if manifest_identity(run.manifest) == identity),
+        (run for run in runs_in(runs_dir) if manifest_identity(run.plan) == identity),
         key=lambda run: (run_started(run), run.run_id),
     )
 

@@ -10,20 +10,17 @@
 
 from __future__ import annotations
 
-import enum
 import fcntl
 import os
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from bulkrelay._version import __version__
 from bulkrelay.errors import (
-    JournalCorrupt,
     NotFound,
     RunLocked,
     RunLockNotOurs,
@@ -32,6 +29,8 @@ from bulkrelay.errors import (
 )
 from bulkrelay.private import PRIVATE_DIR_MODE, make_private_dir, open_private, refuse_links
 from bulkrelay.store.atomic import read_json, write_json_atomic
+from bulkrelay.store.manifest import AlphaManifest, RunManifest, RunPlan
+from bulkrelay.store.manifest import RunState as RunState  # noqa: PLC0414 - re-exported: its home was here
 from bulkrelay.store.storage import Storage
 
 MANIFEST = "run.json"
@@ -41,51 +40,11 @@ SUMMARY = "summary.json"
 LOCK = "lock"
 
 
-class RunState(enum.StrEnum):
-    """The state a run's manifest records. The values are on disk (run.json) and in envelopes and
-    the metrics file: never change one. `running` is neither final nor resumable by its name alone:
-    it is a live run, or a crashed one, which only the lock tells (`is_locked`)."""
-
-    RUNNING = "running"
-    STOPPED = "stopped"  # stopped at a safe point
-    FORCED = "forced"  # stopped with rows in flight cancelled
-    COMPLETED = "completed"
-    COMPLETED_WITH_FAILURES = "completed_with_failures"
-    CANCELLED = "cancelled"  # by `job cancel`
-
-    @property
-    def final(self) -> bool:
-        """Nothing more happens to the run: it cannot be resumed, only retried or run afresh."""
-        return self in _FINAL
-
-    @property
-    def resumable(self) -> bool:
-        """Stopped before its end, on purpose: `resume` continues it."""
-        return self in _STOPPED_EARLY
-
-    @property
-    def every_row_ended(self) -> bool:
-        """Every row has a final result (some may have failed)."""
-        return self in _EVERY_ROW_ENDED
-
-
-_FINAL = frozenset({RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES, RunState.CANCELLED})
-_STOPPED_EARLY = frozenset({RunState.STOPPED, RunState.FORCED})
-_EVERY_ROW_ENDED = frozenset({RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES})
-_STATE_VALUES = frozenset(state.value for state in RunState)
-
 ALPHA = "alpha"  # the format (and listed state) of a run directory the public alpha made
 
 
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def default_runs_dir(explicit: Path | None) -> Path:
-    if explicit is not None:
-        return explicit.resolve()
-    env = os.environ.get("BULKRELAY_RUNS_DIR")
-    return (Path(env) if env else Path(".bulkrelay") / "runs").resolve()
 
 
 def new_run_id() -> str:
@@ -98,26 +57,33 @@ class RunDir:
     """A run directory on disk and its manifest as last read or written."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: RunManifest
     storage: Storage
 
     @property
     def run_id(self) -> str:
-        return str(self.manifest["run_id"])
+        return self.manifest.run_id
 
     @property
     def state(self) -> RunState:
-        return RunState(self.manifest["state"])
+        return self.manifest.state
+
+    @property
+    def plan(self) -> RunPlan:
+        """What the run was made to do: its job, input, fingerprints, parent, shard, sync."""
+        return self.manifest.plan
 
     @property
     def journal_path(self) -> Path:
         return self.path / JOURNAL
 
+    format = "v1"  # the run directory format, as `runs` lists it (an alpha run is an `AlphaRun`)
+
     @classmethod
     def create(
         cls,
         runs_dir: Path,
-        manifest: dict[str, Any],
+        plan: RunPlan,
         storage: Storage | None = None,
         *,
         staging: Path | None = None,
@@ -137,16 +103,8 @@ class RunDir:
         except OSError as exc:
             raise runs_dir_unwritable(runs_dir, exc) from None
         now = utc_now()
-        full = {
-            "version": 1,
-            "run_id": run_id,
-            "state": RunState.RUNNING,
-            "created_at": now,
-            "updated_at": now,
-            "tool_version": __version__,
-            **manifest,
-        }
-        run = cls(path=building, manifest=full, storage=storage)
+        manifest = RunManifest(run_id, RunState.RUNNING, now, now, __version__, plan)
+        run = cls(path=building, manifest=manifest, storage=storage)
         # The journal exists as long as the run does (made before run.json), so a resume can tell a
         # journal deleted later from one never written to.
         storage.close(storage.open_new(run.journal_path))
@@ -161,36 +119,24 @@ class RunDir:
         run.path = final
         return run
 
-    @property
-    def format(self) -> str:
-        return ALPHA if is_alpha_manifest(self.manifest) else "v1"
-
     @classmethod
-    def open(cls, path: Path, storage: Storage | None = None, *, alpha_ok: bool = False) -> RunDir:
-        """The run at `path`; an alpha run only when `alpha_ok` (listing), else `RunNotResumable`."""
-        manifest_path = path / MANIFEST
-        refuse_links(path)  # before anything is read from it: a link could point anywhere
-        if not manifest_path.is_file():
-            raise NotFound(f"no run directory at {path} (missing {MANIFEST})", context={"run_dir": str(path)})
-        manifest = read_json(manifest_path)
-        if is_alpha_manifest(manifest):
-            if not alpha_ok:
-                raise alpha_run_refused(path, manifest)
-        elif str(manifest.get("state")) not in _STATE_VALUES:  # a damaged or hand-edited run.json
-            raise JournalCorrupt(
-                f"{manifest_path}: its state {manifest.get('state')!r} is none of {', '.join(RunState)}",
-                context={"path": str(manifest_path), "field": "state", "state": manifest.get("state")},
-            )
-        return cls(path=path, manifest=manifest, storage=storage or Storage())
+    def open(cls, path: Path, storage: Storage | None = None) -> RunDir:
+        """The run at `path`; an alpha run is `RunNotResumable`, a damaged manifest `JournalCorrupt`."""
+        run = open_listed(path, storage)
+        if isinstance(run, AlphaRun):
+            raise alpha_run_refused(run)
+        return run
 
-    def save(self) -> None:
-        self.manifest["updated_at"] = utc_now()
-        write_json_atomic(self.path / MANIFEST, self.manifest, self.storage)
+    def save(self, manifest: RunManifest | None = None) -> None:
+        """Write `manifest` (else the current one) as the run's, stamped with the time of writing."""
+        self.manifest = replace(manifest or self.manifest, updated_at=utc_now())
+        write_json_atomic(self.path / MANIFEST, self.manifest.to_json(), self.storage)
 
-    def set_state(self, state: RunState, **extra: Any) -> None:
-        self.manifest["state"] = RunState(state)
-        self.manifest.update(extra)
-        self.save()
+    def mark_running(self, pid: int) -> None:
+        self.save(self.manifest.running(pid))
+
+    def mark_ended(self, state: RunState, stop_reason: str | None) -> None:
+        self.save(self.manifest.ended(state, stop_reason))
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -235,23 +181,40 @@ def runs_dir_unwritable(runs_dir: Path, exc: OSError) -> RunsDirUnwritable:
     )
 
 
-def is_alpha_manifest(manifest: dict[str, Any]) -> bool:
-    """The public alpha's `run.json`: a `schema_version` and flat `input_*` fields, no `input` block."""
-    return (
-        "schema_version" in manifest
-        and "version" not in manifest
-        and not isinstance(manifest.get("input"), dict)
-    )
+@dataclass
+class AlphaRun:
+    """A run directory the public alpha made: listed by `runs`, never resumed, retried or pruned."""
+
+    path: Path
+    manifest: AlphaManifest
+
+    format = ALPHA
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest.run_id
 
 
-def alpha_run_refused(path: Path, manifest: dict[str, Any]) -> RunNotResumable:
+def open_listed(path: Path, storage: Storage | None = None) -> RunDir | AlphaRun:
+    """The run at `path`, the public alpha's included: what listing a runs directory meets."""
+    manifest_path = path / MANIFEST
+    refuse_links(path)  # before anything is read from it: a link could point anywhere
+    if not manifest_path.is_file():
+        raise NotFound(f"no run directory at {path} (missing {MANIFEST})", context={"run_dir": str(path)})
+    data = read_json(manifest_path)
+    if AlphaManifest.describes(data):
+        return AlphaRun(path, AlphaManifest.from_json(manifest_path, data))
+    return RunDir(path, RunManifest.from_json(manifest_path, data), storage or Storage())
+
+
+def alpha_run_refused(run: AlphaRun) -> RunNotResumable:
     """Why a run of the public alpha cannot be resumed, retried, exported or shown, and what to do."""
-    config = manifest.get("config_path") or "JOB"
+    config = run.manifest.config_path or "JOB"
     return RunNotResumable(
-        f"{path} is a run directory of the public alpha (state {manifest.get('state')!r}); "
+        f"{run.path} is a run directory of the public alpha (state {run.manifest.state!r}); "
         "this BulkRelay cannot resume, retry, export or show it: its journal has no checksums and "
         "its manifest no fingerprints this version can verify",
-        context={"run_dir": str(path), "format": ALPHA, "alpha_state": manifest.get("state")},
+        context={"run_dir": str(run.path), "format": ALPHA, "alpha_state": run.manifest.state},
         suggestion=(
             "finish it with the alpha (its `bulkrelay resume` of this directory), or start over with "
             f"this version: `bulkrelay run {config}` (rows the alpha already sent are sent again, "
@@ -280,20 +243,3 @@ def lock_is_held(lock_file: Path) -> bool:
     finally:
         os.close(fd)
     return False
-
-
-def run_dirs(runs_dir: Path) -> list[Path]:
-    """Every directory under `runs_dir` that holds a manifest, newest first; nothing is read yet."""
-    if not runs_dir.is_dir():
-        return []
-    return [
-        child
-        for child in sorted(runs_dir.iterdir(), reverse=True)
-        if not child.name.startswith(".") and (child / MANIFEST).is_file()  # hidden: being created
-    ]
-
-
-def list_runs(runs_dir: Path) -> list[RunDir]:
-    """Every run under `runs_dir`, newest first, the public alpha's included (see `RunDir.format`);
-    directories without a manifest, and hidden ones (being created), are skipped."""
-    return [RunDir.open(child, alpha_ok=True) for child in run_dirs(runs_dir)]

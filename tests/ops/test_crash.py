@@ -21,7 +21,7 @@ import pytest
 from bulkrelay.errors import ExitCode, StorageFailed
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
-from bulkrelay.ops.execute import RunOptions, manifest_for, relay_locked
+from bulkrelay.ops.execute import RunOptions, plan_for, relay_locked
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import NullReporter
 from bulkrelay.store.checkpoint import read_checkpoint
@@ -222,8 +222,7 @@ def test_a_failed_fsync_through_the_storage_seam_stops_without_advancing_the_che
     job = write_job(tmp_path, slow_target.url, rows=FSYNC_ROWS)
     preflight = run_preflight(load_job(job))
     storage = _FailingJournalStorage(fail_at=60)  # batches commit about every 10 ms: past a checkpoint
-    manifest = manifest_for(preflight, {"parent_run": None, "input_explicit": False, "idempotency_key": None})
-    run = RunDir.create(tmp_path / "runs", manifest, storage)
+    run = RunDir.create(tmp_path / "runs", plan_for(preflight), storage)
 
     with run.locked(), pytest.raises(StorageFailed, match=r"fsync failed on .*results\.jsonl") as failed:
         relay_locked(

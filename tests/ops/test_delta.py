@@ -21,9 +21,12 @@ from bulkrelay.job.records import Record
 from bulkrelay.job.request import RequestRenderer
 from bulkrelay.ops.syncstate import SyncState, job_identity, rebuilt_items
 from bulkrelay.store.journal import JournalEntry, decode_line, encode_line, read_journal
+from bulkrelay.store.manifest import RunManifest
+from bulkrelay.store.rundir import RunState
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_resume import rewrite_job, sent_ids
+from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
 
 ROWS = 500
@@ -387,8 +390,9 @@ def test_the_digest_is_of_the_request_as_it_means_not_as_it_is_spelled() -> None
 def _journaled_run(runs_dir: Path, run_id: str, created_at: str, digest: str) -> None:
     run = runs_dir / run_id
     run.mkdir(parents=True)
-    manifest = {"run_id": run_id, "created_at": created_at, "name": "test-job", "job_path": "/job.yaml"}
-    (run / "run.json").write_bytes(orjson.dumps({**manifest, "state": "completed"}))
+    plan = run_plan("/job.yaml", name="test-job")
+    manifest = RunManifest(run_id, RunState.COMPLETED, created_at, created_at, "0.1.0", plan)
+    (run / "run.json").write_bytes(orjson.dumps(manifest.to_json()))
     entry = JournalEntry(
         row_number=1,
         success=True,

@@ -7,6 +7,7 @@ import csv
 import io
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from bulkrelay.ops.runref import resolve_run
 from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
+from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
 
 SECRET = "s3cr3t-token-value-4711"
@@ -121,11 +123,11 @@ def test_an_unknown_run_reference_is_not_found_naming_where_it_looked(tmp_path: 
 
 def test_latest_is_the_newest_by_created_at_even_within_one_second(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    older = RunDir.create(runs, {"name": "a"})
-    newer = RunDir.create(runs, {"name": "b"})
+    older = RunDir.create(runs, run_plan(name="a"))
+    newer = RunDir.create(runs, run_plan(name="b"))
     # Within one second the ids differ only in their random part: the name order says nothing.
-    newer.set_state(RunState.COMPLETED, created_at="2099-01-01T00:00:00.000001Z")
-    older.set_state(RunState.COMPLETED, created_at="2099-01-01T00:00:00.000000Z")
+    newer.save(replace(newer.manifest, state=RunState.COMPLETED, created_at="2099-01-01T00:00:00.000001Z"))
+    older.save(replace(older.manifest, state=RunState.COMPLETED, created_at="2099-01-01T00:00:00.000000Z"))
     assert resolve_run("latest", runs) == newer.path
     assert resolve_run(older.run_id, runs) == older.path
     assert resolve_run(str(older.path), None) == older.path

@@ -15,6 +15,7 @@ from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
+from bulkrelay.ops.execute import plan_for
 from bulkrelay.relay.metrics import MetricsFile, RelayStats
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunDir, RunState
@@ -151,7 +152,7 @@ class _Clock:
 def test_while_a_run_goes_on_the_file_is_rewritten_every_interval_and_not_more(tmp_path: Path) -> None:
     job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=10))
     preflight = run_preflight(job, None)
-    run = RunDir.create(tmp_path / "runs", {})
+    run = RunDir.create(tmp_path / "runs", plan_for(preflight))
     clock = _Clock()
     prom = tmp_path / "m.prom"
     metrics = MetricsFile(prom, interval=10.0, clock=clock)
@@ -177,7 +178,7 @@ def test_while_a_run_goes_on_the_file_is_rewritten_every_interval_and_not_more(t
     result = Result(
         exit_code=ExitCode.SUCCESS, data={"progress": {"done": 10, "total": 10, "ok": 10, "failed": 0}}
     )
-    run.set_state(RunState.COMPLETED)
+    run.mark_ended(RunState.COMPLETED, None)
     metrics.run_finished(run, result)
     final = read_metrics(prom)
     assert metric(final, "bulkrelay_run_exit_code") == 0

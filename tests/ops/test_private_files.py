@@ -20,6 +20,7 @@ from bulkrelay.store.storage import Storage
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.ops.test_resume import resume, run_job
+from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
 
 RECORDS = b"id,email,name\n1,a@example.com,A\n2,b@example.com,B\n"
@@ -155,7 +156,7 @@ def test_the_storage_seam_never_opens_through_a_link(tmp_path: Path) -> None:
 
 def test_a_lock_linked_after_the_run_was_opened_is_refused(tmp_path: Path) -> None:
     """The check at open is not the only guard: the lock itself is opened without following links."""
-    run = RunDir.create(tmp_path / "runs", {"name": "x"})
+    run = RunDir.create(tmp_path / "runs", run_plan(name="x"))
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
     (run.path / "lock").symlink_to(victim)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,13 +15,14 @@ from bulkrelay.ops.settings import Retention
 from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
+from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
 
 
 def _make_run(runs: Path, job: str, state: RunState, days_old: float) -> RunDir:
-    run = RunDir.create(runs, {"job_path": job, "name": Path(job).stem})
+    run = RunDir.create(runs, run_plan(job, name=Path(job).stem))
     created = datetime.now(UTC) - timedelta(days=days_old)
-    run.set_state(state, created_at=created.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+    run.save(replace(run.manifest, state=state, created_at=created.strftime("%Y-%m-%dT%H:%M:%S.%fZ")))
     return run
 
 

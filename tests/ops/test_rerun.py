@@ -17,9 +17,9 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
 from bulkrelay.ops.execute import RunOptions
 from bulkrelay.ops.run import RunRequest, run
+from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.relay.progress import CallbackReporter, Snapshot
 from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.rundir import default_runs_dir
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_resume import (

@@ -12,6 +12,7 @@ import orjson
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
+from bulkrelay.ops.execute import plan_for
 from bulkrelay.ops.runlog import RUN_LOG, RunLog
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Snapshot
@@ -104,7 +105,7 @@ def test_an_unwritable_log_file_is_a_usage_error_naming_it(tmp_path: Path) -> No
 
 def test_checkpoints_are_logged_every_interval_and_a_stop_request_when_it_comes(tmp_path: Path) -> None:
     job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=10))
-    run = RunDir.create(tmp_path / "runs", {})
+    run = RunDir.create(tmp_path / "runs", plan_for(run_preflight(job, None)))
     now = [500.0]
     log = RunLog(interval=10.0, clock=lambda: now[0])
     log.event("start", command="run")

@@ -16,7 +16,7 @@ from bulkrelay.errors import StorageFailed
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.job.records import PreparedRequest
-from bulkrelay.ops.execute import manifest_for
+from bulkrelay.ops.execute import plan_for
 from bulkrelay.relay.engine import RelayOutcome, StartPoint, _FailureStreak, relay, transport_settings
 from bulkrelay.relay.progress import NullReporter, Snapshot
 from bulkrelay.relay.stopping import StopControl, StopReason
@@ -86,7 +86,7 @@ class _Recorder:
 def _setup(tmp_path: Path, rows: int, concurrency: int) -> tuple[Any, RunDir]:
     job_path = write_job(tmp_path, "http://127.0.0.1:9", rows=rows, execution={"concurrency": concurrency})
     preflight = run_preflight(load_job(job_path), None)
-    run = RunDir.create(tmp_path / "runs", manifest_for(preflight, {"parent_run": None}))
+    run = RunDir.create(tmp_path / "runs", plan_for(preflight))
     return preflight, run
 
 

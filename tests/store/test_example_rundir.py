@@ -29,7 +29,7 @@ def test_example_holds_every_file_of_the_contract() -> None:
 def test_example_manifest_checkpoint_and_journal_agree() -> None:
     run = example_run()
     assert run.state in RunState
-    fingerprint = InputFingerprint.from_dict(run.manifest["input"])
+    fingerprint = InputFingerprint.from_dict(run.plan.input.fingerprint())
     checkpoint = read_checkpoint(run.path)
     assert checkpoint is not None
     scan = scan_journal(
@@ -46,6 +46,6 @@ def test_example_manifest_checkpoint_and_journal_agree() -> None:
 def test_example_summary_is_what_the_journal_says() -> None:
     run = example_run()
     stored = orjson.loads((run.path / SUMMARY).read_bytes())
-    rebuilt = summarize(run.journal_path, total_rows=run.manifest["input"]["record_count"])
+    rebuilt = summarize(run.journal_path, total_rows=run.plan.input.record_count)
     for key in ("rows_total", "rows_done", "by_outcome", "by_status", "by_classification", "attempts"):
         assert stored[key] == rebuilt[key], key

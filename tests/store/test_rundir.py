@@ -10,7 +10,8 @@ import pytest
 
 from bulkrelay.errors import JournalCorrupt
 from bulkrelay.relay.stopping import StopReason
-from bulkrelay.store.rundir import MANIFEST, RunDir, RunState
+from bulkrelay.store.rundir import MANIFEST, AlphaRun, RunDir, RunState, open_listed
+from tests.runplans import run_plan
 
 # In run.json, envelopes and the metrics file: a renamed member must never change one of these.
 VALUES = {
@@ -44,10 +45,10 @@ def test_what_each_state_allows() -> None:
 
 
 def test_the_state_and_stop_reason_are_written_as_bare_strings(tmp_path: Path) -> None:
-    run = RunDir.create(tmp_path, {"job_path": "/jobs/a.yaml"})
+    run = RunDir.create(tmp_path, run_plan("/jobs/a.yaml"))
     assert orjson.loads((run.path / MANIFEST).read_bytes())["state"] == "running"
 
-    run.set_state(RunState.STOPPED, stop_reason=StopReason.HALT_AUTH)
+    run.mark_ended(RunState.STOPPED, StopReason.HALT_AUTH)
 
     on_disk = (run.path / MANIFEST).read_text()
     assert '"state": "stopped"' in on_disk and '"stop_reason": "halt_auth"' in on_disk
@@ -55,7 +56,7 @@ def test_the_state_and_stop_reason_are_written_as_bare_strings(tmp_path: Path) -
 
 
 def test_a_manifest_with_an_unknown_state_is_refused_naming_file_and_field(tmp_path: Path) -> None:
-    run = RunDir.create(tmp_path, {"job_path": "/jobs/a.yaml"})
+    run = RunDir.create(tmp_path, run_plan("/jobs/a.yaml"))
     manifest = run.path / MANIFEST
     data = orjson.loads(manifest.read_bytes())
     manifest.write_bytes(orjson.dumps({**data, "state": "paused"}))
@@ -75,6 +76,7 @@ def test_an_alpha_manifest_keeps_its_own_state(tmp_path: Path) -> None:
         orjson.dumps({"schema_version": 1, "run_id": "alpha-run", "state": "paused"})
     )
 
-    run = RunDir.open(alpha, alpha_ok=True)
+    run = open_listed(alpha)
 
-    assert run.format == "alpha" and run.manifest["state"] == "paused"
+    assert isinstance(run, AlphaRun)
+    assert run.format == "alpha" and run.manifest.state == "paused"
