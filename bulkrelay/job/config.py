@@ -322,14 +322,9 @@ class RequestConfig(_Model):
 
 
 class ResponseConfig(_Model):
-    success_statuses: Statuses | None = None  # None: any 2xx
+    success_statuses: Statuses | None = None  # None: any 2xx (applied by relay/retry's RetryPolicy)
     capture: dict[NonEmpty, Annotated[str, AfterValidator(_json_pointer)]] = Field(default_factory=dict)
     failure_body_bytes: Annotated[int, Field(ge=0, le=1_048_576)] = 2048
-
-    def is_success(self, status: int) -> bool:
-        if self.success_statuses is None:
-            return 200 <= status <= 299
-        return status in self.success_statuses
 
 
 class TimeoutConfig(_Model):

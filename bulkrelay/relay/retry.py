@@ -35,9 +35,11 @@ from bulkrelay.relay.transport.base import TransportError
 if TYPE_CHECKING:
     from bulkrelay.job.config import HaltConfig, ResponseConfig, RetryConfig
 
+# The classification of a row that succeeded: given by `RetryPolicy.is_success`, read by `counts_as_success`.
+SUCCESS = "success"
 # Every classification a journal line can carry, in the order of the docstring above.
 CLASSIFICATIONS = (
-    "success",
+    SUCCESS,
     "http_client_error",
     "http_rate_limited",
     "http_server_error",
@@ -61,6 +63,16 @@ class Decision:
     classification: str
     retryable: bool  # this kind of outcome is retryable, even when no attempts are left
     halt: bool = False  # a halt status: stop the run (resumable), never retried
+
+    @property
+    def success(self) -> bool:
+        """The row succeeded: what its journal line records as `success`."""
+        return counts_as_success(self.classification)
+
+
+def counts_as_success(classification: str) -> bool:
+    """Whether an outcome so classified is a success: the one reading of `RetryPolicy.is_success`."""
+    return classification == SUCCESS
 
 
 @dataclass(frozen=True)
@@ -104,13 +116,14 @@ class RetryPolicy:
         )
 
     def is_success(self, status: int) -> bool:
+        """The success rule: the job's `response.success_statuses`, else any 2xx."""
         if self.success_statuses is None:
             return 200 <= status < 300
         return status in self.success_statuses
 
     def classify_status(self, status: int) -> str:
         if self.is_success(status):
-            return "success"
+            return SUCCESS
         if status == 429:
             return "http_rate_limited"
         if 400 <= status < 500:
@@ -141,8 +154,9 @@ class RetryPolicy:
         else:
             assert status is not None
             classification = self.classify_status(status)
-            halt = status in self.halt_statuses and classification != "success"
-            retryable = classification != "success" and not halt and status in self.statuses
+            succeeded = self.is_success(status)
+            halt = status in self.halt_statuses and not succeeded
+            retryable = not succeeded and not halt and status in self.statuses
         if not retryable or attempt >= self.max_attempts:
             return Decision(False, 0.0, classification, retryable, halt)
         return Decision(True, self.delay(attempt, retry_after), classification, True)

@@ -16,7 +16,7 @@ from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
-from bulkrelay.relay.retry import RetryPolicy, parse_retry_after, quota_exhausted_for
+from bulkrelay.relay.retry import RetryPolicy, counts_as_success, parse_retry_after, quota_exhausted_for
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
 
@@ -152,7 +152,7 @@ class RowSender:
         classification: str,
         retryable: bool,
     ) -> dict[str, Any]:
-        success = classification == "success"
+        success = counts_as_success(classification)
         entry: dict[str, Any] = {
             "row_number": record.row_number,
             "success": success,

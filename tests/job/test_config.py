@@ -51,7 +51,6 @@ def test_defaults() -> None:
     assert config.version == 1
     assert config.input.file is None and config.input.delimiter == ","
     assert config.response.success_statuses is None
-    assert config.response.is_success(204) and not config.response.is_success(301)
     assert config.response.failure_body_bytes == 2048
     execution = config.execution
     assert execution.concurrency == 8 and execution.rate_limit is None and execution.http2 is False
