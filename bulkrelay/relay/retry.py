@@ -30,6 +30,15 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
+from bulkrelay.job.config import (
+    DEFAULT_HALT_STATUSES,
+    DEFAULT_INITIAL_BACKOFF_SECONDS,
+    DEFAULT_JITTER_RATIO,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_BACKOFF_SECONDS,
+    DEFAULT_RESPECT_RETRY_AFTER,
+    DEFAULT_RETRY_STATUSES,
+)
 from bulkrelay.relay.transport.base import TransportError
 
 if TYPE_CHECKING:
@@ -49,9 +58,6 @@ CLASSIFICATIONS = (
     "timeout_error",
     "protocol_error",
 )
-
-DEFAULT_RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
-DEFAULT_HALT_STATUSES = frozenset({401, 403})
 
 _DELTA_SECONDS = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
 
@@ -77,12 +83,12 @@ def counts_as_success(classification: str) -> bool:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 1
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # defaults: the job file's (bulkrelay.job.config)
     statuses: Collection[int] = DEFAULT_RETRY_STATUSES
-    initial_backoff_seconds: float = 1.0
-    max_backoff_seconds: float = 30.0
-    jitter_ratio: float = 0.2
-    respect_retry_after: bool = True
+    initial_backoff_seconds: float = DEFAULT_INITIAL_BACKOFF_SECONDS
+    max_backoff_seconds: float = DEFAULT_MAX_BACKOFF_SECONDS
+    jitter_ratio: float = DEFAULT_JITTER_RATIO
+    respect_retry_after: bool = DEFAULT_RESPECT_RETRY_AFTER
     success_statuses: Collection[int] | None = None  # None: any 2xx
     halt_statuses: Collection[int] = DEFAULT_HALT_STATUSES
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)

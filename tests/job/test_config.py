@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from textwrap import dedent
 
+import pydantic
 import pytest
 
 from bulkrelay.errors import ConfigInvalid, NotFound, Problem
+from bulkrelay.job import config as job_config
 from bulkrelay.job.config import (
+    HaltConfig,
     JobConfig,
     JsonField,
     JsonValue,
+    ResponseConfig,
+    RetryConfig,
     config_semantic_dict,
     load_job,
     parse_job,
 )
+from bulkrelay.relay.retry import RetryPolicy
+from bulkrelay.relay.transport.base import TransportSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "alpha" / "basic.yaml"
 
@@ -423,3 +431,22 @@ def test_semantic_dict_distinguishes_a_null_default_from_none() -> None:
 def test_secrets_in_headers_stay_placeholders_in_the_semantic_dict() -> None:
     data = config_semantic_dict(_parse(MINIMAL + "  headers: { Authorization: 'Bearer ${API_TOKEN}' }\n"))
     assert data["request"]["headers"] == {"Authorization": "Bearer ${API_TOKEN}"}
+
+
+def test_the_defaults_live_in_config_and_the_relay_uses_them() -> None:
+    """One home per default: the retry policy and the transport take config's constants, not copies."""
+    policy_defaults = {f.name: f.default for f in dataclasses.fields(RetryPolicy)}
+    assert policy_defaults["max_attempts"] is job_config.DEFAULT_MAX_ATTEMPTS == RetryConfig().max_attempts
+    assert policy_defaults["statuses"] is job_config.DEFAULT_RETRY_STATUSES == RetryConfig().statuses
+    assert policy_defaults["halt_statuses"] is job_config.DEFAULT_HALT_STATUSES == HaltConfig().on_statuses
+    assert policy_defaults["initial_backoff_seconds"] == RetryConfig().initial_backoff_seconds
+    assert policy_defaults["max_backoff_seconds"] == RetryConfig().max_backoff_seconds
+    assert policy_defaults["jitter_ratio"] == RetryConfig().jitter_ratio
+    assert policy_defaults["respect_retry_after"] is RetryConfig().respect_retry_after
+    body_limit = {f.name: f.default for f in dataclasses.fields(TransportSettings)}["max_body_bytes"]
+    assert body_limit is job_config.MAX_BODY_BYTES
+    # a failure body is cut from what the transport read: it can never ask for more
+    with pytest.raises(pydantic.ValidationError):
+        ResponseConfig(failure_body_bytes=job_config.MAX_BODY_BYTES + 1)
+    largest = ResponseConfig(failure_body_bytes=job_config.MAX_BODY_BYTES)
+    assert largest.failure_body_bytes == job_config.MAX_BODY_BYTES

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from bulkrelay._version import __version__
 from bulkrelay.errors import TlsUnavailable, UsageError
+from bulkrelay.job.config import MAX_BODY_BYTES
 from bulkrelay.job.records import PreparedRequest
 
 TimeoutPhase = Literal["connect", "write", "read", "pool"]  # reqwest never says "write": see its module
@@ -99,7 +100,7 @@ class TransportSettings:
     read_seconds: float
     write_seconds: float
     pool_seconds: float
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = MAX_BODY_BYTES
     http2: bool = False  # HTTP/2 only, by prior knowledge: no HTTP/1.1 fallback
     decompress: bool = False  # decode gzip/brotli/zstd/deflate answers: when the job sends Accept-Encoding
     client: ClientName = "reqwest"
