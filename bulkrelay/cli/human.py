@@ -1,13 +1,17 @@
-"""Human output on a terminal: the same result the envelope carries, shown with rich."""
+"""Human output on a terminal: the same typed result the envelope carries, shown with rich.
+
+Each result type has one view here, chosen by the value's type."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from bulkrelay.envelope import Result
+from bulkrelay.ops.results import RenderResult, ValidateResult
 from bulkrelay.relay.progress import pace_text
 
 _console = Console()
@@ -18,11 +22,14 @@ def print_human(result: Result, envelope: dict[str, Any]) -> None:
     for warning in envelope["warnings"]:
         _err.print(f"[yellow]warning[/] {warning['code']}: {warning['message']}")
     data = result.data
+    view = _VIEWS.get(type(data))
     show = _RENDERERS.get(result.kind)
-    if show is not None and data is not None:
+    if view is not None:
+        view(data)
+    elif show is not None and isinstance(data, dict):
         show(data)
     elif data is not None:
-        _console.print_json(data=data)
+        _console.print_json(data=envelope["data"])
     if result.error is not None:
         _print_error(result.error)
 
@@ -36,24 +43,24 @@ def _print_error(error: dict[str, Any]) -> None:
         _err.print(f"[dim]hint:[/] {error['suggestion']}", highlight=False)
 
 
-def _validate(data: dict[str, Any]) -> None:
+def _validate(valid: ValidateResult) -> None:
     _console.print(
-        f"[green]valid[/] {data['job']}: {data['record_count']} records ({data['format']}"
-        f"{', gzip' if data['gzip'] else ''}) from {data['input']['path']}",
+        f"[green]valid[/] {valid.job}: {valid.record_count} records ({valid.format}"
+        f"{', gzip' if valid.gzip else ''}) from {valid.input.path}",
         highlight=False,
     )
-    _console.print(f"input sha256 {data['input']['sha256']}  config sha256 {data['config_sha256']}")
+    _console.print(f"input sha256 {valid.input.sha256}  config sha256 {valid.config_sha256}")
 
 
-def _render(data: dict[str, Any]) -> None:
-    for request in data["requests"]:
-        _console.rule(f"row {request['row_number']} (line {request['line']})")
-        _console.print(f"[bold]{request['method']}[/] {request['url']}", highlight=False)
-        for name, value in request["headers"]:
+def _render(rendered: RenderResult) -> None:
+    for request in rendered.requests:
+        _console.rule(f"row {request.row_number} (line {request.line})")
+        _console.print(f"[bold]{request.method}[/] {request.url}", highlight=False)
+        for name, value in request.headers:
             _console.print(f"{name}: {value}", highlight=False)
-        if request.get("body") is not None:
+        if request.body is not None:
             _console.print()
-            _console.print(request["body"], highlight=False)
+            _console.print(request.body, highlight=False)
 
 
 def _summary_table(summary: dict[str, Any]) -> Table:
@@ -155,12 +162,17 @@ def _version(data: dict[str, Any]) -> None:
 _RENDERERS = {
     "help": _help,
     "version": _version,
-    "validate": _validate,
-    "render": _render,
     "run": _run,
     "status": _status,
     "runs": _runs,
     "demo": _demo,
     "failures": _failures,
     "prune": _prune,
+}
+
+
+# One view per result type.
+_VIEWS: dict[type, Callable[[Any], None]] = {
+    ValidateResult: _validate,
+    RenderResult: _render,
 }

@@ -17,6 +17,7 @@ from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.request import RenderError, RequestRenderer
+from bulkrelay.ops.results import InputFacts, RenderedRequest, RenderResult, ValidateResult
 from bulkrelay.relay.sender import row_identity
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.checkpoint import read_checkpoint
@@ -35,27 +36,21 @@ _ROWS = re.compile(r"^\d+(-\d+)?$")
 DEFAULT_ROWS = "1-5"  # `render` without --rows: the first five rows, however many there are
 
 
-def preflight_data(preflight: Preflight) -> dict[str, Any]:
+def validate_result(preflight: Preflight) -> ValidateResult:
     fingerprint = preflight.input_fingerprint
-    return {
-        "job": str(preflight.job.path),
-        "record_count": fingerprint.record_count,
-        "format": fingerprint.format,
-        "gzip": fingerprint.gzip,
-        "input": {
-            "path": preflight.input_spec.display_name,
-            "sha256": fingerprint.sha256,
-            "size": fingerprint.size,
-        },
-        "config_sha256": preflight.config_fingerprint,
-    }
+    return ValidateResult(
+        job=str(preflight.job.path),
+        record_count=fingerprint.record_count,
+        format=fingerprint.format,
+        gzip=fingerprint.gzip,
+        input=InputFacts(preflight.input_spec.display_name, fingerprint.sha256, fingerprint.size),
+        config_sha256=preflight.config_fingerprint,
+    )
 
 
 def validate(job: Job, input_path: Path | None, input_name: str | None = None) -> Result:
     preflight = run_preflight(job, input_path, input_name=input_name)
-    return Result(
-        data=preflight_data(preflight), kind="validate", warnings=deprecation_warnings(job.deprecations)
-    )
+    return Result(data=validate_result(preflight), warnings=deprecation_warnings(job.deprecations))
 
 
 @dataclass(frozen=True)
@@ -129,12 +124,12 @@ def render(job: Job, input_path: Path | None, rows_spec: str | None, input_name:
                 {"rows": rows_spec, "record_count": record_count},
             )
         )
-    return Result(data={"job": str(job.path), "requests": requests}, warnings=warnings, kind="render")
+    return Result(data=RenderResult(str(job.path), tuple(requests)), warnings=warnings)
 
 
 def _render_rows(
     job: Job, spec: InputSpec, wanted: RowRanges
-) -> tuple[list[dict[str, Any]], list[Problem], int | None]:
+) -> tuple[list[RenderedRequest], list[Problem], int | None]:
     """The rendered requests, the problems met, and the input's row count when the range
     reached past its end (None when it stopped early: every named row exists)."""
     renderer = RequestRenderer.from_config(
@@ -142,7 +137,7 @@ def _render_rows(
     )
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []
-    requests: list[dict[str, Any]] = []
+    requests: list[RenderedRequest] = []
     seen = 0
     with open_records(spec, problems.append) as stream:
         for record in stream:
@@ -168,8 +163,16 @@ def _render_rows(
                 identity = row_identity(record, job.config.input.key)
                 key = renderer.idempotency_key(config_sha256, identity, request)
                 request = renderer.with_idempotency_key(request, key)
+            shown = renderer.redact(request)
             requests.append(
-                {"row_number": record.row_number, "line": record.line, **renderer.redact(request)}
+                RenderedRequest(
+                    record.row_number,
+                    record.line,
+                    shown["method"],
+                    shown["url"],
+                    tuple((name, value) for name, value in shown["headers"]),
+                    shown["body"],
+                )
             )
     return requests, problems, seen if seen < wanted.last else None
 

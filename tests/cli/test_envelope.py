@@ -12,6 +12,7 @@ from rich.console import Console
 from bulkrelay.cli import human
 from bulkrelay.envelope import EnvelopeWarning, Result, dumps_envelope, to_envelope
 from bulkrelay.errors import ExitCode, NotFound
+from bulkrelay.ops.results import InputFacts, ValidateResult
 
 
 @pytest.mark.parametrize("code", list(ExitCode))
@@ -99,16 +100,16 @@ def test_human_run_result_shows_the_summary_and_the_way_on(captured: tuple[io.St
 
 def test_human_validate_result(captured: tuple[io.StringIO, io.StringIO]) -> None:
     out, err = captured
-    data = {
-        "job": "job.yaml",
-        "record_count": 3,
-        "format": "csv",
-        "gzip": False,
-        "input": {"path": "in.csv", "sha256": "ab" * 32, "size": 10},
-        "config_sha256": "cd" * 32,
-    }
+    data = ValidateResult(
+        job="job.yaml",
+        record_count=3,
+        format="csv",
+        gzip=False,
+        input=InputFacts(path="in.csv", sha256="ab" * 32, size=10),
+        config_sha256="cd" * 32,
+    )
     warning = EnvelopeWarning("SOMETHING", "mind this")
-    result = Result(data=data, kind="validate", warnings=[warning])
+    result = Result(data=data, warnings=[warning])
     human.print_human(result, to_envelope(result, duration_ms=1))
     assert "valid job.yaml: 3 records (csv) from in.csv" in out.getvalue()
     assert "ab" * 32 in out.getvalue()
