@@ -11,7 +11,14 @@ from rich.console import Console
 from rich.table import Table
 
 from bulkrelay.envelope import Result
-from bulkrelay.ops.results import RenderResult, ValidateResult
+from bulkrelay.ops.results import (
+    FailuresResult,
+    PruneResult,
+    RenderResult,
+    RunsResult,
+    StatusResult,
+    ValidateResult,
+)
 from bulkrelay.relay.progress import pace_text
 
 _console = Console()
@@ -85,35 +92,44 @@ def _ms(value: object) -> str:
     return "-" if value is None else str(value)  # no rows yet: no latency, never "None"
 
 
-def _status(data: dict[str, Any]) -> None:
-    _run(data)
-    line = f"liveness: {data['liveness']}"
-    if data.get("pid"):
-        line += f" (pid {data['pid']})"
-    if data.get("stop_reason"):
-        line += f"; stop reason: {data['stop_reason']}"
+def _status(status: StatusResult) -> None:
+    _run_lines(status.summary, status.run_id, status.state, status.run_dir, status.continue_command)
+    line = f"liveness: {status.liveness}"
+    if status.pid:
+        line += f" (pid {status.pid})"
+    if status.stop_reason:
+        line += f"; stop reason: {status.stop_reason}"
     _console.print(line, highlight=False)
-    rate = data.get("rate")
-    if rate:
-        _console.print(f"pace: {pace_text(rate)}", highlight=False)
+    if status.rate:
+        _console.print(f"pace: {pace_text(status.rate)}", highlight=False)
 
 
 def _run(data: dict[str, Any]) -> None:
-    if data.get("summary"):
-        _console.print(_summary_table(data["summary"]))
-    _console.print(f"run {data['run_id']}: [bold]{data['state']}[/]  ({data['run_dir']})", highlight=False)
-    if data.get("continue_command"):
-        _console.print(f"continue with: {data['continue_command']}", highlight=False)
+    _run_lines(
+        data.get("summary"), data["run_id"], data["state"], data["run_dir"], data.get("continue_command")
+    )
 
 
-def _runs(data: dict[str, Any]) -> None:
+def _run_lines(
+    summary: dict[str, Any] | None, run_id: str, state: str, run_dir: str, continue_command: str | None
+) -> None:
+    """A run's summary table, its state and where it lives, and how to continue it."""
+    if summary:
+        _console.print(_summary_table(summary))
+    _console.print(f"run {run_id}: [bold]{state}[/]  ({run_dir})", highlight=False)
+    if continue_command:
+        _console.print(f"continue with: {continue_command}", highlight=False)
+
+
+def _runs(listed: RunsResult) -> None:
     # The run id starts with its UTC start time, so it doubles as the "when" column; it never wraps.
     columns = ("run_id", "state", "done", "total", "failed", "name")
-    table = Table(title=f"runs in {data['runs_dir']}")
+    table = Table(title=f"runs in {listed.runs_dir}")
     for column in columns:
         table.add_column(column, no_wrap=column != "name", min_width=6 if column == "name" else None)
-    for run in data["runs"]:
-        table.add_row(*("" if run[c] is None else str(run[c]) for c in columns))
+    for run in listed.runs:
+        cells = (run.run_id, run.state, run.done, run.total, run.failed, run.name)
+        table.add_row(*("" if cell is None else str(cell) for cell in cells))
     _console.print(table)
 
 
@@ -130,24 +146,23 @@ def _demo(data: dict[str, Any]) -> None:
     _console.print(f"look inside: bulkrelay status {data['run_dir']}", highlight=False)
 
 
-def _failures(data: dict[str, Any]) -> None:
-    table = Table(title=f"{data['failed']} failed rows in run {data['run_id']}")
+def _failures(found: FailuresResult) -> None:
+    table = Table(title=f"{found.failed} failed rows in run {found.run_id}")
     for column in ("count", "status", "classification", "examples (row: error, body)"):
         table.add_column(column, overflow="fold")
-    for group in data["groups"]:
+    for group in found.groups:
         examples = "\n".join(
-            f"{e['row_number']}: {e['error']}" + (f", {e['body'][:120]}" if e.get("body") else "")
-            for e in group["examples"]
+            f"{e.row_number}: {e.error}" + (f", {e.body[:120]}" if e.body else "") for e in group.examples
         )
-        status = "-" if group["status_code"] is None else str(group["status_code"])
-        table.add_row(str(group["count"]), status, group["classification"], examples)
+        status = "-" if group.status_code is None else str(group.status_code)
+        table.add_row(str(group.count), status, group.classification, examples)
     _console.print(table)
 
 
-def _prune(data: dict[str, Any]) -> None:
-    verb = "would remove" if data["dry_run"] else "removed"
-    _console.print(f"{verb} {len(data['removed'])} runs, kept {data['kept']} in {data['runs_dir']}")
-    for run_id in data["removed"]:
+def _prune(pruned: PruneResult) -> None:
+    verb = "would remove" if pruned.dry_run else "removed"
+    _console.print(f"{verb} {len(pruned.removed)} runs, kept {pruned.kept} in {pruned.runs_dir}")
+    for run_id in pruned.removed:
         _console.print(f"  {run_id}", highlight=False)
 
 
@@ -163,11 +178,7 @@ _RENDERERS = {
     "help": _help,
     "version": _version,
     "run": _run,
-    "status": _status,
-    "runs": _runs,
     "demo": _demo,
-    "failures": _failures,
-    "prune": _prune,
 }
 
 
@@ -175,4 +186,8 @@ _RENDERERS = {
 _VIEWS: dict[type, Callable[[Any], None]] = {
     ValidateResult: _validate,
     RenderResult: _render,
+    StatusResult: _status,
+    RunsResult: _runs,
+    FailuresResult: _failures,
+    PruneResult: _prune,
 }

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay.envelope import Result
+from bulkrelay.ops.results import FailureExample, FailureGroup, FailuresResult
 from bulkrelay.store.journal import decode_line
 from bulkrelay.store.rundir import RunDir
 
@@ -21,30 +22,27 @@ EXAMPLES = 3
 
 @dataclass
 class _Group:
+    """A group as the journal is read: counted, with its first examples."""
+
     status_code: int | None
     classification: str
     count: int = 0
-    examples: list[dict[str, Any]] = field(default_factory=list)
+    examples: list[FailureExample] = field(default_factory=list)
 
     def add(self, entry: dict[str, Any]) -> None:
         self.count += 1
         if len(self.examples) < EXAMPLES:
             self.examples.append(
-                {
-                    "row_number": entry["row_number"],
-                    "attempts": entry["attempts"],
-                    "error": entry.get("error"),
-                    "body": entry.get("response_body"),
-                }
+                FailureExample(
+                    row_number=entry["row_number"],
+                    attempts=entry["attempts"],
+                    error=entry.get("error"),
+                    body=entry.get("response_body"),
+                )
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status_code": self.status_code,
-            "classification": self.classification,
-            "count": self.count,
-            "examples": self.examples,
-        }
+    def result(self) -> FailureGroup:
+        return FailureGroup(self.status_code, self.classification, self.count, tuple(self.examples))
 
 
 def _failed_entries(journal: Path) -> Iterator[dict[str, Any]]:
@@ -71,11 +69,5 @@ def failures(run_dir: Path) -> Result:
         key = (entry.get("status_code"), str(entry["classification"]))
         groups.setdefault(key, _Group(*key)).add(entry)
     ordered = sorted(groups.values(), key=lambda g: (-g.count, str(g.status_code), g.classification))
-    data = {
-        "run_id": run.run_id,
-        "run_dir": str(run.path),
-        "state": run.state,
-        "failed": failed,
-        "groups": [group.to_dict() for group in ordered],
-    }
-    return Result(data=data, kind="failures")
+    groups_found = tuple(group.result() for group in ordered)
+    return Result(data=FailuresResult(run.run_id, str(run.path), run.state, failed, groups_found))

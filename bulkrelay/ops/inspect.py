@@ -17,7 +17,16 @@ from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.request import RenderError, RequestRenderer
-from bulkrelay.ops.results import InputFacts, RenderedRequest, RenderResult, ValidateResult
+from bulkrelay.ops.results import (
+    InputFacts,
+    RenderedRequest,
+    RenderResult,
+    RunRow,
+    RunsResult,
+    StatusResult,
+    ValidateResult,
+)
+from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.sender import row_identity
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.checkpoint import read_checkpoint
@@ -177,18 +186,17 @@ def _render_rows(
     return requests, problems, seen if seen < wanted.last else None
 
 
-def committed_progress(run: RunDir) -> dict[str, Any]:
+def committed_progress(run: RunDir) -> Snapshot:
     """What the checkpoint says is durably done; a retry-failed run counts only its selected rows."""
     checkpoint = read_checkpoint(run.path)
     record_count = int(run.manifest["input"]["record_count"])
     selection = load_selection(run.path, record_count)
-    return {
-        "done": checkpoint.rows_done if checkpoint else 0,
-        "total": len(selection) if selection is not None else record_count,
-        "unit": "rows",
-        "ok": checkpoint.ok if checkpoint else 0,
-        "failed": checkpoint.failed if checkpoint else 0,
-    }
+    return Snapshot(
+        total=len(selection) if selection is not None else record_count,
+        done=checkpoint.rows_done if checkpoint else 0,
+        ok=checkpoint.ok if checkpoint else 0,
+        failed=checkpoint.failed if checkpoint else 0,
+    )
 
 
 LIVE = "live"
@@ -235,27 +243,28 @@ def status(run_dir: Path) -> Result:
     summary = read_json(summary_path) if summary_path.exists() else None
     alive = liveness(run)
     pid = run.manifest.get("pid")
-    data = {
-        "run_id": run.run_id,
-        "run_dir": str(run.path),
-        "state": run.state,
-        "live": alive == LIVE,
-        "liveness": alive,
-        "pid": pid if alive == LIVE and _pid_alive(pid) else None,
-        "stop_reason": run.manifest.get("stop_reason"),
-        "created_at": run.manifest.get("created_at"),
-        "updated_at": run.manifest.get("updated_at"),
-        "parent_run": run.manifest.get("parent_run"),
-        "progress": committed_progress(run),
-        "rate": _rate(run, alive, summary),
-        "latency_ms": _known_latency(summary),
-        "summary": summary,
-    }
-    if "sync" in run.manifest:  # a delta run: its mode, rows selected and rows skipped unchanged
-        data["sync"] = run.manifest["sync"]
-    if alive in (CRASHED, RESUMABLE):
-        data["continue_command"] = f"bulkrelay resume {shlex.quote(str(run.path))}"
-    return Result(data=data, kind="status")
+    manifest = run.manifest
+    resumable = alive in (CRASHED, RESUMABLE)
+    return Result(
+        data=StatusResult(
+            run_id=run.run_id,
+            run_dir=str(run.path),
+            state=run.state,
+            live=alive == LIVE,
+            liveness=alive,
+            pid=pid if alive == LIVE and _pid_alive(pid) else None,
+            stop_reason=manifest.get("stop_reason"),
+            created_at=manifest.get("created_at"),
+            updated_at=manifest.get("updated_at"),
+            parent_run=manifest.get("parent_run"),
+            progress=committed_progress(run),
+            rate=_rate(run, alive, summary),
+            latency_ms=_known_latency(summary),
+            summary=summary,
+            sync=manifest.get("sync"),  # a delta run: its mode, rows selected and rows skipped unchanged
+            continue_command=f"bulkrelay resume {shlex.quote(str(run.path))}" if resumable else None,
+        )
+    )
 
 
 def _known_latency(summary: dict[str, Any] | None) -> dict[str, float]:
@@ -264,43 +273,44 @@ def _known_latency(summary: dict[str, Any] | None) -> dict[str, float]:
     return {name: value for name, value in latency.items() if value is not None}
 
 
-def _alpha_progress(run: RunDir) -> dict[str, Any]:
-    """The counters of a public alpha run, from its own `checkpoint.json` (`processed`, `failed`)."""
+def _alpha_progress(run: RunDir) -> tuple[int, int | None, int]:
+    """Done, total and failed rows of a public alpha run, from its own `checkpoint.json`
+    (`processed`, `failed`); its manifest may not know the total."""
     path = run.path / CHECKPOINT
     checkpoint = read_json(path) if path.is_file() else {}
-    return {
-        "done": checkpoint.get("processed", 0),
-        "total": run.manifest.get("input_total"),
-        "failed": checkpoint.get("failed", 0),
-    }
+    return checkpoint.get("processed", 0), run.manifest.get("input_total"), checkpoint.get("failed", 0)
 
 
 def runs(runs_dir: Path) -> Result:
     """A table of runs; one whose files cannot be read is left out with a warning naming it."""
-    table = []
+    table: list[RunRow] = []
     warnings: list[EnvelopeWarning] = []
     for run_dir in run_dirs(runs_dir):
         try:
             table.append(_run_row(RunDir.open(run_dir, alpha_ok=True)))
         except (BulkRelayError, KeyError, TypeError, ValueError) as exc:
             warnings.append(_unreadable_run(run_dir, exc))
-    return Result(data={"runs_dir": str(runs_dir), "runs": table}, warnings=warnings, kind="runs")
+    return Result(data=RunsResult(str(runs_dir), tuple(table)), warnings=warnings)
 
 
-def _run_row(run: RunDir) -> dict[str, Any]:
+def _run_row(run: RunDir) -> RunRow:
     alpha = run.format == ALPHA
-    progress = _alpha_progress(run) if alpha else committed_progress(run)
-    return {
-        "run_id": run.run_id,
-        "state": ALPHA if alpha else run.state,
-        "format": run.format,
-        "name": run.manifest.get("name"),
-        "created_at": run.manifest.get("created_at"),
-        "done": progress["done"],
-        "total": progress["total"],
-        "failed": progress["failed"],
-        "run_dir": str(run.path),
-    }
+    if alpha:
+        done, total, failed = _alpha_progress(run)
+    else:
+        progress = committed_progress(run)
+        done, total, failed = progress.done, progress.total, progress.failed
+    return RunRow(
+        run_id=run.run_id,
+        state=ALPHA if alpha else run.state,
+        format=run.format,
+        name=run.manifest.get("name"),
+        created_at=run.manifest.get("created_at"),
+        done=done,
+        total=total,
+        failed=failed,
+        run_dir=str(run.path),
+    )
 
 
 def _unreadable_run(run_dir: Path, exc: Exception) -> EnvelopeWarning:

@@ -19,6 +19,7 @@ from typing import Any
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, RunLocked, UsageError
+from bulkrelay.ops.results import PruneResult
 from bulkrelay.ops.settings import Retention, load_settings
 from bulkrelay.store.rundir import RunDir, is_alpha_manifest, is_locked, run_dirs
 
@@ -36,15 +37,15 @@ class PruneReport:
     kept: int
     warnings: list[EnvelopeWarning]
 
-    def to_data(self, runs_dir: Path, retention: Retention, dry_run: bool) -> dict[str, Any]:
-        return {
-            "runs_dir": str(runs_dir),
-            "dry_run": dry_run,
-            "keep": retention.keep,
-            "older_than": retention.older_than,
-            "removed": self.removed,
-            "kept": self.kept,
-        }
+    def result(self, runs_dir: Path, retention: Retention, dry_run: bool) -> PruneResult:
+        return PruneResult(
+            runs_dir=str(runs_dir),
+            dry_run=dry_run,
+            keep=retention.keep,
+            older_than=retention.older_than,
+            removed=tuple(self.removed),
+            kept=self.kept,
+        )
 
 
 def _job_of(manifest: dict[str, Any], run_id: str) -> str:
@@ -125,7 +126,7 @@ def prune(runs_dir: Path, retention: Retention, *, dry_run: bool = False) -> Pru
 
 def prune_command(runs_dir: Path, retention: Retention, *, dry_run: bool) -> Result:
     report = prune(runs_dir, retention, dry_run=dry_run)
-    return Result(data=report.to_data(runs_dir, retention, dry_run), warnings=report.warnings, kind="prune")
+    return Result(data=report.result(runs_dir, retention, dry_run), warnings=report.warnings)
 
 
 def retention_after_run(runs_dir: Path, settings_file: Path | None = None) -> PruneReport:

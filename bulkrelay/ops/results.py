@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bulkrelay.envelope import CommandData
+from bulkrelay.relay.progress import Snapshot
+from bulkrelay.store.rundir import RunState
 
 
 @dataclass(frozen=True)
@@ -76,3 +78,232 @@ class RenderResult(CommandData):
 
     def to_data(self) -> dict[str, Any]:
         return {"job": self.job, "requests": [request.to_data() for request in self.requests]}
+
+
+@dataclass(frozen=True)
+class StatusResult(CommandData):
+    """One run's state, liveness, pace and counters. `sync` (a delta run) and `continue_command`
+    (a resumable run) appear in the envelope only when set."""
+
+    kind = "status"
+
+    run_id: str
+    run_dir: str
+    state: RunState
+    live: bool
+    liveness: str
+    pid: int | None
+    stop_reason: str | None
+    created_at: str | None
+    updated_at: str | None
+    parent_run: str | None
+    progress: Snapshot
+    rate: dict[str, Any] | None
+    latency_ms: dict[str, float]
+    summary: dict[str, Any] | None
+    sync: dict[str, Any] | None = None
+    continue_command: str | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "run_id": self.run_id,
+            "run_dir": self.run_dir,
+            "state": self.state,
+            "live": self.live,
+            "liveness": self.liveness,
+            "pid": self.pid,
+            "stop_reason": self.stop_reason,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "parent_run": self.parent_run,
+            "progress": self.progress.to_dict(),
+            "rate": self.rate,
+            "latency_ms": self.latency_ms,
+            "summary": self.summary,
+        }
+        if self.sync is not None:
+            data["sync"] = self.sync
+        if self.continue_command is not None:
+            data["continue_command"] = self.continue_command
+        return data
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One line of `runs`: a public alpha run has `alpha` for its state and may have no total."""
+
+    run_id: str
+    state: str
+    format: str
+    name: str | None
+    created_at: str | None
+    done: int
+    total: int | None
+    failed: int
+    run_dir: str
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "state": self.state,
+            "format": self.format,
+            "name": self.name,
+            "created_at": self.created_at,
+            "done": self.done,
+            "total": self.total,
+            "failed": self.failed,
+            "run_dir": self.run_dir,
+        }
+
+
+@dataclass(frozen=True)
+class RunsResult(CommandData):
+    kind = "runs"
+
+    runs_dir: str
+    runs: tuple[RunRow, ...]
+
+    def to_data(self) -> dict[str, Any]:
+        return {"runs_dir": self.runs_dir, "runs": [run.to_data() for run in self.runs]}
+
+
+@dataclass(frozen=True)
+class FailureExample:
+    row_number: int
+    attempts: int
+    error: str | None
+    body: str | None
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "row_number": self.row_number,
+            "attempts": self.attempts,
+            "error": self.error,
+            "body": self.body,
+        }
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    """The failed rows of one (status, classification), with a few examples."""
+
+    status_code: int | None
+    classification: str
+    count: int
+    examples: tuple[FailureExample, ...]
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "status_code": self.status_code,
+            "classification": self.classification,
+            "count": self.count,
+            "examples": [example.to_data() for example in self.examples],
+        }
+
+
+@dataclass(frozen=True)
+class FailuresResult(CommandData):
+    kind = "failures"
+
+    run_id: str
+    run_dir: str
+    state: RunState
+    failed: int
+    groups: tuple[FailureGroup, ...]
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "run_dir": self.run_dir,
+            "state": self.state,
+            "failed": self.failed,
+            "groups": [group.to_data() for group in self.groups],
+        }
+
+
+@dataclass(frozen=True)
+class PruneResult(CommandData):
+    kind = "prune"
+
+    runs_dir: str
+    dry_run: bool
+    keep: int | None
+    older_than: str | None
+    removed: tuple[str, ...]
+    kept: int
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "runs_dir": self.runs_dir,
+            "dry_run": self.dry_run,
+            "keep": self.keep,
+            "older_than": self.older_than,
+            "removed": list(self.removed),
+            "kept": self.kept,
+        }
+
+
+@dataclass(frozen=True)
+class ShardRow:
+    shard: str | None
+    run_id: str
+    run_dir: str
+    state: RunState
+    live: bool
+    progress: Snapshot
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "run_id": self.run_id,
+            "run_dir": self.run_dir,
+            "state": self.state,
+            "live": self.live,
+            "done": self.progress.done,
+            "total": self.progress.total,
+            "ok": self.progress.ok,
+            "failed": self.progress.failed,
+        }
+
+
+@dataclass(frozen=True)
+class ShardsResult(CommandData):
+    """The shards of one job summed; `live` in the total counts the shards being worked on now."""
+
+    kind = "shards"
+
+    shards: tuple[ShardRow, ...]
+    total: Snapshot
+    live: int
+    complete: bool
+
+    def to_data(self) -> dict[str, Any]:
+        total = {"done": self.total.done, "total": self.total.total, "ok": self.total.ok}
+        total.update(failed=self.total.failed, live=self.live)
+        return {"shards": [row.to_data() for row in self.shards], "total": total, "complete": self.complete}
+
+
+@dataclass(frozen=True)
+class ExportResult(CommandData):
+    """Where the joined rows went. `skipped_unchanged` (a delta run) appears only when set."""
+
+    run_id: str
+    output: str
+    format: str
+    rows: int
+    failed_only: bool
+    runs: tuple[str, ...]
+    skipped_unchanged: int | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "run_id": self.run_id,
+            "output": self.output,
+            "format": self.format,
+            "rows": self.rows,
+            "failed_only": self.failed_only,
+            "runs": list(self.runs),
+        }
+        if self.skipped_unchanged is not None:
+            data["skipped_unchanged"] = self.skipped_unchanged
+        return data
