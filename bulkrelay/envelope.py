@@ -59,7 +59,7 @@ class Result:
     `data` is a `CommandData`, or a plain mapping where there is no type: an error's own data, and a
     background job's result read back from its stored envelope."""
 
-    data: Any = None
+    data: CommandData | dict[str, Any] | None = None
     exit_code: ExitCode = ExitCode.SUCCESS
     error: dict[str, Any] | None = None
     warnings: list[EnvelopeWarning] = field(default_factory=list)

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -34,7 +35,7 @@ from bulkrelay.background.state import (
     remove_expired,
 )
 from bulkrelay.background.worker import LOCK_FD_ENV
-from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import spool_stdin_into
@@ -271,23 +272,75 @@ def _warnings(stored: list[dict[str, Any]]) -> list[EnvelopeWarning]:
     return [EnvelopeWarning(w["code"], w["message"], w.get("context")) for w in stored]
 
 
+@dataclass(frozen=True)
+class JobGoesOn(CommandData):
+    """Exit 14's data: a background job still at work. `rows_read` appears while it preflights."""
+
+    kind = "job"
+
+    state: JobState
+    stage: str
+    job_id: str
+    progress: dict[str, Any]  # the job's status file's, as its worker last wrote it
+    run_dir: str | None
+    continue_command: str
+    cancel_command: str
+    rows_read: int | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "state": self.state,
+            "stage": self.stage,
+            "job_id": self.job_id,
+            "progress": self.progress,
+            "run_dir": self.run_dir,
+            "continue_command": self.continue_command,
+            "cancel_command": self.cancel_command,
+        }
+        if self.rows_read is not None:
+            data["rows_read"] = self.rows_read
+        return data
+
+
+@dataclass(frozen=True)
+class JobEnded(CommandData):
+    """`job cancel` of a job that has ended: `cancelled` when its run was, else `ended`."""
+
+    kind = "job"
+
+    job_id: str
+    state: JobState
+    run_dir: str | None
+    run_state: str | None
+    job_exit_code: int | None
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "state": self.state,
+            "run_dir": self.run_dir,
+            "run_state": self.run_state,
+            "job_exit_code": self.job_exit_code,
+        }
+
+
 def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None = None) -> Result:
     """Exit 14: the job goes on. Says where it is (its stage, the rows preflight read, its run
     directory once that exists), the warnings it met so far, and why the call let go of it."""
     status = job.status()
     continue_command = f"bulkrelay job wait {job.job_id}"
     state = JobState.CANCELLING if job.cancel_requested else JobState.RUNNING
-    data: dict[str, Any] = {
-        "state": state,
-        "stage": status.get("stage") or "starting",
-        "job_id": job.job_id,
-        "progress": status.get("progress") or {"done": 0, "total": None, "unit": "rows"},
-        "run_dir": status.get("run_dir"),
-        "continue_command": continue_command,
-        "cancel_command": f"bulkrelay job cancel {job.job_id}",
-    }
-    if data["stage"] == "preflight":
-        data["rows_read"] = status.get("rows_read") or 0
+    stage = status.get("stage") or "starting"
+    data = JobGoesOn(
+        state=state,
+        stage=stage,
+        job_id=job.job_id,
+        progress=status.get("progress") or {"done": 0, "total": None, "unit": "rows"},
+        run_dir=status.get("run_dir"),
+        continue_command=continue_command,
+        cancel_command=f"bulkrelay job cancel {job.job_id}",
+        rows_read=(status.get("rows_read") or 0) if stage == "preflight" else None,
+    )
     why = _why_incomplete(state, budget_ms, handed_off_on)
     goes_on = (
         "its worker has not ended yet" if state is JobState.CANCELLING else "it goes on in the background"
@@ -309,7 +362,6 @@ def incomplete(job: JobDir, budget_ms: int | None, *, handed_off_on: str | None 
         error=error,
         warnings=_warnings(status.get("warnings") or []),
         meta=meta,
-        kind="job",
     )
 
 
@@ -398,12 +450,12 @@ def _cancel_answer(job: JobDir, budget_ms: int | None) -> Result:
     envelope = stored["envelope"] if stored else None
     run_data = envelope["data"] if envelope and isinstance(envelope["data"], dict) else {}
     run_state = run_data.get("state") if stored else RunState.CANCELLED
-    data = {
-        "job_id": job.job_id,
-        "state": JobState.CANCELLED if run_state == RunState.CANCELLED else JobState.ENDED,
-        "run_dir": run_data.get("run_dir") or job.status().get("run_dir"),
-        "run_state": run_state,
-        "job_exit_code": stored["exit_code"] if stored else None,
-    }
+    data = JobEnded(
+        job_id=job.job_id,
+        state=JobState.CANCELLED if run_state == RunState.CANCELLED else JobState.ENDED,
+        run_dir=run_data.get("run_dir") or job.status().get("run_dir"),
+        run_state=run_state,
+        job_exit_code=stored["exit_code"] if stored else None,
+    )
     meta = {} if budget_ms is None else {"budget_ms": budget_ms}
-    return Result(data=data, meta=meta, kind="job")
+    return Result(data=data, meta=meta)

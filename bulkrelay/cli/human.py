@@ -10,11 +10,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bulkrelay.envelope import Result
+from bulkrelay.cli.parser import HelpText, VersionInfo
+from bulkrelay.envelope import CommandData, Result
 from bulkrelay.ops.results import (
+    DemoResult,
     FailuresResult,
     PruneResult,
     RenderResult,
+    RunResult,
     RunsResult,
     StatusResult,
     ValidateResult,
@@ -29,13 +32,12 @@ def print_human(result: Result, envelope: dict[str, Any]) -> None:
     for warning in envelope["warnings"]:
         _err.print(f"[yellow]warning[/] {warning['code']}: {warning['message']}")
     data = result.data
+    if isinstance(data, dict) and result.kind in _STORED:  # a background job's result, read back
+        data = _STORED[result.kind](data)
     view = _VIEWS.get(type(data))
-    show = _RENDERERS.get(result.kind)
     if view is not None:
         view(data)
-    elif show is not None and isinstance(data, dict):
-        show(data)
-    elif data is not None:
+    elif data is not None:  # a result with no view of its own (export, sync-state, job) or an error's data
         _console.print_json(data=envelope["data"])
     if result.error is not None:
         _print_error(result.error)
@@ -104,10 +106,8 @@ def _status(status: StatusResult) -> None:
         _console.print(f"pace: {pace_text(status.rate)}", highlight=False)
 
 
-def _run(data: dict[str, Any]) -> None:
-    _run_lines(
-        data.get("summary"), data["run_id"], data["state"], data["run_dir"], data.get("continue_command")
-    )
+def _run(run: RunResult) -> None:
+    _run_lines(run.summary, run.run_id, run.state, run.run_dir, run.continue_command)
 
 
 def _run_lines(
@@ -133,17 +133,16 @@ def _runs(listed: RunsResult) -> None:
     _console.print(table)
 
 
-def _demo(data: dict[str, Any]) -> None:
-    _run(data)
-    demo = data["demo"]
-    expected = demo["expected"]
+def _demo(shown: DemoResult) -> None:
+    _run(shown.run)
+    demo = shown.demo
     _console.print(
-        f"The demo target at {demo['target']} rejected {expected['rejected']} rows on purpose (422) and "
-        f"answered 503 once to {expected['retried']} rows, which succeeded on retry.",
+        f"The demo target at {demo.target} rejected {demo.rejected} rows on purpose (422) and "
+        f"answered 503 once to {demo.retried} rows, which succeeded on retry.",
         highlight=False,
     )
-    _console.print(f"job file: {demo['job']}\ninput:    {demo['input']}", highlight=False)
-    _console.print(f"look inside: bulkrelay status {data['run_dir']}", highlight=False)
+    _console.print(f"job file: {demo.job}\ninput:    {demo.input}", highlight=False)
+    _console.print(f"look inside: bulkrelay status {shown.run.run_dir}", highlight=False)
 
 
 def _failures(found: FailuresResult) -> None:
@@ -166,28 +165,27 @@ def _prune(pruned: PruneResult) -> None:
         _console.print(f"  {run_id}", highlight=False)
 
 
-def _help(data: dict[str, Any]) -> None:
-    _console.print(data["help"], markup=False, highlight=False, soft_wrap=True, end="")
+def _help(answer: HelpText) -> None:
+    _console.print(answer.help, markup=False, highlight=False, soft_wrap=True, end="")
 
 
-def _version(data: dict[str, Any]) -> None:
-    _console.print(f"{data['name']} {data['version']}", highlight=False)
-
-
-_RENDERERS = {
-    "help": _help,
-    "version": _version,
-    "run": _run,
-    "demo": _demo,
-}
+def _version(answer: VersionInfo) -> None:
+    _console.print(f"{answer.name} {answer.version}", highlight=False)
 
 
 # One view per result type.
 _VIEWS: dict[type, Callable[[Any], None]] = {
+    HelpText: _help,
+    VersionInfo: _version,
     ValidateResult: _validate,
     RenderResult: _render,
     StatusResult: _status,
     RunsResult: _runs,
     FailuresResult: _failures,
     PruneResult: _prune,
+    RunResult: _run,
+    DemoResult: _demo,
 }
+
+# The results a background job hands back as its stored envelope's data, by the kind stored with it.
+_STORED: dict[str, Callable[[dict[str, Any]], CommandData]] = {RunResult.kind: RunResult.from_data}

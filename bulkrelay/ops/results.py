@@ -307,3 +307,110 @@ class ExportResult(CommandData):
         if self.skipped_unchanged is not None:
             data["skipped_unchanged"] = self.skipped_unchanged
         return data
+
+
+@dataclass(frozen=True)
+class SyncStateResult(CommandData):
+    """`sync-state rebuild|verify`: the job's sync state file, from how many runs, with how many keys.
+    `matches` is verify's (it raises when they differ) and appears only there."""
+
+    job: str
+    state: str
+    runs: int
+    keys: int
+    matches: bool | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"job": self.job, "state": self.state, "runs": self.runs, "keys": self.keys}
+        if self.matches is not None:
+            data["matches"] = self.matches
+        return data
+
+
+@dataclass(frozen=True)
+class RunResult(CommandData):
+    """How a `run`, `resume` or `retry-failed` call left its run. The optional parts appear in the
+    envelope only when set, in this order: `continue_command` (the run is resumable), `parent_run`
+    (a retry-failed run), `mirror` (a mirror job's deletions), `pruned` (runs retention removed)."""
+
+    kind = "run"
+
+    run_id: str
+    run_dir: str
+    state: RunState
+    progress: Snapshot
+    summary: dict[str, Any]
+    continue_command: str | None = None
+    parent_run: str | None = None
+    mirror: dict[str, Any] | None = None
+    pruned: tuple[str, ...] = ()
+
+    def to_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "run_id": self.run_id,
+            "run_dir": self.run_dir,
+            "state": self.state,
+            "progress": self.progress.to_dict(),
+            "summary": self.summary,
+        }
+        optional = (
+            ("continue_command", self.continue_command),
+            ("parent_run", self.parent_run),
+            ("mirror", self.mirror),
+            ("pruned", list(self.pruned) or None),
+        )
+        data.update((name, value) for name, value in optional if value is not None)
+        return data
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> RunResult:
+        """The value again from its envelope's `data`: a background job keeps only the envelope."""
+        progress = data["progress"]
+        return cls(
+            run_id=data["run_id"],
+            run_dir=data["run_dir"],
+            state=RunState(data["state"]),
+            progress=Snapshot(progress["total"], progress["done"], progress["ok"], progress["failed"]),
+            summary=data["summary"],
+            continue_command=data.get("continue_command"),
+            parent_run=data.get("parent_run"),
+            mirror=data.get("mirror"),
+            pruned=tuple(data.get("pruned") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class NothingToRetry(CommandData):
+    """`retry-failed` when no failed row of the parent matches: no run is made."""
+
+    parent_run: str
+    message: str = "no failed rows match; nothing to retry"
+
+    def to_data(self) -> dict[str, Any]:
+        return {"parent_run": self.parent_run, "selected": 0, "message": self.message}
+
+
+@dataclass(frozen=True)
+class DemoFacts:
+    """What `bulkrelay demo` set up, and what its target does on purpose."""
+
+    job: str
+    input: str
+    target: str
+    rejected: int  # rows the target answers 422
+    retried: int  # rows the target answers 503 once
+
+    def to_data(self) -> dict[str, Any]:
+        expected = {"rejected": self.rejected, "retried": self.retried}
+        return {"job": self.job, "input": self.input, "target": self.target, "expected": expected}
+
+
+@dataclass(frozen=True)
+class DemoResult(CommandData):
+    kind = "demo"
+
+    run: RunResult
+    demo: DemoFacts
+
+    def to_data(self) -> dict[str, Any]:
+        return {**self.run.to_data(), "demo": self.demo.to_data()}

@@ -7,6 +7,7 @@ The job may change between parent and child: fixing the job is often why one ret
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from bulkrelay.envelope import Result
@@ -14,6 +15,7 @@ from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.execute import RunOptions, start_fresh
+from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import input_differences, input_path_for, job_path_for
 from bulkrelay.ops.shard import shard_of_run
 from bulkrelay.relay import progress
@@ -76,14 +78,7 @@ def retry_failed(
     preflight = _parent_preflight(parent, config, options.rows_read)
     selection = failed_rows(parent, preflight.record_count, parse_statuses(statuses), classification)
     if not len(selection):
-        return Result(
-            data={
-                "parent_run": parent.run_id,
-                "selected": 0,
-                "message": "no failed rows match; nothing to retry",
-            },
-            kind="generic",
-        )
+        return Result(data=NothingToRetry(parent.run_id))
     manifest = {
         "parent_run": parent.run_id,
         "input_explicit": True,
@@ -102,6 +97,6 @@ def retry_failed(
             prepare=lambda child: save_selection(child.path, selection, child.storage),
             start=StartPoint(done_rows=selection.complement(), total=len(selection)),
         )
-    if isinstance(result.data, dict):
-        result.data["parent_run"] = parent.run_id
+    if isinstance(result.data, RunResult):
+        result.data = replace(result.data, parent_run=parent.run_id)
     return result
