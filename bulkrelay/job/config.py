@@ -53,6 +53,8 @@ DEFAULT_JITTER_RATIO = 0.2
 DEFAULT_RESPECT_RETRY_AFTER = True
 DEFAULT_HALT_STATUSES = (401, 403)
 MAX_BODY_BYTES = 1 << 20  # the most of a response body the transport reads; a failure body is cut from it
+DEFAULT_CLIENT: Literal["reqwest", "httpx"] = "reqwest"
+DEFAULT_PROXY = "none"  # no proxy, whatever the environment says
 
 
 class _Model(BaseModel):
@@ -377,8 +379,8 @@ class ExecutionConfig(_Model):
     idle_timeout_seconds: Seconds = 300.0
     max_lifetime_seconds: Seconds = 604800.0
     http2: bool = False
-    client: Literal["reqwest", "httpx"] = "reqwest"
-    proxy: Annotated[str, AfterValidator(_proxy)] = "none"
+    client: Literal["reqwest", "httpx"] = DEFAULT_CLIENT
+    proxy: Annotated[str, AfterValidator(_proxy)] = DEFAULT_PROXY
     tls: TlsConfig | None = None
     # full: every row, every run; delta: only rows whose request changed since it was last delivered
     # (docs/delta.md). Left out of the fingerprint when full, so older runs keep theirs.

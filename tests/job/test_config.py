@@ -12,6 +12,7 @@ import pytest
 from bulkrelay.errors import ConfigInvalid, NotFound, Problem
 from bulkrelay.job import config as job_config
 from bulkrelay.job.config import (
+    ExecutionConfig,
     HaltConfig,
     JobConfig,
     JsonField,
@@ -443,8 +444,10 @@ def test_the_defaults_live_in_config_and_the_relay_uses_them() -> None:
     assert policy_defaults["max_backoff_seconds"] == RetryConfig().max_backoff_seconds
     assert policy_defaults["jitter_ratio"] == RetryConfig().jitter_ratio
     assert policy_defaults["respect_retry_after"] is RetryConfig().respect_retry_after
-    body_limit = {f.name: f.default for f in dataclasses.fields(TransportSettings)}["max_body_bytes"]
-    assert body_limit is job_config.MAX_BODY_BYTES
+    transport_defaults = {f.name: f.default for f in dataclasses.fields(TransportSettings)}
+    assert transport_defaults["max_body_bytes"] is job_config.MAX_BODY_BYTES
+    assert transport_defaults["client"] is job_config.DEFAULT_CLIENT == ExecutionConfig().client
+    assert transport_defaults["proxy"] is job_config.DEFAULT_PROXY == ExecutionConfig().proxy
     # a failure body is cut from what the transport read: it can never ask for more
     with pytest.raises(pydantic.ValidationError):
         ResponseConfig(failure_body_bytes=job_config.MAX_BODY_BYTES + 1)
