@@ -70,11 +70,6 @@ class Decision:
     retryable: bool  # this kind of outcome is retryable, even when no attempts are left
     halt: bool = False  # a halt status: stop the run (resumable), never retried
 
-    @property
-    def success(self) -> bool:
-        """The row succeeded: what its journal line records as `success`."""
-        return counts_as_success(self.classification)
-
 
 def counts_as_success(classification: str) -> bool:
     """Whether an outcome so classified is a success: the one reading of `RetryPolicy.is_success`."""

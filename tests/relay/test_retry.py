@@ -200,9 +200,9 @@ def test_the_success_rule_lives_in_the_retry_policy_only() -> None:
 
 def test_a_decision_says_whether_the_row_succeeded() -> None:
     policy = RetryPolicy.from_config(RetryConfig(), ResponseConfig(success_statuses=(201,)), HaltConfig())
-    assert policy.decide(1, 201, None).success is True
-    assert policy.decide(1, 200, None).success is False
-    assert policy.decide(1, None, ConnectFailed("refused")).success is False
+    assert counts_as_success(policy.decide(1, 201, None).classification) is True
+    assert counts_as_success(policy.decide(1, 200, None).classification) is False
+    assert counts_as_success(policy.decide(1, None, ConnectFailed("refused")).classification) is False
     assert counts_as_success("success") and not counts_as_success("http_unexpected")
     default = RetryPolicy.from_config(RetryConfig(), ResponseConfig(), HaltConfig())
     assert default.is_success(204) and default.is_success(299) and not default.is_success(301)
