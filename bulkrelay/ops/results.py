@@ -328,6 +328,29 @@ class SyncStateResult(CommandData):
 
 
 @dataclass(frozen=True)
+class MirrorDeletions:
+    """A `sync: mirror` job's deletions, after its night's run: sent as a run of their own (`run`,
+    made after the night's run `after_run`), or not sent, and why."""
+
+    deletions: int
+    run: RunResult | None = None
+    after_run: str | None = None
+    reason: str | None = None  # why they were not sent
+
+    def to_data(self) -> dict[str, Any]:
+        if self.run is None:
+            return {"deletions": self.deletions, "sent": False, "reason": self.reason}
+        return {
+            "deletions": self.deletions,
+            "run_id": self.run.run_id,
+            "run_dir": self.run.run_dir,
+            "state": self.run.state,
+            "progress": self.run.progress.to_dict(),
+            "after_run": self.after_run,
+        }
+
+
+@dataclass(frozen=True)
 class RunResult(CommandData):
     """How a `run`, `resume` or `retry-failed` call left its run. The optional parts appear in the
     envelope only when set, in this order: `continue_command` (the run is resumable), `parent_run`
@@ -342,7 +365,7 @@ class RunResult(CommandData):
     summary: dict[str, Any]
     continue_command: str | None = None
     parent_run: str | None = None
-    mirror: dict[str, Any] | None = None
+    mirror: MirrorDeletions | dict[str, Any] | None = None  # a mapping when read back from an envelope
     pruned: tuple[str, ...] = ()
 
     def to_data(self) -> dict[str, Any]:
@@ -356,7 +379,7 @@ class RunResult(CommandData):
         optional = (
             ("continue_command", self.continue_command),
             ("parent_run", self.parent_run),
-            ("mirror", self.mirror),
+            ("mirror", self.mirror.to_data() if isinstance(self.mirror, MirrorDeletions) else self.mirror),
             ("pruned", list(self.pruned) or None),
         )
         data.update((name, value) for name, value in optional if value is not None)

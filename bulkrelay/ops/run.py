@@ -17,8 +17,8 @@ from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.delta import open_delta, sync_manifest
 from bulkrelay.ops.execute import RunOptions, continue_run, start_fresh
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
-from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard, merge_results
-from bulkrelay.ops.results import RunResult
+from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard
+from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.shard import ShardSpec, shard_of_run, shard_rows
 from bulkrelay.relay import progress
@@ -200,7 +200,7 @@ def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, i
     path, count = deletions
     assert isinstance(night.data, RunResult)  # a run that returned (failures raise) says how it ended
     if night.exit_code not in (ExitCode.SUCCESS, ExitCode.PARTIAL_FAILURE):
-        unsent = {"deletions": count, "sent": False, "reason": "the run did not finish"}
+        unsent = MirrorDeletions(count, reason="the run did not finish")
         night.data = replace(night.data, mirror=unsent)
         return night
     job = deletion_job(request.job)
@@ -216,7 +216,9 @@ def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, i
             manifest=manifest,
             spooled=True,
         )
-    night.data = replace(night.data, mirror=merge_results(night.data.to_data(), deleted.payload() or {}))
+    assert isinstance(deleted.data, RunResult)
+    sent = MirrorDeletions(deleted.data.progress.total, run=deleted.data, after_run=night.data.run_id)
+    night.data = replace(night.data, mirror=sent)
     if night.exit_code == ExitCode.SUCCESS and deleted.exit_code != ExitCode.SUCCESS:
         night.exit_code, night.error = deleted.exit_code, deleted.error
     night.warnings.extend(deleted.warnings)
