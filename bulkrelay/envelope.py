@@ -1,15 +1,16 @@
 """The result of a command and the one JSON envelope it becomes.
 
-Commands return a `Result`; they never print. The CLI turns a `Result` (or a raised
-`BulkRelayError`) into the envelope `{"ok", "data", "error", "warnings", "meta"}`:
-all five keys always present, `ok` true exactly when `meta.exit_code == 0`.
+Commands return a `Result`; they never print. Its `data` is the command's typed value, a frozen
+`CommandData` (see `bulkrelay.ops.results`). The CLI turns a `Result` (or a raised `BulkRelayError`)
+into the envelope `{"ok", "data", "error", "warnings", "meta"}`: all five keys always present,
+`ok` true exactly when `meta.exit_code == 0`, `data` the value's `to_data()`.
 """
 
 from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -41,16 +42,37 @@ def deprecation_warnings(notes: tuple[Problem, ...]) -> list[EnvelopeWarning]:
     ]
 
 
+class CommandData:
+    """A command's typed result. Subclasses are frozen dataclasses; `to_data()` is the envelope's
+    `data`, and `kind` names the human view (kept with a background job's stored envelope)."""
+
+    kind: ClassVar[str] = "generic"
+
+    def to_data(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
 @dataclass
 class Result:
-    """What a command hands back to the CLI: data, an exit code and, when it failed, an error."""
+    """What a command hands back to the CLI: data, an exit code and, when it failed, an error.
 
-    data: Any = None
+    `data` is a `CommandData`, or a plain mapping where there is no type: an error's own data, and a
+    background job's result read back from its stored envelope."""
+
+    data: CommandData | dict[str, Any] | None = None
     exit_code: ExitCode = ExitCode.SUCCESS
     error: dict[str, Any] | None = None
     warnings: list[EnvelopeWarning] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
-    kind: str = "generic"  # tells the human renderer how to show `data`
+    kind: str = "generic"  # tells the human renderer how to show `data`; a CommandData's own kind
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, CommandData):
+            self.kind = self.data.kind
+
+    def payload(self) -> dict[str, Any] | None:
+        """`data` as the envelope carries it."""
+        return self.data.to_data() if isinstance(self.data, CommandData) else self.data
 
     @classmethod
     def from_error(cls, exc: BulkRelayError, *, data: Any = None) -> Result:
@@ -76,7 +98,7 @@ def to_envelope(result: Result, *, duration_ms: int) -> dict[str, Any]:
     meta = {"exit_code": int(result.exit_code), "duration_ms": duration_ms, **result.meta}
     return {
         "ok": result.exit_code == ExitCode.SUCCESS,
-        "data": result.data,
+        "data": result.payload(),
         "error": result.error,
         "warnings": [w.to_dict() for w in result.warnings],
         "meta": meta,

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -36,7 +36,7 @@ from bulkrelay.background.state import (
     remove_expired,
 )
 from bulkrelay.background.worker import LOCK_FD_ENV
-from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import spool_stdin_into
@@ -275,6 +275,58 @@ def _warnings(stored: list[dict[str, Any]]) -> list[EnvelopeWarning]:
     return [EnvelopeWarning(w["code"], w["message"], w.get("context")) for w in stored]
 
 
+@dataclass(frozen=True)
+class BackgroundJobGoesOn(CommandData):
+    """Exit 14's data: a background job still at work. `rows_read` appears while it preflights."""
+
+    kind = "job"
+
+    state: BackgroundJobState
+    stage: str
+    job_id: str
+    progress: dict[str, Any]  # the job's status file's, as its worker last wrote it
+    run_dir: str | None
+    continue_command: str
+    cancel_command: str
+    rows_read: int | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "state": self.state,
+            "stage": self.stage,
+            "job_id": self.job_id,
+            "progress": self.progress,
+            "run_dir": self.run_dir,
+            "continue_command": self.continue_command,
+            "cancel_command": self.cancel_command,
+        }
+        if self.rows_read is not None:
+            data["rows_read"] = self.rows_read
+        return data
+
+
+@dataclass(frozen=True)
+class BackgroundJobEnded(CommandData):
+    """`job cancel` of a job that has ended: `cancelled` when its run was, else `ended`."""
+
+    kind = "job"
+
+    job_id: str
+    state: BackgroundJobState
+    run_dir: str | None
+    run_state: str | None
+    job_exit_code: int | None
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "state": self.state,
+            "run_dir": self.run_dir,
+            "run_state": self.run_state,
+            "job_exit_code": self.job_exit_code,
+        }
+
+
 def incomplete(
     background: BackgroundJob, budget_ms: int | None, *, handed_off_on: str | None = None
 ) -> Result:
@@ -284,17 +336,17 @@ def incomplete(
     worker = status.worker
     continue_command = f"bulkrelay job wait {background.job_id}"
     state = BackgroundJobState.CANCELLING if background.cancel_requested else BackgroundJobState.RUNNING
-    data: dict[str, Any] = {
-        "state": state,
-        "stage": worker.stage if worker is not None else "starting",
-        "job_id": background.job_id,
-        "progress": status.progress or {"done": 0, "total": None, "unit": "rows"},
-        "run_dir": status.run_dir,
-        "continue_command": continue_command,
-        "cancel_command": f"bulkrelay job cancel {background.job_id}",
-    }
-    if data["stage"] == "preflight":
-        data["rows_read"] = (worker.rows_read if worker is not None else None) or 0
+    stage = worker.stage if worker is not None else "starting"
+    data = BackgroundJobGoesOn(
+        state=state,
+        stage=stage,
+        job_id=background.job_id,
+        progress=status.progress or {"done": 0, "total": None, "unit": "rows"},
+        run_dir=status.run_dir,
+        continue_command=continue_command,
+        cancel_command=f"bulkrelay job cancel {background.job_id}",
+        rows_read=((worker.rows_read if worker is not None else None) or 0) if stage == "preflight" else None,
+    )
     why = _why_incomplete(state, budget_ms, handed_off_on)
     goes_on = (
         "its worker has not ended yet"
@@ -318,7 +370,6 @@ def incomplete(
         error=error,
         warnings=_warnings(list(worker.warnings) if worker is not None else []),
         meta=meta,
-        kind="job",
     )
 
 
@@ -410,14 +461,12 @@ def _cancel_answer(background: BackgroundJob, budget_ms: int | None) -> Result:
     envelope = stored.envelope if stored else None
     run_data = envelope["data"] if envelope and isinstance(envelope["data"], dict) else {}
     run_state = run_data.get("state") if stored else RunState.CANCELLED
-    data = {
-        "job_id": background.job_id,
-        "state": BackgroundJobState.CANCELLED
-        if run_state == RunState.CANCELLED
-        else BackgroundJobState.ENDED,
-        "run_dir": run_data.get("run_dir") or background.status().run_dir,
-        "run_state": run_state,
-        "job_exit_code": stored.exit_code if stored else None,
-    }
+    data = BackgroundJobEnded(
+        job_id=background.job_id,
+        state=BackgroundJobState.CANCELLED if run_state == RunState.CANCELLED else BackgroundJobState.ENDED,
+        run_dir=run_data.get("run_dir") or background.status().run_dir,
+        run_state=run_state,
+        job_exit_code=stored.exit_code if stored else None,
+    )
     meta = {} if budget_ms is None else {"budget_ms": budget_ms}
-    return Result(data=data, meta=meta, kind="job")
+    return Result(data=data, meta=meta)

@@ -6,17 +6,19 @@ import argparse
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bulkrelay.background import jobs
-from bulkrelay.envelope import EnvelopeWarning, Result
+from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 from bulkrelay.job.config import Job, load_job
 from bulkrelay.job.inputs import STDIN_NAME
 from bulkrelay.ops import inspect as commands
 from bulkrelay.ops import run as launch
 from bulkrelay.ops.execute import RunObserver, RunOptions, prepared_input
+from bulkrelay.ops.results import RunResult, SyncStateResult
 from bulkrelay.ops.runlog import RunLog, start_event
 from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.ops.shard import resolve_shard
@@ -159,8 +161,8 @@ def _apply_retention(result: Result, runs_dir: Path) -> None:
 
     report = retention_after_run(runs_dir)
     result.warnings.extend(report.warnings)
-    if report.removed and isinstance(result.data, dict):
-        result.data["pruned"] = report.removed
+    if report.removed and isinstance(result.data, RunResult):
+        result.data = replace(result.data, pruned=tuple(report.removed))
 
 
 def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:
@@ -239,7 +241,12 @@ def _sync_state(args: argparse.Namespace) -> Result:
         )
     identity = syncstate.job_identity(job.config.name, job.path)
     action = syncstate.rebuild_state if args.sync_command == "rebuild" else syncstate.verify_state
-    return Result(data=action(default_runs_dir(args.runs_dir), identity), kind="generic")
+    report = action(default_runs_dir(args.runs_dir), identity)
+    return Result(
+        data=SyncStateResult(
+            report["job"], report["state"], report["runs"], report["keys"], report.get("matches")
+        )
+    )
 
 
 def _prune(args: argparse.Namespace) -> Result:
@@ -255,6 +262,18 @@ def _prune(args: argparse.Namespace) -> Result:
     return prune.prune_command(default_runs_dir(args.runs_dir), retention, dry_run=args.dry_run)
 
 
+@dataclass(frozen=True)
+class CompletionScript(CommandData):
+    """`completion SHELL`: the script itself goes to stdout alone (`Result.meta["stdout_payload"]`)."""
+
+    kind = "completion"
+
+    shell: str
+
+    def to_data(self) -> dict[str, Any]:
+        return {"shell": self.shell}
+
+
 def _completion(args: argparse.Namespace) -> Result:
     """The shell's completion script, alone on stdout, so `source <(bulkrelay completion bash)` works."""
     import shtab  # loaded only for its own command
@@ -262,7 +281,7 @@ def _completion(args: argparse.Namespace) -> Result:
     from bulkrelay.cli.parser import build_parser  # loaded only for its own command
 
     script = shtab.complete(build_parser(), shell=args.shell)
-    return Result(data={"shell": args.shell}, meta={"stdout_payload": script}, kind="completion")
+    return Result(data=CompletionScript(args.shell), meta={"stdout_payload": script})
 
 
 def _failures(args: argparse.Namespace) -> Result:

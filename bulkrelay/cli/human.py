@@ -1,13 +1,27 @@
-"""Human output on a terminal: the same result the envelope carries, shown with rich."""
+"""Human output on a terminal: the same typed result the envelope carries, shown with rich.
+
+Each result type has one view here, chosen by the value's type."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from bulkrelay.envelope import Result
+from bulkrelay.cli.parser import HelpText, VersionInfo
+from bulkrelay.envelope import CommandData, Result
+from bulkrelay.ops.results import (
+    DemoResult,
+    FailuresResult,
+    PruneResult,
+    RenderResult,
+    RunResult,
+    RunsResult,
+    StatusResult,
+    ValidateResult,
+)
 from bulkrelay.relay.progress import pace_text
 
 _console = Console()
@@ -18,11 +32,13 @@ def print_human(result: Result, envelope: dict[str, Any]) -> None:
     for warning in envelope["warnings"]:
         _err.print(f"[yellow]warning[/] {warning['code']}: {warning['message']}")
     data = result.data
-    show = _RENDERERS.get(result.kind)
-    if show is not None and data is not None:
-        show(data)
-    elif data is not None:
-        _console.print_json(data=data)
+    if isinstance(data, dict) and result.kind in _STORED:  # a background job's result, read back
+        data = _STORED[result.kind](data)
+    view = _VIEWS.get(type(data))
+    if view is not None:
+        view(data)
+    elif data is not None:  # a result with no view of its own (export, sync-state, job) or an error's data
+        _console.print_json(data=envelope["data"])
     if result.error is not None:
         _print_error(result.error)
 
@@ -36,24 +52,24 @@ def _print_error(error: dict[str, Any]) -> None:
         _err.print(f"[dim]hint:[/] {error['suggestion']}", highlight=False)
 
 
-def _validate(data: dict[str, Any]) -> None:
+def _validate(valid: ValidateResult) -> None:
     _console.print(
-        f"[green]valid[/] {data['job']}: {data['record_count']} records ({data['format']}"
-        f"{', gzip' if data['gzip'] else ''}) from {data['input']['path']}",
+        f"[green]valid[/] {valid.job}: {valid.record_count} records ({valid.format}"
+        f"{', gzip' if valid.gzip else ''}) from {valid.input.path}",
         highlight=False,
     )
-    _console.print(f"input sha256 {data['input']['sha256']}  config sha256 {data['config_sha256']}")
+    _console.print(f"input sha256 {valid.input.sha256}  config sha256 {valid.config_sha256}")
 
 
-def _render(data: dict[str, Any]) -> None:
-    for request in data["requests"]:
-        _console.rule(f"row {request['row_number']} (line {request['line']})")
-        _console.print(f"[bold]{request['method']}[/] {request['url']}", highlight=False)
-        for name, value in request["headers"]:
+def _render(rendered: RenderResult) -> None:
+    for request in rendered.requests:
+        _console.rule(f"row {request.row_number} (line {request.line})")
+        _console.print(f"[bold]{request.method}[/] {request.url}", highlight=False)
+        for name, value in request.headers:
             _console.print(f"{name}: {value}", highlight=False)
-        if request.get("body") is not None:
+        if request.body is not None:
             _console.print()
-            _console.print(request["body"], highlight=False)
+            _console.print(request.body, highlight=False)
 
 
 def _summary_table(summary: dict[str, Any]) -> Table:
@@ -78,89 +94,98 @@ def _ms(value: object) -> str:
     return "-" if value is None else str(value)  # no rows yet: no latency, never "None"
 
 
-def _status(data: dict[str, Any]) -> None:
-    _run(data)
-    line = f"liveness: {data['liveness']}"
-    if data.get("pid"):
-        line += f" (pid {data['pid']})"
-    if data.get("stop_reason"):
-        line += f"; stop reason: {data['stop_reason']}"
+def _status(status: StatusResult) -> None:
+    _run_lines(status.summary, status.run_id, status.state, status.run_dir, status.continue_command)
+    line = f"liveness: {status.liveness}"
+    if status.pid:
+        line += f" (pid {status.pid})"
+    if status.stop_reason:
+        line += f"; stop reason: {status.stop_reason}"
     _console.print(line, highlight=False)
-    rate = data.get("rate")
-    if rate:
-        _console.print(f"pace: {pace_text(rate)}", highlight=False)
+    if status.rate:
+        _console.print(f"pace: {pace_text(status.rate)}", highlight=False)
 
 
-def _run(data: dict[str, Any]) -> None:
-    if data.get("summary"):
-        _console.print(_summary_table(data["summary"]))
-    _console.print(f"run {data['run_id']}: [bold]{data['state']}[/]  ({data['run_dir']})", highlight=False)
-    if data.get("continue_command"):
-        _console.print(f"continue with: {data['continue_command']}", highlight=False)
+def _run(run: RunResult) -> None:
+    _run_lines(run.summary, run.run_id, run.state, run.run_dir, run.continue_command)
 
 
-def _runs(data: dict[str, Any]) -> None:
+def _run_lines(
+    summary: dict[str, Any] | None, run_id: str, state: str, run_dir: str, continue_command: str | None
+) -> None:
+    """A run's summary table, its state and where it lives, and how to continue it."""
+    if summary:
+        _console.print(_summary_table(summary))
+    _console.print(f"run {run_id}: [bold]{state}[/]  ({run_dir})", highlight=False)
+    if continue_command:
+        _console.print(f"continue with: {continue_command}", highlight=False)
+
+
+def _runs(listed: RunsResult) -> None:
     # The run id starts with its UTC start time, so it doubles as the "when" column; it never wraps.
     columns = ("run_id", "state", "done", "total", "failed", "name")
-    table = Table(title=f"runs in {data['runs_dir']}")
+    table = Table(title=f"runs in {listed.runs_dir}")
     for column in columns:
         table.add_column(column, no_wrap=column != "name", min_width=6 if column == "name" else None)
-    for run in data["runs"]:
-        table.add_row(*("" if run[c] is None else str(run[c]) for c in columns))
+    for run in listed.runs:
+        cells = (run.run_id, run.state, run.done, run.total, run.failed, run.name)
+        table.add_row(*("" if cell is None else str(cell) for cell in cells))
     _console.print(table)
 
 
-def _demo(data: dict[str, Any]) -> None:
-    _run(data)
-    demo = data["demo"]
-    expected = demo["expected"]
+def _demo(shown: DemoResult) -> None:
+    _run(shown.run)
+    demo = shown.demo
     _console.print(
-        f"The demo target at {demo['target']} rejected {expected['rejected']} rows on purpose (422) and "
-        f"answered 503 once to {expected['retried']} rows, which succeeded on retry.",
+        f"The demo target at {demo.target} rejected {demo.rejected} rows on purpose (422) and "
+        f"answered 503 once to {demo.retried} rows, which succeeded on retry.",
         highlight=False,
     )
-    _console.print(f"job file: {demo['job']}\ninput:    {demo['input']}", highlight=False)
-    _console.print(f"look inside: bulkrelay status {data['run_dir']}", highlight=False)
+    _console.print(f"job file: {demo.job}\ninput:    {demo.input}", highlight=False)
+    _console.print(f"look inside: bulkrelay status {shown.run.run_dir}", highlight=False)
 
 
-def _failures(data: dict[str, Any]) -> None:
-    table = Table(title=f"{data['failed']} failed rows in run {data['run_id']}")
+def _failures(found: FailuresResult) -> None:
+    table = Table(title=f"{found.failed} failed rows in run {found.run_id}")
     for column in ("count", "status", "classification", "examples (row: error, body)"):
         table.add_column(column, overflow="fold")
-    for group in data["groups"]:
+    for group in found.groups:
         examples = "\n".join(
-            f"{e['row_number']}: {e['error']}" + (f", {e['body'][:120]}" if e.get("body") else "")
-            for e in group["examples"]
+            f"{e.row_number}: {e.error}" + (f", {e.body[:120]}" if e.body else "") for e in group.examples
         )
-        status = "-" if group["status_code"] is None else str(group["status_code"])
-        table.add_row(str(group["count"]), status, group["classification"], examples)
+        status = "-" if group.status_code is None else str(group.status_code)
+        table.add_row(str(group.count), status, group.classification, examples)
     _console.print(table)
 
 
-def _prune(data: dict[str, Any]) -> None:
-    verb = "would remove" if data["dry_run"] else "removed"
-    _console.print(f"{verb} {len(data['removed'])} runs, kept {data['kept']} in {data['runs_dir']}")
-    for run_id in data["removed"]:
+def _prune(pruned: PruneResult) -> None:
+    verb = "would remove" if pruned.dry_run else "removed"
+    _console.print(f"{verb} {len(pruned.removed)} runs, kept {pruned.kept} in {pruned.runs_dir}")
+    for run_id in pruned.removed:
         _console.print(f"  {run_id}", highlight=False)
 
 
-def _help(data: dict[str, Any]) -> None:
-    _console.print(data["help"], markup=False, highlight=False, soft_wrap=True, end="")
+def _help(answer: HelpText) -> None:
+    _console.print(answer.help, markup=False, highlight=False, soft_wrap=True, end="")
 
 
-def _version(data: dict[str, Any]) -> None:
-    _console.print(f"{data['name']} {data['version']}", highlight=False)
+def _version(answer: VersionInfo) -> None:
+    _console.print(f"{answer.name} {answer.version}", highlight=False)
 
 
-_RENDERERS = {
-    "help": _help,
-    "version": _version,
-    "validate": _validate,
-    "render": _render,
-    "run": _run,
-    "status": _status,
-    "runs": _runs,
-    "demo": _demo,
-    "failures": _failures,
-    "prune": _prune,
+# One view per result type.
+_VIEWS: dict[type, Callable[[Any], None]] = {
+    HelpText: _help,
+    VersionInfo: _version,
+    ValidateResult: _validate,
+    RenderResult: _render,
+    StatusResult: _status,
+    RunsResult: _runs,
+    FailuresResult: _failures,
+    PruneResult: _prune,
+    RunResult: _run,
+    DemoResult: _demo,
 }
+
+# The results a background job hands back as its stored envelope's data, by the kind stored with it.
+_STORED: dict[str, Callable[[dict[str, Any]], CommandData]] = {RunResult.kind: RunResult.from_data}

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from bulkrelay._version import __version__
-from bulkrelay.envelope import Result
+from bulkrelay.envelope import CommandData, Result
 from bulkrelay.errors import UsageError
 from bulkrelay.job.durations import parse_duration_ms
 
@@ -24,6 +25,29 @@ _GLOBAL_FLAGS: dict[str, tuple[str, object]] = {
     "metrics_file": ("--metrics-file", None),
     "log_file": ("--log-file", None),
 }
+
+
+@dataclass(frozen=True)
+class HelpText(CommandData):
+    """`--help`: the parser's own text."""
+
+    kind = "help"
+
+    help: str
+
+    def to_data(self) -> dict[str, Any]:
+        return {"help": self.help}
+
+
+@dataclass(frozen=True)
+class VersionInfo(CommandData):
+    kind = "version"
+
+    name: str
+    version: str
+
+    def to_data(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version}
 
 
 class Answered(Exception):  # not a failure: `--help` or `--version` answered the call
@@ -41,12 +65,12 @@ class _HelpAction(argparse.Action):
         )
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
-        raise Answered(Result(data={"help": parser.format_help()}, kind="help"))
+        raise Answered(Result(data=HelpText(parser.format_help())))
 
 
 class _VersionAction(_HelpAction):
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
-        raise Answered(Result(data={"name": "bulkrelay", "version": __version__}, kind="version"))
+        raise Answered(Result(data=VersionInfo("bulkrelay", __version__)))
 
 
 class _Parser(argparse.ArgumentParser):

@@ -11,6 +11,7 @@ import asyncio
 import csv
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
 from bulkrelay.ops.execute import RunOptions
+from bulkrelay.ops.results import DemoFacts, DemoResult, RunResult
 from bulkrelay.ops.run import RunRequest
 from bulkrelay.ops.run import run as launch_run
 from bulkrelay.ops.runref import default_runs_dir
@@ -136,18 +138,17 @@ def run_demo(rows: int, runs_dir: Path | None) -> Result:
             options=RunOptions(),
         )
         result = launch_run(request)
-    result.kind = "demo"
-    if isinstance(result.data, dict):
-        result.data["demo"] = {
-            "job": str(job.path),
-            "input": str(folder.resolve() / "customers.csv"),
-            "target": target.url,
-            "expected": {
-                "rejected": len(range(3, rows + 1, REJECT_EVERY)),
-                "retried": len(range(7, rows + 1, FLAKY_EVERY)),
-            },
-        }
-    if result.data and result.data.get("state") in (RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES):
-        result.exit_code = ExitCode.SUCCESS  # the rejected rows are part of the show
-        result.error = None
-    return result
+    if not isinstance(result.data, RunResult):
+        return result
+    facts = DemoFacts(
+        job=str(job.path),
+        input=str(folder.resolve() / "customers.csv"),
+        target=target.url,
+        rejected=len(range(3, rows + 1, REJECT_EVERY)),
+        retried=len(range(7, rows + 1, FLAKY_EVERY)),
+    )
+    shown = replace(result, data=DemoResult(result.data, facts))
+    if result.data.state in (RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES):
+        shown.exit_code = ExitCode.SUCCESS  # the rejected rows are part of the show
+        shown.error = None
+    return shown

@@ -43,7 +43,18 @@ FieldType = Literal["integer", "number", "boolean", "json", "string"]
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _JSON_POINTER = re.compile(r"(/([^~/]|~[01])*)*")
 _SECRET_REFERENCE = re.compile(r"\$\{[A-Z_][A-Z0-9_]*\}")
+# Defaults the relay also needs before (or without) a job file: their one home. The models below use them,
+# and so do relay/retry's RetryPolicy and the transport's TransportSettings.
+DEFAULT_MAX_ATTEMPTS = 1  # includes the first request: no retries
 DEFAULT_RETRY_STATUSES = (408, 425, 429, 500, 502, 503, 504)
+DEFAULT_INITIAL_BACKOFF_SECONDS = 1.0
+DEFAULT_MAX_BACKOFF_SECONDS = 30.0
+DEFAULT_JITTER_RATIO = 0.2
+DEFAULT_RESPECT_RETRY_AFTER = True
+DEFAULT_HALT_STATUSES = (401, 403)
+MAX_BODY_BYTES = 1 << 20  # the most of a response body the transport reads; a failure body is cut from it
+DEFAULT_CLIENT: Literal["reqwest", "httpx"] = "reqwest"
+DEFAULT_PROXY = "none"  # no proxy, whatever the environment says
 
 
 class _Model(BaseModel):
@@ -322,14 +333,9 @@ class RequestConfig(_Model):
 
 
 class ResponseConfig(_Model):
-    success_statuses: Statuses | None = None  # None: any 2xx
+    success_statuses: Statuses | None = None  # None: any 2xx (applied by relay/retry's RetryPolicy)
     capture: dict[NonEmpty, Annotated[str, AfterValidator(_json_pointer)]] = Field(default_factory=dict)
-    failure_body_bytes: Annotated[int, Field(ge=0, le=1_048_576)] = 2048
-
-    def is_success(self, status: int) -> bool:
-        if self.success_statuses is None:
-            return 200 <= status <= 299
-        return status in self.success_statuses
+    failure_body_bytes: Annotated[int, Field(ge=0, le=MAX_BODY_BYTES)] = 2048
 
 
 class TimeoutConfig(_Model):
@@ -373,8 +379,8 @@ class ExecutionConfig(_Model):
     idle_timeout_seconds: Seconds = 300.0
     max_lifetime_seconds: Seconds = 604800.0
     http2: bool = False
-    client: Literal["reqwest", "httpx"] = "reqwest"
-    proxy: Annotated[str, AfterValidator(_proxy)] = "none"
+    client: Literal["reqwest", "httpx"] = DEFAULT_CLIENT
+    proxy: Annotated[str, AfterValidator(_proxy)] = DEFAULT_PROXY
     tls: TlsConfig | None = None
     # full: every row, every run; delta: only rows whose request changed since it was last delivered
     # (docs/delta.md). Left out of the fingerprint when full, so older runs keep theirs.
@@ -420,12 +426,12 @@ class MirrorConfig(_Model):
 
 
 class RetryConfig(_Model):
-    max_attempts: Annotated[int, Field(ge=1, le=100)] = 1  # includes the first request
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = DEFAULT_MAX_ATTEMPTS  # includes the first request
     statuses: Statuses = DEFAULT_RETRY_STATUSES
-    initial_backoff_seconds: Annotated[float, Field(ge=0)] = 1.0
-    max_backoff_seconds: Annotated[float, Field(ge=0)] = 30.0
-    jitter_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2
-    respect_retry_after: bool = True
+    initial_backoff_seconds: Annotated[float, Field(ge=0)] = DEFAULT_INITIAL_BACKOFF_SECONDS
+    max_backoff_seconds: Annotated[float, Field(ge=0)] = DEFAULT_MAX_BACKOFF_SECONDS
+    jitter_ratio: Annotated[float, Field(ge=0, le=1)] = DEFAULT_JITTER_RATIO
+    respect_retry_after: bool = DEFAULT_RESPECT_RETRY_AFTER
     # The longest pause a Retry-After or a quota reset may impose; a target asking for a day gets this.
     # Timing only, like the Retry-After it caps: left out of the fingerprint (`config_semantic_dict`).
     max_retry_after_seconds: Annotated[float, Field(gt=0)] = 300.0
@@ -438,7 +444,7 @@ class RetryConfig(_Model):
 
 
 class HaltConfig(_Model):
-    on_statuses: Statuses = (401, 403)
+    on_statuses: Statuses = DEFAULT_HALT_STATUSES
     consecutive_failures: Annotated[int, Field(ge=1)] = 100
 
 

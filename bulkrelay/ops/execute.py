@@ -25,6 +25,7 @@ from bulkrelay.errors import BulkRelayError, ExitCode, StorageFailed, sole_error
 from bulkrelay.job.inputs import spool_stdin_into
 from bulkrelay.job.preflight import Preflight, RowsRead
 from bulkrelay.ops.delta import record_deliveries
+from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.resume import config_sections, recover_start
 from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.relay.metrics import RelayStats
@@ -261,15 +262,14 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
         state = RunState.FORCED if outcome.forced else RunState.STOPPED
     summary = write_summary(run, committed.total, outcome)
     run.mark_ended(state, outcome.stop_reason)
-    data = {
-        "run_id": run.run_id,
-        "run_dir": str(run.path),
-        "state": state,
-        "progress": committed.snapshot().to_dict(),
-        "summary": summary,
-    }
-    if state.resumable:
-        data["continue_command"] = continue_command(run)
+    data = RunResult(
+        run_id=run.run_id,
+        run_dir=str(run.path),
+        state=state,
+        progress=committed.snapshot(),
+        summary=summary,
+        continue_command=continue_command(run) if state.resumable else None,
+    )
     if outcome.stop_reason is None:
         code = ExitCode.SUCCESS if state is RunState.COMPLETED else ExitCode.PARTIAL_FAILURE
         error = (
@@ -282,7 +282,7 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
                 "suggestion": f"bulkrelay retry-failed {shlex.quote(str(run.path))}",
             }
         )
-        return Result(data=data, exit_code=code, error=error, kind="run")
+        return Result(data=data, exit_code=code, error=error)
     code_name, exit_code, message = _STOPS.get(
         outcome.stop_reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
     )
@@ -301,7 +301,7 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
         ):  # what changed, e.g. "data.csv changed ...: size 1 -> 2"
             error["detail"] = str(outcome.stop_detail.get("message", ""))
             error["suggestion"] = f"restore the input preflight read, then: {continue_command(run)}"
-    return Result(data=data, exit_code=exit_code, error=error, kind="run")
+    return Result(data=data, exit_code=exit_code, error=error)
 
 
 def _forced_message(stop_reason: StopReason, message: str) -> str:

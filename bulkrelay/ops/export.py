@@ -21,6 +21,7 @@ import orjson
 from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, UsageError
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
+from bulkrelay.ops.results import ExportResult
 from bulkrelay.ops.runref import runs_in
 from bulkrelay.store.journal import read_entry_at, read_journal_from
 from bulkrelay.store.rowset import RowSet
@@ -198,18 +199,18 @@ def export(
             count = _write(out, fmt, _with_reasons(rows) if with_reasons else rows, not failed_only)
     finally:
         results.close()
-    data = {
-        "run_id": run.run_id,
-        "output": str(target),
-        "format": fmt,
-        "rows": count,
-        "failed_only": failed_only,
-        "runs": [r.run_id for r in family],
-    }
-    if sync is not None:  # a delta run: its unsent rows are in the export as `skipped_unchanged`
-        data["skipped_unchanged"] = sync.skipped_unchanged
+    data = ExportResult(
+        run_id=run.run_id,
+        output=str(target),
+        format=fmt,
+        rows=count,
+        failed_only=failed_only,
+        runs=tuple(r.run_id for r in family),
+        # a delta run: its unsent rows are in the export as `skipped_unchanged`
+        skipped_unchanged=sync.skipped_unchanged if sync is not None else None,
+    )
     meta = {"envelope_on_stderr": True} if str(target) == STDOUT else {}
-    return Result(data=data, kind="generic", meta=meta)
+    return Result(data=data, meta=meta)
 
 
 def _check_flags(spec: InputSpec, fmt: str, *, failed_only: bool, with_reasons: bool) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bulkrelay.envelope import Result
+from bulkrelay.ops.results import FailureExample, FailureGroup, FailuresResult
 from bulkrelay.store.journal import JournalEntry, read_journal
 from bulkrelay.store.rundir import RunDir
 
@@ -21,30 +21,27 @@ EXAMPLES = 3
 
 @dataclass
 class _Group:
+    """A group as the journal is read: counted, with its first examples."""
+
     status_code: int | None
     classification: str
     count: int = 0
-    examples: list[dict[str, Any]] = field(default_factory=list)
+    examples: list[FailureExample] = field(default_factory=list)
 
     def add(self, entry: JournalEntry) -> None:
         self.count += 1
         if len(self.examples) < EXAMPLES:
             self.examples.append(
-                {
-                    "row_number": entry.row_number,
-                    "attempts": entry.attempts,
-                    "error": entry.error,
-                    "body": entry.response_body,
-                }
+                FailureExample(
+                    row_number=entry.row_number,
+                    attempts=entry.attempts,
+                    error=entry.error,
+                    body=entry.response_body,
+                )
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status_code": self.status_code,
-            "classification": self.classification,
-            "count": self.count,
-            "examples": self.examples,
-        }
+    def result(self) -> FailureGroup:
+        return FailureGroup(self.status_code, self.classification, self.count, tuple(self.examples))
 
 
 def _failed_entries(journal: Path) -> Iterator[JournalEntry]:
@@ -62,11 +59,5 @@ def failures(run_dir: Path) -> Result:
         key = (entry.status_code, entry.classification)
         groups.setdefault(key, _Group(*key)).add(entry)
     ordered = sorted(groups.values(), key=lambda g: (-g.count, str(g.status_code), g.classification))
-    data = {
-        "run_id": run.run_id,
-        "run_dir": str(run.path),
-        "state": run.state,
-        "failed": failed,
-        "groups": [group.to_dict() for group in ordered],
-    }
-    return Result(data=data, kind="failures")
+    groups_found = tuple(group.result() for group in ordered)
+    return Result(data=FailuresResult(run.run_id, str(run.path), run.state, failed, groups_found))

@@ -17,7 +17,17 @@ from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.request import RenderError, RequestRenderer
+from bulkrelay.ops.results import (
+    InputFacts,
+    RenderedRequest,
+    RenderResult,
+    RunRow,
+    RunsResult,
+    StatusResult,
+    ValidateResult,
+)
 from bulkrelay.ops.runref import survey
+from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.sender import row_identity
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.checkpoint import read_checkpoint
@@ -36,27 +46,21 @@ _ROWS = re.compile(r"^\d+(-\d+)?$")
 DEFAULT_ROWS = "1-5"  # `render` without --rows: the first five rows, however many there are
 
 
-def preflight_data(preflight: Preflight) -> dict[str, Any]:
+def validate_result(preflight: Preflight) -> ValidateResult:
     fingerprint = preflight.input_fingerprint
-    return {
-        "job": str(preflight.job.path),
-        "record_count": fingerprint.record_count,
-        "format": fingerprint.format,
-        "gzip": fingerprint.gzip,
-        "input": {
-            "path": preflight.input_spec.display_name,
-            "sha256": fingerprint.sha256,
-            "size": fingerprint.size,
-        },
-        "config_sha256": preflight.config_fingerprint,
-    }
+    return ValidateResult(
+        job=str(preflight.job.path),
+        record_count=fingerprint.record_count,
+        format=fingerprint.format,
+        gzip=fingerprint.gzip,
+        input=InputFacts(preflight.input_spec.display_name, fingerprint.sha256, fingerprint.size),
+        config_sha256=preflight.config_fingerprint,
+    )
 
 
 def validate(job: Job, input_path: Path | None, input_name: str | None = None) -> Result:
     preflight = run_preflight(job, input_path, input_name=input_name)
-    return Result(
-        data=preflight_data(preflight), kind="validate", warnings=deprecation_warnings(job.deprecations)
-    )
+    return Result(data=validate_result(preflight), warnings=deprecation_warnings(job.deprecations))
 
 
 @dataclass(frozen=True)
@@ -130,12 +134,12 @@ def render(job: Job, input_path: Path | None, rows_spec: str | None, input_name:
                 {"rows": rows_spec, "record_count": record_count},
             )
         )
-    return Result(data={"job": str(job.path), "requests": requests}, warnings=warnings, kind="render")
+    return Result(data=RenderResult(str(job.path), tuple(requests)), warnings=warnings)
 
 
 def _render_rows(
     job: Job, spec: InputSpec, wanted: RowRanges
-) -> tuple[list[dict[str, Any]], list[Problem], int | None]:
+) -> tuple[list[RenderedRequest], list[Problem], int | None]:
     """The rendered requests, the problems met, and the input's row count when the range
     reached past its end (None when it stopped early: every named row exists)."""
     renderer = RequestRenderer.from_config(
@@ -143,7 +147,7 @@ def _render_rows(
     )
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []
-    requests: list[dict[str, Any]] = []
+    requests: list[RenderedRequest] = []
     seen = 0
     with open_records(spec, problems.append) as stream:
         for record in stream:
@@ -169,24 +173,31 @@ def _render_rows(
                 identity = row_identity(record, job.config.input.key)
                 key = renderer.idempotency_key(config_sha256, identity, request)
                 request = renderer.with_idempotency_key(request, key)
+            shown = renderer.redact(request)
             requests.append(
-                {"row_number": record.row_number, "line": record.line, **renderer.redact(request)}
+                RenderedRequest(
+                    record.row_number,
+                    record.line,
+                    shown["method"],
+                    shown["url"],
+                    tuple((name, value) for name, value in shown["headers"]),
+                    shown["body"],
+                )
             )
     return requests, problems, seen if seen < wanted.last else None
 
 
-def committed_progress(run: RunDir) -> dict[str, Any]:
+def committed_progress(run: RunDir) -> Snapshot:
     """What the checkpoint says is durably done; a retry-failed run counts only its selected rows."""
     checkpoint = read_checkpoint(run.path)
     record_count = run.plan.input.record_count
     selection = load_selection(run.path, record_count)
-    return {
-        "done": checkpoint.rows_done if checkpoint else 0,
-        "total": len(selection) if selection is not None else record_count,
-        "unit": "rows",
-        "ok": checkpoint.ok if checkpoint else 0,
-        "failed": checkpoint.failed if checkpoint else 0,
-    }
+    return Snapshot(
+        total=len(selection) if selection is not None else record_count,
+        done=checkpoint.rows_done if checkpoint else 0,
+        ok=checkpoint.ok if checkpoint else 0,
+        failed=checkpoint.failed if checkpoint else 0,
+    )
 
 
 LIVE = "live"
@@ -233,27 +244,28 @@ def status(run_dir: Path) -> Result:
     summary = read_json(summary_path) if summary_path.exists() else None
     alive = liveness(run)
     pid = run.manifest.pid
-    data = {
-        "run_id": run.run_id,
-        "run_dir": str(run.path),
-        "state": run.state,
-        "live": alive == LIVE,
-        "liveness": alive,
-        "pid": pid if alive == LIVE and _pid_alive(pid) else None,
-        "stop_reason": run.manifest.stop_reason,
-        "created_at": run.manifest.created_at,
-        "updated_at": run.manifest.updated_at,
-        "parent_run": run.plan.parent_run,
-        "progress": committed_progress(run),
-        "rate": _rate(run, alive, summary),
-        "latency_ms": _known_latency(summary),
-        "summary": summary,
-    }
-    if run.plan.sync is not None:  # a delta run: its mode, rows selected and rows skipped unchanged
-        data["sync"] = run.plan.sync.to_json()
-    if alive in (CRASHED, RESUMABLE):
-        data["continue_command"] = f"bulkrelay resume {shlex.quote(str(run.path))}"
-    return Result(data=data, kind="status")
+    resumable = alive in (CRASHED, RESUMABLE)
+    return Result(
+        data=StatusResult(
+            run_id=run.run_id,
+            run_dir=str(run.path),
+            state=run.state,
+            live=alive == LIVE,
+            liveness=alive,
+            pid=pid if alive == LIVE and _pid_alive(pid) else None,
+            stop_reason=run.manifest.stop_reason,
+            created_at=run.manifest.created_at,
+            updated_at=run.manifest.updated_at,
+            parent_run=run.plan.parent_run,
+            progress=committed_progress(run),
+            rate=_rate(run, alive, summary),
+            latency_ms=_known_latency(summary),
+            summary=summary,
+            # a delta run: its mode, rows selected and rows skipped unchanged
+            sync=run.plan.sync.to_json() if run.plan.sync is not None else None,
+            continue_command=f"bulkrelay resume {shlex.quote(str(run.path))}" if resumable else None,
+        )
+    )
 
 
 def _known_latency(summary: dict[str, Any] | None) -> dict[str, float]:
@@ -262,20 +274,17 @@ def _known_latency(summary: dict[str, Any] | None) -> dict[str, float]:
     return {name: value for name, value in latency.items() if value is not None}
 
 
-def _alpha_progress(run: AlphaRun) -> dict[str, Any]:
-    """The counters of a public alpha run, from its own `checkpoint.json` (`processed`, `failed`)."""
+def _alpha_progress(run: AlphaRun) -> tuple[int, int | None, int]:
+    """Done, total and failed rows of a public alpha run, from its own `checkpoint.json`
+    (`processed`, `failed`); its manifest may not know the total."""
     path = run.path / CHECKPOINT
     checkpoint = read_json(path) if path.is_file() else {}
-    return {
-        "done": checkpoint.get("processed", 0),
-        "total": run.manifest.input_total,
-        "failed": checkpoint.get("failed", 0),
-    }
+    return checkpoint.get("processed", 0), run.manifest.input_total, checkpoint.get("failed", 0)
 
 
 def runs(runs_dir: Path) -> Result:
     """A table of runs; one whose files cannot be read is left out with a warning naming it."""
-    table = []
+    table: list[RunRow] = []
     listed, unreadable = survey(runs_dir)
     warnings = [_unreadable_run(damaged.path, damaged.reason) for damaged in unreadable]
     for run in listed:
@@ -284,25 +293,28 @@ def runs(runs_dir: Path) -> Result:
         except (BulkRelayError, KeyError, TypeError, ValueError) as exc:  # its checkpoint or selection
             reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
             warnings.append(_unreadable_run(run.path, reason))
-    return Result(data={"runs_dir": str(runs_dir), "runs": table}, warnings=warnings, kind="runs")
+    return Result(data=RunsResult(str(runs_dir), tuple(table)), warnings=warnings)
 
 
-def _run_row(run: RunDir | AlphaRun) -> dict[str, Any]:
+def _run_row(run: RunDir | AlphaRun) -> RunRow:
     if isinstance(run, AlphaRun):
-        progress, state, name = _alpha_progress(run), ALPHA, run.manifest.name
+        done, total, failed = _alpha_progress(run)
+        state, name = ALPHA, run.manifest.name
     else:
-        progress, state, name = committed_progress(run), run.state, run.plan.name
-    return {
-        "run_id": run.run_id,
-        "state": state,
-        "format": run.format,
-        "name": name,
-        "created_at": run.manifest.created_at,
-        "done": progress["done"],
-        "total": progress["total"],
-        "failed": progress["failed"],
-        "run_dir": str(run.path),
-    }
+        progress = committed_progress(run)
+        done, total, failed = progress.done, progress.total, progress.failed
+        state, name = run.state, run.plan.name
+    return RunRow(
+        run_id=run.run_id,
+        state=state,
+        format=run.format,
+        name=name,
+        created_at=run.manifest.created_at,
+        done=done,
+        total=total,
+        failed=failed,
+        run_dir=str(run.path),
+    )
 
 
 def _unreadable_run(run_dir: Path, reason: str) -> EnvelopeWarning:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -81,18 +80,6 @@ def deletion_job(job: Job) -> Job:
         }
     )
     return Job(config=derived, path=job.path, base_dir=job.base_dir)
-
-
-def merge_results(night: dict[str, Any], deletions: dict[str, Any]) -> dict[str, Any]:
-    """What the night's envelope says of its deletions."""
-    return {
-        "deletions": deletions.get("progress", {}).get("total"),
-        "run_id": deletions.get("run_id"),
-        "run_dir": deletions.get("run_dir"),
-        "state": deletions.get("state"),
-        "progress": deletions.get("progress"),
-        "after_run": night.get("run_id"),
-    }
 
 
 def discard(path: Path | None) -> None:

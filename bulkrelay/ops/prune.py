@@ -15,10 +15,10 @@ import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, RunLocked, UsageError
+from bulkrelay.ops.results import PruneResult
 from bulkrelay.ops.runref import survey
 from bulkrelay.ops.settings import Retention, load_settings
 from bulkrelay.store.manifest import RunManifest
@@ -38,15 +38,15 @@ class PruneReport:
     kept: int
     warnings: list[EnvelopeWarning]
 
-    def to_data(self, runs_dir: Path, retention: Retention, dry_run: bool) -> dict[str, Any]:
-        return {
-            "runs_dir": str(runs_dir),
-            "dry_run": dry_run,
-            "keep": retention.keep,
-            "older_than": retention.older_than,
-            "removed": self.removed,
-            "kept": self.kept,
-        }
+    def result(self, runs_dir: Path, retention: Retention, dry_run: bool) -> PruneResult:
+        return PruneResult(
+            runs_dir=str(runs_dir),
+            dry_run=dry_run,
+            keep=retention.keep,
+            older_than=retention.older_than,
+            removed=tuple(self.removed),
+            kept=self.kept,
+        )
 
 
 def _created(manifest: RunManifest) -> datetime:
@@ -117,7 +117,7 @@ def prune(runs_dir: Path, retention: Retention, *, dry_run: bool = False) -> Pru
 
 def prune_command(runs_dir: Path, retention: Retention, *, dry_run: bool) -> Result:
     report = prune(runs_dir, retention, dry_run=dry_run)
-    return Result(data=report.to_data(runs_dir, retention, dry_run), warnings=report.warnings, kind="prune")
+    return Result(data=report.result(runs_dir, retention, dry_run), warnings=report.warnings)
 
 
 def retention_after_run(runs_dir: Path, settings_file: Path | None = None) -> PruneReport:

@@ -15,6 +15,7 @@ from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.execute import RunOptions, plan_for, start_fresh
+from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import input_differences, input_path_for, job_path_for
 from bulkrelay.ops.shard import shard_of_run
 from bulkrelay.relay import progress
@@ -78,14 +79,7 @@ def retry_failed(
     preflight = _parent_preflight(parent, config, options.rows_read)
     selection = failed_rows(parent, preflight.record_count, parse_statuses(statuses), classification)
     if not len(selection):
-        return Result(
-            data={
-                "parent_run": parent.run_id,
-                "selected": 0,
-                "message": "no failed rows match; nothing to retry",
-            },
-            kind="generic",
-        )
+        return Result(data=NothingToRetry(parent.run_id))
     plan = replace(
         plan_for(preflight),
         parent_run=parent.run_id,
@@ -104,6 +98,6 @@ def retry_failed(
             prepare=lambda child: save_selection(child.path, selection, child.storage),
             start=StartPoint(done_rows=selection.complement(), total=len(selection)),
         )
-    if isinstance(result.data, dict):
-        result.data["parent_run"] = parent.run_id
+    if isinstance(result.data, RunResult):
+        result.data = replace(result.data, parent_run=parent.run_id)
     return result

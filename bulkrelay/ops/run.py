@@ -16,7 +16,8 @@ from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.delta import open_delta, sync_manifest
 from bulkrelay.ops.execute import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
-from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard, merge_results
+from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard
+from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.runref import run_by_id
 from bulkrelay.ops.shard import ShardSpec, shard_of_run, shard_rows
@@ -197,17 +198,17 @@ def _preflight(request: RunRequest) -> tuple[Preflight, RowSet | None, tuple[Pat
 def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, int]) -> Result:
     """After the night's run has finished (all rows with a final result), a run of the deletions."""
     path, count = deletions
-    data = night.data if isinstance(night.data, dict) else {}
+    assert isinstance(night.data, RunResult)  # a run that returned (failures raise) says how it ended
     if night.exit_code not in (ExitCode.SUCCESS, ExitCode.PARTIAL_FAILURE):
-        data["mirror"] = {"deletions": count, "sent": False, "reason": "the run did not finish"}
+        unsent = MirrorDeletions(count, reason="the run did not finish")
+        night.data = replace(night.data, mirror=unsent)
         return night
     job = deletion_job(request.job)
     preflight = run_preflight(job, path)
-    night_run = data.get("run_id")
     plan = replace(
         plan_for(preflight),
         mirror_deletes=True,
-        mirror_of=None if night_run is None else str(night_run),
+        mirror_of=night.data.run_id,
         input_explicit=True,
     )
     with live_slot(request.runs_dir, request.job.path) as slot:
@@ -220,7 +221,9 @@ def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, i
             plan=plan,
             spooled=True,
         )
-    data["mirror"] = merge_results(data, deleted.data if isinstance(deleted.data, dict) else {})
+    assert isinstance(deleted.data, RunResult)
+    sent = MirrorDeletions(deleted.data.progress.total, run=deleted.data, after_run=night.data.run_id)
+    night.data = replace(night.data, mirror=sent)
     if night.exit_code == ExitCode.SUCCESS and deleted.exit_code != ExitCode.SUCCESS:
         night.exit_code, night.error = deleted.exit_code, deleted.error
     night.warnings.extend(deleted.warnings)

@@ -133,7 +133,7 @@ class RunLog:
         self.event("halt" if reason.halts else "stop_requested", reason=reason, **detail)
 
     def run_finished(self, run: RunDir, result: Result) -> None:
-        data = result.data if isinstance(result.data, dict) else {}
+        data = result.payload() or {}
         self.event(
             "stop",
             run_id=run.run_id,
@@ -143,7 +143,7 @@ class RunLog:
         )
 
     def exit(self, result: Result) -> None:
-        data = result.data if isinstance(result.data, dict) else {}
+        data = result.payload() or {}
         self.event(
             "exit",
             exit_code=int(result.exit_code),

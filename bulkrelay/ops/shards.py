@@ -7,25 +7,29 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import NotFound
 from bulkrelay.ops.inspect import committed_progress
+from bulkrelay.ops.results import ShardRow, ShardsResult
 from bulkrelay.ops.runref import is_run_dir, runs_in
 from bulkrelay.ops.shard import shard_of_run
+from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunDir, is_locked
-
-_COUNTS = ("done", "total", "ok", "failed")
 
 
 def shards(dirs: list[Path]) -> Result:
     rows = [_shard_row(_shard_run(path)) for path in dirs]
-    rows.sort(key=lambda row: (row["shard"] is None, row["shard"] or ""))
-    totals = {name: sum(int(row[name] or 0) for row in rows) for name in _COUNTS}
-    totals["live"] = sum(1 for row in rows if row["live"])
-    data = {"shards": rows, "total": totals, "complete": _complete(rows)}
-    return Result(data=data, warnings=_consistency(rows), kind="shards")
+    rows.sort(key=lambda row: (row.shard is None, row.shard or ""))
+    total = Snapshot(
+        total=sum(row.progress.total for row in rows),
+        done=sum(row.progress.done for row in rows),
+        ok=sum(row.progress.ok for row in rows),
+        failed=sum(row.progress.failed for row in rows),
+    )
+    live = sum(1 for row in rows if row.live)
+    data = ShardsResult(tuple(rows), total, live, _complete(rows))
+    return Result(data=data, warnings=_consistency(rows))
 
 
 def _shard_run(path: Path) -> RunDir:
@@ -42,31 +46,30 @@ def _shard_run(path: Path) -> RunDir:
     )
 
 
-def _shard_row(run: RunDir) -> dict[str, Any]:
-    progress = committed_progress(run)
-    return {
-        "shard": shard_of_run(run),
-        "run_id": run.run_id,
-        "run_dir": str(run.path),
-        "state": run.state,
-        "live": is_locked(run.path),
-        **{name: progress[name] for name in _COUNTS},
-    }
+def _shard_row(run: RunDir) -> ShardRow:
+    return ShardRow(
+        shard=shard_of_run(run),
+        run_id=run.run_id,
+        run_dir=str(run.path),
+        state=run.state,
+        live=is_locked(run.path),
+        progress=committed_progress(run),
+    )
 
 
-def _complete(rows: list[dict[str, Any]]) -> bool:
+def _complete(rows: list[ShardRow]) -> bool:
     """Every shard of N present once, and each finished (with or without failed rows)."""
-    specs = [row["shard"] for row in rows]
-    if not specs or None in specs:
+    specs = [row.shard for row in rows if row.shard is not None]
+    if not specs or len(specs) < len(rows):
         return False
     count = int(specs[0].split("/")[1])
     every = {f"{k}/{count}" for k in range(count)}
-    finished = all(row["state"].every_row_ended for row in rows)
+    finished = all(row.state.every_row_ended for row in rows)
     return set(specs) == every and len(specs) == count and finished
 
 
-def _consistency(rows: list[dict[str, Any]]) -> list[EnvelopeWarning]:
-    specs = [row["shard"] for row in rows if row["shard"] is not None]
+def _consistency(rows: list[ShardRow]) -> list[EnvelopeWarning]:
+    specs = [row.shard for row in rows if row.shard is not None]
     warnings = []
     counts = {spec.split("/")[1] for spec in specs}
     if len(counts) > 1:

@@ -139,7 +139,7 @@ class MetricsFile:
         pass  # the file says how the run ended when it has ended
 
     def run_finished(self, run: RunDir, result: Result) -> None:
-        progress = result.data.get("progress") if isinstance(result.data, dict) else None
+        progress = (result.payload() or {}).get("progress")
         if progress:
             self._snapshot = Snapshot(
                 total=int(progress["total"]),

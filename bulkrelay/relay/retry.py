@@ -30,14 +30,25 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
+from bulkrelay.job.config import (
+    DEFAULT_HALT_STATUSES,
+    DEFAULT_INITIAL_BACKOFF_SECONDS,
+    DEFAULT_JITTER_RATIO,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_BACKOFF_SECONDS,
+    DEFAULT_RESPECT_RETRY_AFTER,
+    DEFAULT_RETRY_STATUSES,
+)
 from bulkrelay.relay.transport.base import TransportError
 
 if TYPE_CHECKING:
     from bulkrelay.job.config import HaltConfig, ResponseConfig, RetryConfig
 
+# The classification of a row that succeeded: given by `RetryPolicy.is_success`, read by `counts_as_success`.
+SUCCESS = "success"
 # Every classification a journal line can carry, in the order of the docstring above.
 CLASSIFICATIONS = (
-    "success",
+    SUCCESS,
     "http_client_error",
     "http_rate_limited",
     "http_server_error",
@@ -47,9 +58,6 @@ CLASSIFICATIONS = (
     "timeout_error",
     "protocol_error",
 )
-
-DEFAULT_RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
-DEFAULT_HALT_STATUSES = frozenset({401, 403})
 
 _DELTA_SECONDS = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
 
@@ -63,14 +71,19 @@ class Decision:
     halt: bool = False  # a halt status: stop the run (resumable), never retried
 
 
+def counts_as_success(classification: str) -> bool:
+    """Whether an outcome so classified is a success: the one reading of `RetryPolicy.is_success`."""
+    return classification == SUCCESS
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 1
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # defaults: the job file's (bulkrelay.job.config)
     statuses: Collection[int] = DEFAULT_RETRY_STATUSES
-    initial_backoff_seconds: float = 1.0
-    max_backoff_seconds: float = 30.0
-    jitter_ratio: float = 0.2
-    respect_retry_after: bool = True
+    initial_backoff_seconds: float = DEFAULT_INITIAL_BACKOFF_SECONDS
+    max_backoff_seconds: float = DEFAULT_MAX_BACKOFF_SECONDS
+    jitter_ratio: float = DEFAULT_JITTER_RATIO
+    respect_retry_after: bool = DEFAULT_RESPECT_RETRY_AFTER
     success_statuses: Collection[int] | None = None  # None: any 2xx
     halt_statuses: Collection[int] = DEFAULT_HALT_STATUSES
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
@@ -104,13 +117,14 @@ class RetryPolicy:
         )
 
     def is_success(self, status: int) -> bool:
+        """The success rule: the job's `response.success_statuses`, else any 2xx."""
         if self.success_statuses is None:
             return 200 <= status < 300
         return status in self.success_statuses
 
     def classify_status(self, status: int) -> str:
         if self.is_success(status):
-            return "success"
+            return SUCCESS
         if status == 429:
             return "http_rate_limited"
         if 400 <= status < 500:
@@ -141,8 +155,9 @@ class RetryPolicy:
         else:
             assert status is not None
             classification = self.classify_status(status)
-            halt = status in self.halt_statuses and classification != "success"
-            retryable = classification != "success" and not halt and status in self.statuses
+            succeeded = self.is_success(status)
+            halt = status in self.halt_statuses and not succeeded
+            retryable = not succeeded and not halt and status in self.statuses
         if not retryable or attempt >= self.max_attempts:
             return Decision(False, 0.0, classification, retryable, halt)
         return Decision(True, self.delay(attempt, retry_after), classification, True)

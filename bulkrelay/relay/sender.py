@@ -15,7 +15,7 @@ from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
-from bulkrelay.relay.retry import RetryPolicy, parse_retry_after, quota_exhausted_for
+from bulkrelay.relay.retry import RetryPolicy, counts_as_success, parse_retry_after, quota_exhausted_for
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
 from bulkrelay.store.journal import JournalEntry
@@ -151,7 +151,7 @@ class RowSender:
         retryable: bool,
         request: PreparedRequest,
     ) -> JournalEntry:
-        success = classification == "success"
+        success = counts_as_success(classification)
         captured = response_body = digest = None
         if self._digester is not None:  # a delta job: the sync state learns from this line
             digest = self._digester.digest(request, record.fields).hex()

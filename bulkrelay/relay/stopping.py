@@ -26,7 +26,6 @@ class StopReason(enum.StrEnum):
     HALT_UNAVAILABLE = "halt_unavailable"  # halt.consecutive_failures reached
     HALT_LIMIT_UNAVAILABLE = "halt_limit_unavailable"  # the shared rate limit (Redis) cannot be reached
     CANCELLED = "cancelled"  # job cancel
-    HANDOFF = "handoff"  # the call budget ran out in the foreground; a background worker continues
     STALLED = "stalled"  # no progress for idle_timeout_seconds
     INPUT_CHANGED = "input_changed"  # the input is no longer the file preflight read
     INCOMPLETE = "incomplete"  # rows are left and nobody asked for a stop (the engine's fallback)

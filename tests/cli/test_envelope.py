@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from typing import Any
 
@@ -10,8 +11,11 @@ import pytest
 from rich.console import Console
 
 from bulkrelay.cli import human
-from bulkrelay.envelope import EnvelopeWarning, Result, dumps_envelope, to_envelope
+from bulkrelay.envelope import CommandData, EnvelopeWarning, Result, dumps_envelope, to_envelope
 from bulkrelay.errors import ExitCode, NotFound
+from bulkrelay.ops.results import InputFacts, RunResult, ValidateResult
+from bulkrelay.relay.progress import Snapshot
+from bulkrelay.store.rundir import RunState
 
 
 @pytest.mark.parametrize("code", list(ExitCode))
@@ -78,8 +82,30 @@ def _summary() -> dict[str, Any]:
     }
 
 
+def _stopped_run() -> RunResult:
+    return RunResult(
+        run_id="20260101T000000Z-abcd1234",
+        run_dir="/runs/20260101T000000Z-abcd1234",
+        state=RunState.STOPPED,
+        progress=Snapshot(total=10, done=8, ok=7, failed=1),
+        summary=_summary(),
+        continue_command="bulkrelay resume /runs/20260101T000000Z-abcd1234",
+    )
+
+
 def test_human_run_result_shows_the_summary_and_the_way_on(captured: tuple[io.StringIO, io.StringIO]) -> None:
     out, err = captured
+    data = _stopped_run()
+    error = {"code": "INTERRUPTED", "message": "stopped by SIGINT", "suggestion": data.continue_command}
+    result = Result(data=data, exit_code=ExitCode.SIGINT, error=error)
+    human.print_human(result, to_envelope(result, duration_ms=1))
+    text = out.getvalue()
+    assert "8 of 10 done" in text and "16.0 rows/s" in text and "422: 1" in text
+    assert "stopped" in text and "continue with: bulkrelay resume" in text
+    assert "INTERRUPTED" in err.getvalue() and "hint:" in err.getvalue()
+
+
+def test_a_run_result_keeps_its_envelope_data_key_for_key() -> None:
     data = {
         "run_id": "20260101T000000Z-abcd1234",
         "run_dir": "/runs/20260101T000000Z-abcd1234",
@@ -88,28 +114,71 @@ def test_human_run_result_shows_the_summary_and_the_way_on(captured: tuple[io.St
         "summary": _summary(),
         "continue_command": "bulkrelay resume /runs/20260101T000000Z-abcd1234",
     }
-    error = {"code": "INTERRUPTED", "message": "stopped by SIGINT", "suggestion": data["continue_command"]}
-    result = Result(data=data, exit_code=ExitCode.SIGINT, error=error, kind="run")
-    human.print_human(result, to_envelope(result, duration_ms=1))
-    text = out.getvalue()
-    assert "8 of 10 done" in text and "16.0 rows/s" in text and "422: 1" in text
-    assert "stopped" in text and "continue with: bulkrelay resume" in text
-    assert "INTERRUPTED" in err.getvalue() and "hint:" in err.getvalue()
+    envelope = to_envelope(Result(data=_stopped_run()), duration_ms=1)
+    assert orjson.dumps(envelope["data"]) == orjson.dumps(data)  # the same keys, in the same order
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        _stopped_run().state = RunState.COMPLETED  # type: ignore[misc]
+
+
+def test_a_background_jobs_stored_run_result_shows_as_the_run_did(
+    captured: tuple[io.StringIO, io.StringIO],
+) -> None:
+    """`job wait` reads the job's envelope back from disk: its data is the run's, as a mapping."""
+    out, _ = captured
+    ran = Result(data=_stopped_run(), exit_code=ExitCode.SIGINT)
+    human.print_human(ran, to_envelope(ran, duration_ms=1))
+    shown_by_the_run = out.getvalue()
+    out.truncate(0)
+    out.seek(0)
+    stored = orjson.loads(orjson.dumps(to_envelope(ran, duration_ms=1)))
+    waited = Result(data=stored["data"], exit_code=ExitCode.SIGINT, kind=ran.kind)
+    human.print_human(waited, stored)
+    assert out.getvalue() == shown_by_the_run and "8 of 10 done" in shown_by_the_run
 
 
 def test_human_validate_result(captured: tuple[io.StringIO, io.StringIO]) -> None:
     out, err = captured
-    data = {
-        "job": "job.yaml",
-        "record_count": 3,
-        "format": "csv",
-        "gzip": False,
-        "input": {"path": "in.csv", "sha256": "ab" * 32, "size": 10},
-        "config_sha256": "cd" * 32,
-    }
+    data = ValidateResult(
+        job="job.yaml",
+        record_count=3,
+        format="csv",
+        gzip=False,
+        input=InputFacts(path="in.csv", sha256="ab" * 32, size=10),
+        config_sha256="cd" * 32,
+    )
     warning = EnvelopeWarning("SOMETHING", "mind this")
-    result = Result(data=data, kind="validate", warnings=[warning])
+    result = Result(data=data, warnings=[warning])
     human.print_human(result, to_envelope(result, duration_ms=1))
     assert "valid job.yaml: 3 records (csv) from in.csv" in out.getvalue()
     assert "ab" * 32 in out.getvalue()
     assert "warning SOMETHING: mind this" in err.getvalue()
+
+
+def test_every_command_result_is_a_frozen_dataclass_with_its_own_envelope_data() -> None:
+    import bulkrelay.background.jobs
+    import bulkrelay.cli.commands
+    import bulkrelay.cli.parser
+    import bulkrelay.ops.results  # noqa: F401 - each defines results
+
+    kinds = {cls: cls.kind for cls in CommandData.__subclasses__()}
+    commands = {
+        "ValidateResult",
+        "RenderResult",
+        "StatusResult",
+        "RunsResult",
+        "FailuresResult",
+        "PruneResult",
+    }
+    commands |= {
+        "ShardsResult",
+        "ExportResult",
+        "SyncStateResult",
+        "RunResult",
+        "NothingToRetry",
+        "DemoResult",
+    }
+    commands |= {"HelpText", "VersionInfo", "CompletionScript", "BackgroundJobGoesOn", "BackgroundJobEnded"}
+    assert {cls.__name__ for cls in kinds} >= commands
+    for cls in kinds:
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
+        assert cls.to_data is not CommandData.to_data, cls

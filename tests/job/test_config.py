@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from textwrap import dedent
 
+import pydantic
 import pytest
 
 from bulkrelay.errors import ConfigInvalid, NotFound, Problem
+from bulkrelay.job import config as job_config
 from bulkrelay.job.config import (
+    ExecutionConfig,
+    HaltConfig,
     JobConfig,
     JsonField,
     JsonValue,
+    ResponseConfig,
+    RetryConfig,
     config_semantic_dict,
     load_job,
     parse_job,
 )
+from bulkrelay.relay.retry import RetryPolicy
+from bulkrelay.relay.transport.base import TransportSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "alpha" / "basic.yaml"
 
@@ -51,7 +60,6 @@ def test_defaults() -> None:
     assert config.version == 1
     assert config.input.file is None and config.input.delimiter == ","
     assert config.response.success_statuses is None
-    assert config.response.is_success(204) and not config.response.is_success(301)
     assert config.response.failure_body_bytes == 2048
     execution = config.execution
     assert execution.concurrency == 8 and execution.rate_limit is None and execution.http2 is False
@@ -424,3 +432,24 @@ def test_semantic_dict_distinguishes_a_null_default_from_none() -> None:
 def test_secrets_in_headers_stay_placeholders_in_the_semantic_dict() -> None:
     data = config_semantic_dict(_parse(MINIMAL + "  headers: { Authorization: 'Bearer ${API_TOKEN}' }\n"))
     assert data["request"]["headers"] == {"Authorization": "Bearer ${API_TOKEN}"}
+
+
+def test_the_defaults_live_in_config_and_the_relay_uses_them() -> None:
+    """One home per default: the retry policy and the transport take config's constants, not copies."""
+    policy_defaults = {f.name: f.default for f in dataclasses.fields(RetryPolicy)}
+    assert policy_defaults["max_attempts"] is job_config.DEFAULT_MAX_ATTEMPTS == RetryConfig().max_attempts
+    assert policy_defaults["statuses"] is job_config.DEFAULT_RETRY_STATUSES == RetryConfig().statuses
+    assert policy_defaults["halt_statuses"] is job_config.DEFAULT_HALT_STATUSES == HaltConfig().on_statuses
+    assert policy_defaults["initial_backoff_seconds"] == RetryConfig().initial_backoff_seconds
+    assert policy_defaults["max_backoff_seconds"] == RetryConfig().max_backoff_seconds
+    assert policy_defaults["jitter_ratio"] == RetryConfig().jitter_ratio
+    assert policy_defaults["respect_retry_after"] is RetryConfig().respect_retry_after
+    transport_defaults = {f.name: f.default for f in dataclasses.fields(TransportSettings)}
+    assert transport_defaults["max_body_bytes"] is job_config.MAX_BODY_BYTES
+    assert transport_defaults["client"] is job_config.DEFAULT_CLIENT == ExecutionConfig().client
+    assert transport_defaults["proxy"] is job_config.DEFAULT_PROXY == ExecutionConfig().proxy
+    # a failure body is cut from what the transport read: it can never ask for more
+    with pytest.raises(pydantic.ValidationError):
+        ResponseConfig(failure_body_bytes=job_config.MAX_BODY_BYTES + 1)
+    largest = ResponseConfig(failure_body_bytes=job_config.MAX_BODY_BYTES)
+    assert largest.failure_body_bytes == job_config.MAX_BODY_BYTES

@@ -263,6 +263,10 @@ def test_mirror_deletes_exactly_the_missing_keys_and_halts_over_max_deletes(
     sent = Counter((r["method"], r["path"].rsplit("/", 1)[-1]) for r in target.requests())
     assert sent == Counter({("POST", str(CHANGED[0])): 1, **{("DELETE", str(n)): 1 for n in gone}})
     assert second.data["mirror"]["deletions"] == len(gone)
+    mirror = second.data["mirror"]  # the deletion run, named in the night's envelope in this order
+    assert list(mirror) == ["deletions", "run_id", "run_dir", "state", "progress", "after_run"]
+    assert (mirror["state"], mirror["progress"]["total"]) == ("completed", len(gone))
+    assert mirror["after_run"] == second.data["run_id"] and mirror["run_id"] != second.data["run_id"]
     assert {key for key, _, _ in _state(tmp_path)} == {str(n) for n in range(1, ROWS + 1)} - {
         str(n) for n in gone
     }

@@ -16,6 +16,7 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
 from bulkrelay.ops.execute import RunOptions
+from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.run import RunRequest, run
 from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.relay.progress import CallbackReporter, Snapshot
@@ -121,7 +122,7 @@ def test_the_first_progress_of_a_continued_run_is_not_below_its_checkpoint(
     )
 
     assert result.exit_code == ExitCode.SUCCESS
-    assert result.data["run_id"] == run_dir.name
+    assert isinstance(result.data, RunResult) and result.data.run_id == run_dir.name
     assert snapshots[0].done >= checkpoint.rows_done > 0
     assert [s.done for s in snapshots] == sorted(s.done for s in snapshots)
     assert snapshots[-1].done == ROWS

@@ -18,6 +18,9 @@ from rich.console import Console
 from bulkrelay.cli import human
 from bulkrelay.envelope import Result, to_envelope
 from bulkrelay.errors import ExitCode
+from bulkrelay.ops.results import FailureExample, FailureGroup, FailuresResult, PruneResult, StatusResult
+from bulkrelay.relay.progress import Snapshot
+from bulkrelay.store.rundir import RunState
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.ops.test_crash import _run_held_by, _spawn_run
@@ -86,17 +89,23 @@ def test_the_human_status_of_a_run_without_rows_shows_no_none(monkeypatch: pytes
         "by_classification": {},
         "latency_ms": latency,
     }
-    data = {
-        "run_id": "r",
-        "run_dir": "/runs/r",
-        "state": "running",
-        "liveness": "crashed \u2014 resumable",
-        "pid": None,
-        "stop_reason": None,
-        "rate": None,
-        "summary": summary,
-    }
-    result = Result(data=data, kind="status")
+    data = StatusResult(
+        run_id="r",
+        run_dir="/runs/r",
+        state=RunState.RUNNING,
+        live=False,
+        liveness="crashed \u2014 resumable",
+        pid=None,
+        stop_reason=None,
+        created_at=None,
+        updated_at=None,
+        parent_run=None,
+        progress=Snapshot(total=5, done=0, ok=0, failed=0),
+        rate=None,
+        latency_ms={},
+        summary=summary,
+    )
+    result = Result(data=data)
     human.print_human(result, to_envelope(result, duration_ms=1))
     text = out.getvalue()
     assert "None" not in text and "crashed" in text and "- / - / -" in text
@@ -138,12 +147,15 @@ def test_the_bash_completion_sources_and_completes_commands(tmp_path: Path) -> N
 def test_the_human_views_of_failures_and_prune(monkeypatch: pytest.MonkeyPatch) -> None:
     out = io.StringIO()
     monkeypatch.setattr(human, "_console", Console(file=out, width=200))
-    example = {"row_number": 3, "attempts": 1, "error": "HTTP 422", "body": '{"error":"rejected"}'}
-    group = {"status_code": 422, "classification": "http_client_error", "count": 13, "examples": [example]}
-    failures = Result(data={"run_id": "r1", "failed": 13, "groups": [group]}, kind="failures")
+    example = FailureExample(row_number=3, attempts=1, error="HTTP 422", body='{"error":"rejected"}')
+    group = FailureGroup(status_code=422, classification="http_client_error", count=13, examples=(example,))
+    found = FailuresResult(
+        run_id="r1", run_dir="/runs/r1", state=RunState.COMPLETED_WITH_FAILURES, failed=13, groups=(group,)
+    )
+    failures = Result(data=found)
     human.print_human(failures, to_envelope(failures, duration_ms=1))
-    pruned = {"dry_run": True, "removed": ["r0"], "kept": 2, "runs_dir": "/runs"}
-    prune = Result(data=pruned, kind="prune")
+    pruned = PruneResult(runs_dir="/runs", dry_run=True, keep=2, older_than=None, removed=("r0",), kept=2)
+    prune = Result(data=pruned)
     human.print_human(prune, to_envelope(prune, duration_ms=1))
     text = out.getvalue()
     assert "13 failed rows in run r1" in text and "3: HTTP 422" in text and "rejected" in text

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import random
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+import bulkrelay
 from bulkrelay.job.config import HaltConfig, ResponseConfig, RetryConfig
-from bulkrelay.relay.retry import Decision, RetryPolicy, classify_error, parse_retry_after
+from bulkrelay.relay.retry import Decision, RetryPolicy, classify_error, counts_as_success, parse_retry_after
 from bulkrelay.relay.transport.base import ConnectFailed, ProtocolFailed, RequestTimeout, TransportError
 
 
@@ -175,3 +178,31 @@ def test_parse_retry_after(value: str, seconds: float | None) -> None:
 
 def test_parse_retry_after_date_defaults_to_now() -> None:
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+
+
+# What decides "this response counts as a success" outside the policy: a status range or the
+# "success" classification compared by hand. The demo target is the far end, not BulkRelay.
+_SUCCESS_RULES = re.compile(r'200 <=|<= 299|< 300|[=!]= "success"')
+_PACKAGE = Path(bulkrelay.__file__).parent
+
+
+def test_the_success_rule_lives_in_the_retry_policy_only() -> None:
+    elsewhere = [
+        f"{path.relative_to(_PACKAGE)}:{number}: {line.strip()}"
+        for path in sorted(_PACKAGE.rglob("*.py"))
+        if path.relative_to(_PACKAGE).as_posix() not in ("relay/retry.py", "demo/target.py")
+        for number, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+        if _SUCCESS_RULES.search(line)
+    ]
+    assert elsewhere == []
+    assert not hasattr(ResponseConfig, "is_success")  # the job file states the rule; the policy applies it
+
+
+def test_a_decision_says_whether_the_row_succeeded() -> None:
+    policy = RetryPolicy.from_config(RetryConfig(), ResponseConfig(success_statuses=(201,)), HaltConfig())
+    assert counts_as_success(policy.decide(1, 201, None).classification) is True
+    assert counts_as_success(policy.decide(1, 200, None).classification) is False
+    assert counts_as_success(policy.decide(1, None, ConnectFailed("refused")).classification) is False
+    assert counts_as_success("success") and not counts_as_success("http_unexpected")
+    default = RetryPolicy.from_config(RetryConfig(), ResponseConfig(), HaltConfig())
+    assert default.is_success(204) and default.is_success(299) and not default.is_success(301)

@@ -15,7 +15,6 @@ VALUES = {
     StopReason.HALT_UNAVAILABLE: "halt_unavailable",
     StopReason.HALT_LIMIT_UNAVAILABLE: "halt_limit_unavailable",
     StopReason.CANCELLED: "cancelled",
-    StopReason.HANDOFF: "handoff",
     StopReason.STALLED: "stalled",
     StopReason.INPUT_CHANGED: "input_changed",
     StopReason.INCOMPLETE: "incomplete",

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from bulkrelay._version import __version__
 from bulkrelay.errors import TlsUnavailable, UsageError
+from bulkrelay.job.config import DEFAULT_CLIENT, DEFAULT_PROXY, MAX_BODY_BYTES
 from bulkrelay.job.records import PreparedRequest
 
 TimeoutPhase = Literal["connect", "write", "read", "pool"]  # reqwest never says "write": see its module
@@ -99,11 +100,11 @@ class TransportSettings:
     read_seconds: float
     write_seconds: float
     pool_seconds: float
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = MAX_BODY_BYTES
     http2: bool = False  # HTTP/2 only, by prior knowledge: no HTTP/1.1 fallback
     decompress: bool = False  # decode gzip/brotli/zstd/deflate answers: when the job sends Accept-Encoding
-    client: ClientName = "reqwest"
-    proxy: str = "none"  # "none", "environment" (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY) or a URL
+    client: ClientName = DEFAULT_CLIENT
+    proxy: str = DEFAULT_PROXY  # "none", "environment" (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY), a URL
     client_certificate: ClientCertificate | None = None
 
     def __post_init__(self) -> None:
