@@ -63,6 +63,8 @@ class RequestRenderer:
         self.method = method
         self._url = url
         self._query = query
+        # Most URLs need no per-row parse to learn their wire form (see `_sent_as_rendered`).
+        self._url_sent_as_rendered = _sent_as_rendered(url, query)
         self._headers = headers
         # When no header names a field, the headers are the same for every row: build them once.
         constant = tuple((n, t.constant) for n, t in headers if t.constant is not None)
@@ -124,7 +126,8 @@ class RequestRenderer:
             pairs = [(name, template.render(fields)) for name, template in self._query]
             url = url.partition("#")[0]  # field values are encoded: a "#" here begins the fragment
             url += ("&" if "?" in url else "?") + urlencode(pairs)
-        url = self._wire_url(url)
+        if not self._url_sent_as_rendered:
+            url = self._wire_url(url)
         headers = self._constant_headers
         if headers is None:
             headers = tuple((name, _header_value(name, t, fields)) for name, t in self._headers)
@@ -218,6 +221,29 @@ def _header_value(name: str, template: BoundTemplate, fields: Fields) -> str:
     if (refusal := header_value_refusal(value)) is not None:
         raise RenderError(min(template.fields), f"{refusal}, which header {name} cannot carry")
     return value
+
+
+def _sent_as_rendered(url: BoundTemplate, query: tuple[tuple[str, BoundTemplate], ...]) -> bool:
+    """Whether every URL this template renders is already in the form the transport sends, so the
+    per-row parse (the costliest step of a render) can be skipped.
+
+    True when the template's own text is in wire form (a sample row with every field "x" comes back
+    from the parser unchanged, with no fragment) and no field sits in the scheme or authority. Then a
+    row only adds field values, and those hold nothing the parser rewrites: a URL field is percent-
+    encoded down to letters, digits, `_.~-` and `%XX`, a query value (`query:`) to those and `+`. The
+    one thing the parser still does to such text, resolving a `.`/`..` segment, `BoundTemplate.render`
+    refuses already; a literal `%` or `%X` just before a field could complete a `%2e` there, so such a
+    template keeps the parse."""
+    if url.authority_fields or url.completes_escape:
+        return False
+    sample = url.render(dict.fromkeys(url.fields, "x"))
+    if query:
+        pairs = [(name, template.render(dict.fromkeys(template.fields, "x"))) for name, template in query]
+        sample += ("&" if "?" in sample else "?") + urlencode(pairs)
+    try:
+        return "#" not in sample and wire_url(sample) == sample
+    except ValueError:
+        return False
 
 
 def _refuse_unsendable_url(source: str, url: BoundTemplate) -> None:

@@ -100,7 +100,7 @@ class Template:
 class BoundTemplate:
     """A template whose secrets are already in place: a head and (field, following text) slots."""
 
-    __slots__ = ("_encode", "_head", "_slots", "authority_fields", "constant", "fields")
+    __slots__ = ("_encode", "_head", "_slots", "authority_fields", "completes_escape", "constant", "fields")
 
     def __init__(self, head: str, slots: tuple[tuple[str, str], ...], *, url: bool) -> None:
         self._head = head
@@ -110,6 +110,9 @@ class BoundTemplate:
         self.constant: str | None = head if not slots else None
         # In a URL: the fields placed before the path begins (scheme, host, port), blamed for a bad host.
         self.authority_fields = _authority_fields(head, slots) if url else frozenset()
+        # A literal "%" or "%X" just before a field: the field's text could finish a percent escape.
+        before = (head, *(tail for _, tail in slots[:-1])) if slots else ()
+        self.completes_escape = any(_ESCAPE_BEGUN.search(text) for text in before)
 
     def render(self, fields: Mapping[str, Any]) -> str:
         out = self._head
@@ -178,6 +181,7 @@ def value_text(field: str, value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+_ESCAPE_BEGUN = re.compile(r"%[0-9A-Fa-f]?\Z")
 _URL_SAFE = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote(safe="") leaves alone
 
 

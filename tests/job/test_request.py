@@ -13,6 +13,7 @@ from bulkrelay.job.config import RequestConfig, parse_job
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.request import RenderError, RequestRenderer, idempotency_key
 from bulkrelay.job.template import Redactor
+from bulkrelay.job.wire import wire_url
 
 ENV = {"API_TOKEN": "tok-123", "API_BASE": "https://api.test/v1"}
 
@@ -324,3 +325,56 @@ def test_the_url_is_rendered_as_the_transport_sends_it() -> None:
     url = "HTTPS://X.test:443/./a/../caf\u00e9/{p}#top"
     renderer = _renderer(f'method: GET\nurl: "{url}"\nquery: {{ q: "{{p}}" }}\n')
     assert renderer.render(_record(p="1")).url == "https://x.test/caf%C3%A9/1?q=1"
+
+
+# Templates whose text is already in wire form (the renderer then skips the per-row parse) and ones
+# that are not, or where a field could complete a literal "%" into "%2e" (it must keep the parse).
+WIRE_TEMPLATES = [
+    "https://x.test/v1/customers/{a}",
+    "https://x.test/v1/{a}/x/{b}?k={a}",
+    "https://x.test/{a}{b}",
+    "https://x.test/v1/{a}.{b}/",
+    "https://x.test/%2e{a}/x",
+    "https://x.test/a/%{a}",
+    "https://x.test/a/%2{a}/{b}",
+    "http://x.test:80/A/{a}",
+    "HTTPS://X.test/./v1/{a}",
+    "https://x.test/x#{a}",
+]
+TRICKY_VALUES = ["id-1", "", ".", "..", "%2e", "%2E", "e", "2e", "E", "a/b", "a\\b", "q?x=1", "f#g"]
+TRICKY_VALUES += ["a b", "t\tb", "l\nb", "caf\u00e9", "\u65e5", "\x00", "\x7f", "'\"<>`{}|^", "+&=;"]
+TRICKY_VALUES += ["%", "%zz"]
+
+
+def _outcome(renderer: RequestRenderer, record: Record) -> str:
+    try:
+        return renderer.render(record).url
+    except RenderError as exc:
+        return f"refused: {exc}"
+
+
+@pytest.mark.parametrize("template", WIRE_TEMPLATES)
+def test_the_rendered_url_is_the_wire_form_for_any_value(template: str) -> None:
+    """Whether or not the renderer parses each row's URL, it renders what a parse of every row would
+    give (the wire form, a fixed point of `wire_url`) and refuses exactly what that would refuse."""
+    config = f'method: GET\nurl: "{template}"\nquery: {{ q: "{{b}}" }}\n'
+    renderer = _renderer(config)
+    parsing = _renderer(config)
+    parsing._url_sent_as_rendered = False  # the reference: the transport's parser asked of every row
+    for a in TRICKY_VALUES:
+        for b in ("b", *TRICKY_VALUES):
+            record = _record(a=a, b=b)
+            outcome = _outcome(renderer, record)
+            assert outcome == _outcome(parsing, record), (a, b)
+            assert outcome.startswith("refused: ") or wire_url(outcome) == outcome, (a, b)
+
+
+def test_a_url_in_wire_form_is_not_parsed_per_row() -> None:
+    assert _renderer('method: GET\nurl: "https://x.test/v1/{a}"\n')._url_sent_as_rendered
+    for template in (
+        "http://x.test:80/{a}",
+        "https://x.test/%2{a}",
+        "https://{a}.test/",
+        "https://x.test/#{a}",
+    ):
+        assert not _renderer(f'method: GET\nurl: "{template}"\n')._url_sent_as_rendered, template
