@@ -226,6 +226,51 @@ def test_whole_body_from_one_json_field() -> None:
     assert renderer.render(_record(payload='{"a": 1}')).body == b'{"a":1}'
 
 
+MIXED_BODY = """\
+method: POST
+url: https://x.test/
+json:
+  kind: { value: customer }
+  age: { from: age, type: integer }
+  address: { city: { from: city }, zip: { from: zip, type: string, default: none }, tags: { value: [a] } }
+  email: { from: email }
+"""
+
+
+def test_a_json_body_keeps_its_configured_key_order_literals_and_types() -> None:
+    request = _renderer(MIXED_BODY).render(_record(age="42", city="Oslo", email="e@x.test"))
+    assert request.body == (
+        b'{"kind":"customer","age":42,"address":{"city":"Oslo","zip":"none","tags":["a"]},"email":"e@x.test"}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "fragment"),
+    [
+        ({"age": "x"}, "age", "not an integer"),  # the first bad leaf in order, though email is missing too
+        ({"age": "", "city": "c", "email": "e"}, "age", "is empty"),
+        ({"age": None, "city": "c", "email": "e"}, "age", "is null"),
+        ({"age": "1", "email": "e"}, "city", "missing"),
+        ({"age": "1", "city": "c"}, "email", "missing"),
+    ],
+)
+def test_a_json_body_names_the_first_leaf_that_fails(
+    fields: dict[str, Any], field: str, fragment: str
+) -> None:
+    with pytest.raises(RenderError) as caught:
+        _renderer(MIXED_BODY).render(_record(**fields))
+    assert caught.value.field == field and fragment in caught.value.message
+
+
+def test_a_json_body_nested_deeper_than_python_compiles_still_renders() -> None:
+    depth = 250  # deeper than the Python parser nests brackets in one expression
+    body = "{ v: { from: a } }"
+    for _ in range(depth):
+        body = f"{{ n: {body} }}"
+    request = _renderer(f"method: POST\nurl: https://x.test/\njson: {body}\n").render(_record(a=1))
+    assert request.body == b'{"n":' * depth + b'{"v":1}' + b"}" * depth
+
+
 def test_secret_missing_names_all() -> None:
     with pytest.raises(SecretMissing) as caught:
         _renderer(ALPHA, env={})
