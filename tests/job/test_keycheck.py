@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from bulkrelay.errors import Problem
 from bulkrelay.job import keycheck
 from bulkrelay.job.inputs import InputSpec, open_records
+from bulkrelay.job.records import Record
 
 
 def _find(tmp_path: Path, ids: list[str]) -> tuple[list[Problem], list[Problem]]:
@@ -40,8 +43,35 @@ def test_missing_key_is_reported_in_the_first_pass(tmp_path: Path) -> None:
 
 
 def test_false_candidates_are_never_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A 16-bit filter makes almost every value a candidate; only the exact pass may report.
+    # A 16-word filter makes almost every value a candidate; only the exact pass may report.
     monkeypatch.setattr(keycheck, "_MASK", (1 << 4) - 1)
     ids = [str(n) for n in range(300)] + ["17"]
     _, duplicates = _find(tmp_path, ids)
     assert [(p.row, p.message) for p in duplicates] == [(301, "duplicate key value '17' (first at row 18)")]
+
+
+def test_the_second_pass_stops_after_the_last_candidate_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every repeat of a value is itself a candidate row, so nothing after the last one matters."""
+    read: list[int] = []
+
+    def counted(records: Iterable[Record]) -> Iterator[Record]:
+        for record in records:
+            read.append(record.row_number)
+            yield record
+
+    @contextmanager
+    def counting_open(spec: InputSpec, on_problem: Callable[[Problem], None]) -> Iterator[Iterator[Record]]:
+        with open_records(spec, on_problem) as stream:
+            yield counted(stream)
+
+    monkeypatch.setattr(keycheck, "open_records", counting_open)
+    ids = ["a", "b", "a", "c", "b", "a"] + [str(n) for n in range(2000)]
+    _, duplicates = _find(tmp_path, ids)
+    assert [(p.row, p.message) for p in duplicates] == [
+        (3, "duplicate key value 'a' (first at row 1)"),
+        (5, "duplicate key value 'b' (first at row 2)"),
+        (6, "duplicate key value 'a' (first at row 1)"),
+    ]
+    assert max(read) <= 7 < len(ids)
