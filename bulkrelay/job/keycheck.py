@@ -14,6 +14,7 @@ Measured with 600k and with a million distinct keys: a false candidate in about 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -51,6 +52,8 @@ def _patterns(salt: bytes) -> tuple[int, ...]:
 
 
 class DuplicateKeyFinder:
+    add: Callable[[Record], Problem | None]  # note one record's key (see `_add_function`)
+
     def __init__(self, field: str, file: str) -> None:
         self.field = field
         self._file = file
@@ -59,25 +62,32 @@ class DuplicateKeyFinder:
         self._low, self._high = _patterns(b"bulkrelay keycheck low"), _patterns(b"bulkrelay keycheck high")
         self._candidates: set[str] = set()
         self._last_candidate_row = 0
+        self.add = self._add_function()
 
-    def add(self, record: Record) -> Problem | None:
-        """Note one record's key; a problem only when the key is missing or empty."""
-        text = record.fields.get(self.field)
-        if type(text) is not str or not text:
-            text = _key_text(text)
-            if text is None:
-                return self._problem(record, "the key field is missing or empty")
-        # The slowest part of a keyed preflight, so kept inline and short: one word, one pattern.
-        digest = hash(text)
-        pattern = self._low[(digest >> 21) & 4095] | self._high[(digest >> 33) & 4095]
-        index = digest & self._mask
-        word = self._words[index]
-        if word & pattern == pattern:
-            self._candidates.add(text)
-            self._last_candidate_row = record.row_number
-        else:
-            self._words[index] = word | pattern
-        return None
+    def _add_function(self) -> Callable[[Record], Problem | None]:
+        """`add`: note one record's key; a problem only when the key is missing or empty. A closure
+        over the filter's parts: it runs once per row, the slowest step of a keyed preflight."""
+        field, words, mask, low, high = self.field, self._words, self._mask, self._low, self._high
+        candidates = self._candidates
+
+        def add(record: Record) -> Problem | None:
+            text = record.fields.get(field)
+            if type(text) is not str or not text:
+                text = _key_text(text)
+                if text is None:
+                    return self._problem(record, "the key field is missing or empty")
+            digest = hash(text)
+            pattern = low[(digest >> 21) & 4095] | high[(digest >> 33) & 4095]
+            index = digest & mask
+            word = words[index]
+            if word & pattern == pattern:
+                candidates.add(text)
+                self._last_candidate_row = record.row_number
+            else:
+                words[index] = word | pattern
+            return None
+
+        return add
 
     def duplicates(self, spec: InputSpec) -> list[Problem]:
         """The second pass: every real duplicate among the candidates, with the row it repeats."""
