@@ -63,8 +63,10 @@ class RequestRenderer:
         idempotency_header: str | None,
         redactor: Redactor,
         sorted_json: bool = False,
+        json: tuple[JsonNode, int] | None = None,
     ) -> None:
         self.method = method
+        self._json = json  # the json tree and its orjson option, compiled into `render`
         self._url = url
         self._query = query
         # Most URLs need no per-row parse to learn their wire form (see `_sent_as_rendered`).
@@ -121,33 +123,87 @@ class RequestRenderer:
                 secrets.values(), derived=basic_credentials(_url_head(req.url, secrets), secrets.values())
             ),
             sorted_json=sorted_json and req.json_ is not None,
+            json=None if req.json_ is None else (req.json_, _json_option(sorted_json)),
         )
 
     def _render_function(self) -> Callable[[Record], PreparedRequest]:
         """`render`: the request for one record; raises `RenderError` naming the field that does not
-        fit. A closure over what this job needs, built once: it runs for every row, twice per run
-        (preflight, then send), and a closure reads its parts faster than a method reads `self`."""
-        method, url_of, query, body_of = self.method, self._url.render, self._query, self._body
-        wire = None if self._url_sent_as_rendered else self._wire_url
-        constant_headers, field_headers = self._constant_headers, self._headers
+        fit. Built once per job: it runs for every row, twice per run (preflight, then send). The
+        reference is a closure over the job's parts; `_compiled_render` writes most jobs a faster
+        function that hands every row it cannot render to the reference, so errors stay the same."""
+        method, body_of = self.method, self._body
+        url_for, headers_for = self._url_function(), self._headers_function()
         new_request = tuple.__new__  # PreparedRequest(...) would go through a Python-level __new__
 
         def render(record: Record) -> PreparedRequest:
             fields = record.fields
+            url, headers = url_for(fields), headers_for(fields)
+            body = None if body_of is None else body_of(fields)
+            return new_request(PreparedRequest, (method, url, headers, body))
+
+        return self._compiled_render(render, url_for, headers_for) or render
+
+    def _url_function(self) -> Callable[[Fields], str]:
+        url_of, query = self._url.render, self._query
+        wire = None if self._url_sent_as_rendered else self._wire_url
+
+        def url_for(fields: Fields) -> str:
             url = url_of(fields)
             if query:
                 pairs = [(name, template.render(fields)) for name, template in query]
                 url = url.partition("#")[0]  # field values are encoded: a "#" here begins the fragment
                 url += ("&" if "?" in url else "?") + urlencode(pairs)
-            if wire is not None:
-                url = wire(url)
-            headers = constant_headers
-            if headers is None:
-                headers = tuple((name, _header_value(name, t, fields)) for name, t in field_headers)
-            body = None if body_of is None else body_of(fields)
-            return new_request(PreparedRequest, (method, url, headers, body))
+            return url if wire is None else wire(url)
 
-        return render
+        return url_for
+
+    def _headers_function(self) -> Callable[[Fields], tuple[tuple[str, str], ...]]:
+        constant, field_headers = self._constant_headers, self._headers
+        if constant is not None:
+            return lambda fields: constant
+        return lambda fields: tuple((name, _header_value(name, t, fields)) for name, t in field_headers)
+
+    def _compiled_render(
+        self,
+        reference: Callable[[Record], PreparedRequest],
+        url_for: Callable[[Fields], str],
+        headers_for: Callable[[Fields], tuple[tuple[str, str], ...]],
+    ) -> Callable[[Record], PreparedRequest] | None:
+        """One generated function for the whole happy path, in one frame: a one-field URL whose value
+        is plain letters and digits is joined in place (else `url_for`), constant headers are a
+        constant, a JSON body is a dict display handed to `orjson.dumps` (see `_json_display`). Any
+        failure re-renders the record with `reference`, which raises the exact error."""
+        code = _Generated()
+        bound = code.bound
+        single = self._url.single_slot() if self._url_sent_as_rendered and not self._query else None
+        if single is not None:
+            head, name, tail = (bound(part) for part in single)
+            url = (
+                f"        url = f.get({name})\n"
+                f"        if url.__class__ is not str or not (url.isalnum() and url.isascii()):\n"
+                f"            url = {bound(url_for)}(f)\n"
+                f"        else:\n            url = {head} + url + {tail}\n"
+            )
+        else:
+            url = f"        url = {bound(url_for)}(f)\n"
+        if self._constant_headers is not None:
+            headers = bound(self._constant_headers)
+        else:
+            headers = f"{bound(headers_for)}(f)"
+        if self._json is not None:
+            node, option = self._json
+            body = f"{bound(orjson.dumps)}({_json_display(node, code)}, option={bound(option)})"
+        else:
+            body = "None" if self._body is None else f"{bound(self._body)}(f)"
+        fallback = bound((KeyError, RenderError, orjson.JSONEncodeError))
+        request = f"({bound(self.method)}, url, {headers}, body)"
+        compiled: Callable[[Record], PreparedRequest] | None = code.define(
+            "render",
+            f"def render(record):\n    f = record.fields\n    try:\n{url}        body = {body}\n"
+            f"    except {fallback}:\n        return {bound(reference)}(record)\n"
+            f"    return {bound(tuple.__new__)}({bound(PreparedRequest)}, {request})\n",
+        )
+        return compiled
 
     def _wire_url(self, url: str) -> str:
         """The URL as the transport sends it, so that `render` shows the bytes on the wire."""
@@ -321,8 +377,7 @@ def _body_renderer(
     req: RequestConfig, bind: Callable[[str], BoundTemplate], sorted_json: bool = False
 ) -> Callable[[Fields], bytes] | None:
     if req.json_ is not None:
-        option = orjson.OPT_SORT_KEYS if sorted_json else 0
-        return _json_body(_json_plan(req.json_), _json_getter(req.json_), option)
+        return _json_body(req.json_, _json_option(sorted_json))
     if req.form is not None:
         return _form_body(req.form, bind)
     if req.body is not None:
@@ -331,21 +386,89 @@ def _body_renderer(
     return None
 
 
-def _json_body(plan: Getter, reference: Getter, option: int = 0) -> Callable[[Fields], bytes]:
-    """The body from the fast `plan`; when the plan fails, the `reference` getters build it again and
-    raise exactly the error they name (the plan only promises the same value when it succeeds)."""
+def _json_option(sorted_json: bool) -> int:
+    return orjson.OPT_SORT_KEYS if sorted_json else 0
 
-    def render(fields: Fields) -> bytes:
+
+class _Generated:
+    """A function written for one job. Its source names only generated identifiers (`_0`, `_1`, ...),
+    each bound in its namespace to a value: a key, a field name, a literal, a helper. So nothing
+    from the job file is ever read as code."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {}
+
+    def bound(self, value: Any) -> str:
+        name = f"_{len(self.namespace)}"
+        self.namespace[name] = value
+        return name
+
+    def define(self, name: str, source: str) -> Any:
+        """The function `name` defined by `source`; None when Python cannot compile it (nesting)."""
         try:
-            value = plan(fields)
-        except (KeyError, RenderError):
-            value = reference(fields)
+            code = compile(source, f"<bulkrelay {name}>", "exec")
+        except (SyntaxError, RecursionError, MemoryError):
+            return None
+        exec(code, self.namespace)  # generated names only: see the class
+        return self.namespace[name]
+
+
+def _json_display(node: JsonNode, code: _Generated) -> str:
+    """The `json` tree as one expression over the fields `f`: a dict display such as
+    `{_0: f[_1], _2: _3(_4, f[_4]), _5: _6}`, the fastest way Python builds a dict (a tree of small
+    getters costs a call per leaf and a comprehension per object). A missing field surfaces as
+    `KeyError`, a bad value as `RenderError`; the value is the getters' (`_json_getter`) when it
+    succeeds, and their exact error is found by asking them again."""
+    if isinstance(node, JsonValue):
+        return code.bound(node.value)
+    if isinstance(node, JsonField):
+        if node.has_default:
+            return f"{code.bound(_field_getter(node))}(f)"  # absent, null or empty is no error here
+        field = code.bound(node.from_)
+        if node.type is None:
+            return f"f[{field}]"
+        return f"{code.bound(_COERCERS[node.type])}({field}, f[{field}])"
+    items = (f"{code.bound(key)}: {_json_display(child, code)}" for key, child in node.items())
+    return "{" + ", ".join(items) + "}"
+
+
+def _json_body(node: JsonNode, option: int = 0) -> Callable[[Fields], bytes]:
+    """The body of a `json` request: `_json_display` handed to `orjson.dumps`, in one generated
+    function; when the display fails, the reference getters build the value again and raise exactly
+    the error they name. A tree too deep to compile is rendered by the getters alone."""
+    reference = _json_getter(node)
+    encode = _json_encoder(option)
+    code = _Generated()
+    try:
+        display = _json_display(node, code)
+    except RecursionError:
+        display = None
+    body = None
+    if display is not None:
+        body = code.define(
+            "body",
+            f"def body(f):\n    try:\n        value = {display}\n"
+            f"    except {code.bound((KeyError, RenderError))}:\n        value = {code.bound(reference)}(f)\n"
+            f"    return {code.bound(encode)}(value)\n",
+        )
+    if body is None:
+        return lambda fields: encode(reference(fields))
+    compiled: Callable[[Fields], bytes] = body
+    return compiled
+
+
+def _json_encoder(option: int) -> Callable[[Any], bytes]:
+    def encode(value: Any) -> bytes:
         try:
             return orjson.dumps(value, option=option)
         except orjson.JSONEncodeError as exc:
-            raise RenderError("json", f"cannot be written as JSON: {exc}") from None
+            raise _not_json(exc) from None
 
-    return render
+    return encode
+
+
+def _not_json(exc: orjson.JSONEncodeError) -> RenderError:
+    return RenderError("json", f"cannot be written as JSON: {exc}")
 
 
 def _form_body(
@@ -371,43 +494,6 @@ def _text_getter(name: str) -> Callable[[Fields], str]:
         return value if type(value) is str else value_text(name, value)
 
     return get
-
-
-def _json_plan(node: JsonNode) -> Getter:
-    """The `json` tree compiled into one function for the happy path: a single dict display such as
-    `{_0: f[_1], _2: _3(_4, f[_4]), _5: _6}`, the fastest way Python builds a dict (a tree of small
-    getters costs a call per leaf and a comprehension per object).
-
-    The generated source holds only generated names; every key, field name, literal value and coercer
-    is bound in its namespace, so nothing from the job file is ever read as code. A missing field
-    surfaces as `KeyError`, a bad value as `RenderError`: the caller then asks `_json_getter` for the
-    exact message. A tree too deep to compile is simply rendered by `_json_getter`."""
-    namespace: dict[str, Any] = {}
-
-    def bound(value: Any) -> str:
-        name = f"_{len(namespace)}"
-        namespace[name] = value
-        return name
-
-    def expression(node: JsonNode) -> str:
-        if isinstance(node, JsonValue):
-            return bound(node.value)
-        if isinstance(node, JsonField):
-            if node.has_default:
-                return f"{bound(_field_getter(node))}(f)"  # absent, null or empty is no error here
-            field = bound(node.from_)
-            if node.type is None:
-                return f"f[{field}]"
-            return f"{bound(_COERCERS[node.type])}({field}, f[{field}])"
-        return "{" + ", ".join(f"{bound(key)}: {expression(child)}" for key, child in node.items()) + "}"
-
-    try:
-        code = compile(f"def plan(f):\n    return {expression(node)}\n", "<bulkrelay json plan>", "exec")
-    except (SyntaxError, RecursionError, MemoryError):
-        return _json_getter(node)
-    exec(code, namespace)  # generated names only: see above
-    plan: Getter = namespace["plan"]
-    return plan
 
 
 def _json_getter(node: JsonNode) -> Getter:
@@ -462,12 +548,12 @@ def _absent_value(name: str, value: object, type_name: str | None) -> Any:
 
 
 def _to_integer(name: str, value: Any) -> int:
+    if type(value) is str and len(value) < 19 and value.isdigit() and value.isascii():
+        return int(value)  # the common case (CSV text), short of the range check and the regex
     if type(value) is int:
         if value in _INT_RANGE:
             return value
         raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
-    if type(value) is str and len(value) < 19 and value.isdigit() and value.isascii():
-        return int(value)  # the common case, short of the range check and the regex
     if type(value) is str and _INTEGER.fullmatch(text := value.strip()):
         number = int(text)
         if number in _INT_RANGE:

@@ -124,6 +124,10 @@ class BoundTemplate:
         before = (head, *(tail for _, tail in slots[:-1])) if slots else ()
         self.completes_escape = any(_ESCAPE_BEGUN.search(text) for text in before)
 
+    def single_slot(self) -> tuple[str, str, str] | None:
+        """(head, field, tail) when the template holds exactly one field, else None."""
+        return None if self._single is None else (self._head, *self._single)
+
     def render(self, fields: Mapping[str, Any]) -> str:
         if self._single is not None:
             # One field whose value needs nothing done (in a URL: plain letters and digits, nothing to

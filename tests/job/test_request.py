@@ -263,6 +263,13 @@ def test_a_json_body_names_the_first_leaf_that_fails(
     assert caught.value.field == field and fragment in caught.value.message
 
 
+def test_a_value_json_cannot_carry_names_the_body() -> None:
+    renderer = _renderer("method: POST\nurl: https://x.test/\njson: { a: { from: a }, n: { from: n } }\n")
+    with pytest.raises(RenderError) as caught:
+        renderer.render(_record(a="x", n=2**70))  # beyond 64 bits: orjson refuses it
+    assert caught.value.field == "json" and "cannot be written as JSON" in caught.value.message
+
+
 def test_a_json_body_nested_deeper_than_python_compiles_still_renders() -> None:
     depth = 250  # deeper than the Python parser nests brackets in one expression
     body = "{ v: { from: a } }"
@@ -427,3 +434,42 @@ def test_a_url_in_wire_form_is_not_parsed_per_row() -> None:
         "https://x.test/#{a}",
     ):
         assert not _renderer(f'method: GET\nurl: "{template}"\n')._url_sent_as_rendered, template
+
+
+RENDER_SHAPES = [
+    MIXED_BODY,
+    "method: PUT\nurl: https://x.test/c/{id}\njson: { id: { from: id, type: integer }, e: { from: e } }\n",
+    "method: POST\nurl: https://x.test/c/{id}/{e}\nquery: { q: '{e}' }\nheaders: { X-E: '{e}' }\n"
+    "json: { from: e, type: json }\n",
+    "method: POST\nurl: https://x.test/c/{id}\nform: { a: { from: e }, b: lit }\n",
+    "method: POST\nurl: https://x.test/c/{id}\ncontent_type: text/plain\nbody: 'x={e}'\n",
+    "method: DELETE\nurl: https://x.test/c/{id}\n",
+]
+RENDER_ROWS: list[dict[str, Any]] = [
+    {"id": "17", "e": "e@x.test", "age": "42", "city": "Oslo", "zip": ""},
+    {"id": "a.b", "e": '{"k": 1}', "age": " 7 ", "city": None, "zip": "0150"},
+    {"id": "caf\u00e9", "e": "x\r\ny", "age": "4.5", "city": "c"},
+    {"id": "", "e": "e", "age": None, "city": "c", "email": "e"},
+    {"id": 5, "e": 2**70, "age": 42, "city": ["l"], "email": {"n": 1}},
+    {"e": "e"},
+    {"id": "..", "e": "e"},
+]
+
+
+def _rendered(renderer: RequestRenderer, fields: dict[str, Any]) -> PreparedRequest | str:
+    try:
+        return renderer.render(_record(**fields))
+    except RenderError as exc:
+        return f"refused: {exc}"
+
+
+@pytest.mark.parametrize("shape", RENDER_SHAPES)
+def test_the_compiled_render_renders_and_refuses_as_the_reference_does(
+    shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renderer = _renderer(shape)
+    with monkeypatch.context() as patched:  # no generated code at all: the reference closures
+        patched.setattr(request_module._Generated, "define", lambda self, name, source: None)
+        reference = _renderer(shape)
+    for fields in RENDER_ROWS:
+        assert _rendered(renderer, fields) == _rendered(reference, fields), fields
