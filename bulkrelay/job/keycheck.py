@@ -54,9 +54,11 @@ def _patterns(salt: bytes) -> tuple[int, ...]:
 class DuplicateKeyFinder:
     add: Callable[[Record], Problem | None]  # note one record's key (see `_add_function`)
 
-    def __init__(self, field: str, file: str) -> None:
+    def __init__(self, field: str, file: str, spec: InputSpec | None = None) -> None:
+        """`spec` (the input being read) allows the in-order shortcut: see `_add_function`."""
         self.field = field
         self._file = file
+        self._spec = spec
         self._mask = _MASK
         self._words = memoryview(bytearray(8 * (_MASK + 1))).cast("Q")
         self._low, self._high = _patterns(b"bulkrelay keycheck low"), _patterns(b"bulkrelay keycheck high")
@@ -66,16 +68,31 @@ class DuplicateKeyFinder:
 
     def _add_function(self) -> Callable[[Record], Problem | None]:
         """`add`: note one record's key; a problem only when the key is missing or empty. A closure
-        over the filter's parts: it runs once per row, the slowest step of a keyed preflight."""
+        over the filter's parts: it runs once per row, the slowest step of a keyed preflight.
+
+        Many inputs come sorted by their key (an export ordered by id). While every key is greater
+        than the one before (shorter keys first, then by text: "9" < "10"), no two can be equal, so
+        they need not enter the filter at all. The first key out of order puts every earlier row's
+        key into the filter (one read of those rows again) and the finder carries on as a filter."""
         field, words, mask, low, high = self.field, self._words, self._mask, self._low, self._high
         candidates = self._candidates
+        in_order = self._spec is not None
+        top, top_length = "", 0  # the greatest key so far, while in order
 
         def add(record: Record) -> Problem | None:
+            nonlocal in_order, top, top_length
             text = record.fields.get(field)
             if type(text) is not str or not text:
                 text = _key_text(text)
                 if text is None:
                     return self._problem(record, "the key field is missing or empty")
+            if in_order:
+                length = len(text)
+                if length > top_length or (length == top_length and text > top):
+                    top, top_length = text, length
+                    return None
+                in_order = False
+                self._fill_in(add, record.row_number)
             digest = hash(text)
             pattern = low[(digest >> 21) & 4095] | high[(digest >> 33) & 4095]
             index = digest & mask
@@ -88,6 +105,16 @@ class DuplicateKeyFinder:
             return None
 
         return add
+
+    def _fill_in(self, add: Callable[[Record], Problem | None], row_number: int) -> None:
+        """Put the keys of the rows before `row_number`, read again, into the filter (`add` no longer
+        takes the in-order shortcut). Their problems were reported when they were first read."""
+        assert self._spec is not None  # the shortcut is only taken with a spec
+        with open_records(self._spec, _already_reported) as stream:
+            for record in stream:
+                if record.row_number >= row_number:
+                    break
+                add(record)
 
     def duplicates(self, spec: InputSpec) -> list[Problem]:
         """The second pass: every real duplicate among the candidates, with the row it repeats."""

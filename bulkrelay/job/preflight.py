@@ -170,7 +170,7 @@ def run_preflight(
     collector = _ProblemCollector()
     key_field = job.config.input.key
     file = spec.display_name
-    keys = DuplicateKeyFinder(key_field, file) if key_field else None
+    keys = DuplicateKeyFinder(key_field, file, spec) if key_field else None
     add_key = None if keys is None else keys.add
     render = renderer.render
     presence = _FieldPresence(job, spec)
