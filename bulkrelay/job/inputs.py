@@ -401,6 +401,7 @@ class RecordStream:
     def _jsonl_records(self) -> Generator[Record, None, int]:
         """One JSON object per line; every line is a row, so row number and line number agree."""
         loads = orjson.loads
+        new_record = tuple.__new__  # Record(...) would go through a Python-level __new__
         line = 0
         try:
             for line, raw in enumerate(_without_bom(self._binary), 1):
@@ -412,7 +413,7 @@ class RecordStream:
                 if type(value) is not dict:
                     self._report(self._not_an_object(value, line))
                     continue
-                yield Record(line, line, value)
+                yield new_record(Record, (line, line, value))
         except _GZIP_ERRORS as exc:
             self._report_damage(exc)
             return line
