@@ -192,7 +192,11 @@ class RequestRenderer:
             headers = f"{bound(headers_for)}(f)"
         if self._json is not None:
             node, option = self._json
-            body = f"{bound(orjson.dumps)}({_json_display(node, code)}, option={bound(option)})"
+            try:
+                display = _json_display(node, code)
+            except RecursionError:
+                return None
+            body = f"{bound(orjson.dumps)}({display}, option={bound(option)})"
         else:
             body = "None" if self._body is None else f"{bound(self._body)}(f)"
         fallback = bound((KeyError, RenderError, orjson.JSONEncodeError))
