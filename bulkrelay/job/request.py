@@ -431,7 +431,13 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
         field = code.bound(node.from_)
         if node.type is None:
             return f"f[{field}]"
-        return f"{code.bound(_COERCERS[node.type])}({field}, f[{field}])"
+        coerce = code.bound(_COERCERS[node.type])
+        if node.type == "integer":  # _to_integer's common case, without the call
+            return (
+                f"(int(v) if (v := f[{field}]).__class__ is str and len(v) < 19 and v.isdigit()"
+                f" and v.isascii() else {coerce}({field}, v))"
+            )
+        return f"{coerce}({field}, f[{field}])"
     items = (f"{code.bound(key)}: {_json_display(child, code)}" for key, child in node.items())
     return "{" + ", ".join(items) + "}"
 

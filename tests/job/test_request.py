@@ -453,6 +453,9 @@ RENDER_ROWS: list[dict[str, Any]] = [
     {"id": 5, "e": 2**70, "age": 42, "city": ["l"], "email": {"n": 1}},
     {"e": "e"},
     {"id": "..", "e": "e"},
+    {"id": "1", "e": "e", "age": "\u00b2", "city": "c", "email": "e"},  # a digit, not an ASCII one
+    {"id": "1", "e": "e", "age": "9223372036854775808", "city": "c", "email": "e"},
+    {"id": "1", "e": "e", "age": "922337203685477580", "city": "c", "email": "e"},
 ]
 
 
