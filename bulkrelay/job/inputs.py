@@ -48,6 +48,7 @@ _JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number"
 # How many records a verified reader hands out between two checks that its file is unchanged (a
 # check is one fstat; each raw read is checked too, before its bytes can reach a record).
 _CHECK_EVERY = 64
+_COMPILED_WIDTH = 1000  # a CSV header wider than this makes its rows' dicts with dict(zip(...))
 
 
 def detect_format(path_name: str, declared: str | None) -> tuple[InputFormat, bool]:
@@ -400,6 +401,7 @@ class RecordStream:
     def _jsonl_records(self) -> Generator[Record, None, int]:
         """One JSON object per line; every line is a row, so row number and line number agree."""
         loads = orjson.loads
+        new_record = tuple.__new__  # Record(...) would go through a Python-level __new__
         line = 0
         try:
             for line, raw in enumerate(_without_bom(self._binary), 1):
@@ -411,7 +413,7 @@ class RecordStream:
                 if type(value) is not dict:
                     self._report(self._not_an_object(value, line))
                     continue
-                yield Record(line, line, value)
+                yield new_record(Record, (line, line, value))
         except _GZIP_ERRORS as exc:
             self._report_damage(exc)
             return line
@@ -437,6 +439,8 @@ class RecordStream:
         if headers is None:
             return 0
         width = len(headers)
+        fields_of = _row_to_fields(headers)
+        new_record = tuple.__new__  # Record(...) would go through a Python-level __new__
         row_number = 0
         skipped = 0  # lines that failed to decode: the csv reader never saw them, so line_num misses them
         end = reader.line_num
@@ -451,7 +455,7 @@ class RecordStream:
                     if len(row) != width:
                         self._report(self._ragged(row, width, start, row_number))
                         continue
-                    yield Record(row_number, start, dict(zip(headers, row, strict=False)))
+                    yield new_record(Record, (row_number, start, fields_of(row)))
                 break
             except UnicodeDecodeError as exc:
                 skipped += 1
@@ -509,6 +513,19 @@ class RecordStream:
             line=line,
             row=row,
         )
+
+
+def _row_to_fields(headers: list[str]) -> Callable[[list[str]], dict[str, str]]:
+    """What makes a CSV row (as wide as the header) its fields: one dict display, `{_0: r[0], ...}`,
+    about twice as fast as `dict(zip(headers, row))`. The header's names are bound in the function's
+    namespace, never written into its code."""
+    if len(headers) > _COMPILED_WIDTH:
+        return lambda row: dict(zip(headers, row, strict=True))
+    namespace: dict[str, Any] = {f"_{column}": name for column, name in enumerate(headers)}
+    display = ", ".join(f"_{column}: r[{column}]" for column in range(len(headers)))
+    exec(compile(f"def fields(r):\n    return {{{display}}}\n", "<bulkrelay csv row>", "exec"), namespace)
+    fields: Callable[[list[str]], dict[str, str]] = namespace["fields"]
+    return fields
 
 
 @contextmanager

@@ -1,24 +1,34 @@
 """Duplicate `input.key` values, found in memory that does not grow with the input.
 
-The first pass puts each key value into a Bloom filter (16 MiB; three probes cut from one 64-bit
-hash); a value whose probes are all set already *may* have been seen, and joins a small set of
-candidates. Only when there are
+The first pass puts each key value into a blocked Bloom filter: 16 MiB of 64-bit words; a value's
+hash picks one word and a pattern of up to eight bits in it (two 4-bit patterns from small tables,
+so setting or testing them is one word read, one OR and one compare). A value whose bits are all
+set already *may* have been seen, and joins a small set of candidates. Only when there are
 candidates does a second pass over the input count them exactly, so every reported duplicate is
-real and names the row where the value first appeared. With a million keys, about ten values are
-false candidates: the second pass reads the input again, but holds only the candidates in memory.
+real and names the row where the value first appeared. The second pass stops after the last row
+that made a candidate: every repeat of a value is a candidate row, and its first row comes before.
+Measured false candidates per run: about 0.1 with 600k distinct keys, about 1 with a million (the
+former filter, three bits anywhere in the same 16 MiB, expected 1.4 and 11).
+
+Keys that come in increasing order (an input sorted by its key) skip the filter altogether until
+the first one out of order; see `DuplicateKeyFinder._add_function`.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from bulkrelay.errors import Problem
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.records import Record
 
-_BITS_LOG2 = 27  # 2**27 bits = 16 MiB
-_MASK = (1 << _BITS_LOG2) - 1
-_SHIFTS = (0, 18, 37)  # three windows of the 64-bit hash, each _BITS_LOG2 wide
+_MASK = (1 << 21) - 1  # 2**21 words of 64 bits = 16 MiB; a value's word is its hash & _MASK
+_PATTERN_BITS = 12  # each table holds 2**12 patterns, picked by 12 bits of the hash above the word's
+_BITS_PER_PATTERN = 4
 
 
 def _already_reported(problem: Problem) -> None:
@@ -32,29 +42,84 @@ def _key_text(value: Any) -> str | None:
     return text or None
 
 
+@cache
+def _patterns(salt: bytes) -> array[int]:
+    """2**_PATTERN_BITS words with _BITS_PER_PATTERN distinct bits set, the same in every process.
+    An array, not a tuple of ints: 32 KiB in one piece, so a look-up costs one cache line."""
+    stream = iter(hashlib.shake_128(salt).digest(1 << (_PATTERN_BITS + 4)))
+    patterns = []
+    for _ in range(1 << _PATTERN_BITS):
+        bits: set[int] = set()
+        while len(bits) < _BITS_PER_PATTERN:
+            bits.add(next(stream) & 63)
+        patterns.append(sum(1 << bit for bit in bits))
+    return array("Q", patterns)
+
+
 class DuplicateKeyFinder:
-    def __init__(self, field: str, file: str) -> None:
+    add: Callable[[Record], Problem | None]  # note one record's key (see `_add_function`)
+
+    def __init__(self, field: str, file: str, spec: InputSpec | None = None) -> None:
+        """`spec` (the input being read) allows the in-order shortcut: see `_add_function`."""
         self.field = field
         self._file = file
-        self._bits = bytearray(max(1, (_MASK + 1) >> 3))
+        self._spec = spec
+        self._mask = _MASK
+        self._words = memoryview(bytearray(8 * (_MASK + 1))).cast("Q")
+        self._low, self._high = _patterns(b"bulkrelay keycheck low"), _patterns(b"bulkrelay keycheck high")
         self._candidates: set[str] = set()
+        self._last_candidate_row = 0
+        self.add = self._add_function()
 
-    def add(self, record: Record) -> Problem | None:
-        """Note one record's key; a problem only when the key is missing or empty."""
-        text = _key_text(record.fields.get(self.field))
-        if text is None:
-            return self._problem(record, "the key field is missing or empty")
-        # Three probes from one hash: the slowest part of a keyed preflight, so kept inline and short.
-        digest, bits, seen = hash(text), self._bits, True
-        for shift in _SHIFTS:
-            index = (digest >> shift) & _MASK
-            byte, mask = index >> 3, 1 << (index & 7)
-            if not bits[byte] & mask:
-                seen = False
-                bits[byte] |= mask
-        if seen:
-            self._candidates.add(text)
-        return None
+    def _add_function(self) -> Callable[[Record], Problem | None]:
+        """`add`: note one record's key; a problem only when the key is missing or empty. A closure
+        over the filter's parts: it runs once per row, the slowest step of a keyed preflight.
+
+        Many inputs come sorted by their key (an export ordered by id). While every key is greater
+        than the one before (shorter keys first, then by text: "9" < "10"), no two can be equal, so
+        they need not enter the filter at all. The first key out of order puts every earlier row's
+        key into the filter (one read of those rows again) and the finder carries on as a filter."""
+        field, words, mask, low, high = self.field, self._words, self._mask, self._low, self._high
+        candidates = self._candidates
+        in_order = self._spec is not None
+        top, top_length = "", 0  # the greatest key so far, while in order
+
+        def add(record: Record) -> Problem | None:
+            nonlocal in_order, top, top_length
+            text = record.fields.get(field)
+            if type(text) is not str or not text:
+                text = _key_text(text)
+                if text is None:
+                    return self._problem(record, "the key field is missing or empty")
+            if in_order:
+                length = len(text)
+                if length > top_length or (length == top_length and text > top):
+                    top, top_length = text, length
+                    return None
+                in_order = False
+                self._fill_in(add, record.row_number)
+            digest = hash(text)
+            pattern = low[(digest >> 21) & 4095] | high[(digest >> 33) & 4095]
+            index = digest & mask
+            word = words[index]
+            if word & pattern == pattern:
+                candidates.add(text)
+                self._last_candidate_row = record.row_number
+            else:
+                words[index] = word | pattern
+            return None
+
+        return add
+
+    def _fill_in(self, add: Callable[[Record], Problem | None], row_number: int) -> None:
+        """Put the keys of the rows before `row_number`, read again, into the filter (`add` no longer
+        takes the in-order shortcut). Their problems were reported when they were first read."""
+        assert self._spec is not None  # the shortcut is only taken with a spec
+        with open_records(self._spec, _already_reported) as stream:
+            for record in stream:
+                if record.row_number >= row_number:
+                    break
+                add(record)
 
     def duplicates(self, spec: InputSpec) -> list[Problem]:
         """The second pass: every real duplicate among the candidates, with the row it repeats."""
@@ -64,6 +129,8 @@ class DuplicateKeyFinder:
         problems: list[Problem] = []
         with open_records(spec, _already_reported) as stream:
             for record in stream:
+                if record.row_number > self._last_candidate_row:
+                    break
                 text = _key_text(record.fields.get(self.field))
                 if text is None or text not in self._candidates:
                     continue

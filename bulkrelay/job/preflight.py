@@ -114,15 +114,17 @@ class _FieldPresence:
         self._unseen = set(self._needed)
         self._keys: dict[str, None] = {}  # the input's field names, in order of appearance
 
-    def add(self, record: Record) -> None:
-        """Note one record; raises `ConfigInvalid` once a CSV header shows a needed column is absent."""
+    def add(self, record: Record) -> bool:
+        """Note one record; raises `ConfigInvalid` once a CSV header shows a needed column is absent.
+        False once no later record can change the outcome (the caller stops calling)."""
         if not self._unseen:
-            return
+            return False
         self._unseen.difference_update(record.fields)
         if len(self._keys) < _KEYS_LISTED:
             self._keys.update(dict.fromkeys(record.fields))
         if self._spec.format == "csv":
             self.check()
+        return bool(self._unseen)
 
     def check(self) -> None:
         if self._unseen and self._keys:
@@ -168,14 +170,17 @@ def run_preflight(
     collector = _ProblemCollector()
     key_field = job.config.input.key
     file = spec.display_name
-    keys = DuplicateKeyFinder(key_field, file) if key_field else None
+    keys = DuplicateKeyFinder(key_field, file, spec) if key_field else None
+    add_key = None if keys is None else keys.add
     render = renderer.render
     presence = _FieldPresence(job, spec)
+    presence_open = True  # until the fields the job needs are settled (a CSV: its first record)
     if on_rows_read is not None:
         on_rows_read(0)
     with open_records(spec, collector.add) as stream:
         for record in stream:
-            presence.add(record)
+            if presence_open:
+                presence_open = presence.add(record)
             if on_rows_read is not None:
                 on_rows_read(record.row_number)
             try:
@@ -186,7 +191,7 @@ def run_preflight(
                 collector.add(
                     Problem(exc.message, file=file, line=record.line, row=record.row_number, field=exc.field)
                 )
-            if keys is not None and (problem := keys.add(record)) is not None:
+            if add_key is not None and (problem := add_key(record)) is not None:
                 collector.add(problem)
         fingerprint = stream.fingerprint()
         identity = stream.identity()

@@ -1,8 +1,10 @@
 """Record → `PreparedRequest`, and the idempotency key of a row.
 
 `RequestRenderer.from_config` does all the per-job work once: it parses every template, looks the
-secrets up, and turns the `json` tree into a tree of small getter functions. `render` is then the
-per-row hot path: a few dictionary lookups, string joins and one `orjson.dumps`.
+secrets up, compiles the `json` tree into one function building the body (with a tree of small getter
+functions as its reference, which names the field when a row does not fit), and decides whether the
+URL needs a per-row parse at all. `render` is then the per-row hot path: a few dictionary lookups,
+string joins and one `orjson.dumps`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ _KEY_SCHEME = "bulkrelay-idempotency-v1"
 class RequestRenderer:
     """Renders records into requests for one job; built once by `from_config`."""
 
+    render: Callable[[Record], PreparedRequest]  # the request for one record (see `_render_function`)
+
     def __init__(
         self,
         *,
@@ -59,10 +63,14 @@ class RequestRenderer:
         idempotency_header: str | None,
         redactor: Redactor,
         sorted_json: bool = False,
+        json: tuple[JsonNode, int] | None = None,
     ) -> None:
         self.method = method
+        self._json = json  # the json tree and its orjson option, compiled into `render`
         self._url = url
         self._query = query
+        # Most URLs need no per-row parse to learn their wire form (see `_sent_as_rendered`).
+        self._url_sent_as_rendered = _sent_as_rendered(url, query)
         self._headers = headers
         # When no header names a field, the headers are the same for every row: build them once.
         constant = tuple((n, t.constant) for n, t in headers if t.constant is not None)
@@ -74,6 +82,7 @@ class RequestRenderer:
         self.sorted_json = (
             sorted_json  # a JSON body is written with sorted keys (delta sync digests it as is)
         )
+        self.render = self._render_function()
 
     @classmethod
     def from_config(
@@ -114,22 +123,91 @@ class RequestRenderer:
                 secrets.values(), derived=basic_credentials(_url_head(req.url, secrets), secrets.values())
             ),
             sorted_json=sorted_json and req.json_ is not None,
+            json=None if req.json_ is None else (req.json_, _json_option(sorted_json)),
         )
 
-    def render(self, record: Record) -> PreparedRequest:
-        """The request for one record. Raises `RenderError` naming the field that does not fit."""
-        fields = record.fields
-        url = self._url.render(fields)
-        if self._query:
-            pairs = [(name, template.render(fields)) for name, template in self._query]
-            url = url.partition("#")[0]  # field values are encoded: a "#" here begins the fragment
-            url += ("&" if "?" in url else "?") + urlencode(pairs)
-        url = self._wire_url(url)
-        headers = self._constant_headers
-        if headers is None:
-            headers = tuple((name, _header_value(name, t, fields)) for name, t in self._headers)
-        body = self._body(fields) if self._body is not None else None
-        return PreparedRequest(self.method, url, headers, body)
+    def _render_function(self) -> Callable[[Record], PreparedRequest]:
+        """`render`: the request for one record; raises `RenderError` naming the field that does not
+        fit. Built once per job: it runs for every row, twice per run (preflight, then send). The
+        reference is a closure over the job's parts; `_compiled_render` writes most jobs a faster
+        function that hands every row it cannot render to the reference, so errors stay the same."""
+        method, body_of = self.method, self._body
+        url_for, headers_for = self._url_function(), self._headers_function()
+        new_request = tuple.__new__  # PreparedRequest(...) would go through a Python-level __new__
+
+        def render(record: Record) -> PreparedRequest:
+            fields = record.fields
+            url, headers = url_for(fields), headers_for(fields)
+            body = None if body_of is None else body_of(fields)
+            return new_request(PreparedRequest, (method, url, headers, body))
+
+        return self._compiled_render(render, url_for, headers_for) or render
+
+    def _url_function(self) -> Callable[[Fields], str]:
+        url_of, query = self._url.render, self._query
+        wire = None if self._url_sent_as_rendered else self._wire_url
+
+        def url_for(fields: Fields) -> str:
+            url = url_of(fields)
+            if query:
+                pairs = [(name, template.render(fields)) for name, template in query]
+                url = url.partition("#")[0]  # field values are encoded: a "#" here begins the fragment
+                url += ("&" if "?" in url else "?") + urlencode(pairs)
+            return url if wire is None else wire(url)
+
+        return url_for
+
+    def _headers_function(self) -> Callable[[Fields], tuple[tuple[str, str], ...]]:
+        constant, field_headers = self._constant_headers, self._headers
+        if constant is not None:
+            return lambda fields: constant
+        return lambda fields: tuple((name, _header_value(name, t, fields)) for name, t in field_headers)
+
+    def _compiled_render(
+        self,
+        reference: Callable[[Record], PreparedRequest],
+        url_for: Callable[[Fields], str],
+        headers_for: Callable[[Fields], tuple[tuple[str, str], ...]],
+    ) -> Callable[[Record], PreparedRequest] | None:
+        """One generated function for the whole happy path, in one frame: a one-field URL whose value
+        is plain letters and digits is joined in place (else `url_for`), constant headers are a
+        constant, a JSON body is a dict display handed to `orjson.dumps` (see `_json_display`). Any
+        failure re-renders the record with `reference`, which raises the exact error."""
+        code = _Generated()
+        bound = code.bound
+        single = self._url.single_slot() if self._url_sent_as_rendered and not self._query else None
+        if single is not None:
+            head, name, tail = (bound(part) for part in single)
+            url = (
+                f"        url = f.get({name})\n"
+                f"        if url.__class__ is not str or not (url.isalnum() and url.isascii()):\n"
+                f"            url = {bound(url_for)}(f)\n"
+                f"        else:\n            url = {head} + url + {tail}\n"
+            )
+        else:
+            url = f"        url = {bound(url_for)}(f)\n"
+        if self._constant_headers is not None:
+            headers = bound(self._constant_headers)
+        else:
+            headers = f"{bound(headers_for)}(f)"
+        if self._json is not None:
+            node, option = self._json
+            try:
+                display = _json_display(node, code)
+            except RecursionError:
+                return None
+            body = f"{bound(orjson.dumps)}({display}, option={bound(option)})"
+        else:
+            body = "None" if self._body is None else f"{bound(self._body)}(f)"
+        fallback = bound((KeyError, RenderError, orjson.JSONEncodeError))
+        request = f"({bound(self.method)}, url, {headers}, body)"
+        compiled: Callable[[Record], PreparedRequest] | None = code.define(
+            "render",
+            f"def render(record):\n    f = record.fields\n    try:\n{url}        body = {body}\n"
+            f"    except {fallback}:\n        return {bound(reference)}(record)\n"
+            f"    return {bound(tuple.__new__)}({bound(PreparedRequest)}, {request})\n",
+        )
+        return compiled
 
     def _wire_url(self, url: str) -> str:
         """The URL as the transport sends it, so that `render` shows the bytes on the wire."""
@@ -220,6 +298,29 @@ def _header_value(name: str, template: BoundTemplate, fields: Fields) -> str:
     return value
 
 
+def _sent_as_rendered(url: BoundTemplate, query: tuple[tuple[str, BoundTemplate], ...]) -> bool:
+    """Whether every URL this template renders is already in the form the transport sends, so the
+    per-row parse (the costliest step of a render) can be skipped.
+
+    True when the template's own text is in wire form (a sample row with every field "x" comes back
+    from the parser unchanged, with no fragment) and no field sits in the scheme or authority. Then a
+    row only adds field values, and those hold nothing the parser rewrites: a URL field is percent-
+    encoded down to letters, digits, `_.~-` and `%XX`, a query value (`query:`) to those and `+`. The
+    one thing the parser still does to such text, resolving a `.`/`..` segment, `BoundTemplate.render`
+    refuses already; a literal `%` or `%X` just before a field could complete a `%2e` there, so such a
+    template keeps the parse."""
+    if url.authority_fields or url.completes_escape:
+        return False
+    sample = url.render(dict.fromkeys(url.fields, "x"))
+    if query:
+        pairs = [(name, template.render(dict.fromkeys(template.fields, "x"))) for name, template in query]
+        sample += ("&" if "?" in sample else "?") + urlencode(pairs)
+    try:
+        return "#" not in sample and wire_url(sample) == sample
+    except ValueError:
+        return False
+
+
 def _refuse_unsendable_url(source: str, url: BoundTemplate) -> None:
     """With the secrets in place and each field standing in as "1", the URL must be one the transport
     sends; else every row would fail alike. (Without secrets, loading the job file has checked this.)"""
@@ -280,7 +381,7 @@ def _body_renderer(
     req: RequestConfig, bind: Callable[[str], BoundTemplate], sorted_json: bool = False
 ) -> Callable[[Fields], bytes] | None:
     if req.json_ is not None:
-        return _json_body(_json_getter(req.json_), orjson.OPT_SORT_KEYS if sorted_json else 0)
+        return _json_body(req.json_, _json_option(sorted_json))
     if req.form is not None:
         return _form_body(req.form, bind)
     if req.body is not None:
@@ -289,15 +390,95 @@ def _body_renderer(
     return None
 
 
-def _json_body(getter: Getter, option: int = 0) -> Callable[[Fields], bytes]:
-    def render(fields: Fields) -> bytes:
-        value = getter(fields)
+def _json_option(sorted_json: bool) -> int:
+    return orjson.OPT_SORT_KEYS if sorted_json else 0
+
+
+class _Generated:
+    """A function written for one job. Its source names only generated identifiers (`_0`, `_1`, ...),
+    each bound in its namespace to a value: a key, a field name, a literal, a helper. So nothing
+    from the job file is ever read as code."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {}
+
+    def bound(self, value: Any) -> str:
+        name = f"_{len(self.namespace)}"
+        self.namespace[name] = value
+        return name
+
+    def define(self, name: str, source: str) -> Any:
+        """The function `name` defined by `source`; None when Python cannot compile it (nesting)."""
+        try:
+            code = compile(source, f"<bulkrelay {name}>", "exec")
+        except (SyntaxError, RecursionError, MemoryError):
+            return None
+        exec(code, self.namespace)  # generated names only: see the class
+        return self.namespace[name]
+
+
+def _json_display(node: JsonNode, code: _Generated) -> str:
+    """The `json` tree as one expression over the fields `f`: a dict display such as
+    `{_0: f[_1], _2: _3(_4, f[_4]), _5: _6}`, the fastest way Python builds a dict (a tree of small
+    getters costs a call per leaf and a comprehension per object). A missing field surfaces as
+    `KeyError`, a bad value as `RenderError`; the value is the getters' (`_json_getter`) when it
+    succeeds, and their exact error is found by asking them again."""
+    if isinstance(node, JsonValue):
+        return code.bound(node.value)
+    if isinstance(node, JsonField):
+        if node.has_default:
+            return f"{code.bound(_field_getter(node))}(f)"  # absent, null or empty is no error here
+        field = code.bound(node.from_)
+        if node.type is None:
+            return f"f[{field}]"
+        coerce = code.bound(_COERCERS[node.type])
+        if node.type == "integer":  # _to_integer's common case, without the call
+            return (
+                f"(int(v) if (v := f[{field}]).__class__ is str and len(v) < 19 and v.isdigit()"
+                f" and v.isascii() else {coerce}({field}, v))"
+            )
+        return f"{coerce}({field}, f[{field}])"
+    items = (f"{code.bound(key)}: {_json_display(child, code)}" for key, child in node.items())
+    return "{" + ", ".join(items) + "}"
+
+
+def _json_body(node: JsonNode, option: int = 0) -> Callable[[Fields], bytes]:
+    """The body of a `json` request: `_json_display` handed to `orjson.dumps`, in one generated
+    function; when the display fails, the reference getters build the value again and raise exactly
+    the error they name. A tree too deep to compile is rendered by the getters alone."""
+    reference = _json_getter(node)
+    encode = _json_encoder(option)
+    code = _Generated()
+    try:
+        display = _json_display(node, code)
+    except RecursionError:
+        display = None
+    body = None
+    if display is not None:
+        body = code.define(
+            "body",
+            f"def body(f):\n    try:\n        value = {display}\n"
+            f"    except {code.bound((KeyError, RenderError))}:\n        value = {code.bound(reference)}(f)\n"
+            f"    return {code.bound(encode)}(value)\n",
+        )
+    if body is None:
+        return lambda fields: encode(reference(fields))
+    compiled: Callable[[Fields], bytes] = body
+    return compiled
+
+
+def _json_encoder(option: int) -> Callable[[Any], bytes]:
+    def encode(value: Any) -> bytes:
         try:
             return orjson.dumps(value, option=option)
         except orjson.JSONEncodeError as exc:
-            raise RenderError("json", f"cannot be written as JSON: {exc}") from None
+            raise _not_json(exc) from None
 
-    return render
+    return encode
+
+
+def _not_json(exc: orjson.JSONEncodeError) -> RenderError:
+    return RenderError("json", f"cannot be written as JSON: {exc}")
 
 
 def _form_body(
@@ -377,12 +558,12 @@ def _absent_value(name: str, value: object, type_name: str | None) -> Any:
 
 
 def _to_integer(name: str, value: Any) -> int:
+    if type(value) is str and len(value) < 19 and value.isdigit() and value.isascii():
+        return int(value)  # the common case (CSV text), short of the range check and the regex
     if type(value) is int:
         if value in _INT_RANGE:
             return value
         raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
-    if type(value) is str and len(value) < 19 and value.isdigit() and value.isascii():
-        return int(value)  # the common case, short of the range check and the regex
     if type(value) is str and _INTEGER.fullmatch(text := value.strip()):
         number = int(text)
         if number in _INT_RANGE:

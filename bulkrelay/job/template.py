@@ -100,7 +100,16 @@ class Template:
 class BoundTemplate:
     """A template whose secrets are already in place: a head and (field, following text) slots."""
 
-    __slots__ = ("_encode", "_head", "_slots", "authority_fields", "constant", "fields")
+    __slots__ = (
+        "_encode",
+        "_head",
+        "_single",
+        "_slots",
+        "authority_fields",
+        "completes_escape",
+        "constant",
+        "fields",
+    )
 
     def __init__(self, head: str, slots: tuple[tuple[str, str], ...], *, url: bool) -> None:
         self._head = head
@@ -108,10 +117,28 @@ class BoundTemplate:
         self._encode: Callable[[str], str] | None = _quote_path if url else None
         self.fields = frozenset(name for name, _ in slots)
         self.constant: str | None = head if not slots else None
+        self._single = slots[0] if len(slots) == 1 else None  # the common shape, given a short way
         # In a URL: the fields placed before the path begins (scheme, host, port), blamed for a bad host.
         self.authority_fields = _authority_fields(head, slots) if url else frozenset()
+        # A literal "%" or "%X" just before a field: the field's text could finish a percent escape.
+        before = (head, *(tail for _, tail in slots[:-1])) if slots else ()
+        self.completes_escape = any(_ESCAPE_BEGUN.search(text) for text in before)
+
+    def single_slot(self) -> tuple[str, str, str] | None:
+        """(head, field, tail) when the template holds exactly one field, else None."""
+        return None if self._single is None else (self._head, *self._single)
 
     def render(self, fields: Mapping[str, Any]) -> str:
+        if self._single is not None:
+            # One field whose value needs nothing done (in a URL: plain letters and digits, nothing to
+            # encode, no dot segment): skip the general loop. Anything else takes the loop below.
+            name, tail = self._single
+            value = fields.get(name)
+            if type(value) is str and (self._encode is None or (value.isalnum() and value.isascii())):
+                return self._head + value + tail
+        return self._render_slots(fields)
+
+    def _render_slots(self, fields: Mapping[str, Any]) -> str:
         out = self._head
         encode = self._encode
         dotted: list[tuple[str, int, int]] = []
@@ -178,6 +205,7 @@ def value_text(field: str, value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+_ESCAPE_BEGUN = re.compile(r"%[0-9A-Fa-f]?\Z")
 _URL_SAFE = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote(safe="") leaves alone
 
 

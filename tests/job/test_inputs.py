@@ -104,6 +104,24 @@ def test_csv_values_stay_strings(tmp_path: Path) -> None:
     assert records[0].fields == {"n": "42", "flag": "true"}
 
 
+def test_csv_header_names_are_only_ever_data(tmp_path: Path) -> None:
+    """Each row's dict is built by a function compiled for the header: its names must stay names."""
+    names = ["r[0]", "_0", "}", "'); import os #", "x\ny", "\u65e5\u672c", " id "]
+    header = ",".join('"' + name.replace('"', '""') + '"' for name in names)
+    records, problems, _ = _read_file(tmp_path, "a.csv", f"{header}\n1,2,3,4,5,6,7\n".encode())
+    assert problems == []
+    assert records == [Record(1, 3, dict(zip(names, "1234567", strict=True)))]
+
+
+def test_csv_a_very_wide_header_still_reads(tmp_path: Path) -> None:
+    names = [f"c{n}" for n in range(3000)]
+    data = (",".join(names) + "\n" + ",".join(str(n) for n in range(3000)) + "\n").encode()
+    records, problems, _ = _read_file(tmp_path, "a.csv", data)
+    assert problems == []
+    assert records[0].fields == {f"c{n}": str(n) for n in range(3000)}
+    assert list(records[0].fields) == names
+
+
 def test_csv_custom_delimiter(tmp_path: Path) -> None:
     records, problems, _ = _read_file(tmp_path, "a.csv", b"id;name\n1;A,B\n", delimiter=";")
     assert problems == []

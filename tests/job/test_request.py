@@ -9,10 +9,12 @@ import orjson
 import pytest
 
 from bulkrelay.errors import SecretMissing
+from bulkrelay.job import request as request_module
 from bulkrelay.job.config import RequestConfig, parse_job
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.request import RenderError, RequestRenderer, idempotency_key
 from bulkrelay.job.template import Redactor
+from bulkrelay.job.wire import wire_url
 
 ENV = {"API_TOKEN": "tok-123", "API_BASE": "https://api.test/v1"}
 
@@ -225,6 +227,58 @@ def test_whole_body_from_one_json_field() -> None:
     assert renderer.render(_record(payload='{"a": 1}')).body == b'{"a":1}'
 
 
+MIXED_BODY = """\
+method: POST
+url: https://x.test/
+json:
+  kind: { value: customer }
+  age: { from: age, type: integer }
+  address: { city: { from: city }, zip: { from: zip, type: string, default: none }, tags: { value: [a] } }
+  email: { from: email }
+"""
+
+
+def test_a_json_body_keeps_its_configured_key_order_literals_and_types() -> None:
+    request = _renderer(MIXED_BODY).render(_record(age="42", city="Oslo", email="e@x.test"))
+    assert request.body == (
+        b'{"kind":"customer","age":42,"address":{"city":"Oslo","zip":"none","tags":["a"]},"email":"e@x.test"}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "fragment"),
+    [
+        ({"age": "x"}, "age", "not an integer"),  # the first bad leaf in order, though email is missing too
+        ({"age": "", "city": "c", "email": "e"}, "age", "is empty"),
+        ({"age": None, "city": "c", "email": "e"}, "age", "is null"),
+        ({"age": "1", "email": "e"}, "city", "missing"),
+        ({"age": "1", "city": "c"}, "email", "missing"),
+    ],
+)
+def test_a_json_body_names_the_first_leaf_that_fails(
+    fields: dict[str, Any], field: str, fragment: str
+) -> None:
+    with pytest.raises(RenderError) as caught:
+        _renderer(MIXED_BODY).render(_record(**fields))
+    assert caught.value.field == field and fragment in caught.value.message
+
+
+def test_a_value_json_cannot_carry_names_the_body() -> None:
+    renderer = _renderer("method: POST\nurl: https://x.test/\njson: { a: { from: a }, n: { from: n } }\n")
+    with pytest.raises(RenderError) as caught:
+        renderer.render(_record(a="x", n=2**70))  # beyond 64 bits: orjson refuses it
+    assert caught.value.field == "json" and "cannot be written as JSON" in caught.value.message
+
+
+def test_a_json_body_nested_deeper_than_python_compiles_still_renders() -> None:
+    depth = 250  # deeper than the Python parser nests brackets in one expression
+    body = "{ v: { from: a } }"
+    for _ in range(depth):
+        body = f"{{ n: {body} }}"
+    request = _renderer(f"method: POST\nurl: https://x.test/\njson: {body}\n").render(_record(a=1))
+    assert request.body == b'{"n":' * depth + b'{"v":1}' + b"}" * depth
+
+
 def test_secret_missing_names_all() -> None:
     with pytest.raises(SecretMissing) as caught:
         _renderer(ALPHA, env={})
@@ -324,3 +378,101 @@ def test_the_url_is_rendered_as_the_transport_sends_it() -> None:
     url = "HTTPS://X.test:443/./a/../caf\u00e9/{p}#top"
     renderer = _renderer(f'method: GET\nurl: "{url}"\nquery: {{ q: "{{p}}" }}\n')
     assert renderer.render(_record(p="1")).url == "https://x.test/caf%C3%A9/1?q=1"
+
+
+# Templates whose text is already in wire form (the renderer then skips the per-row parse) and ones
+# that are not, or where a field could complete a literal "%" into "%2e" (it must keep the parse).
+WIRE_TEMPLATES = [
+    "https://x.test/v1/customers/{a}",
+    "https://x.test/v1/{a}/x/{b}?k={a}",
+    "https://x.test/{a}{b}",
+    "https://x.test/v1/{a}.{b}/",
+    "https://x.test/%2e{a}/x",
+    "https://x.test/a/%{a}",
+    "https://x.test/a/%2{a}/{b}",
+    "http://x.test:80/A/{a}",
+    "HTTPS://X.test/./v1/{a}",
+    "https://x.test/x#{a}",
+]
+TRICKY_VALUES = ["id-1", "", ".", "..", "%2e", "%2E", "e", "2e", "E", "a/b", "a\\b", "q?x=1", "f#g"]
+TRICKY_VALUES += ["a b", "t\tb", "l\nb", "caf\u00e9", "\u65e5", "\x00", "\x7f", "'\"<>`{}|^", "+&=;"]
+TRICKY_VALUES += ["%", "%zz"]
+
+
+def _outcome(renderer: RequestRenderer, record: Record) -> str:
+    try:
+        return renderer.render(record).url
+    except RenderError as exc:
+        return f"refused: {exc}"
+
+
+@pytest.mark.parametrize("template", WIRE_TEMPLATES)
+def test_the_rendered_url_is_the_wire_form_for_any_value(
+    template: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether or not the renderer parses each row's URL, it renders what a parse of every row would
+    give (the wire form, a fixed point of `wire_url`) and refuses exactly what that would refuse."""
+    config = f'method: GET\nurl: "{template}"\nquery: {{ q: "{{b}}" }}\n'
+    renderer = _renderer(config)
+    with monkeypatch.context() as patched:  # the reference: the transport's parser asked of every row
+        patched.setattr(request_module, "_sent_as_rendered", lambda url, query: False)
+        parsing = _renderer(config)
+    for a in TRICKY_VALUES:
+        for b in ("b", *TRICKY_VALUES):
+            record = _record(a=a, b=b)
+            outcome = _outcome(renderer, record)
+            assert outcome == _outcome(parsing, record), (a, b)
+            assert outcome.startswith("refused: ") or wire_url(outcome) == outcome, (a, b)
+
+
+def test_a_url_in_wire_form_is_not_parsed_per_row() -> None:
+    assert _renderer('method: GET\nurl: "https://x.test/v1/{a}"\n')._url_sent_as_rendered
+    for template in (
+        "http://x.test:80/{a}",
+        "https://x.test/%2{a}",
+        "https://{a}.test/",
+        "https://x.test/#{a}",
+    ):
+        assert not _renderer(f'method: GET\nurl: "{template}"\n')._url_sent_as_rendered, template
+
+
+RENDER_SHAPES = [
+    MIXED_BODY,
+    "method: PUT\nurl: https://x.test/c/{id}\njson: { id: { from: id, type: integer }, e: { from: e } }\n",
+    "method: POST\nurl: https://x.test/c/{id}/{e}\nquery: { q: '{e}' }\nheaders: { X-E: '{e}' }\n"
+    "json: { from: e, type: json }\n",
+    "method: POST\nurl: https://x.test/c/{id}\nform: { a: { from: e }, b: lit }\n",
+    "method: POST\nurl: https://x.test/c/{id}\ncontent_type: text/plain\nbody: 'x={e}'\n",
+    "method: DELETE\nurl: https://x.test/c/{id}\n",
+]
+RENDER_ROWS: list[dict[str, Any]] = [
+    {"id": "17", "e": "e@x.test", "age": "42", "city": "Oslo", "zip": ""},
+    {"id": "a.b", "e": '{"k": 1}', "age": " 7 ", "city": None, "zip": "0150"},
+    {"id": "caf\u00e9", "e": "x\r\ny", "age": "4.5", "city": "c"},
+    {"id": "", "e": "e", "age": None, "city": "c", "email": "e"},
+    {"id": 5, "e": 2**70, "age": 42, "city": ["l"], "email": {"n": 1}},
+    {"e": "e"},
+    {"id": "..", "e": "e"},
+    {"id": "1", "e": "e", "age": "\u00b2", "city": "c", "email": "e"},  # a digit, not an ASCII one
+    {"id": "1", "e": "e", "age": "9223372036854775808", "city": "c", "email": "e"},
+    {"id": "1", "e": "e", "age": "922337203685477580", "city": "c", "email": "e"},
+]
+
+
+def _rendered(renderer: RequestRenderer, fields: dict[str, Any]) -> PreparedRequest | str:
+    try:
+        return renderer.render(_record(**fields))
+    except RenderError as exc:
+        return f"refused: {exc}"
+
+
+@pytest.mark.parametrize("shape", RENDER_SHAPES)
+def test_the_compiled_render_renders_and_refuses_as_the_reference_does(
+    shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renderer = _renderer(shape)
+    with monkeypatch.context() as patched:  # no generated code at all: the reference closures
+        patched.setattr(request_module._Generated, "define", lambda self, name, source: None)
+        reference = _renderer(shape)
+    for fields in RENDER_ROWS:
+        assert _rendered(renderer, fields) == _rendered(reference, fields), fields

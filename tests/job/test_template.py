@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from bulkrelay.errors import SecretMissing
@@ -83,6 +85,41 @@ def test_typed_values_render_in_json_spelling() -> None:
     assert bound.render({"i": 42, "f": 1.5, "b": True, "o": {"k": [1]}}) == '42|1.5|true|{"k":[1]}'
     with pytest.raises(RenderError, match="null"):
         bound.render({"i": None, "f": 1, "b": False, "o": 1})
+
+
+ONE_FIELD_VALUES = [
+    "abc123",
+    "ABC",
+    "",
+    ".",
+    "..",
+    "a.b",
+    "a/b",
+    "caf\u00e9",
+    "\u00b2",
+    "x y",
+    "%2e",
+    7,
+    1.5,
+    True,
+    None,
+]
+
+
+@pytest.mark.parametrize("url", [False, True])
+@pytest.mark.parametrize("value", ONE_FIELD_VALUES)
+def test_a_one_field_template_renders_as_the_general_loop_does(url: bool, value: object) -> None:
+    """A template with one field has a short way for plain values; it must agree with the long way."""
+    bound = compile_template("https://x.test/c/{id}/x").bind({}, url=url)
+
+    def outcome(render: Callable[[dict[str, object]], str], fields: dict[str, object]) -> str:
+        try:
+            return render(fields)
+        except RenderError as exc:
+            return f"refused: {exc}"
+
+    for fields in ({"id": value}, {}):
+        assert outcome(bound.render, fields) == outcome(bound._render_slots, fields)
 
 
 def test_resolve_secrets_names_every_missing_variable() -> None:
