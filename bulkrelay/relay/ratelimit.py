@@ -164,6 +164,8 @@ class Limiter(Protocol):
     """What the sender needs of a rate limit: this process's own (`RateLimiter`), or one shared by every
     shard of a job (`ratelimit_redis.SharedRateLimiter`)."""
 
+    def try_start(self) -> bool: ...
+
     async def acquire(self) -> None: ...
 
     def pause_until(self, monotonic_deadline: float) -> None: ...
@@ -213,6 +215,19 @@ class RateLimiter:
             "pauses": self.pauses,
             "paused_until": None if paused is None else paused.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         }
+
+    def try_start(self) -> bool:
+        """Take a start without awaiting when nothing can hold one back: no rate in force (configured or
+        adapted), no pause, nobody queued. Exactly what `acquire()` would do at once then, without its
+        coroutine: the common case of a job with no rate limit. False: nothing was taken; await
+        `acquire()`."""
+        if self._schedule.rate is not None or self._waiters:
+            return False
+        now = self._clock()
+        if now < self._schedule.paused_until:
+            return False
+        self._starts.append(now)  # no rate in force: this limiter is unconfigured and observes
+        return True
 
     async def acquire(self) -> None:
         """Return when this caller may start a request."""

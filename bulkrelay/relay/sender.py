@@ -70,7 +70,8 @@ class RowSender:
         attempt = 0
         while True:
             attempt += 1
-            await self._limiter.acquire()
+            if not self._limiter.try_start():  # without a rate limit, no await per request
+                await self._limiter.acquire()
             response: Response | None = None
             error: TransportError | None = None
             sent = time.monotonic()
