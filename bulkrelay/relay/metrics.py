@@ -14,6 +14,7 @@ The label is not `job`: Prometheus gives that name to the scrape job and would r
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -42,9 +43,15 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 _LAST_SUCCESS = "bulkrelay_last_success_timestamp_seconds"
 
 
+_STATUS_CLASSES = tuple(f"{hundreds}xx" for hundreds in range(10))  # made once, not per request
+
+
 def status_class(status: int | None) -> str:
     """`2xx`, `4xx`, ... for an HTTP status; `error` when no answer came (transport error)."""
-    return "error" if status is None else f"{status // 100}xx"
+    if status is None:
+        return "error"
+    hundreds = status // 100
+    return _STATUS_CLASSES[hundreds] if 0 <= hundreds < 10 else f"{hundreds}xx"
 
 
 class RelayStats:
@@ -62,8 +69,8 @@ class RelayStats:
     def on_attempt(self, status: int | None, latency_seconds: float) -> None:
         self.requests[status_class(status)] += 1
         self.latency_sum += latency_seconds
-        bucket = next((i for i, le in enumerate(LATENCY_BUCKETS) if latency_seconds <= le), -1)
-        self.latency_counts[bucket] += 1
+        # the first bucket whose upper bound is >= the latency; past the last one, +Inf
+        self.latency_counts[bisect_left(LATENCY_BUCKETS, latency_seconds)] += 1
 
     def on_retry(self) -> None:
         self.retries += 1
