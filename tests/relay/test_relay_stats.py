@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from bulkrelay.relay.metrics import LATENCY_BUCKETS, RelayStats, status_class
 
 
@@ -23,3 +26,10 @@ def test_requests_are_counted_by_status_class() -> None:
         stats.on_attempt(status, 0.001)
     assert stats.requests == {"2xx": 3, "4xx": 2, "5xx": 1, "error": 1, "1xx": 1, "9xx": 1}
     assert [status_class(s) for s in (100, 302, 599, 1000)] == ["1xx", "3xx", "5xx", "10xx"]
+
+
+def test_a_run_without_a_metrics_file_does_not_load_prometheus_client() -> None:
+    """Its import is about a tenth of a second of every process; only MetricsFile needs it."""
+    code = "import sys, bulkrelay.cli.commands, bulkrelay.ops.run; print('prometheus_client' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "False"
