@@ -295,6 +295,17 @@ async def test_an_invalid_url_is_connect_failed() -> None:
     await transport.aclose()
 
 
+@pytest.mark.parametrize("header", [("Bad Name", "v"), ("X-Ok", "bad\nvalue")])
+async def test_an_invalid_header_is_connect_failed_and_the_next_request_goes_out(
+    header: tuple[str, str],
+) -> None:
+    async with _setup() as (target, transport):
+        with pytest.raises(ConnectFailed, match="invalid URL or header"):
+            await transport.send(_post(target.url + "/bad", b"{}", header))
+        assert (await transport.send(_post(target.url + "/good", b"{}", ("X-Ok", "fine")))).status == 200
+        assert [r["path"] for r in target.state.requests()] == ["/good"]
+
+
 async def test_connection_refused_is_connect_failed() -> None:
     with socket.socket() as probe:  # a port that was free a moment ago and has no listener
         probe.bind(("127.0.0.1", 0))
