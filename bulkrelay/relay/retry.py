@@ -220,7 +220,8 @@ def _quota(headers: Mapping[str, str]) -> tuple[float | None, float | None]:
     """(remaining, reset) from the first quota headers present; three lookups when there are none,
     as for nearly every response (it runs once per response)."""
     for remaining_name, reset_name in _SEPARATE_QUOTAS:
-        remaining = _number(headers.get(remaining_name))
+        text = headers.get(remaining_name)
+        remaining = None if text is None else _number(text)
         if remaining is not None:
             return remaining, _number(headers.get(reset_name))
     combined = headers.get("RateLimit")
