@@ -17,7 +17,7 @@ Two rules decide when the next start may happen; a start waits for both:
 it. Waiters queue in FIFO order; one timer wakes the queue at the earliest allowed time and releases every
 waiter whose turn has come in that wakeup, which matters at thousands of starts per second where the
 loop's timer granularity (about 1 ms) is coarser than the interval. With no rate (`None`) only pauses
-apply.
+apply, and the sender takes each start with `try_start()`, without awaiting, while nothing holds one back.
 
 Adaptation (`AdaptiveRate`, AIMD as in TCP congestion control): a 429 burst halves the rate (one cut per
 `BURST_SECONDS`, however many 429s the burst holds), and each quiet second after it adds back
