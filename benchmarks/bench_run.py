@@ -1,16 +1,26 @@
-"""`bulkrelay run` end to end against a naive aiohttp loop, GNU parallel + curl, and peak RSS by input size.
+"""`bulkrelay run` end to end against naive pyreqwest and aiohttp loops, GNU parallel + curl, peak RSS.
 
-    uv run python benchmarks/bench_run.py [--rows 40000] [--concurrency 64] [--rss-rows 100000,1000000]
+    uv run python benchmarks/bench_run.py [--rows 40000,200000] [--concurrency 64] [--rss-rows 100000,1000000]
+    uv run python benchmarks/bench_run.py --profile [--profile-rows 200000]
 
 The target is a loopback nginx (Debian `nginx-light`) answering every POST with 200 `{"id":1}` from a config
 this script writes, or, without nginx, the built-in target in its own process with recording off.
 
-Measured, all against the same target and the same JSON bodies:
-  (a) a naive aiohttp loop: `concurrency` workers, no journal, nothing else (the baseline);
+Measured at each --rows size, all against the same target and the same input file:
+  (a) a naive pyreqwest loop on uvloop (the baseline): `concurrency` workers read the CSV, split each line,
+      orjson.dumps it and POST it with pyreqwest; no journal, no validation, nothing else;
+  (a') the same naive loop with aiohttp, beside it for comparison with earlier figures;
   (b) `bulkrelay run job.yaml --budget 0` as a whole process (start-up and preflight included), journal on
-      local disk: rows / wall time, and the ratio b / a (the goal is >= 0.7);
+      local disk: rows / wall time, and the ratio b / a (issue 15: >= 0.6, aim 0.8);
   (c) GNU parallel + curl with --joblog on a few thousand rows, if `parallel` is installed;
-  (d) peak RSS of `bulkrelay run` at each --rss-rows size; the largest over the smallest should stay <= 1.3.
+  (d) peak RSS of `bulkrelay run` at each --rss-rows size; the largest over the smallest should stay <= 1.3;
+  (e) the fixed cost of a one-row `bulkrelay run` (start-up, preflight, run directory, one commit), run
+      first so that the modules' bytecode is cached for the rest (child processes run without
+      PYTHONDONTWRITEBYTECODE, as an installed bulkrelay does).
+With --profile, instead: one in-process `bulkrelay run` of --profile-rows rows under cProfile, its top
+entries by own time, and where the time goes per row (preflight, render, send, journal, commit, other)
+from the profile's cumulative times. cProfile slows Python code down (about 2x), so those microseconds
+are larger than in a plain run; the shares are what to steer by.
 Prints figures; asserts nothing about timing.
 """
 
@@ -19,7 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
+import io
 import os
+import pstats
 import shutil
 import socket
 import subprocess
@@ -31,6 +44,8 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+import uvloop
+from pyreqwest.client import ClientBuilder
 
 _NGINX_CONF = """\
 daemon off;
@@ -142,34 +157,85 @@ execution: {{ concurrency: {concurrency} }}
     return job
 
 
-# ----------------------------------------------------------------------------- (a) naive aiohttp
+# ----------------------------------------------------------------------------- (a) naive loops
 
 
-async def _naive(url: str, rows: int, concurrency: int) -> float:
-    next_row = 1
-    failures = 0
+def _csv_rows(path: Path) -> Iterator[bytes]:
+    """The JSON body of each line of the input: what a naive loop does per row (split, dumps)."""
+    with path.open() as lines:
+        next(lines)  # the header
+        for line in lines:
+            n, email, name = line.rstrip("\n").split(",")
+            yield orjson.dumps({"id": int(n), "email": email, "name": name})
+
+
+async def _naive_reqwest(url: str, path: Path, concurrency: int) -> tuple[int, float]:
+    """(rows, seconds) of `concurrency` workers POSTing each row with pyreqwest: the baseline."""
+    bodies = _csv_rows(path)
+    sent = failures = 0
+    client = ClientBuilder().max_connections(concurrency).build()
+    target = f"{url}/v1/customers"
+
+    async def worker() -> None:
+        nonlocal sent, failures
+        for body in bodies:  # one iterator shared by every worker
+            request = client.post(target).header("Content-Type", "application/json").body_bytes(body)
+            async with request.build_streamed() as response:
+                await response.bytes()
+                failures += response.status != 200
+                sent += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    await client.close()
+    if failures:
+        raise RuntimeError(f"naive pyreqwest loop: {failures} non-200 answers")
+    return sent, elapsed
+
+
+async def _naive_aiohttp(url: str, path: Path, concurrency: int) -> tuple[int, float]:
+    """(rows, seconds) of the same loop with aiohttp (asyncio's default loop, as it was measured before)."""
+    bodies = _csv_rows(path)
+    sent = failures = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def worker() -> None:
-            nonlocal next_row, failures
-            while next_row <= rows:
-                n = next_row
-                next_row += 1
-                async with session.post(f"{url}/v1/customers", data=_body(n), headers=headers) as response:
+            nonlocal sent, failures
+            for body in bodies:
+                async with session.post(f"{url}/v1/customers", data=body, headers=headers) as response:
                     await response.read()
                     failures += response.status != 200
+                    sent += 1
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
     if failures:
-        raise RuntimeError(f"naive loop: {failures} non-200 answers")
-    return rows / elapsed
+        raise RuntimeError(f"naive aiohttp loop: {failures} non-200 answers")
+    return sent, elapsed
+
+
+def _best_naive(name: str, url: str, path: Path, concurrency: int, repeats: int) -> float:
+    best = 0.0
+    for attempt in range(repeats):
+        if name == "pyreqwest":
+            sent, elapsed = uvloop.run(_naive_reqwest(url, path, concurrency))
+        else:
+            sent, elapsed = asyncio.run(_naive_aiohttp(url, path, concurrency))
+        print(f"    run {attempt + 1}: {sent / elapsed:10,.0f} rows/s  ({elapsed:.2f} s)")
+        best = max(best, sent / elapsed)
+    return best
 
 
 # ----------------------------------------------------------------------------- (b), (d) bulkrelay run
+
+
+# `bulkrelay run` as installed: with its modules' bytecode cached. With PYTHONDONTWRITEBYTECODE (set in
+# some sandboxes and CI images) every process compiles ~170 modules from source, about a second here.
+_CHILD_ENVIRONMENT = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def _bulkrelay_run(job: Path, runs_dir: Path) -> tuple[float, int, dict[str, object]]:
@@ -187,7 +253,9 @@ def _bulkrelay_run(job: Path, runs_dir: Path) -> tuple[float, int, dict[str, obj
     ]
     started = time.perf_counter()
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(command, cwd=job.parent, stdout=out, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            command, cwd=job.parent, stdout=out, stderr=subprocess.DEVNULL, env=_CHILD_ENVIRONMENT
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         elapsed = time.perf_counter() - started
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -243,12 +311,12 @@ def _parallel_curl(workdir: Path, url: str, rows: int, concurrency: int) -> str:
 # ----------------------------------------------------------------------------- main
 
 
-def _measure_run(workdir: Path, url: str, rows: int, concurrency: int, repeats: int) -> float:
-    _write_input(workdir / "rows.csv", rows)
-    job = _write_job(workdir, url, "rows.csv", concurrency)
+def _measure_run(workdir: Path, url: str, path: Path, concurrency: int, repeats: int) -> float:
+    rows = _count_rows(path)
+    job = _write_job(workdir, url, path.name, concurrency)
     best = 0.0
     for attempt in range(repeats):
-        elapsed, _, envelope = _bulkrelay_run(job, workdir / f"runs-{attempt}")
+        elapsed, _, envelope = _bulkrelay_run(job, workdir / f"runs-{path.stem}-{attempt}")
         data = envelope["data"]
         assert isinstance(data, dict)
         engine_rate = data["summary"]["this_call"]["rows_per_second"]
@@ -258,6 +326,29 @@ def _measure_run(workdir: Path, url: str, rows: int, concurrency: int, repeats: 
         )
         best = max(best, rows / elapsed)
     return best
+
+
+def _count_rows(path: Path) -> int:
+    with path.open("rb") as lines:
+        return sum(1 for _ in lines) - 1
+
+
+def _compare(workdir: Path, url: str, rows: int, concurrency: int, repeats: int) -> None:
+    """(a), (a') and (b) over the same input file, best of `repeats` each."""
+    path = workdir / f"rows-{rows}.csv"
+    _write_input(path, rows)
+    print(f"(a) naive pyreqwest loop (uvloop), {rows:,} POSTs, concurrency {concurrency}, no journal")
+    reqwest = _best_naive("pyreqwest", url, path, concurrency, repeats)
+    print(f"(a') naive aiohttp loop, {rows:,} POSTs, concurrency {concurrency}, no journal")
+    aiohttp_rate = _best_naive("aiohttp", url, path, concurrency, repeats)
+    print(f"(b) bulkrelay run, {rows:,} rows, concurrency {concurrency}, journal on disk")
+    relay = _measure_run(workdir, url, path, concurrency, repeats)
+    print(
+        f"==> {rows:,} rows, best of {repeats}: bulkrelay {relay:,.0f} rows/s; naive pyreqwest "
+        f"{reqwest:,.0f} rows/s: ratio {relay / reqwest:.2f} (goal >= 0.6, aim 0.8); naive aiohttp "
+        f"{aiohttp_rate:,.0f} rows/s: ratio {relay / aiohttp_rate:.2f}"
+    )
+    path.unlink()
 
 
 def _measure_rss(workdir: Path, url: str, sizes: list[int], concurrency: int) -> None:
@@ -276,14 +367,102 @@ def _measure_rss(workdir: Path, url: str, sizes: list[int], concurrency: int) ->
     print(f"    ratio largest / smallest: {peaks[-1] / peaks[0]:.2f}  (goal <= 1.3)")
 
 
+def _one_row_cost(workdir: Path, url: str, concurrency: int, repeats: int) -> None:
+    """(e) the wall time of a one-row run: what every call pays whatever its size."""
+    _write_input(workdir / "one.csv", 1)
+    job = _write_job(workdir, url, "one.csv", concurrency)
+    first = _bulkrelay_run(job, workdir / "runs-one-first")[0]
+    times = [_bulkrelay_run(job, workdir / f"runs-one-{n}")[0] for n in range(max(repeats, 3))]
+    print(
+        f"    best {min(times) * 1000:.0f} ms, median {sorted(times)[len(times) // 2] * 1000:.0f} ms "
+        f"(the first run: {first * 1000:.0f} ms)"
+    )
+
+
+# ----------------------------------------------------------------------------- --profile
+
+# Where a row's time goes, as cumulative times of these functions (file suffix, function name). Nested
+# phases are not double counted: render and send happen inside the sender, which is "other".
+_PHASES = (
+    ("preflight", "job/preflight.py", "run_preflight"),
+    ("render", "relay/sender.py", "_prepare"),
+    ("send", "relay/transport/reqwest.py", "send"),
+    ("journal", "store/journal.py", "submit"),
+    ("commit", "store/journal.py", "_commit"),
+)
+
+_StatKey = tuple[str, int, str]
+_StatTable = dict[_StatKey, tuple[int, int, float, float, object]]  # pstats: (cc, calls, tt, ct, callers)
+
+
+def _profile(workdir: Path, url: str, args: argparse.Namespace) -> None:
+    """One in-process `bulkrelay run` under cProfile: the top entries and the per-row breakdown."""
+    from bulkrelay.cli.main import main as cli_main  # imported before profiling: the run, not imports
+
+    rows, concurrency, top, save = args.profile_rows, args.concurrency, args.top, args.profile_save
+    _write_input(workdir / "rows.csv", rows)
+    job = _write_job(workdir, url, "rows.csv", concurrency)
+    argv = ["run", str(job), "--budget", "0", "--runs-dir", str(workdir / "runs-profile")]
+    profiler = cProfile.Profile()
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8")  # the envelope goes to sys.stdout.buffer
+    started = time.perf_counter()
+    with contextlib.chdir(workdir), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        profiler.runcall(cli_main, argv)
+    elapsed = time.perf_counter() - started
+    out.flush()
+    envelope = orjson.loads(raw.getvalue())
+    if not envelope.get("ok"):
+        raise RuntimeError(f"the profiled run failed: {envelope.get('error')}")
+    stats = pstats.Stats(profiler)
+    if save is not None:
+        stats.dump_stats(save)  # for `python -m pstats` or snakeviz
+    table: _StatTable = stats.stats  # type: ignore[attr-defined]
+    print(f"cProfile of `bulkrelay run`, {rows:,} rows, in process: {elapsed:.2f} s wall under the profiler")
+    print(f"top {top} by own time (tottime):")
+    print(f"    {'tottime s':>9} {'cumtime s':>9} {'calls':>9}  function")
+    for key, (_, calls, own, cumulative, _) in sorted(table.items(), key=lambda kv: -kv[1][2])[:top]:
+        print(f"    {own:9.2f} {cumulative:9.2f} {calls:9,}  {_where(key)}")
+    _print_breakdown(table, rows, float(stats.total_tt))  # type: ignore[attr-defined]
+
+
+def _where(key: _StatKey) -> str:
+    file, line, name = key
+    if file == "~":
+        return name
+    parts = Path(file).parts
+    short = "/".join(parts[parts.index("bulkrelay") :]) if "bulkrelay" in parts else "/".join(parts[-2:])
+    return f"{short}:{line} {name}"
+
+
+def _cumulative(table: _StatTable, suffix: str, name: str) -> float:
+    return sum(v[3] for (file, _, func), v in table.items() if func == name and file.endswith(suffix))
+
+
+def _print_breakdown(table: _StatTable, rows: int, total: float) -> None:
+    """Microseconds per row of each phase; "other" is the rest of the main thread's profiled time."""
+    phases = [(label, _cumulative(table, suffix, name)) for label, suffix, name in _PHASES]
+    other = total - sum(seconds for _, seconds in phases)  # uvloop's own C code is not seen: it is in here
+    print(f"per row (µs, of {total:.2f} s profiled on the main thread; fsync runs on a worker thread):")
+    for label, seconds in [*phases, ("other", other)]:
+        print(f"    {label:<16} {seconds / rows * 1e6:8.1f} µs  {seconds / total:6.1%}")
+
+
+# ----------------------------------------------------------------------------- main
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=40_000)
+    parser.add_argument("--rows", default="40000,200000", help="comma list of input sizes for (a) and (b)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="best of this many of (a) and (b)")
     parser.add_argument("--parallel-rows", type=int, default=2_000)
     parser.add_argument("--rss-rows", default="100000,1000000", help="comma list; empty to skip (d)")
     parser.add_argument("--workdir", type=Path, help="on local disk (default: a temp dir under /var/tmp)")
+    parser.add_argument("--profile", action="store_true", help="only the cProfile of one in-process run")
+    parser.add_argument("--profile-rows", type=int, default=200_000)
+    parser.add_argument("--top", type=int, default=30, help="profile entries to print")
+    parser.add_argument("--profile-save", type=Path, help="also write the profile's stats to this file")
     args = parser.parse_args()
     base = args.workdir or Path("/var/tmp" if os.path.isdir("/var/tmp") else tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
@@ -291,18 +470,15 @@ def main() -> None:
         workdir = Path(tmp)
         with _target(workdir) as (url, description):
             print(f"target: {description} at {url}; {os.cpu_count()} CPUs; workdir {workdir}")
-            print(f"(a) naive aiohttp loop, {args.rows:,} POSTs, concurrency {args.concurrency}, no journal")
-            naive = 0.0
-            for attempt in range(args.repeats):
-                rate = asyncio.run(_naive(url, args.rows, args.concurrency))
-                print(f"    run {attempt + 1}: {rate:10,.0f} rows/s")
-                naive = max(naive, rate)
-            print(f"(b) bulkrelay run, {args.rows:,} rows, concurrency {args.concurrency}, journal on disk")
-            relay = _measure_run(workdir, url, args.rows, args.concurrency, args.repeats)
-            print(
-                f"==> best: bulkrelay {relay:,.0f} rows/s vs naive {naive:,.0f} rows/s: "
-                f"ratio {relay / naive:.2f} (goal >= 0.7)"
-            )
+            if args.profile:
+                _profile(workdir, url, args)
+                return
+            if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+                print("PYTHONDONTWRITEBYTECODE is set: bulkrelay processes run without it (bytecode cached)")
+            print("(e) fixed cost of a one-row bulkrelay run, whole process (the first run warms the cache)")
+            _one_row_cost(workdir, url, args.concurrency, args.repeats)
+            for rows in [int(s) for s in args.rows.split(",") if s.strip()]:
+                _compare(workdir, url, rows, args.concurrency, args.repeats)
             print(f"(c) GNU parallel + curl --joblog, {args.parallel_rows:,} rows, -j {args.concurrency}")
             print(f"    {_parallel_curl(workdir, url, args.parallel_rows, args.concurrency)}")
             sizes = [int(s) for s in args.rss_rows.split(",") if s.strip()]

@@ -68,12 +68,18 @@ class Committed:
     pace: Callable[[], dict[str, Any]] | None = None  # the limiter's state, for the live checkpoint
     prefix: Callable[[], CommittedPrefix | None] | None = None  # the journal's, for the checkpoint
 
+    @classmethod
+    def at(cls, start: StartPoint, record_count: int) -> Committed:
+        """The counters where the journal stands before this process sends anything."""
+        total = start.total if start.total is not None else record_count
+        return cls(total=total, seq=start.next_seq - 1, offset=start.offset, ok=start.ok, failed=start.failed)
+
     @property
     def done(self) -> int:
         return self.ok + self.failed
 
     def on_commit(self, entries: list[JournalEntry], end_offset: int) -> None:
-        ok = sum(entry.success for entry in entries)
+        ok = [entry.success for entry in entries].count(True)  # no branch per entry
         self.ok += ok
         self.failed += len(entries) - ok
         self.committed_this_run += len(entries)
@@ -141,6 +147,8 @@ class _FailureStreak:
         row = entry.row_number
         if entry.classification not in self._STREAK_CLASSES:
             self._breaker = max(self._breaker, row)
+            if not self._held:  # the common case: nothing held back, nothing to sort out
+                return [entry]
             released = [held for held in self._held if held.row_number < row]
             self._held = [held for held in self._held if held.row_number > row]
             return [*released, entry]
@@ -227,13 +235,7 @@ async def relay(
     `stats` counts what goes on the wire; `on_tick` hears the committed progress about once a second
     (the metrics file and the run log), whether or not rows were committed meanwhile."""
     config = preflight.job.config
-    committed = Committed(
-        total=start.total if start.total is not None else preflight.record_count,
-        seq=start.next_seq - 1,
-        offset=start.offset,
-        ok=start.ok,
-        failed=start.failed,
-    )
+    committed = Committed.at(start, preflight.record_count)
     started = time.monotonic()
     storage = run.storage
 
@@ -275,13 +277,17 @@ async def relay(
             await limiter.aclose()
     write_checkpoint(run.path, committed.checkpoint(), storage)
     reporter.update(committed.snapshot())
+    return _outcome(committed, stop, time.monotonic() - started)
+
+
+def _outcome(committed: Committed, stop: StopControl, elapsed: float) -> RelayOutcome:
     finished_all = committed.done == committed.total
     return RelayOutcome(
         stop_reason=None
         if finished_all and not _reported_anyway(stop)
         else stop.reason or StopReason.INCOMPLETE,
         committed=committed,
-        elapsed_seconds=time.monotonic() - started,
+        elapsed_seconds=elapsed,
         stop_detail=dict(stop.detail),
         forced=stop.forced,
     )

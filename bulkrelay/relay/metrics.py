@@ -14,18 +14,11 @@ The label is not `job`: Prometheus gives that name to the scrape job and would r
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.parser import text_string_to_metric_families
+from typing import TYPE_CHECKING
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import StorageFailed, UsageError
@@ -35,6 +28,9 @@ from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.atomic import write_atomic
 from bulkrelay.store.rundir import RunDir, RunState
 
+if TYPE_CHECKING:  # prometheus_client loads only when a metrics file is written (~0.1 s of every start)
+    from prometheus_client.core import GaugeMetricFamily, Metric
+
 METRICS_ENV = "BULKRELAY_METRICS_FILE"
 METRICS_INTERVAL_SECONDS = 10.0
 # Upper bounds (seconds) of the request latency histogram: loopback answers to slow batch APIs.
@@ -42,9 +38,15 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 _LAST_SUCCESS = "bulkrelay_last_success_timestamp_seconds"
 
 
+_STATUS_CLASSES = tuple(f"{hundreds}xx" for hundreds in range(10))  # made once, not per request
+
+
 def status_class(status: int | None) -> str:
     """`2xx`, `4xx`, ... for an HTTP status; `error` when no answer came (transport error)."""
-    return "error" if status is None else f"{status // 100}xx"
+    if status is None:
+        return "error"
+    hundreds = status // 100
+    return _STATUS_CLASSES[hundreds] if 0 <= hundreds < 10 else f"{hundreds}xx"
 
 
 class RelayStats:
@@ -62,8 +64,8 @@ class RelayStats:
     def on_attempt(self, status: int | None, latency_seconds: float) -> None:
         self.requests[status_class(status)] += 1
         self.latency_sum += latency_seconds
-        bucket = next((i for i, le in enumerate(LATENCY_BUCKETS) if latency_seconds <= le), -1)
-        self.latency_counts[bucket] += 1
+        # the first bucket whose upper bound is >= the latency; past the last one, +Inf
+        self.latency_counts[bisect_left(LATENCY_BUCKETS, latency_seconds)] += 1
 
     def on_retry(self) -> None:
         self.retries += 1
@@ -162,6 +164,8 @@ class MetricsFile:
     def _write(self, state: RunState, exit_code: int | None) -> None:
         """Replace the file; a failure is reported once at the end and never stops the run."""
         self._written = self._clock()
+        from prometheus_client import CollectorRegistry, generate_latest
+
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(lambda: self.families(state, exit_code)))
         try:
@@ -175,6 +179,8 @@ class MetricsFile:
         yield from self._wire_families()
 
     def _run_families(self, state: RunState, exit_code: int | None) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
         names, snap = list(self._labels), self._snapshot
         rows = GaugeMetricFamily("bulkrelay_rows", "Rows of the run by outcome.", labels=[*names, "outcome"])
         pending = snap.total - snap.done
@@ -201,6 +207,8 @@ class MetricsFile:
             yield self._gauge(_LAST_SUCCESS, "When a run of this job last exited 0.", self._last_success)
 
     def _wire_families(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
         names, labels, stats = list(self._labels), list(self._labels.values()), self._stats
         requests = CounterMetricFamily(
             "bulkrelay_requests", "Requests sent, by status class.", labels=[*names, "status_class"]
@@ -227,6 +235,8 @@ class MetricsFile:
         yield latency
 
     def _gauge(self, name: str, text: str, value: float, **extra: str) -> GaugeMetricFamily:
+        from prometheus_client.core import GaugeMetricFamily
+
         family = GaugeMetricFamily(name, text, labels=[*self._labels, *extra])
         family.add_metric([*self._labels.values(), *extra.values()], value)
         return family
@@ -242,6 +252,8 @@ class _Collector:
 
 def previous_last_success(path: Path, job_name: str) -> float | None:
     """The last success time an earlier run wrote to the same file, so it survives failed nights."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError):

@@ -17,7 +17,7 @@ Two rules decide when the next start may happen; a start waits for both:
 it. Waiters queue in FIFO order; one timer wakes the queue at the earliest allowed time and releases every
 waiter whose turn has come in that wakeup, which matters at thousands of starts per second where the
 loop's timer granularity (about 1 ms) is coarser than the interval. With no rate (`None`) only pauses
-apply.
+apply, and the sender takes each start with `try_start()`, without awaiting, while nothing holds one back.
 
 Adaptation (`AdaptiveRate`, AIMD as in TCP congestion control): a 429 burst halves the rate (one cut per
 `BURST_SECONDS`, however many 429s the burst holds), and each quiet second after it adds back
@@ -164,6 +164,8 @@ class Limiter(Protocol):
     """What the sender needs of a rate limit: this process's own (`RateLimiter`), or one shared by every
     shard of a job (`ratelimit_redis.SharedRateLimiter`)."""
 
+    def try_start(self) -> bool: ...
+
     async def acquire(self) -> None: ...
 
     def pause_until(self, monotonic_deadline: float) -> None: ...
@@ -213,6 +215,19 @@ class RateLimiter:
             "pauses": self.pauses,
             "paused_until": None if paused is None else paused.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         }
+
+    def try_start(self) -> bool:
+        """Take a start without awaiting when nothing can hold one back: no rate in force (configured or
+        adapted), no pause, nobody queued. Exactly what `acquire()` would do at once then, without its
+        coroutine: the common case of a job with no rate limit. False: nothing was taken; await
+        `acquire()`."""
+        if self._schedule.rate is not None or self._waiters:
+            return False
+        now = self._clock()
+        if now < self._schedule.paused_until:
+            return False
+        self._starts.append(now)  # no rate in force: this limiter is unconfigured and observes
+        return True
 
     async def acquire(self) -> None:
         """Return when this caller may start a request."""

@@ -106,6 +106,10 @@ class SharedRateLimiter:
     def unlimited(self) -> bool:
         return False
 
+    def try_start(self) -> bool:
+        """Never: every start is asked of Redis (`acquire`)."""
+        return False
+
     async def acquire(self) -> None:
         """Return when this caller may start a request; raise `SharedLimitUnavailable` without Redis."""
         async with self._turn:

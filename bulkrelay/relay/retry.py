@@ -87,6 +87,8 @@ class RetryPolicy:
     success_statuses: Collection[int] | None = None  # None: any 2xx
     halt_statuses: Collection[int] = DEFAULT_HALT_STATUSES
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+    # The final decision of each status seen that is never retried: made once, not per response.
+    _finals: dict[int, Decision] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -149,6 +151,9 @@ class RetryPolicy:
         """What to do after attempt number `attempt` (from 1) ended with `status` or `error`."""
         if (status is None) == (error is None):
             raise ValueError("decide() needs exactly one of status and error")
+        final = self._finals.get(status) if status is not None else None
+        if final is not None:  # the common case: a success (or a failure never retried) seen before
+            return final
         halt = False
         if error is not None:
             classification, retryable = error.classification, True
@@ -159,7 +164,10 @@ class RetryPolicy:
             halt = status in self.halt_statuses and not succeeded
             retryable = not succeeded and not halt and status in self.statuses
         if not retryable or attempt >= self.max_attempts:
-            return Decision(False, 0.0, classification, retryable, halt)
+            decision = Decision(False, 0.0, classification, retryable, halt)
+            if status is not None and not retryable:  # the same whatever the attempt
+                self._finals[status] = decision
+            return decision
         return Decision(True, self.delay(attempt, retry_after), classification, True)
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
@@ -208,11 +216,7 @@ def quota_exhausted_for(headers: Mapping[str, str], now: float | None = None) ->
     `X-RateLimit-Remaining` / `X-RateLimit-Reset` (delay seconds, or a Unix time). None: quota left,
     or no such headers.
     """
-    remaining, reset = (
-        _separate_quota(headers, "RateLimit-")
-        or _separate_quota(headers, "X-RateLimit-")
-        or (_combined_quota(headers.get("RateLimit")))
-    )
+    remaining, reset = _quota(headers)
     if remaining is None or remaining > 0 or reset is None:
         return None
     if reset >= _EPOCH_SECONDS:
@@ -220,15 +224,27 @@ def quota_exhausted_for(headers: Mapping[str, str], now: float | None = None) ->
     return max(0.0, reset)
 
 
-def _separate_quota(headers: Mapping[str, str], prefix: str) -> tuple[float | None, float | None] | None:
-    remaining = _number(headers.get(f"{prefix}Remaining"))
-    if remaining is None:
-        return None
-    return remaining, _number(headers.get(f"{prefix}Reset"))
+# Checked in this order; the first whose Remaining header holds a number wins.
+_SEPARATE_QUOTAS = (
+    ("RateLimit-Remaining", "RateLimit-Reset"),
+    ("X-RateLimit-Remaining", "X-RateLimit-Reset"),
+)
 
 
-def _combined_quota(value: str | None) -> tuple[float | None, float | None]:
-    params = {name.lower(): float(number) for name, number in _QUOTA_PARAM.findall(value or "")}
+def _quota(headers: Mapping[str, str]) -> tuple[float | None, float | None]:
+    """(remaining, reset) from the first quota headers present; three lookups when there are none,
+    as for nearly every response (it runs once per response)."""
+    for remaining_name, reset_name in _SEPARATE_QUOTAS:
+        text = headers.get(remaining_name)
+        remaining = None if text is None else _number(text)
+        if remaining is not None:
+            return remaining, _number(headers.get(reset_name))
+    combined = headers.get("RateLimit")
+    return (None, None) if combined is None else _combined_quota(combined)
+
+
+def _combined_quota(value: str) -> tuple[float | None, float | None]:
+    params = {name.lower(): float(number) for name, number in _QUOTA_PARAM.findall(value)}
     remaining = params.get("remaining", params.get("r"))
     return remaining, params.get("reset", params.get("t"))
 

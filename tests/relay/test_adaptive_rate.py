@@ -52,6 +52,9 @@ def test_without_a_configured_rate_adaptation_starts_at_the_first_429_and_ends_u
         ({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2000000030"}, 30.0),  # a Unix time
         ({"RateLimit": "limit=10, remaining=0, reset=5"}, 5.0),
         ({"RateLimit": "r=0;t=2"}, 2.0),
+        ({"RateLimit-Remaining": "soon", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "3"}, 3.0),
+        ({"X-RateLimit-Remaining": "1", "RateLimit": "remaining=0, reset=5"}, None),  # the first found wins
+        ({"RateLimit": "limit=10"}, None),
         ({}, None),
     ],
 )

@@ -206,6 +206,28 @@ async def test_unlimited_acquire_does_not_wait() -> None:
     assert time.monotonic() - started < 1.0
 
 
+def test_try_start_takes_a_start_only_when_nothing_could_hold_it_back() -> None:
+    now = [100.0]
+    unlimited = RateLimiter(None, clock=lambda: now[0])
+    assert all(unlimited.try_start() for _ in range(50))
+    unlimited.pause_until(101.0)  # a Retry-After: every start waits, also without a rate
+    assert not unlimited.try_start()
+    now[0] = 101.0
+    assert unlimited.try_start()
+    assert not RateLimiter(5.0).try_start()  # a rate in force: starts are paced by acquire()
+
+
+def test_starts_taken_by_try_start_count_in_the_observed_rate() -> None:
+    """Without a configured rate the first 429 sets the ceiling from the starts of the last second."""
+    now = [100.0]
+    limiter = RateLimiter(None, clock=lambda: now[0])
+    for _ in range(80):
+        assert limiter.try_start()
+    limiter.rate_limited()
+    assert limiter.state()["current_rps"] == 40.0  # half of the 80 observed
+    assert not limiter.try_start()  # adapted: a rate is in force until it recovers
+
+
 def test_most_in_window_counts_half_open_intervals() -> None:
     assert most_in_window([], 1.0) == 0
     assert most_in_window([0.0, 0.5, 0.99, 1.0, 1.2], 1.0) == 4  # [0.5, 1.5) holds 0.5, 0.99, 1.0, 1.2

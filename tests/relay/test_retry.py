@@ -88,6 +88,19 @@ def test_decision_table(attempt: int, status: int, expected: Decision) -> None:
     assert _policy().decide(attempt, status, None) == expected
 
 
+def test_one_policy_gives_the_same_decisions_in_any_order() -> None:
+    """decide() remembers the final decisions of statuses never retried; an exhausted retryable status
+    must not be remembered, or the next row's first attempt would not be retried."""
+    policy = _policy()
+    exhausted = policy.decide(5, 503, None)
+    assert exhausted == Decision(False, 0.0, "http_server_error", True)
+    assert policy.decide(1, 503, None) == Decision(True, 1.0, "http_server_error", True)
+    first = policy.decide(1, 200, None)
+    assert policy.decide(3, 200, None) is first == Decision(False, 0.0, "success", False)
+    assert policy.decide(2, 401, None) == Decision(False, 0.0, "http_client_error", False, halt=True)
+    assert policy.decide(1, 401, None).halt
+
+
 def test_halt_wins_over_retry_statuses() -> None:
     policy = _policy(halt_statuses=[503])
     assert policy.decide(1, 503, None) == Decision(False, 0.0, "http_server_error", False, halt=True)

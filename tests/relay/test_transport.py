@@ -295,6 +295,17 @@ async def test_an_invalid_url_is_connect_failed() -> None:
     await transport.aclose()
 
 
+@pytest.mark.parametrize("header", [("Bad Name", "v"), ("X-Ok", "bad\nvalue")])
+async def test_an_invalid_header_is_connect_failed_and_the_next_request_goes_out(
+    header: tuple[str, str],
+) -> None:
+    async with _setup() as (target, transport):
+        with pytest.raises(ConnectFailed, match="invalid URL or header"):
+            await transport.send(_post(target.url + "/bad", b"{}", header))
+        assert (await transport.send(_post(target.url + "/good", b"{}", ("X-Ok", "fine")))).status == 200
+        assert [r["path"] for r in target.state.requests()] == ["/good"]
+
+
 async def test_connection_refused_is_connect_failed() -> None:
     with socket.socket() as probe:  # a port that was free a moment ago and has no listener
         probe.bind(("127.0.0.1", 0))
@@ -332,6 +343,41 @@ async def test_body_exactly_at_the_limit_is_whole() -> None:
     async with _setup(plan, max_body_bytes=1000) as (target, transport):
         response = await transport.send(_post(target.url + "/edge"))
         assert (len(response.body), response.truncated) == (1000, False)
+
+
+async def _answer_in_pieces(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Keep-alive answers whose bodies come in several writes: chunked (no length) when the path says
+    so, else with a Content-Length."""
+    while True:
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+        size = int(head.split(b" ")[1].rsplit(b"/", 1)[1])
+        pieces = [b"p" * (size // 3), b"q" * (size // 3), b"r" * (size - 2 * (size // 3))]
+        if b"/chunked/" in head.split(b"\r\n")[0]:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for piece in pieces:
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+            for piece in pieces:
+                writer.write(piece)
+                await writer.drain()
+        await writer.drain()
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+async def test_bodies_in_several_pieces_are_whole_up_to_the_limit_and_cut_beyond(framing: str) -> None:
+    """A body that declares a length within the limit is read at once; one without a length, or with
+    one beyond the limit, piece by piece and cut at the limit."""
+    transport = open_transport(_settings(max_body_bytes=1000))
+    async with _raw_server(_answer_in_pieces) as url:
+        for size, truncated in ((999, False), (1000, False), (1001, True), (200_000, True)):
+            response = await transport.send(_post(f"{url}{framing}/{size}"))
+            expected = (b"p" * (size // 3) + b"q" * (size // 3) + b"r" * size)[: min(size, 1000)]
+            assert (response.body, response.truncated) == (expected, truncated), (size, framing)
+    await transport.aclose()
 
 
 async def test_waiting_for_a_slot_is_a_pool_timeout() -> None:

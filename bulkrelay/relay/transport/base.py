@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from bulkrelay._version import __version__
@@ -34,11 +34,11 @@ ClientName = Literal["reqwest", "httpx"]
 USER_AGENT = f"bulkrelay/{__version__}"
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
+class Response(NamedTuple):
     """A response as the engine sees it.
 
-    `headers` is case-insensitive; `truncated` marks a body cut at max_body_bytes.
+    `headers` is case-insensitive; `truncated` marks a body cut at max_body_bytes. A NamedTuple, like
+    `PreparedRequest`: one is made per request, at less than half the cost of a frozen dataclass.
     """
 
     status: int

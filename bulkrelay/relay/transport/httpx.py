@@ -147,7 +147,8 @@ def _translate(exc: httpx.TransportError, url: str) -> TransportError:
         return RequestTimeout("read timeout: no answer from the target in time", phase="read")
     if isinstance(exc, httpx.ConnectError | httpx.ProxyError):
         return ConnectFailed(f"cannot connect to {host_port(url)}: {_cause(exc)}")
-    if isinstance(exc, httpx.UnsupportedProtocol):
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
+        # LocalProtocolError: h11 refused to write the request (a header it cannot send), before any byte
         return invalid_request()
     if isinstance(exc, httpx.RemoteProtocolError) and "disconnected without sending a response" not in str(
         exc

@@ -16,10 +16,12 @@ connect step ("client error (Connect)") means the request was never sent.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 from pyreqwest import exceptions as rq
 from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.http import HeaderMap, Url
 from pyreqwest.proxy import ProxyBuilder
 from pyreqwest.response import Response as StreamedResponse
 
@@ -47,10 +49,15 @@ class ReqwestTransport:
     def __init__(self, settings: TransportSettings) -> None:
         self._settings = settings
         self._client = _build_client(settings)
+        # A decoded body may be far larger than the Content-Length of its compressed bytes.
+        self._whole_limit = 0 if settings.decompress else settings.max_body_bytes
+        self._last_url: tuple[str, Url] | None = None
 
     async def send(self, request: PreparedRequest) -> Response:
         try:
-            builder = self._client.request(request.method, request.url).headers(request.headers)
+            builder = self._client.request(request.method, self._parsed(request.url))
+            for name, value in request.headers:  # one by one: cheaper than .headers() building a map
+                builder = builder.header(name, value)
             if request.body is not None:
                 builder = builder.body_bytes(request.body)
             streamed = builder.build_streamed()
@@ -58,10 +65,23 @@ class ReqwestTransport:
             raise invalid_request() from None
         try:
             async with streamed as resp:
+                headers = resp.headers
+                if _declared_length(headers) <= self._whole_limit:  # one await; hyper holds it to the length
+                    return Response(resp.status, headers, bytes(await resp.bytes()), False)
                 body, truncated = await _read_bounded(resp, self._settings.max_body_bytes)
-                return Response(resp.status, resp.headers, body, truncated)
+                return Response(resp.status, headers, body, truncated)
         except rq.PyreqwestError as exc:
             raise _translate(exc, request.url) from None
+
+    def _parsed(self, text: str) -> Url:
+        """The URL parsed once while rows keep naming the same one (a job without a URL template):
+        parsing a URL string is most of what starting a request costs on this side."""
+        last = self._last_url
+        if last is not None and last[0] == text:
+            return last[1]
+        url = Url(text)
+        self._last_url = (text, url)
+        return url
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -110,6 +130,12 @@ def _with_proxy(builder: ClientBuilder, proxy: str) -> ClientBuilder:
 
 def _seconds(value: float) -> timedelta:
     return timedelta(seconds=value)
+
+
+def _declared_length(headers: HeaderMap) -> float:
+    """The response's Content-Length, or infinity when it has none (chunked, or until close)."""
+    value = headers.get("content-length")
+    return int(value) if value is not None and value.isdigit() else math.inf
 
 
 async def _read_bounded(resp: StreamedResponse, limit: int) -> tuple[bytes, bool]:
