@@ -22,6 +22,7 @@ from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, UsageError
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
 from bulkrelay.ops.results import ExportResult
+from bulkrelay.ops.resume import check_committed_journal
 from bulkrelay.ops.runref import runs_in
 from bulkrelay.store.journal import read_entry_at, read_journal_from
 from bulkrelay.store.rowset import RowSet
@@ -187,6 +188,8 @@ def export(
     fmt = fmt or spec.format
     _check_flags(spec, fmt, failed_only=failed_only, with_reasons=with_reasons)
     family = _family(run) + [member for other in shards for member in _family(_same_input(run, other))]
+    for member in family:  # the rows after damage would pass for unsent: refuse instead
+        check_committed_journal(member)
     total = run.plan.input.record_count
     target = output or run.path / f"{'failed' if failed_only else 'export'}.{fmt}"
     results = _LatestResults(family, total)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bulkrelay.envelope import Result
 from bulkrelay.ops.results import FailureExample, FailureGroup, FailuresResult
+from bulkrelay.ops.resume import check_committed_journal
 from bulkrelay.store.journal import JournalEntry, read_journal
 from bulkrelay.store.rundir import RunDir
 
@@ -52,6 +53,7 @@ def _failed_entries(journal: Path) -> Iterator[JournalEntry]:
 def failures(run_dir: Path) -> Result:
     """The failed rows of one run, grouped by (status_code, classification), largest group first."""
     run = RunDir.open(run_dir)
+    check_committed_journal(run)
     groups: dict[tuple[int | None, str], _Group] = {}
     failed = 0
     for entry in _failed_entries(run.journal_path):

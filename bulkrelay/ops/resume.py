@@ -163,6 +163,21 @@ def require_journal(run: RunDir) -> None:
     )
 
 
+def check_committed_journal(run: RunDir) -> None:
+    """Refuse to read a run's results from a journal that is gone or damaged at or before its
+    checkpoint: `retry-failed`, `export` and `failures` would otherwise take the rows after the damage
+    for unsent (or not failed) and quietly leave them out. Reads only; a torn tail is left for resume."""
+    require_journal(run)
+    checkpoint = read_checkpoint(run.path)
+    scan_journal(
+        run.journal_path,
+        committed_seq=checkpoint.seq if checkpoint else 0,
+        committed_offset=checkpoint.offset if checkpoint else 0,
+        row_count=run.plan.input.record_count,
+        prefix=checkpoint.prefix if checkpoint else None,
+    )
+
+
 def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[EnvelopeWarning]]:
     """Validate the journal against the checkpoint; cut a torn tail; rebuild the set of done rows.
 

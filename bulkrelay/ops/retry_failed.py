@@ -16,7 +16,7 @@ from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.execute import RunOptions, plan_for, start_fresh
 from bulkrelay.ops.results import NothingToRetry, RunResult
-from bulkrelay.ops.resume import input_differences, input_path_for, job_path_for
+from bulkrelay.ops.resume import check_committed_journal, input_differences, input_path_for, job_path_for
 from bulkrelay.ops.shard import shard_of_run
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
@@ -76,6 +76,7 @@ def retry_failed(
     parent = RunDir.open(run_dir)
     if is_locked(parent.path):
         raise RunLocked(f"run {parent.run_id} is still running", context={"run_dir": str(parent.path)})
+    check_committed_journal(parent)
     preflight = _parent_preflight(parent, config, options.rows_read)
     selection = failed_rows(parent, preflight.record_count, parse_statuses(statuses), classification)
     if not len(selection):

@@ -108,3 +108,50 @@ def test_retry_failed_refuses_an_unknown_classification_naming_the_valid_ones(tm
             assert "'bogus'" in message and "http_client_error" in message and "timeout_error" in message
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))
     assert runs == [parent.data["run_id"]]  # no child run was started
+
+
+def _damage_line(journal: Path, line: int) -> None:
+    """Flip one byte inside line `line` (1-based): its checksum no longer holds."""
+    data = bytearray(journal.read_bytes())
+    start = 0
+    for _ in range(line - 1):
+        start = data.index(b"\n", start) + 1
+    data[start + 10] ^= 0x01
+    journal.write_bytes(bytes(data))
+
+
+def test_readers_of_results_refuse_a_journal_damaged_before_its_checkpoint(tmp_path: Path) -> None:
+    # Before, retry-failed, export and failures stopped reading at the damage: failed rows after it
+    # were neither retried nor listed, and export showed them as never sent.
+    with TargetProcess(REJECT_503) as target:
+        job = write_job(tmp_path, target.url, make_rows(40))
+        parent = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+        assert parent.exit_code == ExitCode.PARTIAL_FAILURE
+        parent_dir = Path(parent.data["run_dir"])
+        _damage_line(parent_dir / "results.jsonl", 3)
+        target.reset()
+        answers = {
+            "retry-failed": run_cli("retry-failed", parent_dir, "--budget", "0", cwd=tmp_path),
+            "export": run_cli("export", parent_dir, "--failed", cwd=tmp_path),
+            "failures": run_cli("failures", parent_dir, cwd=tmp_path),
+        }
+        assert target.requests() == []
+    for command, answer in answers.items():
+        assert answer.exit_code == ExitCode.PRECONDITION, (command, answer.envelope)
+        assert answer.envelope["error"]["code"] == "JOURNAL_CORRUPT", command
+        assert answer.envelope["error"]["context"]["line"] == 3, command
+    assert not (parent_dir / "failed.csv").exists()
+
+
+def test_retry_failed_refuses_a_parent_whose_journal_is_gone(tmp_path: Path) -> None:
+    with TargetProcess(REJECT_503) as target:
+        job = write_job(tmp_path, target.url, make_rows(20))
+        parent = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+        parent_dir = Path(parent.data["run_dir"])
+        (parent_dir / "results.jsonl").unlink()
+        target.reset()
+        again = run_cli("retry-failed", parent_dir, "--budget", "0", cwd=tmp_path)
+        assert target.requests() == []
+    assert again.exit_code == ExitCode.PRECONDITION, again.envelope
+    assert again.envelope["error"]["code"] == "JOURNAL_CORRUPT"
+    assert "results.jsonl" in again.envelope["error"]["message"]
