@@ -12,7 +12,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -312,8 +312,19 @@ def _forced_message(stop_reason: StopReason, message: str) -> str:
     return f"{message.removesuffix(' at a safe point')}; {cancelled}"
 
 
+def summary_counts(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
+    """The relay's own counts when they cover the whole journal (it wrote every line from the
+    start, and the file holds exactly the bytes it committed); else one read of the journal."""
+    committed = outcome.committed if outcome is not None else None
+    if committed is not None and committed.counts is not None:
+        with suppress(OSError):
+            if run.journal_path.stat().st_size == committed.offset:
+                return committed.counts.report(total_rows)
+    return summarize(run.journal_path, total_rows=total_rows)
+
+
 def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
-    summary = summarize(run.journal_path, total_rows=total_rows)
+    summary = summary_counts(run, total_rows, outcome)
     summary["run_id"] = run.run_id
     if run.plan.sync is not None:  # a delta run: rows it did not send because they had not changed
         summary["skipped_unchanged"] = run.plan.sync.skipped_unchanged

@@ -34,6 +34,7 @@ from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
 from bulkrelay.store.journal import CommittedPrefix, JournalEntry, JournalState, JournalWriter
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, utc_now
+from bulkrelay.store.summary import SummaryCounts
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 # The first checkpoint comes sooner: a process killed soon after it starts (again and again, say)
@@ -67,12 +68,23 @@ class Committed:
     started: float = field(default_factory=time.monotonic)
     pace: Callable[[], dict[str, Any]] | None = None  # the limiter's state, for the live checkpoint
     prefix: Callable[[], CommittedPrefix | None] | None = None  # the journal's, for the checkpoint
+    # The summary's counts of every committed line, kept while the journal was written from its start:
+    # the run's summary then needs no second read of the journal (None after a resume).
+    counts: SummaryCounts | None = None
 
     @classmethod
     def at(cls, start: StartPoint, record_count: int) -> Committed:
         """The counters where the journal stands before this process sends anything."""
         total = start.total if start.total is not None else record_count
-        return cls(total=total, seq=start.next_seq - 1, offset=start.offset, ok=start.ok, failed=start.failed)
+        counts = SummaryCounts() if start.offset == 0 else None
+        return cls(
+            total=total,
+            seq=start.next_seq - 1,
+            offset=start.offset,
+            ok=start.ok,
+            failed=start.failed,
+            counts=counts,
+        )
 
     @property
     def done(self) -> int:
@@ -85,6 +97,9 @@ class Committed:
         self.committed_this_run += len(entries)
         self.seq += len(entries)  # the writer numbers lines without gaps
         self.offset = end_offset
+        if self.counts is not None:
+            for entry in entries:
+                self.counts.add(entry)
 
     def snapshot(self) -> Snapshot:
         pace = self.pace() if self.pace is not None else None

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bulkrelay.store.journal import read_journal
+from bulkrelay.store.journal import JournalEntry, read_journal
 
 _TENTHS = 10  # latencies are bucketed to 0.1 ms: exact enough, and memory stays a few buckets
 
@@ -50,31 +50,47 @@ def _label(quantile: float) -> str:
     return f"p{round(quantile * 100)}"
 
 
+class SummaryCounts:
+    """What the summary reports, counted one committed entry at a time: fed from the journal by
+    `summarize`, or by the relay as it commits, so a run that wrote its journal from the start
+    need not read it back to summarise it."""
+
+    def __init__(self) -> None:
+        self._by_status: Counter[str] = Counter()
+        self._by_classification: Counter[str] = Counter()
+        self._latency = LatencyHistogram()
+        self._ok = self._failed = self._attempts = 0
+
+    def add(self, entry: JournalEntry) -> None:
+        if entry.success:
+            self._ok += 1
+        else:
+            self._failed += 1
+        status = entry.status_code
+        self._by_status["none" if status is None else str(status)] += 1
+        self._by_classification[entry.classification] += 1
+        self._attempts += entry.attempts
+        self._latency.add(entry.duration_ms if entry.latency_ms is None else entry.latency_ms)
+
+    def report(self, total_rows: int) -> dict[str, Any]:
+        done = self._ok + self._failed
+        latency = self._latency
+        return {
+            "rows_total": total_rows,
+            "rows_done": done,
+            "rows_pending": total_rows - done,
+            "by_outcome": {"succeeded": self._ok, "failed": self._failed},
+            "by_status": dict(sorted(self._by_status.items())),
+            "by_classification": dict(sorted(self._by_classification.items())),
+            "attempts": self._attempts,
+            "retries": self._attempts - done,
+            "latency_ms": {**latency.percentiles((0.5, 0.95, 0.99)), "max": latency.maximum()},
+        }
+
+
 def summarize(journal: Path, *, total_rows: int) -> dict[str, Any]:
     """Stream the journal once and count everything the summary reports."""
-    by_status: Counter[str] = Counter()
-    by_classification: Counter[str] = Counter()
-    latency = LatencyHistogram()
-    ok = failed = attempts = 0
+    counts = SummaryCounts()
     for entry in read_journal(journal):
-        if entry.success:
-            ok += 1
-        else:
-            failed += 1
-        status = entry.status_code
-        by_status["none" if status is None else str(status)] += 1
-        by_classification[entry.classification] += 1
-        attempts += entry.attempts
-        latency.add(entry.duration_ms if entry.latency_ms is None else entry.latency_ms)
-    done = ok + failed
-    return {
-        "rows_total": total_rows,
-        "rows_done": done,
-        "rows_pending": total_rows - done,
-        "by_outcome": {"succeeded": ok, "failed": failed},
-        "by_status": dict(sorted(by_status.items())),
-        "by_classification": dict(sorted(by_classification.items())),
-        "attempts": attempts,
-        "retries": attempts - done,
-        "latency_ms": {**latency.percentiles((0.5, 0.95, 0.99)), "max": latency.maximum()},
-    }
+        counts.add(entry)
+    return counts.report(total_rows)

@@ -9,14 +9,19 @@ from __future__ import annotations
 import base64
 import os
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 from urllib.parse import quote, quote_plus
 
 import orjson
 import yaml
 
 from bulkrelay.errors import ExitCode
-from bulkrelay.store.journal import read_journal
+from bulkrelay.ops.execute import summary_counts
+from bulkrelay.relay.engine import Committed, RelayOutcome
+from bulkrelay.store.journal import JournalEntry, encode_line, read_journal
+from bulkrelay.store.rundir import RunDir
+from bulkrelay.store.summary import SummaryCounts, summarize
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import merge
 from tests.targetproc import TargetProcess
@@ -382,3 +387,50 @@ def test_completed_run_is_not_resumable(tmp_path: Path) -> None:
     assert again.exit_code == ExitCode.PRECONDITION
     assert again.error_code == "RUN_NOT_RESUMABLE"
     assert os.path.isdir(result.data["run_dir"])
+
+
+def test_the_summary_the_relay_counted_equals_the_journal_read_back(tmp_path: Path) -> None:
+    # A new run's summary comes from the counts the relay kept as it committed, not a second read of
+    # the journal: with failures, retries and statuses of several kinds, both must agree exactly.
+    plan = {
+        "rules": [
+            {"match": {"body_field": "tag", "equals": "bad"}, "status": 422},
+            {"match": {"body_field": "tag", "equals": "flaky"}, "status": 503, "times": 2},
+        ]
+    }
+    tags = {3: "bad", 17: "bad", 5: "flaky", 40: "flaky"}
+    with TargetProcess(plan) as target:
+        job = write_job(tmp_path, target.url, 60, tags=tags, retry={"max_attempts": 3})
+        result = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+    assert result.exit_code == ExitCode.PARTIAL_FAILURE, result.envelope
+    run_dir = Path(result.data["run_dir"])
+    written = orjson.loads((run_dir / "summary.json").read_bytes())
+    read_back = summarize(run_dir / "results.jsonl", total_rows=60)
+    assert written["retries"] > 0 and written["by_outcome"]["failed"] > 0
+    assert {name: written[name] for name in read_back} == read_back
+
+
+def test_the_summary_is_read_from_the_journal_when_the_relay_did_not_count_every_line(tmp_path: Path) -> None:
+    journal = tmp_path / "results.jsonl"
+    entry = JournalEntry(
+        row_number=1,
+        success=True,
+        classification="success",
+        status_code=200,
+        attempts=1,
+        retryable=False,
+        error=None,
+        duration_ms=1.0,
+    )
+    journal.write_bytes(encode_line(1, entry))
+    run = SimpleNamespace(journal_path=journal)
+    counted = Committed(total=2, seq=0, offset=0, ok=0, failed=0, counts=SummaryCounts())
+    outcome = RelayOutcome(stop_reason=None, committed=counted, elapsed_seconds=1.0)
+    # The relay counted nothing, but the journal holds a line: its counts do not cover the file.
+    assert summary_counts(cast(RunDir, run), 2, outcome)["rows_done"] == 1
+    counts = SummaryCounts()
+    counts.add(entry)
+    counts.add(entry)  # counted twice on purpose: what is reported shows where it came from
+    covering = Committed(total=2, seq=1, offset=journal.stat().st_size, ok=1, failed=0, counts=counts)
+    outcome = RelayOutcome(stop_reason=None, committed=covering, elapsed_seconds=1.0)
+    assert summary_counts(cast(RunDir, run), 2, outcome)["rows_done"] == 2  # no second read
