@@ -297,11 +297,47 @@ def _without_bom(lines: BinaryIO) -> Iterator[bytes]:
     return itertools.chain(head, lines)
 
 
+class _LineStarts:
+    """Where each line handed to a reader starts in the raw file, for a run that finds its rows again
+    by seeking (ops/choice.py). Only the lines since the last record are kept: memory stays flat."""
+
+    def __init__(self) -> None:
+        self.position = 0  # raw bytes handed out so far
+        self._first = 1  # the line number of `_starts[0]`
+        self._starts: list[int] = []
+
+    def lines(self, binary: BinaryIO) -> Iterator[bytes]:
+        """The lines of `binary` as `_without_bom` gives them, counted."""
+        first = binary.readline()
+        if first.startswith(codecs.BOM_UTF8):
+            self.position = len(codecs.BOM_UTF8)
+            first = first[len(codecs.BOM_UTF8) :]
+        starts = self._starts
+        for line in itertools.chain((first,) if first else (), binary):
+            starts.append(self.position)
+            self.position += len(line)
+            yield line
+
+    def start_of(self, line: int) -> int:
+        """Where `line` starts; the lines before it, and up to the last one read, are forgotten (the
+        next record starts after them)."""
+        start = self._starts[line - self._first]
+        self._first += len(self._starts)
+        self._starts.clear()
+        return start
+
+
 class RecordStream:
     """The records of one input, read once. After a full iteration `fingerprint()` describes the file."""
 
     def __init__(
-        self, spec: InputSpec, raw: io.FileIO, on_problem: ProblemSink, expected: ExpectedInput | None = None
+        self,
+        spec: InputSpec,
+        raw: io.FileIO,
+        on_problem: ProblemSink,
+        expected: ExpectedInput | None = None,
+        *,
+        offsets: bool = False,
     ) -> None:
         self._spec = spec
         self._file = spec.display_name
@@ -318,6 +354,9 @@ class RecordStream:
         self._binary = source
         self._started = False
         self._row_count: int | None = None
+        # Where lines start, when asked for and the file can be sought (not gzip): see `record_offset`.
+        self._starts = _LineStarts() if offsets and not spec.gzip else None
+        self.record_offset: int | None = None  # where the record last handed out starts in the file
 
     @property
     def bytes_read(self) -> int:
@@ -355,6 +394,8 @@ class RecordStream:
 
     def _records(self) -> Iterator[Record]:
         rows = self._csv_records() if self._spec.format == "csv" else self._jsonl_records()
+        if self._starts is not None:
+            rows = self._located(rows, self._starts)
         if self._guard is not None and self._expected is not None:
             rows = self._verified(rows, self._guard.check, self._expected.fingerprint.record_count)
         count = 0
@@ -366,6 +407,21 @@ class RecordStream:
         self._row_count = count
         if self._expected is not None:
             self._verify_end(self._expected.fingerprint)
+
+    def _lines(self) -> Iterator[bytes]:
+        if self._starts is not None:
+            return self._starts.lines(self._binary)
+        return _without_bom(self._binary)
+
+    def _located(self, rows: Iterator[Record], starts: _LineStarts) -> Generator[Record, None, int]:
+        """The records, each with `record_offset` set to where its first line starts."""
+        while True:
+            try:
+                record = next(rows)
+            except StopIteration as end:
+                return int(end.value or 0)
+            self.record_offset = starts.start_of(record.line)
+            yield record
 
     def _verified(
         self, rows: Iterator[Record], check: Callable[[], None], limit: int
@@ -402,7 +458,7 @@ class RecordStream:
         loads = orjson.loads
         line = 0
         try:
-            for line, raw in enumerate(_without_bom(self._binary), 1):
+            for line, raw in enumerate(self._lines(), 1):
                 try:
                     value = loads(raw)
                 except orjson.JSONDecodeError as exc:
@@ -430,9 +486,7 @@ class RecordStream:
 
     def _csv_records(self) -> Generator[Record, None, int]:
         """CSV with a header row. `reader.line_num` counts physical lines, which gives each record's start."""
-        reader = csv.reader(
-            map(bytes.decode, _without_bom(self._binary)), delimiter=self._spec.delimiter, strict=True
-        )
+        reader = csv.reader(map(bytes.decode, self._lines()), delimiter=self._spec.delimiter, strict=True)
         headers = self._csv_header(reader)
         if headers is None:
             return 0
@@ -513,15 +567,16 @@ class RecordStream:
 
 @contextmanager
 def open_records(
-    spec: InputSpec, on_problem: ProblemSink, expected: ExpectedInput | None = None
+    spec: InputSpec, on_problem: ProblemSink, expected: ExpectedInput | None = None, *, offsets: bool = False
 ) -> Iterator[RecordStream]:
     """Open an input for one streaming pass. Raises NotFound if the file is missing; closes it on exit.
 
     With `expected` (what preflight read), the stream reads exactly those bytes or raises
-    `InputChanged`: at the open, after every read, every few records, and at the end."""
+    `InputChanged`: at the open, after every read, every few records, and at the end. With `offsets`,
+    `stream.record_offset` says where each record starts in the file (None for a gzip input)."""
     raw = _open_raw(spec)
     try:
-        stream = RecordStream(spec, raw, on_problem, expected)
+        stream = RecordStream(spec, raw, on_problem, expected, offsets=offsets)
     except BaseException:
         raw.close()
         raise

@@ -8,12 +8,13 @@ sent when the sync state holds no digest for its key, or a different one (docs/d
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bulkrelay.job.config import Job
 from bulkrelay.job.digest import RequestDigester
+from bulkrelay.job.positions import RowPositions
+from bulkrelay.job.preflight import RowObserver
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.ops.syncstate import (
     LOOKUP_BATCH,
@@ -37,44 +38,47 @@ class DeltaSelector:
     def __init__(self, state: SyncState, key_field: str, *, select: bool, remember_keys: bool) -> None:
         self._state = state
         self._key_field = key_field
-        self._select = select  # False under --full: every row is sent
+        self.selects = select  # False under --full: every row is sent
         self._remember_keys = remember_keys  # sync: mirror: tonight's keys, to find the ones gone
-        self._pending: list[tuple[int, str, bytes]] = []
+        self._pending: list[tuple[Record, str, bytes, int | None]] = []
         self._bits = bytearray(1)
         self.changed = 0
+        self.positions = RowPositions()  # where the changed rows start, while they are few
 
-    def observer(self, digester: RequestDigester) -> Callable[[Record, PreparedRequest], None]:
+    def observer(self, digester: RequestDigester) -> RowObserver:
         """What preflight calls with each rendered record."""
         pending, key_field, digest = self._pending, self._key_field, digester.digest
 
-        def observe(record: Record, request: PreparedRequest) -> None:
+        def observe(record: Record, request: PreparedRequest, offset: int | None) -> None:
             fields = record.fields
             key = fields.get(key_field)
             if type(key) is not str:
                 key = key_text(key)
-            pending.append((record.row_number, key, digest(request, fields)))
+            pending.append((record, key, digest(request, fields), offset))
             if len(pending) >= LOOKUP_BATCH:
                 self._flush()
 
         return observe
 
     def _flush(self) -> None:
-        keys = [key for _, key, _ in self._pending]
+        keys = [key for _, key, _, _ in self._pending]
         if self._remember_keys:
             self._state.remember_seen(keys)
-        if self._select:
+        if self.selects:
             self._mark_changed(self._state.lookup(keys))
         self._pending.clear()
 
     def _mark_changed(self, stored: dict[str, bytes]) -> None:
-        bits = self._bits
-        for row, key, digest in self._pending:
+        bits, positions = self._bits, self.positions
+        for record, key, digest, offset in self._pending:
             if stored.get(key) != digest:
+                row = record.row_number
                 index = row >> 3
                 if index >= len(bits):
                     bits.extend(bytes(index + 1 - len(bits)))
                 bits[index] |= 1 << (row & 7)
                 self.changed += 1
+                positions.add(record, offset)
 
     def selection(self, size: int) -> RowSet:
         """The changed rows among rows 1..size."""

@@ -20,6 +20,7 @@ import anyio
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
 from bulkrelay.job.config import JobConfig
 from bulkrelay.job.inputs import open_records
+from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
 from bulkrelay.relay.metrics import RelayStats
@@ -51,6 +52,7 @@ class StartPoint:
     failed: int = 0
     done_rows: RowSet | None = None
     total: int | None = None  # rows this run is for; None: every record of the input
+    positions: RowPositions | None = None  # where the rows to send start (a sparse selection)
 
 
 @dataclass
@@ -159,11 +161,15 @@ class _FailureStreak:
 
 
 def _pending_records(
-    preflight: Preflight, done: RowSet | None, stop: StopControl
+    preflight: Preflight, start: StartPoint, stop: StopControl
 ) -> Generator[Record, None, None]:
     """The records without a committed result, read from exactly the bytes preflight validated. If the
-    input changed (or went), the records end there and the run stops at a safe point, resumable."""
+    input changed (or went), the records end there and the run stops at a safe point, resumable.
+
+    With the positions of a sparse selection, just those rows are read (job/positions.py checks them);
+    otherwise the input is read through once more and every byte checked."""
     file = preflight.input_spec.display_name
+    done, expected = start.done_rows, preflight.expected_input
 
     def on_problem(problem: Problem) -> None:  # preflight proved these bytes clean: they changed
         raise InputChanged(
@@ -172,7 +178,13 @@ def _pending_records(
         )
 
     try:
-        with open_records(preflight.input_spec, on_problem, preflight.expected_input) as stream:
+        if start.positions is not None and expected is not None:
+            with open_selected(preflight.input_spec, expected, start.positions) as selected:
+                for record in selected:
+                    if done is None or record.row_number not in done:
+                        yield record
+            return
+        with open_records(preflight.input_spec, on_problem, expected) as stream:
             for record in stream:
                 if done is None or record.row_number not in done:
                     yield record
@@ -243,7 +255,7 @@ async def relay(
     sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats())
     committed.pace = limiter.state
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
-    records = _pending_records(preflight, start.done_rows, stop)
+    records = _pending_records(preflight, start, stop)
 
     reporter.update(committed.snapshot())
     try:
