@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bulkrelay.errors import InputChanged
+from bulkrelay.errors import InputChanged, Problem
 from bulkrelay.job.inputs import ExpectedInput, InputSpec, open_records
 from bulkrelay.job.positions import DENSE_SHARE, RowPositions, open_selected
 from bulkrelay.job.records import Record
@@ -20,10 +20,14 @@ CSV = BOM + b'id,note\r\n1,plain\r\n\r\n2,"two\r\nlines"\r\n3,"a ""quoted"" one"
 JSONL = BOM + b'{"id": 1}\n{"id": 2, "note": "caf\xc3\xa9"}\r\n{"id": 3}\n{"id": 4}'
 
 
+def _no_problem(problem: Problem) -> None:
+    raise AssertionError(problem)
+
+
 def _preflight(path: Path) -> tuple[list[tuple[Record, int | None]], ExpectedInput]:
     """Every record with the offset the reader gave it, and what the relay must read again."""
     spec = InputSpec.detect(path)
-    with open_records(spec, pytest.fail, offsets=True) as stream:
+    with open_records(spec, _no_problem, offsets=True) as stream:
         located = [(record, stream.record_offset) for record in stream]
         expected = ExpectedInput(stream.fingerprint(), stream.identity())
     return located, expected
