@@ -297,47 +297,11 @@ def _without_bom(lines: BinaryIO) -> Iterator[bytes]:
     return itertools.chain(head, lines)
 
 
-class _LineStarts:
-    """Where each line handed to a reader starts in the raw file, for a run that finds its rows again
-    by seeking (ops/choice.py). Only the lines since the last record are kept: memory stays flat."""
-
-    def __init__(self) -> None:
-        self.position = 0  # raw bytes handed out so far
-        self._first = 1  # the line number of `_starts[0]`
-        self._starts: list[int] = []
-
-    def lines(self, binary: BinaryIO) -> Iterator[bytes]:
-        """The lines of `binary` as `_without_bom` gives them, counted."""
-        first = binary.readline()
-        if first.startswith(codecs.BOM_UTF8):
-            self.position = len(codecs.BOM_UTF8)
-            first = first[len(codecs.BOM_UTF8) :]
-        starts = self._starts
-        for line in itertools.chain((first,) if first else (), binary):
-            starts.append(self.position)
-            self.position += len(line)
-            yield line
-
-    def start_of(self, line: int) -> int:
-        """Where `line` starts; the lines before it, and up to the last one read, are forgotten (the
-        next record starts after them)."""
-        start = self._starts[line - self._first]
-        self._first += len(self._starts)
-        self._starts.clear()
-        return start
-
-
 class RecordStream:
     """The records of one input, read once. After a full iteration `fingerprint()` describes the file."""
 
     def __init__(
-        self,
-        spec: InputSpec,
-        raw: io.FileIO,
-        on_problem: ProblemSink,
-        expected: ExpectedInput | None = None,
-        *,
-        offsets: bool = False,
+        self, spec: InputSpec, raw: io.FileIO, on_problem: ProblemSink, expected: ExpectedInput | None = None
     ) -> None:
         self._spec = spec
         self._file = spec.display_name
@@ -354,9 +318,6 @@ class RecordStream:
         self._binary = source
         self._started = False
         self._row_count: int | None = None
-        # Where lines start, when asked for and the file can be sought (not gzip): see `record_offset`.
-        self._starts = _LineStarts() if offsets and not spec.gzip else None
-        self.record_offset: int | None = None  # where the record last handed out starts in the file
 
     @property
     def bytes_read(self) -> int:
@@ -394,8 +355,6 @@ class RecordStream:
 
     def _records(self) -> Iterator[Record]:
         rows = self._csv_records() if self._spec.format == "csv" else self._jsonl_records()
-        if self._starts is not None:
-            rows = self._located(rows, self._starts)
         if self._guard is not None and self._expected is not None:
             rows = self._verified(rows, self._guard.check, self._expected.fingerprint.record_count)
         count = 0
@@ -407,21 +366,6 @@ class RecordStream:
         self._row_count = count
         if self._expected is not None:
             self._verify_end(self._expected.fingerprint)
-
-    def _lines(self) -> Iterator[bytes]:
-        if self._starts is not None:
-            return self._starts.lines(self._binary)
-        return _without_bom(self._binary)
-
-    def _located(self, rows: Iterator[Record], starts: _LineStarts) -> Generator[Record, None, int]:
-        """The records, each with `record_offset` set to where its first line starts."""
-        while True:
-            try:
-                record = next(rows)
-            except StopIteration as end:
-                return int(end.value or 0)
-            self.record_offset = starts.start_of(record.line)
-            yield record
 
     def _verified(
         self, rows: Iterator[Record], check: Callable[[], None], limit: int
@@ -458,7 +402,7 @@ class RecordStream:
         loads = orjson.loads
         line = 0
         try:
-            for line, raw in enumerate(self._lines(), 1):
+            for line, raw in enumerate(_without_bom(self._binary), 1):
                 try:
                     value = loads(raw)
                 except orjson.JSONDecodeError as exc:
@@ -486,7 +430,9 @@ class RecordStream:
 
     def _csv_records(self) -> Generator[Record, None, int]:
         """CSV with a header row. `reader.line_num` counts physical lines, which gives each record's start."""
-        reader = csv.reader(map(bytes.decode, self._lines()), delimiter=self._spec.delimiter, strict=True)
+        reader = csv.reader(
+            map(bytes.decode, _without_bom(self._binary)), delimiter=self._spec.delimiter, strict=True
+        )
         headers = self._csv_header(reader)
         if headers is None:
             return 0
@@ -567,16 +513,15 @@ class RecordStream:
 
 @contextmanager
 def open_records(
-    spec: InputSpec, on_problem: ProblemSink, expected: ExpectedInput | None = None, *, offsets: bool = False
+    spec: InputSpec, on_problem: ProblemSink, expected: ExpectedInput | None = None
 ) -> Iterator[RecordStream]:
     """Open an input for one streaming pass. Raises NotFound if the file is missing; closes it on exit.
 
     With `expected` (what preflight read), the stream reads exactly those bytes or raises
-    `InputChanged`: at the open, after every read, every few records, and at the end. With `offsets`,
-    `stream.record_offset` says where each record starts in the file (None for a gzip input)."""
+    `InputChanged`: at the open, after every read, every few records, and at the end."""
     raw = _open_raw(spec)
     try:
-        stream = RecordStream(spec, raw, on_problem, expected, offsets=offsets)
+        stream = RecordStream(spec, raw, on_problem, expected)
     except BaseException:
         raw.close()
         raise
@@ -584,3 +529,58 @@ def open_records(
         yield stream
     finally:
         stream.close()
+
+
+class InputBytes:
+    """The (decompressed) bytes of a preflighted input, read again in chunks by a caller that parses
+    only some of its lines (job/positions.py). Checked as the relay's record stream is: the same file,
+    unchanged, after every raw read, never past preflight's size; `finish` drains the rest and compares
+    the SHA-256 and size with preflight's."""
+
+    def __init__(self, spec: InputSpec, raw: io.FileIO, expected: ExpectedInput) -> None:
+        self._file = spec.display_name
+        self._expected = expected.fingerprint
+        self._guard = _GuardedReader(raw, expected.identity, self._file)
+        self._gzip = gzip.GzipFile(fileobj=self._guard, mode="rb") if spec.gzip else None
+
+    def read(self, size: int) -> bytes:
+        """Up to `size` bytes; b"" at the end."""
+        try:
+            return self._gzip.read(size) if self._gzip is not None else self._guard.read(size) or b""
+        except _GZIP_ERRORS as exc:  # preflight decompressed these bytes whole: they changed
+            changed = {"gzip": {"recorded": "readable", "now": str(exc)}}
+            raise input_changed(self._file, "during the run", changed) from exc
+
+    def check(self) -> None:
+        """`InputChanged` if the file is not the one preflight read, unchanged (bytes already read and
+        buffered would not show it)."""
+        self._guard.check()
+
+    def finish(self) -> None:
+        """`InputChanged` unless every byte of the file was the bytes preflight read."""
+        self._guard.drain()
+        now = {"sha256": self._guard.digest.hexdigest(), "size": self._guard.size}
+        was = {"sha256": self._expected.sha256, "size": self._expected.size}
+        changed = {name: {"recorded": was[name], "now": now[name]} for name in was if was[name] != now[name]}
+        if changed:
+            raise input_changed(self._file, "during the run", changed)
+
+    def close(self) -> None:
+        if self._gzip is not None:
+            self._gzip.close()
+        self._guard.close()
+
+
+@contextmanager
+def open_input_bytes(spec: InputSpec, expected: ExpectedInput) -> Iterator[InputBytes]:
+    """Open a preflighted input to read its bytes again (`InputBytes`); closes it on exit."""
+    raw = _open_raw(spec)
+    try:
+        reader = InputBytes(spec, raw, expected)
+    except BaseException:
+        raw.close()
+        raise
+    try:
+        yield reader
+    finally:
+        reader.close()

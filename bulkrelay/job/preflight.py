@@ -72,9 +72,8 @@ def resolve_input(job: Job, input_override: Path | None, name: str | None = None
     return InputSpec(path=path, format=fmt, gzip=gzip, delimiter=job.config.input.delimiter, name=name)
 
 
-# What preflight tells a run that sends only some rows (a delta run, a shard) of each rendered record:
-# the record, its request, and where the record starts in the input (None: a gzip input, not seekable).
-RowObserver = Callable[[Record, PreparedRequest, int | None], None]
+# What preflight tells a run that sends only some rows (a delta run, a shard) of each rendered record.
+RowObserver = Callable[[Record, PreparedRequest], None]
 # Such a run's row chooser: given the job's digester (None: not a delta job), its `RowObserver`.
 RowChooser = Callable[[RequestDigester | None], RowObserver]
 
@@ -163,8 +162,8 @@ def run_preflight(
     """Validate the whole job and input; raise `InputInvalid` with the problems found.
 
     `on_rows_read` hears 0 when the pass starts, then the count after every record. `choose` sees every
-    record that renders, with its request and offset, in the same pass: the rows a delta run or a shard
-    sends, and where they are, are found without reading the input twice."""
+    record that renders, with its request, in the same pass: the rows a delta run or a shard sends are
+    chosen without reading the input twice."""
     renderer, digester = _renderer_and_digester(job, os.environ if env is None else env)
     observe = choose(digester) if choose is not None else None
     spec = resolve_input(job, input_override, input_name)
@@ -176,7 +175,7 @@ def run_preflight(
     presence = _FieldPresence(job, spec)
     if on_rows_read is not None:
         on_rows_read(0)
-    with open_records(spec, collector.add, offsets=observe is not None) as stream:
+    with open_records(spec, collector.add) as stream:
         for record in stream:
             presence.add(record)
             if on_rows_read is not None:
@@ -184,7 +183,7 @@ def run_preflight(
             try:
                 request = render(record)
                 if observe is not None:
-                    observe(record, request, stream.record_offset)
+                    observe(record, request)
             except RenderError as exc:
                 collector.add(
                     Problem(exc.message, file=file, line=record.line, row=record.row_number, field=exc.field)

@@ -1,6 +1,6 @@
 """Which rows a run sends, chosen in preflight's one pass: a shard's rows, a delta run's changed rows
-or both, and where they start in the input, so the relay reads just those (job/positions.py)
-instead of reading, parsing and hashing the whole input a second time.
+or both, with their positions, so the relay parses just those (job/positions.py) instead of
+parsing and fingerprinting every record of the input a second time.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bulkrelay.store.rowset import RowSet
 class ChosenRows:
     """What preflight chose: `delta_rows` (a delta run's changed rows; None: every row, as under
     `--full` or without delta), `selection` (the rows this run sends; None: every row) and
-    `positions` (where the selected rows start; None: the relay reads the input through)."""
+    `positions` (the selected rows' lines and hashes; None: the relay reads the input through)."""
 
     delta_rows: RowSet | None = None
     selection: RowSet | None = None
@@ -52,16 +52,16 @@ class RowChoice:
             return to_delta
         keep_positions = selector is None or not selector.selects
 
-        def observe(record: Record, request: PreparedRequest, offset: int | None) -> None:
+        def observe(record: Record, request: PreparedRequest) -> None:
             if shard.owns(record, key_field):
                 row = record.row_number
                 if row >> 3 >= len(owned):
                     owned.extend(bytes((row >> 3) + 1 - len(owned)))
                 owned[row >> 3] |= 1 << (row & 7)
                 if keep_positions:
-                    positions.add(record, offset)
+                    positions.add(record)
             if to_delta is not None:
-                to_delta(record, request, offset)
+                to_delta(record, request)
 
         return observe
 

@@ -40,28 +40,28 @@ class DeltaSelector:
         self._key_field = key_field
         self.selects = select  # False under --full: every row is sent
         self._remember_keys = remember_keys  # sync: mirror: tonight's keys, to find the ones gone
-        self._pending: list[tuple[Record, str, bytes, int | None]] = []
+        self._pending: list[tuple[Record, str, bytes]] = []
         self._bits = bytearray(1)
         self.changed = 0
-        self.positions = RowPositions()  # where the changed rows start, while they are few
+        self.positions = RowPositions()  # the changed rows' lines and hashes, while they are few
 
     def observer(self, digester: RequestDigester) -> RowObserver:
         """What preflight calls with each rendered record."""
         pending, key_field, digest = self._pending, self._key_field, digester.digest
 
-        def observe(record: Record, request: PreparedRequest, offset: int | None) -> None:
+        def observe(record: Record, request: PreparedRequest) -> None:
             fields = record.fields
             key = fields.get(key_field)
             if type(key) is not str:
                 key = key_text(key)
-            pending.append((record, key, digest(request, fields), offset))
+            pending.append((record, key, digest(request, fields)))
             if len(pending) >= LOOKUP_BATCH:
                 self._flush()
 
         return observe
 
     def _flush(self) -> None:
-        keys = [key for _, key, _, _ in self._pending]
+        keys = [key for _, key, _ in self._pending]
         if self._remember_keys:
             self._state.remember_seen(keys)
         if self.selects:
@@ -70,7 +70,7 @@ class DeltaSelector:
 
     def _mark_changed(self, stored: dict[str, bytes]) -> None:
         bits, positions = self._bits, self.positions
-        for record, key, digest, offset in self._pending:
+        for record, key, digest in self._pending:
             if stored.get(key) != digest:
                 row = record.row_number
                 index = row >> 3
@@ -78,7 +78,7 @@ class DeltaSelector:
                     bits.extend(bytes(index + 1 - len(bits)))
                 bits[index] |= 1 << (row & 7)
                 self.changed += 1
-                positions.add(record, offset)
+                positions.add(record)
 
     def selection(self, size: int) -> RowSet:
         """The changed rows among rows 1..size."""

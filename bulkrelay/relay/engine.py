@@ -52,7 +52,7 @@ class StartPoint:
     failed: int = 0
     done_rows: RowSet | None = None
     total: int | None = None  # rows this run is for; None: every record of the input
-    positions: RowPositions | None = None  # where the rows to send start (a sparse selection)
+    positions: RowPositions | None = None  # the rows to send, by line (a sparse selection)
 
 
 @dataclass
@@ -166,8 +166,8 @@ def _pending_records(
     """The records without a committed result, read from exactly the bytes preflight validated. If the
     input changed (or went), the records end there and the run stops at a safe point, resumable.
 
-    With the positions of a sparse selection, just those rows are read (job/positions.py checks them);
-    otherwise the input is read through once more and every byte checked."""
+    With the positions of a sparse selection, just those rows are parsed (job/positions.py); otherwise
+    every record is. Either way every byte is checked against what preflight read."""
     file = preflight.input_spec.display_name
     done, expected = start.done_rows, preflight.expected_input
 

@@ -354,13 +354,19 @@ def test_a_delta_run_resumes_and_retries_its_failed_rows_like_any_run(tmp_path: 
         assert target.requests() == []
 
 
+def _padded(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Rows of 3 KB: the rows after the first megabyte are read only when the relay reaches them."""
+    return [{**row, "note": "x" * 3000} for row in rows]
+
+
 def _rewrite_every_row(data: Path) -> None:
     write_csv(data, make_rows(ROWS, tag="-new"))  # the same file, other bytes, another size
 
 
 def _change_an_unsent_row_keeping_size_and_time(data: Path) -> None:
-    """The last changed row, not read yet (the 4 workers hold the first 4), altered in place: size
-    and modification time stay as preflight saw them, so only the row's own check can tell."""
+    """The last changed row, not read yet (the 4 workers hold the first 4, and it is past the first
+    megabyte), altered in place: size and modification time stay as preflight saw them, so only the
+    row's own check can tell."""
     before = data.stat()
     body = data.read_bytes()
     old = f"user{CHANGED[-1]}-v2@".encode()
@@ -370,17 +376,20 @@ def _change_an_unsent_row_keeping_size_and_time(data: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "change",
-    [_rewrite_every_row, _change_an_unsent_row_keeping_size_and_time],
+    ("change", "detail"),
+    [
+        (_rewrite_every_row, "data.csv changed during the run: size"),
+        (_change_an_unsent_row_keeping_size_and_time, f"row {CHANGED[-1]} is not what preflight read"),
+    ],
     ids=["rewrite", "same_size_row"],
 )
 def test_an_input_changed_between_preflight_and_send_stops_a_delta_run_resumable(
-    tmp_path: Path, change: Callable[[Path], None]
+    tmp_path: Path, change: Callable[[Path], None], detail: str
 ) -> None:
     with TargetProcess(OPEN) as target:
-        job = write_job(tmp_path, target.url, rows=ROWS, **{**DELTA, **GATED_JOB})
+        job = write_job(tmp_path, target.url, rows=_padded(make_rows(ROWS)), **{**DELTA, **GATED_JOB})
         _night(tmp_path, job)
-        night_2 = write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED)).read_bytes()
+        night_2 = write_csv(tmp_path / "data.csv", _padded(_rows_with_changes(CHANGED))).read_bytes()
         target.reset()
         target.set_plan(GATE)
 
@@ -388,6 +397,7 @@ def test_an_input_changed_between_preflight_and_send_stops_a_delta_run_resumable
 
         assert exit_code == ExitCode.PRECONDITION, envelope
         assert envelope["error"]["code"] == "INPUT_CHANGED"
+        assert detail in envelope["error"]["detail"]
         assert envelope["data"]["state"] == "stopped"
         assert envelope["data"]["progress"]["done"] < envelope["data"]["progress"]["total"] == len(CHANGED)
         delivered = [r["body"] for r in target.requests() if r["status"] == 200]
