@@ -1,12 +1,13 @@
 """The rows a run sends, found again by their line numbers: the relay parses just those rows.
 
-Preflight notes each selected row (`RowPositions`: its row number, the line it starts on, and a hash
-of the fields it parsed there). The relay then reads the input's bytes again, as `InputBytes` checks
-them, but only counts the newlines of the lines it does not send (in C, a chunk at a time) and parses
-just the selected ones (`open_selected`); each must parse to the fields preflight hashed, and at the
-end the whole file must have the SHA-256 preflight read. Counting newlines costs a small fraction of
-reading, parsing and fingerprinting every record again. A selection that is not sparse keeps no
-positions (they would take memory, 24 bytes a row): the relay reads the input through as any run.
+Preflight notes each selected row (`RowPositions`: its row number, the line it starts on, and a
+16-byte token of what it parsed there: for a delta run, of the row's key and request digest, else of
+its fields). The relay then reads the input's bytes again, as `InputBytes` checks them, but only
+splits the lines it does not send (in C, a chunk at a time) and parses just the selected ones
+(`open_selected`); each must give its token again, and at the end the whole file must have the
+SHA-256 preflight read. That costs a small fraction of parsing, rendering and fingerprinting every
+record again. A selection that is not sparse keeps no positions (they would take memory, 32 bytes a
+row): the relay reads the input through as any run.
 """
 
 from __future__ import annotations
@@ -16,73 +17,97 @@ import csv
 import hashlib
 import itertools
 from array import array
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import orjson
 
 from bulkrelay.errors import InputChanged
+from bulkrelay.job.digest import key_text
 from bulkrelay.job.inputs import ExpectedInput, InputBytes, InputSpec, open_input_bytes
+from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
+from bulkrelay.job.request import RenderError
 
 # Positions are kept while the selection holds at most one row in `DENSE_SHARE` of the rows so far
 # (or fewer than `_ALWAYS_KEPT` rows).
 DENSE_SHARE = 10
 _ALWAYS_KEPT = 1024
 _CHUNK = 1 << 20
-_HASH_SIZE = 16
+_TOKEN_SIZE = 16
 
 
-def fields_hash(fields: dict[str, Any]) -> bytes:
-    """What a row parsed to, in 16 bytes: the relay's reading must give the same."""
-    return hashlib.blake2b(orjson.dumps(fields), digest_size=_HASH_SIZE).digest()
+def fields_token(fields: dict[str, Any]) -> bytes:
+    """The token of a row chosen by its fields (a shard's): what it parsed to, in 16 bytes."""
+    return hashlib.blake2b(orjson.dumps(fields), digest_size=_TOKEN_SIZE).digest()
+
+
+def request_token(key: str, digest: bytes) -> bytes:
+    """The token of a row chosen by its request (a delta run's): its key and request digest, which
+    fix what goes on the wire, idempotency key included."""
+    return hashlib.blake2b(key.encode() + b"\0" + digest, digest_size=_TOKEN_SIZE).digest()
 
 
 class RowPositions:
-    """The selected rows in ascending order, with their lines and fields hashes; or, once the
-    selection has grown dense, nothing (`kept` is False)."""
+    """The selected rows in ascending order, with their lines and tokens (`by_request`: request
+    tokens, else fields tokens); or, once the selection has grown dense, nothing (`kept` is False)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, by_request: bool) -> None:
+        self.by_request = by_request
         self.kept = True
         self._rows = array("q")
         self._lines = array("q")
-        self._hashes = bytearray()
+        self._tokens = bytearray()
 
-    def add(self, record: Record) -> None:
+    def add(self, row: int, line: int, token: bytes) -> None:
         if not self.kept:
             return
         count = len(self._rows)
-        if count >= _ALWAYS_KEPT and count * DENSE_SHARE > record.row_number:
+        if count >= _ALWAYS_KEPT and count * DENSE_SHARE > row:
             self.drop()
             return
-        self._rows.append(record.row_number)
-        self._lines.append(record.line)
-        self._hashes += fields_hash(record.fields)
+        self._rows.append(row)
+        self._lines.append(line)
+        self._tokens += token
 
     def drop(self) -> None:
         """Keep no positions: the relay reads the input through."""
         self.kept = False
-        self._rows, self._lines, self._hashes = array("q"), array("q"), bytearray()
+        self._rows, self._lines, self._tokens = array("q"), array("q"), bytearray()
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def __iter__(self) -> Iterator[tuple[int, int, bytes]]:
-        """(row number, line, fields hash) of each row, in row order."""
-        hashes = memoryview(self._hashes)
+        """(row number, line, token) of each row, in row order."""
+        tokens = memoryview(self._tokens)
         for index, (row, line) in enumerate(zip(self._rows, self._lines, strict=True)):
-            yield row, line, bytes(hashes[index * _HASH_SIZE : (index + 1) * _HASH_SIZE])
+            yield row, line, bytes(tokens[index * _TOKEN_SIZE : (index + 1) * _TOKEN_SIZE])
 
     def only(self, rows: Container[int]) -> RowPositions:
         """The positions of the rows in `rows` (a shard's), in the same order."""
-        kept = RowPositions()
-        for row, line, digest in self:
+        kept = RowPositions(by_request=self.by_request)
+        for row, line, token in self:
             if row in rows:
-                kept._rows.append(row)
-                kept._lines.append(line)
-                kept._hashes += digest
+                kept.add(row, line, token)
         return kept
+
+
+def _token_function(preflight: Preflight, by_request: bool) -> Callable[[Record], bytes]:
+    """How the relay computes a re-read row's token, as preflight did."""
+    if not by_request:
+        return lambda record: fields_token(record.fields)
+    renderer, digester, key_field = preflight.renderer, preflight.digester, preflight.job.config.input.key
+    assert digester is not None and key_field is not None  # only a delta job has request tokens
+
+    def token(record: Record) -> bytes:
+        fields = record.fields
+        return request_token(
+            key_text(fields.get(key_field)), digester.digest(renderer.render(record), fields)
+        )
+
+    return token
 
 
 class _Lines:
@@ -143,7 +168,8 @@ class _Lines:
 class _Reader:
     """Parses the selected rows of one input as preflight did, and checks each against its hash."""
 
-    def __init__(self, spec: InputSpec, source: InputBytes) -> None:
+    def __init__(self, spec: InputSpec, source: InputBytes, token_of: Callable[[Record], bytes]) -> None:
+        self._token_of = token_of
         self._spec = spec
         self._file = spec.display_name
         self._source = source
@@ -151,15 +177,20 @@ class _Reader:
 
     def records(self, positions: RowPositions) -> Iterator[Record]:
         headers = self._header() if self._spec.format == "csv" else None
-        for row, line, digest in positions:
+        for row, line, token in positions:
             self._lines.skip_to(line)
             if self._lines.number != line:
                 raise self._changed(line, "the line is gone")
             fields = self._csv_fields(line, headers) if headers is not None else self._json_fields(line)
-            if fields_hash(fields) != digest:
+            record = Record(row, line, fields)
+            try:
+                same = self._token_of(record) == token
+            except RenderError as exc:
+                raise self._changed(line, f"row {row} does not render any more ({exc.message})") from exc
+            if not same:
                 raise self._changed(line, f"row {row} is not what preflight read")
             self._source.check()  # a change after the chunk was read stops the relay here, not at the end
-            yield Record(row, line, fields)
+            yield record
         self._source.finish()
 
     def _header(self) -> list[str]:
@@ -207,10 +238,12 @@ class _Reader:
 
 @contextmanager
 def open_selected(
-    spec: InputSpec, expected: ExpectedInput, positions: RowPositions
+    preflight: Preflight, expected: ExpectedInput, positions: RowPositions
 ) -> Iterator[Iterator[Record]]:
-    """The records at `positions`, from exactly the bytes preflight read, or `InputChanged`: the file
-    is checked after every read, each row against its hash, the whole file's SHA-256 at the end.
-    Raises NotFound if the file is gone; closes it on exit."""
+    """The records at `positions` of the input `preflight` read, from exactly the bytes it read, or
+    `InputChanged`: the file is checked after every read and before each row is handed out, each row
+    against its token, the whole file's SHA-256 at the end. NotFound if the file is gone."""
+    spec = preflight.input_spec
+    token_of = _token_function(preflight, positions.by_request)
     with open_input_bytes(spec, expected) as source:
-        yield _Reader(spec, source).records(positions)
+        yield _Reader(spec, source, token_of).records(positions)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bulkrelay.job.digest import RequestDigester
-from bulkrelay.job.positions import RowPositions
+from bulkrelay.job.positions import RowPositions, fields_token
 from bulkrelay.job.preflight import RowChooser, RowObserver
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.ops.delta import DeltaStart
@@ -35,7 +35,7 @@ class RowChoice:
         self._shard = shard
         self._key_field = key_field
         self._owned = bytearray(1)  # the shard's rows, one bit each
-        self._shard_positions = RowPositions()  # kept only when there is no delta selection
+        self._shard_positions = RowPositions(by_request=False)  # used when there is no delta selection
 
     def chooser(self) -> RowChooser | None:
         """What preflight calls; None when there is nothing to choose (every row is sent)."""
@@ -58,8 +58,8 @@ class RowChoice:
                 if row >> 3 >= len(owned):
                     owned.extend(bytes((row >> 3) + 1 - len(owned)))
                 owned[row >> 3] |= 1 << (row & 7)
-                if keep_positions:
-                    positions.add(record)
+                if keep_positions and positions.kept:
+                    positions.add(row, record.line, fields_token(record.fields))
             if to_delta is not None:
                 to_delta(record, request)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay.job.config import Job
-from bulkrelay.job.digest import RequestDigester
-from bulkrelay.job.positions import RowPositions
+from bulkrelay.job.digest import RequestDigester, key_text
+from bulkrelay.job.positions import RowPositions, request_token
 from bulkrelay.job.preflight import RowObserver
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.ops.syncstate import (
@@ -22,7 +22,6 @@ from bulkrelay.ops.syncstate import (
     catch_up,
     job_identity,
     job_runs,
-    key_text,
     manifest_identity,
 )
 from bulkrelay.store.rowset import RowSet
@@ -40,10 +39,10 @@ class DeltaSelector:
         self._key_field = key_field
         self.selects = select  # False under --full: every row is sent
         self._remember_keys = remember_keys  # sync: mirror: tonight's keys, to find the ones gone
-        self._pending: list[tuple[Record, str, bytes]] = []
+        self._pending: list[tuple[int, int, str, bytes]] = []  # row, line, key, digest
         self._bits = bytearray(1)
         self.changed = 0
-        self.positions = RowPositions()  # the changed rows' lines and hashes, while they are few
+        self.positions = RowPositions(by_request=True)  # the changed rows, while they are few
 
     def observer(self, digester: RequestDigester) -> RowObserver:
         """What preflight calls with each rendered record."""
@@ -54,14 +53,14 @@ class DeltaSelector:
             key = fields.get(key_field)
             if type(key) is not str:
                 key = key_text(key)
-            pending.append((record, key, digest(request, fields)))
+            pending.append((record.row_number, record.line, key, digest(request, fields)))
             if len(pending) >= LOOKUP_BATCH:
                 self._flush()
 
         return observe
 
     def _flush(self) -> None:
-        keys = [key for _, key, _ in self._pending]
+        keys = [key for _, _, key, _ in self._pending]
         if self._remember_keys:
             self._state.remember_seen(keys)
         if self.selects:
@@ -70,15 +69,14 @@ class DeltaSelector:
 
     def _mark_changed(self, stored: dict[str, bytes]) -> None:
         bits, positions = self._bits, self.positions
-        for record, key, digest in self._pending:
+        for row, line, key, digest in self._pending:
             if stored.get(key) != digest:
-                row = record.row_number
                 index = row >> 3
                 if index >= len(bits):
                     bits.extend(bytes(index + 1 - len(bits)))
                 bits[index] |= 1 << (row & 7)
                 self.changed += 1
-                positions.add(record)
+                positions.add(row, line, request_token(key, digest))
 
     def selection(self, size: int) -> RowSet:
         """The changed rows among rows 1..size."""

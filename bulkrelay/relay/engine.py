@@ -179,7 +179,7 @@ def _pending_records(
 
     try:
         if start.positions is not None and expected is not None:
-            with open_selected(preflight.input_spec, expected, start.positions) as selected:
+            with open_selected(preflight, expected, start.positions) as selected:
                 for record in selected:
                     if done is None or record.row_number not in done:
                         yield record

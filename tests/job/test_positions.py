@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from bulkrelay.errors import InputChanged, Problem
+from bulkrelay.errors import InputChanged
 from bulkrelay.job import positions as positions_module
-from bulkrelay.job.inputs import ExpectedInput, InputSpec, open_records
-from bulkrelay.job.positions import DENSE_SHARE, RowPositions, open_selected
+from bulkrelay.job.config import load_job
+from bulkrelay.job.digest import key_text
+from bulkrelay.job.inputs import open_records
+from bulkrelay.job.positions import DENSE_SHARE, RowPositions, fields_token, open_selected, request_token
+from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.job.records import Record
 
 BOM = b"\xef\xbb\xbf"
@@ -20,62 +23,75 @@ CSV = BOM + b'id,note\r\n1,plain\r\n\r\n2,"two\r\nlines"\r\n3,"a ""quoted"" one"
 JSONL = BOM + b'{"id": 1}\n{"id": 2, "note": "caf\xc3\xa9"}\r\n{"id": 3}\n{"id": 4}'
 
 
-def _no_problem(problem: Problem) -> None:
-    raise AssertionError(problem)
+JOB = """\
+version: 1
+name: positions
+input: {{file: {name}, key: id}}
+request: {{method: PUT, url: "http://127.0.0.1:9/items/{{id}}"}}
+execution: {{sync: delta}}
+"""
 
 
 def _write(tmp_path: Path, name: str, body: bytes) -> Path:
     path = tmp_path / name
     path.write_bytes(gzip.compress(body) if name.endswith(".gz") else body)
+    (tmp_path / "job.yaml").write_text(JOB.format(name=name))
     return path
 
 
-def _preflight(path: Path) -> tuple[list[Record], ExpectedInput]:
-    """Every record, and what the relay must read again."""
-    with open_records(InputSpec.detect(path), _no_problem) as stream:
-        records = list(stream)
-        expected = ExpectedInput(stream.fingerprint(), stream.identity())
-    return records, expected
+def _preflight(tmp_path: Path) -> tuple[Preflight, list[Record]]:
+    """Preflight of the job, and every record of its input."""
+    preflight = run_preflight(load_job(tmp_path / "job.yaml"), env={})
+    with open_records(preflight.input_spec, pytest.fail) as stream:  # type: ignore[arg-type]
+        return preflight, list(stream)
 
 
-def _positions(records: list[Record], rows: set[int]) -> RowPositions:
-    positions = RowPositions()
+def _positions(preflight: Preflight, records: list[Record], rows: set[int], by_request: bool) -> RowPositions:
+    """The positions of `rows`, with the tokens a delta run (`by_request`) or a shard computes."""
+    positions = RowPositions(by_request=by_request)
+    digester = preflight.digester
+    assert digester is not None
     for record in records:
         if record.row_number in rows:
-            positions.add(record)
+            if by_request:
+                digest = digester.digest(preflight.renderer.render(record), record.fields)
+                token = request_token(key_text(record.fields["id"]), digest)
+            else:
+                token = fields_token(record.fields)
+            positions.add(record.row_number, record.line, token)
     return positions
 
 
-def _read(path: Path, expected: ExpectedInput, positions: RowPositions) -> list[Record]:
-    with open_selected(InputSpec.detect(path), expected, positions) as records:
+def _read(preflight: Preflight, positions: RowPositions) -> list[Record]:
+    assert preflight.expected_input is not None
+    with open_selected(preflight, preflight.expected_input, positions) as records:
         return list(records)
 
 
+@pytest.mark.parametrize("by_request", [True, False], ids=["delta", "shard"])
 @pytest.mark.parametrize("chunk", [5, 1 << 20])  # 5 bytes: lines (and CRLFs) cut across chunks
-@pytest.mark.parametrize(
-    ("name", "body"), [("a.csv", CSV), ("a.jsonl", JSONL), ("a.csv.gz", CSV), ("a.jsonl.gz", JSONL)]
-)
+@pytest.mark.parametrize("name", ["a.csv", "a.jsonl", "a.csv.gz", "a.jsonl.gz"])
 def test_the_selected_records_are_read_again_as_preflight_read_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, body: bytes, chunk: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, chunk: int, by_request: bool
 ) -> None:
     monkeypatch.setattr(positions_module, "_CHUNK", chunk)
-    path = _write(tmp_path, name, body)
-    records, expected = _preflight(path)
+    _write(tmp_path, name, CSV if ".csv" in name else JSONL)
+    preflight, records = _preflight(tmp_path)
 
-    assert _read(path, expected, _positions(records, {r.row_number for r in records})) == records
-    some = _read(path, expected, _positions(records, {1, 4}))
+    every = _positions(preflight, records, {r.row_number for r in records}, by_request)
+    assert _read(preflight, every) == records
+    some = _read(preflight, _positions(preflight, records, {1, 4}, by_request))
     assert some == [record for record in records if record.row_number in {1, 4}]
-    assert _read(path, expected, _positions(records, set())) == []
+    assert _read(preflight, _positions(preflight, records, set(), by_request)) == []
 
 
 def test_positions_are_kept_only_while_the_selection_is_sparse() -> None:
-    sparse, dense = RowPositions(), RowPositions()
+    sparse, dense = RowPositions(by_request=True), RowPositions(by_request=True)
     for row in range(1, 100_001):
-        record = Record(row, row + 1, {"id": str(row)})
         if row % (DENSE_SHARE * 2) == 0:
-            sparse.add(record)
+            sparse.add(row, row + 1, bytes(16))
         if row % 2 == 0:
-            dense.add(record)
+            dense.add(row, row + 1, bytes(16))
     assert sparse.kept and len(sparse) == 100_000 // (DENSE_SHARE * 2)
     assert [row for row, _, _ in sparse][:2] == [DENSE_SHARE * 2, DENSE_SHARE * 4]
     assert not dense.kept and len(dense) == 0
@@ -90,22 +106,22 @@ def _same_size_rewrite(path: Path, old: bytes, new: bytes) -> None:
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
-@pytest.mark.parametrize(
-    ("name", "body", "old", "new"),
-    [("a.csv", CSV, b'4,"x\ny', b'4,"q\ny'), ("a.jsonl", JSONL, b'{"id": 4}', b'{"id": 5}')],
-)
+@pytest.mark.parametrize("by_request", [True, False], ids=["delta", "shard"])
+@pytest.mark.parametrize("name", ["a.csv", "a.jsonl"])
 def test_a_selected_row_changed_in_place_is_refused_naming_its_line(
-    tmp_path: Path, name: str, body: bytes, old: bytes, new: bytes
+    tmp_path: Path, name: str, by_request: bool
 ) -> None:
+    body, old, new = (CSV, b'4,"x\ny', b'7,"x\ny') if name == "a.csv" else (JSONL, b'{"id": 4}', b'{"id": 5}')
     path = _write(tmp_path, name, body)
-    records, expected = _preflight(path)
+    preflight, records = _preflight(tmp_path)
     line = next(record.line for record in records if record.row_number == 4)
+    positions = _positions(preflight, records, {1, 4}, by_request)
+    assert preflight.expected_input is not None
     _same_size_rewrite(path, old, new)  # what size and modification time cannot show
     seen: list[Record] = []
-    positions = _positions(records, {1, 4})
     with (
         pytest.raises(InputChanged) as info,
-        open_selected(InputSpec.detect(path), expected, positions) as selected,
+        open_selected(preflight, preflight.expected_input, positions) as selected,
     ):
         seen.extend(selected)
     assert [record.row_number for record in seen] == [1]  # row 4 never handed out
@@ -115,27 +131,30 @@ def test_a_selected_row_changed_in_place_is_refused_naming_its_line(
 
 def test_a_row_not_selected_changed_in_place_is_caught_by_the_hash_at_the_end(tmp_path: Path) -> None:
     path = _write(tmp_path, "a.csv", CSV)
-    records, expected = _preflight(path)
+    preflight, records = _preflight(tmp_path)
+    positions = _positions(preflight, records, {1, 4}, by_request=True)
     _same_size_rewrite(path, b"3,", b"9,")
     with pytest.raises(InputChanged) as info:
-        _read(path, expected, _positions(records, {1, 4}))
+        _read(preflight, positions)
     assert list(info.value.context["changed"]) == ["sha256"]
 
 
 def test_a_file_grown_or_replaced_is_refused_before_a_row_is_read(tmp_path: Path) -> None:
     path = _write(tmp_path, "a.csv", CSV)
-    records, expected = _preflight(path)
-    positions = _positions(records, {1, 2})
+    preflight, records = _preflight(tmp_path)
+    positions = _positions(preflight, records, {1, 2}, by_request=True)
     with path.open("ab") as out:
         out.write(b"\n6,appended\n")
     with pytest.raises(InputChanged) as info:
-        _read(path, expected, positions)
+        _read(preflight, positions)
     assert "size" in info.value.context["changed"]
 
+    identity = preflight.expected_input.identity if preflight.expected_input else None
+    assert identity is not None
     other = tmp_path / "b.csv"
     other.write_bytes(CSV)
-    os.utime(other, ns=(expected.identity.mtime_ns, expected.identity.mtime_ns))
+    os.utime(other, ns=(identity.mtime_ns, identity.mtime_ns))
     os.replace(other, path)  # the same bytes and times in another file
     with pytest.raises(InputChanged) as info:
-        _read(path, expected, positions)
+        _read(preflight, positions)
     assert list(info.value.context["changed"]) == ["inode"]
