@@ -100,6 +100,22 @@ def test_night_1_sends_all_and_night_2_sends_exactly_the_changed_rows(
     assert len(_state(tmp_path)) == ROWS
 
 
+def test_in_two_shards_night_2_sends_exactly_the_changed_rows_once(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    for k in range(2):
+        _night(tmp_path, job, "--shard", f"{k}/2")
+    assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+
+    target.reset()
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    totals = [_night(tmp_path, job, "--shard", f"{k}/2").data["progress"]["total"] for k in range(2)]
+    assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
+    assert sum(totals) == len(CHANGED)
+    assert _state(tmp_path) == _rebuilt(tmp_path)
+
+
 def test_rotating_a_token_or_reordering_the_body_sends_nothing_but_a_new_url_sends_all(
     tmp_path: Path, target: TargetProcess
 ) -> None:
