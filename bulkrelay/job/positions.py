@@ -2,10 +2,10 @@
 
 Preflight notes each selected row (`RowPositions`: its row number, the line it starts on, and a
 16-byte token of what it parsed there: for a delta run, of the row's key and request digest, else of
-its fields). The relay then reads the input's bytes again, as `InputBytes` checks them, but only
-splits the lines it does not send (in C, a chunk at a time) and parses just the selected ones
-(`open_selected`); each must give its token again, and at the end the whole file must have the
-SHA-256 preflight read. That costs a small fraction of parsing, rendering and fingerprinting every
+its fields). The relay then reads the input's bytes again, as `InputBytes` checks them, splits them
+into lines a chunk at a time (in C), steps over the lines it does not send and parses just the
+selected ones (`open_selected`); each must give its token again, and at the end the whole file must
+have the SHA-256 preflight read. That costs a small fraction of parsing, rendering and fingerprinting every
 record again. A selection that is not sparse keeps no positions (they would take memory, 32 bytes a
 row): the relay reads the input through as any run.
 """
