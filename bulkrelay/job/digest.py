@@ -19,6 +19,12 @@ _SORTED = orjson.OPT_SORT_KEYS
 _blake2b = hashlib.blake2b
 
 
+def key_text(value: Any) -> str:
+    """The key of a record as a sync state stores it: strings as they are, other JSON values in their
+    JSON spelling."""
+    return value if type(value) is str else orjson.dumps(value).decode()
+
+
 class RequestDigester:
     """Computes the 16-byte digest of a row's rendered request; built once per job."""
 

@@ -546,3 +546,58 @@ def open_records(
         yield stream
     finally:
         stream.close()
+
+
+class InputBytes:
+    """The (decompressed) bytes of a preflighted input, read again in chunks by a caller that parses
+    only some of its lines (job/positions.py). Checked as the relay's record stream is: the same file,
+    unchanged, after every raw read, never past preflight's size; `finish` drains the rest and compares
+    the SHA-256 and size with preflight's."""
+
+    def __init__(self, spec: InputSpec, raw: io.FileIO, expected: ExpectedInput) -> None:
+        self._file = spec.display_name
+        self._expected = expected.fingerprint
+        self._guard = _GuardedReader(raw, expected.identity, self._file)
+        self._gzip = gzip.GzipFile(fileobj=self._guard, mode="rb") if spec.gzip else None
+
+    def read(self, size: int) -> bytes:
+        """Up to `size` bytes; b"" at the end."""
+        try:
+            return self._gzip.read(size) if self._gzip is not None else self._guard.read(size) or b""
+        except _GZIP_ERRORS as exc:  # preflight decompressed these bytes whole: they changed
+            changed = {"gzip": {"recorded": "readable", "now": str(exc)}}
+            raise input_changed(self._file, "during the run", changed) from exc
+
+    def check(self) -> None:
+        """`InputChanged` if the file is not the one preflight read, unchanged (bytes already read and
+        buffered would not show it)."""
+        self._guard.check()
+
+    def finish(self) -> None:
+        """`InputChanged` unless every byte of the file was the bytes preflight read."""
+        self._guard.drain()
+        now = {"sha256": self._guard.digest.hexdigest(), "size": self._guard.size}
+        was = {"sha256": self._expected.sha256, "size": self._expected.size}
+        changed = {name: {"recorded": was[name], "now": now[name]} for name in was if was[name] != now[name]}
+        if changed:
+            raise input_changed(self._file, "during the run", changed)
+
+    def close(self) -> None:
+        if self._gzip is not None:
+            self._gzip.close()
+        self._guard.close()
+
+
+@contextmanager
+def open_input_bytes(spec: InputSpec, expected: ExpectedInput) -> Iterator[InputBytes]:
+    """Open a preflighted input to read its bytes again (`InputBytes`); closes it on exit."""
+    raw = _open_raw(spec)
+    try:
+        reader = InputBytes(spec, raw, expected)
+    except BaseException:
+        raw.close()
+        raise
+    try:
+        yield reader
+    finally:
+        reader.close()

@@ -72,8 +72,10 @@ def resolve_input(job: Job, input_override: Path | None, name: str | None = None
     return InputSpec(path=path, format=fmt, gzip=gzip, delimiter=job.config.input.delimiter, name=name)
 
 
-# A delta run's row chooser: given the job's digester, what preflight calls with each rendered record.
-DeltaObserver = Callable[[RequestDigester], Callable[[Record, PreparedRequest], None]]
+# What preflight tells a run that sends only some rows (a delta run, a shard) of each rendered record.
+RowObserver = Callable[[Record, PreparedRequest], None]
+# Such a run's row chooser: given the job's digester (None: not a delta job), its `RowObserver`.
+RowChooser = Callable[[RequestDigester | None], RowObserver]
 
 
 def _renderer_and_digester(
@@ -157,15 +159,15 @@ def run_preflight(
     on_rows_read: RowsRead | None = None,
     *,
     input_name: str | None = None,
-    delta: DeltaObserver | None = None,
+    choose: RowChooser | None = None,
 ) -> Preflight:
     """Validate the whole job and input; raise `InputInvalid` with the problems found.
 
-    `on_rows_read` hears 0 when the pass starts, then the count after every record. `delta` sees every
-    record that renders, with its request, in the same pass: the rows a delta run sends are chosen
-    without reading the input twice."""
+    `on_rows_read` hears 0 when the pass starts, then the count after every record. `choose` sees every
+    record that renders, with its request, in the same pass: the rows a delta run or a shard sends are
+    chosen without reading the input twice."""
     renderer, digester = _renderer_and_digester(job, os.environ if env is None else env)
-    observe = delta(digester) if delta is not None and digester is not None else None
+    observe = choose(digester) if choose is not None else None
     spec = resolve_input(job, input_override, input_name)
     collector = _ProblemCollector()
     key_field = job.config.input.key

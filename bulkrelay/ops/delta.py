@@ -8,11 +8,12 @@ sent when the sync state holds no digest for its key, or a different one (docs/d
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from bulkrelay.job.config import Job
-from bulkrelay.job.digest import RequestDigester
+from bulkrelay.job.digest import RequestDigester, key_text
+from bulkrelay.job.positions import RowPositions, request_token
+from bulkrelay.job.preflight import RowObserver
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.ops.syncstate import (
     LOOKUP_BATCH,
@@ -20,7 +21,6 @@ from bulkrelay.ops.syncstate import (
     catch_up,
     job_identity,
     job_runs,
-    key_text,
     manifest_identity,
 )
 from bulkrelay.store.manifest import SyncRecord
@@ -37,13 +37,14 @@ class DeltaSelector:
     def __init__(self, state: SyncState, key_field: str, *, select: bool, remember_keys: bool) -> None:
         self._state = state
         self._key_field = key_field
-        self._select = select  # False under --full: every row is sent
+        self.selects = select  # False under --full: every row is sent
         self._remember_keys = remember_keys  # sync: mirror: tonight's keys, to find the ones gone
-        self._pending: list[tuple[int, str, bytes]] = []
+        self._pending: list[tuple[int, int, str, bytes]] = []  # row, line, key, digest
         self._bits = bytearray(1)
         self.changed = 0
+        self.positions = RowPositions(by_request=True)  # the changed rows, while they are few
 
-    def observer(self, digester: RequestDigester) -> Callable[[Record, PreparedRequest], None]:
+    def observer(self, digester: RequestDigester) -> RowObserver:
         """What preflight calls with each rendered record."""
         pending, key_field, digest = self._pending, self._key_field, digester.digest
 
@@ -52,29 +53,30 @@ class DeltaSelector:
             key = fields.get(key_field)
             if type(key) is not str:
                 key = key_text(key)
-            pending.append((record.row_number, key, digest(request, fields)))
+            pending.append((record.row_number, record.line, key, digest(request, fields)))
             if len(pending) >= LOOKUP_BATCH:
                 self._flush()
 
         return observe
 
     def _flush(self) -> None:
-        keys = [key for _, key, _ in self._pending]
+        keys = [key for _, _, key, _ in self._pending]
         if self._remember_keys:
             self._state.remember_seen(keys)
-        if self._select:
+        if self.selects:
             self._mark_changed(self._state.lookup(keys))
         self._pending.clear()
 
     def _mark_changed(self, stored: dict[str, bytes]) -> None:
-        bits = self._bits
-        for row, key, digest in self._pending:
+        bits, positions = self._bits, self.positions
+        for row, line, key, digest in self._pending:
             if stored.get(key) != digest:
                 index = row >> 3
                 if index >= len(bits):
                     bits.extend(bytes(index + 1 - len(bits)))
                 bits[index] |= 1 << (row & 7)
                 self.changed += 1
+                positions.add(row, line, request_token(key, digest))
 
     def selection(self, size: int) -> RowSet:
         """The changed rows among rows 1..size."""

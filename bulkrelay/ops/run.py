@@ -13,6 +13,7 @@ from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import STDIN_NAME
 from bulkrelay.job.preflight import Preflight, run_preflight
+from bulkrelay.ops.choice import ChosenRows, RowChoice
 from bulkrelay.ops.delta import open_delta, sync_manifest
 from bulkrelay.ops.execute import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
@@ -20,13 +21,12 @@ from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard
 from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.runref import run_by_id
-from bulkrelay.ops.shard import ShardSpec, shard_of_run, shard_rows
+from bulkrelay.ops.shard import ShardSpec, shard_of_run
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import Reporter
 from bulkrelay.store.liverun import LiveSlot, live_slot
 from bulkrelay.store.manifest import Invocation, ShardRecord
-from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.selection import save_selection
 
@@ -72,8 +72,8 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     reporter = reporter or progress.for_stderr(request.options.quiet)
     deletions = None
     try:
-        preflight, selection, deletions = _preflight(request)
-        result = _run_in_slot(request, preflight, selection, reporter)
+        preflight, chosen, deletions = _preflight(request)
+        result = _run_in_slot(request, preflight, chosen, reporter)
         if deletions is not None:
             result = _send_deletions(request, result, deletions)
     finally:
@@ -83,9 +83,7 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     return result
 
 
-def _run_in_slot(
-    request: RunRequest, preflight: Preflight, selection: RowSet | None, reporter: Reporter
-) -> Result:
+def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, reporter: Reporter) -> Result:
     key = request.key()
     shard = None if request.shard is None else str(request.shard)
     with live_slot(request.runs_dir, request.job.path, shard) as slot:
@@ -105,7 +103,7 @@ def _run_in_slot(
                     os.replace(request.input_path, kept)
                     preflight = _with_input(preflight, kept)
                 return continue_run(previous, preflight, request.options, reporter, slot=slot)
-        result = _start_fresh(request, preflight, selection, reporter, slot=slot, key=key)
+        result = _start_fresh(request, preflight, chosen, reporter, slot=slot, key=key)
     result.warnings[:0] = warnings
     return result
 
@@ -113,30 +111,28 @@ def _run_in_slot(
 def _start_fresh(
     request: RunRequest,
     preflight: Preflight,
-    delta_rows: RowSet | None,
+    chosen: ChosenRows,
     reporter: Reporter,
     *,
     slot: LiveSlot,
     key: str,
 ) -> Result:
     """A new run, limited to its rows (a delta run's changed rows, a shard's own) by the selection
-    retry-failed uses too; every row outside it counts as done from the start."""
+    retry-failed uses too; every row outside it counts as done from the start. Where preflight kept
+    the selected rows' positions, the relay reads just those rows."""
     plan = replace(
         plan_for(preflight),
         invocation=Invocation(key, request.idempotency_key),
         input_explicit=request.input_path is not None,
     )
-    selection = delta_rows
+    selection = chosen.selection
     if request.shard is not None:
-        key_field = preflight.job.config.input.key
-        owned = shard_rows(preflight.input_spec, key_field, request.shard, preflight.record_count)
-        selection = owned if selection is None else _both(owned, selection)
         plan = replace(plan, shard=ShardRecord(request.shard.index, request.shard.count))
     if preflight.digester is not None:
-        plan = replace(plan, sync=sync_manifest(request.job, delta_rows, preflight.record_count))
+        plan = replace(plan, sync=sync_manifest(request.job, chosen.delta_rows, preflight.record_count))
     start = StartPoint()
     if selection is not None:
-        start = StartPoint(done_rows=selection.complement(), total=len(selection))
+        start = StartPoint(done_rows=selection.complement(), total=len(selection), positions=chosen.positions)
 
     def prepare(run: RunDir) -> None:
         if selection is not None:
@@ -156,43 +152,35 @@ def _start_fresh(
     )
 
 
-def _both(first: RowSet, second: RowSet) -> RowSet:
-    return first.complement().union(second.complement()).complement()
-
-
-def _preflight(request: RunRequest) -> tuple[Preflight, RowSet | None, tuple[Path, int] | None]:
-    """Preflight; for a delta job also the rows that changed since their last delivery, and for a
-    mirror job the keys gone from the input (spooled, and checked against `mirror.max_deletes`)."""
+def _preflight(request: RunRequest) -> tuple[Preflight, ChosenRows, tuple[Path, int] | None]:
+    """Preflight, choosing in the same pass the rows a shard owns and a delta job's changed rows;
+    for a mirror job also the keys gone from the input (spooled, checked against `mirror.max_deletes`)."""
     input_name = STDIN_NAME if request.from_stdin else None
-    rows_read = request.options.rows_read
     delta = open_delta(request.job, request.runs_dir, full=request.full)
-    if delta is None:
-        preflight = run_preflight(
-            request.job, request.input_path, on_rows_read=rows_read, input_name=input_name
-        )
-        return preflight, None, None
-    if delta.mirror is not None and request.shard is not None:
+    if delta is not None and delta.mirror is not None and request.shard is not None:
         delta.close()
         raise UsageError(
             "sync: mirror cannot run in shards: each shard would delete every key gone from the input",
             suggestion="run the mirror job unsharded, or use sync: delta in the shards",
         )
+    choice = RowChoice(delta, request.shard, request.job.config.input.key)
     try:
         preflight = run_preflight(
             request.job,
             request.input_path,
-            on_rows_read=rows_read,
+            on_rows_read=request.options.rows_read,
             input_name=input_name,
-            delta=None if delta.selector is None else delta.selector.observer,
+            choose=choice.chooser(),
         )
-        selection = delta.selection(preflight.record_count)
+        chosen = choice.chosen(preflight.record_count)
         deletions = None
-        if delta.mirror is not None:
+        if delta is not None and delta.mirror is not None:
             path, count = check_and_spool(delta.state, request.job, request.runs_dir / ".spool")
             deletions = None if path is None else (path, count)
-        return preflight, selection, deletions
+        return preflight, chosen, deletions
     finally:
-        delta.close()
+        if delta is not None:
+            delta.close()
 
 
 def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, int]) -> Result:

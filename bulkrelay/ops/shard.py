@@ -14,10 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bulkrelay.errors import InputChanged, UsageError
-from bulkrelay.job.inputs import InputSpec, open_records
+from bulkrelay.errors import UsageError
 from bulkrelay.job.records import Record
-from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir
 
 MAX_SHARDS = 10_000
@@ -87,24 +85,6 @@ def resolve_shard(shard: str | None, shards: int | None, environ: Mapping[str, s
             suggestion="or name the shard with --shard K/N",
         )
     return _checked(int(index_text), int(count_text), "JOB_COMPLETION_INDEX")
-
-
-def shard_rows(spec: InputSpec, key_field: str | None, shard: ShardSpec, record_count: int) -> RowSet:
-    """The rows of a preflighted input that `shard` owns: one streaming pass, one bit a row."""
-    owned = RowSet(record_count)
-    with open_records(spec, _preflight_checked_it) as stream:
-        for record in stream:
-            if shard.owns(record, key_field):
-                owned.add(record.row_number)
-    return owned
-
-
-def _preflight_checked_it(problem: object) -> None:
-    """Preflight has read this input whole and clean; a problem now means it changed meanwhile."""
-    raise InputChanged(
-        f"the input changed while its shard was being worked out: {problem}",
-        suggestion="restore the input, then run the same command again",
-    )
 
 
 def shard_of_run(run: RunDir) -> str | None:

@@ -21,9 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bulkrelay.errors import NotFound, RunLocked, SyncStateMismatch
+from bulkrelay.job.digest import key_text
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.ops.invocation import normalized_path
 from bulkrelay.ops.runref import runs_in
@@ -63,11 +62,6 @@ def job_identity(name: str | None, job_path: str | Path) -> str:
 
 def manifest_identity(plan: RunPlan) -> str:
     return job_identity(plan.name, plan.job_path)
-
-
-def key_text(value: Any) -> str:
-    """The key of a record as stored: strings as they are, other JSON values in their JSON spelling."""
-    return value if type(value) is str else orjson.dumps(value).decode()
 
 
 def state_path(runs_dir: Path, identity: str) -> Path:

@@ -20,6 +20,7 @@ import anyio
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
 from bulkrelay.job.config import JobConfig
 from bulkrelay.job.inputs import open_records
+from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
 from bulkrelay.relay.metrics import RelayStats
@@ -53,6 +54,7 @@ class StartPoint:
     done_rows: RowSet | None = None
     total: int | None = None  # rows this run is for; None: every record of the input
     journal: JournalState | None = None  # the journal's digest and rows so far (None: a new journal)
+    positions: RowPositions | None = None  # the rows to send, by line (a sparse selection)
 
 
 @dataclass
@@ -186,11 +188,15 @@ class _FailureStreak:
 
 
 def _pending_records(
-    preflight: Preflight, done: RowSet | None, stop: StopControl
+    preflight: Preflight, start: StartPoint, stop: StopControl
 ) -> Generator[Record, None, None]:
     """The records without a committed result, read from exactly the bytes preflight validated. If the
-    input changed (or went), the records end there and the run stops at a safe point, resumable."""
+    input changed (or went), the records end there and the run stops at a safe point, resumable.
+
+    With the positions of a sparse selection, just those rows are parsed (job/positions.py); otherwise
+    every record is. Either way every byte is checked against what preflight read."""
     file = preflight.input_spec.display_name
+    done, expected = start.done_rows, preflight.expected_input
 
     def on_problem(problem: Problem) -> None:  # preflight proved these bytes clean: they changed
         raise InputChanged(
@@ -199,7 +205,13 @@ def _pending_records(
         )
 
     try:
-        with open_records(preflight.input_spec, on_problem, preflight.expected_input) as stream:
+        if start.positions is not None and expected is not None:
+            with open_selected(preflight, expected, start.positions) as selected:
+                for record in selected:
+                    if done is None or record.row_number not in done:
+                        yield record
+            return
+        with open_records(preflight.input_spec, on_problem, expected) as stream:
             for record in stream:
                 if done is None or record.row_number not in done:
                     yield record
@@ -268,7 +280,7 @@ async def relay(
     committed.pace = limiter.state
     committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
-    records = _pending_records(preflight, start.done_rows, stop)
+    records = _pending_records(preflight, start, stop)
 
     reporter.update(committed.snapshot())
     try:

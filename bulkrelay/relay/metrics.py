@@ -114,6 +114,7 @@ class MetricsFile:
         self._snapshot = Snapshot(total=0, done=0, ok=0, failed=0)
         self._first_done: int | None = None
         self._run_id = ""
+        self._skipped_unchanged: int | None = None
         self._started = clock()
         self._started_at = time.time()
         self._written = -float("inf")
@@ -126,6 +127,8 @@ class MetricsFile:
         self._stats = stats
         self._last_success = previous_last_success(self.path, name)
         self._run_id = run.run_id
+        sync = run.plan.sync  # a delta run's rows not sent because they had not changed
+        self._skipped_unchanged = sync.skipped_unchanged if sync is not None else None
         self._started, self._started_at = self._clock(), time.time()
         self._write(run.state, None)
 
@@ -187,6 +190,12 @@ class MetricsFile:
         for outcome, count in (("succeeded", snap.ok), ("failed", snap.failed), ("pending", pending)):
             rows.add_metric([*self._labels.values(), outcome], count)
         yield rows
+        if self._skipped_unchanged is not None:
+            yield self._gauge(
+                "bulkrelay_rows_skipped_unchanged",
+                "Rows a delta run did not send: unchanged since their last delivery.",
+                self._skipped_unchanged,
+            )
         elapsed = max(self._clock() - self._started, 1e-9)
         rate = (snap.done - (self._first_done or 0)) / elapsed
         yield self._gauge("bulkrelay_rows_per_second", "Rows committed per second by this process.", rate)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,9 @@ from bulkrelay.store.manifest import RunManifest
 from bulkrelay.store.rundir import RunState
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
-from tests.ops.test_resume import rewrite_job, sent_ids
+from tests.ops.test_input_change import GATE, GATED_JOB, OPEN, _delivered, _run_changing_the_input
+from tests.ops.test_metrics import metric, read_metrics
+from tests.ops.test_resume import resume, rewrite_job, sent_ids
 from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
 
@@ -77,9 +81,12 @@ def test_night_1_sends_all_and_night_2_sends_exactly_the_changed_rows(
 
     target.reset()
     write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
-    second = _night(tmp_path, job)
+    second = _night(tmp_path, job, "--metrics-file", str(tmp_path / "delta.prom"))
     assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
     assert second.data["summary"]["skipped_unchanged"] == ROWS - len(CHANGED)
+    samples = read_metrics(tmp_path / "delta.prom")
+    assert metric(samples, "bulkrelay_rows_skipped_unchanged") == ROWS - len(CHANGED)
+    assert metric(samples, "bulkrelay_rows", outcome="succeeded") == len(CHANGED)
     assert second.data["progress"]["total"] == len(CHANGED)
     status = run_cli("status", second.data["run_dir"], cwd=tmp_path)
     assert status.data["sync"]["skipped_unchanged"] == ROWS - len(CHANGED)
@@ -94,6 +101,22 @@ def test_night_1_sends_all_and_night_2_sends_exactly_the_changed_rows(
     assert target.requests() == []
     assert _state(tmp_path) == _rebuilt(tmp_path)
     assert len(_state(tmp_path)) == ROWS
+
+
+def test_in_two_shards_night_2_sends_exactly_the_changed_rows_once(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    for k in range(2):
+        _night(tmp_path, job, "--shard", f"{k}/2")
+    assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+
+    target.reset()
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    totals = [_night(tmp_path, job, "--shard", f"{k}/2").data["progress"]["total"] for k in range(2)]
+    assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
+    assert sum(totals) == len(CHANGED)
+    assert _state(tmp_path) == _rebuilt(tmp_path)
 
 
 def test_rotating_a_token_or_reordering_the_body_sends_nothing_but_a_new_url_sends_all(
@@ -352,6 +375,63 @@ def test_a_delta_run_resumes_and_retries_its_failed_rows_like_any_run(tmp_path: 
         target.reset()
         _night(tmp_path, job)  # every changed row, the retried one included, is in the state
         assert target.requests() == []
+
+
+def _padded(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Rows of 3 KB: the rows after the first megabyte are read only when the relay reaches them."""
+    return [{**row, "note": "x" * 3000} for row in rows]
+
+
+def _rewrite_every_row(data: Path) -> None:
+    write_csv(data, make_rows(ROWS, tag="-new"))  # the same file, other bytes, another size
+
+
+def _change_an_unsent_row_keeping_size_and_time(data: Path) -> None:
+    """The last changed row, not read yet (the 4 workers hold the first 4, and it is past the first
+    megabyte), altered in place: size and modification time stay as preflight saw them, so only the
+    row's own check can tell."""
+    before = data.stat()
+    body = data.read_bytes()
+    old = f"user{CHANGED[-1]}-v2@".encode()
+    assert body.count(old) == 1
+    data.write_bytes(body.replace(old, f"user{CHANGED[-1]}-v3@".encode()))
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        (_rewrite_every_row, "data.csv changed during the run: size"),
+        (_change_an_unsent_row_keeping_size_and_time, f"row {CHANGED[-1]} is not what preflight read"),
+    ],
+    ids=["rewrite", "same_size_row"],
+)
+def test_an_input_changed_between_preflight_and_send_stops_a_delta_run_resumable(
+    tmp_path: Path, change: Callable[[Path], None], detail: str
+) -> None:
+    with TargetProcess(OPEN) as target:
+        job = write_job(tmp_path, target.url, rows=_padded(make_rows(ROWS)), **{**DELTA, **GATED_JOB})
+        _night(tmp_path, job)
+        night_2 = write_csv(tmp_path / "data.csv", _padded(_rows_with_changes(CHANGED))).read_bytes()
+        target.reset()
+        target.set_plan(GATE)
+
+        exit_code, envelope = _run_changing_the_input(tmp_path, job, target, change)
+
+        assert exit_code == ExitCode.PRECONDITION, envelope
+        assert envelope["error"]["code"] == "INPUT_CHANGED"
+        assert detail in envelope["error"]["detail"]
+        assert envelope["data"]["state"] == "stopped"
+        assert envelope["data"]["progress"]["done"] < envelope["data"]["progress"]["total"] == len(CHANGED)
+        delivered = [r["body"] for r in target.requests() if r["status"] == 200]
+        assert not any("-new" in body or "-v3" in body for body in delivered)  # nothing read after the change
+        assert set(sent_ids(target)) < {str(n) for n in CHANGED}  # and no row preflight did not choose
+
+        (tmp_path / "data.csv").write_bytes(night_2)
+        resumed = resume(tmp_path, Path(envelope["data"]["run_dir"]))
+        assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
+        assert _delivered(target) == Counter({str(n): 1 for n in CHANGED})
+    assert _state(tmp_path) == _rebuilt(tmp_path)
 
 
 def _digest(

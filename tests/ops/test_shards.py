@@ -77,6 +77,21 @@ def test_four_shards_send_every_row_once_within_one_shared_limit(tmp_path: Path)
     assert len(arrivals) == rows
 
 
+def test_twelve_shards_each_owning_few_rows_send_every_row_once(tmp_path: Path) -> None:
+    """A shard that owns few rows has just them read again, by line (job/positions.py)."""
+    rows, count = 240, 12
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=rows, **KEYED)
+        totals = []
+        for k in range(count):
+            result = run_cli("run", job, "--shard", f"{k}/{count}", "--budget", "0", cwd=tmp_path)
+            assert result.exit_code == ExitCode.SUCCESS, result.envelope
+            totals.append(result.data["summary"]["rows_total"])
+        sent = _ids(target)
+    assert sent == Counter(range(1, rows + 1))
+    assert sum(totals) == rows and all(total > 0 for total in totals)
+
+
 def test_a_killed_shard_runs_again_and_loses_nothing(tmp_path: Path) -> None:
     rows = 120
     plan = {"dedup": True, "rules": [{"delay_ms": 20}]}

@@ -1,0 +1,93 @@
+"""Which rows a run sends, chosen in preflight's one pass: a shard's rows, a delta run's changed rows
+or both, with their positions, so the relay parses just those (job/positions.py) instead of
+parsing and fingerprinting every record of the input a second time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bulkrelay.job.digest import RequestDigester
+from bulkrelay.job.positions import RowPositions, fields_token
+from bulkrelay.job.preflight import RowChooser, RowObserver
+from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.ops.delta import DeltaStart
+from bulkrelay.ops.shard import ShardSpec
+from bulkrelay.store.rowset import RowSet
+
+
+@dataclass(frozen=True)
+class ChosenRows:
+    """What preflight chose: `delta_rows` (a delta run's changed rows; None: every row, as under
+    `--full` or without delta), `selection` (the rows this run sends; None: every row) and
+    `positions` (the selected rows' lines and hashes; None: the relay reads the input through)."""
+
+    delta_rows: RowSet | None = None
+    selection: RowSet | None = None
+    positions: RowPositions | None = None
+
+
+class RowChoice:
+    """Fed by preflight (`chooser`), then asked what it chose (`chosen`)."""
+
+    def __init__(self, delta: DeltaStart | None, shard: ShardSpec | None, key_field: str | None) -> None:
+        self._delta = delta
+        self._shard = shard
+        self._key_field = key_field
+        self._owned = bytearray(1)  # the shard's rows, one bit each
+        self._shard_positions = RowPositions(by_request=False)  # used when there is no delta selection
+
+    def chooser(self) -> RowChooser | None:
+        """What preflight calls; None when there is nothing to choose (every row is sent)."""
+        if self._shard is None and (self._delta is None or self._delta.selector is None):
+            return None
+        return self._observer
+
+    def _observer(self, digester: RequestDigester | None) -> RowObserver:
+        selector = None if self._delta is None else self._delta.selector
+        to_delta = None if selector is None or digester is None else selector.observer(digester)
+        shard, key_field, owned, positions = self._shard, self._key_field, self._owned, self._shard_positions
+        if shard is None:
+            assert to_delta is not None  # `chooser` gives no observer otherwise
+            return to_delta
+        keep_positions = selector is None or not selector.selects
+
+        def observe(record: Record, request: PreparedRequest) -> None:
+            if shard.owns(record, key_field):
+                row = record.row_number
+                if row >> 3 >= len(owned):
+                    owned.extend(bytes((row >> 3) + 1 - len(owned)))
+                owned[row >> 3] |= 1 << (row & 7)
+                if keep_positions and positions.kept:
+                    positions.add(row, record.line, fields_token(record.fields))
+            if to_delta is not None:
+                to_delta(record, request)
+
+        return observe
+
+    def chosen(self, record_count: int) -> ChosenRows:
+        """The rows among 1..record_count, once preflight has seen them all."""
+        delta_rows = None if self._delta is None else self._delta.selection(record_count)
+        owned = None if self._shard is None else _rows(record_count, self._owned)
+        if owned is None and delta_rows is None:
+            return ChosenRows()
+        if owned is None or delta_rows is None:
+            selection = delta_rows if delta_rows is not None else owned
+        else:
+            selection = owned.complement().union(delta_rows.complement()).complement()
+        return ChosenRows(delta_rows, selection, self._positions(owned, delta_rows))
+
+    def _positions(self, owned: RowSet | None, delta_rows: RowSet | None) -> RowPositions | None:
+        if delta_rows is None:
+            positions = self._shard_positions
+        else:
+            assert self._delta is not None and self._delta.selector is not None
+            positions = self._delta.selector.positions
+            if owned is not None and positions.kept:
+                positions = positions.only(owned)
+        return positions if positions.kept else None
+
+
+def _rows(size: int, bits: bytearray) -> RowSet:
+    length = size // 8 + 1
+    return RowSet.from_bytes(size, bytes(bits[:length]).ljust(length, b"\0"))
