@@ -11,14 +11,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
+from bulkrelay.job.inputs import spool_stdin
 from tests.clirun import cli_env
 from tests.ops.test_run_cli import journal, target_ids, write_job
 from tests.relay.test_engine_faults import _finish, _journal_has_lines, _run_dir, _start_run, _wait_for
@@ -113,6 +117,65 @@ def test_a_signal_during_start_up_or_preflight_gets_its_envelope_and_sends_nothi
     assert result.error_code == code
     assert "Traceback" not in result.stderr
     assert not list((tmp_path / "runs").glob("2*")), "no run was created"
+    assert not list((tmp_path / "runs").glob(".spool/*")), "nothing from stdin outlives the command"
+
+
+class _Signalled(Exception):
+    """What the test's SIGUSR1 handler raises, as the CLI's raise for SIGINT and SIGTERM."""
+
+
+def _raise_signalled(_signum: int, _frame: FrameType | None) -> None:
+    raise _Signalled
+
+
+@contextmanager
+def _signal_raising_in_this_thread() -> Iterator[None]:
+    """SIGUSR1 raises _Signalled here (the main thread), and is blocked here: only another thread takes it."""
+    previous = signal.signal(signal.SIGUSR1, _raise_signalled)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _waiting_for_input(native_id: int) -> bool:
+    """Whether that thread sleeps in the kernel waiting for a pipe (a read, a poll or a select)."""
+    wchan = Path(f"/proc/self/task/{native_id}/wchan").read_text()
+    return any(word in wchan for word in ("pipe_read", "poll", "select"))
+
+
+def test_a_signal_landing_just_before_the_stdin_read_still_ends_the_spool(tmp_path: Path) -> None:
+    """The race behind a lost start-up SIGINT, made certain: the signal arrives after the interpreter
+    last looked for one, so the read that follows waits for more stdin, which an open pipe never sends.
+    Here the main thread is already waiting when another thread takes the signal for the process."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"id,email,tag\n1,a@example.com,plain\n")
+    dest = tmp_path / "stdin-copy"
+    main, answered, given_up = threading.get_native_id(), threading.Event(), threading.Event()
+
+    def signal_the_process_then_give_up() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        _wait_for(lambda: dest.exists() and _waiting_for_input(main), "the copy waiting for stdin", 60)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # flagged for the main thread
+        if not answered.wait(60):  # only a copy that sleeps through the signal gets here
+            given_up.set()
+            os.close(write_end)  # end of file lets the copy end: the test fails, never hangs
+
+    with _signal_raising_in_this_thread(), os.fdopen(read_end, "rb") as stdin:
+        helper = threading.Thread(target=signal_the_process_then_give_up)
+        helper.start()
+        try:
+            with pytest.raises(_Signalled):
+                spool_stdin(dest, stdin)
+        finally:
+            answered.set()
+            helper.join()
+    if not given_up.is_set():
+        os.close(write_end)
+    assert not given_up.is_set(), "the copy waited for the end of stdin before it noticed the signal"
+    assert not dest.exists()  # nothing from stdin outlives the command
 
 
 def _close_stdout() -> None:
