@@ -147,7 +147,7 @@ def test_work_inside_the_budget_answers_as_usual_with_budget_ms(tmp_path: Path) 
         assert result.data["state"] == "completed"
         assert len(_job_dirs(tmp_path)) == 1
 
-        # The resume's worker answers inside the budget unless it hangs (a loaded machine is slow to start it).
+        # The resume's worker answers inside this budget unless it hangs (a loaded machine starts it slowly).
         from_env = _cli(tmp_path, "resume", result.data["run_dir"], AGENT_CALL_BUDGET_MS="90000")
         assert from_env.envelope["meta"]["budget_ms"] == 90_000
         assert from_env.error_code == "RUN_NOT_RESUMABLE"

@@ -50,10 +50,13 @@ def test_sighup_stops_a_run_at_a_safe_point_like_sigterm(tmp_path: Path, signum:
 
 
 def _spooling_stdin(job: Path) -> tuple[subprocess.Popen[bytes], Callable[[], None]]:
-    """`run --input -` blocked reading a stdin that stays open: start-up, before preflight."""
+    """`run --input -` blocked reading a stdin that stays open: start-up, before preflight.
+
+    Started with SIGINT ignored, as a script's background command (`cmd &`) and so pytest itself may be:
+    the interpreter then installs no handler of its own, so BulkRelay must, or SIGINT would be lost."""
     command = [sys.executable, "-m", "bulkrelay", "run", str(job), "--input", "-", "--budget", "0"]
     proc = subprocess.Popen(
-        [*command, "--runs-dir", str(job.parent / "runs")],
+        ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command, "--runs-dir", str(job.parent / "runs")],
         cwd=job.parent,
         env=cli_env(),
         stdin=subprocess.PIPE,
