@@ -17,6 +17,7 @@ import itertools
 import os
 import select
 import shutil
+import stat
 import time
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
@@ -234,14 +235,19 @@ def _copy_to_end(stream: BinaryIO, out: BinaryIO) -> None:
         return
     read_once: Callable[[int], bytes | None] = getattr(stream, "read1", stream.read)
     while True:
-        readable, _, _ = select.select([fd], [], [], _SIGNAL_CHECK_SECONDS)
-        if not readable:
-            continue
+        _wait_until_readable(fd)
         chunk = read_once(_CHUNK)
         if chunk == b"":
             return
         if chunk is not None:  # None: a non-blocking descriptor had nothing after all
             out.write(chunk)
+
+
+def _wait_until_readable(fd: int) -> None:
+    """Until `fd` has input (or its end), back in the interpreter every _SIGNAL_CHECK_SECONDS so that
+    a signal handler due runs even if the signal came just before the wait began."""
+    while not select.select([fd], [], [], _SIGNAL_CHECK_SECONDS)[0]:
+        pass
 
 
 def _spool_failed(dest: Path, exc: OSError) -> StorageFailed:
@@ -258,11 +264,16 @@ class _HashingReader(io.RawIOBase):
         self._raw = raw
         self.digest = hashlib.sha256()
         self.size = 0
+        # A FIFO (`--input <(...)`) may wait for its writer: a blocking read there sleeps through a
+        # signal that came just before it (see _copy_to_end). A regular file never waits.
+        self._may_wait = not stat.S_ISREG(os.fstat(raw.fileno()).st_mode)
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if self._may_wait:
+            _wait_until_readable(self._raw.fileno())
         count = self._raw.readinto(buffer)
         if count:
             self.digest.update(memoryview(buffer)[:count])

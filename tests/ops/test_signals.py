@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
-from bulkrelay.job.inputs import spool_stdin
+from bulkrelay.job.inputs import InputSpec, open_records, spool_stdin
 from tests.clirun import cli_env
 from tests.ops.test_run_cli import journal, target_ids, write_job
 from tests.relay.test_engine_faults import _finish, _journal_has_lines, _run_dir, _start_run, _wait_for
@@ -34,7 +34,7 @@ def test_sighup_stops_a_run_at_a_safe_point_like_sigterm(tmp_path: Path, signum:
     with TargetProcess({"rules": [{"delay_ms": 200}]}) as target:
         job = write_job(tmp_path, target.url, rows=200)
         proc = _start_run(job)
-        _wait_for(lambda: _journal_has_lines(job), "the first committed rows")
+        _wait_for(lambda: _journal_has_lines(job), "the first committed rows", 60)
         proc.send_signal(signum)
         result = _finish(proc)
         taken = target_ids(target)
@@ -67,13 +67,13 @@ def _spooling_stdin(job: Path) -> tuple[subprocess.Popen[bytes], Callable[[], No
     proc.stdin.write(b"id,email,tag\n1,a@example.com,plain\n")
     proc.stdin.flush()
     spool = job.parent / "runs" / ".spool"
-    _wait_for(lambda: any(spool.glob("stdin-*")), "stdin being spooled")  # made, then read into
+    _wait_for(lambda: any(spool.glob("stdin-*")), "stdin being spooled", 60)  # made, then read into
     return proc, lambda: None  # stdin stays open until the process has answered
 
 
 def _open_writer(fifo: Path) -> int:
     """The FIFO's write end, once a reader has opened it (ENXIO until then)."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while True:
         try:
             return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
@@ -149,36 +149,87 @@ def _waiting_for_input(native_id: int) -> bool:
     return any(word in wchan for word in ("pipe_read", "poll", "select"))
 
 
-def test_a_signal_landing_just_before_the_stdin_read_still_ends_the_spool(tmp_path: Path) -> None:
-    """The race behind a lost start-up SIGINT, made certain: the signal arrives after the interpreter
-    last looked for one, so the read that follows waits for more stdin, which an open pipe never sends.
-    Here the main thread is already waiting when another thread takes the signal for the process."""
-    read_end, write_end = os.pipe()
-    os.write(write_end, b"id,email,tag\n1,a@example.com,plain\n")
-    dest = tmp_path / "stdin-copy"
+def _signalled_while_waiting_for_input(
+    read: Callable[[], object], ready: Callable[[], bool], release: Callable[[], None]
+) -> bool:
+    """Run `read` in this (the main) thread; once `ready()` and this thread waits in the kernel for
+    input, another thread takes SIGUSR1 for the process: the signal lands just before a blocking read,
+    every time. `read` must raise _Signalled. True if it did so before the test gave up on it and
+    called `release` (which ends the input, so a read that slept through the signal ends anyway)."""
     main, answered, given_up = threading.get_native_id(), threading.Event(), threading.Event()
 
     def signal_the_process_then_give_up() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
-        _wait_for(lambda: dest.exists() and _waiting_for_input(main), "the copy waiting for stdin", 60)
+        _wait_for(lambda: ready() and _waiting_for_input(main), "the read waiting for input", 60)
         signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # flagged for the main thread
-        if not answered.wait(60):  # only a copy that sleeps through the signal gets here
+        if not answered.wait(60):  # only a read that sleeps through the signal gets here
             given_up.set()
-            os.close(write_end)  # end of file lets the copy end: the test fails, never hangs
+            release()
 
-    with _signal_raising_in_this_thread(), os.fdopen(read_end, "rb") as stdin:
+    with _signal_raising_in_this_thread():
         helper = threading.Thread(target=signal_the_process_then_give_up)
         helper.start()
         try:
             with pytest.raises(_Signalled):
-                spool_stdin(dest, stdin)
+                read()
         finally:
             answered.set()
             helper.join()
-    if not given_up.is_set():
+    return not given_up.is_set()
+
+
+def test_a_signal_landing_just_before_the_stdin_read_still_ends_the_spool(tmp_path: Path) -> None:
+    """The race behind a lost start-up SIGINT, made certain: the signal arrives after the interpreter
+    last looked for one, so the read that follows waits for more stdin, which an open pipe never sends."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"id,email,tag\n1,a@example.com,plain\n")
+    dest = tmp_path / "stdin-copy"
+    released: list[bool] = []
+
+    def release() -> None:
+        released.append(True)
         os.close(write_end)
-    assert not given_up.is_set(), "the copy waited for the end of stdin before it noticed the signal"
+
+    with os.fdopen(read_end, "rb") as stdin:
+        in_time = _signalled_while_waiting_for_input(lambda: spool_stdin(dest, stdin), dest.exists, release)
+    if not released:
+        os.close(write_end)
+    assert in_time, "the copy waited for the end of stdin before it noticed the signal"
     assert not dest.exists()  # nothing from stdin outlives the command
+
+
+def test_a_signal_landing_just_before_a_read_of_a_fifo_input_still_ends_preflight(tmp_path: Path) -> None:
+    """The same race in preflight, reading an input that is a FIFO (`--input <(zcat ...)`)."""
+    fifo = tmp_path / "records.csv"
+    os.mkfifo(fifo)
+    writer: list[int] = []
+
+    def open_writer_and_write() -> None:
+        writer.append(os.open(fifo, os.O_WRONLY))  # returns once preflight has opened it
+        os.write(writer[0], b"id,email,tag\n1,a@example.com,plain\n")
+
+    opener = threading.Thread(target=open_writer_and_write)
+    opener.start()
+    records: list[object] = []
+
+    def read_every_record() -> None:
+        with open_records(InputSpec.detect(fifo), records.append) as stream:
+            records.extend(stream)
+
+    released: list[bool] = []
+
+    def release() -> None:
+        released.append(True)
+        os.close(writer[0])
+
+    try:
+        in_time = _signalled_while_waiting_for_input(read_every_record, lambda: bool(records), release)
+    finally:
+        opener.join()
+        if not released:
+            os.close(writer[0])
+    assert in_time, "preflight waited for more input before it noticed the signal"
+    assert len(records) == 1  # the row written; the signal came while waiting for the next
 
 
 def _close_stdout() -> None:
