@@ -83,6 +83,9 @@ def _open_closed_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     for handled in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(handled, _raise_terminated)
+    # Python raises KeyboardInterrupt only when SIGINT was not ignored at start (a script's `cmd &` ignores
+    # it); the relay handles SIGINT either way, so start-up and preflight must too, or it would be lost.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _open_closed_stdout()
     argv = list(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()

@@ -15,7 +15,9 @@ import hashlib
 import io
 import itertools
 import os
+import select
 import shutil
+import stat
 import time
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
@@ -41,6 +43,8 @@ STDIN_NAME = "<stdin>"  # what messages call records read from standard input (n
 _DECLARED_FORMATS: dict[str, InputFormat] = {"csv": "csv", "jsonl": "jsonl", "ndjson": "jsonl"}
 _EXTENSIONS: dict[str, InputFormat] = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _CHUNK = 1 << 20
+# How long a copy of stdin waits for input before the interpreter looks for a signal again.
+_SIGNAL_CHECK_SECONDS = 0.2
 _READ_BUFFER = 1 << 16
 # A truncated or damaged .gz shows up as one of these while decompressing, wherever that happens.
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
@@ -202,9 +206,12 @@ def spool_stdin(dest: Path, stream: BinaryIO) -> Path:
         out = open(dest, "xb", opener=open_private)  # noqa: SIM115 (closed below, removed on failure)
     except OSError as exc:
         raise _spool_failed(dest, exc) from exc
+    except BaseException:  # a signal just after the file was made: the name is new, so the file is ours
+        dest.unlink(missing_ok=True)
+        raise
     try:
         with out:
-            shutil.copyfileobj(stream, out, _CHUNK)
+            _copy_to_end(stream, out)
             out.flush()
             os.fsync(out.fileno())
     except BaseException as exc:
@@ -213,6 +220,35 @@ def spool_stdin(dest: Path, stream: BinaryIO) -> Path:
             raise _spool_failed(dest, exc) from exc
         raise
     return dest
+
+
+def _copy_to_end(stream: BinaryIO, out: BinaryIO) -> None:
+    """Copy `stream` to its end, noticing a signal (SIGINT, SIGTERM) however it lands.
+
+    A blocking read of a pipe held open sleeps through a signal that came after the interpreter last
+    looked for one and before the read began: the handler would run only once more input came. So a
+    descriptor is waited on with select() and a timeout, and read only when it has something (one read:
+    `read1`); between two waits the interpreter runs any handler due."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError):  # in memory (io.BytesIO raises io.UnsupportedOperation): never waits
+        shutil.copyfileobj(stream, out, _CHUNK)
+        return
+    read_once: Callable[[int], bytes | None] = getattr(stream, "read1", stream.read)
+    while True:
+        _wait_until_readable(fd)
+        chunk = read_once(_CHUNK)
+        if chunk == b"":
+            return
+        if chunk is not None:  # None: a non-blocking descriptor had nothing after all
+            out.write(chunk)
+
+
+def _wait_until_readable(fd: int) -> None:
+    """Until `fd` has input (or its end), back in the interpreter every _SIGNAL_CHECK_SECONDS so that
+    a signal handler due runs even if the signal came just before the wait began."""
+    while not select.select([fd], [], [], _SIGNAL_CHECK_SECONDS)[0]:
+        pass
 
 
 def _spool_failed(dest: Path, exc: OSError) -> StorageFailed:
@@ -229,11 +265,16 @@ class _HashingReader(io.RawIOBase):
         self._raw = raw
         self.digest = hashlib.sha256()
         self.size = 0
+        # A FIFO (`--input <(...)`) may wait for its writer: a blocking read there sleeps through a
+        # signal that came just before it (see _copy_to_end). A regular file never waits.
+        self._may_wait = not stat.S_ISREG(os.fstat(raw.fileno()).st_mode)
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if self._may_wait:
+            _wait_until_readable(self._raw.fileno())
         count = self._raw.readinto(buffer)
         if count:
             self.digest.update(memoryview(buffer)[:count])

@@ -11,14 +11,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
+from bulkrelay.job.inputs import InputSpec, open_records, spool_stdin
 from tests.clirun import cli_env
 from tests.ops.test_run_cli import journal, target_ids, write_job
 from tests.relay.test_engine_faults import _finish, _journal_has_lines, _run_dir, _start_run, _wait_for
@@ -30,7 +34,7 @@ def test_sighup_stops_a_run_at_a_safe_point_like_sigterm(tmp_path: Path, signum:
     with TargetProcess({"rules": [{"delay_ms": 200}]}) as target:
         job = write_job(tmp_path, target.url, rows=200)
         proc = _start_run(job)
-        _wait_for(lambda: _journal_has_lines(job), "the first committed rows")
+        _wait_for(lambda: _journal_has_lines(job), "the first committed rows", 60)
         proc.send_signal(signum)
         result = _finish(proc)
         taken = target_ids(target)
@@ -46,10 +50,13 @@ def test_sighup_stops_a_run_at_a_safe_point_like_sigterm(tmp_path: Path, signum:
 
 
 def _spooling_stdin(job: Path) -> tuple[subprocess.Popen[bytes], Callable[[], None]]:
-    """`run --input -` blocked reading a stdin that stays open: start-up, before preflight."""
+    """`run --input -` blocked reading a stdin that stays open: start-up, before preflight.
+
+    Started with SIGINT ignored, as a script's background command (`cmd &`) and so pytest itself may be:
+    the interpreter then installs no handler of its own, so BulkRelay must, or SIGINT would be lost."""
     command = [sys.executable, "-m", "bulkrelay", "run", str(job), "--input", "-", "--budget", "0"]
     proc = subprocess.Popen(
-        [*command, "--runs-dir", str(job.parent / "runs")],
+        ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *command, "--runs-dir", str(job.parent / "runs")],
         cwd=job.parent,
         env=cli_env(),
         stdin=subprocess.PIPE,
@@ -60,13 +67,13 @@ def _spooling_stdin(job: Path) -> tuple[subprocess.Popen[bytes], Callable[[], No
     proc.stdin.write(b"id,email,tag\n1,a@example.com,plain\n")
     proc.stdin.flush()
     spool = job.parent / "runs" / ".spool"
-    _wait_for(lambda: any(spool.glob("stdin-*")), "stdin being spooled")  # made, then read into
+    _wait_for(lambda: any(spool.glob("stdin-*")), "stdin being spooled", 60)  # made, then read into
     return proc, lambda: None  # stdin stays open until the process has answered
 
 
 def _open_writer(fifo: Path) -> int:
     """The FIFO's write end, once a reader has opened it (ENXIO until then)."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while True:
         try:
             return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
@@ -113,6 +120,116 @@ def test_a_signal_during_start_up_or_preflight_gets_its_envelope_and_sends_nothi
     assert result.error_code == code
     assert "Traceback" not in result.stderr
     assert not list((tmp_path / "runs").glob("2*")), "no run was created"
+    assert not list((tmp_path / "runs").glob(".spool/*")), "nothing from stdin outlives the command"
+
+
+class _Signalled(Exception):
+    """What the test's SIGUSR1 handler raises, as the CLI's raise for SIGINT and SIGTERM."""
+
+
+def _raise_signalled(_signum: int, _frame: FrameType | None) -> None:
+    raise _Signalled
+
+
+@contextmanager
+def _signal_raising_in_this_thread() -> Iterator[None]:
+    """SIGUSR1 raises _Signalled here (the main thread), and is blocked here: only another thread takes it."""
+    previous = signal.signal(signal.SIGUSR1, _raise_signalled)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _waiting_for_input(native_id: int) -> bool:
+    """Whether that thread sleeps in the kernel waiting for a pipe (a read, a poll or a select)."""
+    wchan = Path(f"/proc/self/task/{native_id}/wchan").read_text()
+    return any(word in wchan for word in ("pipe_read", "poll", "select"))
+
+
+def _signalled_while_waiting_for_input(
+    read: Callable[[], object], ready: Callable[[], bool], release: Callable[[], None]
+) -> bool:
+    """Run `read` in this (the main) thread; once `ready()` and this thread waits in the kernel for
+    input, another thread takes SIGUSR1 for the process: the signal lands just before a blocking read,
+    every time. `read` must raise _Signalled. True if it did so before the test gave up on it and
+    called `release` (which ends the input, so a read that slept through the signal ends anyway)."""
+    main, answered, given_up = threading.get_native_id(), threading.Event(), threading.Event()
+
+    def signal_the_process_then_give_up() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        _wait_for(lambda: ready() and _waiting_for_input(main), "the read waiting for input", 60)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # flagged for the main thread
+        if not answered.wait(60):  # only a read that sleeps through the signal gets here
+            given_up.set()
+            release()
+
+    with _signal_raising_in_this_thread():
+        helper = threading.Thread(target=signal_the_process_then_give_up)
+        helper.start()
+        try:
+            with pytest.raises(_Signalled):
+                read()
+        finally:
+            answered.set()
+            helper.join()
+    return not given_up.is_set()
+
+
+def test_a_signal_landing_just_before_the_stdin_read_still_ends_the_spool(tmp_path: Path) -> None:
+    """The race behind a lost start-up SIGINT, made certain: the signal arrives after the interpreter
+    last looked for one, so the read that follows waits for more stdin, which an open pipe never sends."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"id,email,tag\n1,a@example.com,plain\n")
+    dest = tmp_path / "stdin-copy"
+    released: list[bool] = []
+
+    def release() -> None:
+        released.append(True)
+        os.close(write_end)
+
+    with os.fdopen(read_end, "rb") as stdin:
+        in_time = _signalled_while_waiting_for_input(lambda: spool_stdin(dest, stdin), dest.exists, release)
+    if not released:
+        os.close(write_end)
+    assert in_time, "the copy waited for the end of stdin before it noticed the signal"
+    assert not dest.exists()  # nothing from stdin outlives the command
+
+
+def test_a_signal_landing_just_before_a_read_of_a_fifo_input_still_ends_preflight(tmp_path: Path) -> None:
+    """The same race in preflight, reading an input that is a FIFO (`--input <(zcat ...)`)."""
+    fifo = tmp_path / "records.csv"
+    os.mkfifo(fifo)
+    writer: list[int] = []
+
+    def open_writer_and_write() -> None:
+        writer.append(os.open(fifo, os.O_WRONLY))  # returns once preflight has opened it
+        os.write(writer[0], b"id,email,tag\n1,a@example.com,plain\n")
+
+    opener = threading.Thread(target=open_writer_and_write)
+    opener.start()
+    records: list[object] = []
+
+    def read_every_record() -> None:
+        with open_records(InputSpec.detect(fifo), records.append) as stream:
+            records.extend(stream)
+
+    released: list[bool] = []
+
+    def release() -> None:
+        released.append(True)
+        os.close(writer[0])
+
+    try:
+        in_time = _signalled_while_waiting_for_input(read_every_record, lambda: bool(records), release)
+    finally:
+        opener.join()
+        if not released:
+            os.close(writer[0])
+    assert in_time, "preflight waited for more input before it noticed the signal"
+    assert len(records) == 1  # the row written; the signal came while waiting for the next
 
 
 def _close_stdout() -> None:
