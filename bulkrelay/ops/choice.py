@@ -25,6 +25,7 @@ class ChosenRows:
     delta_rows: RowSet | None = None
     selection: RowSet | None = None
     positions: RowPositions | None = None
+    owned: int | None = None  # a shard's rows: how many this run is for (None: every record)
 
 
 class RowChoice:
@@ -75,7 +76,8 @@ class RowChoice:
             selection = delta_rows if delta_rows is not None else owned
         else:
             selection = owned.complement().union(delta_rows.complement()).complement()
-        return ChosenRows(delta_rows, selection, self._positions(owned, delta_rows))
+        positions = self._positions(owned, delta_rows)
+        return ChosenRows(delta_rows, selection, positions, None if owned is None else len(owned))
 
     def _positions(self, owned: RowSet | None, delta_rows: RowSet | None) -> RowPositions | None:
         if delta_rows is None:

@@ -119,14 +119,16 @@ def open_delta(job: Job, runs_dir: Path, *, full: bool) -> DeltaStart | None:
     return None if job.config.execution.sync == "full" else DeltaStart(job, runs_dir, full=full)
 
 
-def sync_manifest(job: Job, selection: RowSet | None, record_count: int) -> SyncRecord:
-    """What the run manifest records of a delta run: its mode and how many rows it skipped."""
-    selected = record_count if selection is None else len(selection)
+def sync_manifest(job: Job, changed: RowSet | None, sent: RowSet | None, rows_for: int) -> SyncRecord:
+    """What the run manifest records of a delta run: its mode and how many rows it skipped.
+    `changed`: the changed rows (None under `--full`); `sent`: the rows this run sends (a shard's
+    changed rows); `rows_for`: the rows this run is for (a shard's own, else every record)."""
+    selected = rows_for if changed is None or sent is None else len(sent)
     return SyncRecord(
         mode=job.config.execution.sync,
-        full=selection is None,
+        full=changed is None,
         selected=selected,
-        skipped_unchanged=record_count - selected,
+        skipped_unchanged=rows_for - selected,
     )
 
 

@@ -129,7 +129,9 @@ def _start_fresh(
     if request.shard is not None:
         plan = replace(plan, shard=ShardRecord(request.shard.index, request.shard.count))
     if preflight.digester is not None:
-        plan = replace(plan, sync=sync_manifest(request.job, chosen.delta_rows, preflight.record_count))
+        rows_for = preflight.record_count if chosen.owned is None else chosen.owned
+        sync = sync_manifest(request.job, chosen.delta_rows, chosen.selection, rows_for)
+        plan = replace(plan, sync=sync)
     start = StartPoint()
     if selection is not None:
         start = StartPoint(done_rows=selection.complement(), total=len(selection), positions=chosen.positions)

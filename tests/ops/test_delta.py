@@ -113,9 +113,11 @@ def test_in_two_shards_night_2_sends_exactly_the_changed_rows_once(
 
     target.reset()
     write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
-    totals = [_night(tmp_path, job, "--shard", f"{k}/2").data["progress"]["total"] for k in range(2)]
+    nights = [_night(tmp_path, job, "--shard", f"{k}/2").data for k in range(2)]
     assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
-    assert sum(totals) == len(CHANGED)
+    assert sum(night["progress"]["total"] for night in nights) == len(CHANGED)
+    # Each shard skips only its own unchanged rows: together, every unchanged row once.
+    assert sum(night["summary"]["skipped_unchanged"] for night in nights) == ROWS - len(CHANGED)
     assert _state(tmp_path) == _rebuilt(tmp_path)
 
 
