@@ -64,19 +64,20 @@ class DeltaSelector:
         if self._remember_keys:
             self._state.remember_seen(keys)
         if self.selects:
-            self._mark_changed(self._state.lookup(keys))
+            digests = b"".join([digest for _, _, _, digest in self._pending])
+            self._mark_changed(self._state.changed_among(keys, digests))
         self._pending.clear()
 
-    def _mark_changed(self, stored: dict[str, bytes]) -> None:
-        bits, positions = self._bits, self.positions
-        for row, line, key, digest in self._pending:
-            if stored.get(key) != digest:
-                index = row >> 3
-                if index >= len(bits):
-                    bits.extend(bytes(index + 1 - len(bits)))
-                bits[index] |= 1 << (row & 7)
-                self.changed += 1
-                positions.add(row, line, request_token(key, digest))
+    def _mark_changed(self, changed: list[int]) -> None:
+        bits, positions, pending = self._bits, self.positions, self._pending
+        for at in changed:
+            row, line, key, digest = pending[at]
+            index = row >> 3
+            if index >= len(bits):
+                bits.extend(bytes(index + 1 - len(bits)))
+            bits[index] |= 1 << (row & 7)
+            self.changed += 1
+            positions.add(row, line, request_token(key, digest))
 
     def selection(self, size: int) -> RowSet:
         """The changed rows among rows 1..size."""
