@@ -8,6 +8,8 @@ sent when the sync state holds no digest for its key, or a different one (docs/d
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from bulkrelay.job.config import Job
@@ -27,12 +29,16 @@ from bulkrelay.store.manifest import SyncRecord
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir
 
+_IN_FLIGHT = 4  # batches handed to the look-up thread and not answered yet
+
 
 class DeltaSelector:
     """Fed every rendered record by preflight; collects the rows whose digest differs from the state.
 
     Keys are looked up `LOOKUP_BATCH` at a time, and the changed rows are kept as bits, so memory
-    stays flat however long the input is."""
+    stays flat however long the input is. The look-ups run on a thread of their own, at most
+    `_IN_FLIGHT` batches behind preflight: each is one SQLite step, during which the thread lets go
+    of the GIL, so the B-tree work overlaps preflight's parsing. Call `close` when done."""
 
     def __init__(self, state: SyncState, key_field: str, *, select: bool, remember_keys: bool) -> None:
         self._state = state
@@ -43,6 +49,8 @@ class DeltaSelector:
         self._bits = bytearray(1)
         self.changed = 0
         self.positions = RowPositions(by_request=True)  # the changed rows, while they are few
+        self._lookups = ThreadPoolExecutor(1, thread_name_prefix="delta-lookup")  # one: in order
+        self._in_flight: deque[tuple[list[tuple[int, int, str, bytes]], Future[list[int]]]] = deque()
 
     def observer(self, digester: RequestDigester) -> RowObserver:
         """What preflight calls with each rendered record."""
@@ -60,18 +68,32 @@ class DeltaSelector:
         return observe
 
     def _flush(self) -> None:
-        keys = [key for _, _, key, _ in self._pending]
+        """Hand the pending batch to the look-up thread; take in the answers more than
+        `_IN_FLIGHT` batches old (memory stays bounded when the thread falls behind)."""
+        if not self._pending:
+            return
+        batch = self._pending.copy()  # the observer appends to the same list
+        self._pending.clear()
+        keys = [key for _, _, key, _ in batch]
+        digests = b"".join([digest for _, _, _, digest in batch]) if self.selects else b""
+        self._in_flight.append((batch, self._lookups.submit(self._look_up, keys, digests)))
+        while len(self._in_flight) > _IN_FLIGHT:
+            self._take_answer()
+
+    def _look_up(self, keys: list[str], digests: bytes) -> list[int]:
+        """On the look-up thread: the positions of the changed keys in one batch."""
         if self._remember_keys:
             self._state.remember_seen(keys)
-        if self.selects:
-            digests = b"".join([digest for _, _, _, digest in self._pending])
-            self._mark_changed(self._state.changed_among(keys, digests))
-        self._pending.clear()
+        return self._state.changed_among(keys, digests) if self.selects else []
 
-    def _mark_changed(self, changed: list[int]) -> None:
-        bits, positions, pending = self._bits, self.positions, self._pending
+    def _take_answer(self) -> None:
+        batch, answer = self._in_flight.popleft()
+        self._mark_changed(batch, answer.result())  # a look-up's error is raised here
+
+    def _mark_changed(self, batch: list[tuple[int, int, str, bytes]], changed: list[int]) -> None:
+        bits, positions = self._bits, self.positions
         for at in changed:
-            row, line, key, digest = pending[at]
+            row, line, key, digest = batch[at]
             index = row >> 3
             if index >= len(bits):
                 bits.extend(bytes(index + 1 - len(bits)))
@@ -82,9 +104,16 @@ class DeltaSelector:
     def selection(self, size: int) -> RowSet:
         """The changed rows among rows 1..size."""
         self._flush()
+        while self._in_flight:
+            self._take_answer()
         length = size // 8 + 1
         data = bytes(self._bits[:length]).ljust(length, b"\0")
         return RowSet.from_bytes(size, data)
+
+    def close(self) -> None:
+        """Stop the look-up thread (before the state it reads is closed)."""
+        self._lookups.shutdown(wait=True, cancel_futures=True)
+        self._in_flight.clear()
 
 
 class DeltaStart:
@@ -113,6 +142,8 @@ class DeltaStart:
         return None if self.full else rows
 
     def close(self) -> None:
+        if self.selector is not None:
+            self.selector.close()
         self.state.close()
 
 

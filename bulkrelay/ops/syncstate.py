@@ -95,7 +95,8 @@ class SyncState:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         os.close(fd)  # created private before SQLite opens it
         self.path = path
-        self._db = sqlite3.connect(path, isolation_level=None)
+        # One thread at a time, but not always the opener's: a delta run looks keys up on its own.
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
