@@ -542,3 +542,18 @@ def test_a_batch_compared_in_sqlite_names_exactly_the_keys_not_delivered_with_th
         keys = ["a\0b", "a\0b", "a", "plain"]
         digests = [other, same, same, other]
         assert state.changed_among(keys, b"".join(digests)) == [1, 3]
+
+
+def test_a_plain_json_request_has_the_digest_stored_in_existing_states() -> None:
+    # Pinned: sync states and journals already hold this value. A delta job's usual request takes a
+    # shorter path to it (a sorted JSON body, no secret in the URL or body, no header from a field).
+    request = {
+        "method": "PUT",
+        "url": "http://127.0.0.1:9/v1/customers/{id}",
+        "headers": {"Authorization": "Bearer ${API_TOKEN}"},
+        "json": {"email": {"from": "email"}, "age": {"from": "age", "type": "integer"}},
+        "idempotency_key": {"header": "Idempotency-Key"},
+    }
+    fields = {"id": "42", "email": "a@example.org", "age": "7"}
+    assert _digest(request, fields).hex() == "2565dd0c31b60930f04be20a0051c90f"
+    assert _digest(request, fields, wire=False) == _digest(request, fields)  # the general path
