@@ -9,11 +9,13 @@ sent when the sync state holds no digest for its key, or a different one (docs/d
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 from bulkrelay.job.config import Job
-from bulkrelay.job.digest import RequestDigester, key_text
+from bulkrelay.job.digest import DIGEST_SIZE, RequestDigester, key_text
 from bulkrelay.job.positions import RowPositions, request_token
 from bulkrelay.job.preflight import RowObserver
 from bulkrelay.job.records import PreparedRequest, Record
@@ -32,6 +34,15 @@ from bulkrelay.store.rundir import RunDir
 _IN_FLIGHT = 4  # batches handed to the look-up thread and not answered yet
 
 
+class _Batch(NamedTuple):
+    """Up to `LOOKUP_BATCH` rows as preflight rendered them, their keys and their digests (16 bytes
+    each, in order; empty under `--full`)."""
+
+    rows: list[tuple[Record, PreparedRequest]]
+    keys: list[str]
+    digests: bytes
+
+
 class DeltaSelector:
     """Fed every rendered record by preflight; collects the rows whose digest differs from the state.
 
@@ -45,23 +56,21 @@ class DeltaSelector:
         self._key_field = key_field
         self.selects = select  # False under --full: every row is sent
         self._remember_keys = remember_keys  # sync: mirror: tonight's keys, to find the ones gone
-        self._pending: list[tuple[int, int, str, bytes]] = []  # row, line, key, digest
+        self._pending: list[tuple[Record, PreparedRequest]] = []
         self._bits = bytearray(1)
         self.changed = 0
         self.positions = RowPositions(by_request=True)  # the changed rows, while they are few
         self._lookups = ThreadPoolExecutor(1, thread_name_prefix="delta-lookup")  # one: in order
-        self._in_flight: deque[tuple[list[tuple[int, int, str, bytes]], Future[list[int]]]] = deque()
+        self._in_flight: deque[tuple[_Batch, Future[list[int]]]] = deque()
+        self._digests: Callable[[list[tuple[Record, PreparedRequest]]], bytes] | None = None
 
     def observer(self, digester: RequestDigester) -> RowObserver:
-        """What preflight calls with each rendered record."""
-        pending, key_field, digest = self._pending, self._key_field, digester.digest
+        """What preflight calls with each rendered record: it only keeps the pair; keys and digests
+        are taken a batch at a time (in comprehensions, fewer calls and objects per row)."""
+        pending, self._digests = self._pending, digester.digests
 
         def observe(record: Record, request: PreparedRequest) -> None:
-            fields = record.fields
-            key = fields.get(key_field)
-            if type(key) is not str:
-                key = key_text(key)
-            pending.append((record.row_number, record.line, key, digest(request, fields)))
+            pending.append((record, request))
             if len(pending) >= LOOKUP_BATCH:
                 self._flush()
 
@@ -72,34 +81,38 @@ class DeltaSelector:
         `_IN_FLIGHT` batches old (memory stays bounded when the thread falls behind)."""
         if not self._pending:
             return
-        batch = self._pending.copy()  # the observer appends to the same list
+        assert self._digests is not None  # rows are pending only once `observer` was called
+        pending = self._pending.copy()  # the observer appends to the same list
         self._pending.clear()
-        keys = [key for _, _, key, _ in batch]
-        digests = b"".join([digest for _, _, _, digest in batch]) if self.selects else b""
-        self._in_flight.append((batch, self._lookups.submit(self._look_up, keys, digests)))
+        key_field = self._key_field
+        keys = [key_text(record[2].get(key_field)) for record, _ in pending]
+        batch = _Batch(pending, keys, self._digests(pending) if self.selects else b"")
+        self._in_flight.append((batch, self._lookups.submit(self._look_up, batch)))
         while len(self._in_flight) > _IN_FLIGHT:
             self._take_answer()
 
-    def _look_up(self, keys: list[str], digests: bytes) -> list[int]:
+    def _look_up(self, batch: _Batch) -> list[int]:
         """On the look-up thread: the positions of the changed keys in one batch."""
         if self._remember_keys:
-            self._state.remember_seen(keys)
-        return self._state.changed_among(keys, digests) if self.selects else []
+            self._state.remember_seen(batch.keys)
+        return self._state.changed_among(batch.keys, batch.digests) if self.selects else []
 
     def _take_answer(self) -> None:
         batch, answer = self._in_flight.popleft()
         self._mark_changed(batch, answer.result())  # a look-up's error is raised here
 
-    def _mark_changed(self, batch: list[tuple[int, int, str, bytes]], changed: list[int]) -> None:
+    def _mark_changed(self, batch: _Batch, changed: list[int]) -> None:
         bits, positions = self._bits, self.positions
         for at in changed:
-            row, line, key, digest = batch[at]
+            record = batch.rows[at][0]
+            row = record.row_number
             index = row >> 3
             if index >= len(bits):
                 bits.extend(bytes(index + 1 - len(bits)))
             bits[index] |= 1 << (row & 7)
             self.changed += 1
-            positions.add(row, line, request_token(key, digest))
+            digest = batch.digests[at * DIGEST_SIZE : (at + 1) * DIGEST_SIZE]
+            positions.add(row, record.line, request_token(batch.keys[at], digest))
 
     def selection(self, size: int) -> RowSet:
         """The changed rows among rows 1..size."""
