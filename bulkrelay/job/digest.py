@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from bulkrelay.job.config import RequestConfig
-from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.job.records import PreparedRequest
 from bulkrelay.job.redact import Redactor
 from bulkrelay.job.template import BoundTemplate, compile_template
 
@@ -50,15 +50,8 @@ class RequestDigester:
         kind = "json" if self._json else "form" if req.form is not None else "body"
         self._prefix = _SCHEME + orjson.dumps([req.method, kind, req.content_type, constant]) + b"\0"
         self.digest: Callable[[PreparedRequest, Mapping[str, Any]], bytes] = self._any_digest
-        self.digests: Callable[[list[tuple[Record, PreparedRequest]]], bytes] = self._any_digests
         if self._json and sorted_json and not url_secrets and not body_secrets and not self._field_headers:
             self.digest = _plain_json_digest(self._prefix)
-            self.digests = _plain_json_digests(self._prefix)
-
-    def _any_digests(self, rows: list[tuple[Record, PreparedRequest]]) -> bytes:
-        """The digests of a batch of rendered records, `DIGEST_SIZE` bytes each, in order."""
-        digest = self.digest
-        return b"".join([digest(request, record[2]) for record, request in rows])
 
     def _any_digest(self, request: PreparedRequest, fields: Mapping[str, Any]) -> bytes:
         """The digest of any request: one join and one hash (BLAKE2b cut to 16 bytes; passing
@@ -90,17 +83,3 @@ def _plain_json_digest(prefix: bytes) -> Callable[[PreparedRequest, Mapping[str,
         return blake2b(prefix + request[1].encode() + b"\0\0" + request[3]).digest()[:16]  # type: ignore[operator]
 
     return digest
-
-
-def _plain_json_digests(prefix: bytes) -> Callable[[list[tuple[Record, PreparedRequest]]], bytes]:
-    """`_plain_json_digest` of a batch, in one comprehension (no call per row)."""
-    blake2b = _blake2b
-
-    def digests(rows: list[tuple[Record, PreparedRequest]]) -> bytes:
-        hashed = [
-            blake2b(prefix + request[1].encode() + b"\0\0" + request[3]).digest()[:16]  # type: ignore[operator]
-            for _, request in rows
-        ]
-        return b"".join(hashed)
-
-    return digests
