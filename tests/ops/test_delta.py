@@ -557,3 +557,30 @@ def test_a_plain_json_request_has_the_digest_stored_in_existing_states() -> None
     fields = {"id": "42", "email": "a@example.org", "age": "7"}
     assert _digest(request, fields).hex() == "2565dd0c31b60930f04be20a0051c90f"
     assert _digest(request, fields, wire=False) == _digest(request, fields)  # the general path
+
+
+def test_many_batches_of_look_ups_select_exactly_the_changed_rows_and_a_bad_input_stops_them(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    # 6,000 rows are 7 batches of key look-ups, more than are ever in flight on the look-up thread.
+    rows, changed = 6_000, (1, 999, 1_000, 4_321, 6_000)
+    job = write_job(tmp_path, target.url, rows=rows, **DELTA)
+    _night(tmp_path, job)
+    state = _state(tmp_path)
+    bad = make_rows(rows)
+    for n in changed:
+        bad[n - 1]["email"] = f"user{n}-v2@example.com"
+    bad[5_500]["id"] = "17"  # a duplicate key: preflight refuses the input after most look-ups ran
+    write_csv(tmp_path / "data.csv", bad)
+    target.reset()
+    refused = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+    assert refused.exit_code == ExitCode.ARG_ERROR, refused.envelope
+    assert refused.envelope["error"]["code"] == "INPUT_INVALID"
+    assert target.requests() == []
+    assert _state(tmp_path) == state
+
+    bad[5_500]["id"] = "5501"
+    write_csv(tmp_path / "data.csv", bad)
+    second = _night(tmp_path, job)
+    assert sent_ids(target) == Counter({str(n): 1 for n in changed})
+    assert second.data["summary"]["skipped_unchanged"] == rows - len(changed)
