@@ -69,8 +69,8 @@ class DeltaSelector:
 
     def observer(self, digester: RequestDigester) -> RowObserver:
         """What preflight calls with each rendered record. What it keeps of a row holds no object
-        the garbage collector tracks (no tuple, no record): rows kept as tuples until their batch
-        was answered set off a full collection every 30,000 rows or so (0.6 s of 1M rows)."""
+        the garbage collector tracks (no record, no request): keeping each row's (record, request)
+        until its batch was answered set off 3,668 collections, 31 of them full, in 1M rows (0.6 s)."""
         keys, key_field, digest, selects = self._keys, self._key_field, digester.digest, self.selects
         add_key, add_digest, add_row, add_line = (
             keys.append,
