@@ -7,8 +7,10 @@ BulkRelay computes) is written directly and the sync state rebuilt from it, as
 `bulkrelay sync-state rebuild` does; sending a million requests would only time the target. Then
 `--changed` of the rows get a new email, and two fresh processes are timed on the same file:
 `bulkrelay validate` and `bulkrelay run` of the delta job (preflight with digests and state
-look-ups, the changed rows sent to a loopback target, the state updated). Printed, all measured in
-this one run (issue targets in brackets):
+look-ups, the changed rows sent to a loopback target, the state updated). The target is a loopback
+nginx when installed, else the built-in one (benchmarks/nginx.py, as bench_run.py), and the output
+says which: the built-in target's own CPU would otherwise be timed as the relay's. Printed, all
+measured in this one run (issue targets in brackets):
 
 - whole-process time of the delta run / validate                 [<= 1.5]
   (and the same in CPU seconds, steadier when the machine is busy)
@@ -30,6 +32,7 @@ import time
 from pathlib import Path
 
 import orjson
+from nginx import loopback_target  # benchmarks/nginx.py
 
 from bulkrelay.job.config import load_job
 from bulkrelay.job.digest import RequestDigester
@@ -112,18 +115,6 @@ def timed(*args: str, cwd: Path) -> tuple[float, float, int, dict[str, object]]:
     return elapsed, usage.ru_utime + usage.ru_stime, int(usage.ru_maxrss), envelope
 
 
-def start_target(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port_file = folder / "port"
-    command = [sys.executable, "-m", "bulkrelay.demo.target", "--port", "0", "--port-file", str(port_file)]
-    proc = subprocess.Popen([*command, "--no-record"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while not port_file.exists() or not port_file.read_text().strip():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the target did not start")
-        time.sleep(0.05)
-    return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
-
-
 def night_2(folder: Path, url: str, rows: int, changed: float) -> dict[str, float]:
     """Seed night 1 for `rows` rows, change some, and time validate and the delta run in fresh processes."""
     folder.mkdir()
@@ -161,13 +152,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-delta-") as tmp:
         folder = Path(tmp)
-        target, url = start_target(folder)
-        try:
+        with loopback_target(folder) as (url, description):
+            print(f"target: {description} at {url}; {os.cpu_count()} CPUs")
             small = night_2(folder / "small", url, 100_000, args.changed)
             big = night_2(folder / "big", url, args.rows, args.changed)
-        finally:
-            target.terminate()
-            target.wait(10)
     for label, m in ((f"{100_000:,} rows", small), (f"{args.rows:,} rows", big)):
         print(
             f"{label:>16}: validate {m['validate_s']:.2f} s, delta run {m['run_s']:.2f} s "

@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_run import _target, _write_input, _write_job
+from bench_run import _write_input, _write_job
+from nginx import loopback_target
 
 from bulkrelay.relay.ratelimit import RateLimiter
 from bulkrelay.relay.ratelimit_redis import SharedRateLimiter
@@ -69,7 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         _write_input(workdir / "in.csv", args.rows)
-        with _target(workdir) as (url, description):
+        with loopback_target(workdir) as (url, description):
             print(f"{args.rows} rows, concurrency {args.concurrency} per shard, target: {description}")
             job = _write_job(workdir, url, "in.csv", args.concurrency)
             base = args.rows / _relay_with_shards(workdir, job, 1)

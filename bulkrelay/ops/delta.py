@@ -8,10 +8,14 @@ sent when the sync state holds no digest for its key, or a different one (docs/d
 
 from __future__ import annotations
 
+from array import array
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 from bulkrelay.job.config import Job
-from bulkrelay.job.digest import RequestDigester, key_text
+from bulkrelay.job.digest import DIGEST_SIZE, RequestDigester, key_text
 from bulkrelay.job.positions import RowPositions, request_token
 from bulkrelay.job.preflight import RowObserver
 from bulkrelay.job.records import PreparedRequest, Record
@@ -27,63 +31,115 @@ from bulkrelay.store.manifest import SyncRecord
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir
 
+_IN_FLIGHT = 4  # batches handed to the look-up thread and not answered yet
+
+
+class _Batch(NamedTuple):
+    """Up to `LOOKUP_BATCH` rows: their keys, digests (`DIGEST_SIZE` bytes each, in order; empty
+    under `--full`), row numbers and lines."""
+
+    keys: list[str]
+    digests: bytes
+    rows: array[int]
+    lines: array[int]
+
 
 class DeltaSelector:
     """Fed every rendered record by preflight; collects the rows whose digest differs from the state.
 
     Keys are looked up `LOOKUP_BATCH` at a time, and the changed rows are kept as bits, so memory
-    stays flat however long the input is."""
+    stays flat however long the input is. The look-ups run on a thread of their own, at most
+    `_IN_FLIGHT` batches behind preflight: each is one SQLite step, during which the thread lets go
+    of the GIL, so the B-tree work overlaps preflight's parsing. Call `close` when done."""
 
     def __init__(self, state: SyncState, key_field: str, *, select: bool, remember_keys: bool) -> None:
         self._state = state
         self._key_field = key_field
         self.selects = select  # False under --full: every row is sent
         self._remember_keys = remember_keys  # sync: mirror: tonight's keys, to find the ones gone
-        self._pending: list[tuple[int, int, str, bytes]] = []  # row, line, key, digest
+        self._keys: list[str] = []  # the pending batch, as `_Batch` holds it
+        self._digests = bytearray()
+        self._rows = array("q")
+        self._lines = array("q")
         self._bits = bytearray(1)
         self.changed = 0
         self.positions = RowPositions(by_request=True)  # the changed rows, while they are few
+        self._lookups = ThreadPoolExecutor(1, thread_name_prefix="delta-lookup")  # one: in order
+        self._in_flight: deque[tuple[_Batch, Future[list[int]]]] = deque()
 
     def observer(self, digester: RequestDigester) -> RowObserver:
-        """What preflight calls with each rendered record."""
-        pending, key_field, digest = self._pending, self._key_field, digester.digest
+        """What preflight calls with each rendered record. What it keeps of a row holds no object
+        the garbage collector tracks (no record, no request): keeping each row's (record, request)
+        until its batch was answered set off 3,668 collections, 31 of them full, in 1M rows (0.6 s)."""
+        keys, key_field, digest, selects = self._keys, self._key_field, digester.digest, self.selects
+        add_key, add_digest, add_row, add_line = (
+            keys.append,
+            self._digests.extend,
+            self._rows.append,
+            self._lines.append,
+        )
 
         def observe(record: Record, request: PreparedRequest) -> None:
-            fields = record.fields
+            row, line, fields = record
             key = fields.get(key_field)
-            if type(key) is not str:
-                key = key_text(key)
-            pending.append((record.row_number, record.line, key, digest(request, fields)))
-            if len(pending) >= LOOKUP_BATCH:
+            add_key(key if type(key) is str else key_text(key))
+            add_row(row)
+            add_line(line)
+            if selects:
+                add_digest(digest(request, fields))
+            if len(keys) >= LOOKUP_BATCH:
                 self._flush()
 
         return observe
 
     def _flush(self) -> None:
-        keys = [key for _, _, key, _ in self._pending]
-        if self._remember_keys:
-            self._state.remember_seen(keys)
-        if self.selects:
-            self._mark_changed(self._state.lookup(keys))
-        self._pending.clear()
+        """Hand the pending batch to the look-up thread; take in the answers more than
+        `_IN_FLIGHT` batches old (memory stays bounded when the thread falls behind)."""
+        if not self._keys:
+            return
+        batch = _Batch(self._keys.copy(), bytes(self._digests), self._rows[:], self._lines[:])
+        self._keys.clear()  # emptied, not replaced: the observer holds them
+        self._digests.clear()
+        del self._rows[:], self._lines[:]
+        self._in_flight.append((batch, self._lookups.submit(self._look_up, batch)))
+        while len(self._in_flight) > _IN_FLIGHT:
+            self._take_answer()
 
-    def _mark_changed(self, stored: dict[str, bytes]) -> None:
+    def _look_up(self, batch: _Batch) -> list[int]:
+        """On the look-up thread: the positions of the changed keys in one batch."""
+        if self._remember_keys:
+            self._state.remember_seen(batch.keys)
+        return self._state.changed_among(batch.keys, batch.digests) if self.selects else []
+
+    def _take_answer(self) -> None:
+        batch, answer = self._in_flight.popleft()
+        self._mark_changed(batch, answer.result())  # a look-up's error is raised here
+
+    def _mark_changed(self, batch: _Batch, changed: list[int]) -> None:
         bits, positions = self._bits, self.positions
-        for row, line, key, digest in self._pending:
-            if stored.get(key) != digest:
-                index = row >> 3
-                if index >= len(bits):
-                    bits.extend(bytes(index + 1 - len(bits)))
-                bits[index] |= 1 << (row & 7)
-                self.changed += 1
-                positions.add(row, line, request_token(key, digest))
+        for at in changed:
+            row = batch.rows[at]
+            index = row >> 3
+            if index >= len(bits):
+                bits.extend(bytes(index + 1 - len(bits)))
+            bits[index] |= 1 << (row & 7)
+            self.changed += 1
+            digest = batch.digests[at * DIGEST_SIZE : (at + 1) * DIGEST_SIZE]
+            positions.add(row, batch.lines[at], request_token(batch.keys[at], digest))
 
     def selection(self, size: int) -> RowSet:
         """The changed rows among rows 1..size."""
         self._flush()
+        while self._in_flight:
+            self._take_answer()
         length = size // 8 + 1
         data = bytes(self._bits[:length]).ljust(length, b"\0")
         return RowSet.from_bytes(size, data)
+
+    def close(self) -> None:
+        """Stop the look-up thread (before the state it reads is closed)."""
+        self._lookups.shutdown(wait=True, cancel_futures=True)
+        self._in_flight.clear()
 
 
 class DeltaStart:
@@ -112,6 +168,8 @@ class DeltaStart:
         return None if self.full else rows
 
     def close(self) -> None:
+        if self.selector is not None:
+            self.selector.close()
         self.state.close()
 
 

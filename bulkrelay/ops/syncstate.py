@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from bulkrelay.errors import NotFound, RunLocked, SyncStateMismatch
 from bulkrelay.job.digest import key_text
 from bulkrelay.job.fingerprint import canonical_sha256
@@ -32,7 +34,7 @@ from bulkrelay.store.rundir import RunDir, is_locked
 from bulkrelay.store.storage import Storage
 
 STATE_DIR = "sync-state"
-LOOKUP_BATCH = 999  # keys per `IN (...)` query: the variable limit of SQLite before 3.32
+LOOKUP_BATCH = 999  # keys compared per query (`changed_among`)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -50,6 +52,16 @@ _UPSERT = (
 )
 
 _DELETE = "DELETE FROM delivered WHERE key = ? AND at <= ?"
+
+# A batch is compared inside SQLite in one step that answers one row: the positions (`json_each`'s
+# array index) of the keys with no stored digest or another one than their 16 bytes in the blob.
+# Python's sqlite3 takes the GIL back after every step, so a query answering a row per key (`IN`)
+# costs about 0.7 µs a key; this one about 0.3.
+_CHANGED = (
+    "SELECT group_concat(batch.key) FROM json_each(?) AS batch WHERE NOT EXISTS (SELECT 1 FROM delivered "
+    "WHERE delivered.key = batch.value AND delivered.digest = substr(?, batch.key * 16 + 1, 16))"
+)
+_DIGEST_SIZE = 16
 
 
 def job_identity(name: str | None, job_path: str | Path) -> str:
@@ -83,7 +95,8 @@ class SyncState:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         os.close(fd)  # created private before SQLite opens it
         self.path = path
-        self._db = sqlite3.connect(path, isolation_level=None)
+        # One thread at a time, but not always the opener's: a delta run looks keys up on its own.
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
@@ -102,13 +115,22 @@ class SyncState:
     def close(self) -> None:
         self._db.close()
 
-    def lookup(self, keys: list[str]) -> dict[str, bytes]:
-        """The stored digest of each of `keys` that has one (at most `LOOKUP_BATCH` keys)."""
-        if not keys:
-            return {}
+    def changed_among(self, keys: list[str], digests: bytes) -> list[int]:
+        """The positions in `keys` of those whose stored digest is absent or differs from theirs
+        (`digests`: the 16-byte digest of each key, in the same order)."""
+        assert len(digests) == _DIGEST_SIZE * len(keys)
+        listed = orjson.dumps(keys)
+        if b"\\u0000" in listed:  # SQLite's JSON text would end a key at a NUL: compare in Python
+            return self._changed_in_python(keys, digests)
+        (found,) = self._db.execute(_CHANGED, (listed, digests)).fetchone()
+        return [] if found is None else [int(index) for index in found.split(",")]
+
+    def _changed_in_python(self, keys: list[str], digests: bytes) -> list[int]:
         marks = ",".join("?" * len(keys))
         query = f"SELECT key, digest FROM delivered WHERE key IN ({marks})"
-        return dict(self._db.execute(query, keys).fetchall())
+        stored = dict(self._db.execute(query, keys).fetchall())
+        size = _DIGEST_SIZE
+        return [n for n, key in enumerate(keys) if stored.get(key) != digests[n * size : (n + 1) * size]]
 
     def remember_seen(self, keys: list[str]) -> None:
         """Note keys present in tonight's input (a temporary table: gone when the state is closed)."""

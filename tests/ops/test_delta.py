@@ -24,7 +24,7 @@ from bulkrelay.job.request import RequestRenderer
 from bulkrelay.ops.syncstate import SyncState, job_identity, rebuilt_items
 from bulkrelay.store.journal import JournalEntry, decode_line, encode_line, read_journal
 from bulkrelay.store.manifest import RunManifest
-from bulkrelay.store.rundir import RunState
+from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_input_change import GATE, GATED_JOB, OPEN, _delivered, _run_changing_the_input
@@ -500,3 +500,89 @@ def test_of_two_runs_made_in_the_same_second_the_later_one_wins_whatever_their_i
     _journaled_run(tmp_path, "20261201T030000Z-00000000", "2026-12-01T03:00:00.900000Z", "22" * 16)
     identity = job_identity("test-job", "/job.yaml")
     assert [(k, d.hex()) for k, d, _ in rebuilt_items(tmp_path, identity)] == [("k", "22" * 16)]
+
+
+def _delivered_keys(runs_dir: Path, delivered: dict[str, bytes]) -> SyncState:
+    """A sync state holding `delivered` (key: digest), applied from a completed run's journal."""
+    run = runs_dir / "20261201T030000Z-00000000"
+    run.mkdir(parents=True)
+    created_at = "2026-12-01T03:00:00.000000Z"
+    manifest = RunManifest(
+        run.name, RunState.COMPLETED, created_at, created_at, "0.1.0", run_plan("/job.yaml")
+    )
+    (run / "run.json").write_bytes(orjson.dumps(manifest.to_json()))
+    with (run / "results.jsonl").open("wb") as journal:
+        for row, (key, digest) in enumerate(delivered.items(), start=1):
+            entry = JournalEntry(
+                row_number=row,
+                success=True,
+                classification="success",
+                status_code=200,
+                attempts=1,
+                retryable=False,
+                error=None,
+                duration_ms=1.0,
+                key=key,
+                digest=digest.hex(),
+            )
+            journal.write(encode_line(row, entry))
+    state = SyncState.for_job(runs_dir, job_identity(None, "/job.yaml"))
+    state.apply_run(RunDir.open(run))
+    return state
+
+
+def test_a_batch_compared_in_sqlite_names_exactly_the_keys_not_delivered_with_their_digest(
+    tmp_path: Path,
+) -> None:
+    same, other = b"s" * 16, b"o" * 16
+    delivered = {"plain": same, 'quo"te\\': same, "ünï": same, "a": same, "a\0b": other}
+    with _delivered_keys(tmp_path, delivered) as state:
+        keys = ["plain", 'quo"te\\', "ünï", "a", "never-sent", "plain"]
+        digests = [same, other, same, same, same, other]
+        assert state.changed_among(keys, b"".join(digests)) == [1, 4, 5]
+        # A key holding a NUL: SQLite's JSON would cut it to "a" and find "a"'s digest.
+        keys = ["a\0b", "a\0b", "a", "plain"]
+        digests = [other, same, same, other]
+        assert state.changed_among(keys, b"".join(digests)) == [1, 3]
+
+
+def test_a_plain_json_request_has_the_digest_stored_in_existing_states() -> None:
+    # Pinned: sync states and journals already hold this value. A delta job's usual request takes a
+    # shorter path to it (a sorted JSON body, no secret in the URL or body, no header from a field).
+    request = {
+        "method": "PUT",
+        "url": "http://127.0.0.1:9/v1/customers/{id}",
+        "headers": {"Authorization": "Bearer ${API_TOKEN}"},
+        "json": {"email": {"from": "email"}, "age": {"from": "age", "type": "integer"}},
+        "idempotency_key": {"header": "Idempotency-Key"},
+    }
+    fields = {"id": "42", "email": "a@example.org", "age": "7"}
+    assert _digest(request, fields).hex() == "2565dd0c31b60930f04be20a0051c90f"
+    assert _digest(request, fields, wire=False) == _digest(request, fields)  # the general path
+
+
+def test_many_batches_of_look_ups_select_exactly_the_changed_rows_and_a_bad_input_stops_them(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    # 6,000 rows are 7 batches of key look-ups, more than are ever in flight on the look-up thread.
+    rows, changed = 6_000, (1, 999, 1_000, 4_321, 6_000)
+    job = write_job(tmp_path, target.url, rows=rows, **DELTA)
+    _night(tmp_path, job)
+    state = _state(tmp_path)
+    bad = make_rows(rows)
+    for n in changed:
+        bad[n - 1]["email"] = f"user{n}-v2@example.com"
+    bad[5_500]["id"] = "17"  # a duplicate key: preflight refuses the input after most look-ups ran
+    write_csv(tmp_path / "data.csv", bad)
+    target.reset()
+    refused = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+    assert refused.exit_code == ExitCode.ARG_ERROR, refused.envelope
+    assert refused.envelope["error"]["code"] == "INPUT_INVALID"
+    assert target.requests() == []
+    assert _state(tmp_path) == state
+
+    bad[5_500]["id"] = "5501"
+    write_csv(tmp_path / "data.csv", bad)
+    second = _night(tmp_path, job)
+    assert sent_ids(target) == Counter({str(n): 1 for n in changed})
+    assert second.data["summary"]["skipped_unchanged"] == rows - len(changed)
