@@ -40,9 +40,9 @@ from bulkrelay.job.inputs import open_records
 from bulkrelay.job.preflight import resolve_input
 from bulkrelay.job.request import RequestRenderer
 from bulkrelay.ops.syncstate import job_identity, rebuild_state, state_path
-from bulkrelay.store.journal import JournalEntry, encode_line
+from bulkrelay.store.journal import encode_line
 from bulkrelay.store.rundir import RunDir, RunState
-from tests.runplans import run_plan
+from tests.runplans import delivered_entry, run_plan
 
 JOB = """\
 version: 1
@@ -83,15 +83,8 @@ def seed_night_1(job_path: Path, runs_dir: Path) -> None:
     with run.journal_path.open("wb") as journal, open_records(resolve_input(job, None), print) as records:
         for record in records:
             request = renderer.render(record)
-            entry = JournalEntry(
-                row_number=record.row_number,
-                success=True,
-                classification="success",
-                status_code=200,
-                attempts=1,
-                retryable=False,
-                error=None,
-                duration_ms=1.0,
+            entry = delivered_entry(
+                record.row_number,
                 key=record.fields["id"],
                 digest=digester.digest(request, record.fields).hex(),
             )

@@ -22,7 +22,7 @@ from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RequestRenderer
 from bulkrelay.ops.syncstate import SyncState, job_identity, rebuilt_items
-from bulkrelay.store.journal import JournalEntry, decode_line, encode_line, read_journal
+from bulkrelay.store.journal import decode_line, encode_line, read_journal
 from bulkrelay.store.manifest import RunManifest
 from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import CliResult, cli_env, run_cli
@@ -30,7 +30,7 @@ from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_input_change import GATE, GATED_JOB, OPEN, _delivered, _run_changing_the_input
 from tests.ops.test_metrics import metric, read_metrics
 from tests.ops.test_resume import resume, rewrite_job, sent_ids
-from tests.runplans import run_plan
+from tests.runplans import delivered_entry, run_plan
 from tests.targetproc import TargetProcess
 
 ROWS = 500
@@ -479,18 +479,7 @@ def _journaled_run(runs_dir: Path, run_id: str, created_at: str, digest: str) ->
     plan = run_plan("/job.yaml", name="test-job")
     manifest = RunManifest(run_id, RunState.COMPLETED, created_at, created_at, "0.1.0", plan)
     (run / "run.json").write_bytes(orjson.dumps(manifest.to_json()))
-    entry = JournalEntry(
-        row_number=1,
-        success=True,
-        classification="success",
-        status_code=200,
-        attempts=1,
-        retryable=False,
-        error=None,
-        duration_ms=1.0,
-        key="k",
-        digest=digest,
-    )
+    entry = delivered_entry(1, key="k", digest=digest)
     (run / "results.jsonl").write_bytes(encode_line(1, entry))
 
 
@@ -513,18 +502,7 @@ def _delivered_keys(runs_dir: Path, delivered: dict[str, bytes]) -> SyncState:
     (run / "run.json").write_bytes(orjson.dumps(manifest.to_json()))
     with (run / "results.jsonl").open("wb") as journal:
         for row, (key, digest) in enumerate(delivered.items(), start=1):
-            entry = JournalEntry(
-                row_number=row,
-                success=True,
-                classification="success",
-                status_code=200,
-                attempts=1,
-                retryable=False,
-                error=None,
-                duration_ms=1.0,
-                key=key,
-                digest=digest.hex(),
-            )
+            entry = delivered_entry(row, key=key, digest=digest.hex())
             journal.write(encode_line(row, entry))
     state = SyncState.for_job(runs_dir, job_identity(None, "/job.yaml"))
     state.apply_run(RunDir.open(run))

@@ -19,11 +19,12 @@ import yaml
 from bulkrelay.errors import ExitCode
 from bulkrelay.ops.execute import summary_counts
 from bulkrelay.relay.engine import Committed, RelayOutcome
-from bulkrelay.store.journal import JournalEntry, encode_line, read_journal
+from bulkrelay.store.journal import encode_line, read_journal
 from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.summary import SummaryCounts, summarize
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import merge
+from tests.runplans import delivered_entry
 from tests.targetproc import TargetProcess
 
 # --------------------------------------------------------------------------------- fixtures
@@ -412,16 +413,7 @@ def test_the_summary_the_relay_counted_equals_the_journal_read_back(tmp_path: Pa
 
 def test_the_summary_is_read_from_the_journal_when_the_relay_did_not_count_every_line(tmp_path: Path) -> None:
     journal = tmp_path / "results.jsonl"
-    entry = JournalEntry(
-        row_number=1,
-        success=True,
-        classification="success",
-        status_code=200,
-        attempts=1,
-        retryable=False,
-        error=None,
-        duration_ms=1.0,
-    )
+    entry = delivered_entry(1)
     journal.write_bytes(encode_line(1, entry))
     run = SimpleNamespace(journal_path=journal)
     counted = Committed(total=2, seq=0, offset=0, ok=0, failed=0, counts=SummaryCounts())
