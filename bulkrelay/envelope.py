@@ -9,6 +9,7 @@ into the envelope `{"ok", "data", "error", "warnings", "meta"}`: all five keys a
 from __future__ import annotations
 
 import traceback
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -42,14 +43,14 @@ def deprecation_warnings(notes: tuple[Problem, ...]) -> list[EnvelopeWarning]:
     ]
 
 
-class CommandData:
+class CommandData(ABC):
     """A command's typed result. Subclasses are frozen dataclasses; `to_data()` is the envelope's
     `data`, and `kind` names the human view (kept with a background job's stored envelope)."""
 
     kind: ClassVar[str] = "generic"
 
-    def to_data(self) -> dict[str, Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def to_data(self) -> dict[str, Any]: ...
 
 
 @dataclass
