@@ -18,7 +18,7 @@ from bulkrelay.job.inputs import STDIN_NAME
 from bulkrelay.ops import inspect as commands
 from bulkrelay.ops import run as launch
 from bulkrelay.ops.execute import RunObserver, RunOptions, prepared_input
-from bulkrelay.ops.results import RunResult, SyncStateResult
+from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.runlog import RunLog, start_event
 from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.ops.shard import resolve_shard
@@ -241,12 +241,7 @@ def _sync_state(args: argparse.Namespace) -> Result:
         )
     identity = syncstate.job_identity(job.config.name, job.path)
     action = syncstate.rebuild_state if args.sync_command == "rebuild" else syncstate.verify_state
-    report = action(default_runs_dir(args.runs_dir), identity)
-    return Result(
-        data=SyncStateResult(
-            report["job"], report["state"], report["runs"], report["keys"], report.get("matches")
-        )
-    )
+    return Result(data=action(default_runs_dir(args.runs_dir), identity))
 
 
 def _prune(args: argparse.Namespace) -> Result:

@@ -27,6 +27,7 @@ from bulkrelay.errors import NotFound, RunLocked, SyncStateMismatch
 from bulkrelay.job.digest import key_text
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.ops.invocation import normalized_path
+from bulkrelay.ops.results import SyncStateResult
 from bulkrelay.ops.runref import runs_in
 from bulkrelay.store.journal import JournalEntry, read_journal_from
 from bulkrelay.store.manifest import RunPlan
@@ -238,7 +239,7 @@ def _refuse_live(runs: list[RunDir]) -> None:
             )
 
 
-def rebuild_state(runs_dir: Path, identity: str) -> dict[str, Any]:
+def rebuild_state(runs_dir: Path, identity: str) -> SyncStateResult:
     """Replace the job's sync state with one built from its journals alone."""
     runs = job_runs(runs_dir, identity)
     _refuse_live(runs)
@@ -255,10 +256,10 @@ def rebuild_state(runs_dir: Path, identity: str) -> dict[str, Any]:
     storage = Storage()
     storage.replace(building, final)
     storage.fsync_dir(final.parent)
-    return {"job": identity, "state": str(final), "runs": len(runs), "keys": keys}
+    return SyncStateResult(job=identity, state=str(final), runs=len(runs), keys=keys)
 
 
-def verify_state(runs_dir: Path, identity: str) -> dict[str, Any]:
+def verify_state(runs_dir: Path, identity: str) -> SyncStateResult:
     """Compare the job's sync state with what its journals imply; `SyncStateMismatch` naming the
     differences when they disagree."""
     runs = job_runs(runs_dir, identity)
@@ -280,7 +281,7 @@ def verify_state(runs_dir: Path, identity: str) -> dict[str, Any]:
             context={"state": str(path), **differences},
             suggestion="bulkrelay sync-state rebuild JOB",
         )
-    return {"job": identity, "state": str(path), "runs": len(runs), "keys": keys, "matches": True}
+    return SyncStateResult(job=identity, state=str(path), runs=len(runs), keys=keys, matches=True)
 
 
 Item = tuple[str, bytes, str]

@@ -126,12 +126,13 @@ async def _record_starts(limiter: RateLimiter, workers: int, seconds: float) -> 
 @pytest.mark.anyio
 @pytest.mark.parametrize(("rate", "workers"), [(50, 8), (1000, 64)])
 async def test_no_one_second_window_exceeds_the_rate(rate: int, workers: int) -> None:
+    """On the real clock only what holds however loaded the machine is: the limit itself. How fast
+    and how evenly starts come is pinned on a simulated clock above, late wakeups included; asserted
+    here, both failed at random with the machine busy (a late event loop grants fewer starts)."""
     seconds = 2.2
     starts = await _record_starts(RateLimiter(rate), workers, seconds)
+    assert starts  # the limiter granted starts at all
     assert most_in_window(starts, 1.0) <= rate
-    assert len(starts) >= 0.9 * rate * seconds  # loose: a rate check, not a timing benchmark
-    # spread out, not bunched at the top of each second (late wakeups may catch up a few slots at once)
-    assert most_in_window(starts, 0.1) <= 1.25 * rate / 10 + 2
 
 
 @pytest.mark.anyio
@@ -198,12 +199,16 @@ async def test_a_cancelled_waiter_does_not_block_the_queue() -> None:
 
 @pytest.mark.anyio
 async def test_unlimited_acquire_does_not_wait() -> None:
-    limiter = RateLimiter(None)
+    """On a clock that never moves, any start that had to wait for its time would wait for ever: the
+    bound is reached only then (a time limit on the real clock failed at random on a busy machine)."""
+    limiter = RateLimiter(None, clock=lambda: 100.0)
     assert limiter.unlimited
-    started = time.monotonic()
-    for _ in range(10_000):
-        await limiter.acquire()
-    assert time.monotonic() - started < 1.0
+
+    async def acquire_many() -> None:
+        for _ in range(10_000):
+            await limiter.acquire()
+
+    await asyncio.wait_for(acquire_many(), timeout=60)
 
 
 def test_try_start_takes_a_start_only_when_nothing_could_hold_it_back() -> None:
