@@ -43,7 +43,9 @@ class Preflight:
     input_fingerprint: InputFingerprint
     config_fingerprint: str
     renderer: RequestRenderer
-    input_identity: InputIdentity | None = None  # the file preflight read; the relay reads it again
+    # What the relay must read again: these bytes (region by region) of this file (None: not preflighted
+    # from a file). Kept in memory only: a resume's own preflight reads the input again.
+    expected_input: ExpectedInput | None = None
     digester: RequestDigester | None = None  # a delta job: journal lines carry each row's digest
 
     @property
@@ -51,11 +53,9 @@ class Preflight:
         return self.input_fingerprint.record_count
 
     @property
-    def expected_input(self) -> ExpectedInput | None:
-        """What the relay must read: these bytes of this file (None: not preflighted from a file)."""
-        if self.input_identity is None:
-            return None
-        return ExpectedInput(self.input_fingerprint, self.input_identity)
+    def input_identity(self) -> InputIdentity | None:
+        """The file preflight read, in the state it read it."""
+        return None if self.expected_input is None else self.expected_input.identity
 
 
 def resolve_input(job: Job, input_override: Path | None, name: str | None = None) -> InputSpec:
@@ -196,7 +196,7 @@ def run_preflight(
             if add_key is not None and (problem := add_key(record)) is not None:
                 collector.add(problem)
         fingerprint = stream.fingerprint()
-        identity = stream.identity()
+        expected = ExpectedInput(fingerprint, stream.identity(), stream.regions())
     presence.check()
     if keys is not None:
         for problem in keys.duplicates(spec):
@@ -209,6 +209,6 @@ def run_preflight(
         input_fingerprint=fingerprint,
         config_fingerprint=config_fingerprint(job.config),
         renderer=renderer,
-        input_identity=identity,
+        expected_input=expected,
         digester=digester,
     )

@@ -12,6 +12,7 @@ import pytest
 
 from bulkrelay.errors import InputChanged, InputInvalid, NotFound, Problem, StorageFailed, UsageError
 from bulkrelay.job.inputs import (
+    REGION_SIZE,
     ExpectedInput,
     InputFingerprint,
     InputSpec,
@@ -407,7 +408,7 @@ def _big_csv(rows: int = 20_000, tag: str = "") -> bytes:
 def _preflight_read(path: Path) -> tuple[list[Record], ExpectedInput]:
     with open_records(InputSpec.detect(path), lambda p: None) as stream:
         records = list(stream)
-        expected = ExpectedInput(stream.fingerprint(), stream.identity())
+        expected = ExpectedInput(stream.fingerprint(), stream.identity(), stream.regions())
     return records, expected
 
 
@@ -477,15 +478,59 @@ def test_a_file_replaced_by_rename_is_refused_at_the_open(tmp_path: Path) -> Non
     assert "inode" in info.value.context["changed"]
 
 
-def test_a_change_the_file_times_hide_is_caught_at_the_end(tmp_path: Path) -> None:
+def _rewrite_keeping_size_and_time(path: Path, expected: ExpectedInput, offset: int) -> None:
+    """Change the byte at `offset` in place; then put the old modification time back."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(data)
+    os.utime(path, ns=(expected.identity.mtime_ns, expected.identity.mtime_ns))
+
+
+def test_a_change_the_file_times_hide_is_caught_before_any_record(tmp_path: Path) -> None:
     path = _write(tmp_path, "a.csv", _big_csv(50))
     _, expected = _preflight_read(path)
-    data = path.read_bytes()
-    path.write_bytes(data.replace(b"49,x", b"49,y"))  # same size; then the old modification time
-    os.utime(path, ns=(expected.identity.mtime_ns, expected.identity.mtime_ns))
+    _rewrite_keeping_size_and_time(path, expected, path.read_bytes().index(b"49,x") + 3)
+    seen: list[Record] = []
     with pytest.raises(InputChanged) as info:
-        _relay_read(path, expected, [])
+        _relay_read(path, expected, seen)
+    assert seen == []
+    last = expected.identity.size - 1  # one short region: the whole file
+    assert info.value.context["bytes"] == {"first": 0, "last": last}
     assert set(info.value.context["changed"]) == {"sha256"}
+    assert f"{path} changed during the run: bytes 0-{last} are not the bytes" in info.value.message
+
+
+@pytest.mark.parametrize("name", ["a.csv", "a.csv.gz"])
+def test_a_change_in_a_later_region_stops_the_reader_before_any_record_of_it(
+    tmp_path: Path, name: str
+) -> None:
+    # Random text: its gzip is several regions long too.
+    body = b"id,text\n" + b"".join(b"%d,%s\n" % (i, os.urandom(32).hex().encode()) for i in range(100_000))
+    path = _write(tmp_path, name, body)
+    records, expected = _preflight_read(path)
+    assert expected.identity.size > 3 * REGION_SIZE
+    _rewrite_keeping_size_and_time(path, expected, 2 * REGION_SIZE + 100)  # in region 2
+    seen: list[Record] = []
+    with pytest.raises(InputChanged) as info:
+        _relay_read(path, expected, seen)
+    assert 0 < len(seen) < len(records)
+    assert seen == records[: len(seen)]  # every record handed out is one preflight read
+    if name == "a.csv":  # nothing handed out from the changed region (rows are 67 bytes)
+        assert len(seen) <= body[: 2 * REGION_SIZE].count(b"\n") - 1  # the header is no record
+    assert info.value.context["bytes"] == {"first": 2 * REGION_SIZE, "last": 3 * REGION_SIZE - 1}
+
+
+@pytest.mark.parametrize("size", [10, REGION_SIZE, 2 * REGION_SIZE + 7])
+def test_preflight_keeps_the_sha256_of_each_region_of_the_raw_bytes(tmp_path: Path, size: int) -> None:
+    header = b"id,text\n"
+    body = header + b"1," + b"x" * (size - len(header) - 3) + b"\n"
+    path = _write(tmp_path, "a.csv", body)
+    _, expected = _preflight_read(path)
+    starts = range(0, size, REGION_SIZE)
+    assert expected.regions.digests == b"".join(
+        hashlib.sha256(body[i : i + REGION_SIZE]).digest() for i in starts
+    )
+    assert expected.regions.of(len(starts)) is None
 
 
 def test_a_file_that_changes_while_preflight_reads_it_is_refused(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -106,37 +107,64 @@ def _same_size_rewrite(path: Path, old: bytes, new: bytes) -> None:
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
-@pytest.mark.parametrize("by_request", [True, False], ids=["delta", "shard"])
-@pytest.mark.parametrize("name", ["a.csv", "a.jsonl"])
-def test_a_selected_row_changed_in_place_is_refused_naming_its_line(
-    tmp_path: Path, name: str, by_request: bool
-) -> None:
+def _row_4_rewritten(tmp_path: Path, name: str) -> tuple[Path, Preflight, list[Record]]:
+    """Preflight of `name`, then its row 4 rewritten in place where size and time cannot show it."""
     body, old, new = (CSV, b'4,"x\ny', b'7,"x\ny') if name == "a.csv" else (JSONL, b'{"id": 4}', b'{"id": 5}')
     path = _write(tmp_path, name, body)
     preflight, records = _preflight(tmp_path)
-    line = next(record.line for record in records if record.row_number == 4)
+    _same_size_rewrite(path, old, new)
+    return path, preflight, records
+
+
+@pytest.mark.parametrize("by_request", [True, False], ids=["delta", "shard"])
+@pytest.mark.parametrize("name", ["a.csv", "a.jsonl"])
+def test_a_row_changed_in_place_is_refused_before_any_row_of_its_region(
+    tmp_path: Path, name: str, by_request: bool
+) -> None:
+    path, preflight, records = _row_4_rewritten(tmp_path, name)
     positions = _positions(preflight, records, {1, 4}, by_request)
     assert preflight.expected_input is not None
-    _same_size_rewrite(path, old, new)  # what size and modification time cannot show
     seen: list[Record] = []
     with (
         pytest.raises(InputChanged) as info,
         open_selected(preflight, preflight.expected_input, positions) as selected,
     ):
         seen.extend(selected)
+    assert seen == []  # the file is one region: no row of it is handed out
+    assert info.value.context["bytes"] == {"first": 0, "last": path.stat().st_size - 1}
+
+
+@pytest.mark.parametrize("by_request", [True, False], ids=["delta", "shard"])
+@pytest.mark.parametrize("name", ["a.csv", "a.jsonl"])
+def test_a_selected_row_unlike_its_token_is_refused_naming_its_line(
+    tmp_path: Path, name: str, by_request: bool
+) -> None:
+    """Behind the region check, each selected row is checked against its token: here the regions are
+    those of the rewritten bytes, as if preflight had read them, so only the token can tell."""
+    path, preflight, records = _row_4_rewritten(tmp_path, name)
+    line = next(record.line for record in records if record.row_number == 4)
+    positions = _positions(preflight, records, {1, 4}, by_request)
+    assert preflight.expected_input is not None
+    with open_records(preflight.input_spec, pytest.fail) as stream:  # type: ignore[arg-type]
+        list(stream)
+        regions = stream.regions()
+    expected = replace(preflight.expected_input, regions=regions)
+    seen: list[Record] = []
+    with pytest.raises(InputChanged) as info, open_selected(preflight, expected, positions) as selected:
+        seen.extend(selected)
     assert [record.row_number for record in seen] == [1]  # row 4 never handed out
     assert info.value.context == {"file": str(path), "line": line}
     assert f"line {line}: row 4 is not what preflight read" in info.value.message
 
 
-def test_a_row_not_selected_changed_in_place_is_caught_by_the_hash_at_the_end(tmp_path: Path) -> None:
+def test_a_row_not_selected_changed_in_place_is_caught_at_its_region(tmp_path: Path) -> None:
     path = _write(tmp_path, "a.csv", CSV)
     preflight, records = _preflight(tmp_path)
     positions = _positions(preflight, records, {1, 4}, by_request=True)
     _same_size_rewrite(path, b"3,", b"9,")
     with pytest.raises(InputChanged) as info:
         _read(preflight, positions)
-    assert list(info.value.context["changed"]) == ["sha256"]
+    assert info.value.context["bytes"] == {"first": 0, "last": len(CSV) - 1}
 
 
 def test_a_file_grown_or_replaced_is_refused_before_a_row_is_read(tmp_path: Path) -> None:
