@@ -312,7 +312,7 @@ def test_default_must_fit_type() -> None:
 
 def test_an_integer_default_must_fit_signed_64_bit() -> None:
     problem = _only_problem(MINIMAL + "    age: { from: age, type: integer, default: 9223372036854775808 }\n")
-    assert problem.path == "request.json.age" and "signed 64-bit" in problem.message
+    assert problem.path == "request.json.age.default" and "signed 64-bit" in problem.message
     assert _parse(MINIMAL + "    age: { from: age, type: integer, default: -9223372036854775808 }\n")
 
 

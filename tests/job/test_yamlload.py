@@ -56,6 +56,8 @@ def test_duplicate_key_names_both_lines() -> None:
         ("flag: off\n", "YAML 1.1 boolean"),
         ("mode: 0755\n", "octal"),
         ("time: 1:30\n", "base-60"),
+        ("count: 9223372036854775808\n", "64-bit"),
+        ("count: -9223372036854775809\n", "64-bit"),
         ("data: !!binary aGk=\n", "binary"),
         ("thing: !custom 1\n", "tag"),
     ],
@@ -104,6 +106,11 @@ def test_two_documents_are_refused() -> None:
 def test_empty_document_is_none() -> None:
     assert load_yaml("", "job.yaml")[0] is None
     assert load_yaml("# only a comment\n", "job.yaml")[0] is None
+
+
+def test_the_64_bit_integer_range_is_accepted_to_its_ends() -> None:
+    value, _ = load_yaml("low: -9223372036854775808\nhigh: 9223372036854775807\n", "job.yaml")
+    assert value == {"low": -(2**63), "high": 2**63 - 1}
 
 
 def test_quoted_and_explicit_strings_stay_strings() -> None:
