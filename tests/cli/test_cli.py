@@ -63,6 +63,9 @@ def test_every_command_has_help_and_docs(command: str) -> None:
         ("1500", 1_500_000),
         ("1.5", 1500),
         ("1.5s", 1500),
+        ("36500d", 36500 * 86_400_000),
+        ("0.0001", 1),  # a budget this short is still a budget: never rounded to 0, which means none
+        ("0", 0),
     ],
 )
 def test_durations(text: str, ms: int) -> None:
@@ -72,6 +75,11 @@ def test_durations(text: str, ms: int) -> None:
 def test_bad_duration_names_itself() -> None:
     with pytest.raises(UsageError, match="'5 parsecs'"):
         parse_duration_ms("5 parsecs")
+
+
+def test_a_duration_longer_than_36500_days_is_refused() -> None:
+    with pytest.raises(UsageError, match="longer than 36500d"):
+        parse_duration_ms("36500.5d")
 
 
 def test_every_exit_code_is_documented() -> None:

@@ -137,3 +137,25 @@ def test_a_bare_duration_is_seconds_on_every_flag() -> None:
     assert parser.parse_args(["run", "job.yaml", "--budget", "2.5"]).budget == 2_500
     assert parser.parse_args(["job", "wait", _UNKNOWN_JOB, "--budget", "20"]).budget == 20_000
     assert parser.parse_args(["run", "job.yaml", "--timeout", "300ms"]).timeout == 300
+
+
+@pytest.mark.parametrize(
+    ("args", "extra_env"),
+    [
+        (["--budget", "99999999999999999999"], {}),
+        (["--timeout", "99999999999999999999"], {}),
+        (["--timeout", "36501d"], {}),
+        ([], {"AGENT_CALL_BUDGET_MS": "99999999999999999999"}),
+    ],
+    ids=["budget", "timeout", "timeout-days", "budget-env"],
+)
+def test_a_duration_beyond_the_longest_is_a_usage_error_with_its_envelope(
+    tmp_path: Path, args: list[str], extra_env: dict[str, str]
+) -> None:
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=2)  # nothing may be sent: port 9 is discard
+    env = cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"), **extra_env)
+    result = run_cli("run", job, *args, cwd=tmp_path, env=env)
+    assert result.exit_code == ExitCode.ARG_ERROR, (result.envelope, result.stderr)
+    assert result.error_code == "USAGE_ERROR"
+    assert "36500d" in result.envelope["error"]["message"]
+    assert not (tmp_path / ".bulkrelay" / "runs").exists()
