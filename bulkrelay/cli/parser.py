@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -105,10 +105,22 @@ def _add_global(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> No
     parser.set_defaults(accepted_globals=accepted | {action.dest})
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise UsageError(f"expected a whole number of at least 1, not {text!r}")
-    return int(text)
+def _count(flag: str, most: int) -> Callable[[str], int]:
+    """A flag's whole number from 1 to `most`: argparse's `int` would take a number of any length,
+    which nothing downstream can use (and orjson cannot even echo in the envelope)."""
+
+    def parse(text: str) -> int:
+        if not text.isdigit() or not 1 <= int(text) <= most:
+            raise UsageError(f"{flag}: expected a whole number from 1 to {most}, not {text!r}")
+        return int(text)
+
+    return parse
+
+
+def _shard_count(text: str) -> int:
+    from bulkrelay.ops.shard import MAX_SHARDS  # loaded only when the flag is given
+
+    return _count("--shards", most=MAX_SHARDS)(text)
 
 
 def _duration(text: str) -> int:
@@ -189,7 +201,7 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--shard", metavar="K/N", help="relay only shard K of N (from 0; also BULKRELAY_SHARD)")
     p.add_argument(
         "--shards",
-        type=_positive_int,
+        type=_shard_count,
         metavar="N",
         help="one of N shards, K from JOB_COMPLETION_INDEX (a Kubernetes Indexed Job)",
     )
@@ -237,7 +249,12 @@ def _add_operations(sub: Any) -> None:
     _add_run_ref(p)
 
     p = sub.add_parser("prune", help="remove finished runs that retention no longer keeps")
-    p.add_argument("--keep", type=int, metavar="N", help="keep the newest N finished runs of each job")
+    p.add_argument(
+        "--keep",
+        type=_count("--keep", most=1_000_000),
+        metavar="N",
+        help="keep the newest N finished runs of each job",
+    )
     p.add_argument("--older-than", metavar="AGE", help="remove only runs older than AGE, e.g. 30d")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
     _add_runs_dir(p)
@@ -260,7 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sync_state(sub)
     _add_job_commands(sub)
     p = sub.add_parser("demo", help="run an example job against an embedded local target")
-    p.add_argument("--rows", type=int, default=3000, help="how many rows the demo sends (default 3000)")
+    p.add_argument(
+        "--rows",
+        type=_count("--rows", most=1_000_000),
+        default=3000,
+        help="how many rows the demo sends (default 3000, at most 1000000)",
+    )
     _add_runs_dir(p)
     p = sub.add_parser("_job-worker")  # no help=: a hidden subcommand is never listed
     p.add_argument("job_id")

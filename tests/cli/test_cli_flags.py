@@ -159,3 +159,23 @@ def test_a_duration_beyond_the_longest_is_a_usage_error_with_its_envelope(
     assert result.error_code == "USAGE_ERROR"
     assert "36500d" in result.envelope["error"]["message"]
     assert not (tmp_path / ".bulkrelay" / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["prune", "--keep", "99999999999999999999", "--dry-run"],
+        ["prune", "--keep", "0"],
+        ["demo", "--rows", "0"],
+        ["demo", "--rows", "99999999999999999999"],  # would write rows until the disk is full
+        ["run", "job.yaml", "--shards", "99999999999999999999"],
+    ],
+    ids=["keep-huge", "keep-zero", "demo-none", "demo-huge", "shards-huge"],
+)
+def test_a_count_out_of_its_range_is_a_usage_error_naming_the_flag(tmp_path: Path, args: list[str]) -> None:
+    result = run_cli(*args, cwd=tmp_path, env=cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state")))
+    assert result.exit_code == ExitCode.ARG_ERROR, (result.envelope, result.stderr)
+    assert result.error_code == "USAGE_ERROR"
+    flag = next(arg for arg in args if arg.startswith("--") and arg != "--dry-run")
+    assert result.envelope["error"]["message"].startswith(f"{flag}: expected a whole number from 1 to ")
+    assert not (tmp_path / ".bulkrelay").exists()  # the demo wrote nothing
