@@ -138,6 +138,10 @@ def _classification(name: str) -> str:
     return name
 
 
+def _add_job_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", type=Path, metavar="JOB", help="the job file (YAML, version 1)")
+
+
 def _add_input(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input", metavar="FILE", help="read records from FILE instead of the job's input; - for stdin"
@@ -188,7 +192,7 @@ def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
 
 def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="preflight, then relay every record")
-    p.add_argument("job", type=Path, metavar="JOB")
+    _add_job_file(p)
     _add_input(p)
     _add_runs_dir(p)
     p.add_argument(
@@ -218,7 +222,7 @@ def _add_sync_state(sub: argparse._SubParsersAction[_Parser]) -> None:
         ("verify", "check the sync state against the job's journals (exit 4 when they differ)"),
     ):
         sp = sync_sub.add_parser(action, help=text)
-        sp.add_argument("job", type=Path, metavar="JOB")
+        _add_job_file(sp)
         _add_runs_dir(sp)
 
 
@@ -292,11 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_preflight_commands(sub: Any) -> None:
     """The commands that send nothing: validate and render."""
     p = sub.add_parser("validate", help="full preflight of the job and every record; sends nothing")
-    p.add_argument("job", type=Path, metavar="JOB")
+    _add_job_file(p)
     _add_input(p)
 
     p = sub.add_parser("render", help="show the exact requests some rows would send, secrets redacted")
-    p.add_argument("job", type=Path, metavar="JOB")
+    _add_job_file(p)
     _add_input(p)
     p.add_argument("--rows", help="rows to render, e.g. 1-5 or 3,7-9 (default: the first five)")
 
@@ -353,7 +357,9 @@ def _add_job_commands(sub: Any) -> None:
         ("cancel", "stop a job, aborting its requests in flight; wait for its end up to the budget"),
     ):
         jp = job_sub.add_parser(action, help=text)
-        jp.add_argument("job_id", metavar="JOB_ID")
+        jp.add_argument(
+            "job_id", metavar="JOB_ID", help="the job_id a budgeted call returned, e.g. run-0123456789"
+        )
         if action in ("wait", "cancel"):
             _add_global(jp, "--budget", type=_duration, metavar="DUR", help="how long to hold the call")
 

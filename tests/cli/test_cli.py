@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,6 +54,27 @@ def test_every_command_has_help_and_docs(command: str) -> None:
     assert b"usage:" in proc.stdout
     documented = (DOCS / "commands.md").read_text()
     assert re.search(rf"^## `bulkrelay {re.escape(command)}\b", documented, re.MULTILINE), command
+
+
+def _parsers(parser: argparse.ArgumentParser, name: str = "bulkrelay") -> Iterator[tuple[str, Any]]:
+    """Every parser of the command line with its name, hidden subcommands (`_job-worker`) left out."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                if not sub_name.startswith("_"):
+                    yield from _parsers(sub, f"{name} {sub_name}")
+
+
+def test_every_argument_of_every_command_says_what_it_is() -> None:
+    """`--help` must explain positionals too: a bare `JOB` or `JOB_ID` leaves a stranger guessing."""
+    unexplained = [
+        f"{name}: {action.metavar or action.dest}"
+        for name, parser in _parsers(build_parser())
+        for action in parser._actions
+        if not action.help and not isinstance(action, argparse._SubParsersAction)
+    ]
+    assert unexplained == []
 
 
 @pytest.mark.parametrize(
