@@ -366,9 +366,21 @@ def _add_job_commands(sub: Any) -> None:
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     """The parsed command line, global flags settled wherever they stood."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, leftover = parser.parse_known_args(argv)
+    if leftover:
+        _refuse_misplaced_global(args, leftover)
+        parser.error(f"unrecognized arguments: {' '.join(leftover)}")
     _settle_globals(args)
     return args
+
+
+def _refuse_misplaced_global(args: argparse.Namespace, leftover: list[str]) -> None:
+    """A global flag after a subcommand that does not take it is left over (and its value may have
+    passed for a positional): name the flag and the command, as `_settle_globals` does before it."""
+    for flag, _ in _GLOBAL_FLAGS.values():
+        if any(word == flag or word.startswith(f"{flag}=") for word in leftover):
+            raise _not_taken(flag, args)
 
 
 def _settle_globals(args: argparse.Namespace) -> None:
@@ -379,11 +391,15 @@ def _settle_globals(args: argparse.Namespace) -> None:
             if not hasattr(args, dest):
                 setattr(args, dest, default)
         elif hasattr(args, dest):
-            raise UsageError(
-                f"{flag} does not apply to `bulkrelay {command_name(args)}`",
-                suggestion=f"see `bulkrelay {command_name(args)} --help`",
-            )
+            raise _not_taken(flag, args)
     vars(args).pop("json")  # read before parsing by json_mode(), so even a usage error is JSON
+
+
+def _not_taken(flag: str, args: argparse.Namespace) -> UsageError:
+    command = command_name(args)
+    return UsageError(
+        f"{flag} does not apply to `bulkrelay {command}`", suggestion=f"see `bulkrelay {command} --help`"
+    )
 
 
 def command_name(args: argparse.Namespace) -> str:

@@ -103,12 +103,24 @@ def test_global_flags_also_stand_before_the_subcommand(tmp_path: Path) -> None:
     assert [r["run_dir"] for r in listed.data["runs"]] == [ran.data["run_dir"]]
 
 
-def test_a_global_flag_the_command_does_not_take_is_a_usage_error(tmp_path: Path) -> None:
-    result = run_cli("--timeout", "5s", "status", tmp_path)
+@pytest.mark.parametrize(
+    ("argv", "flag", "command"),
+    [
+        (["--timeout", "5s", "status", "RUN"], "--timeout", "status"),
+        (["status", "RUN", "--timeout", "5s"], "--timeout", "status"),
+        (["job", "status", "--budget", "5s", _UNKNOWN_JOB], "--budget", "job status"),
+        (["job", "status", _UNKNOWN_JOB, "--budget=5s"], "--budget", "job status"),
+        (["validate", "job.yaml", "--log-file", "x.log"], "--log-file", "validate"),
+    ],
+)
+def test_a_global_flag_the_command_does_not_take_is_a_usage_error_naming_both(
+    tmp_path: Path, argv: list[str], flag: str, command: str
+) -> None:
+    """In either position: after the subcommand, its value must not pass for a positional."""
+    result = run_cli(*argv, cwd=tmp_path)
     assert result.exit_code == ExitCode.ARG_ERROR
     assert result.error_code == "USAGE_ERROR"
-    assert "--timeout" in result.envelope["error"]["message"]
-    assert "status" in result.envelope["error"]["message"]
+    assert result.envelope["error"]["message"] == f"{flag} does not apply to `bulkrelay {command}`"
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["job", "wait", "-h"]])
