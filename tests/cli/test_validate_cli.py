@@ -205,6 +205,14 @@ def test_missing_secret(tmp_path: Path) -> None:
     assert "API_TOKEN" in result.envelope["error"]["message"]
 
 
+def test_an_empty_secret_is_missing_and_the_message_says_empty_not_unset(tmp_path: Path) -> None:
+    """`API_TOKEN=` in an env file: an operator told "not set" looks at the wrong thing."""
+    result = run_cli("validate", write(tmp_path), env=cli_env(API_TOKEN=""))
+    assert result.exit_code == ExitCode.PRECONDITION
+    assert result.error_code == "SECRET_MISSING"
+    assert result.envelope["error"]["message"] == "environment variable not set or empty: API_TOKEN"
+
+
 JSONL_JOB = JOB.replace("people.csv", "people.jsonl")
 
 
