@@ -166,7 +166,10 @@ class _Builder:
 
 def load_yaml(text: str, file: str) -> tuple[Any, LineMap]:
     """Parse one YAML document strictly. Raises `ConfigInvalid` naming every problem and its line."""
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)  # its reader refuses a NUL or control character at once
+    except yaml.reader.ReaderError as exc:
+        raise ConfigInvalid([_character_problem(exc, text, file)]) from None
     try:
         root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
@@ -191,6 +194,12 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, file: str) -> Problem:
     if exc.context and exc.problem:
         reason = f"{exc.context}: {exc.problem}"
     return Problem(f"invalid YAML: {reason}", file=file, line=line)
+
+
+def _character_problem(exc: yaml.reader.ReaderError, text: str, file: str) -> Problem:
+    line = text.count("\n", 0, exc.position) + 1
+    why = f"the character U+{exc.character:04X} is not allowed in YAML (a NUL, control or unprintable one)"
+    return Problem(f"invalid YAML: {why}", file=file, line=line)
 
 
 def _line(node: Node) -> int:

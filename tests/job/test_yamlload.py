@@ -99,6 +99,13 @@ def test_a_tab_indent_is_a_syntax_error() -> None:
     assert message.startswith("invalid YAML") and line == 2
 
 
+@pytest.mark.parametrize("character", ["\x00", "\x07", "\ufffe"])
+def test_a_character_yaml_does_not_allow_names_its_line(character: str) -> None:
+    message, line, _ = _problem(f"version: 1\nname: a{character}b\n")
+    assert line == 2
+    assert f"U+{ord(character):04X}" in message and "not allowed" in message
+
+
 def test_two_documents_are_refused() -> None:
     assert "single document" in _problem("a: 1\n---\nb: 2\n")[0]
 
