@@ -38,6 +38,7 @@ from bulkrelay.background.state import (
 from bulkrelay.background.worker import LOCK_FD_ENV
 from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
+from bulkrelay.job.durations import MAX_MS
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import spool_stdin_into
 from bulkrelay.ops.invocation import invocation_key
@@ -67,6 +68,8 @@ def resolve_budget(flag_ms: int | None, environ: Mapping[str, str], stdout_is_te
     if raw:
         if not raw.isdigit():
             raise UsageError(f"{BUDGET_ENV}={raw!r} is not a whole number of milliseconds")
+        if int(raw) > MAX_MS:
+            raise UsageError(f"{BUDGET_ENV}={raw!r} is longer than 36500d (about a century), the longest")
         return int(raw)
     return None if stdout_is_terminal else DEFAULT_BUDGET_MS
 

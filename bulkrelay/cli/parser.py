@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -105,10 +105,22 @@ def _add_global(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> No
     parser.set_defaults(accepted_globals=accepted | {action.dest})
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise UsageError(f"expected a whole number of at least 1, not {text!r}")
-    return int(text)
+def _count(flag: str, most: int) -> Callable[[str], int]:
+    """A flag's whole number from 1 to `most`: argparse's `int` would take a number of any length,
+    which nothing downstream can use (and orjson cannot even echo in the envelope)."""
+
+    def parse(text: str) -> int:
+        if not text.isdigit() or not 1 <= int(text) <= most:
+            raise UsageError(f"{flag}: expected a whole number from 1 to {most}, not {text!r}")
+        return int(text)
+
+    return parse
+
+
+def _shard_count(text: str) -> int:
+    from bulkrelay.ops.shard import MAX_SHARDS  # loaded only when the flag is given
+
+    return _count("--shards", most=MAX_SHARDS)(text)
 
 
 def _duration(text: str) -> int:
@@ -124,6 +136,10 @@ def _classification(name: str) -> str:
             context={"classification": name, "valid": list(CLASSIFICATIONS)},
         )
     return name
+
+
+def _add_job_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", type=Path, metavar="JOB", help="the job file (YAML, version 1)")
 
 
 def _add_input(parser: argparse.ArgumentParser) -> None:
@@ -176,7 +192,7 @@ def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
 
 def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="preflight, then relay every record")
-    p.add_argument("job", type=Path, metavar="JOB")
+    _add_job_file(p)
     _add_input(p)
     _add_runs_dir(p)
     p.add_argument(
@@ -189,7 +205,7 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--shard", metavar="K/N", help="relay only shard K of N (from 0; also BULKRELAY_SHARD)")
     p.add_argument(
         "--shards",
-        type=_positive_int,
+        type=_shard_count,
         metavar="N",
         help="one of N shards, K from JOB_COMPLETION_INDEX (a Kubernetes Indexed Job)",
     )
@@ -206,7 +222,7 @@ def _add_sync_state(sub: argparse._SubParsersAction[_Parser]) -> None:
         ("verify", "check the sync state against the job's journals (exit 4 when they differ)"),
     ):
         sp = sync_sub.add_parser(action, help=text)
-        sp.add_argument("job", type=Path, metavar="JOB")
+        _add_job_file(sp)
         _add_runs_dir(sp)
 
 
@@ -237,7 +253,12 @@ def _add_operations(sub: Any) -> None:
     _add_run_ref(p)
 
     p = sub.add_parser("prune", help="remove finished runs that retention no longer keeps")
-    p.add_argument("--keep", type=int, metavar="N", help="keep the newest N finished runs of each job")
+    p.add_argument(
+        "--keep",
+        type=_count("--keep", most=1_000_000),
+        metavar="N",
+        help="keep the newest N finished runs of each job",
+    )
     p.add_argument("--older-than", metavar="AGE", help="remove only runs older than AGE, e.g. 30d")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
     _add_runs_dir(p)
@@ -260,7 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sync_state(sub)
     _add_job_commands(sub)
     p = sub.add_parser("demo", help="run an example job against an embedded local target")
-    p.add_argument("--rows", type=int, default=3000, help="how many rows the demo sends (default 3000)")
+    p.add_argument(
+        "--rows",
+        type=_count("--rows", most=1_000_000),
+        default=3000,
+        help="how many rows the demo sends (default 3000, at most 1000000)",
+    )
     _add_runs_dir(p)
     p = sub.add_parser("_job-worker")  # no help=: a hidden subcommand is never listed
     p.add_argument("job_id")
@@ -270,11 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_preflight_commands(sub: Any) -> None:
     """The commands that send nothing: validate and render."""
     p = sub.add_parser("validate", help="full preflight of the job and every record; sends nothing")
-    p.add_argument("job", type=Path, metavar="JOB")
+    _add_job_file(p)
     _add_input(p)
 
     p = sub.add_parser("render", help="show the exact requests some rows would send, secrets redacted")
-    p.add_argument("job", type=Path, metavar="JOB")
+    _add_job_file(p)
     _add_input(p)
     p.add_argument("--rows", help="rows to render, e.g. 1-5 or 3,7-9 (default: the first five)")
 
@@ -331,16 +357,30 @@ def _add_job_commands(sub: Any) -> None:
         ("cancel", "stop a job, aborting its requests in flight; wait for its end up to the budget"),
     ):
         jp = job_sub.add_parser(action, help=text)
-        jp.add_argument("job_id", metavar="JOB_ID")
+        jp.add_argument(
+            "job_id", metavar="JOB_ID", help="the job_id a budgeted call returned, e.g. run-0123456789"
+        )
         if action in ("wait", "cancel"):
             _add_global(jp, "--budget", type=_duration, metavar="DUR", help="how long to hold the call")
 
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     """The parsed command line, global flags settled wherever they stood."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, leftover = parser.parse_known_args(argv)
+    if leftover:
+        _refuse_misplaced_global(args, leftover)
+        parser.error(f"unrecognized arguments: {' '.join(leftover)}")
     _settle_globals(args)
     return args
+
+
+def _refuse_misplaced_global(args: argparse.Namespace, leftover: list[str]) -> None:
+    """A global flag after a subcommand that does not take it is left over (and its value may have
+    passed for a positional): name the flag and the command, as `_settle_globals` does before it."""
+    for flag, _ in _GLOBAL_FLAGS.values():
+        if any(word == flag or word.startswith(f"{flag}=") for word in leftover):
+            raise _not_taken(flag, args)
 
 
 def _settle_globals(args: argparse.Namespace) -> None:
@@ -351,11 +391,15 @@ def _settle_globals(args: argparse.Namespace) -> None:
             if not hasattr(args, dest):
                 setattr(args, dest, default)
         elif hasattr(args, dest):
-            raise UsageError(
-                f"{flag} does not apply to `bulkrelay {command_name(args)}`",
-                suggestion=f"see `bulkrelay {command_name(args)} --help`",
-            )
+            raise _not_taken(flag, args)
     vars(args).pop("json")  # read before parsing by json_mode(), so even a usage error is JSON
+
+
+def _not_taken(flag: str, args: argparse.Namespace) -> UsageError:
+    command = command_name(args)
+    return UsageError(
+        f"{flag} does not apply to `bulkrelay {command}`", suggestion=f"see `bulkrelay {command} --help`"
+    )
 
 
 def command_name(args: argparse.Namespace) -> str:

@@ -32,6 +32,7 @@ from typing_extensions import TypeAliasType
 
 from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.job.alphacompat import upgrade_alpha_spellings
+from bulkrelay.job.durations import MAX_SECONDS
 from bulkrelay.job.template import FieldRef, SecretRef, compile_template
 from bulkrelay.job.wire import header_value_refusal, wire_url
 from bulkrelay.job.yamlload import LineMap, format_path, load_yaml
@@ -157,7 +158,9 @@ HeaderName = Annotated[str, AfterValidator(_header_name)]
 NonEmpty = Annotated[str, AfterValidator(_non_empty)]
 StatusCode = Annotated[int, Field(ge=100, le=599)]
 Statuses = Annotated[tuple[StatusCode, ...], BeforeValidator(_list_as_tuple), AfterValidator(_unique)]
-Seconds = Annotated[float, Field(gt=0)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]  # beyond it, timers and clocks overflow
+PauseSeconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+RequestsPerSecond = Annotated[float, Field(gt=0, le=1_000_000)]
 
 
 # --- input ----------------------------------------------------------------------------------
@@ -354,7 +357,7 @@ def _redis_url(value: str) -> str:
 
 
 class RateLimitConfig(_Model):
-    requests_per_second: Seconds
+    requests_per_second: RequestsPerSecond
     shared: Annotated[str, AfterValidator(_redis_url)] | None = None  # one limit for every shard, in Redis
     shared_key: NonEmpty | None = (
         None  # jobs naming the same key share one limit; default: the target's origin
@@ -428,13 +431,13 @@ class MirrorConfig(_Model):
 class RetryConfig(_Model):
     max_attempts: Annotated[int, Field(ge=1, le=100)] = DEFAULT_MAX_ATTEMPTS  # includes the first request
     statuses: Statuses = DEFAULT_RETRY_STATUSES
-    initial_backoff_seconds: Annotated[float, Field(ge=0)] = DEFAULT_INITIAL_BACKOFF_SECONDS
-    max_backoff_seconds: Annotated[float, Field(ge=0)] = DEFAULT_MAX_BACKOFF_SECONDS
+    initial_backoff_seconds: PauseSeconds = DEFAULT_INITIAL_BACKOFF_SECONDS
+    max_backoff_seconds: PauseSeconds = DEFAULT_MAX_BACKOFF_SECONDS
     jitter_ratio: Annotated[float, Field(ge=0, le=1)] = DEFAULT_JITTER_RATIO
     respect_retry_after: bool = DEFAULT_RESPECT_RETRY_AFTER
     # The longest pause a Retry-After or a quota reset may impose; a target asking for a day gets this.
     # Timing only, like the Retry-After it caps: left out of the fingerprint (`config_semantic_dict`).
-    max_retry_after_seconds: Annotated[float, Field(gt=0)] = 300.0
+    max_retry_after_seconds: Seconds = 300.0
 
     @model_validator(mode="after")
     def _backoff_order(self) -> RetryConfig:

@@ -1,6 +1,8 @@
 """Durations as users type them: `500ms`, `30s`, `5m`, `2h`, `30d`, or a bare number of seconds.
 
-A bare number is seconds everywhere, as in the job file's `*_seconds` keys.
+A bare number is seconds everywhere, as in the job file's `*_seconds` keys. No duration is longer
+than `MAX_SECONDS` (36500 days, about a century): far beyond any run, yet a deadline that far off
+still fits a clock, a timer and a 64-bit count of milliseconds, where a longer one would overflow.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import re
 from bulkrelay.errors import UsageError
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}  # d: retention ages
+MAX_SECONDS = 36_500 * 86_400
+MAX_MS = MAX_SECONDS * 1000
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
@@ -21,4 +25,10 @@ def parse_duration_ms(text: str, *, what: str = "duration") -> int:
             suggestion="use 500ms, 30s, 5m, 2h, 30d or a bare number of seconds",
         )
     number, unit = match.groups()
-    return round(float(number) * _UNITS_MS[unit or "s"])
+    ms = float(number) * _UNITS_MS[unit or "s"]
+    if ms > MAX_MS:
+        raise UsageError(
+            f"{what} {text!r} is longer than 36500d (about a century), the longest duration",
+            suggestion="use 0 to turn a budget off, or a shorter duration",
+        )
+    return max(1, round(ms)) if ms > 0 else 0  # a tiny duration is not 0, which turns a budget off

@@ -270,7 +270,7 @@ def resolve_secrets(names: Iterable[str], env: Mapping[str, str]) -> dict[str, s
     if missing:
         listed = ", ".join(missing)
         raise SecretMissing(
-            f"environment variable{'s' if len(missing) > 1 else ''} not set: {listed}",
+            f"environment variable{'s' if len(missing) > 1 else ''} not set or empty: {listed}",
             context={"missing": missing},
             suggestion=f"export {missing[0]}=... before running the job",
         )

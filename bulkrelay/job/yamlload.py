@@ -2,10 +2,10 @@
 
 PyYAML's safe loader still accepts things that surprise an operator in a job file: a repeated key
 silently wins, `2026-01-01` becomes a date, `yes`/`on` become booleans, `010` is octal, `1:30` is
-ninety, `.inf` is a float. This loader composes the node tree itself and builds plain Python values
-(dict, list, str, int, float, bool, None) from it, refusing each of those cases with the line it
-sits on. It also records the line of every node, so a later validation error can point at
-`request.json.age` on line 14.
+ninety, `.inf` is a float, an integer may have more digits than 64 bits hold. This loader composes
+the node tree itself and builds plain Python values (dict, list, str, int, float, bool, None) from
+it, refusing each of those cases with the line it sits on. It also records the line of every node,
+so a later validation error can point at `request.json.age` on line 14.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ _YAML_ONLY_TAGS = {
 }
 _PLAIN_BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
 _LEGACY_OCTAL = re.compile(r"[-+]?0[0-9_]+")
+# JSON bodies, fingerprints and envelopes are written by orjson, which holds integers to 64 bits.
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,10 @@ class _Builder:
         if tag == _INT:
             if ":" in text or _LEGACY_OCTAL.fullmatch(text):
                 return self._reject(node, path, f"{text!r} is a YAML 1.1 octal or base-60 number")
-            return self._loader.construct_yaml_int(node)
+            number = self._loader.construct_yaml_int(node)
+            if not _INT64_MIN <= number <= _INT64_MAX:
+                return self._reject(node, path, f"{text!r} is out of the signed 64-bit integer range")
+            return number
         if tag == _FLOAT:
             value = self._loader.construct_yaml_float(node)
             if ":" in text or not math.isfinite(value):
@@ -161,7 +166,10 @@ class _Builder:
 
 def load_yaml(text: str, file: str) -> tuple[Any, LineMap]:
     """Parse one YAML document strictly. Raises `ConfigInvalid` naming every problem and its line."""
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)  # its reader refuses a NUL or control character at once
+    except yaml.reader.ReaderError as exc:
+        raise ConfigInvalid([_character_problem(exc, text, file)]) from None
     try:
         root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
@@ -186,6 +194,12 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, file: str) -> Problem:
     if exc.context and exc.problem:
         reason = f"{exc.context}: {exc.problem}"
     return Problem(f"invalid YAML: {reason}", file=file, line=line)
+
+
+def _character_problem(exc: yaml.reader.ReaderError, text: str, file: str) -> Problem:
+    line = text.count("\n", 0, exc.position) + 1
+    why = f"the character U+{exc.character:04X} is not allowed in YAML (a NUL, control or unprintable one)"
+    return Problem(f"invalid YAML: {why}", file=file, line=line)
 
 
 def _line(node: Node) -> int:

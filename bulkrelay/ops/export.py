@@ -167,7 +167,15 @@ def _opened(target: Path) -> Iterator[BinaryIO]:
         yield sys.stdout.buffer
         sys.stdout.buffer.flush()
         return
-    with target.open("wb") as out:
+    try:
+        out = target.open("wb")
+    except OSError as exc:  # the user's path, not a fault of ours: say which and why, exit 2
+        raise UsageError(
+            f"cannot write the export to {target}: {exc.strerror or exc}",
+            context={"output": str(target)},
+            suggestion="name with -o a file in a directory you can write to, or - for stdout",
+        ) from None
+    with out:
         yield out
 
 

@@ -29,12 +29,14 @@ from bulkrelay.store.selection import save_selection
 
 
 def parse_statuses(text: str | None) -> frozenset[int] | None:
+    """`--status 503,504`: HTTP statuses, at least one. An empty list would select nothing and
+    exit 0 as if no row had failed (`--status "$CODES"` with CODES unset)."""
     if text is None:
         return None
-    try:
-        return frozenset(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise UsageError(f"--status {text!r}: expected status codes like 503,504") from None
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() and 100 <= int(part) <= 599 for part in parts):
+        raise UsageError(f"--status {text!r}: expected HTTP status codes (100-599) like 503,504")
+    return frozenset(int(part) for part in parts)
 
 
 def failed_rows(

@@ -198,7 +198,9 @@ class AlphaRun:
 def open_listed(path: Path, storage: Storage | None = None) -> RunDir | AlphaRun:
     """The run at `path`, the public alpha's included: what listing a runs directory meets."""
     manifest_path = path / MANIFEST
-    refuse_links(path)  # before anything is read from it: a link could point anywhere
+    # A directory without a manifest is no run, whatever links it holds (`status ~`): say so first.
+    if os.path.lexists(manifest_path):
+        refuse_links(path)  # before anything is read from it: a link could point anywhere
     if not manifest_path.is_file():
         raise NotFound(f"no run directory at {path} (missing {MANIFEST})", context={"run_dir": str(path)})
     data = read_json(manifest_path)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +56,27 @@ def test_every_command_has_help_and_docs(command: str) -> None:
     assert re.search(rf"^## `bulkrelay {re.escape(command)}\b", documented, re.MULTILINE), command
 
 
+def _parsers(parser: argparse.ArgumentParser, name: str = "bulkrelay") -> Iterator[tuple[str, Any]]:
+    """Every parser of the command line with its name, hidden subcommands (`_job-worker`) left out."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                if not sub_name.startswith("_"):
+                    yield from _parsers(sub, f"{name} {sub_name}")
+
+
+def test_every_argument_of_every_command_says_what_it_is() -> None:
+    """`--help` must explain positionals too: a bare `JOB` or `JOB_ID` leaves a stranger guessing."""
+    unexplained = [
+        f"{name}: {action.metavar or action.dest}"
+        for name, parser in _parsers(build_parser())
+        for action in parser._actions
+        if not action.help and not isinstance(action, argparse._SubParsersAction)
+    ]
+    assert unexplained == []
+
+
 @pytest.mark.parametrize(
     ("text", "ms"),
     [
@@ -63,6 +87,9 @@ def test_every_command_has_help_and_docs(command: str) -> None:
         ("1500", 1_500_000),
         ("1.5", 1500),
         ("1.5s", 1500),
+        ("36500d", 36500 * 86_400_000),
+        ("0.0001", 1),  # a budget this short is still a budget: never rounded to 0, which means none
+        ("0", 0),
     ],
 )
 def test_durations(text: str, ms: int) -> None:
@@ -72,6 +99,11 @@ def test_durations(text: str, ms: int) -> None:
 def test_bad_duration_names_itself() -> None:
     with pytest.raises(UsageError, match="'5 parsecs'"):
         parse_duration_ms("5 parsecs")
+
+
+def test_a_duration_longer_than_36500_days_is_refused() -> None:
+    with pytest.raises(UsageError, match="longer than 36500d"):
+        parse_duration_ms("36500.5d")
 
 
 def test_every_exit_code_is_documented() -> None:

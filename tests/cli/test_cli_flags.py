@@ -103,12 +103,24 @@ def test_global_flags_also_stand_before_the_subcommand(tmp_path: Path) -> None:
     assert [r["run_dir"] for r in listed.data["runs"]] == [ran.data["run_dir"]]
 
 
-def test_a_global_flag_the_command_does_not_take_is_a_usage_error(tmp_path: Path) -> None:
-    result = run_cli("--timeout", "5s", "status", tmp_path)
+@pytest.mark.parametrize(
+    ("argv", "flag", "command"),
+    [
+        (["--timeout", "5s", "status", "RUN"], "--timeout", "status"),
+        (["status", "RUN", "--timeout", "5s"], "--timeout", "status"),
+        (["job", "status", "--budget", "5s", _UNKNOWN_JOB], "--budget", "job status"),
+        (["job", "status", _UNKNOWN_JOB, "--budget=5s"], "--budget", "job status"),
+        (["validate", "job.yaml", "--log-file", "x.log"], "--log-file", "validate"),
+    ],
+)
+def test_a_global_flag_the_command_does_not_take_is_a_usage_error_naming_both(
+    tmp_path: Path, argv: list[str], flag: str, command: str
+) -> None:
+    """In either position: after the subcommand, its value must not pass for a positional."""
+    result = run_cli(*argv, cwd=tmp_path)
     assert result.exit_code == ExitCode.ARG_ERROR
     assert result.error_code == "USAGE_ERROR"
-    assert "--timeout" in result.envelope["error"]["message"]
-    assert "status" in result.envelope["error"]["message"]
+    assert result.envelope["error"]["message"] == f"{flag} does not apply to `bulkrelay {command}`"
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["job", "wait", "-h"]])
@@ -137,3 +149,45 @@ def test_a_bare_duration_is_seconds_on_every_flag() -> None:
     assert parser.parse_args(["run", "job.yaml", "--budget", "2.5"]).budget == 2_500
     assert parser.parse_args(["job", "wait", _UNKNOWN_JOB, "--budget", "20"]).budget == 20_000
     assert parser.parse_args(["run", "job.yaml", "--timeout", "300ms"]).timeout == 300
+
+
+@pytest.mark.parametrize(
+    ("args", "extra_env"),
+    [
+        (["--budget", "99999999999999999999"], {}),
+        (["--timeout", "99999999999999999999"], {}),
+        (["--timeout", "36501d"], {}),
+        ([], {"AGENT_CALL_BUDGET_MS": "99999999999999999999"}),
+    ],
+    ids=["budget", "timeout", "timeout-days", "budget-env"],
+)
+def test_a_duration_beyond_the_longest_is_a_usage_error_with_its_envelope(
+    tmp_path: Path, args: list[str], extra_env: dict[str, str]
+) -> None:
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=2)  # nothing may be sent: port 9 is discard
+    env = cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"), **extra_env)
+    result = run_cli("run", job, *args, cwd=tmp_path, env=env)
+    assert result.exit_code == ExitCode.ARG_ERROR, (result.envelope, result.stderr)
+    assert result.error_code == "USAGE_ERROR"
+    assert "36500d" in result.envelope["error"]["message"]
+    assert not (tmp_path / ".bulkrelay" / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["prune", "--keep", "99999999999999999999", "--dry-run"],
+        ["prune", "--keep", "0"],
+        ["demo", "--rows", "0"],
+        ["demo", "--rows", "99999999999999999999"],  # would write rows until the disk is full
+        ["run", "job.yaml", "--shards", "99999999999999999999"],
+    ],
+    ids=["keep-huge", "keep-zero", "demo-none", "demo-huge", "shards-huge"],
+)
+def test_a_count_out_of_its_range_is_a_usage_error_naming_the_flag(tmp_path: Path, args: list[str]) -> None:
+    result = run_cli(*args, cwd=tmp_path, env=cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state")))
+    assert result.exit_code == ExitCode.ARG_ERROR, (result.envelope, result.stderr)
+    assert result.error_code == "USAGE_ERROR"
+    flag = next(arg for arg in args if arg.startswith("--") and arg != "--dry-run")
+    assert result.envelope["error"]["message"].startswith(f"{flag}: expected a whole number from 1 to ")
+    assert not (tmp_path / ".bulkrelay").exists()  # the demo wrote nothing

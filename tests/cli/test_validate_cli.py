@@ -150,6 +150,28 @@ def test_integer_beyond_signed_64_bit_names_row_and_field(tmp_path: Path) -> Non
     assert "signed 64-bit" in problem["message"]
 
 
+@pytest.mark.parametrize("command", ["validate", "render"])
+@pytest.mark.parametrize(
+    ("setting", "path"),
+    [
+        ("  json: {n: {value: 99999999999999999999}}\n", "request.json.n.value"),
+        ("halt: {consecutive_failures: 99999999999999999999}\n", "halt.consecutive_failures"),
+    ],
+    ids=["body-constant", "halt-rule"],
+)
+def test_a_job_file_integer_beyond_64_bit_is_a_config_error_naming_its_line(
+    tmp_path: Path, command: str, setting: str, path: str
+) -> None:
+    body = "  json:\n    email: {from: email}\n    age: {from: age, type: integer}\n"
+    job_text = JOB.replace(body, setting)
+    result = run_cli(command, write(tmp_path, job_text), env=cli_env(API_TOKEN="t0ps3cret"))
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    assert result.error_code == "CONFIG_INVALID"
+    problem = only_problem(result)
+    assert (problem["path"], problem["line"]) == (path, 7)
+    assert "64-bit" in problem["message"]
+
+
 def test_duplicate_record_key(tmp_path: Path) -> None:
     result = validate(write(tmp_path, csv_text="id,email,age\n1,a@x.org,31\n1,b@x.org,42\n"))
     assert result.error_code == "INPUT_INVALID"
@@ -181,6 +203,14 @@ def test_missing_secret(tmp_path: Path) -> None:
     assert result.exit_code == ExitCode.PRECONDITION
     assert result.error_code == "SECRET_MISSING"
     assert "API_TOKEN" in result.envelope["error"]["message"]
+
+
+def test_an_empty_secret_is_missing_and_the_message_says_empty_not_unset(tmp_path: Path) -> None:
+    """`API_TOKEN=` in an env file: an operator told "not set" looks at the wrong thing."""
+    result = run_cli("validate", write(tmp_path), env=cli_env(API_TOKEN=""))
+    assert result.exit_code == ExitCode.PRECONDITION
+    assert result.error_code == "SECRET_MISSING"
+    assert result.envelope["error"]["message"] == "environment variable not set or empty: API_TOKEN"
 
 
 JSONL_JOB = JOB.replace("people.csv", "people.jsonl")

@@ -224,6 +224,30 @@ def test_infinite_rate_is_refused() -> None:
     assert problem.line == 8 and "finite" in problem.message
 
 
+@pytest.mark.parametrize(
+    ("section", "path"),
+    [
+        ("execution:\n  timeout: { read_seconds: %s }\n", "execution.timeout.read_seconds"),
+        ("execution:\n  max_lifetime_seconds: %s\n", "execution.max_lifetime_seconds"),
+        ("execution:\n  idle_timeout_seconds: %s\n", "execution.idle_timeout_seconds"),
+        ("retry:\n  max_backoff_seconds: %s\n", "retry.max_backoff_seconds"),
+        ("retry:\n  max_retry_after_seconds: %s\n", "retry.max_retry_after_seconds"),
+    ],
+)
+def test_seconds_longer_than_36500_days_are_refused(section: str, path: str) -> None:
+    longest = 36500 * 86_400
+    _parse(MINIMAL + section % longest)  # the longest duration itself is fine
+    problem = _only_problem(MINIMAL + section % (longest + 1))
+    assert problem.path == path and problem.line == 8
+    assert f"less than or equal to {longest}" in problem.message
+
+
+def test_a_rate_beyond_a_million_per_second_is_refused() -> None:
+    problem = _only_problem(MINIMAL + "execution:\n  rate_limit: { requests_per_second: 1000001 }\n")
+    assert problem.path == "execution.rate_limit.requests_per_second"
+    assert "less than or equal to 1000000" in problem.message
+
+
 def test_missing_required_key_points_at_parent() -> None:
     problem = _only_problem("version: 1\nrequest:\n  method: GET\n")
     assert problem.path == "request.url"
@@ -312,7 +336,7 @@ def test_default_must_fit_type() -> None:
 
 def test_an_integer_default_must_fit_signed_64_bit() -> None:
     problem = _only_problem(MINIMAL + "    age: { from: age, type: integer, default: 9223372036854775808 }\n")
-    assert problem.path == "request.json.age" and "signed 64-bit" in problem.message
+    assert problem.path == "request.json.age.default" and "signed 64-bit" in problem.message
     assert _parse(MINIMAL + "    age: { from: age, type: integer, default: -9223372036854775808 }\n")
 
 

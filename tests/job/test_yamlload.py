@@ -56,6 +56,8 @@ def test_duplicate_key_names_both_lines() -> None:
         ("flag: off\n", "YAML 1.1 boolean"),
         ("mode: 0755\n", "octal"),
         ("time: 1:30\n", "base-60"),
+        ("count: 9223372036854775808\n", "64-bit"),
+        ("count: -9223372036854775809\n", "64-bit"),
         ("data: !!binary aGk=\n", "binary"),
         ("thing: !custom 1\n", "tag"),
     ],
@@ -97,6 +99,13 @@ def test_a_tab_indent_is_a_syntax_error() -> None:
     assert message.startswith("invalid YAML") and line == 2
 
 
+@pytest.mark.parametrize("character", ["\x00", "\x07", "\ufffe"])
+def test_a_character_yaml_does_not_allow_names_its_line(character: str) -> None:
+    message, line, _ = _problem(f"version: 1\nname: a{character}b\n")
+    assert line == 2
+    assert f"U+{ord(character):04X}" in message and "not allowed" in message
+
+
 def test_two_documents_are_refused() -> None:
     assert "single document" in _problem("a: 1\n---\nb: 2\n")[0]
 
@@ -104,6 +113,11 @@ def test_two_documents_are_refused() -> None:
 def test_empty_document_is_none() -> None:
     assert load_yaml("", "job.yaml")[0] is None
     assert load_yaml("# only a comment\n", "job.yaml")[0] is None
+
+
+def test_the_64_bit_integer_range_is_accepted_to_its_ends() -> None:
+    value, _ = load_yaml("low: -9223372036854775808\nhigh: 9223372036854775807\n", "job.yaml")
+    assert value == {"low": -(2**63), "high": 2**63 - 1}
 
 
 def test_quoted_and_explicit_strings_stay_strings() -> None:

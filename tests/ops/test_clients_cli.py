@@ -43,3 +43,26 @@ def test_a_proxy_that_is_not_a_url_is_a_config_error(tmp_path: Path) -> None:
     assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
     assert result.error_code == "CONFIG_INVALID"
     assert "execution.proxy" in str(result.envelope["error"])
+
+
+def test_both_clients_send_a_non_ascii_header_value_as_its_utf_8_bytes(tmp_path: Path) -> None:
+    """Preflight accepts it and render shows it, so neither client may refuse it row by row."""
+    sent: dict[str, str] = {}
+    for client in ("reqwest", "httpx"):
+        folder = tmp_path / client
+        folder.mkdir()
+        with TargetProcess() as target:
+            job = write_job(
+                folder,
+                target.url,
+                rows=1,
+                tags={1: "Zoë €"},
+                request={"headers": {"X-Tag": "{tag}"}},
+                execution={"client": client},
+            )
+            result = run_job(job)
+            assert result.exit_code == ExitCode.SUCCESS, (client, journal(result.data["run_dir"]))
+            (request,) = target.requests()
+        value = next(v for k, v in request["headers"].items() if k.lower() == "x-tag")
+        sent[client] = value.encode("latin-1").decode("utf-8")  # the target records bytes as latin-1
+    assert sent == {"reqwest": "Zoë €", "httpx": "Zoë €"}

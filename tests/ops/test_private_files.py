@@ -265,3 +265,14 @@ def test_a_background_run_from_stdin_that_fails_preflight_leaves_only_its_jobs_c
     assert _spools(tmp_path / ".bulkrelay" / "runs" / ".spool", jobs / ".spool") == []
     (job_dir,) = jobs.glob("run-*")
     assert (job_dir / "stdin").read_bytes() == BAD_RECORDS  # owned by the job, removed with it
+
+
+def test_a_directory_that_is_no_run_is_not_found_whatever_links_it_holds(tmp_path: Path) -> None:
+    """`bulkrelay status ~` names no run: it must not advise replacing the links of a home directory."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").symlink_to(tmp_path / "dotfiles-bashrc")
+    for command in ("status", "resume", "export"):
+        result = run_cli(command, home, cwd=tmp_path)
+        assert result.exit_code == ExitCode.NOT_FOUND, (command, result.envelope)
+        assert "missing run.json" in result.envelope["error"]["message"]

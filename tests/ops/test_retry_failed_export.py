@@ -87,6 +87,32 @@ def test_export_failed_refuses_a_foreign_format(tmp_path: Path) -> None:
     assert refused.exit_code == ExitCode.ARG_ERROR
 
 
+def test_export_to_a_place_it_cannot_write_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, 3)
+        run = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+    for output in (tmp_path / "missing" / "rows.csv", tmp_path):  # no such directory; a directory
+        refused = run_cli("export", run.data["run_dir"], "-o", output, cwd=tmp_path)
+        assert refused.exit_code == ExitCode.ARG_ERROR, refused.envelope
+        assert refused.error_code == "USAGE_ERROR"
+        assert refused.envelope["error"]["context"] == {"output": str(output)}
+        assert str(output) in refused.envelope["error"]["message"]
+
+
+def test_retry_failed_refuses_a_status_list_that_names_no_status(tmp_path: Path) -> None:
+    """`--status "$CODES"` with CODES empty must not quietly retry nothing and exit 0."""
+    with TargetProcess(REJECT_422) as target:
+        job = write_job(tmp_path, target.url, 5)
+        parent = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+        for codes in ("", " , ", "422,,503", "42", "9999", "99999999999999999999"):
+            refused = run_cli(
+                "retry-failed", parent.data["run_dir"], "--status", codes, "--budget", "0", cwd=tmp_path
+            )
+            assert refused.exit_code == ExitCode.ARG_ERROR, (codes, refused.envelope)
+            assert refused.envelope["error"]["message"].startswith(f"--status {codes!r}: ")
+        assert target.stats()["requests"] == 5  # the parent's only
+
+
 def test_retry_failed_refuses_an_unknown_classification_naming_the_valid_ones(tmp_path: Path) -> None:
     with TargetProcess(REJECT_422) as target:
         job = write_job(tmp_path, target.url, 5)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Iterable
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
@@ -45,7 +46,7 @@ class HttpxTransport:
     async def send(self, request: PreparedRequest) -> Response:
         try:
             outgoing = self._client.build_request(
-                request.method, request.url, headers=list(request.headers), content=request.body
+                request.method, request.url, headers=_utf8_headers(request.headers), content=request.body
             )
         except (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError, ValueError):
             raise invalid_request() from None
@@ -155,6 +156,12 @@ def _translate(exc: httpx.TransportError, url: str) -> TransportError:
     ):
         return ProtocolFailed(f"bad response: {_cause(exc)}")
     return ProtocolFailed(f"connection broken: {_cause(exc)}")
+
+
+def _utf8_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    """Values as UTF-8 bytes, as reqwest sends them and preflight accepts them: httpx encodes a str
+    value as ASCII and would refuse `Zoë` row by row, as if the target could not be reached."""
+    return [(name.encode(), value.encode()) for name, value in headers]
 
 
 def _cause(exc: BaseException) -> str:
