@@ -43,6 +43,7 @@ from bulkrelay.job.inputs import spool_stdin_into
 from bulkrelay.ops.invocation import invocation_key
 from bulkrelay.private import open_private
 from bulkrelay.relay.stopping import StopReason
+from bulkrelay.store.atomic import move_file
 from bulkrelay.store.rundir import RunDir, RunState, is_locked
 
 BUDGET_ENV = "AGENT_CALL_BUDGET_MS"
@@ -188,7 +189,7 @@ def _start_background_job(
             spec = replace(spec, deadline=earlier.deadline)
     background = BackgroundJob.create(spec)
     if spool is not None:
-        os.replace(spool, background.stdin_path)
+        move_file(spool, background.stdin_path)
     _spawn(background, stdin=background.stdin_path if spool is not None else None)
     remember_background_job(key, background)
     return background

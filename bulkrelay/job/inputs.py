@@ -162,7 +162,14 @@ class InputIdentity:
 
     @classmethod
     def of(cls, fd: int) -> InputIdentity:
-        st = os.fstat(fd)
+        return cls._of_stat(os.fstat(fd))
+
+    @classmethod
+    def of_path(cls, path: Path) -> InputIdentity:
+        return cls._of_stat(os.stat(path))
+
+    @classmethod
+    def _of_stat(cls, st: os.stat_result) -> InputIdentity:
         return cls(device=st.st_dev, inode=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns)
 
     def differences(self, now: InputIdentity) -> dict[str, dict[str, int]]:
