@@ -349,7 +349,7 @@ def prepared_input(input_arg: str | None, spool_dir: Path, suffix: str) -> Itera
     if input_arg != "-":
         yield None if input_arg is None else Path(input_arg)
         return
-    spool = spool_stdin_into(spool_dir, sys.stdin.buffer, suffix)
+    spool = spool_stdin_into(spool_dir, sys.stdin.buffer, suffix).path
     try:
         yield spool
     finally:
