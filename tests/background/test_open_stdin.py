@@ -129,3 +129,21 @@ def test_a_budget_that_runs_out_while_stdin_stays_open_hands_the_rest_of_stdin_t
     kept = tmp_path / "state" / "jobs" / job_id / "stdin"
     assert kept.read_bytes() == HEADER + _rows(1, 12)
     assert _spools(tmp_path) == []
+
+
+def test_job_cancel_while_the_job_still_reads_stdin_ends_it_with_nothing_sent(tmp_path: Path) -> None:
+    env = cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"))
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=1)
+        with _budgeted_run(tmp_path, job, "1s") as proc:
+            _write(proc, HEADER + _rows(1, 3))
+            handed_off = _answer(proc)
+            assert handed_off.exit_code == ExitCode.INCOMPLETE, (handed_off.envelope, handed_off.stderr)
+            job_id = handed_off.data["job_id"]
+            cancelled = run_cli("job", "cancel", job_id, "--budget", "120s", cwd=tmp_path, env=env)
+            ended = run_cli("job", "status", job_id, cwd=tmp_path, env=env)  # stdin is still open here
+        assert target.stats()["requests"] == 0
+    assert cancelled.exit_code == ExitCode.SUCCESS, cancelled.envelope
+    assert cancelled.data["job_exit_code"] == ExitCode.SIGTERM
+    assert ended.error_code == "CANCELLED"
+    assert not list(tmp_path.glob(".bulkrelay/runs/2*"))  # no run was made
