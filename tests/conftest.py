@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,3 +27,15 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
         del os.environ["BULKRELAY_STATE_DIR"]
     else:
         os.environ["BULKRELAY_STATE_DIR"] = previous
+
+
+@pytest.fixture
+def other_file_system(tmp_path: Path) -> Iterator[Path]:
+    """A fresh directory on another file system than `tmp_path` (tmpfs /dev/shm), where a rename from
+    one to the other fails with EXDEV; skipped on a machine without one."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second file system (/dev/shm) beside the test's temporary directory")
+    directory = Path(tempfile.mkdtemp(prefix="bulkrelay-test-", dir=shm))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)

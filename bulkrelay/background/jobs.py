@@ -40,10 +40,11 @@ from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
 from bulkrelay.job.durations import MAX_MS
 from bulkrelay.job.fingerprint import file_sha256
-from bulkrelay.job.inputs import spool_stdin_into
+from bulkrelay.job.inputs import Spool, spool_stdin_into
 from bulkrelay.ops.invocation import invocation_key
 from bulkrelay.private import open_private
 from bulkrelay.relay.stopping import StopReason
+from bulkrelay.store.atomic import move_file
 from bulkrelay.store.rundir import RunDir, RunState, is_locked
 
 BUDGET_ENV = "AGENT_CALL_BUDGET_MS"
@@ -89,15 +90,14 @@ def budgeted(command: str, handler: Handler, key_of: KeyOf | None = None) -> Han
     """`handler` bounded by the call budget; unchanged inside a worker or when there is no budget."""
 
     def call(args: argparse.Namespace) -> Result:
-        if getattr(args, "supervisor", None) is not None:
-            return handler(args)  # inside the worker: synchronous, the job is the budget's business
+        key = key_of or (lambda a, stdin: arguments_key(command, a, stdin))
+        supervisor = getattr(args, "supervisor", None)
+        if supervisor is not None:  # inside the worker: synchronous, the job is the budget's business
+            supervisor.index_under(lambda stdin: key(args, stdin))
+            return handler(args)
         budget_ms = resolve_budget(args.budget, os.environ, sys.stdout.isatty())
         try:
-            if not budget_ms:
-                result = handler(args)
-            else:
-                key = key_of or (lambda a, stdin: arguments_key(command, a, stdin))
-                result = _front(command, args, budget_ms, key)
+            result = _front(command, args, budget_ms, key) if budget_ms else handler(args)
         except BulkRelayError as exc:
             result = Result.from_error(exc)
         if budget_ms is not None:
@@ -111,22 +111,21 @@ def budgeted(command: str, handler: Handler, key_of: KeyOf | None = None) -> Han
 
 
 def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf) -> Result:
-    """Start (or attach to) the invocation's job, then wait for it up to the budget."""
+    """Start (or attach to) the invocation's job, then wait for it up to the budget.
+
+    Standard input is read first, under the CLI's own signal handlers: until it is read there is no
+    work to hand off, so a signal ends the call (130 / 143, nothing sent) however long stdin stays open.
+    A budget that runs out first hands the job the rest of stdin to read."""
     started = float(getattr(args, "started", time.monotonic()))
-    with _hand_off_on_signal() as handed_off:
-        spool = _spool_stdin() if getattr(args, "input", None) == "-" else None
-        try:
-            key = key_of(args, spool)
-            with index_locked():
-                remove_expired()
-                background = background_job_for_key(key)
-                if background is None or background.state().final:
-                    background = _start_background_job(command, args, key, spool, previous=background)
-                    spool = None  # it moved into the job
-        finally:
-            if spool is not None:
-                spool.unlink(missing_ok=True)
-        result = wait_for(background, budget_ms, started=started, handed_off=handed_off)
+    deadline = started + budget_ms / 1000
+    spool = _spool_stdin(deadline) if getattr(args, "input", None) == "-" else None
+    try:
+        with _hand_off_on_signal() as handed_off:
+            background = _job_of_invocation(command, args, key_of, spool)
+            result = wait_for(background, budget_ms, started=started, handed_off=handed_off)
+    finally:
+        if spool is not None:
+            spool.path.unlink(missing_ok=True)  # moved into the job, or no job took it
     if result.exit_code == ExitCode.INCOMPLETE and unattended(os.environ):
         result.warnings.append(_unattended_warning(background, budget_ms))
     return result
@@ -165,12 +164,33 @@ def _hand_off_on_signal() -> Iterator[Callable[[], str | None]]:
             signal.signal(sig, handler)
 
 
-def _spool_stdin() -> Path:
-    return spool_stdin_into(background_jobs_root() / ".spool", sys.stdin.buffer)
+def _spool_stdin(deadline: float) -> Spool:
+    def budget_spent() -> bool:
+        return time.monotonic() >= deadline
+
+    return spool_stdin_into(background_jobs_root() / ".spool", sys.stdin.buffer, stop=budget_spent)
+
+
+def _job_of_invocation(
+    command: str, args: argparse.Namespace, key_of: KeyOf, spool: Spool | None
+) -> BackgroundJob:
+    """The identical invocation's live job, else a new one. A job given stdin before its end has no
+    key yet (the key holds the stdin digest): its worker indexes it once it has read the rest."""
+    if spool is not None and not spool.complete:
+        with index_locked():
+            remove_expired()
+            return _start_background_job(command, args, "", spool, previous=None)
+    key = key_of(args, spool.path if spool is not None else None)
+    with index_locked():
+        remove_expired()
+        background = background_job_for_key(key)
+        if background is None or background.state().final:
+            background = _start_background_job(command, args, key, spool, previous=background)
+    return background
 
 
 def _start_background_job(
-    command: str, args: argparse.Namespace, key: str, spool: Path | None, previous: BackgroundJob | None
+    command: str, args: argparse.Namespace, key: str, spool: Spool | None, previous: BackgroundJob | None
 ) -> BackgroundJob:
     now = time.time()
     timeout_ms = getattr(args, "timeout", None)
@@ -181,6 +201,7 @@ def _start_background_job(
         key=key,
         created_at=now,
         deadline=now + timeout_ms / 1000 if timeout_ms is not None else None,
+        stdin_rest=spool is not None and not spool.complete,
     )
     if previous is not None and previous.state() is BackgroundJobState.LOST and not previous.cancel_requested:
         # Only the continuation of a lost job keeps its bounds (the lifetime, and the --timeout unless a
@@ -191,19 +212,20 @@ def _start_background_job(
             spec = replace(spec, deadline=earlier.deadline)
     background = BackgroundJob.create(spec)
     if spool is not None:
-        os.replace(spool, background.stdin_path)
-    _spawn(background, stdin=background.stdin_path if spool is not None else None)
-    remember_background_job(key, background)
+        move_file(spool.path, background.stdin_path)
+    _spawn(background, spool)
+    if key:
+        remember_background_job(key, background)
     return background
 
 
-def _spawn(background: BackgroundJob, stdin: Path | None) -> None:
+def _spawn(background: BackgroundJob, spool: Spool | None) -> None:
     """Start the worker detached: its own session, its own stdio, the job's lock already held for it."""
     lock_fd = acquire_lock(background)
     try:
         with (
             open(background.log_path, "ab", opener=open_private) as log,
-            _open_or_devnull(stdin) as stdin_file,
+            _worker_stdin(background, spool) as stdin_file,
         ):
             process = subprocess.Popen(
                 [sys.executable, "-m", "bulkrelay", "_job-worker", background.job_id],
@@ -222,11 +244,15 @@ def _spawn(background: BackgroundJob, stdin: Path | None) -> None:
 
 
 @contextmanager
-def _open_or_devnull(path: Path | None) -> Iterator[Any]:
-    if path is None:
+def _worker_stdin(background: BackgroundJob, spool: Spool | None) -> Iterator[Any]:
+    """The worker's standard input: nothing; the job's copy of the call's stdin; or, when the budget
+    ran out before that stdin ended, the rest of it, which the worker appends to the copy."""
+    if spool is None:
         yield subprocess.DEVNULL
+    elif not spool.complete:
+        yield sys.stdin.fileno()  # read with read1 only: nothing of it waits in this process's buffer
     else:
-        with path.open("rb") as stream:
+        with background.stdin_path.open("rb") as stream:
             yield stream
 
 

@@ -71,6 +71,7 @@ class BackgroundJobSpec:
     created_at: float  # when the work began; a lost job's continuation keeps its predecessor's
     deadline: float | None = None  # absolute, from --timeout
     previous_job: str | None = None  # the lost job this one continues
+    stdin_rest: bool = False  # the call's stdin was still open at the hand-off: the worker reads the rest
 
     @classmethod
     def from_json(cls, path: Path, data: object) -> BackgroundJobSpec:
@@ -83,6 +84,7 @@ class BackgroundJobSpec:
             created_at=fields.number("created_at"),
             deadline=fields.optional_number("deadline"),
             previous_job=fields.optional_text("previous_job"),
+            stdin_rest=fields.flag("stdin_rest") if fields.has("stdin_rest") else False,
         )
 
     def to_json(self, job_id: str) -> dict[str, Any]:
@@ -95,6 +97,7 @@ class BackgroundJobSpec:
             "created_at": self.created_at,
             "deadline": self.deadline,
             "previous_job": self.previous_job,
+            "stdin_rest": self.stdin_rest,
         }
 
 

@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -31,9 +32,13 @@ from bulkrelay.background.state import (
     BackgroundJobStatus,
     WorkerReport,
     acquire_lock,
+    background_job_for_key,
+    index_locked,
+    remember_background_job,
 )
 from bulkrelay.envelope import EnvelopeWarning, Result, to_envelope
-from bulkrelay.errors import BulkRelayError
+from bulkrelay.errors import BulkRelayError, ExitCode
+from bulkrelay.job.inputs import append_stdin
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.stopping import StopControl, StopReason
@@ -54,6 +59,7 @@ class BackgroundSupervisor:
 
     def __init__(self, background: BackgroundJob, spec: BackgroundJobSpec) -> None:
         self._background = background
+        self._stdin_rest = spec.stdin_rest
         self.deadline = spec.deadline  # absolute, from --timeout
         self.started_at = spec.created_at  # max_lifetime_seconds counts from here
         self._snapshot: Snapshot | None = None
@@ -66,6 +72,36 @@ class BackgroundSupervisor:
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signalled = StopReason.INTERRUPTED if signum == signal.SIGINT else StopReason.TERMINATED
+
+    def finish_stdin(self) -> Result | None:
+        """When the call's budget ran out before its stdin ended, read the rest into the job's copy,
+        which then becomes this process's standard input (the command reads it as `--input -`).
+        A signal or `job cancel` meanwhile ends the job there, with nothing sent; None: go on."""
+        if not self._stdin_rest:
+            return None
+        with open(0, "rb", closefd=False) as rest:
+            if not append_stdin(self._background.stdin_path, rest, self._stop_asked):
+                reason = StopReason.CANCELLED if self._background.cancel_requested else self.signalled
+                return _stopped_reading_stdin(reason or StopReason.TERMINATED)
+        fd = os.open(self._background.stdin_path, os.O_RDONLY)
+        os.dup2(fd, 0)
+        os.close(fd)
+        return None
+
+    def index_under(self, key_for: Callable[[Path], str]) -> None:
+        """A job given its stdin before the end was started without its invocation key (the key holds
+        the stdin digest): index it now, so the identical invocation attaches to it, unless another
+        job took that key meanwhile."""
+        if not self._stdin_rest:
+            return
+        key = key_for(self._background.stdin_path)
+        with index_locked():
+            holder = background_job_for_key(key)
+            if holder is None or holder.state().final:
+                remember_background_job(key, self._background)
+
+    def _stop_asked(self) -> bool:
+        return self.signalled is not None or self._background.cancel_requested
 
     def on_rows_read(self, rows_read: int) -> None:
         # Written at once when preflight starts and at its first record, then at most every interval.
@@ -153,6 +189,19 @@ def run_worker(job_id: str, execute: CommandRunner) -> Result:
         os.close(lock_fd)
 
 
+def _stopped_reading_stdin(reason: StopReason) -> Result:
+    return Result(
+        exit_code=ExitCode.SIGINT if reason is StopReason.INTERRUPTED else ExitCode.SIGTERM,
+        kind="error",
+        error={
+            "code": reason.name,
+            "message": f"stopped ({reason}) while still reading standard input: nothing was sent, "
+            "no run was made",
+            "retryable": reason is not StopReason.CANCELLED,
+        },
+    )
+
+
 def _hold_lock(background: BackgroundJob) -> int:
     """The lock the front process took and handed down; taken here when started by hand."""
     inherited = os.environ.pop(LOCK_FD_ENV, None)
@@ -166,7 +215,7 @@ def _hold_lock(background: BackgroundJob) -> int:
 
 def _run_command(argv: list[str], supervisor: BackgroundSupervisor, execute: CommandRunner) -> Result:
     try:
-        return execute(argv, supervisor)
+        return supervisor.finish_stdin() or execute(argv, supervisor)
     except BulkRelayError as exc:
         return Result.from_error(exc)
     except Exception as exc:  # the worker's only catch site: any failure still becomes the job's answer

@@ -166,7 +166,14 @@ class InputIdentity:
 
     @classmethod
     def of(cls, fd: int) -> InputIdentity:
-        st = os.fstat(fd)
+        return cls._of_stat(os.fstat(fd))
+
+    @classmethod
+    def of_path(cls, path: Path) -> InputIdentity:
+        return cls._of_stat(os.stat(path))
+
+    @classmethod
+    def _of_stat(cls, st: os.stat_result) -> InputIdentity:
         return cls(device=st.st_dev, inode=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns)
 
     def differences(self, now: InputIdentity) -> dict[str, dict[str, int]]:
@@ -269,16 +276,51 @@ def _region_changed(
     )
 
 
-def spool_stdin_into(folder: Path, stream: BinaryIO, suffix: str = "") -> Path:
+def _never() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Spool:
+    """A copy of standard input; `complete` is False when it was stopped before the input's end."""
+
+    path: Path
+    complete: bool
+
+
+def spool_stdin_into(
+    folder: Path, stream: BinaryIO, suffix: str = "", *, stop: Callable[[], bool] = _never
+) -> Spool:
     """`spool_stdin` into a fresh private file in `folder` (made 0700 if missing); `suffix` keeps the
-    extension. The caller removes the copy when its command ends, unless a run or job took it."""
+    extension. Once `stop()` is true the copy ends where it is, fsynced, and is not complete (a budget
+    that runs out while stdin stays open). The caller removes the copy when its command ends, unless a
+    run or job took it."""
     make_private_dir(folder)
-    return spool_stdin(folder / f"stdin-{os.getpid()}-{time.time_ns()}{suffix}", stream)
+    dest = folder / f"stdin-{os.getpid()}-{time.time_ns()}{suffix}"
+    return Spool(dest, _spool(dest, stream, stop))
 
 
 def spool_stdin(dest: Path, stream: BinaryIO) -> Path:
     """Copy standard input to a new 0600 file `dest` and fsync it, so the input can be read twice
     (preflight, then send). A failed copy is removed."""
+    _spool(dest, stream, _never)
+    return dest
+
+
+def append_stdin(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
+    """Copy the rest of `stream` to the end of the spool `dest` and fsync it (a background job reading
+    what its call had no time for). False when `stop()` came before the end."""
+    try:
+        with open(dest, "ab", opener=open_private) as out:
+            complete = _copy_to_end(stream, out, stop)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as exc:
+        raise _spool_failed(dest, exc) from exc
+    return complete
+
+
+def _spool(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
     try:
         out = open(dest, "xb", opener=open_private)  # noqa: SIM115 (closed below, removed on failure)
     except OSError as exc:
@@ -288,7 +330,7 @@ def spool_stdin(dest: Path, stream: BinaryIO) -> Path:
         raise
     try:
         with out:
-            _copy_to_end(stream, out)
+            complete = _copy_to_end(stream, out, stop)
             out.flush()
             os.fsync(out.fileno())
     except BaseException as exc:
@@ -296,36 +338,41 @@ def spool_stdin(dest: Path, stream: BinaryIO) -> Path:
         if isinstance(exc, OSError):
             raise _spool_failed(dest, exc) from exc
         raise
-    return dest
+    return complete
 
 
-def _copy_to_end(stream: BinaryIO, out: BinaryIO) -> None:
-    """Copy `stream` to its end, noticing a signal (SIGINT, SIGTERM) however it lands.
+def _copy_to_end(stream: BinaryIO, out: BinaryIO, stop: Callable[[], bool]) -> bool:
+    """Copy `stream` to its end (True), or until `stop()` (False), noticing a signal (SIGINT, SIGTERM)
+    however it lands.
 
     A blocking read of a pipe held open sleeps through a signal that came after the interpreter last
     looked for one and before the read began: the handler would run only once more input came. So a
     descriptor is waited on with select() and a timeout, and read only when it has something (one read:
-    `read1`); between two waits the interpreter runs any handler due."""
+    `read1`); between two waits the interpreter runs any handler due, and `stop` is asked."""
     try:
         fd = stream.fileno()
     except (AttributeError, OSError):  # in memory (io.BytesIO raises io.UnsupportedOperation): never waits
         shutil.copyfileobj(stream, out, _CHUNK)
-        return
+        return True
     read_once: Callable[[int], bytes | None] = getattr(stream, "read1", stream.read)
-    while True:
-        _wait_until_readable(fd)
+    while not stop() and _wait_until_readable(fd, stop):
         chunk = read_once(_CHUNK)
         if chunk == b"":
-            return
+            return True
         if chunk is not None:  # None: a non-blocking descriptor had nothing after all
             out.write(chunk)
+            out.flush()  # the copy on disk holds what was read (a chunk is a whole pipe read: no cost)
+    return False
 
 
-def _wait_until_readable(fd: int) -> None:
-    """Until `fd` has input (or its end), back in the interpreter every _SIGNAL_CHECK_SECONDS so that
-    a signal handler due runs even if the signal came just before the wait began."""
+def _wait_until_readable(fd: int, stop: Callable[[], bool] = _never) -> bool:
+    """Until `fd` has input or its end (True) or `stop()` (False), back in the interpreter every
+    _SIGNAL_CHECK_SECONDS so that a signal handler due runs even if the signal came just before the
+    wait began."""
     while not select.select([fd], [], [], _SIGNAL_CHECK_SECONDS)[0]:
-        pass
+        if stop():
+            return False
+    return True
 
 
 def _spool_failed(dest: Path, exc: OSError) -> StorageFailed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, UsageError
@@ -56,6 +56,15 @@ class Preflight:
     def input_identity(self) -> InputIdentity | None:
         """The file preflight read, in the state it read it."""
         return None if self.expected_input is None else self.expected_input.identity
+
+    def kept_at(self, path: Path) -> Preflight:
+        """This preflight of the same bytes, now kept at `path` (a spool its run took). A rename keeps
+        the file's identity; a copy across file systems makes a new file, so the identity is taken
+        again here. The relay still checks the bytes it reads against the fingerprint."""
+        kept = replace(self, input_spec=replace(self.input_spec, path=path))
+        if self.input_identity is None:
+            return kept
+        return replace(kept, input_identity=InputIdentity.of_path(path))
 
 
 def resolve_input(job: Job, input_override: Path | None, name: str | None = None) -> InputSpec:

@@ -31,7 +31,7 @@ from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import CallbackReporter, FanOut, Reporter, Snapshot
 from bulkrelay.relay.stopping import IdleWatchdog, StopControl, StopReason, stop_at, watch_signals
-from bulkrelay.store.atomic import write_json_atomic
+from bulkrelay.store.atomic import move_file, write_json_atomic
 from bulkrelay.store.liverun import LiveSlot
 from bulkrelay.store.manifest import InputRecord, RunPlan
 from bulkrelay.store.rundir import SUMMARY, RunDir, RunState, utc_now
@@ -349,7 +349,7 @@ def prepared_input(input_arg: str | None, spool_dir: Path, suffix: str) -> Itera
     if input_arg != "-":
         yield None if input_arg is None else Path(input_arg)
         return
-    spool = spool_stdin_into(spool_dir, sys.stdin.buffer, suffix)
+    spool = spool_stdin_into(spool_dir, sys.stdin.buffer, suffix).path
     try:
         yield spool
     finally:
@@ -382,7 +382,7 @@ def start_fresh(
     run = RunDir.create(runs_dir, plan, staging=slot.directory, before_publish=complete)
     if spooled:  # the run reads its own copy now
         kept = Path(run.plan.input.path)
-        preflight = replace(preflight, input_spec=replace(preflight.input_spec, path=kept))
+        preflight = preflight.kept_at(kept)
     slot.claim(run)
     options.announce_run(run)
     with run.locked():
@@ -392,7 +392,7 @@ def start_fresh(
 def _keep_spool(run: RunDir, final: Path, spool: Path) -> None:
     """Move the spooled stdin into the run being built; its manifest names where it will be."""
     name = f"input{''.join(spool.suffixes)}"
-    os.replace(spool, run.path / name)
+    move_file(spool, run.path / name, run.storage)
     run.save(replace(run.manifest, plan=run.plan.with_input_path(final.resolve() / name)))
 
 

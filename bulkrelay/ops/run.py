@@ -3,7 +3,6 @@ or the run directory named on the command line."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from bulkrelay.ops.shard import ShardSpec, shard_of_run
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import Reporter
+from bulkrelay.store.atomic import move_file
 from bulkrelay.store.liverun import LiveSlot, live_slot
 from bulkrelay.store.manifest import Invocation, ShardRecord
 from bulkrelay.store.rundir import RunDir
@@ -100,8 +100,8 @@ def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, 
                     # The run keeps its own copy of the same bytes: this one, which preflight just read
                     # and the relay must read again (the old copy is another file).
                     kept = Path(previous.plan.input.path)
-                    os.replace(request.input_path, kept)
-                    preflight = _with_input(preflight, kept)
+                    move_file(request.input_path, kept, previous.storage)
+                    preflight = preflight.kept_at(kept)
                 return continue_run(previous, preflight, request.options, reporter, slot=slot)
         result = _start_fresh(request, preflight, chosen, reporter, slot=slot, key=key)
     result.warnings[:0] = warnings
@@ -226,10 +226,6 @@ def _discarded(previous: RunDir, changed: InputChanged | ConfigChanged) -> Envel
         f"{changed.message}; started over",
         {"previous_run": previous.run_id, "reason": changed.code},
     )
-
-
-def _with_input(preflight: Preflight, path: Path) -> Preflight:
-    return replace(preflight, input_spec=replace(preflight.input_spec, path=path))
 
 
 def _unfinished_run(runs_dir: Path, key: str) -> RunDir | None:

@@ -1,15 +1,18 @@
-"""Atomic replace of small files: a reader sees the old content or the new, never a mix.
+"""Atomic replace of files: a reader sees the old content or the new, never a mix.
 
 The recipe: write a temp file in the same directory (a rename never crosses file systems), fsync
 it, rename it over the target, then fsync the directory so the rename itself survives a crash.
 A failure at any step leaves the previous file intact and removes the temp file.
+`move_file` moves a whole file the same way, by a plain rename when it can.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +20,53 @@ import orjson
 
 from bulkrelay.errors import BulkRelayError, JournalCorrupt, NotFound, StorageFailed
 from bulkrelay.private import open_private
-from bulkrelay.store.storage import Storage
+from bulkrelay.store.storage import Storage, storage_failed
+
+_COPY_CHUNK = 1 << 20
 
 
 def write_atomic(path: Path, data: bytes, storage: Storage | None = None) -> None:
     """Replace `path` with `data`, durably."""
+    _replace_with(path, (data,), storage or Storage())
+
+
+def move_file(source: Path, target: Path, storage: Storage | None = None) -> None:
+    """Move `source` over `target`, durably: `target` ends up the whole file or stays as it was.
+
+    A rename when both are on one file system. A rename cannot cross file systems (EXDEV: a directory
+    that is a link or a mount elsewhere), so then the bytes are copied as `write_atomic` writes them
+    (a temp file beside `target`, fsynced, renamed) and `source` is removed only once `target` holds
+    every byte. A failure is `StorageFailed` naming the file; `source` is still there."""
     storage = storage or Storage()
+    try:
+        storage.replace(source, target)
+    except StorageFailed as failed:
+        if failed.context.get("errno") != errno.EXDEV:
+            raise
+        _replace_with(target, _chunks_of(source), storage)
+        with contextlib.suppress(OSError):  # the copy is whole and durable; the owner cleans up the rest
+            source.unlink()
+        return
+    storage.fsync_dir(target.parent)
+
+
+def _chunks_of(path: Path) -> Iterator[bytes]:
+    try:
+        with open(path, "rb", opener=open_private) as stream:
+            while chunk := stream.read(_COPY_CHUNK):
+                yield chunk
+    except OSError as exc:
+        raise storage_failed("read", str(path), exc) from exc
+
+
+def _replace_with(path: Path, chunks: Iterable[bytes], storage: Storage) -> None:
+    """Replace `path` with the concatenated `chunks`, durably (the recipe at the top)."""
     temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = storage.open_new(temp)
     try:
         try:
-            storage.write(fd, data)
+            for chunk in chunks:
+                storage.write(fd, chunk)
             storage.fsync(fd)
         except BaseException:
             with contextlib.suppress(StorageFailed):

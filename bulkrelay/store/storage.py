@@ -39,44 +39,44 @@ class Storage:
                 written = os.write(fd, view)
                 view = view[written:]
         except OSError as exc:
-            raise self._failed("write", self.name_of(fd), exc) from exc
+            raise storage_failed("write", self.name_of(fd), exc) from exc
 
     def fsync(self, fd: int) -> None:
         try:
             os.fsync(fd)
         except OSError as exc:
-            raise self._failed("fsync", self.name_of(fd), exc) from exc
+            raise storage_failed("fsync", self.name_of(fd), exc) from exc
 
     def truncate(self, fd: int, size: int) -> None:
         try:
             os.ftruncate(fd, size)
         except OSError as exc:
-            raise self._failed("truncate", self.name_of(fd), exc) from exc
+            raise storage_failed("truncate", self.name_of(fd), exc) from exc
 
     def close(self, fd: int) -> None:
         name = self._names.pop(fd, f"fd {fd}")
         try:
             os.close(fd)
         except OSError as exc:
-            raise self._failed("close", name, exc) from exc
+            raise storage_failed("close", name, exc) from exc
 
     def replace(self, source: Path, target: Path) -> None:
         """Rename `source` over `target` (atomic on POSIX); the caller fsyncs the directory."""
         try:
             os.replace(source, target)
         except OSError as exc:
-            raise self._failed("rename", f"{source} -> {target}", exc) from exc
+            raise storage_failed("rename", f"{source} -> {target}", exc) from exc
 
     def fsync_dir(self, path: Path) -> None:
         """Make the directory's entries (creations, renames) durable."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
-            raise self._failed("open directory", str(path), exc) from exc
+            raise storage_failed("open directory", str(path), exc) from exc
         try:
             os.fsync(fd)
         except OSError as exc:
-            raise self._failed("fsync directory", str(path), exc) from exc
+            raise storage_failed("fsync directory", str(path), exc) from exc
         finally:
             os.close(fd)
 
@@ -87,14 +87,15 @@ class Storage:
         try:
             fd = open_private(path, flags)
         except OSError as exc:
-            raise self._failed("open", str(path), exc) from exc
+            raise storage_failed("open", str(path), exc) from exc
         self._names[fd] = str(path)
         return fd
 
-    @staticmethod
-    def _failed(operation: str, name: str, exc: OSError) -> StorageFailed:
-        reason = exc.strerror or str(exc)
-        return StorageFailed(
-            f"{operation} failed on {name}: {reason}",
-            context={"file": name, "operation": operation, "errno": exc.errno, "os_error": reason},
-        )
+
+def storage_failed(operation: str, name: str, exc: OSError) -> StorageFailed:
+    """The error for a failed `operation` on the file `name`: names the file and the OS error."""
+    reason = exc.strerror or str(exc)
+    return StorageFailed(
+        f"{operation} failed on {name}: {reason}",
+        context={"file": name, "operation": operation, "errno": exc.errno, "os_error": reason},
+    )

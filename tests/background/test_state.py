@@ -86,7 +86,9 @@ def test_the_job_files_keep_their_fields(tmp_path: Path, monkeypatch: pytest.Mon
         "argv": ["run", "job.yaml"],
         "job_id": background.job_id,
     }
-    assert set(spec) == {"job_id", "command", "argv", "cwd", "key", "created_at", "deadline", "previous_job"}
+    assert set(spec) == {
+        *("job_id", "command", "argv", "cwd", "key", "created_at", "deadline", "previous_job", "stdin_rest")
+    }
     assert background.spec() == SPEC
     # The front writes the first status; the worker adds its report, and its exit code at the end.
     assert set(_on_disk(background, "status.json")) == {"state", "progress", "run_dir", "updated_at"}

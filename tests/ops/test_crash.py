@@ -27,7 +27,7 @@ from bulkrelay.relay.progress import NullReporter
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import decode_line, read_journal, scan_journal
 from bulkrelay.store.rundir import RunDir
-from bulkrelay.store.storage import Storage
+from bulkrelay.store.storage import Storage, storage_failed
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.ops.test_resume import assert_each_row_once, resume, sent_ids, stop_midway
@@ -202,7 +202,7 @@ class _FailingJournalStorage(Storage):
             return
         self.journal_fsyncs += 1
         if self.journal_fsyncs == self.fail_at:
-            raise self._failed("fsync", name, OSError(errno.EIO, "Input/output error"))
+            raise storage_failed("fsync", name, OSError(errno.EIO, "Input/output error"))
         super().fsync(fd)
         self.synced_sizes.append(Path(name).stat().st_size)
 

@@ -24,7 +24,7 @@ from bulkrelay.relay.transport.base import Response, TransportSettings
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import JournalEntry, decode_line, read_journal
 from bulkrelay.store.rundir import RunDir
-from bulkrelay.store.storage import Storage
+from bulkrelay.store.storage import Storage, storage_failed
 from tests.ops.test_run_cli import write_job
 
 _HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
@@ -65,7 +65,7 @@ class _FsyncFailsLater(Storage):
     def fsync(self, fd: int) -> None:
         if self.name_of(fd) == self._journal:
             if time.monotonic() >= self._fail_at:
-                raise self._failed("fsync", self._journal, OSError(5, "Input/output error"))
+                raise storage_failed("fsync", self._journal, OSError(5, "Input/output error"))
             super().fsync(fd)
             self.synced_size = os.fstat(fd).st_size
             return

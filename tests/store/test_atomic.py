@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from bulkrelay.errors import JournalCorrupt, NotFound, RunNotResumable, StorageFailed
-from bulkrelay.store.atomic import read_json, write_atomic, write_json_atomic
+from bulkrelay.store.atomic import move_file, read_json, write_atomic, write_json_atomic
 from bulkrelay.store.storage import Storage
 
 
@@ -136,3 +136,52 @@ def test_storage_write_appends_everything(tmp_path: Path) -> None:
         storage.fsync(fd)
         storage.close(fd)
     assert path.read_bytes() == data + data
+
+
+def test_move_file_renames_within_a_file_system(tmp_path: Path) -> None:
+    spy = SpyStorage()
+    source, target = tmp_path / "spool", tmp_path / "kept"
+    source.write_bytes(b"records")
+    inode = source.stat().st_ino
+
+    move_file(source, target, spy)
+
+    assert not source.exists()
+    assert target.read_bytes() == b"records"
+    assert target.stat().st_ino == inode  # renamed, not copied
+    assert spy.calls == ["replace", "fsync_dir"]
+
+
+def test_move_file_across_file_systems_copies_durably_then_removes_the_source(
+    tmp_path: Path, other_file_system: Path
+) -> None:
+    spy = SpyStorage()
+    source, target = other_file_system / "spool", tmp_path / "kept"
+    data = os.urandom(3 << 20)  # more than one copy chunk
+    source.write_bytes(data)
+    target.write_bytes(b"the previous copy")
+
+    move_file(source, target, spy)
+
+    assert target.read_bytes() == data
+    assert not source.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # no temp file left
+    assert spy.calls[0] == "replace"  # the rename was tried first, and failed with EXDEV
+    assert spy.calls[-4:] == ["write", "fsync", "replace", "fsync_dir"]  # then an atomic copy
+    assert spy.dir_fsyncs == [tmp_path]
+
+
+def test_a_failed_move_across_file_systems_names_the_file_and_loses_nothing(
+    tmp_path: Path, other_file_system: Path
+) -> None:
+    source, target = other_file_system / "spool", tmp_path / "kept"
+    source.write_bytes(b"records")
+    target.write_bytes(b"the previous copy")
+
+    with pytest.raises(StorageFailed) as raised:
+        move_file(source, target, SpyStorage(fail_fsync_at=1))
+
+    assert f"{tmp_path}/.kept." in raised.value.message  # the copy being made beside the target
+    assert source.read_bytes() == b"records"  # the spool is still there
+    assert target.read_bytes() == b"the previous copy"  # and the target untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
