@@ -62,9 +62,10 @@ class Preflight:
         the file's identity; a copy across file systems makes a new file, so the identity is taken
         again here. The relay still checks the bytes it reads against the fingerprint."""
         kept = replace(self, input_spec=replace(self.input_spec, path=path))
-        if self.input_identity is None:
+        if self.expected_input is None:
             return kept
-        return replace(kept, input_identity=InputIdentity.of_path(path))
+        expected = replace(self.expected_input, identity=InputIdentity.of_path(path))
+        return replace(kept, expected_input=expected)
 
 
 def resolve_input(job: Job, input_override: Path | None, name: str | None = None) -> InputSpec:
