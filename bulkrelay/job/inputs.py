@@ -14,7 +14,9 @@ import gzip
 import hashlib
 import io
 import itertools
+import json
 import os
+import re
 import select
 import shutil
 import stat
@@ -52,6 +54,11 @@ _JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number"
 # How many records a verified reader hands out between two checks that its file is unchanged (a
 # check is one fstat; each region read is checked too, before its bytes can reach a record).
 _CHECK_EVERY = 64
+# orjson reads an integer beyond its 64-bit range as a float (a 30-digit id would go out as 1.2e+29):
+# a line with a run of 19 digits is read again, its integers checked (the fewest digits out of range
+# is 19, -9999999999999999999).
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+_INTEGER_RANGE = (-(1 << 63), (1 << 64) - 1)
 _COMPILED_WIDTH = 1000  # a CSV header wider than this makes its rows' dicts with dict(zip(...))
 # The relay checks the raw input a region of this many bytes at a time against preflight's digest of
 # it, before any byte of the region reaches a record: 32 bytes of digest a MiB, so memory stays flat.
@@ -491,6 +498,12 @@ def _without_bom(lines: BinaryIO) -> Iterator[bytes]:
     return itertools.chain(head, lines)
 
 
+class _OutOfRange(ValueError):
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
 class RecordStream:
     """The records of one input, read once. After a full iteration `fingerprint()` describes the file."""
 
@@ -599,7 +612,7 @@ class RecordStream:
 
     def _jsonl_records(self) -> Generator[Record, None, int]:
         """One JSON object per line; every line is a row, so row number and line number agree."""
-        loads = orjson.loads
+        loads, long_digits = orjson.loads, _LONG_DIGITS.search
         new_record = tuple.__new__  # Record(...) would go through a Python-level __new__
         line = 0
         try:
@@ -612,6 +625,9 @@ class RecordStream:
                 if type(value) is not dict:
                     self._report(self._not_an_object(value, line))
                     continue
+                if long_digits(raw) is not None and (problem := self._integer_out_of_range(raw, line)):
+                    self._report(problem)
+                    continue
                 yield new_record(Record, (line, line, value))
         except _GZIP_ERRORS as exc:
             self._report_damage(exc)
@@ -619,6 +635,25 @@ class RecordStream:
         if line == 0:
             self._no_records()
         return line
+
+    def _integer_out_of_range(self, raw: bytes, line: int) -> Problem | None:
+        """The problem of a line holding an integer that orjson would have read as a float."""
+        low, high = _INTEGER_RANGE
+
+        def checked(text: str) -> int:
+            if not low <= int(text) <= high:
+                raise _OutOfRange(text)
+            return int(text)
+
+        try:
+            json.loads(raw, parse_int=checked)
+        except _OutOfRange as exc:
+            shown = exc.text if len(exc.text) <= 40 else f"{exc.text[:37]}..."
+            message = f"the integer {shown} is outside the 64-bit range (send it as a string)"
+            return Problem(message, file=self._file, line=line, row=line)
+        except ValueError:  # stricter than orjson somewhere: orjson's reading stands
+            return None
+        return None
 
     def _not_an_object(self, value: object, line: int) -> Problem:
         kind = "null" if value is None else _JSON_TYPE_NAMES.get(type(value), type(value).__name__)

@@ -251,6 +251,39 @@ def test_jsonl_non_object_is_a_problem(tmp_path: Path, line: bytes, kind: str) -
     assert [(p.line, p.message) for p in problems] == [(2, f"expected a JSON object, got {kind}")]
 
 
+@pytest.mark.parametrize(
+    "number",
+    [
+        b"123456789012345678901234567890",
+        b"18446744073709551616",
+        b"-9223372036854775809",
+        b"-9999999999999999999",
+    ],
+)
+def test_jsonl_an_integer_beyond_64_bits_is_a_problem_not_a_float(tmp_path: Path, number: bytes) -> None:
+    """orjson reads such an integer as a float: the id 123456789012345678901234567890 went out as
+    1.2345678901234568e+29."""
+    data = b'{"id": 1}\n{"id": 2, "big": {"list": [' + number + b"]}}\n"
+    records, problems, _ = _read_file(tmp_path, "a.jsonl", data)
+    assert [record.fields["id"] for record in records] == [1]
+    assert [(p.line, p.row) for p in problems] == [(2, 2)]
+    assert (
+        problems[0].message
+        == f"the integer {number.decode()} is outside the 64-bit range (send it as a string)"
+    )
+
+
+def test_jsonl_integers_at_the_64_bit_limits_and_long_digit_strings_stay_as_they_are(tmp_path: Path) -> None:
+    data = b'{"low": -9223372036854775808, "high": 18446744073709551615, "card": "12345678901234567890123"}\n'
+    records, problems, _ = _read_file(tmp_path, "a.jsonl", data)
+    assert problems == []
+    assert records[0].fields == {
+        "low": -9223372036854775808,
+        "high": 18446744073709551615,
+        "card": "12345678901234567890123",
+    }
+
+
 def test_jsonl_empty_file_has_no_records(tmp_path: Path) -> None:
     records, problems, _ = _read_file(tmp_path, "a.jsonl", b"")
     assert records == []
