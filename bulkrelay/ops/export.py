@@ -193,7 +193,7 @@ def export(
     _check_flags(spec, fmt, failed_only=failed_only, with_reasons=with_reasons)
     family = _family(run) + [member for other in shards for member in _family(_same_input(run, other))]
     for member in family:  # the rows after damage would pass for unsent: refuse instead
-        check_committed_journal(member)
+        check_committed_journal(member, "export")
     total = run.plan.input.record_count
     target = output or run.path / f"{'failed' if failed_only else 'export'}.{fmt}"
     results = _LatestResults(family, total)

@@ -382,6 +382,8 @@ def test_a_flipped_byte_before_the_frontier_refuses_with_journal_corrupt(
     context = result.envelope["error"]["context"]
     assert context["line"] == 5 and context["offset"] == starts[4]
     assert "line 5" in result.envelope["error"]["message"]
+    suggestion = result.envelope["error"]["suggestion"]
+    assert "cannot be continued safely" in suggestion and f"restore {journal} from a backup" in suggestion
     assert sum(sent_ids(target).values()) == before
     assert journal.read_bytes() == bytes(data)  # refused, not "repaired"
 
