@@ -142,8 +142,19 @@ def _run_request(args: argparse.Namespace, input_path: Path | None) -> launch.Ru
         idempotency_key=args.idempotency_key,
         options=_options(args),
         full=args.full,
-        shard=resolve_shard(args.shard, args.shards, os.environ),
+        shard=args.shard_spec,
     )
+
+
+def _shard_checked(handler: Callable[[argparse.Namespace], Result]) -> Callable[[argparse.Namespace], Result]:
+    """`handler` once the shard (`--shard`, `--shards`, their variables) is known good: a typo is refused
+    before any input is read, even under a call budget, which copies stdin before the run starts."""
+
+    def call(args: argparse.Namespace) -> Result:
+        args.shard_spec = resolve_shard(args.shard, args.shards, os.environ)
+        return handler(args)
+
+    return call
 
 
 def _run(args: argparse.Namespace) -> Result:
@@ -294,7 +305,7 @@ def _demo(args: argparse.Namespace) -> Result:
 TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "validate": _validate,
     "render": _render,
-    "run": _logged("run", jobs.budgeted("run", _run, _run_key)),
+    "run": _logged("run", _shard_checked(jobs.budgeted("run", _run, _run_key))),
     "resume": _logged("resume", jobs.budgeted("resume", _resume)),
     "status": _status,
     "shards": _shards,

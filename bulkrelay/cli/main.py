@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-from bulkrelay.cli.parser import Answered, command_name, parse_command_line
+from bulkrelay.cli.parser import Answered, command_name, exports_to_stdout, parse_command_line
 from bulkrelay.envelope import Result, dumps_envelope, to_envelope
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         result = _stopped_outside_the_relay("TERMINATED", ExitCode.SIGTERM, signalled.name)
     except Exception as exc:  # the one place an unexpected failure becomes an answer
         result = Result.from_unexpected(exc)
-    emit(result, started=started, as_json=as_json, quiet=quiet)
+    emit(result, started=started, as_json=as_json, quiet=quiet, on_stderr=exports_to_stdout(argv))
     sys.exit(int(result.exit_code))
 
 
@@ -128,13 +128,16 @@ def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Res
 _STDERR_WARNINGS = frozenset({"BUDGET_HANDOFF_UNATTENDED"})
 
 
-def emit(result: Result, *, started: float, as_json: bool, quiet: bool = False) -> None:
+def emit(
+    result: Result, *, started: float, as_json: bool, quiet: bool = False, on_stderr: bool = False
+) -> None:
     """Print the result; a reader that went away (EPIPE) costs the answer, never the exit code.
-    `--quiet`: nothing on success (cron mails any output)."""
+    `--quiet`: nothing on success (cron mails any output). `on_stderr`: stdout carries data
+    (`export -o -`), so the envelope goes to stderr."""
     if quiet and result.exit_code == ExitCode.SUCCESS:
         return
     try:
-        _write_result(result, started=started, as_json=as_json)
+        _write_result(result, started=started, as_json=as_json, on_stderr=on_stderr)
     except OSError as exc:  # EPIPE, or EIO from a terminal that hung up
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)  # so the interpreter's last flush of stdout has somewhere to go
@@ -144,11 +147,10 @@ def emit(result: Result, *, started: float, as_json: bool, quiet: bool = False) 
             sys.stderr.flush()
 
 
-def _write_result(result: Result, *, started: float, as_json: bool) -> None:
+def _write_result(result: Result, *, started: float, as_json: bool, on_stderr: bool) -> None:
     duration_ms = result.meta.pop("work_duration_ms", None)
     if duration_ms is None:
         duration_ms = round((time.monotonic() - started) * 1000)
-    on_stderr = result.meta.pop("envelope_on_stderr", False)  # stdout carries data (`export -o -`)
     payload = result.meta.pop("stdout_payload", None)  # the whole answer (`completion`): no envelope
     envelope = to_envelope(result, duration_ms=int(duration_ms))
     if as_json or on_stderr:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -400,6 +401,15 @@ def _not_taken(flag: str, args: argparse.Namespace) -> UsageError:
     return UsageError(
         f"{flag} does not apply to `bulkrelay {command}`", suggestion=f"see `bulkrelay {command} --help`"
     )
+
+
+def exports_to_stdout(argv: Sequence[str]) -> bool:
+    """`export ... -o -`: stdout carries the rows, so the call's envelope goes to stderr, whatever it
+    says. Read from the raw words, so even a command line that does not parse keeps stdout clean."""
+    if "export" not in argv:
+        return False
+    given = any(flag in ("-o", "--output") and value == "-" for flag, value in pairwise(argv))
+    return given or "--output=-" in argv or "-o-" in argv
 
 
 def command_name(args: argparse.Namespace) -> str:

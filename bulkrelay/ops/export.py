@@ -139,24 +139,28 @@ def _write(
     count = 0
     text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True) if fmt == "csv" else None
     writer: Any = None
-    for fields, result in rows:
-        count += 1
+    try:
+        for fields, result in rows:
+            count += 1
+            if text is not None:
+                if writer is None:
+                    header = list(fields) + ([f"result_{c}" for c in _RESULT_COLUMNS] if with_results else [])
+                    writer = csv.writer(text)
+                    writer.writerow(header)
+                extra = (
+                    [("" if result is None else result.get(c)) for c in _RESULT_COLUMNS]
+                    if with_results
+                    else []
+                )
+                writer.writerow([*fields.values(), *extra])
+            elif with_results:
+                out.write(orjson.dumps({"record": fields, "result": result}) + b"\n")
+            else:
+                out.write(orjson.dumps(fields) + b"\n")
+    finally:  # detached, never closed: closing the wrapper would close `out`, stdout itself for `-o -`
         if text is not None:
-            if writer is None:
-                header = list(fields) + ([f"result_{c}" for c in _RESULT_COLUMNS] if with_results else [])
-                writer = csv.writer(text)
-                writer.writerow(header)
-            extra = (
-                [("" if result is None else result.get(c)) for c in _RESULT_COLUMNS] if with_results else []
-            )
-            writer.writerow([*fields.values(), *extra])
-        elif with_results:
-            out.write(orjson.dumps({"record": fields, "result": result}) + b"\n")
-        else:
-            out.write(orjson.dumps(fields) + b"\n")
-    if text is not None:
-        text.flush()
-        text.detach()
+            text.flush()
+            text.detach()
     return count
 
 
@@ -188,7 +192,7 @@ def export(
     with_reasons: bool = False,
     shards: tuple[Path, ...] = (),
 ) -> Result:
-    """Write the joined rows to `output` (`-`: stdout, the envelope then goes to stderr).
+    """Write the joined rows to `output` (`-`: stdout; the CLI then sends the envelope to stderr).
 
     `shards`: the other shards' run directories of the same input, joined in (rows are disjoint)."""
     run = RunDir.open(run_dir)
@@ -197,7 +201,7 @@ def export(
     _check_flags(spec, fmt, failed_only=failed_only, with_reasons=with_reasons)
     family = _family(run) + [member for other in shards for member in _family(_same_input(run, other))]
     for member in family:  # the rows after damage would pass for unsent: refuse instead
-        check_committed_journal(member)
+        check_committed_journal(member, "export")
     total = run.plan.input.record_count
     target = output or run.path / f"{'failed' if failed_only else 'export'}.{fmt}"
     results = _LatestResults(family, total)
@@ -220,8 +224,7 @@ def export(
         # a delta run: its unsent rows are in the export as `skipped_unchanged`
         skipped_unchanged=sync.skipped_unchanged if sync is not None else None,
     )
-    meta = {"envelope_on_stderr": True} if str(target) == STDOUT else {}
-    return Result(data=data, meta=meta)
+    return Result(data=data)
 
 
 def _check_flags(spec: InputSpec, fmt: str, *, failed_only: bool, with_reasons: bool) -> None:

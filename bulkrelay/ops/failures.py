@@ -53,7 +53,7 @@ def _failed_entries(journal: Path) -> Iterator[JournalEntry]:
 def failures(run_dir: Path) -> Result:
     """The failed rows of one run, grouped by (status_code, classification), largest group first."""
     run = RunDir.open(run_dir)
-    check_committed_journal(run)
+    check_committed_journal(run, "failures")
     groups: dict[tuple[int | None, str], _Group] = {}
     failed = 0
     for entry in _failed_entries(run.journal_path):

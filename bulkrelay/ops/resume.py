@@ -17,9 +17,10 @@ from bulkrelay.errors import ConfigChanged, InputChanged, JournalCorrupt, NotFou
 from bulkrelay.job.config import JobConfig, config_semantic_dict, load_job
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
+from bulkrelay.ops.damage import Command, advice_on_damage
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.journal import recover_torn_tail, scan_journal
+from bulkrelay.store.journal import JournalScan, recover_torn_tail, scan_journal
 from bulkrelay.store.rundir import JOURNAL, RunDir, RunState
 from bulkrelay.store.selection import load_selection
 
@@ -156,26 +157,29 @@ def require_journal(run: RunDir) -> None:
         f"{JOURNAL} is missing from run {run.run_id} (state {run.state}): "
         "which rows were committed cannot be known, so the run is not started over",
         context={"run_dir": str(run.path), "file": str(run.journal_path), "offset": 0, "line": 1},
-        suggestion=(
-            f"restore {run.journal_path} from a backup, or start a new run "
-            "(rows this run delivered would be delivered again)"
-        ),
-    )
+    )  # the suggestion is the caller's: see advice_on_damage
 
 
-def check_committed_journal(run: RunDir) -> None:
+def check_committed_journal(run: RunDir, reader: Command) -> None:
     """Refuse to read a run's results from a journal that is gone or damaged at or before its
-    checkpoint: `retry-failed`, `export` and `failures` would otherwise take the rows after the damage
-    for unsent (or not failed) and quietly leave them out. Reads only; a torn tail is left for resume."""
-    require_journal(run)
-    checkpoint = read_checkpoint(run.path)
-    scan_journal(
-        run.journal_path,
-        committed_seq=checkpoint.seq if checkpoint else 0,
-        committed_offset=checkpoint.offset if checkpoint else 0,
-        row_count=run.plan.input.record_count,
-        prefix=checkpoint.prefix if checkpoint else None,
-    )
+    checkpoint: `retry-failed`, `export` and `failures` (the `reader`) would otherwise take the rows after
+    the damage for unsent (or not failed) and quietly leave them out. Reads only; a torn tail is left for
+    resume."""
+    _scanned_journal(run, run.plan.input.record_count, reader)
+
+
+def _scanned_journal(run: RunDir, record_count: int, command: Command) -> JournalScan:
+    """The journal checked against the checkpoint; damage is refused with advice that fits `command`."""
+    with advice_on_damage(run, command):
+        require_journal(run)
+        checkpoint = read_checkpoint(run.path)
+        return scan_journal(
+            run.journal_path,
+            committed_seq=checkpoint.seq if checkpoint else 0,
+            committed_offset=checkpoint.offset if checkpoint else 0,
+            row_count=record_count,
+            prefix=checkpoint.prefix if checkpoint else None,
+        )
 
 
 def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[EnvelopeWarning]]:
@@ -183,15 +187,7 @@ def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[Enve
 
     Call with the run's lock held.
     """
-    require_journal(run)
-    checkpoint = read_checkpoint(run.path)
-    scan = scan_journal(
-        run.journal_path,
-        committed_seq=checkpoint.seq if checkpoint else 0,
-        committed_offset=checkpoint.offset if checkpoint else 0,
-        row_count=record_count,
-        prefix=checkpoint.prefix if checkpoint else None,
-    )
+    scan = _scanned_journal(run, record_count, "resume")
     warnings: list[EnvelopeWarning] = []
     aside = recover_torn_tail(run.journal_path, scan, run.storage)
     if aside is not None:

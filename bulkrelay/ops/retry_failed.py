@@ -78,7 +78,7 @@ def retry_failed(
     parent = RunDir.open(run_dir)
     if is_locked(parent.path):
         raise RunLocked(f"run {parent.run_id} is still running", context={"run_dir": str(parent.path)})
-    check_committed_journal(parent)
+    check_committed_journal(parent, "retry-failed")
     preflight = _parent_preflight(parent, config, options.rows_read)
     selection = failed_rows(parent, preflight.record_count, parse_statuses(statuses), classification)
     if not len(selection):

@@ -56,9 +56,11 @@ def parse_shard(text: str, source: str = "--shard") -> ShardSpec:
     return _checked(int(match.group(1)), int(match.group(2)), source)
 
 
-def _checked(index: int, count: int, source: str) -> ShardSpec:
+def _checked(index: int, count: int, source: str, count_source: str | None = None) -> ShardSpec:
     if not 1 <= count <= MAX_SHARDS:
-        raise UsageError(f"{source}: the number of shards must be 1 to {MAX_SHARDS}, not {count}")
+        raise UsageError(
+            f"{count_source or source}: the number of shards must be 1 to {MAX_SHARDS}, not {count}"
+        )
     if not 0 <= index < count:
         raise UsageError(
             f"{source}: shard {index} does not exist among {count} (they count from 0 to {count - 1})"
@@ -68,23 +70,28 @@ def _checked(index: int, count: int, source: str) -> ShardSpec:
 
 def resolve_shard(shard: str | None, shards: int | None, environ: Mapping[str, str]) -> ShardSpec | None:
     """The shard of this process: `--shard K/N`, else `BULKRELAY_SHARD`, else `JOB_COMPLETION_INDEX` (a
-    Kubernetes Indexed Job's) of `--shards N` / `BULKRELAY_SHARDS`; None when unsharded."""
+    Kubernetes Indexed Job's) of `--shards N` / `BULKRELAY_SHARDS`; None when unsharded. Reads only its
+    arguments and `environ`, so a typo is refused before any input is read."""
     if shard is not None:
         return parse_shard(shard)
     if environ.get("BULKRELAY_SHARD"):
         return parse_shard(environ["BULKRELAY_SHARD"], "BULKRELAY_SHARD")
+    count_source = "--shards" if shards is not None else "BULKRELAY_SHARDS"
     count_text = str(shards) if shards is not None else environ.get("BULKRELAY_SHARDS")
     if not count_text:
         return None
     if not count_text.isdigit():
-        raise UsageError(f"BULKRELAY_SHARDS must be a whole number, not {count_text!r}")
+        raise UsageError(f"{count_source} must be a whole number, not {count_text!r}")
     index_text = environ.get("JOB_COMPLETION_INDEX")
-    if index_text is None or not index_text.isdigit():
+    if index_text is None:
         raise UsageError(
-            "--shards N needs the shard's index in JOB_COMPLETION_INDEX (set by a Kubernetes Indexed Job)",
+            f"{count_source} needs the shard's index in JOB_COMPLETION_INDEX "
+            "(set by a Kubernetes Indexed Job)",
             suggestion="or name the shard with --shard K/N",
         )
-    return _checked(int(index_text), int(count_text), "JOB_COMPLETION_INDEX")
+    if not index_text.isdigit():
+        raise UsageError(f"JOB_COMPLETION_INDEX must be the shard's index (0, 1, ...), not {index_text!r}")
+    return _checked(int(index_text), int(count_text), "JOB_COMPLETION_INDEX", count_source)
 
 
 def shard_of_run(run: RunDir) -> str | None:

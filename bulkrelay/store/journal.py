@@ -718,7 +718,7 @@ def _prefix_mismatch(path: Path, committed_offset: int) -> JournalCorrupt:
     return JournalCorrupt(
         f"{path.name} does not match {path.parent.name}/checkpoint.json: {reason}",
         context={"file": str(path), "offset": 0, "line": 1, "reason": reason},
-        suggestion="committed results were changed; the run cannot be resumed safely",
+        suggestion=f"committed results were changed: restore {path} from a backup",
     )
 
 
@@ -778,7 +778,7 @@ def _corrupt(path: Path, offset: int, line: int, reason: str) -> JournalCorrupt:
     return JournalCorrupt(
         f"{path.name} is corrupt at line {line} (byte offset {offset}): {reason}",
         context={"file": str(path), "offset": offset, "line": line, "reason": reason},
-        suggestion="committed results were damaged; the run cannot be resumed safely",
+        suggestion=f"committed results were damaged: restore {path} from a backup",
     )
 
 

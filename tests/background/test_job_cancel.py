@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,21 +17,15 @@ from bulkrelay.errors import ExitCode
 from tests.background.test_jobs import _cli, _worker_pid
 from tests.ops.test_run_cli import journal, tag_rule, write_job
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_BUDGET, HANG_BUDGET_MS, HANG_S, wait_for
 
-_SLOW_MS = 30_000  # rows 5 and on: far longer than any budget in these tests
+_SLOW_MS = 2 * HANG_BUDGET_MS  # rows 5 and on: they outlast every call and wait of these tests
 
 
 @pytest.fixture
 def hanging_target() -> Iterator[TargetProcess]:
     with TargetProcess({"rules": [tag_rule("slow", delay_ms=_SLOW_MS)]}) as server:
         yield server
-
-
-def _poll(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _process_gone(pid: int) -> bool:
@@ -52,12 +45,12 @@ def _start_hanging_job(tmp_path: Path, target: TargetProcess) -> tuple[str, int]
         target.url,
         rows=40,
         tags=tags,
-        execution={"concurrency": 4, "timeout": {"read_seconds": 60}},
+        execution={"concurrency": 4, "timeout": {"read_seconds": 3 * HANG_S}},
     )
     started = _cli(tmp_path, "run", job, "--budget", "500ms")
     assert started.exit_code == ExitCode.INCOMPLETE, started.envelope
     job_id = started.data["job_id"]
-    _poll(lambda: target.stats()["requests"] >= 8, "four rows in flight")
+    wait_for(lambda: target.stats()["requests"] >= 8, "four rows in flight")
     return job_id, _worker_pid(tmp_path, job_id)
 
 
@@ -67,16 +60,14 @@ def test_cancel_aborts_requests_in_flight_and_answers_within_its_budget(
     job_id, worker = _start_hanging_job(tmp_path, hanging_target)
     assert _cli(tmp_path, "job", "status", job_id).data["state"] == "running"
 
-    asked = time.monotonic()
-    cancel = _cli(tmp_path, "job", "cancel", job_id, AGENT_CALL_BUDGET_MS="15000")
-    took = time.monotonic() - asked
+    # Answered within its budget (else exit 14, "cancelling"): the rows in flight would outlast it.
+    cancel = _cli(tmp_path, "job", "cancel", job_id, AGENT_CALL_BUDGET_MS=str(HANG_BUDGET_MS))
     assert cancel.exit_code == ExitCode.SUCCESS, cancel.envelope
-    assert took < 15  # the rows in flight would have held it for 30 s
     assert (cancel.data["state"], cancel.data["run_state"]) == ("cancelled", "cancelled")
-    assert cancel.envelope["meta"]["budget_ms"] == 15_000
-    _poll(lambda: _process_gone(worker), "the worker to exit")
+    assert cancel.envelope["meta"]["budget_ms"] == HANG_BUDGET_MS
+    wait_for(lambda: _process_gone(worker), "the worker to exit")
 
-    ended = _cli(tmp_path, "job", "wait", job_id, "--budget", "5s")
+    ended = _cli(tmp_path, "job", "wait", job_id, "--budget", HANG_BUDGET)
     assert ended.error_code == "CANCELLED" and ended.data["state"] == "cancelled"
     # The four rows that were on the wire were aborted: not journaled, nothing started after them.
     assert sorted(e["row_number"] for e in journal(cancel.data["run_dir"])) == [1, 2, 3, 4]
@@ -98,8 +89,8 @@ def test_status_says_cancelling_until_the_worker_has_ended(
         assert (status.exit_code, status.data["state"]) == (ExitCode.INCOMPLETE, "cancelling")
     finally:
         os.kill(worker, signal.SIGCONT)
-    ended = _cli(tmp_path, "job", "wait", job_id, "--budget", "20s")
+    ended = _cli(tmp_path, "job", "wait", job_id, "--budget", HANG_BUDGET)
     assert ended.error_code == "CANCELLED" and ended.data["state"] == "cancelled"
-    _poll(lambda: _process_gone(worker), "the worker to exit")
+    wait_for(lambda: _process_gone(worker), "the worker to exit")
     again = _cli(tmp_path, "job", "cancel", job_id)
     assert (again.exit_code, again.data["state"]) == (ExitCode.SUCCESS, "cancelled")

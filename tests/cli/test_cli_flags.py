@@ -17,6 +17,7 @@ from bulkrelay.errors import ExitCode
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_BUDGET
 
 _UNKNOWN_JOB = "run-0123456789"
 
@@ -73,7 +74,7 @@ def test_every_command_takes_its_flags_after_the_subcommand(tmp_path: Path, budg
         else (ExitCode.NOT_FOUND, ExitCode.NOT_FOUND)  # no budget: no job was started
     )
     _checked(cli("job", "status", job_id, "--json"), ended, "job status")
-    _checked(cli("job", "wait", job_id, "--json", "--budget", "5s"), ended, "job wait")
+    _checked(cli("job", "wait", job_id, "--json", "--budget", HANG_BUDGET), ended, "job wait")
     _checked(cli("job", "cancel", job_id, "--json"), cancelled, "job cancel")
     _checked(cli("demo", "--rows", "5", "--json", "--runs-dir", runs), ExitCode.SUCCESS, "demo")
 

@@ -32,6 +32,7 @@ from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.ops.test_resume import assert_each_row_once, resume, sent_ids, stop_midway
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_S
 
 CRASH_ROWS = 3000
 KILLS = 24
@@ -62,7 +63,7 @@ def _spawn_run(cwd: Path, job: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def _run_held_by(runs_root: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> Path:
+def _run_held_by(runs_root: Path, proc: subprocess.Popen[bytes], timeout: float = HANG_S) -> Path:
     """The run directory whose lock `proc` holds, once it has taken it."""
     pid = str(proc.pid).encode()
     deadline = time.monotonic() + timeout

@@ -4,16 +4,20 @@ and the run reference every run command takes: a run directory, a run id, or `la
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
-from bulkrelay.errors import ExitCode
+from bulkrelay.errors import ExitCode, InputChanged
+from bulkrelay.ops.export import _write
 from bulkrelay.ops.runref import resolve_run
 from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import cli_env, run_cli
@@ -86,6 +90,58 @@ def test_export_failed_with_reasons_writes_csv_to_stdout_and_the_envelope_to_std
     assert by_id["7"]["_attempts"] == "1" and by_id["3"]["_error"]
     envelope = orjson.loads(proc.stderr.splitlines()[-1])
     assert envelope["ok"] is True and envelope["data"]["rows"] == 16
+
+
+def _export_to_stdout(tmp_path: Path, *args: str | Path) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "bulkrelay", "export", *map(str, args)],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_export_to_stdout_sends_every_envelope_to_stderr_failures_too(tmp_path: Path) -> None:
+    # Before, only a successful export's envelope went to stderr: a refusal put its envelope on stdout,
+    # into the CSV a script was writing (`export RUN -o - > failed.csv`), after the rows already there.
+    run_dir, _ = _run_with_failures(tmp_path, rows=5)
+    refusals = [
+        ("NOT_FOUND", (tmp_path / "no-such-run", "-o", "-")),
+        ("USAGE_ERROR", (run_dir, "--with-reasons", "--output", "-")),  # refused by export itself
+        ("USAGE_ERROR", (run_dir, "--format", "xml", "--output=-")),  # refused by the parser
+        ("USAGE_ERROR", (run_dir, "--failed", "--format", "jsonl", "-o-")),
+    ]
+    for code, args in refusals:
+        proc = _export_to_stdout(tmp_path, *args)
+        assert proc.stdout == b"", (args, proc.stdout)
+        envelope = orjson.loads(proc.stderr.splitlines()[-1])
+        assert envelope["error"]["code"] == code, envelope
+        assert envelope["meta"]["exit_code"] == proc.returncode != 0
+
+    records = tmp_path / "data.csv"
+    records.write_text(records.read_text().replace("user5@", "USER5@"))  # the input changed since the run
+    proc = _export_to_stdout(tmp_path, run_dir, "-o", "-")
+    assert proc.returncode == ExitCode.PRECONDITION
+    rows = list(csv.DictReader(io.StringIO(proc.stdout.decode())))  # the rows read so far, nothing else
+    assert [row["id"] for row in rows] == ["1", "2", "3", "4", "5"]
+    assert orjson.loads(proc.stderr.splitlines()[-1])["error"]["code"] == "INPUT_CHANGED"
+
+
+def test_an_export_that_fails_midway_leaves_its_output_open() -> None:
+    # Before, the CSV writer's text wrapper was dropped unclosed on a failure and its finalizer closed
+    # the stream under it: stdout itself for `-o -`, so the CLI died writing the answer (exit 1).
+    def failing_rows() -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
+        yield {"id": "1"}, None
+        raise InputChanged("the input changed since the run")
+
+    out = io.BytesIO()
+    with pytest.raises(InputChanged):
+        _write(out, "csv", failing_rows(), with_results=False)
+    gc.collect()
+    assert not out.closed
+    assert out.getvalue() == b"id\r\n1\r\n"
 
 
 def test_with_reasons_without_failed_is_a_usage_error(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from tests.ops.test_resume import (
     wait_for_lock,
 )
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_S
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ def test_a_run_stopped_by_sigint_continues_on_the_identical_run(
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=30)
+    proc.communicate(timeout=HANG_S)
     assert proc.returncode == ExitCode.SIGINT
     checkpoint = read_checkpoint(run_dir)
     assert checkpoint is not None and 0 < checkpoint.rows_done < ROWS

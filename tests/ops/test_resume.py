@@ -25,6 +25,7 @@ from bulkrelay.store.rundir import is_locked
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_S
 
 ROWS = 150
 SLOW = {"rules": [{"delay_ms": 10}]}  # 4 workers: ~400 rows/s, so a 150 ms timeout stops midway
@@ -382,6 +383,8 @@ def test_a_flipped_byte_before_the_frontier_refuses_with_journal_corrupt(
     context = result.envelope["error"]["context"]
     assert context["line"] == 5 and context["offset"] == starts[4]
     assert "line 5" in result.envelope["error"]["message"]
+    suggestion = result.envelope["error"]["suggestion"]
+    assert "cannot be continued safely" in suggestion and f"restore {journal} from a backup" in suggestion
     assert sum(sent_ids(target).values()) == before
     assert journal.read_bytes() == bytes(data)  # refused, not "repaired"
 
@@ -495,7 +498,7 @@ def _spawn_resume(cwd: Path, run_dir: str) -> subprocess.Popen[bytes]:
     )
 
 
-def wait_for_lock(run_dir: Path, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+def wait_for_lock(run_dir: Path, proc: subprocess.Popen[bytes], timeout: float = HANG_S) -> None:
     """Wait until `proc` holds the run's lock."""
     deadline = time.monotonic() + timeout
     while not (is_locked(run_dir) and (run_dir / "lock").read_bytes().strip() == str(proc.pid).encode()):

@@ -167,6 +167,14 @@ def test_readers_of_results_refuse_a_journal_damaged_before_its_checkpoint(tmp_p
         assert answer.envelope["error"]["code"] == "JOURNAL_CORRUPT", command
         assert answer.envelope["error"]["context"]["line"] == 3, command
     assert not (parent_dir / "failed.csv").exists()
+    # Each refusal says what the user can do with this command, not what only a resume would face.
+    advice = {command: answer.envelope["error"]["suggestion"] for command, answer in answers.items()}
+    journal = str(parent_dir / "results.jsonl")
+    assert all(f"restore {journal} from a backup" in text for text in advice.values()), advice
+    assert "nothing was retried" in advice["retry-failed"] and "bulkrelay run" in advice["retry-failed"]
+    assert "export again" in advice["export"] and "bulkrelay status" in advice["export"]
+    assert "failures again" in advice["failures"] and "bulkrelay status" in advice["failures"]
+    assert not any("resume" in text for text in advice.values()), advice
 
 
 def test_retry_failed_refuses_a_parent_whose_journal_is_gone(tmp_path: Path) -> None:
@@ -181,3 +189,4 @@ def test_retry_failed_refuses_a_parent_whose_journal_is_gone(tmp_path: Path) -> 
     assert again.exit_code == ExitCode.PRECONDITION, again.envelope
     assert again.envelope["error"]["code"] == "JOURNAL_CORRUPT"
     assert "results.jsonl" in again.envelope["error"]["message"]
+    assert "nothing was retried" in again.envelope["error"]["suggestion"]

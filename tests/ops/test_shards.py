@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.relay.ratelimit import most_in_window
@@ -171,3 +172,40 @@ def test_a_shard_is_part_of_the_invocation(tmp_path: Path) -> None:
     assert bad.exit_code == ExitCode.ARG_ERROR and "does not exist" in bad.envelope["error"]["message"]
     manifest = orjson.loads((Path(first.data["run_dir"]) / "run.json").read_bytes())
     assert manifest["shard"] == {"index": 0, "count": 2}
+
+
+_BAD_SHARDS = [
+    (["--shard", "9/4"], {}, "--shard"),
+    (["--shard=-1/4"], {}, "--shard"),
+    (["--shard", "0/0"], {}, "--shard"),
+    (["--shard", "a/b"], {}, "--shard"),
+    ([], {"BULKRELAY_SHARD": "4/4"}, "BULKRELAY_SHARD"),
+    (["--shards", "4"], {"JOB_COMPLETION_INDEX": "7"}, "JOB_COMPLETION_INDEX"),
+    (["--shards", "4"], {"JOB_COMPLETION_INDEX": "x"}, "'x'"),
+    (["--shards", "4"], {}, "JOB_COMPLETION_INDEX"),
+    ([], {"BULKRELAY_SHARDS": "0", "JOB_COMPLETION_INDEX": "0"}, "BULKRELAY_SHARDS"),
+    ([], {"BULKRELAY_SHARDS": "four", "JOB_COMPLETION_INDEX": "0"}, "BULKRELAY_SHARDS"),
+]
+
+
+@pytest.mark.parametrize(("flags", "env", "named"), _BAD_SHARDS)
+def test_a_bad_shard_is_refused_before_any_input_is_read(
+    tmp_path: Path, flags: list[str], env: dict[str, str], named: str
+) -> None:
+    # Before, a run under a call budget (the default without a terminal) copied all of stdin first and
+    # only then looked at the shard: a typo cost a full read, and an unreadable stdin hid the mistake.
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=1)
+    write_only = tmp_path / "write-only"
+    with write_only.open("wb") as unreadable:  # stdin whose first read fails (EBADF)
+        proc = subprocess.run(
+            [sys.executable, "-m", "bulkrelay", "run", str(job), "--input", "-", "--budget", "60s", *flags],
+            cwd=tmp_path,
+            env=cli_env(**env),
+            stdin=unreadable,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+    error = orjson.loads(proc.stdout)["error"]
+    assert (proc.returncode, error["code"]) == (ExitCode.ARG_ERROR, "USAGE_ERROR"), error
+    assert named in error["message"], error

@@ -25,8 +25,9 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.job.inputs import InputSpec, open_records, spool_stdin
 from tests.clirun import cli_env
 from tests.ops.test_run_cli import journal, target_ids, write_job
-from tests.relay.test_engine_faults import _finish, _journal_has_lines, _run_dir, _start_run, _wait_for
+from tests.relay.test_engine_faults import _finish, _journal_has_lines, _run_dir, _start_run
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_S, wait_for
 
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
@@ -34,7 +35,7 @@ def test_sighup_stops_a_run_at_a_safe_point_like_sigterm(tmp_path: Path, signum:
     with TargetProcess({"rules": [{"delay_ms": 200}]}) as target:
         job = write_job(tmp_path, target.url, rows=200)
         proc = _start_run(job)
-        _wait_for(lambda: _journal_has_lines(job), "the first committed rows", 60)
+        wait_for(lambda: _journal_has_lines(job), "the first committed rows", interval=0.02)
         proc.send_signal(signum)
         result = _finish(proc)
         taken = target_ids(target)
@@ -67,7 +68,7 @@ def _spooling_stdin(job: Path) -> tuple[subprocess.Popen[bytes], Callable[[], No
     proc.stdin.write(b"id,email,tag\n1,a@example.com,plain\n")
     proc.stdin.flush()
     spool = job.parent / "runs" / ".spool"
-    _wait_for(lambda: any(spool.glob("stdin-*")), "stdin being spooled", 60)  # made, then read into
+    wait_for(lambda: any(spool.glob("stdin-*")), "stdin being spooled", interval=0.02)  # made, then read into
     return proc, lambda: None  # stdin stays open until the process has answered
 
 
@@ -111,7 +112,7 @@ def test_a_signal_during_start_up_or_preflight_gets_its_envelope_and_sends_nothi
         proc, release_input = start(job)
         try:
             proc.send_signal(signum)
-            proc.wait(timeout=30)
+            proc.wait(timeout=HANG_S)
         finally:
             release_input()
         result = _finish(proc)
@@ -160,9 +161,9 @@ def _signalled_while_waiting_for_input(
 
     def signal_the_process_then_give_up() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
-        _wait_for(lambda: ready() and _waiting_for_input(main), "the read waiting for input", 60)
+        wait_for(lambda: ready() and _waiting_for_input(main), "the read waiting for input", interval=0.02)
         signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # flagged for the main thread
-        if not answered.wait(60):  # only a read that sleeps through the signal gets here
+        if not answered.wait(HANG_S):  # only a read that sleeps through the signal gets here
             given_up.set()
             release()
 

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -20,6 +19,7 @@ from bulkrelay.relay.ratelimit import most_in_window
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.ops.test_run_cli import journal, run_job, tag_rule, target_ids, write_job
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_S, wait_for
 
 # --------------------------------------------------------------------------------- pacing
 
@@ -181,13 +181,6 @@ def _start_run(job: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def _run_dir(job: Path) -> Path:
     found = [p for p in (job.parent / "runs").glob("2*") if (p / "run.json").exists()]
     assert len(found) == 1, found
@@ -200,7 +193,7 @@ def _journal_has_lines(job: Path) -> bool:
 
 
 def _finish(proc: subprocess.Popen[bytes]) -> CliResult:
-    stdout, stderr = proc.communicate(timeout=30)
+    stdout, stderr = proc.communicate(timeout=HANG_S)
     envelope = orjson.loads(stdout)
     assert envelope["meta"]["exit_code"] == proc.returncode
     return CliResult(proc.returncode, envelope, stderr.decode(errors="replace"), stdout)
@@ -210,7 +203,7 @@ def test_sigint_stops_at_a_safe_point_with_journal_equal_to_what_the_target_took
     with TargetProcess({"rules": [{"delay_ms": 200}]}) as target:
         job = write_job(tmp_path, target.url, rows=200)
         proc = _start_run(job)
-        _wait_for(lambda: _journal_has_lines(job), "the first committed rows")
+        wait_for(lambda: _journal_has_lines(job), "the first committed rows", interval=0.02)
         proc.send_signal(signal.SIGINT)
         result = _finish(proc)
         taken = target_ids(target)
@@ -234,7 +227,7 @@ def test_second_sigint_forces_and_leaves_in_flight_rows_pending(tmp_path: Path) 
         tags = {n: "slow" for n in range(5, 41)}
         job = write_job(tmp_path, target.url, rows=40, tags=tags, execution={"concurrency": 4})
         proc = _start_run(job)
-        _wait_for(lambda: target.stats()["requests"] >= 8, "four slow rows in flight")
+        wait_for(lambda: target.stats()["requests"] >= 8, "four slow rows in flight", interval=0.02)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
@@ -257,7 +250,7 @@ def test_a_second_process_on_a_held_run_gets_run_locked(tmp_path: Path) -> None:
         job = write_job(tmp_path, target.url, rows=40, execution={"concurrency": 2})
         proc = _start_run(job)
         try:
-            _wait_for(lambda: _journal_has_lines(job), "the run to be under way")
+            wait_for(lambda: _journal_has_lines(job), "the run to be under way", interval=0.02)
             run_dir = _run_dir(job)
             second = run_cli("resume", run_dir, "--budget", "0", cwd=tmp_path)
             live = run_cli("status", run_dir)

@@ -26,6 +26,7 @@ from bulkrelay.store.journal import (
 )
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.storage import Storage
+from tests.waiting import wait_for
 
 ROWS = 20
 BATCHES = (4, 4, 4, 4)  # checkpoint frontier after batch 3: lines 1-12 committed, 13-16 not yet
@@ -413,10 +414,8 @@ anyio.run(main)
 def test_kill_9_mid_write_leaves_every_checkpointed_row_intact(tmp_path: Path, delay: float) -> None:
     child = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)])
     try:
-        deadline = time.monotonic() + 20
-        while not (tmp_path / CHECKPOINT_FILE).exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(delay)
+        wait_for((tmp_path / CHECKPOINT_FILE).exists, "the first checkpoint", interval=0.01)
+        time.sleep(delay)  # a kill this long after it: the point of the test, not a synchronisation
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
