@@ -423,7 +423,9 @@ async def start_target(plan: dict[str, Any] | None = None, port: int = 0) -> Run
     """Serve the target on 127.0.0.1:`port` (0: any free port) in the running event loop."""
     state = TargetState(plan)
     server = web.Server(state.handle, access_log=None)
-    runner = web.ServerRunner(server)
+    # Stopping waits for requests in flight at most a second: a fault plan can hold one for minutes
+    # (aiohttp's default wait is 60 s; every test whose requests still hung paid 10 s at teardown).
+    runner = web.ServerRunner(server, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
     await site.start()
