@@ -498,6 +498,17 @@ def _without_bom(lines: BinaryIO) -> Iterator[bytes]:
     return itertools.chain(head, lines)
 
 
+def _csv_error(exc: csv.Error) -> str:
+    """The csv module's complaint in the user's terms: its advice about Python's newline mode means
+    a carriage return outside quotes, which a file with CR-only line ends has on every line."""
+    if "new-line character seen in unquoted field" in str(exc):
+        return (
+            "a carriage return (\\r) outside quotes: lines that end in CR alone (an old Mac format) "
+            "must end in LF or CRLF, and a CR inside a value needs the value quoted"
+        )
+    return str(exc)
+
+
 class _OutOfRange(ValueError):
     def __init__(self, text: str) -> None:
         super().__init__(text)
@@ -699,7 +710,9 @@ class RecordStream:
             except csv.Error as exc:
                 row_number += 1
                 start, end = end + 1, reader.line_num + skipped
-                self._report(Problem(f"malformed CSV: {exc}", file=self._file, line=start, row=row_number))
+                self._report(
+                    Problem(f"malformed CSV: {_csv_error(exc)}", file=self._file, line=start, row=row_number)
+                )
             except _GZIP_ERRORS as exc:
                 self._report_damage(exc)
                 return row_number
@@ -715,7 +728,9 @@ class RecordStream:
             self._report(self._undecodable(exc, reader.line_num + 1, None))
             return None
         except csv.Error as exc:
-            self._report(Problem(f"malformed CSV header: {exc}", file=self._file, line=reader.line_num))
+            self._report(
+                Problem(f"malformed CSV header: {_csv_error(exc)}", file=self._file, line=reader.line_num)
+            )
             return None
         if headers is None:
             self._no_records()

@@ -200,6 +200,22 @@ def test_csv_malformed_quoting_is_reported_at_the_record_start(tmp_path: Path) -
     assert all(p.message.startswith("malformed CSV") for p in problems)
 
 
+@pytest.mark.parametrize(
+    ("data", "line", "where"),
+    [(b"id,name\r1,a\r2,b\r", 1, "header"), (b"id,name\n1,a\r2,b\n", 2, "row")],
+)
+def test_csv_a_carriage_return_outside_quotes_is_explained(
+    tmp_path: Path, data: bytes, line: int, where: str
+) -> None:
+    """CR-only line ends (or a stray CR) got the csv module's advice about Python's newline mode."""
+    _, problems, _ = _read_file(tmp_path, "a.csv", data)
+    assert [p.line for p in problems] == [line]
+    message = problems[0].message
+    assert message.startswith("malformed CSV header: " if where == "header" else "malformed CSV: ")
+    assert "carriage return (\\r) outside quotes" in message
+    assert "universal-newline" not in message
+
+
 def test_csv_gzip(tmp_path: Path) -> None:
     records, problems, fingerprint = _read_file(tmp_path, "a.csv.gz", b"id,name\n1,a\n2,b\n")
     assert problems == []
