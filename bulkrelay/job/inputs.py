@@ -16,7 +16,6 @@ import io
 import itertools
 import json
 import os
-import re
 import select
 import shutil
 import stat
@@ -56,8 +55,10 @@ _JSON_TYPE_NAMES = {list: "array", str: "string", int: "number", float: "number"
 _CHECK_EVERY = 64
 # orjson reads an integer beyond its 64-bit range as a float (a 30-digit id would go out as 1.2e+29):
 # a line with a run of 19 digits is read again, its integers checked (the fewest digits out of range
-# is 19, -9999999999999999999).
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# is 19, -9999999999999999999). The run is found by mapping every digit to "0", then a substring
+# search: about 0.4 µs a line, where a regular expression took 2.
+_DIGITS_AS_ZEROS = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_RUN = b"0" * 19
 _INTEGER_RANGE = (-(1 << 63), (1 << 64) - 1)
 _COMPILED_WIDTH = 1000  # a CSV header wider than this makes its rows' dicts with dict(zip(...))
 # The relay checks the raw input a region of this many bytes at a time against preflight's digest of
@@ -623,7 +624,7 @@ class RecordStream:
 
     def _jsonl_records(self) -> Generator[Record, None, int]:
         """One JSON object per line; every line is a row, so row number and line number agree."""
-        loads, long_digits = orjson.loads, _LONG_DIGITS.search
+        loads, as_zeros, long_run = orjson.loads, _DIGITS_AS_ZEROS, _LONG_RUN
         new_record = tuple.__new__  # Record(...) would go through a Python-level __new__
         line = 0
         try:
@@ -636,7 +637,7 @@ class RecordStream:
                 if type(value) is not dict:
                     self._report(self._not_an_object(value, line))
                     continue
-                if long_digits(raw) is not None and (problem := self._integer_out_of_range(raw, line)):
+                if long_run in raw.translate(as_zeros) and (problem := self._integer_out_of_range(raw, line)):
                     self._report(problem)
                     continue
                 yield new_record(Record, (line, line, value))
