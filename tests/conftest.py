@@ -29,13 +29,27 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
         os.environ["BULKRELAY_STATE_DIR"] = previous
 
 
+# Where a directory on another file system than the test's temporary one may be made, in order of
+# preference: tmpfs first (Linux always has /dev/shm), then the disk under the checkout.
+_OTHER_FILE_SYSTEM_CANDIDATES = (
+    Path("/dev/shm"),
+    Path("/var/tmp"),
+    Path(__file__).resolve().parent.parent,
+    Path.home(),
+)
+
+
 @pytest.fixture
 def other_file_system(tmp_path: Path) -> Iterator[Path]:
-    """A fresh directory on another file system than `tmp_path` (tmpfs /dev/shm), where a rename from
-    one to the other fails with EXDEV; skipped on a machine without one."""
-    shm = Path("/dev/shm")
-    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
-        pytest.skip("no second file system (/dev/shm) beside the test's temporary directory")
-    directory = Path(tempfile.mkdtemp(prefix="bulkrelay-test-", dir=shm))
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
+    """A fresh directory on another file system than `tmp_path`, where a rename from one to the other
+    fails with EXDEV. Fails, never skips, on a machine where none of the candidates is one: the tests
+    that use it would prove nothing there."""
+    here = tmp_path.stat().st_dev
+    for candidate in _OTHER_FILE_SYSTEM_CANDIDATES:
+        if candidate.is_dir() and os.access(candidate, os.W_OK) and candidate.stat().st_dev != here:
+            directory = Path(tempfile.mkdtemp(prefix=".bulkrelay-test-", dir=candidate))
+            yield directory
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+    listed = ", ".join(str(candidate) for candidate in _OTHER_FILE_SYSTEM_CANDIDATES)
+    pytest.fail(f"no writable directory on another file system than {tmp_path} among {listed}")
