@@ -408,11 +408,14 @@ def _change_an_unsent_row_keeping_size_and_time(data: Path) -> None:
     ],
     ids=["rewrite", "same_size_row"],
 )
-def test_an_input_changed_between_preflight_and_send_stops_a_delta_run_resumable(
+def test_an_input_changed_between_preflight_and_send_stops_a_run_that_reads_it_again(
     tmp_path: Path, change: Callable[[Path], None], detail: str
 ) -> None:
+    """A mirror night reads its changed rows from the input again (a delta night keeps them, below):
+    the bytes it reads must be the ones preflight chose them from."""
     with TargetProcess(OPEN) as target:
-        job = write_job(tmp_path, target.url, rows=_padded(make_rows(ROWS)), **{**DELTA, **GATED_JOB})
+        mirror = _mirror(target, 0)
+        job = write_job(tmp_path, target.url, rows=_padded(make_rows(ROWS)), **{**mirror, **GATED_JOB})
         _night(tmp_path, job)
         night_2 = write_csv(tmp_path / "data.csv", _padded(_rows_with_changes(CHANGED))).read_bytes()
         target.reset()
@@ -432,6 +435,31 @@ def test_an_input_changed_between_preflight_and_send_stops_a_delta_run_resumable
         (tmp_path / "data.csv").write_bytes(night_2)
         resumed = resume(tmp_path, Path(envelope["data"]["run_dir"]))
         assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
+        assert _delivered(target) == Counter({str(n): 1 for n in CHANGED})
+    assert _state(tmp_path) == _rebuilt(tmp_path)
+
+
+@pytest.mark.parametrize("change", [_rewrite_every_row, _change_an_unsent_row_keeping_size_and_time])
+def test_a_delta_night_sends_the_rows_preflight_chose_as_it_read_them_whatever_the_input_becomes(
+    tmp_path: Path, change: Callable[[Path], None]
+) -> None:
+    """A delta night keeps its few changed rows from preflight and reads nothing again: an input
+    rewritten while the relay sends changes nothing it sends."""
+    with TargetProcess(OPEN) as target:
+        job = write_job(tmp_path, target.url, rows=_padded(make_rows(ROWS)), **{**DELTA, **GATED_JOB})
+        _night(tmp_path, job)
+        write_csv(tmp_path / "data.csv", _padded(_rows_with_changes(CHANGED)))
+        target.reset()
+        target.set_plan(GATE)
+
+        exit_code, envelope = _run_changing_the_input(tmp_path, job, target, change)
+
+        assert exit_code == ExitCode.SUCCESS, envelope
+        assert envelope["data"]["state"] == "completed"
+        delivered = [r["body"] for r in target.requests() if r["status"] == 200]
+        assert len(delivered) == len(CHANGED)
+        assert all("-v2@" in body for body in delivered)  # as preflight read them
+        assert not any("-new" in body or "-v3" in body for body in delivered)
         assert _delivered(target) == Counter({str(n): 1 for n in CHANGED})
     assert _state(tmp_path) == _rebuilt(tmp_path)
 
