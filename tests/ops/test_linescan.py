@@ -259,8 +259,9 @@ def test_a_gzip_input_is_scanned_decompressed_and_fingerprinted_compressed(tmp_p
     [
         ("data.csv", b'id,email\r\n1,a@x\r\n\r\n2,"b\nc"\r\n3,z'),
         ("data.jsonl", b'\xef\xbb\xbf{"id": 1}\n{"id": 2}\n'),
-        ("data.jsonl.gz", gzip.compress(b'{"id": 1}\n') + gzip.compress(b'{"id": 2}\n')),  # two members
+        ("data.jsonl.gz", gzip.compress(b'{"id": 1}\n', mtime=0) + gzip.compress(b'{"id": 2}\n', mtime=0)),
     ],
+    ids=["csv", "jsonl_bom", "gzip_two_members"],  # the same on every worker
 )
 def test_the_size_and_sha256_reported_are_preflight_s(tmp_path: Path, name: str, body: bytes) -> None:
     data = tmp_path / name
