@@ -71,6 +71,16 @@ def _csv_line(header: bytes, line: bytes) -> bytes:
     return line_digest(header_salt(SALT, header), line)
 
 
+def _scan_csv(
+    tmp_path: Path, body: bytes, delivered: list[tuple[str, bytes]], header: bytes = b"id,email"
+) -> Scanned:
+    """Scan `body` as data.csv, the state holding each (key, line) delivered under `header`."""
+    data = tmp_path / "data.csv"
+    data.write_bytes(body)
+    state = _state(tmp_path, [(key, _csv_line(header, line)) for key, line in delivered])
+    return _scan(_spec(data), state, lines=body.count(b"\n") + (not body.endswith(b"\n")))
+
+
 def _fingerprint(spec: InputSpec) -> InputFingerprint:
     """What preflight's reader makes of the same file."""
     with open_records(spec, lambda problem: None) as stream:
@@ -84,21 +94,15 @@ def _fingerprint(spec: InputSpec) -> InputFingerprint:
 
 
 def test_a_csv_line_is_known_only_by_its_digest_under_its_own_key(tmp_path: Path) -> None:
-    data = tmp_path / "data.csv"
-    data.write_bytes(b"id,email\n1,a@x\n2,b@x\n3,c@x\n")
-    header = b"id,email"
-    state = _state(
-        tmp_path,
-        [
-            ("1", _csv_line(header, b"1,a@x")),
-            ("2", _csv_line(header, b"2,OLD@x")),  # delivered from other bytes
-            ("4", _csv_line(header, b"3,c@x")),  # the line's digest, under another key
-        ],
-    )
-    scanned = _scan(_spec(data), state, lines=4)
+    delivered = [
+        ("1", b"1,a@x"),
+        ("2", b"2,OLD@x"),  # delivered from other bytes
+        ("4", b"3,c@x"),  # the line's digest, under another key
+    ]
+    scanned = _scan_csv(tmp_path, b"id,email\n1,a@x\n2,b@x\n3,c@x\n", delivered)
     assert scanned.known == [False, True, False, False]
     assert scanned.digests[0] == NO_DIGEST  # the header is no record
-    assert scanned.digests[2] == _csv_line(header, b"2,b@x")  # what preflight learns for the next night
+    assert scanned.digests[2] == _csv_line(b"id,email", b"2,b@x")  # what preflight learns for the next night
     assert scanned.lines == 4
 
 
@@ -110,35 +114,19 @@ def test_a_csv_line_known_under_another_header_or_salt_is_not_known(tmp_path: Pa
 
 
 def test_csv_lines_with_a_quote_are_never_known_nor_digested(tmp_path: Path) -> None:
-    data = tmp_path / "data.csv"
-    data.write_bytes(b'id,email\n1,"a@x"\n2,"multi\nline",\n3,c"d\n')
-    header = b"id,email"
-    state = _state(
-        tmp_path,
-        [
-            ("1", _csv_line(header, b'1,"a@x"')),
-            ("2", _csv_line(header, b'2,"multi')),
-            ("3", _csv_line(header, b'3,c"d')),
-        ],
-    )
-    scanned = _scan(_spec(data), state, lines=5)
+    delivered = [("1", b'1,"a@x"'), ("2", b'2,"multi'), ("3", b'3,c"d')]
+    scanned = _scan_csv(tmp_path, b'id,email\n1,"a@x"\n2,"multi\nline",\n3,c"d\n', delivered)
     assert scanned.known == [False] * 5
     assert [scanned.digests[n] for n in (1, 2, 4)] == [NO_DIGEST] * 3
 
 
 def test_the_csv_header_is_the_first_line_not_blank_and_loses_its_bom(tmp_path: Path) -> None:
-    data = tmp_path / "data.csv"
-    data.write_bytes(b"\xef\xbb\xbf\n\r\nid,email\n\n1,a@x\n")
-    state = _state(tmp_path, [("1", _csv_line(b"id,email", b"1,a@x"))])
-    scanned = _scan(_spec(data), state, lines=5)
+    scanned = _scan_csv(tmp_path, b"\xef\xbb\xbf\n\r\nid,email\n\n1,a@x\n", [("1", b"1,a@x")])
     assert scanned.known == [False, False, False, False, True]
 
 
 def test_a_bom_on_the_header_line_is_not_part_of_its_salt(tmp_path: Path) -> None:
-    data = tmp_path / "data.csv"
-    data.write_bytes(b"\xef\xbb\xbfid,email\n1,a@x\n")
-    state = _state(tmp_path, [("1", _csv_line(b"id,email", b"1,a@x"))])
-    assert _scan(_spec(data), state, lines=2).known == [False, True]
+    assert _scan_csv(tmp_path, b"\xef\xbb\xbfid,email\n1,a@x\n", [("1", b"1,a@x")]).known == [False, True]
 
 
 def test_crlf_lines_are_hashed_with_their_cr_and_their_key_read_without_it(tmp_path: Path) -> None:
@@ -154,20 +142,13 @@ def test_crlf_lines_are_hashed_with_their_cr_and_their_key_read_without_it(tmp_p
 
 
 def test_a_last_line_without_a_newline_is_a_line(tmp_path: Path) -> None:
-    data = tmp_path / "data.csv"
-    data.write_bytes(b"id,email\n1,a@x\n2,b@x")
-    state = _state(tmp_path, [("2", _csv_line(b"id,email", b"2,b@x"))])
-    scanned = _scan(_spec(data), state, lines=3)
+    scanned = _scan_csv(tmp_path, b"id,email\n1,a@x\n2,b@x", [("2", b"2,b@x")])
     assert scanned.known == [False, False, True]
     assert scanned.lines == 3
 
 
 def test_ragged_csv_lines_are_never_known(tmp_path: Path) -> None:
-    data = tmp_path / "data.csv"
-    data.write_bytes(b"id,email\n1,a@x,extra\n2\n")
-    header = b"id,email"
-    state = _state(tmp_path, [("1", _csv_line(header, b"1,a@x,extra")), ("2", _csv_line(header, b"2"))])
-    scanned = _scan(_spec(data), state, lines=3)
+    scanned = _scan_csv(tmp_path, b"id,email\n1,a@x,extra\n2\n", [("1", b"1,a@x,extra"), ("2", b"2")])
     assert scanned.known == [False, False, False]
     assert scanned.digests[1:] == [NO_DIGEST, NO_DIGEST]
 
