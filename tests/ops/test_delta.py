@@ -21,6 +21,8 @@ from bulkrelay.job.config import RequestConfig
 from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RequestRenderer
+from bulkrelay.ops import linescan
+from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.syncstate import SyncState, job_identity, rebuilt_items
 from bulkrelay.store.journal import decode_line, encode_line, read_journal
 from bulkrelay.store.manifest import RunManifest
@@ -29,6 +31,7 @@ from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_input_change import GATE, GATED_JOB, OPEN, _delivered, _run_changing_the_input
 from tests.ops.test_metrics import metric, read_metrics
+from tests.ops.test_rerun import run_here
 from tests.ops.test_resume import resume, rewrite_job, sent_ids
 from tests.runplans import delivered_entry, run_plan
 from tests.targetproc import TargetProcess
@@ -592,3 +595,65 @@ def test_many_batches_of_look_ups_select_exactly_the_changed_rows_and_a_bad_inpu
     second = _night(tmp_path, job)
     assert sent_ids(target) == Counter({str(n): 1 for n in changed})
     assert second.data["summary"]["skipped_unchanged"] == rows - len(changed)
+
+
+# A line scan that says every line of its first frame is known, then dies: preflight must not keep a
+# choice made on its word.
+_LYING_SCAN = """
+import struct, sys
+sys.stdout.buffer.write(struct.pack("<cqI", b"V", 1, 4096) + bytes([1]) * 4096 + bytes(16 * 4096))
+sys.stdout.buffer.flush()
+sys.exit(3)
+"""
+
+
+def test_a_line_scan_that_fails_after_preflight_trusted_it_leaves_the_choice_to_the_full_rule(
+    tmp_path: Path, target: TargetProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    _night(tmp_path, job)
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    target.reset()
+    monkeypatch.setattr(linescan, "_COMMAND", (sys.executable, "-c", _LYING_SCAN))
+    monkeypatch.chdir(tmp_path)  # the same working directory: the same invocation, in-process
+
+    result = run_here(job)
+
+    assert result.exit_code == ExitCode.SUCCESS, result.error
+    assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
+    assert isinstance(result.data, RunResult)
+    assert result.data.summary["skipped_unchanged"] == ROWS - len(CHANGED)
+
+
+def _lines_known(cwd: Path) -> int:
+    """How many delivered keys have the digest of the input line their request was read from."""
+    runs_dir = cwd / ".bulkrelay" / "runs"
+    with SyncState.for_job(runs_dir, job_identity("test-job", cwd / "job.yaml")) as state:
+        return int(state._db.execute("SELECT count(line) FROM delivered").fetchone()[0])
+
+
+def test_each_delivery_teaches_the_state_its_line_and_a_rebuild_forgets_them(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """So that the next night settles the row by its bytes alone (ops/linescan.py)."""
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    _night(tmp_path, job)
+    assert _lines_known(tmp_path) == ROWS
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    target.reset()
+
+    second = _night(tmp_path, job)
+
+    assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
+    assert second.data["summary"]["skipped_unchanged"] == ROWS - len(CHANGED)
+    assert _lines_known(tmp_path) == ROWS  # the changed rows' new lines, learned on delivery
+    rebuilt = run_cli("sync-state", "rebuild", job, cwd=tmp_path)
+    assert rebuilt.exit_code == ExitCode.SUCCESS, rebuilt.envelope
+    assert _lines_known(tmp_path) == 0  # the journals hold requests, not lines
+    target.reset()
+
+    third = _night(tmp_path, job)  # the full rule again, learning every line
+
+    assert sent_ids(target) == Counter()
+    assert third.data["summary"]["skipped_unchanged"] == ROWS
+    assert _lines_known(tmp_path) == ROWS
