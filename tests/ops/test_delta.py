@@ -657,3 +657,21 @@ def test_each_delivery_teaches_the_state_its_line_and_a_rebuild_forgets_them(
     assert sent_ids(target) == Counter()
     assert third.data["summary"]["skipped_unchanged"] == ROWS
     assert _lines_known(tmp_path) == ROWS
+
+
+def test_a_state_busy_with_another_writer_keeps_no_lines_and_fails_nothing(tmp_path: Path) -> None:
+    """Shards of one job write its state at once: learning lines is a cache, and waits for none."""
+    path = tmp_path / "state.sqlite"
+    with SyncState(path, "job") as state:
+        state.learn_lines(["k1"], bytes(16), b"\x01" * 16)
+        state._db.execute("PRAGMA busy_timeout = 50")
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+
+        assert state.keep_lines() is False
+
+        other.execute("ROLLBACK")
+        other.close()
+        assert state.keep_lines() is True
+        pending = state._db.execute("SELECT key, line FROM pending_lines").fetchall()
+        assert pending == [("k1", b"\x01" * 16)]
