@@ -127,12 +127,15 @@ class SyncState:
 
     def _add_line_column(self) -> None:
         """States written before line digests existed get the column, empty, and become able to give
-        pages back (`keep_lines`): that takes rewriting the file once."""
+        pages back (`keep_lines`): that takes rewriting the file once, which waits for a moment when
+        no other process has the state open (until then the pages are reused, not given back)."""
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(delivered)")}
         if "line" not in columns:
             self._db.execute("ALTER TABLE delivered ADD COLUMN line BLOB")
-            self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-            self._db.execute("VACUUM")
+        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == 0:
+            with contextlib.suppress(sqlite3.OperationalError):
+                self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                self._db.execute("VACUUM")
 
     @classmethod
     def for_job(cls, runs_dir: Path, identity: str) -> SyncState:

@@ -675,3 +675,32 @@ def test_a_state_busy_with_another_writer_keeps_no_lines_and_fails_nothing(tmp_p
         assert state.keep_lines() is True
         pending = state._db.execute("SELECT key, line FROM pending_lines").fetchall()
         assert pending == [("k1", b"\x01" * 16)]
+
+
+_STATE_BEFORE_LINES = """
+CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE runs (
+    id INTEGER PRIMARY KEY, run_id TEXT UNIQUE NOT NULL, at INTEGER NOT NULL, applied_offset INTEGER NOT NULL
+);
+CREATE TABLE delivered (
+    key TEXT PRIMARY KEY, digest BLOB NOT NULL, run INTEGER NOT NULL, at INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO meta VALUES ('job', 'job');
+INSERT INTO runs VALUES (1, 'run-1', 1, 0);
+INSERT INTO delivered VALUES ('k1', x'00112233445566778899aabbccddeeff', 1, 1);
+"""
+
+
+def test_a_state_written_before_line_digests_keeps_its_deliveries_and_learns_lines(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite"
+    with sqlite3.connect(path) as old:
+        old.execute("PRAGMA journal_mode=WAL")
+        old.executescript(_STATE_BEFORE_LINES)
+    old.close()
+
+    with SyncState(path, "job") as state:
+        assert list(state.items()) == [("k1", bytes.fromhex("00112233445566778899aabbccddeeff"), "run-1")]
+        state.learn_lines(["k1"], bytes.fromhex("00112233445566778899aabbccddeeff"), b"\x02" * 16)
+        assert state.keep_lines() is True
+        assert state._db.execute("SELECT line FROM delivered").fetchall() == [(b"\x02" * 16,)]
+        assert state._db.execute("PRAGMA auto_vacuum").fetchone() == (2,)  # pages can be given back
