@@ -78,10 +78,11 @@ class DeltaSelector:
     `_IN_FLIGHT` batches behind preflight: each is one SQLite step, during which the thread lets go
     of the GIL, so the B-tree work overlaps preflight's parsing. Call `close` when done.
 
-    With `scan_lines` (a delta run; not `--full`, not mirror), a line scan (ops/linescan.py) runs
-    beside preflight and names the lines whose bytes the state knows as delivered: their rows are
-    unchanged without a digest or a look-up. The other rows go the full way, and those found
-    unchanged teach the state their line (`SyncState.learn_lines`), for the next night."""
+    With a `salt` (`line_salt`; a delta run, not `--full`, not mirror), a line scan
+    (ops/linescan.py) runs beside preflight and names the lines whose bytes the state knows as
+    delivered: their rows are settled, unchanged without a render, a digest or a look-up. The other
+    rows go the full way, and what preflight finds of them teaches the state their lines
+    (`SyncState.learn_lines`, `keep_lines`), for the next night."""
 
     def __init__(
         self,

@@ -5,10 +5,11 @@ their rows (docs/delta.md, "How a delta run chooses its rows").
 A row's request is a function of its record's bytes and of what is the same for every row: the job,
 the CSV header, the format, the BulkRelay version. The scan hashes each physical line with a salt of
 all of those (`line_salt`, and the header line, which the scan reads itself) and looks the digest up
-in the state's `delivered.line` column, which only ever holds the line digest of a record whose
-request was found, by the full rule, to be the one delivered for its key (`SyncState.learn_lines`).
-A line is *known* only on that positive evidence: a found digest. Lines the scan cannot tell apart
-from parts of a multi-line record (a CSV line with a quote character) are never known.
+under the line's key in the state's `delivered.line` column, which holds a line's digest only where
+the request delivered for the key is the one that line was found to render (`SyncState.keep_lines`,
+`apply_run`). A line is *known* only on that positive evidence: its digest found under its key.
+Lines the scan cannot tell apart from parts of a multi-line record (a CSV line with a quote
+character) are never known, nor lines it cannot read a key from.
 
 The scan reads the file on its own, on the other core: preflight's main thread is what a delta run's
 time is made of, and hashing and looking up a million lines there cost it half a `validate` again.
@@ -19,7 +20,7 @@ difference and preflight's choice is thrown away (the input changed while it was
 Run as `python -m bulkrelay.ops.linescan` with its parameters as one JSON argument; it writes frames
 to stdout: `V` + first line, count, then a mark byte a line (1: known) and 16 digest bytes a line
 (zeros where the line has none); then one `E` + size, lines, SHA-256. Imports only the standard
-library, so the process starts in a few tens of milliseconds.
+library and orjson, so the process starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ NO_DIGEST = bytes(LINE_DIGEST_SIZE)  # a line with no digest: never known, never
 FRAME_LINES = 4096
 _BLOCK = 1 << 20
 _PIPE_BYTES = 1 << 20
+_COMMAND = (sys.executable, "-m", "bulkrelay.ops.linescan")  # and the parameters, as one JSON argument
 _VERDICTS = struct.Struct("<cqI")  # b"V", first line, count
 _END = struct.Struct("<cqq32s")  # b"E", size, lines, SHA-256 of the raw bytes
 _BOM = b"\xef\xbb\xbf"
@@ -293,7 +295,7 @@ class LineScan:
             "state": str(state),
         }
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "bulkrelay.ops.linescan", json.dumps(params)],
+            [*_COMMAND, json.dumps(params)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -13,6 +13,7 @@ creation time in microseconds), so catching up an older run's journal never undo
 from __future__ import annotations
 
 import calendar
+import contextlib
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -126,12 +127,15 @@ class SyncState:
 
     def _add_line_column(self) -> None:
         """States written before line digests existed get the column, empty, and become able to give
-        pages back (`keep_lines`): that takes rewriting the file once."""
+        pages back (`keep_lines`): that takes rewriting the file once, which waits for a moment when
+        no other process has the state open (until then the pages are reused, not given back)."""
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(delivered)")}
         if "line" not in columns:
             self._db.execute("ALTER TABLE delivered ADD COLUMN line BLOB")
-            self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-            self._db.execute("VACUUM")
+        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == 0:
+            with contextlib.suppress(sqlite3.OperationalError):
+                self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                self._db.execute("VACUUM")
 
     @classmethod
     def for_job(cls, runs_dir: Path, identity: str) -> SyncState:
@@ -176,11 +180,17 @@ class SyncState:
         ]
         self._db.executemany("INSERT OR REPLACE INTO temp.learned VALUES (?, ?, ?)", learned)
 
-    def keep_lines(self) -> None:
+    def keep_lines(self) -> bool:
         """Make what `learn_lines` noted the pending lines (the last night's replaced) and give the
-        unchanged rows their line now; then hand the pages the last night's took back to the system."""
+        unchanged rows their line now; then hand the pages the last night's took back to the system.
+
+        Lines are a cache: when the state stays busy (shards of the job writing it) past SQLite's
+        wait, they are not kept, and False says so; those rows take the full rule again next night."""
         self._db.execute(_LEARNED)
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return False
         try:
             self._db.execute("DELETE FROM pending_lines")
             self._db.execute("INSERT INTO pending_lines SELECT key, digest, line FROM temp.learned")
@@ -190,7 +200,9 @@ class SyncState:
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        self._db.executescript("PRAGMA incremental_vacuum;")  # run to its end (`execute` frees one page)
+        with contextlib.suppress(sqlite3.OperationalError):  # busy: the pages go back another night
+            self._db.executescript("PRAGMA incremental_vacuum;")  # to its end (`execute` frees one page)
+        return True
 
     def remember_seen(self, keys: list[str]) -> None:
         """Note keys present in tonight's input (a temporary table: gone when the state is closed)."""
