@@ -6,7 +6,6 @@ must send exactly the rows whose request changed (the target's log), and skip th
 from __future__ import annotations
 
 import sqlite3
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +15,6 @@ import orjson
 import pytest
 import yaml
 
-from bulkrelay.job.config import load_job
-from bulkrelay.ops.execute import RunOptions
-from bulkrelay.ops.run import RunRequest, _preflight
 from bulkrelay.ops.syncstate import job_identity, state_path
 from tests.clirun import CliResult, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
@@ -294,35 +290,3 @@ def test_keys_with_nul_non_ascii_or_thousands_of_characters(tmp_path: Path, targ
     target.reset()
     write((1, 2, 3, 4, 6))
     _assert_sent(_night(tmp_path, job), target, (), rows=len(keys))
-
-
-def test_a_scan_that_fails_after_settling_rows_makes_preflight_choose_again_without_it(
-    tmp_path: Path, target: TargetProcess, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The scan's verdicts were used (rows settled) but its end never came: the choice is not proven,
-    and preflight reads the input again, choosing every row the full way (here the verdicts lied)."""
-    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
-    _first_night(tmp_path, job, target)
-    write_csv(tmp_path / "data.csv", _rows((2, 9)))
-    before = _lines(tmp_path)
-    # The real scan, garbled: every line of its one frame marked known (rows 2 and 9 too), its end
-    # frame (49 bytes) cut off.
-    lines = ROWS + 1
-    cut = tmp_path / "lying-scan"
-    cut.write_text(
-        f"#!{sys.executable}\n"
-        "import subprocess, sys\n"
-        f"scan = [{sys.executable!r}, *sys.argv[1:]]\n"
-        "out = subprocess.run(scan, stdout=subprocess.PIPE, check=True).stdout\n"
-        f"assert out[9:13] == ({lines}).to_bytes(4, 'little')  # one frame of every line\n"
-        f"sys.stdout.buffer.write(out[:13] + bytes([1] * {lines}) + out[13 + {lines} : -49])\n"
-    )
-    cut.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(cut))  # the scan starts as `sys.executable -m ...`
-    request = RunRequest(load_job(job), None, False, tmp_path / ".bulkrelay" / "runs", None, RunOptions())
-
-    _, chosen, _ = _preflight(request)
-
-    assert chosen.delta_rows is not None
-    assert [row for row in ALL if row in chosen.delta_rows] == [2, 9]
-    assert _lines(tmp_path) == before  # nothing learned from the failed scan's lines

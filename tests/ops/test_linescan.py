@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
+from bulkrelay.ops import linescan
 from bulkrelay.ops.linescan import (
     FRAME_LINES,
     LINE_DIGEST_SIZE,
@@ -307,7 +308,7 @@ def _garbling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, garble: str) -> N
     script.write_text(
         f"#!{sys.executable}\n"
         "import subprocess, sys\n"
-        f"scan = [{sys.executable!r}, *sys.argv[1:]]\n"
+        f"scan = [{sys.executable!r}, '-m', 'bulkrelay.ops.linescan', *sys.argv[1:]]\n"
         "out = subprocess.run(scan, stdout=subprocess.PIPE, check=True).stdout\n"
         "status = 0\n"
         f"{garble}\n"
@@ -315,7 +316,7 @@ def _garbling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, garble: str) -> N
         "sys.exit(status)\n"
     )
     script.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(script))  # the scan starts as `sys.executable -m ...`
+    monkeypatch.setattr(linescan, "_COMMAND", (str(script),))
 
 
 _FRAME_HEAD = 1 + 8 + 4  # a verdicts frame's kind, first line and count
