@@ -202,14 +202,17 @@ def _scan(params: dict[str, Any], out: BinaryIO) -> None:
         stream: IO[bytes] = gzip.GzipFile(fileobj=buffered) if params["gzip"] else buffered  # type: ignore[assignment]
         rows = None if is_csv else _Rows(base, _jsonl_key_of(params["key"]))
         header_pending = is_csv
-        for lines in _blocks(stream):
-            while header_pending and lines:  # a CSV's header: its first line that is not blank
-                header = lines.pop(0)
-                frame.add([None], [NO_DIGEST])
-                if header not in (b"", b"\r"):
-                    header_pending = False
-                    key_of = _csv_key_of(header, params["delimiter"].encode(), params["key"])
-                    rows = None if key_of is None else _Rows(header_salt(base, header), key_of)
+        for block in _blocks(stream):
+            lines = block
+            if header_pending:  # a CSV's header: its first line that is not blank
+                at = next((n for n, line in enumerate(block) if line not in (b"", b"\r")), None)
+                before = len(block) if at is None else at + 1  # the blank lines, and the header
+                frame.add([None] * before, [NO_DIGEST] * before)
+                if at is None:
+                    continue  # blank lines only, so far
+                header_pending, header, lines = False, block[at], block[before:]
+                key_of = _csv_key_of(header, params["delimiter"].encode(), params["key"])
+                rows = None if key_of is None else _Rows(header_salt(base, header), key_of)
             if rows is None:
                 frame.add([None] * len(lines), [NO_DIGEST] * len(lines))
             else:
