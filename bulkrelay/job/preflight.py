@@ -92,6 +92,9 @@ RowSettled = Callable[[Record], bool]
 
 
 class RowWatch(NamedTuple):
+    """What a row chooser gives preflight: whom to tell of each rendered record, and, if any, whom to
+    ask first whether a record is settled."""
+
     observe: RowObserver
     settled: RowSettled | None = None
 
@@ -188,7 +191,8 @@ def run_preflight(
 
     `on_rows_read` hears 0 when the pass starts, then the count after every record. `choose` sees every
     record that renders, with its request, in the same pass: the rows a delta run or a shard sends are
-    chosen without reading the input twice."""
+    chosen without reading the input twice. A row it calls settled (`RowWatch`) is not rendered: its
+    bytes rendered the same request under the same job before (docs/delta.md, the line scan)."""
     renderer, digester = _renderer_and_digester(job, os.environ if env is None else env)
     spec = resolve_input(job, input_override, input_name)
     observe: RowObserver | None = None
