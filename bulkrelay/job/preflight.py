@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, UsageError
 from bulkrelay.job.config import Job, required_fields
@@ -84,8 +85,23 @@ def resolve_input(job: Job, input_override: Path | None, name: str | None = None
 
 # What preflight tells a run that sends only some rows (a delta run, a shard) of each rendered record.
 RowObserver = Callable[[Record, PreparedRequest], None]
-# Such a run's row chooser: given the job's digester (None: not a delta job), its `RowObserver`.
-RowChooser = Callable[[RequestDigester | None], RowObserver]
+# Asked first of each record read: True when the row is settled, its request known already (a delta
+# run's line the state holds as delivered: the same bytes under the same job, so it rendered before
+# and renders the same): preflight then neither renders nor observes it. Its key is still checked.
+RowSettled = Callable[[Record], bool]
+
+
+class RowWatch(NamedTuple):
+    """What a row chooser gives preflight: whom to tell of each rendered record, and, if any, whom to
+    ask first whether a record is settled."""
+
+    observe: RowObserver
+    settled: RowSettled | None = None
+
+
+# Such a run's row chooser: given the job's digester (None: not a delta job) and the input preflight
+# is about to read, what preflight tells it.
+RowChooser = Callable[[RequestDigester | None, InputSpec], RowWatch]
 
 
 def _renderer_and_digester(
@@ -175,10 +191,14 @@ def run_preflight(
 
     `on_rows_read` hears 0 when the pass starts, then the count after every record. `choose` sees every
     record that renders, with its request, in the same pass: the rows a delta run or a shard sends are
-    chosen without reading the input twice."""
+    chosen without reading the input twice. A row it calls settled (`RowWatch`) is not rendered: its
+    bytes rendered the same request under the same job before (docs/delta.md, the line scan)."""
     renderer, digester = _renderer_and_digester(job, os.environ if env is None else env)
-    observe = choose(digester) if choose is not None else None
     spec = resolve_input(job, input_override, input_name)
+    observe: RowObserver | None = None
+    settled: RowSettled | None = None
+    if choose is not None:
+        observe, settled = choose(digester, spec)
     collector = _ProblemCollector()
     key_field = job.config.input.key
     file = spec.display_name
@@ -195,14 +215,17 @@ def run_preflight(
                 presence_open = presence.add(record)
             if on_rows_read is not None:
                 on_rows_read(record.row_number)
-            try:
-                request = render(record)
-                if observe is not None:
-                    observe(record, request)
-            except RenderError as exc:
-                collector.add(
-                    Problem(exc.message, file=file, line=record.line, row=record.row_number, field=exc.field)
-                )
+            if settled is None or not settled(record):
+                try:
+                    request = render(record)
+                    if observe is not None:
+                        observe(record, request)
+                except RenderError as exc:
+                    collector.add(
+                        Problem(
+                            exc.message, file=file, line=record.line, row=record.row_number, field=exc.field
+                        )
+                    )
             if add_key is not None and (problem := add_key(record)) is not None:
                 collector.add(problem)
         fingerprint = stream.fingerprint()

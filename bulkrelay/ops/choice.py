@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bulkrelay.job.digest import RequestDigester
+from bulkrelay.job.inputs import InputFingerprint, InputSpec
 from bulkrelay.job.positions import RowPositions, fields_token
-from bulkrelay.job.preflight import RowChooser, RowObserver
+from bulkrelay.job.preflight import RowChooser, RowWatch
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.ops.delta import DeltaStart
 from bulkrelay.ops.shard import ShardSpec
@@ -44,16 +45,16 @@ class RowChoice:
             return None
         return self._observer
 
-    def _observer(self, digester: RequestDigester | None) -> RowObserver:
+    def _observer(self, digester: RequestDigester | None, spec: InputSpec) -> RowWatch:
         selector = None if self._delta is None else self._delta.selector
-        to_delta = None if selector is None or digester is None else selector.observer(digester)
+        to_delta = None if selector is None or digester is None else selector.watch(digester, spec)
         shard, key_field, owned, positions = self._shard, self._key_field, self._owned, self._shard_positions
         if shard is None:
             assert to_delta is not None  # `chooser` gives no observer otherwise
             return to_delta
         keep_positions = selector is None or not selector.selects
 
-        def observe(record: Record, request: PreparedRequest) -> None:
+        def own(record: Record) -> None:
             if shard.owns(record, key_field):
                 row = record.row_number
                 if row >> 3 >= len(owned):
@@ -61,14 +62,28 @@ class RowChoice:
                 owned[row >> 3] |= 1 << (row & 7)
                 if keep_positions and positions.kept:
                     positions.add(row, record.line, fields_token(record.fields))
-            if to_delta is not None:
-                to_delta(record, request)
 
-        return observe
+        if to_delta is None:
+            return RowWatch(lambda record, request: own(record))
+        delta_observe, delta_settled = to_delta
+        if delta_settled is None:
 
-    def chosen(self, record_count: int) -> ChosenRows:
-        """The rows among 1..record_count, once preflight has seen them all."""
-        delta_rows = None if self._delta is None else self._delta.selection(record_count)
+            def observe(record: Record, request: PreparedRequest) -> None:
+                own(record)
+                delta_observe(record, request)
+
+            return RowWatch(observe)
+
+        def settled(record: Record) -> bool:  # every row is the shard's to count, settled or not
+            own(record)
+            return delta_settled(record)
+
+        return RowWatch(delta_observe, settled)
+
+    def chosen(self, fingerprint: InputFingerprint) -> ChosenRows:
+        """The rows among the input's records, once preflight has read them all (`fingerprint`)."""
+        record_count = fingerprint.record_count
+        delta_rows = None if self._delta is None else self._delta.selection(fingerprint)
         owned = None if self._shard is None else _rows(record_count, self._owned)
         if owned is None and delta_rows is None:
             return ChosenRows()

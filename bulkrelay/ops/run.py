@@ -16,6 +16,7 @@ from bulkrelay.ops.choice import ChosenRows, RowChoice
 from bulkrelay.ops.delta import open_delta, sync_manifest
 from bulkrelay.ops.execute import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
+from bulkrelay.ops.linescan import LineScanFailed
 from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard
 from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
@@ -156,9 +157,21 @@ def _start_fresh(
 
 def _preflight(request: RunRequest) -> tuple[Preflight, ChosenRows, tuple[Path, int] | None]:
     """Preflight, choosing in the same pass the rows a shard owns and a delta job's changed rows;
-    for a mirror job also the keys gone from the input (spooled, checked against `mirror.max_deletes`)."""
+    for a mirror job also the keys gone from the input (spooled, checked against `mirror.max_deletes`).
+
+    A delta run's line scan (ops/linescan.py) that fails after preflight took rows as unchanged on
+    its word leaves the choice unproven: preflight reads the input again, choosing the full way."""
+    try:
+        return _preflight_once(request, scan_lines=True)
+    except LineScanFailed:
+        return _preflight_once(request, scan_lines=False)
+
+
+def _preflight_once(
+    request: RunRequest, *, scan_lines: bool
+) -> tuple[Preflight, ChosenRows, tuple[Path, int] | None]:
     input_name = STDIN_NAME if request.from_stdin else None
-    delta = open_delta(request.job, request.runs_dir, full=request.full)
+    delta = open_delta(request.job, request.runs_dir, full=request.full, scan_lines=scan_lines)
     if delta is not None and delta.mirror is not None and request.shard is not None:
         delta.close()
         raise UsageError(
@@ -174,7 +187,7 @@ def _preflight(request: RunRequest) -> tuple[Preflight, ChosenRows, tuple[Path, 
             input_name=input_name,
             choose=choice.chooser(),
         )
-        chosen = choice.chosen(preflight.record_count)
+        chosen = choice.chosen(preflight.input_fingerprint)
         deletions = None
         if delta is not None and delta.mirror is not None:
             path, count = check_and_spool(delta.state, request.job, request.runs_dir / ".spool")

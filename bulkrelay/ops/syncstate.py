@@ -13,6 +13,7 @@ creation time in microseconds), so catching up an older run's journal never undo
 from __future__ import annotations
 
 import calendar
+import contextlib
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -43,15 +44,33 @@ CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY, run_id TEXT UNIQUE NOT NULL, at INTEGER NOT NULL, applied_offset INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS delivered (
-    key TEXT PRIMARY KEY, digest BLOB NOT NULL, run INTEGER NOT NULL, at INTEGER NOT NULL
+    key TEXT PRIMARY KEY, digest BLOB NOT NULL, run INTEGER NOT NULL, at INTEGER NOT NULL, line BLOB
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pending_lines (
+    key TEXT PRIMARY KEY, digest BLOB NOT NULL, line BLOB NOT NULL
 ) WITHOUT ROWID;
 """
+# `delivered.line`: the digest of an input line that renders this key's delivered request, so the line
+# scan (ops/linescan.py) can tell the line unchanged by its bytes alone. `pending_lines`: what the last
+# delta preflight found of each row it looked at (key, request digest, line digest; `keep_lines`): true
+# of those bytes whatever was delivered, and copied to `delivered.line` wherever the delivered request
+# is that one: at once for the unchanged rows, on delivery for the changed ones. A cache, not a record
+# of deliveries: a delivery of another request forgets the line, and `rebuild` starts without any.
 _UPSERT = (
     "INSERT INTO delivered (key, digest, run, at) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT(key) DO UPDATE SET digest = excluded.digest, run = excluded.run, at = excluded.at "
+    "ON CONFLICT(key) DO UPDATE SET digest = excluded.digest, run = excluded.run, at = excluded.at, "
+    "line = CASE WHEN delivered.digest = excluded.digest THEN delivered.line END "
     "WHERE excluded.at >= delivered.at"
 )
-
+_LEARNED = (
+    "CREATE TEMP TABLE IF NOT EXISTS learned (key TEXT PRIMARY KEY, digest BLOB, line BLOB) WITHOUT ROWID"
+)
+# Driven by the pending rows, each found by its key (a join may start from every delivered one).
+_PENDING_ROW = "(SELECT p.{} FROM pending_lines AS p WHERE p.key = delivered.key)"
+_APPLY_PENDING = (
+    f"UPDATE delivered SET line = {_PENDING_ROW.format('line')} "
+    f"WHERE key IN (SELECT key FROM pending_lines) AND digest = {_PENDING_ROW.format('digest')}"
+)
 _DELETE = "DELETE FROM delivered WHERE key = ? AND at <= ?"
 
 # A batch is compared inside SQLite in one step that answers one row: the positions (`json_each`'s
@@ -63,6 +82,7 @@ _CHANGED = (
     "WHERE delivered.key = batch.value AND delivered.digest = substr(?, batch.key * 16 + 1, 16))"
 )
 _DIGEST_SIZE = 16
+_NO_LINE = bytes(_DIGEST_SIZE)
 
 
 def job_identity(name: str | None, job_path: str | Path) -> str:
@@ -98,10 +118,24 @@ class SyncState:
         self.path = path
         # One thread at a time, but not always the opener's: a delta run looks keys up on its own.
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # before anything is written: a new file only
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        self._add_line_column()
         self._db.execute("INSERT OR IGNORE INTO meta VALUES ('job', ?)", (identity,))
+
+    def _add_line_column(self) -> None:
+        """States written before line digests existed get the column, empty, and become able to give
+        pages back (`keep_lines`): that takes rewriting the file once, which waits for a moment when
+        no other process has the state open (until then the pages are reused, not given back)."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(delivered)")}
+        if "line" not in columns:
+            self._db.execute("ALTER TABLE delivered ADD COLUMN line BLOB")
+        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] == 0:
+            with contextlib.suppress(sqlite3.OperationalError):
+                self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                self._db.execute("VACUUM")
 
     @classmethod
     def for_job(cls, runs_dir: Path, identity: str) -> SyncState:
@@ -132,6 +166,43 @@ class SyncState:
         stored = dict(self._db.execute(query, keys).fetchall())
         size = _DIGEST_SIZE
         return [n for n, key in enumerate(keys) if stored.get(key) != digests[n * size : (n + 1) * size]]
+
+    def learn_lines(self, keys: list[str], digests: bytes, lines: bytes) -> None:
+        """Note what preflight found of a batch of rows: each key's request digest and the digest of
+        the input line it was read from (`lines`, 16 bytes a key; zeros: none, not noted). Kept in a
+        temporary table until `keep_lines`, once preflight knows the lines were the bytes it read."""
+        self._db.execute(_LEARNED)
+        size = _DIGEST_SIZE
+        learned = [
+            (key, digests[n * size : (n + 1) * size], line)
+            for n, key in enumerate(keys)
+            if (line := lines[n * size : (n + 1) * size]) != _NO_LINE
+        ]
+        self._db.executemany("INSERT OR REPLACE INTO temp.learned VALUES (?, ?, ?)", learned)
+
+    def keep_lines(self) -> bool:
+        """Make what `learn_lines` noted the pending lines (the last night's replaced) and give the
+        unchanged rows their line now; then hand the pages the last night's took back to the system.
+
+        Lines are a cache: when the state stays busy (shards of the job writing it) past SQLite's
+        wait, they are not kept, and False says so; those rows take the full rule again next night."""
+        self._db.execute(_LEARNED)
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return False
+        try:
+            self._db.execute("DELETE FROM pending_lines")
+            self._db.execute("INSERT INTO pending_lines SELECT key, digest, line FROM temp.learned")
+            self._db.execute(_APPLY_PENDING)
+            self._db.execute("DELETE FROM temp.learned")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        with contextlib.suppress(sqlite3.OperationalError):  # busy: the pages go back another night
+            self._db.executescript("PRAGMA incremental_vacuum;")  # to its end (`execute` frees one page)
+        return True
 
     def remember_seen(self, keys: list[str]) -> None:
         """Note keys present in tonight's input (a temporary table: gone when the state is closed)."""
@@ -173,6 +244,8 @@ class SyncState:
                     delivered = (key_text(entry.key), bytes.fromhex(entry.digest), row_id, at)
                     self._db.execute(_UPSERT, delivered)
                     applied += 1
+            if applied and not deletes:
+                self._db.execute(_APPLY_PENDING)  # the delivered rows' lines, as preflight found them
             self._db.execute("UPDATE runs SET applied_offset = ? WHERE id = ?", (reached, row_id))
             self._db.execute("COMMIT")
         except BaseException:

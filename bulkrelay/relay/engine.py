@@ -193,8 +193,9 @@ def _pending_records(
     """The records without a committed result, read from exactly the bytes preflight validated. If the
     input changed (or went), the records end there and the run stops at a safe point, resumable.
 
-    With the positions of a sparse selection, just those rows are parsed (job/positions.py); otherwise
-    every record is. Either way every byte is checked against what preflight read."""
+    With the positions of a sparse selection, just those rows are parsed (job/positions.py), or taken
+    as preflight kept them; otherwise every record is. Every byte read is checked against what
+    preflight read."""
     file = preflight.input_spec.display_name
     done, expected = start.done_rows, preflight.expected_input
 
@@ -205,6 +206,12 @@ def _pending_records(
         )
 
     try:
+        if start.positions is not None and start.positions.records is not None:
+            # preflight's own records of the rows it chose: no byte is read again, none can change
+            for record in start.positions.records:
+                if done is None or record.row_number not in done:
+                    yield record
+            return
         if start.positions is not None and expected is not None:
             with open_selected(preflight, expected, start.positions) as selected:
                 for record in selected:

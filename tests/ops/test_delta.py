@@ -21,6 +21,8 @@ from bulkrelay.job.config import RequestConfig
 from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RequestRenderer
+from bulkrelay.ops import linescan
+from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.syncstate import SyncState, job_identity, rebuilt_items
 from bulkrelay.store.journal import decode_line, encode_line, read_journal
 from bulkrelay.store.manifest import RunManifest
@@ -29,6 +31,7 @@ from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_input_change import GATE, GATED_JOB, OPEN, _delivered, _run_changing_the_input
 from tests.ops.test_metrics import metric, read_metrics
+from tests.ops.test_rerun import run_here
 from tests.ops.test_resume import resume, rewrite_job, sent_ids
 from tests.runplans import delivered_entry, run_plan
 from tests.targetproc import TargetProcess
@@ -408,11 +411,14 @@ def _change_an_unsent_row_keeping_size_and_time(data: Path) -> None:
     ],
     ids=["rewrite", "same_size_row"],
 )
-def test_an_input_changed_between_preflight_and_send_stops_a_delta_run_resumable(
+def test_an_input_changed_between_preflight_and_send_stops_a_run_that_reads_it_again(
     tmp_path: Path, change: Callable[[Path], None], detail: str
 ) -> None:
+    """A mirror night reads its changed rows from the input again (a delta night keeps them, below):
+    the bytes it reads must be the ones preflight chose them from."""
     with TargetProcess(OPEN) as target:
-        job = write_job(tmp_path, target.url, rows=_padded(make_rows(ROWS)), **{**DELTA, **GATED_JOB})
+        mirror = _mirror(target, 0)
+        job = write_job(tmp_path, target.url, rows=_padded(make_rows(ROWS)), **{**mirror, **GATED_JOB})
         _night(tmp_path, job)
         night_2 = write_csv(tmp_path / "data.csv", _padded(_rows_with_changes(CHANGED))).read_bytes()
         target.reset()
@@ -432,6 +438,31 @@ def test_an_input_changed_between_preflight_and_send_stops_a_delta_run_resumable
         (tmp_path / "data.csv").write_bytes(night_2)
         resumed = resume(tmp_path, Path(envelope["data"]["run_dir"]))
         assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
+        assert _delivered(target) == Counter({str(n): 1 for n in CHANGED})
+    assert _state(tmp_path) == _rebuilt(tmp_path)
+
+
+@pytest.mark.parametrize("change", [_rewrite_every_row, _change_an_unsent_row_keeping_size_and_time])
+def test_a_delta_night_sends_the_rows_preflight_chose_as_it_read_them_whatever_the_input_becomes(
+    tmp_path: Path, change: Callable[[Path], None]
+) -> None:
+    """A delta night keeps its few changed rows from preflight and reads nothing again: an input
+    rewritten while the relay sends changes nothing it sends."""
+    with TargetProcess(OPEN) as target:
+        job = write_job(tmp_path, target.url, rows=_padded(make_rows(ROWS)), **{**DELTA, **GATED_JOB})
+        _night(tmp_path, job)
+        write_csv(tmp_path / "data.csv", _padded(_rows_with_changes(CHANGED)))
+        target.reset()
+        target.set_plan(GATE)
+
+        exit_code, envelope = _run_changing_the_input(tmp_path, job, target, change)
+
+        assert exit_code == ExitCode.SUCCESS, envelope
+        assert envelope["data"]["state"] == "completed"
+        delivered = [r["body"] for r in target.requests() if r["status"] == 200]
+        assert len(delivered) == len(CHANGED)
+        assert all("-v2@" in body for body in delivered)  # as preflight read them
+        assert not any("-new" in body or "-v3" in body for body in delivered)
         assert _delivered(target) == Counter({str(n): 1 for n in CHANGED})
     assert _state(tmp_path) == _rebuilt(tmp_path)
 
@@ -564,3 +595,112 @@ def test_many_batches_of_look_ups_select_exactly_the_changed_rows_and_a_bad_inpu
     second = _night(tmp_path, job)
     assert sent_ids(target) == Counter({str(n): 1 for n in changed})
     assert second.data["summary"]["skipped_unchanged"] == rows - len(changed)
+
+
+# A line scan that says every line of its first frame is known, then dies: preflight must not keep a
+# choice made on its word.
+_LYING_SCAN = """
+import struct, sys
+sys.stdout.buffer.write(struct.pack("<cqI", b"V", 1, 4096) + bytes([1]) * 4096 + bytes(16 * 4096))
+sys.stdout.buffer.flush()
+sys.exit(3)
+"""
+
+
+def test_a_line_scan_that_fails_after_preflight_trusted_it_leaves_the_choice_to_the_full_rule(
+    tmp_path: Path, target: TargetProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    _night(tmp_path, job)
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    target.reset()
+    monkeypatch.setattr(linescan, "_COMMAND", (sys.executable, "-c", _LYING_SCAN))
+    monkeypatch.chdir(tmp_path)  # the same working directory: the same invocation, in-process
+
+    result = run_here(job)
+
+    assert result.exit_code == ExitCode.SUCCESS, result.error
+    assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
+    assert isinstance(result.data, RunResult)
+    assert result.data.summary["skipped_unchanged"] == ROWS - len(CHANGED)
+
+
+def _lines_known(cwd: Path) -> int:
+    """How many delivered keys have the digest of the input line their request was read from."""
+    runs_dir = cwd / ".bulkrelay" / "runs"
+    with SyncState.for_job(runs_dir, job_identity("test-job", cwd / "job.yaml")) as state:
+        return int(state._db.execute("SELECT count(line) FROM delivered").fetchone()[0])
+
+
+def test_each_delivery_teaches_the_state_its_line_and_a_rebuild_forgets_them(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """So that the next night settles the row by its bytes alone (ops/linescan.py)."""
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    _night(tmp_path, job)
+    assert _lines_known(tmp_path) == ROWS
+    write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
+    target.reset()
+
+    second = _night(tmp_path, job)
+
+    assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
+    assert second.data["summary"]["skipped_unchanged"] == ROWS - len(CHANGED)
+    assert _lines_known(tmp_path) == ROWS  # the changed rows' new lines, learned on delivery
+    rebuilt = run_cli("sync-state", "rebuild", job, cwd=tmp_path)
+    assert rebuilt.exit_code == ExitCode.SUCCESS, rebuilt.envelope
+    assert _lines_known(tmp_path) == 0  # the journals hold requests, not lines
+    target.reset()
+
+    third = _night(tmp_path, job)  # the full rule again, learning every line
+
+    assert sent_ids(target) == Counter()
+    assert third.data["summary"]["skipped_unchanged"] == ROWS
+    assert _lines_known(tmp_path) == ROWS
+
+
+def test_a_state_busy_with_another_writer_keeps_no_lines_and_fails_nothing(tmp_path: Path) -> None:
+    """Shards of one job write its state at once: learning lines is a cache, and waits for none."""
+    path = tmp_path / "state.sqlite"
+    with SyncState(path, "job") as state:
+        state.learn_lines(["k1"], bytes(16), b"\x01" * 16)
+        state._db.execute("PRAGMA busy_timeout = 50")
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+
+        assert state.keep_lines() is False
+
+        other.execute("ROLLBACK")
+        other.close()
+        assert state.keep_lines() is True
+        pending = state._db.execute("SELECT key, line FROM pending_lines").fetchall()
+        assert pending == [("k1", b"\x01" * 16)]
+
+
+_STATE_BEFORE_LINES = """
+CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE runs (
+    id INTEGER PRIMARY KEY, run_id TEXT UNIQUE NOT NULL, at INTEGER NOT NULL, applied_offset INTEGER NOT NULL
+);
+CREATE TABLE delivered (
+    key TEXT PRIMARY KEY, digest BLOB NOT NULL, run INTEGER NOT NULL, at INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO meta VALUES ('job', 'job');
+INSERT INTO runs VALUES (1, 'run-1', 1, 0);
+INSERT INTO delivered VALUES ('k1', x'00112233445566778899aabbccddeeff', 1, 1);
+"""
+
+
+def test_a_state_written_before_line_digests_keeps_its_deliveries_and_learns_lines(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite"
+    with sqlite3.connect(path) as old:
+        old.execute("PRAGMA journal_mode=WAL")
+        old.executescript(_STATE_BEFORE_LINES)
+    old.close()
+
+    with SyncState(path, "job") as state:
+        assert list(state.items()) == [("k1", bytes.fromhex("00112233445566778899aabbccddeeff"), "run-1")]
+        state.learn_lines(["k1"], bytes.fromhex("00112233445566778899aabbccddeeff"), b"\x02" * 16)
+        assert state.keep_lines() is True
+        assert state._db.execute("SELECT line FROM delivered").fetchall() == [(b"\x02" * 16,)]
+        assert state._db.execute("PRAGMA auto_vacuum").fetchone() == (2,)  # pages can be given back

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
 from bulkrelay.ops.execute import RunOptions
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.run import RunRequest, run
 from bulkrelay.ops.runref import default_runs_dir
-from bulkrelay.relay.progress import CallbackReporter, Snapshot
+from bulkrelay.relay.progress import CallbackReporter, Reporter, Snapshot
 from bulkrelay.store.checkpoint import read_checkpoint
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
@@ -35,6 +36,19 @@ from tests.ops.test_resume import (
 )
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
+
+
+def run_here(job: Path, reporter: Reporter | None = None) -> Result:
+    """`bulkrelay run JOB` in this process (in the current directory, as the command would be)."""
+    request = RunRequest(
+        job=load_job(job),
+        input_path=None,
+        from_stdin=False,
+        runs_dir=default_runs_dir(None),
+        idempotency_key=None,
+        options=RunOptions(handle_signals=False),
+    )
+    return run(request, reporter=reporter)
 
 
 @pytest.fixture
@@ -110,17 +124,7 @@ def test_the_first_progress_of_a_continued_run_is_not_below_its_checkpoint(
     snapshots: list[Snapshot] = []
     monkeypatch.chdir(tmp_path)  # the same working directory: the same invocation, in-process
 
-    result = run(
-        RunRequest(
-            job=load_job(job),
-            input_path=None,
-            from_stdin=False,
-            runs_dir=default_runs_dir(None),
-            idempotency_key=None,
-            options=RunOptions(handle_signals=False),
-        ),
-        reporter=CallbackReporter(snapshots.append),
-    )
+    result = run_here(job, reporter=CallbackReporter(snapshots.append))
 
     assert result.exit_code == ExitCode.SUCCESS
     assert isinstance(result.data, RunResult) and result.data.run_id == run_dir.name
