@@ -23,7 +23,7 @@ import time
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
@@ -186,12 +186,7 @@ class InputIdentity:
 
     def differences(self, now: InputIdentity) -> dict[str, dict[str, int]]:
         """`{field: {"recorded": ..., "now": ...}}` for each field that differs, as resume names them."""
-        names = ("device", "inode", "size", "mtime_ns")
-        return {
-            name: {"recorded": getattr(self, name), "now": getattr(now, name)}
-            for name in names
-            if getattr(self, name) != getattr(now, name)
-        }
+        return changed_values(asdict(self), asdict(now))
 
 
 @dataclass(frozen=True)
@@ -253,6 +248,11 @@ class ExpectedInput:
     fingerprint: InputFingerprint
     identity: InputIdentity
     regions: RegionDigests
+
+
+def changed_values(was: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """`{name: {"recorded": ..., "now": ...}}` for each of `was`'s values that `now` does not share."""
+    return {name: {"recorded": value, "now": now[name]} for name, value in was.items() if value != now[name]}
 
 
 def input_changed(file: str, when: str, changed: Mapping[str, Any]) -> InputChanged:
@@ -625,8 +625,7 @@ class RecordStream:
     def _verify_end(self, expected: InputFingerprint) -> None:
         """At the end, the bytes read must be the bytes preflight read (a change the file's size and
         modification time did not show is caught here, if nowhere before)."""
-        now, was = self.fingerprint().to_dict(), expected.to_dict()
-        changed = {name: {"recorded": was[name], "now": now[name]} for name in was if was[name] != now[name]}
+        changed = changed_values(expected.to_dict(), self.fingerprint().to_dict())
         if changed:
             raise input_changed(self._file, "during the run", changed)
 
@@ -843,8 +842,7 @@ class InputBytes:
         """`InputChanged` unless every byte of the file was the bytes preflight read."""
         self._guard.drain()
         now = {"sha256": self._guard.sha256(), "size": self._guard.size}
-        was = {"sha256": self._expected.sha256, "size": self._expected.size}
-        changed = {name: {"recorded": was[name], "now": now[name]} for name in was if was[name] != now[name]}
+        changed = changed_values({"sha256": self._expected.sha256, "size": self._expected.size}, now)
         if changed:
             raise input_changed(self._file, "during the run", changed)
 
