@@ -38,7 +38,7 @@ from bulkrelay.background.state import (
 from bulkrelay.background.worker import LOCK_FD_ENV
 from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
-from bulkrelay.job.durations import MAX_MS
+from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import Spool, spool_stdin_into
 from bulkrelay.ops.invocation import invocation_key
@@ -70,7 +70,7 @@ def resolve_budget(flag_ms: int | None, environ: Mapping[str, str], stdout_is_te
         if not raw.isdigit():
             raise UsageError(f"{BUDGET_ENV}={raw!r} is not a whole number of milliseconds")
         if int(raw) > MAX_MS:
-            raise UsageError(f"{BUDGET_ENV}={raw!r} is longer than 36500d (about a century), the longest")
+            raise UsageError(f"{BUDGET_ENV}={raw!r} is longer than {LONGEST_DURATION}, the longest")
         return int(raw)
     return None if stdout_is_terminal else DEFAULT_BUDGET_MS
 

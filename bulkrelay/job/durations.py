@@ -14,6 +14,7 @@ from bulkrelay.errors import UsageError
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}  # d: retention ages
 MAX_SECONDS = 36_500 * 86_400
 MAX_MS = MAX_SECONDS * 1000
+LONGEST_DURATION = f"{MAX_SECONDS // 86_400}d (about a century)"  # how messages name the limit
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
@@ -28,7 +29,7 @@ def parse_duration_ms(text: str, *, what: str = "duration") -> int:
     ms = float(number) * _UNITS_MS[unit or "s"]
     if ms > MAX_MS:
         raise UsageError(
-            f"{what} {text!r} is longer than 36500d (about a century), the longest duration",
+            f"{what} {text!r} is longer than {LONGEST_DURATION}, the longest duration",
             suggestion="use 0 to turn a budget off, or a shorter duration",
         )
     return max(1, round(ms)) if ms > 0 else 0  # a tiny duration is not 0, which turns a budget off
