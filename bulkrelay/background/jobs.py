@@ -176,14 +176,11 @@ def _job_of_invocation(
 ) -> BackgroundJob:
     """The identical invocation's live job, else a new one. A job given stdin before its end has no
     key yet (the key holds the stdin digest): its worker indexes it once it has read the rest."""
-    if spool is not None and not spool.complete:
-        with index_locked():
-            remove_expired()
-            return _start_background_job(command, args, "", spool, previous=None)
-    key = key_of(args, spool.path if spool is not None else None)
+    stdin_unfinished = spool is not None and not spool.complete
+    key = "" if stdin_unfinished else key_of(args, None if spool is None else spool.path)
     with index_locked():
         remove_expired()
-        background = background_job_for_key(key)
+        background = background_job_for_key(key) if key else None
         if background is None or background.state().final:
             background = _start_background_job(command, args, key, spool, previous=background)
     return background
