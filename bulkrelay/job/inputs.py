@@ -320,12 +320,9 @@ def append_stdin(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool
     what its call had no time for). False when `stop()` came before the end."""
     try:
         with open(dest, "ab", opener=open_private) as out:
-            complete = _copy_to_end(stream, out, stop)
-            out.flush()
-            os.fsync(out.fileno())
+            return _copy_durably(stream, out, stop)
     except OSError as exc:
         raise _spool_failed(dest, exc) from exc
-    return complete
 
 
 def _spool(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
@@ -338,14 +335,19 @@ def _spool(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
         raise
     try:
         with out:
-            complete = _copy_to_end(stream, out, stop)
-            out.flush()
-            os.fsync(out.fileno())
+            return _copy_durably(stream, out, stop)
     except BaseException as exc:
         dest.unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise _spool_failed(dest, exc) from exc
         raise
+
+
+def _copy_durably(stream: BinaryIO, out: BinaryIO, stop: Callable[[], bool]) -> bool:
+    """`_copy_to_end`, then `out` flushed and fsynced: the copy on disk holds all that was read."""
+    complete = _copy_to_end(stream, out, stop)
+    out.flush()
+    os.fsync(out.fileno())
     return complete
 
 
