@@ -38,7 +38,7 @@ from bulkrelay.background.state import (
 from bulkrelay.background.worker import LOCK_FD_ENV
 from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
-from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS
+from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS, whole_number
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import Spool, spool_stdin_into
 from bulkrelay.ops.invocation import invocation_key
@@ -67,11 +67,12 @@ def resolve_budget(flag_ms: int | None, environ: Mapping[str, str], stdout_is_te
         return flag_ms
     raw = environ.get(BUDGET_ENV, "").strip()
     if raw:
-        if not raw.isdigit():
+        budget_ms = whole_number(raw)
+        if budget_ms is None:
             raise UsageError(f"{BUDGET_ENV}={raw!r} is not a whole number of milliseconds")
-        if int(raw) > MAX_MS:
+        if budget_ms > MAX_MS:
             raise UsageError(f"{BUDGET_ENV}={raw!r} is longer than {LONGEST_DURATION}, the longest")
-        return int(raw)
+        return budget_ms
     return None if stdout_is_terminal else DEFAULT_BUDGET_MS
 
 
