@@ -136,32 +136,41 @@ def _with_reasons(
 def _write(
     out: BinaryIO, fmt: str, rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]], with_results: bool
 ) -> int:
+    """Write the rows in `fmt`; how many there were."""
+    return (_write_csv if fmt == "csv" else _write_jsonl)(out, rows, with_results)
+
+
+def _write_jsonl(
+    out: BinaryIO, rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]], with_results: bool
+) -> int:
     count = 0
-    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True) if fmt == "csv" else None
-    writer: Any = None
-    try:
-        for fields, result in rows:
-            count += 1
-            if text is not None:
-                if writer is None:
-                    header = list(fields) + ([f"result_{c}" for c in _RESULT_COLUMNS] if with_results else [])
-                    writer = csv.writer(text)
-                    writer.writerow(header)
-                extra = (
-                    [("" if result is None else result.get(c)) for c in _RESULT_COLUMNS]
-                    if with_results
-                    else []
-                )
-                writer.writerow([*fields.values(), *extra])
-            elif with_results:
-                out.write(orjson.dumps({"record": fields, "result": result}) + b"\n")
-            else:
-                out.write(orjson.dumps(fields) + b"\n")
-    finally:  # detached, never closed: closing the wrapper would close `out`, stdout itself for `-o -`
-        if text is not None:
-            text.flush()
-            text.detach()
+    for fields, result in rows:
+        count += 1
+        out.write(orjson.dumps({"record": fields, "result": result} if with_results else fields) + b"\n")
     return count
+
+
+def _write_csv(
+    out: BinaryIO, rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]], with_results: bool
+) -> int:
+    """A header (from the first row's fields) and the rows; no header when there is no row."""
+    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
+    writer = csv.writer(text)
+    result_columns = [f"result_{c}" for c in _RESULT_COLUMNS] if with_results else []
+    count = 0
+    try:
+        for count, (fields, result) in enumerate(rows, 1):
+            if count == 1:
+                writer.writerow([*fields, *result_columns])
+            writer.writerow([*fields.values(), *(_result_cells(result) if with_results else ())])
+    finally:  # detached, never closed: closing the wrapper would close `out`, stdout itself for `-o -`
+        text.flush()
+        text.detach()
+    return count
+
+
+def _result_cells(result: dict[str, Any] | None) -> list[Any]:
+    return ["" if result is None else result.get(c) for c in _RESULT_COLUMNS]
 
 
 @contextmanager

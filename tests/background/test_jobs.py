@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from bulkrelay.background.jobs import DEFAULT_BUDGET_MS, resolve_budget
-from bulkrelay.errors import ExitCode
+from bulkrelay.errors import ExitCode, UsageError
 from bulkrelay.store.journal import read_journal
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_job
@@ -129,6 +129,13 @@ def test_budget_resolution_order() -> None:
     assert resolve_budget(None, {}, False) == DEFAULT_BUDGET_MS == 30_000
     assert resolve_budget(None, {}, True) is None
     assert resolve_budget(None, {"AGENT_CALL_BUDGET_MS": ""}, True) is None
+
+
+@pytest.mark.parametrize("raw", ["\u00b2", "9" * 5000], ids=["superscript-two", "5000-digits"])
+def test_a_budget_variable_that_int_refuses_is_a_usage_error(raw: str) -> None:
+    # str.isdigit takes both; int() refuses both: that was an unexpected ValueError, exit 1
+    with pytest.raises(UsageError, match="AGENT_CALL_BUDGET_MS"):
+        resolve_budget(None, {"AGENT_CALL_BUDGET_MS": raw}, False)
 
 
 def test_bad_budget_env_is_a_usage_error(tmp_path: Path) -> None:
