@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import sys
 from array import array
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from bulkrelay.envelope import Result
-from bulkrelay.errors import InputChanged, UsageError
+from bulkrelay.errors import InputChanged, OutputClosed, UsageError
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
 from bulkrelay.ops.results import ExportResult
 from bulkrelay.ops.resume import check_committed_journal
@@ -177,8 +178,15 @@ def _result_cells(result: dict[str, Any] | None) -> list[Any]:
 def _opened(target: Path) -> Iterator[BinaryIO]:
     """The export's destination: a file, or standard output for `-o -` (left open for the CLI)."""
     if str(target) == STDOUT:
-        yield sys.stdout.buffer
-        sys.stdout.buffer.flush()
+        try:
+            yield sys.stdout.buffer
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:  # the reader went away (`| head`): its choice, not a fault of ours
+            _stdout_to_devnull()
+            raise OutputClosed(
+                "the reader of stdout closed the pipe before the export ended: the rows it got are cut short",
+                suggestion="read the whole export, or write it to a file with -o FILE",
+            ) from None
         return
     try:
         out = target.open("wb")
@@ -190,6 +198,14 @@ def _opened(target: Path) -> Iterator[BinaryIO]:
         ) from None
     with out:
         yield out
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so the rows still buffered for the closed pipe are dropped when the
+    interpreter flushes stdout at exit, instead of failing again there."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def export(

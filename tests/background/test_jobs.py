@@ -204,6 +204,8 @@ def test_pipe_reaches_eof_and_the_job_survives_its_callers_group(
     _wait_for_progress(tmp_path, job_id)
     before = _cli(tmp_path, "job", "status", job_id)
     assert before.exit_code == ExitCode.INCOMPLETE
+    # A row committed after `before`, whatever the load: the wait must then report it, not older progress.
+    _wait_for_progress(tmp_path, job_id, at_least=before.data["progress"]["done"] + 1)
     first = _cli(tmp_path, "job", "wait", job_id, "--budget", "1s")
     assert first.exit_code == ExitCode.INCOMPLETE
     assert first.data["progress"]["done"] > before.data["progress"]["done"]  # fresh, larger progress
