@@ -22,6 +22,7 @@
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     │   └── RunLockNotOurs              RUN_LOCK_NOT_OURS
     ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
+    ├── OutputClosed                    OUTPUT_CLOSED        1 GENERAL_ERROR
     └── JobLost                         JOB_LOST             1 GENERAL_ERROR
 
 A run that ends without relaying every row is not an exception: the engine returns
@@ -241,6 +242,12 @@ class StorageFailed(BulkRelayError):
     """A write or fsync of run state failed. Fatal and never retried: the disk may have lost data."""
 
     code = "STORAGE_FAILED"
+
+
+class OutputClosed(BulkRelayError):
+    """The reader of `export -o -` closed the pipe before the last row (`| head`): the rows are cut short."""
+
+    code = "OUTPUT_CLOSED"
 
 
 class JobLost(BulkRelayError):

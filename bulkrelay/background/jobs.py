@@ -38,7 +38,7 @@ from bulkrelay.background.state import (
 from bulkrelay.background.worker import LOCK_FD_ENV
 from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
-from bulkrelay.job.durations import MAX_MS
+from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS, whole_number
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import Spool, spool_stdin_into
 from bulkrelay.ops.invocation import invocation_key
@@ -67,11 +67,12 @@ def resolve_budget(flag_ms: int | None, environ: Mapping[str, str], stdout_is_te
         return flag_ms
     raw = environ.get(BUDGET_ENV, "").strip()
     if raw:
-        if not raw.isdigit():
+        budget_ms = whole_number(raw)
+        if budget_ms is None:
             raise UsageError(f"{BUDGET_ENV}={raw!r} is not a whole number of milliseconds")
-        if int(raw) > MAX_MS:
-            raise UsageError(f"{BUDGET_ENV}={raw!r} is longer than 36500d (about a century), the longest")
-        return int(raw)
+        if budget_ms > MAX_MS:
+            raise UsageError(f"{BUDGET_ENV}={raw!r} is longer than {LONGEST_DURATION}, the longest")
+        return budget_ms
     return None if stdout_is_terminal else DEFAULT_BUDGET_MS
 
 
@@ -176,14 +177,11 @@ def _job_of_invocation(
 ) -> BackgroundJob:
     """The identical invocation's live job, else a new one. A job given stdin before its end has no
     key yet (the key holds the stdin digest): its worker indexes it once it has read the rest."""
-    if spool is not None and not spool.complete:
-        with index_locked():
-            remove_expired()
-            return _start_background_job(command, args, "", spool, previous=None)
-    key = key_of(args, spool.path if spool is not None else None)
+    stdin_unfinished = spool is not None and not spool.complete
+    key = "" if stdin_unfinished else key_of(args, None if spool is None else spool.path)
     with index_locked():
         remove_expired()
-        background = background_job_for_key(key)
+        background = background_job_for_key(key) if key else None
         if background is None or background.state().final:
             background = _start_background_job(command, args, key, spool, previous=background)
     return background

@@ -84,7 +84,7 @@ class BackgroundJobSpec:
             created_at=fields.number("created_at"),
             deadline=fields.optional_number("deadline"),
             previous_job=fields.optional_text("previous_job"),
-            stdin_rest=fields.flag("stdin_rest") if fields.has("stdin_rest") else False,
+            stdin_rest=fields.has("stdin_rest") and fields.flag("stdin_rest"),  # absent: an older job
         )
 
     def to_json(self, job_id: str) -> dict[str, Any]:

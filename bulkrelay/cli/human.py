@@ -4,6 +4,8 @@ Each result type has one view here, chosen by the value's type."""
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +26,18 @@ from bulkrelay.ops.results import (
 )
 from bulkrelay.relay.progress import pace_text
 
-_console = Console()
-_err = Console(stderr=True)
+
+class _Console(Console):
+    """A reader that went away (EPIPE) is for the CLI's one catch site (`main.emit`: the answer is lost,
+    the exit code stands); rich's own handling would exit 1 in the middle of printing."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more for a reader that has gone
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+_console = _Console()
+_err = _Console(stderr=True)
 
 
 def print_human(result: Result, envelope: dict[str, Any]) -> None:

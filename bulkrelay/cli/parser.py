@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from bulkrelay._version import __version__
 from bulkrelay.envelope import CommandData, Result
 from bulkrelay.errors import UsageError
-from bulkrelay.job.durations import parse_duration_ms
+from bulkrelay.job.durations import parse_duration_ms, whole_number
 
 # The flags that may stand before or after the subcommand: dest -> (flag, value when not given).
 _GLOBAL_FLAGS: dict[str, tuple[str, object]] = {
@@ -111,9 +111,10 @@ def _count(flag: str, most: int) -> Callable[[str], int]:
     which nothing downstream can use (and orjson cannot even echo in the envelope)."""
 
     def parse(text: str) -> int:
-        if not text.isdigit() or not 1 <= int(text) <= most:
+        number = whole_number(text)
+        if number is None or not 1 <= number <= most:
             raise UsageError(f"{flag}: expected a whole number from 1 to {most}, not {text!r}")
-        return int(text)
+        return number
 
     return parse
 

@@ -35,7 +35,7 @@ from bulkrelay.job.alphacompat import upgrade_alpha_spellings
 from bulkrelay.job.durations import MAX_SECONDS
 from bulkrelay.job.template import FieldRef, SecretRef, compile_template
 from bulkrelay.job.wire import header_value_refusal, wire_url
-from bulkrelay.job.yamlload import LineMap, format_path, load_yaml
+from bulkrelay.job.yamlload import INT64_RANGE, LineMap, format_path, load_yaml
 from bulkrelay.job.yamlload import Path as YamlPath
 
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -207,7 +207,7 @@ class JsonField(_Model):
             self.default, expected
         ):
             raise ValueError(f"default {self.default!r} is not a valid {self.type}")
-        if self.type == "integer" and self.default not in range(-(2**63), 2**63):
+        if self.type == "integer" and self.default not in INT64_RANGE:
             raise ValueError(f"default {self.default!r} is out of the signed 64-bit integer range")
         return self
 

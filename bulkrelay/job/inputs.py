@@ -23,7 +23,7 @@ import time
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
@@ -56,7 +56,7 @@ _CHECK_EVERY = 64
 # orjson reads an integer beyond its 64-bit range as a float (a 30-digit id would go out as 1.2e+29):
 # a line with a run of 19 digits is read again, its integers checked (the fewest digits out of range
 # is 19, -9999999999999999999). The run is found by mapping every digit to "0", then a substring
-# search: about 0.4 µs a line, where a regular expression took 2.
+# search, over a block of lines at once (a regular expression took five times as long).
 _DIGITS_AS_ZEROS = bytes.maketrans(b"0123456789", b"0" * 10)
 _LONG_RUN = b"0" * 19
 _INTEGER_RANGE = (-(1 << 63), (1 << 64) - 1)
@@ -186,12 +186,7 @@ class InputIdentity:
 
     def differences(self, now: InputIdentity) -> dict[str, dict[str, int]]:
         """`{field: {"recorded": ..., "now": ...}}` for each field that differs, as resume names them."""
-        names = ("device", "inode", "size", "mtime_ns")
-        return {
-            name: {"recorded": getattr(self, name), "now": getattr(now, name)}
-            for name in names
-            if getattr(self, name) != getattr(now, name)
-        }
+        return changed_values(asdict(self), asdict(now))
 
 
 @dataclass(frozen=True)
@@ -253,6 +248,11 @@ class ExpectedInput:
     fingerprint: InputFingerprint
     identity: InputIdentity
     regions: RegionDigests
+
+
+def changed_values(was: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """`{name: {"recorded": ..., "now": ...}}` for each of `was`'s values that `now` does not share."""
+    return {name: {"recorded": value, "now": now[name]} for name, value in was.items() if value != now[name]}
 
 
 def input_changed(file: str, when: str, changed: Mapping[str, Any]) -> InputChanged:
@@ -320,12 +320,9 @@ def append_stdin(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool
     what its call had no time for). False when `stop()` came before the end."""
     try:
         with open(dest, "ab", opener=open_private) as out:
-            complete = _copy_to_end(stream, out, stop)
-            out.flush()
-            os.fsync(out.fileno())
+            return _copy_durably(stream, out, stop)
     except OSError as exc:
         raise _spool_failed(dest, exc) from exc
-    return complete
 
 
 def _spool(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
@@ -338,14 +335,19 @@ def _spool(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
         raise
     try:
         with out:
-            complete = _copy_to_end(stream, out, stop)
-            out.flush()
-            os.fsync(out.fileno())
+            return _copy_durably(stream, out, stop)
     except BaseException as exc:
         dest.unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise _spool_failed(dest, exc) from exc
         raise
+
+
+def _copy_durably(stream: BinaryIO, out: BinaryIO, stop: Callable[[], bool]) -> bool:
+    """`_copy_to_end`, then `out` flushed and fsynced: the copy on disk holds all that was read."""
+    complete = _copy_to_end(stream, out, stop)
+    out.flush()
+    os.fsync(out.fileno())
     return complete
 
 
@@ -513,6 +515,15 @@ def _without_bom(lines: BinaryIO) -> Iterator[bytes]:
     return itertools.chain(head, lines)
 
 
+def _line_blocks(stream: BinaryIO) -> Iterator[list[bytes]]:
+    """The lines of a binary stream (a UTF-8 byte order mark removed from the first) in lists of whole
+    lines of about _READ_BUFFER bytes, so that a check can look at many lines in one call."""
+    block = list(itertools.islice(_without_bom(stream), 1))
+    while block := block + stream.readlines(_READ_BUFFER):
+        yield block
+        block = []
+
+
 def _csv_error(exc: csv.Error) -> str:
     """The csv module's complaint in the user's terms: its advice about Python's newline mode means
     a carriage return outside quotes, which a file with CR-only line ends has on every line."""
@@ -625,8 +636,7 @@ class RecordStream:
     def _verify_end(self, expected: InputFingerprint) -> None:
         """At the end, the bytes read must be the bytes preflight read (a change the file's size and
         modification time did not show is caught here, if nowhere before)."""
-        now, was = self.fingerprint().to_dict(), expected.to_dict()
-        changed = {name: {"recorded": was[name], "now": now[name]} for name in was if was[name] != now[name]}
+        changed = changed_values(expected.to_dict(), self.fingerprint().to_dict())
         if changed:
             raise input_changed(self._file, "during the run", changed)
 
@@ -642,19 +652,23 @@ class RecordStream:
         new_record = tuple.__new__  # Record(...) would go through a Python-level __new__
         line = 0
         try:
-            for line, raw in enumerate(_without_bom(self._binary), 1):
-                try:
-                    value = loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    self._report(self._json_problem(raw, exc, line))
-                    continue
-                if type(value) is not dict:
-                    self._report(self._not_an_object(value, line))
-                    continue
-                if long_run in raw.translate(as_zeros) and (problem := self._integer_out_of_range(raw, line)):
-                    self._report(problem)
-                    continue
-                yield new_record(Record, (line, line, value))
+            for block in _line_blocks(self._binary):
+                # The long-run search once a block: per line it cost two thirds as much as orjson.loads.
+                suspect = long_run in b"".join(block).translate(as_zeros)
+                first = line + 1
+                for line, raw in enumerate(block, first):
+                    try:
+                        value = loads(raw)
+                    except orjson.JSONDecodeError as exc:
+                        self._report(self._json_problem(raw, exc, line))
+                        continue
+                    if type(value) is not dict:
+                        self._report(self._not_an_object(value, line))
+                        continue
+                    if suspect and (problem := self._integer_out_of_range(raw, line)):
+                        self._report(problem)
+                        continue
+                    yield new_record(Record, (line, line, value))
         except _GZIP_ERRORS as exc:
             self._report_damage(exc)
             return line
@@ -664,6 +678,8 @@ class RecordStream:
 
     def _integer_out_of_range(self, raw: bytes, line: int) -> Problem | None:
         """The problem of a line holding an integer that orjson would have read as a float."""
+        if _LONG_RUN not in raw.translate(_DIGITS_AS_ZEROS):
+            return None
         low, high = _INTEGER_RANGE
 
         def checked(text: str) -> int:
@@ -843,8 +859,7 @@ class InputBytes:
         """`InputChanged` unless every byte of the file was the bytes preflight read."""
         self._guard.drain()
         now = {"sha256": self._guard.sha256(), "size": self._guard.size}
-        was = {"sha256": self._expected.sha256, "size": self._expected.size}
-        changed = {name: {"recorded": was[name], "now": now[name]} for name in was if was[name] != now[name]}
+        changed = changed_values({"sha256": self._expected.sha256, "size": self._expected.size}, now)
         if changed:
             raise input_changed(self._file, "during the run", changed)
 

@@ -253,11 +253,16 @@ class _Reader:
 
 @contextmanager
 def open_selected(
-    preflight: Preflight, expected: ExpectedInput, positions: RowPositions
+    preflight: Preflight, expected: ExpectedInput | None, positions: RowPositions
 ) -> Iterator[Iterator[Record]]:
-    """The records at `positions` of the input `preflight` read, from exactly the bytes it read, or
+    """The records at `positions` of the input `preflight` read: the ones preflight kept, when it
+    kept them (no byte is read again, none can have changed); else from exactly the bytes it read, or
     `InputChanged`: the file is checked after every read and before each row is handed out, each row
     against its token, the whole file's SHA-256 at the end. NotFound if the file is gone."""
+    if positions.records is not None:
+        yield iter(positions.records)
+        return
+    assert expected is not None  # positions that were not kept are read back against what preflight read
     spec = preflight.input_spec
     token_of = _token_function(preflight, positions.by_request)
     with open_input_bytes(spec, expected) as source:

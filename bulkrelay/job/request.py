@@ -31,6 +31,9 @@ from bulkrelay.job.template import (
     value_text,
 )
 from bulkrelay.job.wire import header_value_refusal, wire_url
+from bulkrelay.job.yamlload import (
+    INT64_RANGE,  # signed 64-bit, as documented (orjson would write up to 2**64-1)
+)
 
 __all__ = ["RenderError", "RequestRenderer", "idempotency_key"]
 
@@ -41,7 +44,6 @@ _ABSENT = object()
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-_INT_RANGE = range(-(2**63), 2**63)  # signed 64-bit, as documented (orjson would write up to 2**64-1)
 _CONTENT_TYPES = {"json": "application/json", "form": "application/x-www-form-urlencoded"}
 _KEY_SCHEME = "bulkrelay-idempotency-v1"
 
@@ -561,12 +563,12 @@ def _to_integer(name: str, value: Any) -> int:
     if type(value) is str and len(value) < 19 and value.isdigit() and value.isascii():
         return int(value)  # the common case (CSV text), short of the range check and the regex
     if type(value) is int:
-        if value in _INT_RANGE:
+        if value in INT64_RANGE:
             return value
         raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
     if type(value) is str and _INTEGER.fullmatch(text := value.strip()):
         number = int(text)
-        if number in _INT_RANGE:
+        if number in INT64_RANGE:
             return number
         raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
     raise RenderError(name, f"{value!r} is not an integer")

@@ -41,8 +41,9 @@ _YAML_ONLY_TAGS = {
 }
 _PLAIN_BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
 _LEGACY_OCTAL = re.compile(r"[-+]?0[0-9_]+")
-# JSON bodies, fingerprints and envelopes are written by orjson, which holds integers to 64 bits.
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# The integers a job file may hold: JSON bodies, fingerprints and envelopes are written by orjson,
+# which holds integers to 64 bits (signed, as documented).
+INT64_RANGE = range(-(2**63), 2**63)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class _Builder:
             if ":" in text or _LEGACY_OCTAL.fullmatch(text):
                 return self._reject(node, path, f"{text!r} is a YAML 1.1 octal or base-60 number")
             number = self._loader.construct_yaml_int(node)
-            if not _INT64_MIN <= number <= _INT64_MAX:
+            if number not in INT64_RANGE:
                 return self._reject(node, path, f"{text!r} is out of the signed 64-bit integer range")
             return number
         if tag == _FLOAT:

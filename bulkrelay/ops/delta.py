@@ -20,7 +20,7 @@ from bulkrelay._version import __version__
 from bulkrelay.job.config import Job, config_semantic_dict
 from bulkrelay.job.digest import DIGEST_SIZE, RequestDigester, key_text
 from bulkrelay.job.fingerprint import canonical_bytes
-from bulkrelay.job.inputs import InputFingerprint, InputSpec, input_changed
+from bulkrelay.job.inputs import InputFingerprint, InputSpec, changed_values, input_changed
 from bulkrelay.job.positions import RowPositions, request_token
 from bulkrelay.job.preflight import RowWatch
 from bulkrelay.job.records import PreparedRequest, Record
@@ -229,10 +229,8 @@ class DeltaSelector:
             if scan.marked:  # rows were taken as unchanged on its word: choose again without it
                 raise
             return  # every row went the full way: the choice stands, nothing is learned
-        read = {"size": (fingerprint.size, size), "sha256": (fingerprint.sha256, sha256)}
-        changed = {
-            name: {"recorded": ours, "now": theirs} for name, (ours, theirs) in read.items() if ours != theirs
-        }
+        was = {"size": fingerprint.size, "sha256": fingerprint.sha256}
+        changed = changed_values(was, {"size": size, "sha256": sha256})
         if changed:
             raise input_changed(self._spec.display_name, "while preflight read it", changed)
         self._state.keep_lines()

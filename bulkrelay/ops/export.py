@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import sys
 from array import array
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from bulkrelay.envelope import Result
-from bulkrelay.errors import InputChanged, UsageError
+from bulkrelay.errors import InputChanged, OutputClosed, UsageError
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
 from bulkrelay.ops.results import ExportResult
 from bulkrelay.ops.resume import check_committed_journal
@@ -136,40 +137,56 @@ def _with_reasons(
 def _write(
     out: BinaryIO, fmt: str, rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]], with_results: bool
 ) -> int:
+    """Write the rows in `fmt`; how many there were."""
+    return (_write_csv if fmt == "csv" else _write_jsonl)(out, rows, with_results)
+
+
+def _write_jsonl(
+    out: BinaryIO, rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]], with_results: bool
+) -> int:
     count = 0
-    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True) if fmt == "csv" else None
-    writer: Any = None
-    try:
-        for fields, result in rows:
-            count += 1
-            if text is not None:
-                if writer is None:
-                    header = list(fields) + ([f"result_{c}" for c in _RESULT_COLUMNS] if with_results else [])
-                    writer = csv.writer(text)
-                    writer.writerow(header)
-                extra = (
-                    [("" if result is None else result.get(c)) for c in _RESULT_COLUMNS]
-                    if with_results
-                    else []
-                )
-                writer.writerow([*fields.values(), *extra])
-            elif with_results:
-                out.write(orjson.dumps({"record": fields, "result": result}) + b"\n")
-            else:
-                out.write(orjson.dumps(fields) + b"\n")
-    finally:  # detached, never closed: closing the wrapper would close `out`, stdout itself for `-o -`
-        if text is not None:
-            text.flush()
-            text.detach()
+    for fields, result in rows:
+        count += 1
+        out.write(orjson.dumps({"record": fields, "result": result} if with_results else fields) + b"\n")
     return count
+
+
+def _write_csv(
+    out: BinaryIO, rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]], with_results: bool
+) -> int:
+    """A header (from the first row's fields) and the rows; no header when there is no row."""
+    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
+    writer = csv.writer(text)
+    result_columns = [f"result_{c}" for c in _RESULT_COLUMNS] if with_results else []
+    count = 0
+    try:
+        for count, (fields, result) in enumerate(rows, 1):
+            if count == 1:
+                writer.writerow([*fields, *result_columns])
+            writer.writerow([*fields.values(), *(_result_cells(result) if with_results else ())])
+    finally:  # detached, never closed: closing the wrapper would close `out`, stdout itself for `-o -`
+        text.flush()
+        text.detach()
+    return count
+
+
+def _result_cells(result: dict[str, Any] | None) -> list[Any]:
+    return ["" if result is None else result.get(c) for c in _RESULT_COLUMNS]
 
 
 @contextmanager
 def _opened(target: Path) -> Iterator[BinaryIO]:
     """The export's destination: a file, or standard output for `-o -` (left open for the CLI)."""
     if str(target) == STDOUT:
-        yield sys.stdout.buffer
-        sys.stdout.buffer.flush()
+        try:
+            yield sys.stdout.buffer
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:  # the reader went away (`| head`): its choice, not a fault of ours
+            _stdout_to_devnull()
+            raise OutputClosed(
+                "the reader of stdout closed the pipe before the export ended: the rows it got are cut short",
+                suggestion="read the whole export, or write it to a file with -o FILE",
+            ) from None
         return
     try:
         out = target.open("wb")
@@ -181,6 +198,14 @@ def _opened(target: Path) -> Iterator[BinaryIO]:
         ) from None
     with out:
         yield out
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so the rows still buffered for the closed pipe are dropped when the
+    interpreter flushes stdout at exit, instead of failing again there."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def export(

@@ -13,6 +13,7 @@ from pathlib import Path
 from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.job.config import load_job
+from bulkrelay.job.durations import whole_number
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.execute import RunOptions, plan_for, start_fresh
 from bulkrelay.ops.results import NothingToRetry, RunResult
@@ -33,10 +34,10 @@ def parse_statuses(text: str | None) -> frozenset[int] | None:
     exit 0 as if no row had failed (`--status "$CODES"` with CODES unset)."""
     if text is None:
         return None
-    parts = [part.strip() for part in text.split(",")]
-    if not all(part.isdigit() and 100 <= int(part) <= 599 for part in parts):
+    statuses = [whole_number(part.strip()) for part in text.split(",")]
+    if not all(status is not None and 100 <= status <= 599 for status in statuses):
         raise UsageError(f"--status {text!r}: expected HTTP status codes (100-599) like 503,504")
-    return frozenset(int(part) for part in parts)
+    return frozenset(status for status in statuses if status is not None)
 
 
 def failed_rows(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bulkrelay.errors import UsageError
+from bulkrelay.job.durations import whole_number
 from bulkrelay.job.records import Record
 from bulkrelay.store.rundir import RunDir
 
@@ -80,7 +81,8 @@ def resolve_shard(shard: str | None, shards: int | None, environ: Mapping[str, s
     count_text = str(shards) if shards is not None else environ.get("BULKRELAY_SHARDS")
     if not count_text:
         return None
-    if not count_text.isdigit():
+    count = whole_number(count_text)
+    if count is None:
         raise UsageError(f"{count_source} must be a whole number, not {count_text!r}")
     index_text = environ.get("JOB_COMPLETION_INDEX")
     if index_text is None:
@@ -89,9 +91,10 @@ def resolve_shard(shard: str | None, shards: int | None, environ: Mapping[str, s
             "(set by a Kubernetes Indexed Job)",
             suggestion="or name the shard with --shard K/N",
         )
-    if not index_text.isdigit():
+    index = whole_number(index_text)
+    if index is None:
         raise UsageError(f"JOB_COMPLETION_INDEX must be the shard's index (0, 1, ...), not {index_text!r}")
-    return _checked(int(index_text), int(count_text), "JOB_COMPLETION_INDEX", count_source)
+    return _checked(index, count, "JOB_COMPLETION_INDEX", count_source)
 
 
 def shard_of_run(run: RunDir) -> str | None:

@@ -205,21 +205,14 @@ def _pending_records(
             context={"file": file, "problem": problem.to_dict()},
         )
 
+    positions = start.positions
     try:
-        if start.positions is not None and start.positions.records is not None:
-            # preflight's own records of the rows it chose: no byte is read again, none can change
-            for record in start.positions.records:
-                if done is None or record.row_number not in done:
-                    yield record
-            return
-        if start.positions is not None and expected is not None:
-            with open_selected(preflight, expected, start.positions) as selected:
-                for record in selected:
-                    if done is None or record.row_number not in done:
-                        yield record
-            return
-        with open_records(preflight.input_spec, on_problem, expected) as stream:
-            for record in stream:
+        with (
+            open_selected(preflight, expected, positions)
+            if positions is not None and (expected is not None or positions.records is not None)
+            else open_records(preflight.input_spec, on_problem, expected)
+        ) as records:
+            for record in records:
                 if done is None or record.row_number not in done:
                     yield record
     except (InputChanged, NotFound) as changed:

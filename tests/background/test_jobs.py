@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from bulkrelay.background.jobs import DEFAULT_BUDGET_MS, resolve_budget
-from bulkrelay.errors import ExitCode
+from bulkrelay.errors import ExitCode, UsageError
 from bulkrelay.store.journal import read_journal
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_job
@@ -131,6 +131,13 @@ def test_budget_resolution_order() -> None:
     assert resolve_budget(None, {"AGENT_CALL_BUDGET_MS": ""}, True) is None
 
 
+@pytest.mark.parametrize("raw", ["\u00b2", "9" * 5000], ids=["superscript-two", "5000-digits"])
+def test_a_budget_variable_that_int_refuses_is_a_usage_error(raw: str) -> None:
+    # str.isdigit takes both; int() refuses both: that was an unexpected ValueError, exit 1
+    with pytest.raises(UsageError, match="AGENT_CALL_BUDGET_MS"):
+        resolve_budget(None, {"AGENT_CALL_BUDGET_MS": raw}, False)
+
+
 def test_bad_budget_env_is_a_usage_error(tmp_path: Path) -> None:
     result = _cli(tmp_path, "run", "job.yaml", AGENT_CALL_BUDGET_MS="soon")
     assert result.exit_code == ExitCode.ARG_ERROR
@@ -197,6 +204,8 @@ def test_pipe_reaches_eof_and_the_job_survives_its_callers_group(
     _wait_for_progress(tmp_path, job_id)
     before = _cli(tmp_path, "job", "status", job_id)
     assert before.exit_code == ExitCode.INCOMPLETE
+    # A row committed after `before`, whatever the load: the wait must then report it, not older progress.
+    _wait_for_progress(tmp_path, job_id, at_least=before.data["progress"]["done"] + 1)
     first = _cli(tmp_path, "job", "wait", job_id, "--budget", "1s")
     assert first.exit_code == ExitCode.INCOMPLETE
     assert first.data["progress"]["done"] > before.data["progress"]["done"]  # fresh, larger progress

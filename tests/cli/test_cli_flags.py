@@ -182,8 +182,18 @@ def test_a_duration_beyond_the_longest_is_a_usage_error_with_its_envelope(
         ["demo", "--rows", "0"],
         ["demo", "--rows", "99999999999999999999"],  # would write rows until the disk is full
         ["run", "job.yaml", "--shards", "99999999999999999999"],
+        ["prune", "--keep", "\u00b2", "--dry-run"],  # str.isdigit takes it, int() refuses it
+        ["demo", "--rows", "9" * 5000],  # so does int() a number this long
     ],
-    ids=["keep-huge", "keep-zero", "demo-none", "demo-huge", "shards-huge"],
+    ids=[
+        "keep-huge",
+        "keep-zero",
+        "demo-none",
+        "demo-huge",
+        "shards-huge",
+        "keep-superscript",
+        "rows-5000-digits",
+    ],
 )
 def test_a_count_out_of_its_range_is_a_usage_error_naming_the_flag(tmp_path: Path, args: list[str]) -> None:
     result = run_cli(*args, cwd=tmp_path, env=cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state")))

@@ -24,6 +24,7 @@ from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_S
 
 SECRET = "s3cr3t-token-value-4711"
 # Rows whose name holds a 3 get 422 echoing the token; rows with a 7 get 503; the rest succeed.
@@ -127,6 +128,29 @@ def test_export_to_stdout_sends_every_envelope_to_stderr_failures_too(tmp_path: 
     rows = list(csv.DictReader(io.StringIO(proc.stdout.decode())))  # the rows read so far, nothing else
     assert [row["id"] for row in rows] == ["1", "2", "3", "4", "5"]
     assert orjson.loads(proc.stderr.splitlines()[-1])["error"]["code"] == "INPUT_CHANGED"
+
+
+def test_an_export_whose_reader_leaves_early_says_so_without_a_traceback(tmp_path: Path) -> None:
+    # `export RUN -o - | head -1`: before, the closed pipe was an unexpected failure (GENERAL_ERROR, a
+    # traceback in error.detail). The reader here takes the header and closes the pipe before the rest
+    # is written (4,000 rows are more than a pipe holds), as `head` does.
+    run_dir, _ = _run_with_failures(tmp_path, rows=4000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", "export", str(run_dir), "-o", "-"],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"id,email,name,")
+    proc.stdout.close()
+    _, stderr = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == ExitCode.GENERAL_ERROR
+    envelope = orjson.loads(stderr.splitlines()[-1])
+    assert envelope["error"]["code"] == "OUTPUT_CLOSED", envelope
+    assert "detail" not in envelope["error"] and b"Traceback" not in stderr
+    assert b"Exception ignored" not in stderr  # the interpreter's last flush of stdout did not fail
 
 
 def test_an_export_that_fails_midway_leaves_its_output_open() -> None:

@@ -26,6 +26,7 @@ from tests.jobfiles import write_job
 from tests.ops.test_metrics import metric, read_metrics
 from tests.ops.test_runlog import read_log
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_S, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scheduling"
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what systemd gives a service
@@ -89,7 +90,7 @@ def _start_cron_line(env: dict[str, str], command: str) -> subprocess.Popen[byte
     )
 
 
-def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = HANG_S) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -269,6 +270,8 @@ def test_a_budget_handing_off_work_with_nobody_watching_says_so_loudly(tmp_path:
         assert agent.data["job_id"] == handed.data["job_id"]
         assert agent.envelope["warnings"] == [] and "BUDGET_HANDOFF_UNATTENDED" not in agent.stderr
 
+        # Cancelled once the worker has sent a request: its 503 is then in the metrics, whatever the load.
+        wait_for(lambda: target.stats()["requests"] >= 1, "the worker's first request")
         cancelled = run_cli("job", "cancel", handed.data["job_id"], cwd=tmp_path, env=env)
         assert cancelled.exit_code == ExitCode.SUCCESS and cancelled.data["state"] == "cancelled"
 

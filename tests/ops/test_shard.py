@@ -54,3 +54,18 @@ def test_the_shard_comes_from_the_flag_the_variable_or_the_indexed_job() -> None
         resolve_shard(None, 4, {})
     with pytest.raises(UsageError, match="does not exist"):
         resolve_shard(None, 4, {"JOB_COMPLETION_INDEX": "4"})
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"BULKRELAY_SHARDS": "\u00b2", "JOB_COMPLETION_INDEX": "0"},
+        {"BULKRELAY_SHARDS": "4", "JOB_COMPLETION_INDEX": "\u00b2"},
+        {"BULKRELAY_SHARDS": "9" * 5000, "JOB_COMPLETION_INDEX": "0"},
+    ],
+    ids=["count-superscript", "index-superscript", "count-5000-digits"],
+)
+def test_a_shard_number_that_int_refuses_is_a_usage_error(environ: dict[str, str]) -> None:
+    # str.isdigit takes "\u00b2" (superscript two) and 5000 digits; int() refuses both
+    with pytest.raises(UsageError):
+        resolve_shard(None, None, environ)

@@ -25,12 +25,13 @@ from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.ops.test_crash import _run_held_by, _spawn_run
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_S
 
 SLOW = {"rules": [{"delay_ms": 100}]}
 PACED: dict[str, Any] = {"execution": {"concurrency": 2, "rate_limit": {"requests_per_second": 10}}}
 
 
-def _status_when(run_dir: Path, ready: Any, timeout: float = 90) -> CliResult:
+def _status_when(run_dir: Path, ready: Any, timeout: float = HANG_S) -> CliResult:
     """Poll `status` until `ready(data)` holds; the deadline is generous, the condition exact."""
     deadline = time.monotonic() + timeout
     while True:

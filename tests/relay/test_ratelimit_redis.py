@@ -6,10 +6,12 @@ import asyncio
 import time
 
 import pytest
+import redis.asyncio as aioredis
 
 from bulkrelay.relay.ratelimit import most_in_window
 from bulkrelay.relay.ratelimit_redis import SharedLimitUnavailable, SharedRateLimiter
 from tests.redisproc import RedisProcess
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.anyio
 
@@ -21,6 +23,31 @@ async def _starts(limiter: SharedRateLimiter, workers: int, until: float, starts
             starts.append(time.monotonic())
 
     await asyncio.gather(*(worker() for _ in range(workers)))
+
+
+async def _shared_pause(url: str, key: str) -> int:
+    """The end of the pause shared under `key` (Redis microseconds), once some shard has written it."""
+    client = aioredis.Redis.from_url(url)
+
+    async def written() -> int:
+        while (paused := await client.get(f"bulkrelay:limit:{key}:pause")) is None:
+            await asyncio.sleep(0.01)  # the shard writes it in a task of its own, as soon as it runs
+        return int(paused)
+
+    try:
+        return await asyncio.wait_for(written(), HANG_S)
+    finally:
+        await client.aclose()
+
+
+async def _server_time(url: str) -> int:
+    """Now on Redis's clock, in microseconds: the clock the shared limit decides by."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        seconds, micros = await client.time()
+        return seconds * 1_000_000 + micros
+    finally:
+        await client.aclose()
 
 
 async def test_four_limiters_on_one_key_keep_one_limit_together() -> None:
@@ -57,13 +84,14 @@ async def test_a_pause_in_one_shard_holds_every_shard() -> None:
         pausing, other = SharedRateLimiter(url, "t", 100), SharedRateLimiter(url, "t", 100)
         await pausing.acquire()
         pausing.pause_until(time.monotonic() + 0.8)
-        await asyncio.sleep(0.1)  # the pause reaches Redis
-        asked = time.monotonic()
+        paused_until = await _shared_pause(url, "t")  # on Redis's clock, once the pause has reached it
         await other.acquire()
-        waited = time.monotonic() - asked
+        released_at = await _server_time(url)
         await pausing.aclose()
         await other.aclose()
-    assert waited >= 0.5  # held by the pause the other shard shared, not by pacing (10 ms)
+    # Held by the pause the other shard shared (not only by pacing, 10 ms): it started after the pause
+    # ended on Redis's clock, which no load on this machine moves.
+    assert released_at >= paused_until
 
 
 async def test_unreachable_redis_is_an_error_not_a_local_fallback() -> None:
