@@ -19,6 +19,8 @@ from tests.ops.test_run_cli import journal, tag_rule, write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_BUDGET_MS, HANG_S, wait_for
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 _SLOW_MS = 2 * HANG_BUDGET_MS  # rows 5 and on: they outlast every call and wait of these tests
 
 

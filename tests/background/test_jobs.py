@@ -27,6 +27,8 @@ from tests.jobfiles import make_rows, write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_BUDGET_MS, HANG_S, wait_for
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 
 @pytest.fixture
 def target() -> Iterator[TargetProcess]:

@@ -24,6 +24,8 @@ from tests.jobfiles import write_job
 from tests.ops.test_resume import assert_each_row_once, sent_ids
 from tests.targetproc import TargetProcess
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 HEADER = b"id,email,name\n"
 HANG = 60  # seconds: only a call that waits for the end of stdin takes this long
 

@@ -27,6 +27,8 @@ from bulkrelay.background.state import (
 from bulkrelay.errors import ExitCode
 from tests.clirun import cli_env, run_cli
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 SPEC = BackgroundJobSpec(command="run", argv=("run", "job.yaml"), cwd="/work", key="k" * 32, created_at=0.0)
 
 # In status.json and envelopes: a renamed member must never change one of these.

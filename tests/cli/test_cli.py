@@ -17,6 +17,8 @@ from bulkrelay.errors import ExitCode, UsageError
 from bulkrelay.job.durations import parse_duration_ms
 from tests.clirun import run_cli
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 

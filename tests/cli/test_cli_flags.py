@@ -19,6 +19,8 @@ from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 _UNKNOWN_JOB = "run-0123456789"
 
 

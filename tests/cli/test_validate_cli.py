@@ -10,6 +10,8 @@ import pytest
 from bulkrelay.errors import ExitCode
 from tests.clirun import cli_env, run_cli
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 JOB = """\

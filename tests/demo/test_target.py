@@ -15,7 +15,7 @@ import pytest
 from bulkrelay.demo.target import RunningTarget, parse_plan, start_target
 from tests.targetproc import TargetProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, outside the fast lane
 
 
 class _Client:

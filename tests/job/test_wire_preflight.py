@@ -19,6 +19,8 @@ from tests.jobfiles import write_job
 from tests.ops.test_run_cli import run_job
 from tests.targetproc import TargetProcess
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 
 def problems(result: CliResult) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = result.envelope["error"]["context"]["problems"]

@@ -21,6 +21,8 @@ from bulkrelay.store.journal import read_journal
 from tests.clirun import CliResult, run_cli
 from tests.targetproc import TargetProcess
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "alpha"
 ALPHA_BASE = "http://127.0.0.1:8000"
 CSV_ROWS = 20

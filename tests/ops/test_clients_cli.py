@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bulkrelay.errors import ExitCode
 from tests.clirun import run_cli
 from tests.ops.test_run_cli import journal, run_job, tag_rule, target_ids, write_job
 from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 
 def test_the_httpx_client_relays_a_whole_job_with_retries(tmp_path: Path) -> None:

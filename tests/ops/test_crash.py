@@ -34,6 +34,8 @@ from tests.ops.test_resume import assert_each_row_once, resume, sent_ids, stop_m
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 CRASH_ROWS = 3000
 KILLS = 24
 # Answers take 1-6 ms depending on the row, so kills land with requests in flight at the target.

@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from bulkrelay.errors import ExitCode
 from tests.jobfiles import write_job
 from tests.ops.test_crash import _run_held_by
 from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 SLOW = {"rules": [{"delay_ms": 200}]}  # 100 rows one at a time: about 20 s, until the plan changes
 

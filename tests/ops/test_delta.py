@@ -36,6 +36,8 @@ from tests.ops.test_resume import resume, rewrite_job, sent_ids
 from tests.runplans import delivered_entry, run_plan
 from tests.targetproc import TargetProcess
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 ROWS = 500
 CHANGED = (7, 99, 250, 251, 480)  # 1% of the rows
 DELTA: dict[str, Any] = {

@@ -22,6 +22,8 @@ from tests.ops.test_delta import DELTA, _mirror, _night
 from tests.ops.test_resume import rewrite_job, sent_ids
 from tests.targetproc import TargetProcess
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 ROWS = 12
 ALL = tuple(range(1, ROWS + 1))
 Change = Callable[[Path, Path], tuple[tuple[int, ...], tuple[str, ...]]]  # (cwd, job) -> sent, run args

@@ -26,6 +26,8 @@ from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 SECRET = "s3cr3t-token-value-4711"
 # Rows whose name holds a 3 get 422 echoing the token; rows with a 7 get 503; the rest succeed.
 PLAN = {

@@ -27,6 +27,8 @@ from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_resume import assert_each_row_once, resume, sent_ids
 from tests.targetproc import TargetProcess
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 ROWS = 300
 GATE = {"rules": [{"status": 503}]}  # closed: nothing succeeds, every row is retried
 OPEN: dict[str, Any] = {}  # every request gets 200

@@ -25,6 +25,8 @@ from bulkrelay.ops.linescan import (
 )
 from bulkrelay.ops.syncstate import SyncState
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 SALT = bytes(range(LINE_DIGEST_SIZE))
 REQUEST = b"r" * 16  # the delivered request's digest: the scan never looks at it
 

@@ -30,6 +30,8 @@ from tests.ops.test_resume import ROWS, SLOW, assert_each_row_once, resume, run_
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_S
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 _DEADLINE = HANG_S  # the bound of conditions the tests wait for: only a hang reaches it
 
 

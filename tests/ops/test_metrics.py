@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 import orjson
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bulkrelay.background.jobs import arguments_key
@@ -22,6 +23,8 @@ from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import cli_env, run_cli, run_cli_raw
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -23,6 +23,8 @@ from tests.ops.test_resume import resume, run_job
 from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 RECORDS = b"id,email,name\n1,a@example.com,A\n2,b@example.com,B\n"
 BAD_RECORDS = b"id,email,name\n1,a@example.com,A\n2,b@example.com\n"  # row 2 lacks a field
 

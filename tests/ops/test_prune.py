@@ -9,6 +9,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from bulkrelay.errors import ExitCode
 from bulkrelay.ops.prune import prune
 from bulkrelay.ops.settings import Retention
@@ -17,6 +19,8 @@ from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 
 def _make_run(runs: Path, job: str, state: RunState, days_old: float) -> RunDir:

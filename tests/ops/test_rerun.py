@@ -37,6 +37,8 @@ from tests.ops.test_resume import (
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 
 def run_here(job: Path, reporter: Reporter | None = None) -> Result:
     """`bulkrelay run JOB` in this process (in the current directory, as the command would be)."""

@@ -27,6 +27,8 @@ from tests.jobfiles import make_rows, write_csv, write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 ROWS = 150
 SLOW = {"rules": [{"delay_ms": 10}]}  # 4 workers: ~400 rows/s, so a 150 ms timeout stops midway
 

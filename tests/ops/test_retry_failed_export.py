@@ -6,12 +6,15 @@ import csv
 from pathlib import Path
 
 import orjson
+import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.journal import read_journal
 from tests.clirun import run_cli
 from tests.jobfiles import make_rows, write_job
 from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 REJECT_503 = {"rules": [{"match": {"body_field": "name", "contains": "7"}, "status": 503}]}
 REJECT_422 = {"rules": [{"match": {"body_field": "email", "contains": "user3"}, "status": 422}]}

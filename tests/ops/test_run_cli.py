@@ -14,6 +14,7 @@ from typing import Any, cast
 from urllib.parse import quote, quote_plus
 
 import orjson
+import pytest
 import yaml
 
 from bulkrelay.errors import ExitCode
@@ -26,6 +27,8 @@ from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import merge
 from tests.runplans import delivered_entry
 from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 # --------------------------------------------------------------------------------- fixtures
 

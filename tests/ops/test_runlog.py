@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
@@ -21,6 +22,8 @@ from bulkrelay.store.rundir import RunDir
 from tests.clirun import run_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 UTC_TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 

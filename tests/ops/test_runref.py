@@ -7,11 +7,15 @@ import ast
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bulkrelay.errors import ExitCode
 from tests.clirun import run_cli
 from tests.jobfiles import write_job
 from tests.ops.test_alpha_migration import write_alpha_run
 from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 PACKAGE = Path(__file__).resolve().parents[2] / "bulkrelay"
 DELTA: dict[str, Any] = {"input": {"key": "id"}, "execution": {"concurrency": 2, "sync": "delta"}}

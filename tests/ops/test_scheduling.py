@@ -28,6 +28,8 @@ from tests.ops.test_runlog import read_log
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S, wait_for
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scheduling"
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what systemd gives a service
 ROWS = 10

@@ -22,6 +22,8 @@ from tests.ops.test_run_cli import write_job
 from tests.redisproc import RedisProcess
 from tests.targetproc import TargetProcess
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 SHARDS = 4
 KEYED: dict[str, Any] = {
     "input": {"key": "id"},

@@ -29,6 +29,8 @@ from tests.relay.test_engine_faults import _finish, _journal_has_lines, _run_dir
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S, wait_for
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
 def test_sighup_stops_a_run_at_a_safe_point_like_sigterm(tmp_path: Path, signum: signal.Signals) -> None:

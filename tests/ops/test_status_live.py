@@ -27,6 +27,8 @@ from tests.ops.test_crash import _run_held_by, _spawn_run
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 SLOW = {"rules": [{"delay_ms": 100}]}
 PACED: dict[str, Any] = {"execution": {"concurrency": 2, "rate_limit": {"requests_per_second": 10}}}
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bulkrelay.errors import ExitCode
 from bulkrelay.private import make_private_dir
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.ops.test_resume import assert_each_row_once, sent_ids
 from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 ROWS = 20
 

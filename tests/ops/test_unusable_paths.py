@@ -13,10 +13,14 @@ import resource
 import signal
 from pathlib import Path
 
+import pytest
+
 from bulkrelay.errors import ExitCode
 from tests.clirun import cli_env, run_cli
 from tests.ops.test_run_cli import journal, run_job, target_ids, write_job
 from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 _PR_CAPBSET_DROP = 24
 _CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2

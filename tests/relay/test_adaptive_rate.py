@@ -20,6 +20,8 @@ from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 
 def test_a_429_burst_halves_the_rate_once_and_quiet_seconds_add_it_back_up_to_the_configured_rate() -> None:
     rate = AdaptiveRate(100.0)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.relay.ratelimit import most_in_window
@@ -20,6 +21,8 @@ from tests.clirun import CliResult, cli_env, run_cli
 from tests.ops.test_run_cli import journal, run_job, tag_rule, target_ids, write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S, wait_for
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 # --------------------------------------------------------------------------------- pacing
 

@@ -13,7 +13,7 @@ from bulkrelay.relay.ratelimit_redis import SharedLimitUnavailable, SharedRateLi
 from tests.redisproc import RedisProcess
 from tests.waiting import HANG_S
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, outside the fast lane
 
 
 async def _starts(limiter: SharedRateLimiter, workers: int, until: float, starts: list[float]) -> None:

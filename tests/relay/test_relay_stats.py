@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from bulkrelay.relay.metrics import LATENCY_BUCKETS, RelayStats, status_class
+
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 
 def test_a_latency_counts_in_the_first_bucket_whose_upper_bound_it_does_not_exceed() -> None:

@@ -28,6 +28,8 @@ from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.storage import Storage
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 ROWS = 20
 BATCHES = (4, 4, 4, 4)  # checkpoint frontier after batch 3: lines 1-12 committed, 13-16 not yet
 

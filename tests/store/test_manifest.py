@@ -23,6 +23,8 @@ from tests.jobfiles import write_job
 from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+
 EXAMPLE_RUNS = Path(__file__).resolve().parents[2] / ".bulkrelay.example" / "runs"
 INDENTED_SORTED = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
 
