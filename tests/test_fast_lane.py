@@ -49,8 +49,9 @@ def _unmarked_tests(tree: ast.Module) -> list[str]:
     """Test functions (top level or in classes) that carry no slow mark of their own."""
     found: list[str] = []
     for node in ast.walk(tree):
-        is_test = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test")
-        if is_test and not any(_marked_slow(decorator) for decorator in node.decorator_list):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or not node.name.startswith("test"):
+            continue
+        if not any(_marked_slow(decorator) for decorator in node.decorator_list):
             found.append(node.name)
     return found
 
