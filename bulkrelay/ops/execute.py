@@ -2,7 +2,7 @@
 
 `run`, `resume` and `retry-failed` differ only in how they find their run and start point;
 from there they share `relay_locked()`, which maps the engine's outcome to a run state, a
-summary and a `Result` with the exit code DESIGN §3 names.
+summary and a `Result` with the exit code docs/exit-codes.md names.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The call budget and background jobs (DESIGN §8), with real processes and a slow loopback target.
+"""The call budget and background jobs (docs/jobs.md), with real processes and a slow loopback target.
 
 Every test gets its own state directory (BULKRELAY_STATE_DIR), so job directories can be counted.
 """

@@ -1,4 +1,4 @@
-"""Run data is private and fails closed (DESIGN "Additions": files are private), with real processes:
+"""Run data is private and fails closed (docs/running.md, "Files and permissions"), with real processes:
 run and job directories are 0700 and their files 0600 whatever the umask loosens; a run directory
 whose files are links is refused without touching what the links point to; nothing read from stdin
 outlives the command that read it unless a run or job owns it, and messages call it `<stdin>`."""

@@ -1,4 +1,4 @@
-"""The identical re-run (DESIGN §7): running the same command again continues its unfinished run,
+"""The identical re-run (docs/resume.md): running the same command again continues its unfinished run,
 starts over with CHECKPOINT_DISCARDED when the input or config changed, and starts fresh after a
 completed run; `--idempotency-key` and the stdin digest are part of what makes two calls identical."""
 

@@ -4,10 +4,10 @@ The engine only knows the `Transport` protocol and `open_transport()` (the packa
 builds the client the job names in `execution.client`:
 
     reqwest  (default) pyreqwest, bindings of Rust's reqwest and hyper: the fastest client measured here
-             (docs/transport.md), in `transport_reqwest.py`
-    httpx    the Python ecosystem's standard client, with a real write timeout, in `transport_httpx.py`
+             (docs/transport.md), in `reqwest.py`
+    httpx    the Python ecosystem's standard client, with a real write timeout, in `httpx.py`
 
-Both classify failures the same way (one contract suite, tests/test_transport.py, runs against both):
+Both classify failures the same way (one contract suite, tests/relay/test_transport.py, runs against both):
 `ConnectFailed` means the request was never sent, `RequestTimeout` names the phase that ran out, and
 `ProtocolFailed` means the request may have reached the target but no valid answer came back.
 Messages never quote the request URL, which may carry a secret.
