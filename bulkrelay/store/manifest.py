@@ -3,7 +3,8 @@
 `RunManifest.from_json` is the only reader of a v1 `run.json`: a missing or mistyped field is
 `JournalCorrupt` naming the file and the field, so no later step meets a `KeyError`. `to_json` writes
 exactly the fields the format has always had (docs/resume.md, "The run directory"); a field that was
-absent stays absent. The public alpha's `run.json` has its own small record, `AlphaManifest`: it is listed, never run.
+absent stays absent. The public alpha's `run.json` has its own small record, `AlphaManifest`: it is
+listed, never run.
 
 A manifest never changes in place: `dataclasses.replace` or the small methods below make the next one,
 and `RunDir` saves it.
