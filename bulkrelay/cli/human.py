@@ -145,12 +145,16 @@ def _runs(listed: RunsResult) -> None:
     _console.print(table)
 
 
+def _rows(count: int) -> str:
+    return f"{count} row" if count == 1 else f"{count} rows"
+
+
 def _demo(shown: DemoResult) -> None:
     _run(shown.run)
     demo = shown.demo
     _console.print(
-        f"The demo target at {demo.target} rejected {demo.rejected} rows on purpose (422) and "
-        f"answered 503 once to {demo.retried} rows, which succeeded on retry.",
+        f"The demo target at {demo.target} rejected {_rows(demo.rejected)} on purpose (422) and "
+        f"answered 503 once to {_rows(demo.retried)}, which succeeded on retry.",
         highlight=False,
     )
     _console.print(f"job file: {demo.job}\ninput:    {demo.input}", highlight=False)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -74,6 +75,10 @@ class _VersionAction(_HelpAction):
         raise Answered(Result(data=VersionInfo("bulkrelay", __version__)))
 
 
+# A hidden subcommand (`_job-worker`) as argparse's "invalid choice" message lists it.
+_HIDDEN_CHOICE = re.compile(r", '_[\w-]+'")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing and exiting, so usage errors, `--help` and
     `--version` all get an envelope. Every parser takes `--json`, wherever it stands."""
@@ -94,6 +99,7 @@ class _Parser(argparse.ArgumentParser):
         )
 
     def error(self, message: str) -> NoReturn:
+        message = _HIDDEN_CHOICE.sub("", message)  # argparse lists hidden subcommands among the choices
         raise UsageError(f"{self.prog}: {message}", suggestion=f"see `{self.prog} --help`")
 
 

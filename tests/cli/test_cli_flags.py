@@ -14,7 +14,7 @@ import pytest
 
 from bulkrelay.cli.parser import build_parser
 from bulkrelay.errors import ExitCode
-from tests.clirun import CliResult, cli_env, run_cli
+from tests.clirun import CliResult, cli_env, run_cli, run_cli_raw
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET
@@ -204,3 +204,11 @@ def test_a_count_out_of_its_range_is_a_usage_error_naming_the_flag(tmp_path: Pat
     flag = next(arg for arg in args if arg.startswith("--") and arg != "--dry-run")
     assert result.envelope["error"]["message"].startswith(f"{flag}: expected a whole number from 1 to ")
     assert not (tmp_path / ".bulkrelay").exists()  # the demo wrote nothing
+
+
+def test_the_demo_counts_its_rejections_in_words_and_exits_0_for_the_planned_ones(tmp_path: Path) -> None:
+    env = cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"))
+    shown = run_cli_raw("demo", "--rows", "5", "--human", cwd=tmp_path, env=env)
+    text = shown.stdout.decode()
+    assert shown.returncode == ExitCode.SUCCESS, text
+    assert "rejected 1 row on purpose" in text
