@@ -80,7 +80,17 @@ def _open_closed_stdout() -> None:
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - lives as long as the process
 
 
+# BulkRelay leans on POSIX: fsync of directories, fcntl locks, sessions and process groups for background
+# jobs, SIGTERM/SIGHUP. On another system it would fail half-way through a run; it says so at once.
+UNSUPPORTED_PLATFORM = (
+    "bulkrelay runs on Linux and macOS (POSIX) only; on Windows, run it in WSL 2 or a Linux container\n"
+)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    if os.name != "posix":
+        sys.stderr.write(UNSUPPORTED_PLATFORM)
+        sys.exit(int(ExitCode.GENERAL_ERROR))
     for handled in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(handled, _raise_terminated)
     # Python raises KeyboardInterrupt only when SIGINT was not ignored at start (a script's `cmd &` ignores
