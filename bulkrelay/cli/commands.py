@@ -282,12 +282,9 @@ class CompletionScript(CommandData):
 
 def _completion(args: argparse.Namespace) -> Result:
     """The shell's completion script, alone on stdout, so `source <(bulkrelay completion bash)` works."""
-    import shtab  # loaded only for its own command
+    from bulkrelay.cli.completion import completion_script  # shtab loads only for its own command
 
-    from bulkrelay.cli.parser import build_parser  # loaded only for its own command
-
-    script = shtab.complete(build_parser(), shell=args.shell)
-    return Result(data=CompletionScript(args.shell), meta={"stdout_payload": script})
+    return Result(data=CompletionScript(args.shell), meta={"stdout_payload": completion_script(args.shell)})
 
 
 def _failures(args: argparse.Namespace) -> Result:
