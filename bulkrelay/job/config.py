@@ -150,6 +150,20 @@ def _unique(values: tuple[int, ...]) -> tuple[int, ...]:
     return values
 
 
+def _no_success(values: tuple[int, ...]) -> tuple[int, ...]:
+    """A retry on a 2xx would send again what the target just accepted."""
+    successes = [status for status in values if 200 <= status <= 299]
+    if successes:
+        raise ValueError(f"names {', '.join(map(str, successes))}: a 2xx is a success, never retried")
+    return values
+
+
+def _not_empty_json(value: Any) -> Any:
+    if isinstance(value, dict) and not value:
+        raise ValueError("is empty: every request would send {}; map at least one field")
+    return value
+
+
 TemplateText = Annotated[str, BeforeValidator(_int_as_text), AfterValidator(_template)]
 HeaderValue = Annotated[
     str, BeforeValidator(_int_as_text), AfterValidator(_template), AfterValidator(_sendable_header_text)
@@ -308,7 +322,7 @@ class RequestConfig(_Model):
     url: Annotated[str, AfterValidator(_url)]
     query: dict[str, TemplateText] = Field(default_factory=dict)
     headers: dict[HeaderName, HeaderValue] = Field(default_factory=dict)
-    json_: JsonNode | None = Field(default=None, alias="json")
+    json_: Annotated[JsonNode, AfterValidator(_not_empty_json)] | None = Field(default=None, alias="json")
     form: dict[str, FormValue] | None = None
     body: Annotated[str, AfterValidator(_template)] | None = None
     content_type: Annotated[str, AfterValidator(_sendable_header_literal)] | None = None
@@ -430,7 +444,7 @@ class MirrorConfig(_Model):
 
 class RetryConfig(_Model):
     max_attempts: Annotated[int, Field(ge=1, le=100)] = DEFAULT_MAX_ATTEMPTS  # includes the first request
-    statuses: Statuses = DEFAULT_RETRY_STATUSES
+    statuses: Annotated[Statuses, AfterValidator(_no_success)] = DEFAULT_RETRY_STATUSES
     initial_backoff_seconds: PauseSeconds = DEFAULT_INITIAL_BACKOFF_SECONDS
     max_backoff_seconds: PauseSeconds = DEFAULT_MAX_BACKOFF_SECONDS
     jitter_ratio: Annotated[float, Field(ge=0, le=1)] = DEFAULT_JITTER_RATIO

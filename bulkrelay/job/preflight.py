@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -172,10 +173,25 @@ class _FieldPresence:
 
 
 def _closest(name: str, keys: list[str]) -> str | None:
-    """The key `name` was most likely meant to be: the same but for case, else a near spelling."""
+    """The key `name` was most likely meant to be: the same but for case; else the longest key whose
+    words it contains or that contains its words (`email` for `customer_email`, as an old export named
+    it, before the nearer spelling `customer_id`); else a near spelling."""
     by_lower = {key.lower(): key for key in keys}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    words = set(_WORDS.findall(name.lower()))
+    sharing = [key for lower, key in by_lower.items() if _shares_words(words, set(_WORDS.findall(lower)))]
+    if sharing:
+        return max(sharing, key=len)
     close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
     return by_lower[close[0]] if close else None
+
+
+_WORDS = re.compile(r"[a-z0-9]+")
+
+
+def _shares_words(wanted: set[str], offered: set[str]) -> bool:
+    return bool(wanted and offered) and (wanted <= offered or offered <= wanted)
 
 
 def run_preflight(

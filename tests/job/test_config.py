@@ -477,3 +477,18 @@ def test_the_defaults_live_in_config_and_the_relay_uses_them() -> None:
         ResponseConfig(failure_body_bytes=job_config.MAX_BODY_BYTES + 1)
     largest = ResponseConfig(failure_body_bytes=job_config.MAX_BODY_BYTES)
     assert largest.failure_body_bytes == job_config.MAX_BODY_BYTES
+
+
+def test_an_empty_json_body_is_refused_at_its_line() -> None:
+    problem = _only_problem(MINIMAL.replace("  json:\n    email: { from: email }\n", "  json: {}\n"))
+    assert problem.path == "request.json"
+    assert problem.line == 5
+    assert "is empty" in problem.message
+
+
+@pytest.mark.parametrize("statuses", ["[200, 503]", "[503, 204]"])
+def test_retrying_a_success_is_refused_naming_the_status(statuses: str) -> None:
+    problem = _only_problem(MINIMAL + f"retry:\n  statuses: {statuses}\n")
+    assert problem.path == "retry.statuses"
+    success = next(s for s in ("200", "204") if s in statuses)
+    assert f"names {success}: a 2xx is a success" in problem.message
