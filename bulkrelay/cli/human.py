@@ -19,6 +19,7 @@ from bulkrelay.ops.results import (
     FailuresResult,
     PruneResult,
     RenderResult,
+    ReportResult,
     RunResult,
     RunsResult,
     StatusResult,
@@ -116,10 +117,26 @@ def _status(status: StatusResult) -> None:
     _console.print(line, highlight=False)
     if status.rate:
         _console.print(f"pace: {pace_text(status.rate)}", highlight=False)
+    if status.report:
+        _console.print(f"report: {status.report}", highlight=False)
 
 
 def _run(run: RunResult) -> None:
     _run_lines(run.summary, run.run_id, run.state, run.run_dir, run.continue_command)
+    if run.report:
+        _console.print(f"report: {run.report}", highlight=False)
+
+
+def _report(written: ReportResult) -> None:
+    if written.output == "-":
+        return  # the page itself went to stdout
+    _console.print(
+        f"report of run {written.run_id} ({written.state}, {written.rows_done} of {written.rows_total} rows):"
+        f" {written.output}",
+        highlight=False,
+    )
+    for missing in written.missing:
+        _console.print(f"  not in it: {missing}", highlight=False)
 
 
 def _run_lines(
@@ -195,6 +212,7 @@ _VIEWS: dict[type, Callable[[Any], None]] = {
     RunsResult: _runs,
     FailuresResult: _failures,
     PruneResult: _prune,
+    ReportResult: _report,
     RunResult: _run,
     DemoResult: _demo,
 }

@@ -161,6 +161,9 @@ def _write_result(result: Result, *, started: float, as_json: bool, on_stderr: b
     if isinstance(payload, str):
         sys.stdout.write(payload)
         sys.stdout.flush()
+        if on_stderr:  # `report -o -`: the page on stdout, its envelope beside it
+            sys.stderr.buffer.write(dumps_envelope(envelope))
+            sys.stderr.flush()
     elif on_stderr:
         sys.stderr.buffer.write(dumps_envelope(envelope))
         sys.stderr.flush()
