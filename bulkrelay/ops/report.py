@@ -54,11 +54,12 @@ def build_report(run: RunDir) -> tuple[str, tuple[int, int, tuple[str, ...]]]:
     """The page, and the rows done, rows total and what is missing (for the command's answer)."""
     tally = tally_journal(run.journal_path)
     timeline = read_timeline(run.path)
-    facts = _facts(run, tally, timeline)
+    facts = facts_of(run, tally, timeline)
     return page(facts, tally, timeline), (tally.done, facts.rows_total, facts.missing)
 
 
-def _facts(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFacts:
+def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFacts:
+    """What the page shows of the run besides the two tallies."""
     summary = _summary(run)
     alive = liveness(run)
     rows_total = _rows_total(run)
