@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.rule import Rule
 from rich.table import Table
 
 from bulkrelay.cli.parser import HelpText, VersionInfo
@@ -37,8 +38,21 @@ class _Console(Console):
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
-_console = _Console()
-_err = _Console(stderr=True)
+# Off a terminal (cron mail, `--human | cat`) rich would wrap at 80 columns and break a command, a hint or
+# a JSON body in two: there the lines are as long as their text, and tables as wide as their cells.
+_UNWRAPPED = 100_000
+_RULE_WIDTH = 80  # a rule spans the terminal, or this off one
+
+
+def _console_for(*, stderr: bool = False) -> _Console:
+    console = _Console(stderr=stderr)
+    if console.is_terminal:
+        return console
+    return _Console(stderr=stderr, width=_UNWRAPPED, soft_wrap=True)
+
+
+_console = _console_for()
+_err = _console_for(stderr=True)
 
 
 def print_human(result: Result, envelope: dict[str, Any]) -> None:
@@ -76,7 +90,8 @@ def _validate(valid: ValidateResult) -> None:
 
 def _render(rendered: RenderResult) -> None:
     for request in rendered.requests:
-        _console.rule(f"row {request.row_number} (line {request.line})")
+        rule = Rule(f"row {request.row_number} (line {request.line})")
+        _console.print(rule, width=_console.width if _console.is_terminal else _RULE_WIDTH)
         _console.print(f"[bold]{request.method}[/] {request.url}", highlight=False)
         for name, value in request.headers:
             _console.print(f"{name}: {value}", highlight=False)

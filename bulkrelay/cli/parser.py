@@ -1,5 +1,6 @@
 """The command line's grammar: every command and flag, global flags in any position, and `--help` and
-`--version` answered with an envelope. Parsing only: `main` runs what this parses."""
+`--version` answered as results (text, or an envelope with `--json`). Parsing only: `main` runs what
+this parses."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ class _Parser(argparse.ArgumentParser):
     `--version` all get an envelope. Every parser takes `--json`, wherever it stands."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["add_help"] = False  # our own -h/--help, which answers with an envelope
+        kwargs["add_help"] = False  # our own -h/--help, which answers with a result
         super().__init__(*args, **kwargs)
         self.add_argument("-h", "--help", action=_HelpAction, help="show this help and exit")
         _add_global(self, "--json", action="store_true", help="print one JSON envelope on stdout")
