@@ -14,7 +14,7 @@ from typing import Any
 
 from bulkrelay.envelope import Result
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
-from bulkrelay.ops.inspect import FINISHED, LIVE, REPORT, liveness
+from bulkrelay.ops.inspect import LIVE, REPORT, liveness
 from bulkrelay.ops.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
 from bulkrelay.ops.reportpage import ReportFacts, page
 from bulkrelay.ops.results import ReportResult
@@ -75,7 +75,7 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
         input_path=run.plan.input.path,
         input_format=run.plan.input.format + (", gzip" if run.plan.input.gzip else ""),
         state=str(run.state),
-        liveness=FINISHED if alive == FINISHED else alive,
+        liveness=alive,
         exit_code=last.exit_code if last is not None and alive != LIVE else None,
         started=started,
         ended=ended,

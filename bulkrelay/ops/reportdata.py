@@ -214,7 +214,7 @@ class Timeline:
     transport: dict[str, Any] | None = None
     pause_seconds: float = 0.0
     unreadable_lines: int = 0
-    _relayed: bool = False  # a preflight_done seen: a later call's start is a resume
+    relayed: bool = False  # a preflight_done seen: a later call's start is a resume
 
     def add_interval(self, interval: Interval) -> None:
         self.intervals.append(interval)
@@ -281,8 +281,8 @@ def _read_event(timeline: Timeline, line: dict[str, Any]) -> None:
         command = str(line.get("command", "?"))
         timeline.calls.append(Call(command, at))
     elif event == "preflight_done":
-        kind = "resume" if timeline._relayed else "start"
-        timeline._relayed = True
+        kind = "resume" if timeline.relayed else "start"
+        timeline.relayed = True
         command = timeline.calls[-1].command if timeline.calls else "run"
         timeline.mark(Mark(kind, at, command))
         timeline.limits = _mapping(line.get("limits")) or timeline.limits

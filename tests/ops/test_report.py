@@ -9,7 +9,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,11 @@ from bulkrelay.job.preflight import run_preflight
 from bulkrelay.ops.execute import plan_for
 from bulkrelay.ops.inspect import REPORT
 from bulkrelay.ops.report import build_report, facts_of, report
-from bulkrelay.ops.reportdata import JournalTally, Timeline
+from bulkrelay.ops.reportdata import MAX_POINTS, JournalTally, Timeline, read_timeline
 from bulkrelay.ops.reportpage import CSP, page
 from bulkrelay.ops.results import ReportResult
 from bulkrelay.store.journal import JournalEntry
+from bulkrelay.store.manifest import SyncRecord
 from bulkrelay.store.rundir import RunDir
 from tests.chromium import dump_dom, screenshot
 from tests.clirun import CliResult, cli_env, run_cli, run_cli_raw
@@ -321,3 +323,44 @@ def test_a_batched_run_shows_its_batches_and_a_plain_one_says_it_is_not(tmp_path
     html = page(facts_of(run, tally, Timeline()), tally, Timeline())
     assert "not a batched run" not in html and 'id="chart-batch-sizes"' in html
     assert _elements(html).text["batches"] == "2"
+
+
+def test_a_delta_run_shows_its_rows_skipped_as_unchanged(tmp_path: Path) -> None:
+    job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=5))
+    plan = replace(plan_for(run_preflight(job, None)), sync=SyncRecord("delta", False, 2, 3))
+    run = RunDir.create(tmp_path / "runs", plan)
+    html, (done, total, missing) = build_report(run)
+    shown = _elements(html).text
+    assert shown["skipped_unchanged"] == "3" and "not a delta run" not in html
+    assert (done, total) == (0, 5)
+    assert any("run.log is absent" in text for text in missing)
+    assert "summary.json is absent" in " ".join(missing)
+
+
+def _log_line(at: float, event: str, **fields: Any) -> bytes:
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{round(at % 1 * 1e6):06d}Z"
+    return orjson.dumps({"ts": ts, "event": event, "pid": 7, **fields}) + b"\n"
+
+
+def test_the_timeline_marks_halts_and_keeps_its_series_bounded_and_whole(tmp_path: Path) -> None:
+    start = 1_790_000_000.0
+    lines = [
+        _log_line(start, "start", command="run"),
+        _log_line(start + 0.5, "preflight_done", limits={"c": 1}),
+    ]
+    for i in range(2000):
+        fields = {"seconds": 2.0, "committed": 3, "ok": 2, "failed": 1, "responses": {"2xx": 2, "5xx": 2}}
+        lines.append(_log_line(start + 2 * (i + 1), "interval", **fields, current_rps=10.0 - i % 3))
+    end = start + 4001
+    lines += [_log_line(end, "halt", reason="halt_unavailable", consecutive_failures=100)]
+    lines += [b"not json\n", _log_line(end, "stop", state="stopped", stop_reason="halt_unavailable")]
+    lines += [_log_line(end + 0.1, "exit", exit_code=12, error_code="TARGET_UNAVAILABLE")]
+    (tmp_path / "run.log").write_bytes(b"".join(lines))
+    timeline = read_timeline(tmp_path)
+    assert len(timeline.intervals) <= 2 * MAX_POINTS
+    assert sum(i.committed for i in timeline.intervals) == 6000  # merged, never dropped
+    assert sum(i.responses["5xx"] for i in timeline.intervals) == 4000
+    assert timeline.relaying_seconds == pytest.approx(4000.0)
+    assert [m.kind for m in timeline.marks] == ["start", "halt", "stop"]
+    assert timeline.unreadable_lines == 1 and timeline.limits == {"c": 1}
+    assert timeline.calls[0].exit_code == 12 and timeline.calls[0].error_code == "TARGET_UNAVAILABLE"
