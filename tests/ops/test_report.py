@@ -364,3 +364,16 @@ def test_the_timeline_marks_halts_and_keeps_its_series_bounded_and_whole(tmp_pat
     assert [m.kind for m in timeline.marks] == ["start", "halt", "stop"]
     assert timeline.unreadable_lines == 1 and timeline.limits == {"c": 1}
     assert timeline.calls[0].exit_code == 12 and timeline.calls[0].error_code == "TARGET_UNAVAILABLE"
+
+
+@pytest.mark.slow
+def test_run_with_report_writes_it_after_the_call_ended(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=3)
+        result = run_cli("run", job, "--budget", "0", "--report", cwd=tmp_path)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    written = Path(result.data["report"])
+    assert written == Path(result.data["run_dir"]) / REPORT
+    shown = _elements(written.read_text()).text
+    assert shown["exit-code"] == "0" and shown["state"] == "completed"  # the call's own exit, logged first
+    assert shown["rows_done"] == "3" and "no row failed" in written.read_text()
