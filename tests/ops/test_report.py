@@ -377,3 +377,21 @@ def test_run_with_report_writes_it_after_the_call_ended(tmp_path: Path) -> None:
     shown = _elements(written.read_text()).text
     assert shown["exit-code"] == "0" and shown["state"] == "completed"  # the call's own exit, logged first
     assert shown["rows_done"] == "3" and "no row failed" in written.read_text()
+
+
+def test_a_report_that_cannot_be_written_is_a_warning_and_the_run_s_result_stands(tmp_path: Path) -> None:
+    from bulkrelay.cli.commands import _write_report
+    from bulkrelay.envelope import Result
+    from bulkrelay.ops.results import RunResult
+    from bulkrelay.relay.progress import Snapshot
+    from bulkrelay.store.manifest import RunState
+
+    job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=2))
+    run = RunDir.create(tmp_path / "runs", plan_for(run_preflight(job, None)))
+    (run.path / REPORT).mkdir()  # nothing can replace a directory with the page
+    progress = Snapshot(total=2, done=0, ok=0, failed=0)
+    result = Result(data=RunResult(run.run_id, str(run.path), RunState.STOPPED, progress, {}))
+    _write_report(result)
+    assert [w.code for w in result.warnings] == ["REPORT_FAILED"]
+    assert isinstance(result.data, RunResult) and result.data.report is None
+    assert result.exit_code == ExitCode.SUCCESS
