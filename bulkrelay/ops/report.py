@@ -122,8 +122,8 @@ def _missing(
         missing.append("run.log does not record the limits in force (a run of an earlier version)")
     if timeline.unreadable_lines:
         missing.append(f"{timeline.unreadable_lines} lines of run.log could not be read and were skipped")
-    checkpoint = read_checkpoint(run.path)
-    if checkpoint is not None and checkpoint.rows_done > tally.done:
+    checkpoint = read_checkpoint(run.path)  # of a live run, newer than the journal read before it
+    if liveness(run) != LIVE and checkpoint is not None and checkpoint.rows_done > tally.done:
         missing.append(
             f"the journal holds {tally.done} committed rows, the checkpoint {checkpoint.rows_done}: "
             f"the journal is damaged; `bulkrelay resume {run.path}` says where"

@@ -195,6 +195,7 @@ class Call:
 
     command: str
     started: float
+    pid: object = None
     ended: float | None = None
     exit_code: int | None = None
     error_code: str | None = None
@@ -229,6 +230,11 @@ class Timeline:
         self.mark_counts[mark.kind] += 1
         if self.mark_counts[mark.kind] <= MAX_MARKS:
             self.marks.append(mark)
+
+    def call_of(self, pid: object) -> Call | None:
+        """The latest call of process `pid`: a call that handed its work to a background job logs its
+        exit while the job's worker, another process, goes on logging the run."""
+        return next((call for call in reversed(self.calls) if call.pid == pid), None)
 
     @property
     def relaying_seconds(self) -> float:
@@ -279,7 +285,7 @@ def _read_event(timeline: Timeline, line: dict[str, Any]) -> None:
             timeline.add_interval(interval)
     elif event == "start":
         command = str(line.get("command", "?"))
-        timeline.calls.append(Call(command, at))
+        timeline.calls.append(Call(command, at, line.get("pid")))
     elif event == "preflight_done":
         kind = "resume" if timeline.relayed else "start"
         timeline.relayed = True
@@ -295,13 +301,15 @@ def _read_event(timeline: Timeline, line: dict[str, Any]) -> None:
         timeline.mark(Mark(str(event), at, str(line.get("reason", event))))
     elif event == "stop":
         timeline.mark(Mark("stop", at, f"{line.get('state')} ({line.get('stop_reason') or 'ended'})"))
-        if timeline.calls:
-            timeline.calls[-1].state = _text(line.get("state"))
-    elif event == "exit" and timeline.calls:
-        call = timeline.calls[-1]
-        call.ended, call.exit_code = at, _integer(line.get("exit_code"))
-        call.error_code = _text(line.get("error_code"))
-        call.state = call.state or _text(line.get("state"))
+        call = timeline.call_of(line.get("pid"))
+        if call is not None:
+            call.state = _text(line.get("state"))
+    elif event == "exit":
+        call = timeline.call_of(line.get("pid"))
+        if call is not None:
+            call.ended, call.exit_code = at, _integer(line.get("exit_code"))
+            call.error_code = _text(line.get("error_code"))
+            call.state = call.state or _text(line.get("state"))
 
 
 def _interval(line: dict[str, Any], end: float) -> Interval | None:

@@ -395,3 +395,18 @@ def test_a_report_that_cannot_be_written_is_a_warning_and_the_run_s_result_stand
     assert [w.code for w in result.warnings] == ["REPORT_FAILED"]
     assert isinstance(result.data, RunResult) and result.data.report is None
     assert result.exit_code == ExitCode.SUCCESS
+
+
+def test_a_call_handed_to_a_background_job_keeps_its_own_exit_apart_from_the_job_s(tmp_path: Path) -> None:
+    def line(at: float, event: str, pid: int, **fields: Any) -> bytes:
+        return _log_line(at, event, **fields).replace(b'"pid":7', b'"pid":%d' % pid)
+
+    t = 1_790_000_000.0
+    (tmp_path / "run.log").write_bytes(
+        line(t, "start", 100, command="run")
+        + line(t + 1, "start", 200, command="run")  # the job's worker, while the front call waits
+        + line(t + 2, "exit", 100, exit_code=14)
+        + line(t + 9, "exit", 200, exit_code=0)
+    )
+    calls = read_timeline(tmp_path).calls
+    assert [(c.pid, c.exit_code) for c in calls] == [(100, 14), (200, 0)]
