@@ -270,7 +270,7 @@ def _outcomes(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> st
             parts.append(stacked(frame, i.start, i.end, layers, title))
         parts.append(_marks(frame, timeline))
         chart = svg(frame, "outcomes", "responses per second by status class", "".join(parts))
-        chart += legend((f"c{c}", c) for c in STATUS_CLASSES)
+        chart += legend((f"c{c}", "no answer" if c == "error" else c) for c in STATUS_CLASSES)
         chart += (
             '<p class="note">every response, retried attempts included; '
             "the tables count rows' final results.</p>"
