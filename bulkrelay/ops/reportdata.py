@@ -31,6 +31,7 @@ from bulkrelay.store.journal import JournalEntry, read_journal
 from bulkrelay.store.summary import LatencyHistogram
 
 MAX_POINTS = 400  # intervals kept for the time series; past twice this, neighbours are merged
+SHORT_SECONDS = 1.0  # an interval shorter than this joins the one just before it
 MAX_MARKS = 200  # events of one kind kept for the time axis (all are counted)
 MAX_LOG_LINE = 1 << 20  # a longer run-log line is not one of ours: skipped
 # Upper bounds (ms) of the latency histogram's buckets: 1-2-5 steps from 0.1 ms to 100 s, then the rest.
@@ -218,6 +219,16 @@ class Timeline:
     relayed: bool = False  # a preflight_done seen: a later call's start is a resume
 
     def add_interval(self, interval: Interval) -> None:
+        last = self.intervals[-1] if self.intervals else None
+        if (
+            last is not None
+            and interval.end - interval.start < SHORT_SECONDS
+            and interval.start - last.end < 0.5
+        ):
+            # a call's last line comes whenever it ends, maybe a moment after the one before: as a bar
+            # of its own its rate would be a spike of a few rows over a few milliseconds
+            self.intervals[-1] = last.merge(interval)
+            return
         self.intervals.append(interval)
         if len(self.intervals) > 2 * MAX_POINTS:  # halve the resolution: memory stays bounded
             pairs = self.intervals
