@@ -56,7 +56,7 @@ _FIRST_CALL = {
         {"match": _email(2), "status": 429, "retry_after": "1", "first_attempts": 1},
         {"match": _email(3), "status": 503, "first_attempts": 1},
         _REJECT,
-        {"delay_ms": 400},  # slow enough that the SIGINT lands mid-run
+        {"delay_ms": 800},  # slow: uninterrupted, the run would take 24 s; the SIGINT lands mid-run
     ]
 }
 
