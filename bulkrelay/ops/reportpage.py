@@ -268,9 +268,12 @@ def _outcomes(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> st
             layers = [(_per_second(i, i.responses.get(c, 0)), f"c{c}") for c in STATUS_CLASSES]
             title = f"{_clock(i.end)}: " + ", ".join(f"{c} {i.responses.get(c, 0)}" for c in STATUS_CLASSES)
             parts.append(stacked(frame, i.start, i.end, layers, title))
+        retries = [(i.start, i.end, _per_second(i, i.retries)) for i in timeline.intervals]
+        parts.append(step_line(frame, retries, "retries"))
         parts.append(_marks(frame, timeline))
         chart = svg(frame, "outcomes", "responses per second by status class", "".join(parts))
-        chart += legend((f"c{c}", "no answer" if c == "error" else c) for c in STATUS_CLASSES)
+        keys = [(f"c{c}", "no answer" if c == "error" else c) for c in STATUS_CLASSES]
+        chart += legend([*keys, ("retries-key", "retries/s")])
         chart += (
             '<p class="note">every response, retried attempts included; '
             "the tables count rows' final results.</p>"
@@ -497,6 +500,7 @@ svg.chart{width:100%;height:auto;display:block}
 .configured{fill:none;stroke:#1d2330;stroke-width:2;stroke-dasharray:6 4}
 .current{fill:none;stroke:#2f6fd6;stroke-width:2}
 .configured-key{fill:#1d2330}.current-key{fill:#2f6fd6}
+.retries{fill:none;stroke:#264653;stroke-width:2;stroke-dasharray:2 2}.retries-key{fill:#264653}
 .mark-start,.mark-resume{stroke:#2a7a3a;stroke-width:2}.mark-pause{stroke:#e0a030;stroke-width:1.5}
 .mark-pause-band{fill:#e0a030;opacity:.18}.mark-halt{stroke:#c0392b;stroke-width:2.5}
 .mark-stop_requested{stroke:#7b2d8b;stroke-width:2;stroke-dasharray:3 3}

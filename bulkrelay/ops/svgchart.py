@@ -101,14 +101,20 @@ def stacked(frame: Frame, x0: float, x1: float, layers: Sequence[tuple[float, st
     return "".join(parts)
 
 
-def step_line(frame: Frame, points: Sequence[tuple[float, float, float | None]], css: str) -> str:
-    """A line holding each (x0, x1, y) level over its stretch; None breaks the line."""
-    paths, current = [], ""
+def step_line(
+    frame: Frame, points: Sequence[tuple[float, float, float | None]], css: str, gap: float = 0.25
+) -> str:
+    """A line holding each (x0, x1, y) level over its stretch; None, or a stretch starting more than
+    `gap` after the last one ended (nothing was measured between), breaks the line."""
+    paths, current, last_end = [], "", None
     for x0, x1, y in points:
-        if y is None:
+        broken = last_end is not None and x0 - last_end > gap
+        last_end = x1
+        if y is None or broken:
             if current:
                 paths.append(current)
             current = ""
+        if y is None:
             continue
         segment = f"{frame.x(x0)},{frame.y(y)} {frame.x(x1)},{frame.y(y)}"
         current = f"{current} {segment}" if current else segment
