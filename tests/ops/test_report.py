@@ -4,6 +4,7 @@ earlier versions; batches."""
 
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import signal
@@ -88,9 +89,9 @@ def _finish(proc: subprocess.Popen[bytes]) -> CliResult:
     return CliResult(proc.returncode, envelope, stderr.decode(errors="replace"), stdout)
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
-    tmp = tmp_path_factory.mktemp("report")
+def _play(tmp: Path) -> Scenario:
+    """The real run: a SIGINT mid-run (a live report taken just before it), then resume --report."""
+    tmp.mkdir(parents=True, exist_ok=True)
     env = cli_env(API_TOKEN=SECRET)
     with TargetProcess(_FIRST_CALL) as target:
         job = write_job(
@@ -122,6 +123,44 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
         target.set_plan({"rules": [_REJECT]})
         resumed = run_cli("resume", found[0], "--budget", "0", "--report", cwd=tmp, env=env)
     return Scenario(found[0], stopped, resumed, live.stdout.decode(), orjson.loads(live.stderr))
+
+
+def _saved(scenario: Scenario) -> bytes:
+    calls = {
+        name: [r.exit_code, r.envelope]
+        for name, r in (("stopped", scenario.stopped), ("resumed", scenario.resumed))
+    }
+    return orjson.dumps(
+        {
+            "run_dir": str(scenario.run_dir),
+            **calls,
+            "live_page": scenario.live_page,
+            "live": scenario.live_envelope,
+        }
+    )
+
+
+def _loaded(data: bytes) -> Scenario:
+    saved = orjson.loads(data)
+    stopped, resumed = (CliResult(saved[name][0], saved[name][1], "", b"") for name in ("stopped", "resumed"))
+    return Scenario(Path(saved["run_dir"]), stopped, resumed, saved["live_page"], saved["live"])
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Scenario:
+    """Played once per session: under xdist the workers share it through their common temporary
+    directory (the first one plays it under a lock, the others read what it saved)."""
+    if worker_id == "master":
+        return _play(tmp_path_factory.mktemp("report"))
+    shared = tmp_path_factory.getbasetemp().parent  # this session's, common to its workers
+    with (shared / "report-scenario.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = shared / "report-scenario.json"
+        if saved.exists():
+            return _loaded(saved.read_bytes())
+        played = _play(shared / "report-scenario")
+        saved.write_bytes(_saved(played))
+        return played
 
 
 class _Elements(HTMLParser):
