@@ -107,9 +107,30 @@ def _logged(
             raise
         run_log.exit(result)
         run_log.close()
+        if getattr(args, "report", False):  # after the exit line, so the report has the exit code
+            _write_report(result)
         return result
 
     return call
+
+
+def _write_report(result: Result) -> None:
+    """`--report`: the run's report beside it once the call has ended; a failure is a warning, never a
+    failed run. A call handed to a background job writes it there, when the job's own call ends."""
+    data = result.data
+    if not isinstance(data, RunResult):
+        return
+    from bulkrelay.ops.report import report  # loaded only when asked for
+
+    try:
+        written = report(Path(data.run_dir))
+    except BulkRelayError as exc:
+        context = {"run_dir": data.run_dir}
+        text = f"the run report could not be written: {exc.message}"
+        result.warnings.append(EnvelopeWarning("REPORT_FAILED", text, context))
+        return
+    output = getattr(written.data, "output", None)
+    result.data = replace(data, report=str(output))
 
 
 def _runs_dir_of_run(args: argparse.Namespace) -> Path | None:
@@ -293,6 +314,12 @@ def _failures(args: argparse.Namespace) -> Result:
     return failures.failures(_run_dir(args))
 
 
+def _report(args: argparse.Namespace) -> Result:
+    from bulkrelay.ops import report  # loaded only for its own command
+
+    return report.report(_run_dir(args), args.output)
+
+
 def _demo(args: argparse.Namespace) -> Result:
     from bulkrelay.demo import quickstart as demo  # loaded only for its own command
 
@@ -310,6 +337,7 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "retry-failed": _logged("retry-failed", jobs.budgeted("retry-failed", _retry_failed)),
     "export": _export,
     "failures": _failures,
+    "report": _report,
     "prune": _prune,
     "completion": _completion,
     "demo": _demo,

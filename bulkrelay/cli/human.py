@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.rule import Rule
 from rich.table import Table
 
 from bulkrelay.cli.parser import HelpText, VersionInfo
@@ -19,6 +20,7 @@ from bulkrelay.ops.results import (
     FailuresResult,
     PruneResult,
     RenderResult,
+    ReportResult,
     RunResult,
     RunsResult,
     StatusResult,
@@ -36,8 +38,21 @@ class _Console(Console):
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
-_console = _Console()
-_err = _Console(stderr=True)
+# Off a terminal (cron mail, `--human | cat`) rich would wrap at 80 columns and break a command, a hint or
+# a JSON body in two: there the lines are as long as their text, and tables as wide as their cells.
+_UNWRAPPED = 100_000
+_RULE_WIDTH = 80  # a rule spans the terminal, or this off one
+
+
+def _console_for(*, stderr: bool = False) -> _Console:
+    console = _Console(stderr=stderr)
+    if console.is_terminal:
+        return console
+    return _Console(stderr=stderr, width=_UNWRAPPED, soft_wrap=True)
+
+
+_console = _console_for()
+_err = _console_for(stderr=True)
 
 
 def print_human(result: Result, envelope: dict[str, Any]) -> None:
@@ -75,7 +90,8 @@ def _validate(valid: ValidateResult) -> None:
 
 def _render(rendered: RenderResult) -> None:
     for request in rendered.requests:
-        _console.rule(f"row {request.row_number} (line {request.line})")
+        rule = Rule(f"row {request.row_number} (line {request.line})")
+        _console.print(rule, width=_console.width if _console.is_terminal else _RULE_WIDTH)
         _console.print(f"[bold]{request.method}[/] {request.url}", highlight=False)
         for name, value in request.headers:
             _console.print(f"{name}: {value}", highlight=False)
@@ -116,10 +132,26 @@ def _status(status: StatusResult) -> None:
     _console.print(line, highlight=False)
     if status.rate:
         _console.print(f"pace: {pace_text(status.rate)}", highlight=False)
+    if status.report:
+        _console.print(f"report: {status.report}", highlight=False)
 
 
 def _run(run: RunResult) -> None:
     _run_lines(run.summary, run.run_id, run.state, run.run_dir, run.continue_command)
+    if run.report:
+        _console.print(f"report: {run.report}", highlight=False)
+
+
+def _report(written: ReportResult) -> None:
+    if written.output == "-":
+        return  # the page itself went to stdout
+    _console.print(
+        f"report of run {written.run_id} ({written.state}, {written.rows_done} of {written.rows_total} rows):"
+        f" {written.output}",
+        highlight=False,
+    )
+    for missing in written.missing:
+        _console.print(f"  not in it: {missing}", highlight=False)
 
 
 def _run_lines(
@@ -199,6 +231,7 @@ _VIEWS: dict[type, Callable[[Any], None]] = {
     RunsResult: _runs,
     FailuresResult: _failures,
     PruneResult: _prune,
+    ReportResult: _report,
     RunResult: _run,
     DemoResult: _demo,
 }

@@ -1,7 +1,8 @@
 """The command line: parse, call the library, render one result, exit with its code.
 
 This is the only catch site. In JSON mode (`--json`, or stdout not a terminal) stdout carries
-exactly one envelope, whatever happens, including usage errors and unexpected exceptions.
+exactly one envelope, whatever happens, including usage errors and unexpected exceptions; but
+`--help` and `--version` are text wherever stdout goes, unless `--json` asks for their envelope.
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         args.argv = argv  # a background job re-runs the same command line
         args.started = started  # the call budget counts from here
         result = dispatch(args)
-    except Answered as answered:
+    except Answered as answered:  # `--help`, `--version`: text for people and pipes (`| grep`, `| less`)
         result = answered.result
+        as_json = "--json" in argv
     except BulkRelayError as exc:
         result = Result.from_error(exc)
     except KeyboardInterrupt:
@@ -171,6 +173,9 @@ def _write_result(result: Result, *, started: float, as_json: bool, on_stderr: b
     if isinstance(payload, str):
         sys.stdout.write(payload)
         sys.stdout.flush()
+        if on_stderr:  # `report -o -`: the page on stdout, its envelope beside it
+            sys.stderr.buffer.write(dumps_envelope(envelope))
+            sys.stderr.flush()
     elif on_stderr:
         sys.stderr.buffer.write(dumps_envelope(envelope))
         sys.stderr.flush()

@@ -1,5 +1,6 @@
 """The command line's grammar: every command and flag, global flags in any position, and `--help` and
-`--version` answered with an envelope. Parsing only: `main` runs what this parses."""
+`--version` answered as results (text, or an envelope with `--json`). Parsing only: `main` runs what
+this parses."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ class _Parser(argparse.ArgumentParser):
     `--version` all get an envelope. Every parser takes `--json`, wherever it stands."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["add_help"] = False  # our own -h/--help, which answers with an envelope
+        kwargs["add_help"] = False  # our own -h/--help, which answers with a result
         super().__init__(*args, **kwargs)
         self.add_argument("-h", "--help", action=_HelpAction, help="show this help and exit")
         _add_global(self, "--json", action="store_true", help="print one JSON envelope on stdout")
@@ -217,6 +218,7 @@ def _add_run(sub: Any) -> None:
         metavar="N",
         help="one of N shards, K from JOB_COMPLETION_INDEX (a Kubernetes Indexed Job)",
     )
+    _add_report_flag(p)
     _add_budget(p)
 
 
@@ -255,10 +257,26 @@ def _add_export_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_report_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--report", action="store_true", help="write the run report (report.html in the run) at the end"
+    )
+
+
 def _add_operations(sub: Any) -> None:
-    """The commands of unattended operation: what failed, what to keep, shell completion."""
+    """The commands of unattended operation: what failed, the report, what to keep, shell completion."""
     p = sub.add_parser("failures", help="a run's failed rows grouped by status and classification")
     _add_run_ref(p)
+
+    p = sub.add_parser("report", help="write a run's report: one self-contained HTML page with charts")
+    _add_run_ref(p)
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="write here; - for stdout (the envelope then goes to stderr); default: report.html in the run",
+    )
 
     p = sub.add_parser("prune", help="remove finished runs that retention no longer keeps")
     p.add_argument(
@@ -319,6 +337,7 @@ def _add_continuing_commands(sub: Any) -> None:
     _add_run_ref(p)
     p.add_argument("--config", type=Path, metavar="JOB", help="the job file, if it moved")
     _add_input(p)
+    _add_report_flag(p)
     _add_budget(p)
 
     p = sub.add_parser("retry-failed", help="a new run, linked to its parent, of a run's failed rows")
@@ -328,6 +347,7 @@ def _add_continuing_commands(sub: Any) -> None:
         "--classification", type=_classification, metavar="NAME", help="only rows with this classification"
     )
     p.add_argument("--config", type=Path, metavar="JOB", help="the job file, if it moved")
+    _add_report_flag(p)
     _add_budget(p)
 
 
@@ -411,9 +431,10 @@ def _not_taken(flag: str, args: argparse.Namespace) -> UsageError:
 
 
 def exports_to_stdout(argv: Sequence[str]) -> bool:
-    """`export ... -o -`: stdout carries the rows, so the call's envelope goes to stderr, whatever it
-    says. Read from the raw words, so even a command line that does not parse keeps stdout clean."""
-    if "export" not in argv:
+    """`export ... -o -` (or `report ... -o -`): stdout carries the rows (the page), so the call's envelope
+    goes to stderr, whatever it says. Read from the raw words, so even a command line that does not
+    parse keeps stdout clean."""
+    if "export" not in argv and "report" not in argv:
         return False
     given = any(flag in ("-o", "--output") and value == "-" for flag, value in pairwise(argv))
     return given or "--output=-" in argv or "-o-" in argv

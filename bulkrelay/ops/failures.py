@@ -7,7 +7,7 @@ so nothing here can show a secret. The journal is streamed once; memory grows wi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,8 +21,8 @@ EXAMPLES = 3
 
 
 @dataclass
-class _Group:
-    """A group as the journal is read: counted, with its first examples."""
+class FailureTally:
+    """A group as the journal is read: counted, with its first examples (`failures`, the run report)."""
 
     status_code: int | None
     classification: str
@@ -38,11 +38,17 @@ class _Group:
                     attempts=entry.attempts,
                     error=entry.error,
                     body=entry.response_body,
+                    key=entry.key,
                 )
             )
 
     def result(self) -> FailureGroup:
         return FailureGroup(self.status_code, self.classification, self.count, tuple(self.examples))
+
+
+def largest_first(groups: Iterable[FailureTally]) -> tuple[FailureGroup, ...]:
+    ordered = sorted(groups, key=lambda g: (-g.count, str(g.status_code), g.classification))
+    return tuple(group.result() for group in ordered)
 
 
 def _failed_entries(journal: Path) -> Iterator[JournalEntry]:
@@ -54,12 +60,11 @@ def failures(run_dir: Path) -> Result:
     """The failed rows of one run, grouped by (status_code, classification), largest group first."""
     run = RunDir.open(run_dir)
     check_committed_journal(run, "failures")
-    groups: dict[tuple[int | None, str], _Group] = {}
+    groups: dict[tuple[int | None, str], FailureTally] = {}
     failed = 0
     for entry in _failed_entries(run.journal_path):
         failed += 1
         key = (entry.status_code, entry.classification)
-        groups.setdefault(key, _Group(*key)).add(entry)
-    ordered = sorted(groups.values(), key=lambda g: (-g.count, str(g.status_code), g.classification))
-    groups_found = tuple(group.result() for group in ordered)
+        groups.setdefault(key, FailureTally(*key)).add(entry)
+    groups_found = largest_first(groups.values())
     return Result(data=FailuresResult(run.run_id, str(run.path), run.state, failed, groups_found))

@@ -42,6 +42,7 @@ from bulkrelay.store.rundir import (
 )
 from bulkrelay.store.selection import load_selection
 
+REPORT = "report.html"  # the run report's file in the run directory (ops/report.py writes it)
 _ROWS = re.compile(r"^\d+(-\d+)?$")
 DEFAULT_ROWS = "1-5"  # `render` without --rows: the first five rows, however many there are
 
@@ -264,6 +265,7 @@ def status(run_dir: Path) -> Result:
             # a delta run: its mode, rows selected and rows skipped unchanged
             sync=run.plan.sync.to_json() if run.plan.sync is not None else None,
             continue_command=f"bulkrelay resume {shlex.quote(str(run.path))}" if resumable else None,
+            report=str(report) if (report := run.path / REPORT).is_file() else None,
         )
     )
 

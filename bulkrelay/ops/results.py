@@ -103,6 +103,7 @@ class StatusResult(CommandData):
     summary: dict[str, Any] | None
     sync: dict[str, Any] | None = None
     continue_command: str | None = None
+    report: str | None = None  # the run's report.html, when one was written
 
     def to_data(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -125,7 +126,35 @@ class StatusResult(CommandData):
             data["sync"] = self.sync
         if self.continue_command is not None:
             data["continue_command"] = self.continue_command
+        if self.report is not None:
+            data["report"] = self.report
         return data
+
+
+@dataclass(frozen=True)
+class ReportResult(CommandData):
+    """`report`: where the page went (`-`: stdout), and what it could not show (`missing`)."""
+
+    kind = "report"
+
+    run_id: str
+    run_dir: str
+    output: str
+    state: RunState
+    rows_done: int
+    rows_total: int
+    missing: tuple[str, ...] = ()
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "run_dir": self.run_dir,
+            "output": self.output,
+            "state": self.state,
+            "rows_done": self.rows_done,
+            "rows_total": self.rows_total,
+            "missing": list(self.missing),
+        }
 
 
 @dataclass(frozen=True)
@@ -169,18 +198,24 @@ class RunsResult(CommandData):
 
 @dataclass(frozen=True)
 class FailureExample:
+    """One failed row; `key` (its `input.key` value) appears in the envelope only when the job has one."""
+
     row_number: int
     attempts: int
     error: str | None
     body: str | None
+    key: Any = None
 
     def to_data(self) -> dict[str, Any]:
-        return {
+        data = {
             "row_number": self.row_number,
             "attempts": self.attempts,
             "error": self.error,
             "body": self.body,
         }
+        if self.key is not None:
+            data["key"] = self.key
+        return data
 
 
 @dataclass(frozen=True)
@@ -354,7 +389,8 @@ class MirrorDeletions:
 class RunResult(CommandData):
     """How a `run`, `resume` or `retry-failed` call left its run. The optional parts appear in the
     envelope only when set, in this order: `continue_command` (the run is resumable), `parent_run`
-    (a retry-failed run), `mirror` (a mirror job's deletions), `pruned` (runs retention removed)."""
+    (a retry-failed run), `mirror` (a mirror job's deletions), `pruned` (runs retention removed),
+    `report` (`--report`: the run report's path)."""
 
     kind = "run"
 
@@ -367,6 +403,7 @@ class RunResult(CommandData):
     parent_run: str | None = None
     mirror: MirrorDeletions | dict[str, Any] | None = None  # a mapping when read back from an envelope
     pruned: tuple[str, ...] = ()
+    report: str | None = None
 
     def to_data(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -381,6 +418,7 @@ class RunResult(CommandData):
             ("parent_run", self.parent_run),
             ("mirror", self.mirror.to_data() if isinstance(self.mirror, MirrorDeletions) else self.mirror),
             ("pruned", list(self.pruned) or None),
+            ("report", self.report),
         )
         data.update((name, value) for name, value in optional if value is not None)
         return data
@@ -399,6 +437,7 @@ class RunResult(CommandData):
             parent_run=data.get("parent_run"),
             mirror=data.get("mirror"),
             pruned=tuple(data.get("pruned") or ()),
+            report=data.get("report"),
         )
 
 

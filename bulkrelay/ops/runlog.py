@@ -6,10 +6,17 @@ Each line is `{"ts": "2026-12-01T02:30:00.123456Z", "event": NAME, "pid": PID, .
     preflight_done  the input and job were checked (records, fingerprints, run id)
     pause_429       a 429 with Retry-After paused every start (seconds)
     checkpoint      progress about every 10 s (done, total, ok, failed, rows_per_second)
+    interval        what happened since the last interval line, about every 2 s (run.log only): rows
+                    committed, ok, failed, responses by status class, retries, 429 answers and pauses,
+                    the configured and the current (adapted) rate; the run report's time series
     halt            a halt rule stopped the run (reason and what triggered it)
     stop_requested  a signal, --timeout, `job cancel` or the idle watchdog asked the run to stop
     stop            the relay ended (state, stop_reason, progress)
     exit            the command ended (exit_code, error_code)
+
+`preflight_done` also records the limits in force and the transport (`limits`, `transport`), so
+the run report can show them without the job file. Interval lines go to `run.log` alone: a cron log
+(`--log-file`) stays a line every 10 s.
 
 Events before the run directory exists (start, and exit when the command fails earlier) are kept
 in memory and written to `run.log` once it does. `--log-file PATH` appends the same lines to PATH
@@ -22,15 +29,18 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
 from bulkrelay._version import __version__
 from bulkrelay.envelope import Result
 from bulkrelay.errors import UsageError
+from bulkrelay.job.config import JobConfig
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Snapshot
@@ -39,6 +49,7 @@ from bulkrelay.store.rundir import RunDir, utc_now
 
 RUN_LOG = "run.log"
 CHECKPOINT_LOG_SECONDS = 10.0
+INTERVAL_LOG_SECONDS = 2.0
 _FILE_MODE = 0o600  # like every file of a run: it names paths and row counts, nobody else's business
 
 
@@ -55,6 +66,7 @@ class RunLog:
         *,
         interval: float = CHECKPOINT_LOG_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        counters_interval: float = INTERVAL_LOG_SECONDS,
     ) -> None:
         self._file_fd: int | None = None
         if log_file is not None:
@@ -73,12 +85,17 @@ class RunLog:
         self._logged_at = clock()
         self._started = clock()
         self._first_done: int | None = None
+        self._counters: _Counters | None = None
+        self._counters_interval = counters_interval
 
     def event(self, name: str, **fields: Any) -> None:
+        self._emit(name, fields)
+
+    def _emit(self, name: str, fields: dict[str, Any], *, run_log_only: bool = False) -> None:
         line = (
             orjson.dumps({"ts": utc_now(), "event": name, "pid": os.getpid(), **fields}, default=str) + b"\n"
         )
-        if self._file_fd is not None:
+        if self._file_fd is not None and not run_log_only:
             _write(self._file_fd, line)
         if self._run_fd is None:
             self._pending.append(line)
@@ -115,14 +132,20 @@ class RunLog:
             records=preflight.record_count,
             input_sha256=preflight.input_fingerprint.sha256,
             config_sha256=preflight.config_fingerprint,
+            limits=limits_of(preflight.job.config),
+            transport=transport_of(preflight.job.config),
         )
         stats.on_pauses(lambda seconds: self.event("pause_429", seconds=round(seconds, 3)))
         self._logged_at = self._started = self._clock()
+        self._counters = _Counters(stats, self._clock())
 
     def progressed(self, snapshot: Snapshot) -> None:
         if self._first_done is None:
             self._first_done = snapshot.done
         now = self._clock()
+        counters = self._counters
+        if counters is not None and counters.due(now, self._counters_interval):
+            self._interval_line(counters, snapshot, now)
         if now - self._logged_at < self._interval:
             return
         self._logged_at = now
@@ -134,6 +157,11 @@ class RunLog:
 
     def run_finished(self, run: RunDir, result: Result) -> None:
         data = result.payload() or {}
+        progress = data.get("progress")
+        if self._counters is not None and isinstance(progress, dict):  # the last rows, up to the end
+            final = Snapshot(progress["total"], progress["done"], progress["ok"], progress["failed"])
+            self._interval_line(self._counters, final, self._clock())
+            self._counters = None
         self.event(
             "stop",
             run_id=run.run_id,
@@ -151,6 +179,97 @@ class RunLog:
             state=data.get("state"),
             job_id=result.meta.get("job_id"),
         )
+
+    def _interval_line(self, counters: _Counters, snapshot: Snapshot, now: float) -> None:
+        fields = counters.advance(snapshot, now)
+        if fields is not None:
+            self._emit("interval", fields, run_log_only=True)
+
+
+class _Counters:
+    """What the last interval line left off at, so the next says what happened since."""
+
+    def __init__(self, stats: RelayStats, now: float) -> None:
+        self.stats = stats
+        self.since = now
+        self._done: tuple[int, int] | None = None  # ok, failed at the last line; None: not yet known
+        self._responses: Counter[str] = Counter(stats.requests)
+        self._wire = (stats.retries, stats.pauses, stats.pause_seconds)
+        self._rate: dict[str, Any] = {}
+
+    def due(self, now: float, interval: float) -> bool:
+        return self._done is None or now - self.since >= interval
+
+    def advance(self, snapshot: Snapshot, now: float) -> dict[str, Any] | None:
+        """The interval line's fields since the last one; None for the first snapshot (its baseline)."""
+        if snapshot.pace is not None:
+            self._rate = {key: snapshot.pace.get(key) for key in _RATE_KEYS}
+        if self._done is None:  # the rows committed before this call are not this interval's
+            self._done = (snapshot.ok, snapshot.failed)
+            self.since = now
+            return None
+        stats = self.stats
+        ok, failed = snapshot.ok - self._done[0], snapshot.failed - self._done[1]
+        responses = {k: v for k, v in (Counter(stats.requests) - self._responses).items() if v}
+        retries, pauses, paused = (a - b for a, b in zip(_wire(stats), self._wire, strict=True))
+        fields = {
+            "seconds": round(now - self.since, 3),
+            "committed": ok + failed,
+            "ok": ok,
+            "failed": failed,
+            "done": snapshot.done,
+            "total": snapshot.total,
+            "responses": responses,
+            "retries": retries,
+            "pauses_429": pauses,
+            "pause_seconds": round(paused, 3),
+            **self._rate,
+        }
+        self._done, self._responses, self._wire = (
+            (snapshot.ok, snapshot.failed),
+            Counter(stats.requests),
+            _wire(stats),
+        )
+        self.since = now
+        return fields
+
+
+_RATE_KEYS = ("configured_rps", "current_rps", "rate_limited_responses")
+
+
+def _wire(stats: RelayStats) -> tuple[int, int, float]:
+    return stats.retries, stats.pauses, stats.pause_seconds
+
+
+def limits_of(config: JobConfig) -> dict[str, Any]:
+    """The limits a run relays under, as the report shows them: never a header, URL or secret."""
+    execution, retry, halt = config.execution, config.retry, config.halt
+    rate = execution.rate_limit
+    return {
+        "concurrency": execution.concurrency,
+        "requests_per_second": rate.requests_per_second if rate is not None else None,
+        "shared_rate_limit": rate is not None and rate.shared is not None,
+        "max_attempts": retry.max_attempts,
+        "retry_statuses": list(retry.statuses),
+        "halt_on_statuses": list(halt.on_statuses),
+        "halt_consecutive_failures": halt.consecutive_failures,
+        "timeout_seconds": execution.timeout.model_dump(),
+        "max_lifetime_seconds": execution.max_lifetime_seconds,
+    }
+
+
+def transport_of(config: JobConfig) -> dict[str, Any]:
+    """The HTTP client and what it sends to: the method and the target's scheme and host, no path, no
+    credentials (a `{field}` in the host is left as written)."""
+    parts = urlsplit(config.request.url)
+    host = parts.netloc.rpartition("@")[2]
+    return {
+        "client": config.execution.client,
+        "http2": config.execution.http2,
+        "method": config.request.method,
+        "target": f"{parts.scheme}://{host}",
+        "sync": config.execution.sync,
+    }
 
 
 def _write(fd: int, line: bytes) -> None:

@@ -1,4 +1,5 @@
-"""Global flags in any position, `--help` and `--version` as envelopes, durations in seconds.
+"""Global flags in any position, `--help` and `--version` as text (envelopes with `--json`), durations in
+seconds.
 
 Every command runs through the real CLI (`run_cli`) with its flags after the subcommand, once with the
 call budget off and once with one, because a budget sends `run`, `resume` and `retry-failed` through a
@@ -7,6 +8,9 @@ background worker that parses the same command line again.
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -127,20 +131,32 @@ def test_a_global_flag_the_command_does_not_take_is_a_usage_error_naming_both(
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["job", "wait", "-h"]])
-def test_help_without_a_terminal_is_an_envelope(argv: list[str]) -> None:
-    result = run_cli(*argv)
+def test_help_without_a_terminal_is_plain_text_and_an_envelope_with_json(argv: list[str]) -> None:
+    proc = run_cli_raw(*argv)
+    assert proc.returncode == ExitCode.SUCCESS
+    assert proc.stdout.startswith(b"usage: bulkrelay") and b'"ok"' not in proc.stdout
+    result = run_cli(*argv, "--json")
     assert result.exit_code == ExitCode.SUCCESS
     assert result.stdout.count(b"\n") == 1
     text = result.data["help"]
     assert text.startswith("usage: bulkrelay")
     assert "_job-worker" not in text
     assert "SUPPRESS" not in text
+    assert proc.stdout.decode() == text  # the same text, as it is
 
 
-def test_version_without_a_terminal_is_an_envelope() -> None:
+def test_help_piped_to_grep_finds_the_flag_as_an_operator_greps_for_it() -> None:
+    command = f"{shlex.quote(sys.executable)} -m bulkrelay run --help | grep -e --budget"
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, env=cli_env(), check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert b"--budget DUR" in proc.stdout
+
+
+def test_version_without_a_terminal_is_plain_text_and_an_envelope_with_json() -> None:
     from bulkrelay._version import __version__
 
-    result = run_cli("--version")
+    assert run_cli_raw("--version").stdout == f"bulkrelay {__version__}\n".encode()
+    result = run_cli("--version", "--json")
     assert result.exit_code == ExitCode.SUCCESS
     assert result.data == {"name": "bulkrelay", "version": __version__}
     assert orjson.loads(result.stdout) == result.envelope

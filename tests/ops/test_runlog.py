@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
+from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
@@ -55,13 +56,17 @@ def test_a_run_logs_its_life_to_run_log_and_the_log_file(tmp_path: Path) -> None
     run_log = Path(result.data["run_dir"]) / RUN_LOG
     assert stat.S_IMODE(run_log.stat().st_mode) == 0o600
     assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
-    lines = read_log(run_log)
-    assert run_log.read_bytes() == log_file.read_bytes()  # the same lines, in the same order
+    intervals = [line for line in read_log(run_log) if line["event"] == "interval"]
+    lines = [line for line in read_log(run_log) if line["event"] != "interval"]
+    assert lines == read_log(log_file)  # the same lines, in the same order; intervals in run.log alone
+    assert intervals and sum(line["committed"] for line in intervals) == 6
+    assert sum(line["pauses_429"] for line in intervals) == 1
     assert events(lines)[:2] == ["start", "preflight_done"]
     assert events(lines)[-2:] == ["stop", "exit"]
     start, preflight = lines[0], lines[1]
     assert start["command"] == "run" and "--log-file" in start["argv"]
     assert preflight["records"] == 6 and preflight["run_id"] == result.data["run_id"]
+    assert preflight["limits"]["max_attempts"] == 2 and preflight["transport"]["method"] == "POST"
     pauses = [line for line in lines if line["event"] == "pause_429"]
     assert [pause["seconds"] for pause in pauses] == [1.0]
     assert lines[-2]["state"] == "completed" and lines[-2]["progress"]["done"] == 6
@@ -110,7 +115,7 @@ def test_checkpoints_are_logged_every_interval_and_a_stop_request_when_it_comes(
     job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=10))
     run = RunDir.create(tmp_path / "runs", plan_for(run_preflight(job, None)))
     now = [500.0]
-    log = RunLog(interval=10.0, clock=lambda: now[0])
+    log = RunLog(interval=10.0, clock=lambda: now[0], counters_interval=1e9)
     log.event("start", command="run")
     stats = RelayStats()
     log.run_started(run, run_preflight(job, None), stats)
@@ -133,3 +138,35 @@ def test_checkpoints_are_logged_every_interval_and_a_stop_request_when_it_comes(
     assert [c["done"] for c in checkpoints] == [6, 9]
     assert checkpoints[0]["total"] == 10 and checkpoints[0]["rows_per_second"] > 0
     assert lines[4]["seconds"] == 2.5 and lines[5]["reason"] == "timeout"
+
+
+def test_interval_lines_count_what_happened_since_the_last_and_the_end_flushes_the_rest(
+    tmp_path: Path,
+) -> None:
+    job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=10))
+    run = RunDir.create(tmp_path / "runs", plan_for(run_preflight(job, None)))
+    now = [100.0]
+    log = RunLog(interval=1e9, clock=lambda: now[0], counters_interval=2.0)
+    stats = RelayStats()
+    log.run_started(run, run_preflight(job, None), stats)
+    pace = {"configured_rps": 10.0, "current_rps": 5.0, "rate_limited_responses": 1}
+    log.progressed(Snapshot(total=10, done=3, ok=3, failed=0, pace=pace))  # a resume: 3 rows before it
+    for status in (200, 200, 503, 429):
+        stats.on_attempt(status, 0.01)
+    stats.on_retry()
+    stats.on_pause(1.5)
+    now[0] = 101.0
+    log.progressed(Snapshot(total=10, done=4, ok=4, failed=0, pace=pace))  # not yet due
+    now[0] = 102.5
+    log.progressed(Snapshot(total=10, done=6, ok=5, failed=1, pace=pace))
+    stats.on_attempt(200, 0.01)
+    now[0] = 103.0
+    log.run_finished(run, Result(data=None))  # no progress in it: nothing to flush from
+    log.close()
+    intervals = [line for line in read_log(run.path / RUN_LOG) if line["event"] == "interval"]
+    assert len(intervals) == 1
+    first = intervals[0]
+    assert first["seconds"] == 2.5 and first["committed"] == 3 and (first["ok"], first["failed"]) == (2, 1)
+    assert first["responses"] == {"2xx": 2, "5xx": 1, "4xx": 1}
+    assert first["retries"] == 1 and first["pauses_429"] == 1 and first["pause_seconds"] == 1.5
+    assert first["configured_rps"] == 10.0 and first["current_rps"] == 5.0 and first["done"] == 6

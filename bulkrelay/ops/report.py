@@ -1,0 +1,171 @@
+"""`report RUN [-o FILE]`: the run report, one self-contained HTML page (see `reportpage`).
+
+Built from the run's own records, each streamed once (`reportdata`): the journal, the run log, the
+summary and the manifest. It reads only, so it works on a live run too: the page is then a snapshot
+of what is committed now. What the records cannot tell (a run of an earlier version without interval
+lines, a journal shorter than its checkpoint) is said on the page, never guessed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from bulkrelay.envelope import Result
+from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
+from bulkrelay.ops.inspect import LIVE, REPORT, liveness
+from bulkrelay.ops.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
+from bulkrelay.ops.reportpage import ReportFacts, page
+from bulkrelay.ops.results import ReportResult
+from bulkrelay.store.atomic import read_json, write_atomic
+from bulkrelay.store.checkpoint import read_checkpoint
+from bulkrelay.store.rundir import SUMMARY, RunDir, utc_now
+from bulkrelay.store.selection import load_selection
+
+STDOUT = "-"
+
+
+def report(run_dir: Path, output: Path | None = None) -> Result:
+    """Write the run's report to `output` (default `report.html` in the run; `-`: the page alone is
+    the answer's stdout payload, and the CLI sends the envelope to stderr)."""
+    run = RunDir.open(run_dir)
+    html, facts = build_report(run)
+    to_stdout = output is not None and str(output) == STDOUT
+    target = run.path / REPORT if output is None else output
+    meta: dict[str, Any] = {}
+    if to_stdout:
+        meta["stdout_payload"] = html
+    else:
+        _write(target, html.encode(), explicit=output is not None, run=run)
+    data = ReportResult(
+        run_id=run.run_id,
+        run_dir=str(run.path),
+        output=STDOUT if to_stdout else str(target),
+        state=run.state,
+        rows_done=facts[0],
+        rows_total=facts[1],
+        missing=facts[2],
+    )
+    return Result(data=data, meta=meta)
+
+
+def build_report(run: RunDir) -> tuple[str, tuple[int, int, tuple[str, ...]]]:
+    """The page, and the rows done, rows total and what is missing (for the command's answer)."""
+    tally = tally_journal(run.journal_path)
+    timeline = read_timeline(run.path)
+    facts = facts_of(run, tally, timeline)
+    return page(facts, tally, timeline), (tally.done, facts.rows_total, facts.missing)
+
+
+def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFacts:
+    """What the page shows of the run besides the two tallies."""
+    summary = _summary(run)
+    alive = liveness(run)
+    rows_total = _rows_total(run)
+    last = timeline.calls[-1] if timeline.calls else None
+    started = run.manifest.created_at
+    ended = None if alive == LIVE or run.state == "running" else run.manifest.updated_at
+    first, final = epoch(started), epoch(ended)
+    return ReportFacts(
+        run_id=run.run_id,
+        run_dir=str(run.path),
+        name=run.plan.name or Path(run.plan.job_path).stem,
+        job_path=run.plan.job_path,
+        input_path=run.plan.input.path,
+        input_format=run.plan.input.format + (", gzip" if run.plan.input.gzip else ""),
+        state=str(run.state),
+        liveness=alive,
+        exit_code=last.exit_code if last is not None and alive != LIVE else None,
+        started=started,
+        ended=ended,
+        duration_seconds=None if first is None or final is None else final - first,
+        rows_total=rows_total,
+        summary=summary,
+        tool_version=run.manifest.tool_version,
+        parent_run=run.plan.parent_run,
+        generated_at=utc_now(),
+        sync=run.plan.sync.to_json() if run.plan.sync is not None else None,
+        deletions=_deletions(run),
+        missing=tuple(_missing(run, tally, timeline, summary)),
+    )
+
+
+def _summary(run: RunDir) -> dict[str, Any] | None:
+    path = run.path / SUMMARY
+    if not path.is_file():
+        return None
+    with contextlib.suppress(BulkRelayError):
+        summary = read_json(path)
+        return summary if isinstance(summary, dict) else None
+    return None
+
+
+def _rows_total(run: RunDir) -> int:
+    """Rows this run is for: a retry-failed run's selection, else every record of the input."""
+    record_count = run.plan.input.record_count
+    selection = load_selection(run.path, record_count)
+    return len(selection) if selection is not None else record_count
+
+
+def _missing(
+    run: RunDir, tally: JournalTally, timeline: Timeline, summary: dict[str, Any] | None
+) -> list[str]:
+    missing = []
+    if not timeline.present:
+        missing.append("run.log is absent: no time series, no events, no limits (a run of an early version)")
+    elif not timeline.intervals:
+        missing.append(
+            "run.log has no interval lines (a run of an earlier version): no throughput or outcomes over time"
+        )
+    elif timeline.limits is None:
+        missing.append("run.log does not record the limits in force (a run of an earlier version)")
+    if timeline.unreadable_lines:
+        missing.append(f"{timeline.unreadable_lines} lines of run.log could not be read and were skipped")
+    checkpoint = read_checkpoint(run.path)  # of a live run, newer than the journal read before it
+    if liveness(run) != LIVE and checkpoint is not None and checkpoint.rows_done > tally.done:
+        missing.append(
+            f"the journal holds {tally.done} committed rows, the checkpoint {checkpoint.rows_done}: "
+            f"the journal is damaged; `bulkrelay resume {run.path}` says where"
+        )
+    if summary is None:
+        missing.append("summary.json is absent (no call has ended yet): totals are counted from the journal")
+    elif summary.get("rows_done") != tally.done:
+        missing.append(
+            f"summary.json counts {summary.get('rows_done')} rows, the journal {tally.done} now "
+            "(a live run, or a call that did not end): the page shows the journal's"
+        )
+    return missing
+
+
+def _deletions(run: RunDir) -> dict[str, Any] | None:
+    """A mirror job's deletions: this run sends them, or names the run that sent them."""
+    plan = run.plan
+    if plan.mirror_deletes:
+        return {"this run sends the deletions of the keys gone since run": plan.mirror_of}
+    if plan.sync is None or plan.sync.mode != "mirror":
+        return None
+    for sibling in sorted(run.path.parent.iterdir()):
+        manifest = sibling / "run.json"
+        if sibling == run.path or not manifest.is_file():
+            continue
+        with contextlib.suppress(BulkRelayError, OSError):
+            other = RunDir.open(sibling)
+            if other.plan.mirror_of == run.run_id:
+                checkpoint = read_checkpoint(other.path)
+                done = checkpoint.rows_done if checkpoint is not None else 0
+                return {"deletions run": other.run_id, "deletes": other.plan.input.record_count, "sent": done}
+    return {"deletions": "none sent for this run"}
+
+
+def _write(target: Path, data: bytes, *, explicit: bool, run: RunDir) -> None:
+    try:
+        write_atomic(target, data, None if explicit else run.storage)
+    except StorageFailed as exc:
+        if not explicit:
+            raise
+        raise UsageError(
+            f"cannot write the report to {target}: {exc.message}",
+            context={"output": str(target)},
+            suggestion="name with -o a file in a directory you can write to, or - for stdout",
+        ) from None
