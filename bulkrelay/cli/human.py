@@ -75,7 +75,11 @@ def _validate(valid: ValidateResult) -> None:
 
 def _render(rendered: RenderResult) -> None:
     for request in rendered.requests:
-        _console.rule(f"row {request.row_number} (line {request.line})")
+        if request.batch is not None:
+            rows = request.batch["rows"]
+            _console.rule(f"batch {request.batch['seq']}: rows {rows[0]}-{rows[-1]}, {len(rows)} items")
+        else:
+            _console.rule(f"row {request.row_number} (line {request.line})")
         _console.print(f"[bold]{request.method}[/] {request.url}", highlight=False)
         for name, value in request.headers:
             _console.print(f"{name}: {value}", highlight=False)

@@ -127,6 +127,15 @@ class BatchRenderer:
         """The encoded body's size for `count` items whose bytes add up to `item_bytes`."""
         return len(self._head) + len(self._tail) + item_bytes + self._separator * max(count - 1, 0)
 
+    def fits(self, count: int, item_bytes: int, item: Item) -> bool:
+        """Whether `item` may join a batch of `count` items whose bytes add up to `item_bytes`: a batch
+        closes before the item that would take it over `max_items` or its body over `max_bytes`."""
+        if count == 0:
+            return True
+        if count >= self.max_items:
+            return False
+        return self.size(count + 1, item_bytes + len(item.data)) <= self.max_bytes
+
     def request(self, items: Sequence[Item]) -> tuple[PreparedRequest, str]:
         """The one request carrying `items`, in order, and its idempotency key (in the configured header,
         if any)."""

@@ -108,12 +108,7 @@ class BatchFormer:
         return Batch(tuple(items), batcher.size(len(items), item_bytes))
 
     def _fits(self, items: list[PendingItem], item_bytes: int, pending: PendingItem) -> bool:
-        if not items:
-            return True
-        batcher = self._batcher
-        if len(items) >= batcher.max_items:
-            return False
-        return batcher.size(len(items) + 1, item_bytes + len(pending.item.data)) <= batcher.max_bytes
+        return self._batcher.fits(len(items), item_bytes, pending.item)
 
     def _take(self) -> tuple[PendingItem, bool] | None:
         """The next pending row and whether a journaled row came before it."""
