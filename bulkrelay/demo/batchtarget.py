@@ -12,7 +12,8 @@ error); one holding `retry_contains` gets an item 429 from Elasticsearch the fir
 its id is seen; a plain array holding `reject_contains` is refused whole (400); more than `max_items`
 items is a 413 everywhere. Every item answered as applied counts in `items_applied` by its id (HubSpot:
 `objectWriteTraceId`; Elasticsearch: `_id`; Braze: `external_id`; array: `id`), so a test sees an item
-applied twice. The plan's `batch` object sets these options.
+applied twice. The plan's `batch` object sets these options (`delay_ms`: answer each batch that late,
+after applying it).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class BatchOptions(BaseModel):
     retry_times: int = Field(default=1, ge=0)
     reject_contains: str = "poison"
     max_items: int = Field(default=1000, ge=1)
+    delay_ms: int = Field(default=0, ge=0)  # answer a batch this late (after applying it)
 
 
 class BatchEndpoints:

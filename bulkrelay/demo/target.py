@@ -248,8 +248,9 @@ class TargetState:
         self._arrivals.append(now)
         idem = request.headers.get(self.plan.dedup_header)
         answer, rule, duplicate = self._decide(request, body, idem)
-        if rule is not None and rule.delay_ms:
-            await asyncio.sleep(rule.delay_ms / 1000)
+        delay_ms = rule.delay_ms if rule is not None else self._batch_delay_ms(request)
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
         if answer is not None and rule is not None and rule.echo_header is not None:
             answer = _echoed(answer, request.headers.get(rule.echo_header, ""))
         status = answer.status if answer is not None else None
@@ -299,6 +300,9 @@ class TargetState:
             return True
         self._accepted.append(now)
         return False
+
+    def _batch_delay_ms(self, request: web.BaseRequest) -> int:
+        return self.plan.batch.delay_ms if BatchEndpoints.handles(request.path) else 0
 
     def _default_answer(self, request: web.BaseRequest, body: bytes) -> _Answer:
         if BatchEndpoints.handles(request.path):
