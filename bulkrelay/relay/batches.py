@@ -28,6 +28,7 @@ from bulkrelay.relay.batchsender import Batch, BatchSender, Group, PendingItem
 from bulkrelay.relay.ratelimit import LimiterUnavailable
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.store.journal import JournalEntry, JournalWriter
+from bulkrelay.store.rowset import RowSet
 
 _IDLE_POLL_SECONDS = 1.0  # the longest a worker waits without looking again (a retry may be due)
 
@@ -35,9 +36,12 @@ _IDLE_POLL_SECONDS = 1.0  # the longest a worker waits without looking again (a 
 class BatchFormer:
     """Hands each worker its next batch: due retries first, then the pending rows by the fixed rule."""
 
-    def __init__(self, batcher: BatchRenderer, stop: StopControl) -> None:
+    def __init__(self, batcher: BatchRenderer, stop: StopControl, journaled: RowSet | None = None) -> None:
         self._batcher = batcher
         self._stop = stop
+        # The rows the journal held when the run started: a batch never spans one. (Rows outside a
+        # retry-failed or shard selection count as done too, and are passed over without a gap.)
+        self._journaled = journaled
         self._records: Iterator[Record] = iter(())
         self._exhausted = False
         self._gap = False  # a journaled row was skipped since the last record read
@@ -50,8 +54,9 @@ class BatchFormer:
         self._records = records
 
     def skipped(self, row_number: int) -> None:
-        """A row already journaled was passed over (the records' `on_done`)."""
-        self._gap = True
+        """A row counted as done was passed over (the records' `on_done`)."""
+        if self._journaled is not None and row_number in self._journaled:
+            self._gap = True
 
     async def next(self) -> Batch | None:
         """The next batch to send; None when nothing is left (or a stop was requested)."""
@@ -160,9 +165,11 @@ class RequestStreak:
 class BatchRelay:
     """The batch workers of one relay, their former and their streak."""
 
-    def __init__(self, sender: BatchSender, stop: StopControl, consecutive_failures: int) -> None:
+    def __init__(
+        self, sender: BatchSender, stop: StopControl, consecutive_failures: int, journaled: RowSet | None
+    ) -> None:
         self.sender = sender
-        self.former = BatchFormer(sender.batcher, stop)
+        self.former = BatchFormer(sender.batcher, stop, journaled)
         self.streak = RequestStreak(consecutive_failures, stop)
 
     def start(

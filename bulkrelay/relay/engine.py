@@ -288,7 +288,7 @@ async def relay(
     committed.pace = limiter.state
     committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
-    batches = _batch_relay(preflight, transport, limiter, stop, stats)
+    batches = _batch_relay(preflight, transport, limiter, stop, stats, start)
     records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
 
     reporter.update(committed.snapshot())
@@ -365,7 +365,12 @@ def _row_sender(
 
 
 def _batch_relay(
-    preflight: Preflight, transport: Transport, limiter: Limiter, stop: StopControl, stats: RelayStats
+    preflight: Preflight,
+    transport: Transport,
+    limiter: Limiter,
+    stop: StopControl,
+    stats: RelayStats,
+    start: StartPoint,
 ) -> BatchRelay | None:
     """A batch job's workers (request.batch); None for a job sending one row per request."""
     if preflight.batcher is None:
@@ -373,7 +378,8 @@ def _batch_relay(
     config = preflight.job.config
     policy = RetryPolicy.from_config(config.retry, config.response, config.halt)
     sender = BatchSender(preflight, transport, limiter, policy, stop, stats=stats)
-    return BatchRelay(sender, stop, config.halt.consecutive_failures)
+    journaled = start.journal.done if start.journal is not None else None
+    return BatchRelay(sender, stop, config.halt.consecutive_failures, journaled)
 
 
 async def _worker(

@@ -226,3 +226,54 @@ async def test_an_answer_echoing_a_secret_is_kept_redacted(
     journal = result.run.journal_path.read_bytes()
     assert b"s3cr3t-token-value" not in journal
     assert all("***" in (e.response_body or "") for e in result.entries)
+
+
+async def test_a_whole_request_503_resends_the_same_batch_and_counts_attempts_per_row(tmp_path: Path) -> None:
+    target = await start_target({"rules": [{"match": {"method": "POST"}, "status": 503, "times": 2}]})
+    try:
+        job = write_batch_job(
+            tmp_path,
+            target.url,
+            "hubspot",
+            [f"user{n}" for n in range(1, 6)],
+            max_items=5,
+            retry={"max_attempts": 3},
+            execution={"concurrency": 1},
+        )
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    assert [r["status"] for r in result.requests] == [503, 503, 200]
+    assert len({r["idempotency_key"] for r in result.requests}) == 1
+    assert len({r["body"] for r in result.requests}) == 1
+    assert all(e.success and e.attempts == 3 for e in result.entries)
+
+
+async def test_a_401_halts_the_run_and_leaves_the_batchs_rows_pending(tmp_path: Path) -> None:
+    target = await start_target({"rules": [{"match": {"method": "POST"}, "after": 1, "status": 401}]})
+    try:
+        job = write_batch_job(
+            tmp_path, target.url, "hubspot", [f"user{n}" for n in range(1, 10)], max_items=3,
+            execution={"concurrency": 1},
+        )  # fmt: skip
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    assert result.outcome.stop_reason is not None and result.outcome.stop_reason.value == "halt_auth"
+    assert sorted(e.row_number for e in result.entries) == [1, 2, 3]  # the 401's rows are not journaled
+
+
+async def test_consecutive_failures_count_requests_not_rows(tmp_path: Path) -> None:
+    target = await start_target({"rules": [{"status": 503}]})
+    try:
+        job = write_batch_job(
+            tmp_path, target.url, "hubspot", [f"user{n}" for n in range(1, 13)], max_items=4,
+            execution={"concurrency": 1}, halt={"consecutive_failures": 2},
+        )  # fmt: skip
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    # Two requests (of four rows each) failed in a row: the run halts, their rows stay pending.
+    assert result.outcome.stop_reason is not None and result.outcome.stop_reason.value == "halt_unavailable"
+    assert len(result.requests) == 2
+    assert result.entries == []
