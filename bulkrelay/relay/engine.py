@@ -288,7 +288,7 @@ async def relay(
     committed.pace = limiter.state
     committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
-    batches = _batch_relay(preflight, transport, limiter, stop, stats, start)
+    batches = _batch_relay(preflight, transport, limiter, stop, stats, start=start)
     records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
 
     reporter.update(committed.snapshot())
@@ -370,6 +370,7 @@ def _batch_relay(
     limiter: Limiter,
     stop: StopControl,
     stats: RelayStats,
+    *,
     start: StartPoint,
 ) -> BatchRelay | None:
     """A batch job's workers (request.batch); None for a job sending one row per request."""
