@@ -27,13 +27,12 @@ from bulkrelay.job.preflight import Preflight
 from bulkrelay.relay.itemresults import AnswerInvalid, ItemOutcome, ItemReader
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
-from bulkrelay.relay.retry import RetryPolicy
+from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, RetryPolicy, counts_as_success
 from bulkrelay.relay.sender import RowSender, _milliseconds
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
 from bulkrelay.store.journal import JournalEntry
 
-BATCH_ANSWER_INVALID = "batch_answer_invalid"
 # A whole request failing so counts toward halt.consecutive_failures (per request in batch mode).
 STREAK_CLASSES = frozenset({"http_server_error", "timeout_error", "connect_error", "protocol_error"})
 _NOT_SPLIT = frozenset({401, 403, 429})
@@ -234,7 +233,7 @@ class BatchSender(RowSender):
         digest = None
         if self._digester is not None:
             digest = self._digester.digest(item.request, record.fields).hex()
-        success = classification == "success"
+        success = counts_as_success(classification)
         return JournalEntry(
             row_number=record.row_number,
             success=success,

@@ -24,9 +24,8 @@ import orjson
 from bulkrelay.job.config import ItemsConfig
 from bulkrelay.job.redact import Redactor
 from bulkrelay.relay.response import resolve_pointer
-from bulkrelay.relay.retry import SUCCESS, RetryPolicy
+from bulkrelay.relay.retry import ITEM_REJECTED, SUCCESS, RetryPolicy, counts_as_success
 
-ITEM_REJECTED = "item_rejected"  # named as failed by the answer, without a status of its own
 MESSAGE_CHARS = 500  # of an item's message, kept in its row's error
 _WHOLE = ItemsConfig(mode="whole")
 
@@ -45,7 +44,7 @@ class ItemOutcome:
 
     @property
     def success(self) -> bool:
-        return self.classification == SUCCESS
+        return counts_as_success(self.classification)
 
 
 _OK = ItemOutcome(SUCCESS, False)
@@ -148,7 +147,7 @@ class ItemReader:
         return ItemOutcome(classification, retryable, status, message)
 
     def _unlisted(self) -> ItemOutcome:
-        if self.config.unlisted == "success":
+        if self.config.unlisted != "failure":
             return _OK
         return ItemOutcome(ITEM_REJECTED, False, None, "named nowhere in the answer (unlisted: failure)")
 
