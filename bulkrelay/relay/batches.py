@@ -30,7 +30,7 @@ from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.store.journal import JournalEntry, JournalWriter
 from bulkrelay.store.rowset import RowSet
 
-_IDLE_POLL_SECONDS = 1.0  # the longest a worker waits without looking again (a retry may be due)
+_IDLE_POLL_SECONDS = 0.25  # the longest an idle worker waits before it looks again (a stop, a retry due)
 
 
 class BatchFormer:
