@@ -1,4 +1,4 @@
-"""Batch mode through the real CLI, per row: failures, export --failed, retry-failed, delta sync."""
+"""Batch mode through the real CLI, per row: failures, export --failed, retry-failed, delta sync, shards."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ from bulkrelay.store.journal import read_journal
 from tests.clirun import run_cli
 from tests.relay.batchrun import write_batch_job
 from tests.targetproc import TargetProcess
-
-
-def _run(job: Path, *args: str) -> object:
-    return run_cli("run", job, "--budget", "0", "--runs-dir", job.parent / "runs", *args, cwd=job.parent)
 
 
 @pytest.mark.slow
@@ -67,3 +63,22 @@ def test_a_delta_batch_run_sends_only_the_changed_rows(tmp_path: Path) -> None:
     assert second.exit_code == ExitCode.SUCCESS, second.envelope
     [request] = resent
     assert [i["id"] for i in orjson.loads(request["body"])["inputs"]] == ["changed5@example.com"]
+
+
+@pytest.mark.slow
+def test_shards_each_batch_their_own_rows(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_batch_job(
+            tmp_path, target.url, "hubspot", [f"user{n}" for n in range(1, 41)], max_items=10
+        )
+        shards = [run_cli("run", job, "--budget", "0", "--shard", f"{k}/2", cwd=tmp_path) for k in (0, 1)]
+        requests = target.requests()
+    journaled = []
+    for shard in shards:
+        assert shard.exit_code == ExitCode.SUCCESS, shard.envelope
+        journaled.append([e.row_number for e in read_journal(Path(shard.data["run_dir"]) / "results.jsonl")])
+    assert sorted(journaled[0] + journaled[1]) == list(range(1, 41))
+    assert journaled[0] and journaled[1]
+    sent = [len(orjson.loads(r["body"])["inputs"]) for r in requests]
+    assert sum(sent) == 40 and max(sent) <= 10
+    assert len(sent) <= sum(-(-len(rows) // 10) for rows in journaled)  # full batches of each shard's rows
