@@ -13,6 +13,7 @@ from bulkrelay.relay.itemresults import AnswerInvalid, ItemReader
 from bulkrelay.relay.retry import RetryPolicy
 
 IDS = ["a1", "b2", "c3"]
+BY_INDEX = {"mode": "by_index", "errors": "/errors", "index": "/i"}
 
 
 def _reader(**items: Any) -> ItemReader:
@@ -52,9 +53,9 @@ def test_a_per_item_status_is_classified_like_a_responses() -> None:
         ({"mode": "positional", "results": "/items"}, {"items": [{}, {}]}, "has 2 entries for 3 items"),
         ({"mode": "positional", "results": "/items"}, {"items": {"0": {}}}, "holds dict, not a list"),
         ({"mode": "positional", "results": "/items", "status": "/s"}, {"items": [{"s": "201"}] * 3}, "not a status"),
-        ({"mode": "by_index", "errors": "/errors", "index": "/i"}, {"errors": [{"i": 3}]}, "names position 3"),
-        ({"mode": "by_index", "errors": "/errors", "index": "/i"}, {"errors": [{"i": True}]}, "names position True"),
-        ({"mode": "by_index", "errors": "/errors", "index": "/i"}, {}, "no list at /errors"),
+        (BY_INDEX, {"errors": [{"i": 3}]}, "names position 3"),
+        (BY_INDEX, {"errors": [{"i": True}]}, "names position True"),
+        (BY_INDEX, {}, "no list at /errors"),
         ({"mode": "by_id", "results": "/r", "id": "/id"}, {"r": [{"id": "zz"}]}, "'zz' (at /id), never sent"),
         ({"mode": "by_id", "results": "/r", "id": "/id"}, {"r": [{"id": 1}]}, "never sent"),
     ],
