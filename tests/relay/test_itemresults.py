@@ -13,6 +13,7 @@ from bulkrelay.relay.itemresults import AnswerInvalid, ItemReader
 from bulkrelay.relay.retry import RetryPolicy
 
 IDS = ["a1", "b2", "c3"]
+POSITIONAL = {"mode": "positional", "results": "/items"}
 BY_INDEX = {"mode": "by_index", "errors": "/errors", "index": "/i"}
 
 
@@ -52,7 +53,7 @@ def test_a_per_item_status_is_classified_like_a_responses() -> None:
     [
         ({"mode": "positional", "results": "/items"}, {"items": [{}, {}]}, "has 2 entries for 3 items"),
         ({"mode": "positional", "results": "/items"}, {"items": {"0": {}}}, "holds dict, not a list"),
-        ({"mode": "positional", "results": "/items", "status": "/s"}, {"items": [{"s": "201"}] * 3}, "not a status"),
+        ({**POSITIONAL, "status": "/s"}, {"items": [{"s": "201"}] * 3}, "not a status"),
         (BY_INDEX, {"errors": [{"i": 3}]}, "names position 3"),
         (BY_INDEX, {"errors": [{"i": True}]}, "names position True"),
         (BY_INDEX, {}, "no list at /errors"),
