@@ -82,3 +82,25 @@ def test_shards_each_batch_their_own_rows(tmp_path: Path) -> None:
     sent = [len(orjson.loads(r["body"])["inputs"]) for r in requests]
     assert sum(sent) == 40 and max(sent) <= 10
     assert len(sent) <= sum(-(-len(rows) // 10) for rows in journaled)  # full batches of each shard's rows
+
+
+@pytest.mark.slow
+def test_mirror_deletes_of_a_batch_job_are_single_requests(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_batch_job(
+            tmp_path, target.url, "hubspot", [f"user{n}" for n in range(1, 7)], max_items=4,
+            execution={"sync": "mirror", "concurrency": 2},
+            mirror={"url": f"{target.url}/crm/v3/objects/contacts/{{id}}", "max_deletes": 3},
+        )  # fmt: skip
+        first = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        assert first.exit_code == ExitCode.SUCCESS, first.envelope
+        lines = (tmp_path / "rows.csv").read_text().splitlines()
+        (tmp_path / "rows.csv").write_text(
+            "\n".join(line for line in lines if not line.startswith("3,")) + "\n"
+        )
+        target.reset()
+        second = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        sent = target.requests()
+    assert second.exit_code == ExitCode.SUCCESS, second.envelope
+    assert second.data["mirror"]["deletions"] == 1
+    assert [(r["method"], r["path"]) for r in sent] == [("DELETE", "/crm/v3/objects/contacts/3")]
