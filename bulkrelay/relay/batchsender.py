@@ -249,7 +249,7 @@ class BatchSender(RowSender):
             captured=captured,
             response_body=None if success else response_body,
             digest=digest,
-            batch={"index": index, "size": size},
+            batch={"seq": 0, "index": index, "size": size},  # seq: set when its group is journaled
         )
 
     async def wait_until(self, when: float) -> None:
