@@ -42,3 +42,24 @@ def test_render_shows_each_batch_as_its_one_request(tmp_path: Path, monkeypatch:
     assert headers["Authorization"] == "Bearer ***"
     assert len(headers["Idempotency-Key"]) == 32
     assert b"tok-123456789" not in orjson.dumps([r for r in shown])
+
+
+@pytest.mark.anyio
+async def test_render_shows_exactly_what_a_fresh_run_sends(tmp_path: Path) -> None:
+    from bulkrelay.demo.target import start_target
+    from tests.relay.batchrun import run_batch_job
+
+    target = await start_target()
+    try:
+        job = write_batch_job(
+            tmp_path, target.url, "elasticsearch", [f"user{n}" for n in range(1, 24)], max_items=5,
+            batch={"max_bytes": 300}, execution={"concurrency": 1},
+        )  # fmt: skip
+        shown = render(load_job(job), None, "1-23").data
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    assert isinstance(shown, RenderResult)
+    rendered = [(request.body, dict(request.headers)["Idempotency-Key"]) for request in shown.requests]
+    sent = [(r["body"], r["idempotency_key"]) for r in result.requests]
+    assert rendered == sent and len(sent) > 23 // 5 + 1  # closed on bytes as well as on items
