@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import anyio
 import orjson
 
 from bulkrelay.job.batch import BatchRenderer, Item
@@ -251,8 +250,3 @@ class BatchSender(RowSender):
             digest=digest,
             batch={"seq": 0, "index": index, "size": size},  # seq: set when its group is journaled
         )
-
-    async def wait_until(self, when: float) -> None:
-        """Sleep until `when` (monotonic), or a stop request, whichever comes first."""
-        with anyio.move_on_after(max(0.0, when - time.monotonic())):
-            await self.stop.wait()

@@ -7,10 +7,11 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bulkrelay.demo.target import start_target
 from bulkrelay.job.config import load_job
 from bulkrelay.ops.inspect import render
 from bulkrelay.ops.results import RenderResult
-from tests.relay.batchrun import write_batch_job
+from tests.relay.batchrun import run_batch_job, write_batch_job
 
 
 def test_render_shows_each_batch_as_its_one_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,9 +47,6 @@ def test_render_shows_each_batch_as_its_one_request(tmp_path: Path, monkeypatch:
 
 @pytest.mark.anyio
 async def test_render_shows_exactly_what_a_fresh_run_sends(tmp_path: Path) -> None:
-    from bulkrelay.demo.target import start_target
-    from tests.relay.batchrun import run_batch_job
-
     target = await start_target()
     try:
         job = write_batch_job(
