@@ -160,3 +160,19 @@ def test_preflight_refuses_a_row_whose_item_alone_is_over_max_bytes(tmp_path: Pa
     [problem] = caught.value.problems
     assert (problem.row, problem.line, problem.field) == (2, 3, "email")
     assert "over request.batch.max_bytes 200" in problem.message
+
+
+def test_items_at_may_nest_in_the_envelope_but_not_over_one_of_its_values() -> None:
+    nested = _job(request={**BATCH_JOB["request"], "batch": {
+        "max_items": 2, "items_at": "/data/inputs", "envelope": {"data": {"mode": {"value": "upsert"}}},
+        "item": {"id": {"from": "id"}},
+    }})  # fmt: skip
+    batcher = _renderer(nested)
+    request, _ = batcher.request([batcher.item(Record(1, 2, {"id": "7"}))])
+    assert orjson.loads(request.body or b"") == {"data": {"mode": "upsert", "inputs": [{"id": "7"}]}}
+    clash = _job(request={**BATCH_JOB["request"], "batch": {
+        "max_items": 2, "items_at": "/data", "envelope": {"data": {"value": 1}},
+        "item": {"id": {"from": "id"}},
+    }})  # fmt: skip
+    with pytest.raises(ConfigInvalid, match="items_at /data: the envelope already has a value there"):
+        _renderer(clash)
