@@ -16,7 +16,10 @@ Measured at each --rows size, all against the same target and the same input fil
   (d) peak RSS of `bulkrelay run` at each --rss-rows size; the largest over the smallest should stay <= 1.3;
   (e) the fixed cost of a one-row `bulkrelay run` (start-up, preflight, run directory, one commit), run
       first so that the modules' bytecode is cached for the rest (child processes run without
-      PYTHONDONTWRITEBYTECODE, as an installed bulkrelay does).
+      PYTHONDONTWRITEBYTECODE, as an installed bulkrelay does);
+  (f) a batched `bulkrelay run` (request.batch, --batch-items rows a request, docs/batching.md) over the
+      same rows as (a), each row still journaled: its rows/s beside the naive per-row loop's (issue 24:
+      >= 1.5).
 With --profile, instead: one in-process `bulkrelay run` of --profile-rows rows under cProfile, its top
 entries by own time, and where the time goes per row (preflight, render, send, journal, commit, other)
 from the profile's cumulative times. cProfile slows Python code down (about 2x), so those microseconds
@@ -74,6 +77,27 @@ request:
     id: {{ from: id, type: integer }}
     email: {{ from: email }}
     name: {{ from: name }}
+execution: {{ concurrency: {concurrency} }}
+"""
+    )
+    return job
+
+
+def _write_batch_job(workdir: Path, url: str, input_name: str, concurrency: int, items: int) -> Path:
+    job = workdir / f"job-batch-{input_name}.yaml"
+    job.write_text(
+        f"""version: 1
+name: bench-batch
+input: {{ file: {input_name}, key: id }}
+request:
+  method: POST
+  url: "{url}/v1/customers/batch"
+  batch:
+    max_items: {items}
+    item:
+      id: {{ from: id, type: integer }}
+      email: {{ from: email }}
+      name: {{ from: name }}
 execution: {{ concurrency: {concurrency} }}
 """
     )
@@ -274,6 +298,30 @@ def _compare(workdir: Path, url: str, rows: int, concurrency: int, repeats: int)
     path.unlink()
 
 
+def _compare_batched(
+    workdir: Path, url: str, rows: int, concurrency: int, repeats: int, *, items: int
+) -> None:
+    """(f): the batched run against the naive per-row loop, over the same input file."""
+    path = workdir / f"batch-rows-{rows}.csv"
+    _write_input(path, rows)
+    print(f"(a) naive pyreqwest loop (uvloop), {rows:,} POSTs, concurrency {concurrency}, no journal")
+    naive = _best_naive("pyreqwest", url, path, concurrency, repeats)
+    job = _write_batch_job(workdir, url, path.name, min(concurrency, 8), items)
+    print(f"(f) batched bulkrelay run, {rows:,} rows, {items} a request, every row journaled")
+    best = 0.0
+    for attempt in range(repeats):
+        elapsed, _, envelope = _bulkrelay_run(job, workdir / f"runs-batch-{attempt}")
+        data = envelope["data"]
+        assert isinstance(data, dict) and data["summary"]["rows_done"] == rows
+        print(f"    run {attempt + 1}: {rows / elapsed:10,.0f} rows/s whole process ({elapsed:.2f} s)")
+        best = max(best, rows / elapsed)
+    print(
+        f"==> {rows:,} rows, best of {repeats}: batched bulkrelay {best:,.0f} rows/s; naive per-row "
+        f"pyreqwest {naive:,.0f} rows/s: ratio {best / naive:.2f} (goal >= 1.5)"
+    )
+    path.unlink()
+
+
 def _measure_rss(workdir: Path, url: str, sizes: list[int], concurrency: int) -> None:
     peaks = []
     for rows in sizes:
@@ -382,6 +430,9 @@ def main() -> None:
     parser.add_argument("--parallel-rows", type=int, default=2_000)
     parser.add_argument("--rss-rows", default="100000,1000000", help="comma list; empty to skip (d)")
     parser.add_argument("--workdir", type=Path, help="on local disk (default: a temp dir under /var/tmp)")
+    parser.add_argument("--batch-rows", type=int, default=200_000, help="rows of (f); 0 to skip it")
+    parser.add_argument("--batch-items", type=int, default=100, help="rows a request in (f)")
+    parser.add_argument("--only-batch", action="store_true", help="only (f), the batched run")
     parser.add_argument("--profile", action="store_true", help="only the cProfile of one in-process run")
     parser.add_argument("--profile-rows", type=int, default=200_000)
     parser.add_argument("--top", type=int, default=30, help="profile entries to print")
@@ -396,6 +447,11 @@ def main() -> None:
             if args.profile:
                 _profile(workdir, url, args)
                 return
+            if args.only_batch:
+                _compare_batched(
+                    workdir, url, args.batch_rows, args.concurrency, args.repeats, items=args.batch_items
+                )
+                return
             if os.environ.get("PYTHONDONTWRITEBYTECODE"):
                 print("PYTHONDONTWRITEBYTECODE is set: bulkrelay processes run without it (bytecode cached)")
             print("(e) fixed cost of a one-row bulkrelay run, whole process (the first run warms the cache)")
@@ -404,6 +460,10 @@ def main() -> None:
                 _compare(workdir, url, rows, args.concurrency, args.repeats)
             print(f"(c) GNU parallel + curl --joblog, {args.parallel_rows:,} rows, -j {args.concurrency}")
             print(f"    {_parallel_curl(workdir, url, args.parallel_rows, args.concurrency)}")
+            if args.batch_rows:
+                _compare_batched(
+                    workdir, url, args.batch_rows, args.concurrency, args.repeats, items=args.batch_items
+                )
             sizes = [int(s) for s in args.rss_rows.split(",") if s.strip()]
             if sizes:
                 print("(d) peak RSS of bulkrelay run by input size")

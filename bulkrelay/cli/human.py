@@ -90,8 +90,12 @@ def _validate(valid: ValidateResult) -> None:
 
 def _render(rendered: RenderResult) -> None:
     for request in rendered.requests:
-        rule = Rule(f"row {request.row_number} (line {request.line})")
-        _console.print(rule, width=_console.width if _console.is_terminal else _RULE_WIDTH)
+        if request.batch is not None:
+            rows = request.batch["rows"]
+            title = f"batch {request.batch['seq']}: rows {rows[0]}-{rows[-1]}, {len(rows)} items"
+        else:
+            title = f"row {request.row_number} (line {request.line})"
+        _console.print(Rule(title), width=_console.width if _console.is_terminal else _RULE_WIDTH)
         _console.print(f"[bold]{request.method}[/] {request.url}", highlight=False)
         for name, value in request.headers:
             _console.print(f"{name}: {value}", highlight=False)

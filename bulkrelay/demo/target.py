@@ -30,7 +30,12 @@ and then answers (all optional; status defaults to the plan's):
                           {echo_json} by it escaped for a JSON string, {echo_url} percent-encoded,
                           {echo_b64} base64-encoded: a target that leaks what it was sent
     "delay_ms": 1500      wait this long first (a slow response)
+    "repeat": 10000       a string body this many times over (a huge answer)
     "reset": true         close the connection with a TCP reset instead of answering
+
+Batch endpoints (demo/batchtarget.py): `.../batch/upsert` (HubSpot), `.../_bulk` (Elasticsearch),
+`.../users/track` (Braze) and `.../batch/array` answer each item like those APIs when no rule fires;
+the plan's "batch" object sets which items fail or are retried; stats count items applied by id.
 
 Dedup: with "dedup": true, a request whose Idempotency-Key was already applied (answered 2xx) gets the
 stored answer again and counts as a duplicate. `effects` counts applied operations: every 2xx answer
@@ -73,6 +78,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bulkrelay.demo.batchtarget import BatchEndpoints, BatchOptions
 from bulkrelay.relay.ratelimit import most_in_window
 
 _CONTROL_PREFIX = "/_control/"
@@ -104,6 +110,7 @@ class _Rule(BaseModel):
     delay_ms: int = Field(default=0, ge=0)
     reset: bool = False
     echo_header: str | None = None
+    repeat: int = Field(default=1, ge=1)  # a string body this many times over (a huge answer)
 
 
 class _Plan(BaseModel):
@@ -115,6 +122,7 @@ class _Plan(BaseModel):
     dedup_header: str = "Idempotency-Key"
     rules: tuple[_Rule, ...] = ()
     limit_rps: int | None = Field(default=None, ge=1)  # a server-side rate limit: 429 above it
+    batch: BatchOptions = BatchOptions()  # the batch endpoints' options (demo/batchtarget.py)
 
 
 def parse_plan(plan: dict[str, Any] | None) -> _Plan:
@@ -183,6 +191,7 @@ class TargetState:
         self._accepted: deque[float] = deque()  # the answered requests of the last second (limit_rps)
         self._rules = [_RuleState(rule) for rule in self.plan.rules]
         self._needs_key = self.plan.dedup or any(r.first_attempts is not None for r in self.plan.rules)
+        self.batches = BatchEndpoints(self.plan.batch)
 
     def reset(self) -> None:
         self._rules = [_RuleState(rule) for rule in self.plan.rules]
@@ -190,6 +199,7 @@ class TargetState:
         self._records: list[_Arrival] = []
         self._by_status: Counter[int] = Counter()
         self._stored: dict[str, _Answer] = {}
+        self.batches = BatchEndpoints(self.plan.batch)
         self.effects = 0
         self.duplicates = 0
         self.resets = 0
@@ -204,6 +214,7 @@ class TargetState:
             "resets": self.resets,
             "arrivals_per_second": _per_second(self._arrivals),
             "max_arrivals_in_any_second": most_in_window(self._arrivals, 1.0),
+            **self.batches.stats(),
         }
 
     def requests(self) -> list[dict[str, Any]]:
@@ -237,8 +248,9 @@ class TargetState:
         self._arrivals.append(now)
         idem = request.headers.get(self.plan.dedup_header)
         answer, rule, duplicate = self._decide(request, body, idem)
-        if rule is not None and rule.delay_ms:
-            await asyncio.sleep(rule.delay_ms / 1000)
+        delay_ms = rule.delay_ms if rule is not None else self._batch_delay_ms(request)
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
         if answer is not None and rule is not None and rule.echo_header is not None:
             answer = _echoed(answer, request.headers.get(rule.echo_header, ""))
         status = answer.status if answer is not None else None
@@ -270,7 +282,7 @@ class TargetState:
         rule = self._firing_rule(request, body, idem) if self._rules else None
         if rule is not None and rule.reset:
             return None, rule, False
-        answer = self._default_answer() if rule is None else _rule_answer(rule, self.plan.status)
+        answer = self._default_answer(request, body) if rule is None else _rule_answer(rule, self.plan.status)
         if 200 <= answer.status < 300:
             self.effects += 1
             if self.plan.dedup and idem is not None:
@@ -289,7 +301,13 @@ class TargetState:
         self._accepted.append(now)
         return False
 
-    def _default_answer(self) -> _Answer:
+    def _batch_delay_ms(self, request: web.BaseRequest) -> int:
+        return self.plan.batch.delay_ms if BatchEndpoints.handles(request.path) else 0
+
+    def _default_answer(self, request: web.BaseRequest, body: bytes) -> _Answer:
+        if BatchEndpoints.handles(request.path):
+            status, answer = self.batches.answer(request.path, body)
+            return _Answer(status, answer)
         self._seq += 1
         return _Answer(self.plan.status, b'{"id":"%d"}' % self._seq)
 
@@ -351,7 +369,7 @@ def _rule_answer(rule: _Rule, default_status: int) -> _Answer:
         headers["Retry-After"] = str(rule.retry_after)
     status = rule.status if rule.status is not None else default_status
     if isinstance(rule.body, str):
-        return _Answer(status, rule.body.encode(), "text/plain", tuple(headers.items()))
+        return _Answer(status, rule.body.encode() * rule.repeat, "text/plain", tuple(headers.items()))
     body = orjson.dumps(rule.body) if rule.body is not None else b'{"rule":true}'
     return _Answer(status, body, _JSON, tuple(headers.items()))
 

@@ -56,6 +56,8 @@ DEFAULT_HALT_STATUSES = (401, 403)
 MAX_BODY_BYTES = 1 << 20  # the most of a response body the transport reads; a failure body is cut from it
 DEFAULT_CLIENT: Literal["reqwest", "httpx"] = "reqwest"
 DEFAULT_PROXY = "none"  # no proxy, whatever the environment says
+DEFAULT_BATCH_BYTES = 1_000_000  # request.batch.max_bytes: the whole encoded body
+MAX_BATCH_BYTES = 1 << 30
 
 
 class _Model(BaseModel):
@@ -317,6 +319,92 @@ class IdempotencyKeyConfig(_Model):
     header: HeaderName
 
 
+class JsonMeta(_Model):
+    """`{meta: item_id}` in a batch item: the row's stable id (its idempotency key), docs/batching.md."""
+
+    meta: Literal["item_id"]
+
+
+def _item_node_kind(value: Any) -> str | None:
+    """`_json_node_kind`, and `{meta: ...}`: a batch item's leaves may also name the row's item id."""
+    if isinstance(value, JsonMeta) or (isinstance(value, dict) and set(value) == {"meta"}):
+        return "~meta"
+    return _json_node_kind(value)
+
+
+if TYPE_CHECKING:
+    ItemNode = JsonField | JsonValue | JsonMeta | dict[str, "ItemNode"]
+else:
+    ItemNode = TypeAliasType(
+        "ItemNode",
+        Annotated[
+            Annotated[JsonField, Tag("~from")]
+            | Annotated[JsonValue, Tag("~value")]
+            | Annotated[JsonMeta, Tag("~meta")]
+            | Annotated[dict[str, "ItemNode"], Tag("~object")],
+            Discriminator(
+                _item_node_kind,
+                custom_error_type="json_node",
+                custom_error_message=(
+                    "expected {from: FIELD}, {value: LITERAL}, {meta: item_id} or a mapping of those"
+                ),
+            ),
+        ],
+    )
+
+
+def item_leaves(
+    node: ItemNode, path: YamlPath
+) -> Iterator[tuple[YamlPath, JsonField | JsonValue | JsonMeta]]:
+    """Every leaf of a batch item (or envelope) tree, with its YAML path."""
+    if isinstance(node, dict):
+        for key, child in node.items():
+            yield from item_leaves(child, (*path, key))
+    else:
+        yield path, node
+
+
+class BatchConfig(_Model):
+    """`request.batch`: many rows in one request (docs/batching.md)."""
+
+    max_items: Annotated[int, Field(ge=1, le=10_000)]
+    max_bytes: Annotated[int, Field(ge=2, le=MAX_BATCH_BYTES)] = DEFAULT_BATCH_BYTES
+    encoding: Literal["json", "ndjson"] = "json"
+    items_at: Annotated[str, AfterValidator(_json_pointer), AfterValidator(_non_empty)] | None = None
+    envelope: dict[str, ItemNode] | None = None
+    item: ItemNode | None = None
+    item_lines: (
+        Annotated[tuple[ItemNode, ...], BeforeValidator(_list_as_tuple), Field(min_length=1)] | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _coherent(self) -> BatchConfig:
+        if self.encoding == "json":
+            if self.item is None or self.item_lines is not None:
+                raise ValueError("request.batch with encoding: json needs item (item_lines is for ndjson)")
+            if self.envelope is not None and self.items_at is None:
+                raise ValueError("request.batch.envelope needs items_at: where the items go inside it")
+        else:
+            if (self.item is None) == (self.item_lines is None):
+                raise ValueError("request.batch with encoding: ndjson needs exactly one of item, item_lines")
+            if self.envelope is not None or self.items_at is not None:
+                raise ValueError("request.batch.envelope and items_at are for encoding: json")
+        for path, leaf in item_leaves(self.envelope or {}, ("envelope",)):
+            if not isinstance(leaf, JsonValue):
+                raise ValueError(
+                    f"request.batch.{format_path(path)} must be a {{value: ...}}: the envelope is the "
+                    "same for every row of a batch (record fields go in request.batch.item)"
+                )
+        return self
+
+    def item_nodes(self) -> tuple[tuple[YamlPath, ItemNode], ...]:
+        """The item's trees with their YAML paths: `item`, or each of `item_lines`."""
+        if self.item is not None:
+            return ((("request", "batch", "item"), self.item),)
+        lines = self.item_lines or ()
+        return tuple((("request", "batch", "item_lines", n), node) for n, node in enumerate(lines))
+
+
 class RequestConfig(_Model):
     method: Annotated[Method, BeforeValidator(_upper)]
     url: Annotated[str, AfterValidator(_url)]
@@ -327,6 +415,7 @@ class RequestConfig(_Model):
     body: Annotated[str, AfterValidator(_template)] | None = None
     content_type: Annotated[str, AfterValidator(_sendable_header_literal)] | None = None
     idempotency_key: IdempotencyKeyConfig | None = None
+    batch: BatchConfig | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> RequestConfig:
@@ -343,16 +432,97 @@ class RequestConfig(_Model):
             raise ValueError("with a body, set request.content_type instead of a Content-Type header")
         if self.idempotency_key is not None and self.idempotency_key.header.lower() in names:
             raise ValueError("request.headers also sets the idempotency_key header")
+        if self.batch is not None:
+            _batch_request_is_constant(self, given)
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_batch(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.batch is None:
+            data.pop("batch", None)
+        return data
+
+
+def _batch_request_is_constant(req: RequestConfig, bodies: list[str]) -> None:
+    """In batch mode one request carries many rows: its URL, query and headers cannot name a field."""
+    if bodies:
+        raise ValueError(
+            f"request.{bodies[0]} and request.batch do not go together: in batch mode each row's part of "
+            "the body is request.batch.item"
+        )
+    if req.method == "GET":
+        raise ValueError("request.batch needs a method with a body (POST, PUT, PATCH or DELETE), not GET")
+    places = [("request.url", req.url)]
+    places += [(f"request.query.{name}", text) for name, text in req.query.items()]
+    places += [(f"request.headers.{name}", text) for name, text in req.headers.items()]
+    for place, text in places:
+        fields = sorted(compile_template(text).fields)
+        if fields:
+            raise ValueError(
+                f"{place} uses {{{fields[0]}}}: in batch mode (request.batch) the URL, query and headers are "
+                "the same for every row of a request; put record fields in request.batch.item"
+            )
 
 
 # --- response, execution, retry, halt -------------------------------------------------------
+
+
+Pointer = Annotated[str, AfterValidator(_json_pointer)]
+
+
+class ItemsConfig(_Model):
+    """`response.items`: how each row's outcome is read from a batch's answer (docs/batching.md)."""
+
+    mode: Literal["whole", "positional", "by_index", "by_id"]
+    results: Pointer | None = None  # positional: one entry per item, in order; by_id: the successes
+    errors: Pointer | None = None  # by_index, by_id: the failures
+    id: Pointer | None = None  # by_id: where a result names its item
+    error_id: Pointer | None = None  # by_id: where an error names its item(s); default: id
+    index: Pointer | None = None  # by_index: where an error names its item's position
+    status: Pointer | None = None  # a per-item status, classified like a response's status
+    message: Pointer | None = None  # goes into the row's error
+    unlisted: Literal["success", "failure"] = "success"  # by_index, by_id: an item named nowhere
+
+    @model_validator(mode="after")
+    def _fits_mode(self) -> ItemsConfig:
+        needs = {
+            "whole": (),
+            "positional": ("results",),
+            "by_index": ("errors", "index"),
+            "by_id": ("id",),
+        }[self.mode]
+        missing = [name for name in needs if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"response.items mode {self.mode} needs {' and '.join(missing)}")
+        allowed = {
+            "whole": set(),
+            "positional": {"results", "status", "message"},
+            "by_index": {"errors", "index", "status", "message", "unlisted"},
+            "by_id": {"results", "errors", "id", "error_id", "status", "message", "unlisted"},
+        }[self.mode]
+        extra = sorted((self.model_fields_set - {"mode"}) - allowed)
+        if extra:
+            raise ValueError(f"response.items mode {self.mode} does not read {', '.join(extra)}")
+        if self.mode == "by_id" and self.results is None and self.errors is None:
+            raise ValueError("response.items mode by_id needs results, errors or both")
+        return self
 
 
 class ResponseConfig(_Model):
     success_statuses: Statuses | None = None  # None: any 2xx (applied by relay/retry's RetryPolicy)
     capture: dict[NonEmpty, Annotated[str, AfterValidator(_json_pointer)]] = Field(default_factory=dict)
     failure_body_bytes: Annotated[int, Field(ge=0, le=MAX_BODY_BYTES)] = 2048
+    items: ItemsConfig | None = None  # batch mode only; None there: mode whole
+    on_batch_rejected: Literal["split", "fail_all"] | None = None  # batch mode only; None: split
+
+    @model_serializer(mode="wrap")
+    def _omit_batch_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("items", "on_batch_rejected"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
 class TimeoutConfig(_Model):
@@ -485,6 +655,10 @@ class JobConfig(_Model):
             raise ValueError("execution.sync: mirror and the mirror section (url, max_deletes) go together")
         if self.mirror is not None and not compile_template(self.mirror.url).fields <= {self.input.key}:
             raise ValueError(f"mirror.url may use only the key field {{{self.input.key}}}: the row is gone")
+        if self.request.batch is None:
+            given = [k for k in ("items", "on_batch_rejected") if getattr(self.response, k) is not None]
+            if given:
+                raise ValueError(f"response.{given[0]} reads a batch's answer: it needs request.batch")
         return self
 
     @model_serializer(mode="wrap")
@@ -540,6 +714,10 @@ def required_fields(config: JobConfig) -> dict[str, YamlPath]:
     if req.json_ is not None:
         for path, json_leaf in _json_fields(req.json_, ("request", "json")):
             found.setdefault(json_leaf.from_, (*path, "from"))
+    for item_path, node in req.batch.item_nodes() if req.batch is not None else ():
+        for path, item_leaf in item_leaves(node, item_path):
+            if isinstance(item_leaf, JsonField) and not item_leaf.has_default:
+                found.setdefault(item_leaf.from_, (*path, "from"))
     if config.input.key is not None:
         found.setdefault(config.input.key, ("input", "key"))
     return found
@@ -715,6 +893,8 @@ _LEVELS: dict[type[BaseModel], str] = {
     JobConfig: "the top level", InputConfig: "input", RequestConfig: "request",
     JsonField: "a request.json {from: ...} leaf", JsonValue: "a request.json {value: ...} leaf",
     FormField: "a request.form {from: ...} value", IdempotencyKeyConfig: "request.idempotency_key",
+    BatchConfig: "request.batch", JsonMeta: "a request.batch.item {meta: ...} leaf",
+    ItemsConfig: "response.items",
     ResponseConfig: "response", ExecutionConfig: "execution", TimeoutConfig: "execution.timeout",
     RateLimitConfig: "execution.rate_limit", RetryConfig: "retry", HaltConfig: "halt",
 }  # fmt: skip

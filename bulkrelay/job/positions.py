@@ -113,14 +113,14 @@ def _token_function(preflight: Preflight, by_request: bool) -> Callable[[Record]
     """How the relay computes a re-read row's token, as preflight did."""
     if not by_request:
         return lambda record: fields_token(record.fields)
-    renderer, digester, key_field = preflight.renderer, preflight.digester, preflight.job.config.input.key
+    digester, key_field = preflight.digester, preflight.job.config.input.key
     assert digester is not None and key_field is not None  # only a delta job has request tokens
+    batcher = preflight.batcher  # a batch job's row renders as its item, as preflight observed it
+    render = preflight.renderer.render if batcher is None else (lambda record: batcher.item(record).request)
 
     def token(record: Record) -> bytes:
         fields = record.fields
-        return request_token(
-            key_text(fields.get(key_field)), digester.digest(renderer.render(record), fields)
-        )
+        return request_token(key_text(fields.get(key_field)), digester.digest(render(record), fields))
 
     return token
 

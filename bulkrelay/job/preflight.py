@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, UsageError
+from bulkrelay.job.batch import BatchRenderer
 from bulkrelay.job.config import Job, required_fields
 from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.fingerprint import config_fingerprint
@@ -49,6 +50,7 @@ class Preflight:
     # from a file). Kept in memory only: a resume's own preflight reads the input again.
     expected_input: ExpectedInput | None = None
     digester: RequestDigester | None = None  # a delta job: journal lines carry each row's digest
+    batcher: BatchRenderer | None = None  # a batch job (request.batch): each row's item, many a request
 
     @property
     def record_count(self) -> int:
@@ -220,7 +222,11 @@ def run_preflight(
     file = spec.display_name
     keys = DuplicateKeyFinder(key_field, file, spec) if key_field else None
     add_key = None if keys is None else keys.add
-    render = renderer.render
+    fingerprint_of_config = config_fingerprint(job.config)
+    batcher = BatchRenderer.of_job(job.config, renderer, fingerprint_of_config)
+    # A batch job's row renders as its item (refused when it alone would cross max_bytes), with the
+    # batch's URL and headers: what delta sync digests and the chooser observes.
+    render = renderer.render if batcher is None else _item_request(batcher)
     presence = _FieldPresence(job, spec)
     presence_open = True  # until the fields the job needs are settled (a CSV: its first record)
     if on_rows_read is not None:
@@ -256,8 +262,14 @@ def run_preflight(
         job=job,
         input_spec=spec,
         input_fingerprint=fingerprint,
-        config_fingerprint=config_fingerprint(job.config),
+        config_fingerprint=fingerprint_of_config,
         renderer=renderer,
         expected_input=expected,
         digester=digester,
+        batcher=batcher,
     )
+
+
+def _item_request(batcher: BatchRenderer) -> Callable[[Record], PreparedRequest]:
+    item = batcher.item
+    return lambda record: item(record).request

@@ -24,3 +24,10 @@ class PreparedRequest(NamedTuple):
     url: str
     headers: tuple[tuple[str, str], ...]
     body: bytes | None
+
+
+def row_identity(record: Record, key_field: str | None) -> str:
+    """What names a row across runs: its `input.key` value, else its row number."""
+    if key_field is not None:
+        return f"key:{record.fields.get(key_field)}"
+    return f"row:{record.row_number}"

@@ -35,7 +35,7 @@ from bulkrelay.job.yamlload import (
     INT64_RANGE,  # signed 64-bit, as documented (orjson would write up to 2**64-1)
 )
 
-__all__ = ["RenderError", "RequestRenderer", "idempotency_key"]
+__all__ = ["RenderError", "RequestRenderer", "idempotency_key", "json_renderer"]
 
 Fields = Mapping[str, Any]
 Getter = Callable[[Fields], Any]
@@ -390,6 +390,11 @@ def _body_renderer(
         template = bind(req.body)
         return lambda fields: template.render(fields).encode()
     return None
+
+
+def json_renderer(node: JsonNode, *, sorted_json: bool = False) -> Callable[[Fields], bytes]:
+    """The bytes of a `json` tree for a record's fields, as `render` writes a body (a batch item's too)."""
+    return _json_body(node, _json_option(sorted_json))
 
 
 def _json_option(sorted_json: bool) -> int:

@@ -12,11 +12,13 @@ from typing import Any
 
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
 from bulkrelay.errors import BulkRelayError, InputInvalid, Problem, UsageError
+from bulkrelay.job.batch import BatchRenderer, Item
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.request import RenderError, RequestRenderer
+from bulkrelay.ops.batchrender import rendered_batches
 from bulkrelay.ops.results import (
     InputFacts,
     RenderedRequest,
@@ -149,15 +151,21 @@ def _render_rows(
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []
     requests: list[RenderedRequest] = []
+    batcher = BatchRenderer.of_job(job.config, renderer, config_sha256)
+    items: list[Item] = []  # a batch job's: formed into batches at the end
     seen = 0
     with open_records(spec, problems.append) as stream:
         for record in stream:
             if record.row_number > wanted.last:
-                return requests, problems, None
+                seen = wanted.last + 1
+                break
             seen = record.row_number
             if record.row_number not in wanted:
                 continue
             try:
+                if batcher is not None:
+                    items.append(batcher.item(record))
+                    continue
                 request = renderer.render(record)
             except RenderError as exc:
                 problems.append(
@@ -185,6 +193,8 @@ def _render_rows(
                     shown["body"],
                 )
             )
+    if batcher is not None:
+        requests = rendered_batches(batcher, items)
     return requests, problems, seen if seen < wanted.last else None
 
 

@@ -77,6 +77,8 @@ def deletion_job(job: Job) -> Job:
             "input": InputConfig(key=config.input.key, format="jsonl"),
             "execution": config.execution.model_copy(update={"sync": "full"}),
             "mirror": None,
+            # A batch job's deletions are single requests: how a batch's answer is read is not theirs.
+            "response": config.response.model_copy(update={"items": None, "on_batch_rejected": None}),
         }
     )
     return Job(config=derived, path=job.path, base_dir=job.base_dir)

@@ -57,9 +57,12 @@ class RenderedRequest:
     url: str
     headers: tuple[tuple[str, str], ...]
     body: str | None
+    batch: dict[str, Any] | None = (
+        None  # a batch job's request: {seq, rows, size, bytes}; row_number is its first
+    )
 
     def to_data(self) -> dict[str, Any]:
-        return {
+        data = {
             "row_number": self.row_number,
             "line": self.line,
             "method": self.method,
@@ -67,6 +70,9 @@ class RenderedRequest:
             "headers": [[name, value] for name, value in self.headers],
             "body": self.body,
         }
+        if self.batch is not None:
+            data["batch"] = self.batch
+        return data
 
 
 @dataclass(frozen=True)

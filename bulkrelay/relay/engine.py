@@ -23,6 +23,8 @@ from bulkrelay.job.inputs import open_records
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
+from bulkrelay.relay.batches import BatchRelay
+from bulkrelay.relay.batchsender import BatchSender
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Reporter, Snapshot
 from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, RateLimiter
@@ -188,14 +190,17 @@ class _FailureStreak:
 
 
 def _pending_records(
-    preflight: Preflight, start: StartPoint, stop: StopControl
+    preflight: Preflight,
+    start: StartPoint,
+    stop: StopControl,
+    on_done: Callable[[int], None] | None = None,
 ) -> Generator[Record, None, None]:
     """The records without a committed result, read from exactly the bytes preflight validated. If the
     input changed (or went), the records end there and the run stops at a safe point, resumable.
 
     With the positions of a sparse selection, just those rows are parsed (job/positions.py), or taken
     as preflight kept them; otherwise every record is. Every byte read is checked against what
-    preflight read."""
+    preflight read. `on_done` hears each row passed over because its result is committed already."""
     file = preflight.input_spec.display_name
     done, expected = start.done_rows, preflight.expected_input
 
@@ -215,6 +220,8 @@ def _pending_records(
             for record in records:
                 if done is None or record.row_number not in done:
                     yield record
+                elif on_done is not None:
+                    on_done(record.row_number)
     except (InputChanged, NotFound) as changed:
         stop.request(StopReason.INPUT_CHANGED, message=changed.message, **changed.context)
 
@@ -276,11 +283,13 @@ async def relay(
     )
     transport = transport_factory(transport_settings(preflight))
     limiter = open_limiter(config)
-    sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats())
+    stats = stats or RelayStats()
+    sender = _row_sender(preflight, transport, limiter, stop, stats)
     committed.pace = limiter.state
     committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
-    records = _pending_records(preflight, start, stop)
+    batches = _batch_relay(preflight, transport, limiter, stop, stats, start=start)
+    records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
 
     reporter.update(committed.snapshot())
     try:
@@ -289,10 +298,15 @@ async def relay(
             background.start_soon(_checkpointer, run, committed, on_tick or _no_tick)
             async with anyio.create_task_group() as workers:
                 background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
-                for _ in range(config.execution.concurrency):
-                    workers.start_soon(_worker, records, sender, streak, journal)
+                if batches is not None:  # request.batch: many rows a request (relay/batches.py)
+                    batches.start(workers, records, journal, config.execution.concurrency)
+                else:
+                    for _ in range(config.execution.concurrency):
+                        workers.start_soon(_worker, records, sender, streak, journal)
             for admitted in streak.release():
                 await journal.submit(admitted)
+            if batches is not None:
+                await batches.release(journal)
             await journal.close()
             background.cancel_scope.cancel()
     except BaseExceptionGroup as group:
@@ -348,6 +362,25 @@ def _row_sender(
         stop=stop,
         stats=stats,
     )
+
+
+def _batch_relay(
+    preflight: Preflight,
+    transport: Transport,
+    limiter: Limiter,
+    stop: StopControl,
+    stats: RelayStats,
+    *,
+    start: StartPoint,
+) -> BatchRelay | None:
+    """A batch job's workers (request.batch); None for a job sending one row per request."""
+    if preflight.batcher is None:
+        return None
+    config = preflight.job.config
+    policy = RetryPolicy.from_config(config.retry, config.response, config.halt)
+    sender = BatchSender(preflight, transport, limiter, policy, stop, stats=stats)
+    journaled = start.journal.done if start.journal is not None else None
+    return BatchRelay(sender, stop, config.halt.consecutive_failures, journaled)
 
 
 async def _worker(

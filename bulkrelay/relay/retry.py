@@ -11,6 +11,8 @@ Classifications (the `classification` of a journal line):
     connect_error         no connection could be made
     timeout_error         a timeout phase expired (connect, write, read, pool)
     protocol_error        reset, disconnect, malformed response
+    item_rejected         batch mode: the answer named the row's item as failed, without a status
+    batch_answer_invalid  batch mode: the answer did not fit response.items (docs/batching.md)
 
 A status outcome is retryable when its status is in `retry.statuses` and not a halt status; transport
 errors are always retryable (delivery is at-least-once: a timed-out request may have been applied,
@@ -46,6 +48,9 @@ if TYPE_CHECKING:
 
 # The classification of a row that succeeded: given by `RetryPolicy.is_success`, read by `counts_as_success`.
 SUCCESS = "success"
+# Batch mode's own (docs/batching.md): read from the answer by relay/itemresults.py, relay/batchsender.py.
+ITEM_REJECTED = "item_rejected"
+BATCH_ANSWER_INVALID = "batch_answer_invalid"
 # Every classification a journal line can carry, in the order of the docstring above.
 CLASSIFICATIONS = (
     SUCCESS,
@@ -57,6 +62,8 @@ CLASSIFICATIONS = (
     "connect_error",
     "timeout_error",
     "protocol_error",
+    ITEM_REJECTED,
+    BATCH_ANSWER_INVALID,
 )
 
 _DELTA_SECONDS = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")

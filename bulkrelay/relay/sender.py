@@ -11,7 +11,7 @@ import time
 import anyio
 
 from bulkrelay.job.preflight import Preflight
-from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.job.records import PreparedRequest, Record, row_identity
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
@@ -20,12 +20,7 @@ from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
 from bulkrelay.store.journal import JournalEntry
 
-
-def row_identity(record: Record, key_field: str | None) -> str:
-    """What names a row across runs: its `input.key` value, else its row number."""
-    if key_field is not None:
-        return f"key:{record.fields.get(key_field)}"
-    return f"row:{record.row_number}"
+__all__ = ["RowSender", "row_identity"]
 
 
 def _milliseconds(seconds: float) -> float:

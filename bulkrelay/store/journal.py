@@ -32,6 +32,7 @@ import hashlib
 import itertools
 import os
 import zlib
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
@@ -83,6 +84,7 @@ _OPTIONAL: dict[str, frozenset[type] | None] = {
     "captured": _DICT_OR_NULL,
     "response_body": _STR_OR_NULL,
     "digest": _STR_OR_NULL,
+    "batch": _DICT_OR_NULL,
 }
 
 
@@ -114,6 +116,9 @@ class JournalEntry:
     captured: dict[str, Any] | None = None
     response_body: str | None = None  # the start of a failure's body, redacted
     digest: str | None = None  # a delta job's request digest (hex)
+    # A batch job's request that gave this result: {seq: its first line's seq, index: this row's place
+    # in it (from 0), size: its items}. All lines of one request are committed in one group.
+    batch: dict[str, int] | None = None
 
     def __init__(
         self,
@@ -132,6 +137,7 @@ class JournalEntry:
         captured: dict[str, Any] | None = None,
         response_body: str | None = None,
         digest: str | None = None,
+        batch: dict[str, int] | None = None,
     ) -> None:
         _set_attribute(
             self,
@@ -151,6 +157,7 @@ class JournalEntry:
                 "captured": captured,
                 "response_body": response_body,
                 "digest": digest,
+                "batch": batch,
             },
         )
 
@@ -393,6 +400,9 @@ class JournalWriter:
         self._max_bytes = max_bytes
         self._max_delay = max_delay
         self._pending: list[JournalEntry] = []  # numbered from _committed_seq + 1; the first may be in flight
+        # The sizes of the units pending, in order, once a group was submitted (`submit_group`): a batch
+        # is cut only between them. None while every unit is one entry (no bookkeeping per row).
+        self._groups: deque[int] | None = None
         self._first_at = 0.0  # when the oldest pending entry arrived
         self._wake = anyio.Event()  # set when the committer has something to look at
         self._space = anyio.Event()  # set when a batch was committed (backpressure)
@@ -417,7 +427,33 @@ class JournalWriter:
             self._first_at = anyio.current_time()
             self._wake.set()
         self._pending.append(entry)
+        if self._groups is not None:
+            self._groups.append(1)
         if len(self._pending) == self._max_rows:
+            self._wake.set()
+
+    async def submit_group(self, build: Callable[[int], list[JournalEntry]]) -> None:
+        """Queue the entries `build(first_seq)` returns, given the seq their first line will have, as one
+        group: they are committed in the same write and fsync, never some without the others (the rows
+        of one batch request)."""
+        while len(self._pending) >= 4 * self._max_rows:
+            await self._check_running()
+            await self._space.wait()
+        if self._failure is not None or self._stopped.is_set():
+            await self._check_running()
+        if self._closing:
+            raise RuntimeError("journal writer is closing")
+        entries = build(self._committed_seq + len(self._pending) + 1)
+        if not entries:
+            return
+        if self._groups is None:
+            self._groups = deque([1] * len(self._pending))
+        if not self._pending:
+            self._first_at = anyio.current_time()
+            self._wake.set()
+        self._pending.extend(entries)
+        self._groups.append(len(entries))
+        if len(self._pending) >= self._max_rows:
             self._wake.set()
 
     def prefix(self) -> CommittedPrefix | None:
@@ -486,13 +522,31 @@ class JournalWriter:
         if self._wake.is_set():
             self._wake = anyio.Event()
 
+    def _group_ends(self) -> list[int] | None:
+        """Where the next batch may end (counts of entries from the front, at least one group, at most
+        `max_rows` unless the first group alone is longer); None: anywhere."""
+        if self._groups is None:
+            return None
+        ends: list[int] = []
+        total = 0
+        for size in self._groups:
+            if ends and total + size > self._max_rows:
+                break
+            total += size
+            ends.append(total)
+        return ends
+
     async def _commit(self, fd: int) -> None:
-        batch = self._pending[: self._max_rows]
+        ends = self._group_ends()
+        batch = self._pending[: self._max_rows if ends is None else ends[-1]]
         # Shielded: once the bytes may be on disk, finish the fsync and report the commit, so a
         # cancellation cannot separate what is durable from what the engine counts.
         with anyio.CancelScope(shield=True):
-            count, size, sha256 = await anyio.to_thread.run_sync(self._write_batch, fd, batch)
+            count, size, sha256 = await anyio.to_thread.run_sync(self._write_batch, fd, batch, ends)
             del self._pending[:count], batch[count:]
+            if self._groups is not None and ends is not None:
+                for _ in range(ends.index(count) + 1):
+                    self._groups.popleft()
             self._committed_seq += count
             self._offset += size
             self._sha256 = sha256
@@ -505,9 +559,12 @@ class JournalWriter:
             if result is not None:
                 await result
 
-    def _write_batch(self, fd: int, batch: list[JournalEntry]) -> tuple[int, int, str]:
+    def _write_batch(
+        self, fd: int, batch: list[JournalEntry], ends: list[int] | None = None
+    ) -> tuple[int, int, str]:
         """In the writer's thread: encode the batch's lines (as many as fit in `max_bytes`, at least
-        one), write them with one write, fsync, and fold them into the digest.
+        one; with group `ends`, up to the last end that fits, at least the first group), write them with
+        one write, fsync, and fold them into the digest.
         Returns (lines, bytes, the digest of the journal up to them)."""
         lines = encode_batch(self._committed_seq + 1, batch)
         size, count = 0, 0
@@ -516,6 +573,9 @@ class JournalWriter:
                 break
             size += len(line)
             count += 1
+        if ends is not None:
+            count = max([end for end in ends if end <= count] or ends[:1])
+            size = sum(map(len, lines[:count]))
         data = b"".join(lines[:count])
         self._storage.write(fd, data)
         self._storage.fsync(fd)

@@ -1,0 +1,252 @@
+"""One batch request, start to each row's result: the same limiter, transport, retry policy and halts
+as a row (`RowSender`), then each row's outcome read from the answer (relay/itemresults.py).
+
+    a whole-request 429, 5xx or transport error   the same request again (same items, same key), after
+                                                  the backoff and Retry-After; attempts count per row
+    a halt status (401/403)                       the run halts; the batch's rows stay pending
+    a whole-batch 4xx (not 401/403/429)           `on_batch_rejected: split` bisects it down to single
+                                                  rows, so a bad row fails alone; `fail_all` fails all.
+                                                  A 413 always splits.
+    a success status                              each row's outcome from the answer; a retryable item
+                                                  with attempts left goes back to be sent in a later
+                                                  batch; an answer that does not fit fails every row
+                                                  as `batch_answer_invalid` (retryable, never resent
+                                                  here: the target may have applied it)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+from bulkrelay.job.batch import BatchRenderer, Item
+from bulkrelay.job.preflight import Preflight
+from bulkrelay.relay.itemresults import AnswerInvalid, ItemOutcome, ItemReader
+from bulkrelay.relay.metrics import RelayStats
+from bulkrelay.relay.ratelimit import Limiter
+from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, RetryPolicy, counts_as_success
+from bulkrelay.relay.sender import RowSender, _milliseconds
+from bulkrelay.relay.stopping import StopControl, StopReason
+from bulkrelay.relay.transport.base import Response, Transport, TransportError
+from bulkrelay.store.journal import JournalEntry
+
+# A whole request failing so counts toward halt.consecutive_failures (per request in batch mode).
+STREAK_CLASSES = frozenset({"http_server_error", "timeout_error", "connect_error", "protocol_error"})
+_NOT_SPLIT = frozenset({401, 403, 429})
+
+
+@dataclass(slots=True)
+class PendingItem:
+    """A row on its way: its item, the requests that carried it so far, when it may go again."""
+
+    item: Item
+    attempts: int = 0
+    started: float = field(default_factory=time.monotonic)
+    not_before: float = 0.0
+
+    @property
+    def row_number(self) -> int:
+        return self.item.record.row_number
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    items: tuple[PendingItem, ...]
+    size: int  # bytes of its body
+
+
+@dataclass(slots=True)
+class Group:
+    """The final results of one request's rows (journaled together); `index` in each entry's `batch`."""
+
+    entries: list[JournalEntry]
+    streak_failure: bool = False  # the whole request failed as halt.consecutive_failures counts
+
+
+@dataclass(slots=True)
+class BatchResult:
+    groups: list[Group] = field(default_factory=list)
+    retry: list[PendingItem] = field(default_factory=list)  # to send again, in a later batch
+
+
+class BatchSender(RowSender):
+    """Sends batches for one job; built once, shared by every worker."""
+
+    def __init__(
+        self,
+        preflight: Preflight,
+        transport: Transport,
+        limiter: Limiter,
+        policy: RetryPolicy,
+        stop: StopControl,
+        *,
+        stats: RelayStats | None = None,
+    ) -> None:
+        super().__init__(preflight, transport, limiter, policy, stop, stats=stats)
+        assert preflight.batcher is not None
+        self.batcher: BatchRenderer = preflight.batcher
+        response = preflight.job.config.response
+        self._items = ItemReader(response.items, policy, self._renderer.redactor)
+        self._split = response.on_batch_rejected != "fail_all"
+        self._capture = bool(response.capture)
+
+    async def send_batch(self, batch: Batch) -> BatchResult:
+        result = BatchResult()
+        await self._send(list(batch.items), result)
+        return result
+
+    async def _send(self, items: list[PendingItem], result: BatchResult) -> None:
+        request, _ = self.batcher.request([pending.item for pending in items])
+        while True:
+            for pending in items:
+                pending.attempts += 1
+            if not self._limiter.try_start():
+                await self._limiter.acquire()
+            response: Response | None = None
+            error: TransportError | None = None
+            sent = time.monotonic()
+            try:
+                response = await self._transport.send(request)
+            except TransportError as exc:
+                error = exc
+            latency = time.monotonic() - sent
+            status = response.status if response is not None else None
+            self._stats.on_attempt(status, latency)
+            retry_after = self._retry_after(response)
+            decision = self._policy.decide(max(p.attempts for p in items), status, error, retry_after)
+            if decision.halt:
+                self.stop.request(StopReason.HALT_AUTH, status_code=status, row=items[0].row_number)
+                return  # every row of the batch stays pending
+            self._slow_down(response, retry_after)
+            if not decision.retry:
+                break
+            self._stats.on_retry()
+            if await self._stopped_during(decision.delay_seconds):
+                return
+        if response is not None and self._policy.is_success(response.status):
+            self._read_answer(items, response, latency, result)
+        elif self._splits(response, len(items)):
+            half = len(items) // 2
+            await self._send(items[:half], result)
+            if not self.stop.requested:
+                await self._send(items[half:], result)
+        else:
+            error_text = self._error_text(response, error)
+            body = self._failure_body(response)
+            entries = [
+                self._batch_entry(
+                    pending, index, len(items), latency, status,
+                    classification=decision.classification, retryable=decision.retryable,
+                    error=error_text, response_body=body,
+                )
+                for index, pending in enumerate(items)
+            ]  # fmt: skip
+            result.groups.append(Group(entries, decision.classification in STREAK_CLASSES))
+
+    def _splits(self, response: Response | None, count: int) -> bool:
+        if response is None or count < 2:
+            return False
+        status = response.status
+        return status == 413 or (self._split and 400 <= status < 500 and status not in _NOT_SPLIT)
+
+    def _read_answer(
+        self, items: list[PendingItem], response: Response, latency: float, result: BatchResult
+    ) -> None:
+        ids = [pending.item.item_id for pending in items]
+        try:
+            outcomes = self._items.outcomes(response.body, ids, truncated=response.truncated)
+        except AnswerInvalid as exc:
+            error = self._renderer.redactor.redact(f"batch answer invalid: {exc}")
+            body = self._failure_body(response)
+            entries = [
+                self._batch_entry(
+                    pending, index, len(items), latency, response.status,
+                    classification=BATCH_ANSWER_INVALID, retryable=True, error=error, response_body=body,
+                )
+                for index, pending in enumerate(items)
+            ]  # fmt: skip
+            result.groups.append(Group(entries))
+            return
+        entries = []
+        for index, (pending, outcome) in enumerate(zip(items, outcomes, strict=True)):
+            if outcome.retryable and pending.attempts < self._policy.max_attempts:
+                pending.not_before = time.monotonic() + self._policy.delay(pending.attempts)
+                result.retry.append(pending)
+                self._stats.on_retry()
+                continue
+            entries.append(
+                self._item_entry(
+                    pending, index, len(items), latency=latency, status=response.status, outcome=outcome
+                )
+            )
+        if entries:
+            result.groups.append(Group(entries))
+
+    def _item_entry(
+        self,
+        pending: PendingItem,
+        index: int,
+        size: int,
+        *,
+        latency: float,
+        status: int,
+        outcome: ItemOutcome,
+    ) -> JournalEntry:
+        error = None
+        if not outcome.success:
+            named = f"item {outcome.status}" if outcome.status is not None else "item rejected"
+            error = named if outcome.message is None else f"{named}: {outcome.message}"
+        captured = None
+        if outcome.success and self._capture and outcome.entry is not None:
+            captured = self._reader.captured(orjson.dumps(outcome.entry))
+        return self._batch_entry(
+            pending, index, size, latency, outcome.status if outcome.status is not None else status,
+            classification=outcome.classification, retryable=outcome.retryable, error=error,
+            captured=captured,
+        )  # fmt: skip
+
+    def _failure_body(self, response: Response | None) -> str | None:
+        if response is None:
+            return None
+        return self._reader.failure_body(response.body, truncated=response.truncated)
+
+    def _batch_entry(
+        self,
+        pending: PendingItem,
+        index: int,
+        size: int,
+        latency: float,
+        status: int | None,
+        *,
+        classification: str,
+        retryable: bool,
+        error: str | None,
+        response_body: str | None = None,
+        captured: dict[str, object] | None = None,
+    ) -> JournalEntry:
+        """A row's result in a batch; `batch.seq` is set when its group is journaled."""
+        item = pending.item
+        record = item.record
+        digest = None
+        if self._digester is not None:
+            digest = self._digester.digest(item.request, record.fields).hex()
+        success = counts_as_success(classification)
+        return JournalEntry(
+            row_number=record.row_number,
+            success=success,
+            classification=classification,
+            status_code=status,
+            attempts=pending.attempts,
+            retryable=retryable,
+            error=None if success else error,
+            duration_ms=_milliseconds(time.monotonic() - pending.started),
+            latency_ms=_milliseconds(latency),
+            key=record.fields.get(self._key_field) if self._key_field is not None else None,
+            idempotency_key=item.item_id,
+            captured=captured,
+            response_body=None if success else response_body,
+            digest=digest,
+            batch={"seq": 0, "index": index, "size": size},  # seq: set when its group is journaled
+        )

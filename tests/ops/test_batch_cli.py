@@ -1,0 +1,106 @@
+"""Batch mode through the real CLI, per row: failures, export --failed, retry-failed, delta sync, shards."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.store.journal import read_journal
+from tests.clirun import run_cli
+from tests.relay.batchrun import write_batch_job
+from tests.targetproc import TargetProcess
+
+
+@pytest.mark.slow
+def test_failed_rows_of_a_batch_run_are_reported_exported_and_retried_per_row(tmp_path: Path) -> None:
+    names = [f"user{n}" for n in range(1, 11)]
+    names[2], names[8] = "bogus3", "bogus9"
+    with TargetProcess() as target:
+        job = write_batch_job(tmp_path, target.url, "hubspot", names, max_items=4)
+        first = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+        assert first.exit_code == ExitCode.PARTIAL_FAILURE, first.envelope
+        run_dir = first.data["run_dir"]
+        failures = run_cli("failures", run_dir, cwd=tmp_path)
+        exported = run_cli("export", run_dir, "--failed", "-o", tmp_path / "failed.csv", cwd=tmp_path)
+        target.set_plan({"batch": {"fail_contains": "nothing-fails"}})
+        target.reset()
+        retried = run_cli("retry-failed", run_dir, "--budget", "0", cwd=tmp_path)
+        resent = target.requests()
+    [group] = failures.data["groups"]
+    assert group["count"] == 2 and group["classification"] == "item_rejected"
+    assert {e["row_number"] for e in group["examples"]} == {3, 9}
+    assert exported.exit_code == ExitCode.SUCCESS, exported.envelope
+    with (tmp_path / "failed.csv").open() as rows:
+        assert [row["id"] for row in csv.DictReader(rows)] == ["3", "9"]
+    assert retried.exit_code == ExitCode.SUCCESS, retried.envelope
+    [request] = resent  # the two failed rows, in one batch
+    assert [i["id"] for i in orjson.loads(request["body"])["inputs"]] == [
+        "bogus3@example.com",
+        "bogus9@example.com",
+    ]
+    entries = list(read_journal(Path(retried.data["run_dir"]) / "results.jsonl"))
+    assert sorted(e.row_number for e in entries) == [3, 9] and all(e.success for e in entries)
+
+
+@pytest.mark.slow
+def test_a_delta_batch_run_sends_only_the_changed_rows(tmp_path: Path) -> None:
+    names = [f"user{n}" for n in range(1, 9)]
+    with TargetProcess() as target:
+        job = write_batch_job(
+            tmp_path, target.url, "hubspot", names, max_items=4, execution={"sync": "delta", "concurrency": 2}
+        )
+        first = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        assert first.exit_code == ExitCode.SUCCESS, first.envelope
+        rows = (tmp_path / "rows.csv").read_text().replace("user5@example.com", "changed5@example.com")
+        (tmp_path / "rows.csv").write_text(rows)
+        target.reset()
+        second = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        resent = target.requests()
+    assert second.exit_code == ExitCode.SUCCESS, second.envelope
+    [request] = resent
+    assert [i["id"] for i in orjson.loads(request["body"])["inputs"]] == ["changed5@example.com"]
+
+
+@pytest.mark.slow
+def test_shards_each_batch_their_own_rows(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_batch_job(
+            tmp_path, target.url, "hubspot", [f"user{n}" for n in range(1, 41)], max_items=10
+        )
+        shards = [run_cli("run", job, "--budget", "0", "--shard", f"{k}/2", cwd=tmp_path) for k in (0, 1)]
+        requests = target.requests()
+    journaled = []
+    for shard in shards:
+        assert shard.exit_code == ExitCode.SUCCESS, shard.envelope
+        journaled.append([e.row_number for e in read_journal(Path(shard.data["run_dir"]) / "results.jsonl")])
+    assert sorted(journaled[0] + journaled[1]) == list(range(1, 41))
+    assert journaled[0] and journaled[1]
+    sent = [len(orjson.loads(r["body"])["inputs"]) for r in requests]
+    assert sum(sent) == 40 and max(sent) <= 10
+    assert len(sent) <= sum(-(-len(rows) // 10) for rows in journaled)  # full batches of each shard's rows
+
+
+@pytest.mark.slow
+def test_mirror_deletes_of_a_batch_job_are_single_requests(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_batch_job(
+            tmp_path, target.url, "hubspot", [f"user{n}" for n in range(1, 7)], max_items=4,
+            execution={"sync": "mirror", "concurrency": 2},
+            mirror={"url": f"{target.url}/crm/v3/objects/contacts/{{id}}", "max_deletes": 3},
+        )  # fmt: skip
+        first = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        assert first.exit_code == ExitCode.SUCCESS, first.envelope
+        lines = (tmp_path / "rows.csv").read_text().splitlines()
+        (tmp_path / "rows.csv").write_text(
+            "\n".join(line for line in lines if not line.startswith("3,")) + "\n"
+        )
+        target.reset()
+        second = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        sent = target.requests()
+    assert second.exit_code == ExitCode.SUCCESS, second.envelope
+    assert second.data["mirror"]["deletions"] == 1
+    assert [(r["method"], r["path"]) for r in sent] == [("DELETE", "/crm/v3/objects/contacts/3")]

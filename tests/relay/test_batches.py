@@ -1,0 +1,279 @@
+"""Batch mode against the embedded target's four shapes: each row's own journaled outcome."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bulkrelay.demo.target import start_target
+from tests.relay.batchrun import run_batch_job, write_batch_job
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_hubspot_207_errors_by_id_fail_only_their_rows(tmp_path: Path) -> None:
+    names = [f"user{n}" for n in range(1, 24)]
+    names[4] = "bogus5"
+    names[16] = "bogus17"
+    target = await start_target()
+    try:
+        job = write_batch_job(tmp_path, target.url, "hubspot", names, max_items=10)
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    rows = result.by_row()
+    assert sorted(rows) == list(range(1, 24))
+    failed = {n for n, e in rows.items() if not e.success}
+    assert failed == {5, 17}
+    assert "Property values were not valid: bogus5@example.com" in (rows[5].error or "")
+    assert rows[5].classification == "item_rejected" and not rows[5].retryable
+    assert [len(orjson.loads(r["body"])["inputs"]) for r in result.requests] == [10, 10, 3]
+    print(rows[5], rows[1])
+
+
+async def test_elasticsearch_bulk_item_429_resends_only_that_item_in_a_later_batch(tmp_path: Path) -> None:
+    names = [f"user{n}" for n in range(1, 13)]
+    names[2] = "busy3"
+    names[7] = "bogus8"
+    target = await start_target()
+    try:
+        job = write_batch_job(
+            tmp_path,
+            target.url,
+            "elasticsearch",
+            names,
+            max_items=5,
+            retry={"max_attempts": 3, "initial_backoff_seconds": 0},  # due at once: the next batch
+            execution={"concurrency": 1},
+        )
+        result = await run_batch_job(job, target)
+        stats = target.state.stats()
+    finally:
+        await target.stop()
+    rows = result.by_row()
+    assert sorted(rows) == list(range(1, 13))
+    assert {n for n, e in rows.items() if not e.success} == {8}
+    assert rows[8].status_code == 400 and rows[8].classification == "http_client_error"
+    assert "mapper_parsing_exception" in (rows[8].error or "") and not rows[8].retryable
+    assert rows[3].success and rows[3].attempts == 2 and rows[3].status_code == 201
+    assert all(e.attempts == 1 for n, e in rows.items() if n != 3)
+    # Each request: NDJSON, two lines an item; row 3 alone was sent twice, the second time leading a
+    # later batch with rows not sent before.
+    sent_ids = [
+        [orjson.loads(line)["index"]["_id"] for line in r["body"].splitlines()[::2]] for r in result.requests
+    ]
+    flat = [i for ids in sent_ids for i in ids]
+    assert sorted(flat) == sorted([str(n) for n in range(1, 13)] + ["3"])
+    second = next(ids for ids in sent_ids[1:] if "3" in ids)
+    assert second[0] == "3" and len(second) > 1
+    assert all(len(ids) <= 5 for ids in sent_ids)
+    assert stats["items_applied_twice"] == [] and stats["distinct_items_applied"] == 11
+    assert rows[3].batch is not None and rows[3].batch["index"] == 0
+
+
+async def test_braze_errors_by_index_fail_only_their_rows(tmp_path: Path) -> None:
+    names = [f"user{n}" for n in range(1, 8)]
+    names[0] = "bogus1"
+    names[6] = "bogus7"
+    target = await start_target()
+    try:
+        job = write_batch_job(tmp_path, target.url, "braze", names, max_items=4)
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    rows = result.by_row()
+    assert {n for n, e in rows.items() if not e.success} == {1, 7}
+    assert rows[7].error == "item rejected: 'email' is not a valid email"
+    assert rows[7].batch == {"seq": rows[5].batch["seq"] if rows[5].batch else 0, "index": 2, "size": 3}
+    assert [len(orjson.loads(r["body"])["attributes"]) for r in result.requests] == [4, 3]
+
+
+async def test_plain_array_400_splits_down_to_the_bad_row_alone(tmp_path: Path) -> None:
+    names = [f"user{n}" for n in range(1, 9)]
+    names[5] = "poison6"
+    target = await start_target()
+    try:
+        job = write_batch_job(tmp_path, target.url, "array", names, max_items=8)
+        result = await run_batch_job(job, target)
+        stats = target.state.stats()
+    finally:
+        await target.stop()
+    rows = result.by_row()
+    assert sorted(rows) == list(range(1, 9))
+    assert {n for n, e in rows.items() if not e.success} == {6}
+    assert rows[6].status_code == 400 and rows[6].batch is not None and rows[6].batch["size"] == 1
+    assert "one of the items is invalid" in (rows[6].response_body or "")
+    sizes = [len(orjson.loads(r["body"])) for r in result.requests]
+    assert sizes == [8, 4, 4, 2, 1, 1, 2]  # 8 → halves; the bad half → pairs; the bad pair → singles
+    assert stats["distinct_items_applied"] == 7 and stats["items_applied_twice"] == []
+
+
+async def test_fail_all_fails_every_row_of_a_rejected_batch_but_a_413_still_splits(tmp_path: Path) -> None:
+    names = [f"user{n}" for n in range(1, 7)]
+    names[1] = "poison2"
+    target = await start_target({"batch": {"max_items": 3}})
+    try:
+        job = write_batch_job(
+            tmp_path, target.url, "array", names, max_items=6, response={"on_batch_rejected": "fail_all"}
+        )
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    rows = result.by_row()
+    sizes = [len(orjson.loads(r["body"])) for r in result.requests]
+    assert sizes == [6, 3, 3]  # 413: split whatever on_batch_rejected says; then 400: all fail
+    assert {n for n, e in rows.items() if not e.success} == {1, 2, 3}
+    assert all(rows[n].status_code == 400 for n in (1, 2, 3))
+
+
+async def test_no_request_crosses_max_items_or_max_bytes(tmp_path: Path) -> None:
+    names = [("x" * (n * 7 % 90)) + f"u{n}" for n in range(1, 60)]
+    target = await start_target()
+    try:
+        job = write_batch_job(tmp_path, target.url, "array", names, max_items=9, batch={"max_bytes": 700})
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    assert len(result.entries) == 59 and all(e.success for e in result.entries)
+    bodies = [r["body"].encode() for r in result.requests]
+    assert max(len(b) for b in bodies) <= 700
+    assert max(len(orjson.loads(b)) for b in bodies) <= 9
+    # closed before the row that would cross: adding the next row's item would have crossed a limit
+    items = [orjson.loads(b) for b in bodies]
+    for batch, following in itertools.pairwise(items):
+        grown = orjson.dumps([*batch, following[0]])
+        assert len(batch) == 9 or len(grown) > 700
+    # input order, every row once
+    assert [item["id"] for batch in items for item in batch] == [str(n) for n in range(1, 60)]
+
+
+async def test_the_journal_commits_a_requests_rows_together(tmp_path: Path) -> None:
+    names = [f"user{n}" for n in range(1, 31)]
+    target = await start_target()
+    try:
+        job = write_batch_job(tmp_path, target.url, "hubspot", names, max_items=7)
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    by_seq: dict[int, list[int]] = {}
+    for line_seq, entry in enumerate(result.entries, start=1):
+        assert entry.batch is not None
+        by_seq.setdefault(entry.batch["seq"], []).append(line_seq)
+        assert entry.batch["size"] in (7, 2)
+    # a batch's seq is its first line's; its lines follow each other
+    for seq, lines in by_seq.items():
+        assert lines == list(range(seq, seq + len(lines)))
+    assert sorted(len(lines) for lines in by_seq.values()) == [2, 7, 7, 7, 7]
+
+
+@pytest.mark.parametrize(
+    ("shape", "body", "repeat", "reason"),
+    [
+        ("hubspot", '{"status":"COMPLETE","results":[{"objectWriteTraceId":', 1, "not JSON"),
+        ("hubspot", '{"results":[{"objectWriteTraceId":"never-sent"}]}', 1, "'never-sent'"),
+        ("hubspot", '{"status":"COMPLETE"}', 1, "neither /results nor /errors"),
+        ("elasticsearch", '{"items":[{"index":{"status":201}}]}', 1, "/items has 1 entries for 4 items"),
+        ("elasticsearch", '{"items":[{"index":{"status":"ok"}}]}', 4, "not JSON"),
+        ("braze", '{"errors":[{"index":9}]}', 1, "names position 9"),
+        ("braze", "x" * 1000, 10_500, "cut short"),  # a 10 MB answer: the transport reads 1 MiB of it
+    ],
+)
+async def test_a_hostile_answer_fails_the_batchs_rows_clearly_and_loses_none(
+    tmp_path: Path, shape: str, body: str, repeat: int, reason: str
+) -> None:
+    rule = {"match": {"method": "POST"}, "status": 200, "body": body, "repeat": repeat}
+    target = await start_target({"rules": [rule]})
+    try:
+        job = write_batch_job(tmp_path, target.url, shape, [f"user{n}" for n in range(1, 5)], max_items=4)
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    assert sorted(e.row_number for e in result.entries) == [1, 2, 3, 4]
+    for entry in result.entries:
+        assert not entry.success and entry.retryable, entry
+        assert entry.classification == "batch_answer_invalid"
+        assert entry.error is not None and entry.error.startswith("batch answer invalid: ")
+        assert reason in entry.error, entry.error
+        assert entry.response_body is not None and len(entry.response_body) <= 2048
+    assert len(result.requests) == 1  # never resent by itself: the target may have applied it
+
+
+async def test_an_answer_echoing_a_secret_is_kept_redacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCH_TOKEN", "s3cr3t-token-value")
+    rule = {
+        "match": {"method": "POST"},
+        "status": 200,
+        "echo_header": "Authorization",
+        "body": '{"e":"{echo}"',
+    }
+    target = await start_target({"rules": [rule]})
+    try:
+        job = write_batch_job(
+            tmp_path,
+            target.url,
+            "hubspot",
+            ["user1", "user2"],
+            request={"headers": {"Authorization": "Bearer ${BATCH_TOKEN}"}},
+        )
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    journal = result.run.journal_path.read_bytes()
+    assert b"s3cr3t-token-value" not in journal
+    assert all("***" in (e.response_body or "") for e in result.entries)
+
+
+async def test_a_whole_request_503_resends_the_same_batch_and_counts_attempts_per_row(tmp_path: Path) -> None:
+    target = await start_target({"rules": [{"match": {"method": "POST"}, "status": 503, "times": 2}]})
+    try:
+        job = write_batch_job(
+            tmp_path,
+            target.url,
+            "hubspot",
+            [f"user{n}" for n in range(1, 6)],
+            max_items=5,
+            retry={"max_attempts": 3},
+            execution={"concurrency": 1},
+        )
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    assert [r["status"] for r in result.requests] == [503, 503, 200]
+    assert len({r["idempotency_key"] for r in result.requests}) == 1
+    assert len({r["body"] for r in result.requests}) == 1
+    assert all(e.success and e.attempts == 3 for e in result.entries)
+
+
+async def test_a_401_halts_the_run_and_leaves_the_batchs_rows_pending(tmp_path: Path) -> None:
+    target = await start_target({"rules": [{"match": {"method": "POST"}, "after": 1, "status": 401}]})
+    try:
+        job = write_batch_job(
+            tmp_path, target.url, "hubspot", [f"user{n}" for n in range(1, 10)], max_items=3,
+            execution={"concurrency": 1},
+        )  # fmt: skip
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    assert result.outcome.stop_reason is not None and result.outcome.stop_reason.value == "halt_auth"
+    assert sorted(e.row_number for e in result.entries) == [1, 2, 3]  # the 401's rows are not journaled
+
+
+async def test_consecutive_failures_count_requests_not_rows(tmp_path: Path) -> None:
+    target = await start_target({"rules": [{"status": 503}]})
+    try:
+        job = write_batch_job(
+            tmp_path, target.url, "hubspot", [f"user{n}" for n in range(1, 13)], max_items=4,
+            execution={"concurrency": 1}, halt={"consecutive_failures": 2},
+        )  # fmt: skip
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    # Two requests (of four rows each) failed in a row: the run halts, their rows stay pending.
+    assert result.outcome.stop_reason is not None and result.outcome.stop_reason.value == "halt_unavailable"
+    assert len(result.requests) == 2
+    assert result.entries == []
