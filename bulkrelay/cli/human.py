@@ -71,6 +71,10 @@ def _validate(valid: ValidateResult) -> None:
         highlight=False,
     )
     _console.print(f"input sha256 {valid.input.sha256}  config sha256 {valid.config_sha256}")
+    if valid.auth is not None:
+        _console.print(
+            f"[green]token endpoint accepts the client[/] ({valid.auth['token_url']})", highlight=False
+        )
 
 
 def _render(rendered: RenderResult) -> None:

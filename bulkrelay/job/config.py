@@ -303,6 +303,59 @@ class IdempotencyKeyConfig(_Model):
     header: HeaderName
 
 
+def _no_fields(text: str) -> str:
+    """Text the whole run shares (a token request): `${NAME}` secrets, but no `{field}` of a record."""
+    if compile_template(text).fields:
+        raise ValueError("cannot use a {field}: the token is the same for every row")
+    return text
+
+
+def _secret_reference(text: str) -> str:
+    if not compile_template(text).secrets:
+        raise ValueError('must come from the environment, like "${CLIENT_SECRET}": never write a secret here')
+    return text
+
+
+def _token_url(text: str) -> str:
+    _no_fields(text)
+    first = (compile_template(text).parts or ("",))[0]
+    if not (isinstance(first, SecretRef) or (isinstance(first, str) and first.lower().startswith(_SCHEMES))):
+        raise ValueError("the token URL must begin with http:// or https:// (or a ${NAME} holding one)")
+    return text
+
+
+_SCHEMES = ("http://", "https://")
+SharedText = Annotated[
+    str, BeforeValidator(_int_as_text), AfterValidator(_template), AfterValidator(_no_fields)
+]
+
+
+class OAuth2Config(_Model):
+    """`request.auth.oauth2`: a client-credentials token, fetched before the first request and sent as
+    `Authorization: Bearer` (relay/auth.py). What it grants (URL, scope, params) is the job's meaning;
+    who asks (client id and secret) and how it authenticates are not (`config_semantic_dict`)."""
+
+    token_url: Annotated[str, AfterValidator(_template), AfterValidator(_token_url)]
+    client_id: Annotated[SharedText, AfterValidator(_non_empty)]
+    client_secret: Annotated[SharedText, AfterValidator(_secret_reference)]
+    scope: SharedText | None = None
+    params: dict[NonEmpty, SharedText] = Field(default_factory=dict)
+    client_auth: Literal["body", "basic"] = "body"
+    # Refresh this long before `expires_in` runs out (at half the lifetime when that is shorter).
+    refresh_before_seconds: PauseSeconds = 60.0
+
+    @model_validator(mode="after")
+    def _reserved_params(self) -> OAuth2Config:
+        reserved = {"grant_type", "client_id", "client_secret", "scope"} & set(self.params)
+        if reserved:
+            raise ValueError(f"params cannot set {', '.join(sorted(reserved))}: auth.oauth2 sets it")
+        return self
+
+
+class AuthConfig(_Model):
+    oauth2: OAuth2Config
+
+
 class RequestConfig(_Model):
     method: Annotated[Method, BeforeValidator(_upper)]
     url: Annotated[str, AfterValidator(_url)]
@@ -313,6 +366,7 @@ class RequestConfig(_Model):
     body: Annotated[str, AfterValidator(_template)] | None = None
     content_type: Annotated[str, AfterValidator(_sendable_header_literal)] | None = None
     idempotency_key: IdempotencyKeyConfig | None = None
+    auth: AuthConfig | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> RequestConfig:
@@ -329,7 +383,16 @@ class RequestConfig(_Model):
             raise ValueError("with a body, set request.content_type instead of a Content-Type header")
         if self.idempotency_key is not None and self.idempotency_key.header.lower() in names:
             raise ValueError("request.headers also sets the idempotency_key header")
+        if self.auth is not None and "authorization" in names:
+            raise ValueError("request.headers sets Authorization, which request.auth sends: keep one")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_auth(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.auth is None:
+            data.pop("auth", None)  # the fingerprint of a job without auth stays what it was
+        return data
 
 
 # --- response, execution, retry, halt -------------------------------------------------------
@@ -401,6 +464,8 @@ class ExecutionConfig(_Model):
 _OPERATIONAL_EXECUTION_KEYS = ("client", "proxy", "tls")
 # Where the shared limit is kept, not what it is (the rate is semantic): moving Redis never blocks a resume.
 _OPERATIONAL_RATE_LIMIT_KEYS = ("shared", "shared_key")
+# Who asks for the token and how, not what it grants: rotating a client never blocks a resume.
+_OPERATIONAL_OAUTH2_KEYS = ("client_id", "client_secret", "client_auth", "refresh_before_seconds")
 
 _PERCENT = re.compile(r"(100|[0-9]{1,2})(\.[0-9]+)?%")
 
@@ -585,8 +650,9 @@ def _parse_job(text: str, *, file: str) -> tuple[JobConfig, LineMap, list[Proble
 
 def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
     """Everything that changes what the job does, as JSON-able data: all but `name`, `input.file`,
-    `retry.max_retry_after_seconds` (how long a pause may last changes no request) and the transport's
-    operational settings (client, proxy, TLS identity, where a shared limit is kept)."""
+    `retry.max_retry_after_seconds` (how long a pause may last changes no request), the transport's
+    operational settings (client, proxy, TLS identity, where a shared limit is kept) and who asks for
+    an OAuth2 token (client id and secret, how it authenticates, when it refreshes)."""
     data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
     del data["name"]
     del data["input"]["file"]
@@ -596,6 +662,9 @@ def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
     if data["execution"]["rate_limit"] is not None:
         for key in _OPERATIONAL_RATE_LIMIT_KEYS:
             del data["execution"]["rate_limit"][key]
+    oauth2 = data["request"].get("auth", {}).get("oauth2")
+    for key in _OPERATIONAL_OAUTH2_KEYS if oauth2 is not None else ():
+        del oauth2[key]
     return data
 
 
@@ -701,6 +770,7 @@ _LEVELS: dict[type[BaseModel], str] = {
     JobConfig: "the top level", InputConfig: "input", RequestConfig: "request",
     JsonField: "a request.json {from: ...} leaf", JsonValue: "a request.json {value: ...} leaf",
     FormField: "a request.form {from: ...} value", IdempotencyKeyConfig: "request.idempotency_key",
+    AuthConfig: "request.auth", OAuth2Config: "request.auth.oauth2",
     ResponseConfig: "response", ExecutionConfig: "execution", TimeoutConfig: "execution.timeout",
     RateLimitConfig: "execution.rate_limit", RetryConfig: "retry", HaltConfig: "halt",
 }  # fmt: skip

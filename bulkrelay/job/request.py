@@ -20,6 +20,7 @@ import orjson
 
 from bulkrelay.errors import SecretInvalid
 from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
+from bulkrelay.job.oauth2 import TokenRequest, bind_token_request, oauth2_secret_names
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.redact import Redactor, basic_credentials
 from bulkrelay.job.template import (
@@ -66,8 +67,10 @@ class RequestRenderer:
         redactor: Redactor,
         sorted_json: bool = False,
         json: tuple[JsonNode, int] | None = None,
+        token_request: TokenRequest | None = None,
     ) -> None:
         self.method = method
+        self.token_request = token_request  # request.auth.oauth2: the relay fetches the token with it
         self._json = json  # the json tree and its orjson option, compiled into `render`
         self._url = url
         self._query = query
@@ -99,8 +102,11 @@ class RequestRenderer:
             texts.append(req.body)
         form_texts = [v for v in (req.form or {}).values() if isinstance(v, str)]
         templates = [compile_template(text) for text in texts + form_texts]
-        secrets = resolve_secrets((name for t in templates for name in t.secrets), env)
+        oauth2 = req.auth.oauth2 if req.auth is not None else None
+        auth_names = oauth2_secret_names(oauth2) if oauth2 is not None else set()
+        secrets = resolve_secrets([*(name for t in templates for name in t.secrets), *auth_names], env)
         _refuse_unsendable_secrets(req, secrets)
+        token_request = bind_token_request(oauth2, secrets) if oauth2 is not None else None
 
         def bind(text: str, *, url: bool = False) -> BoundTemplate:
             return compile_template(text).bind(secrets, url=url)
@@ -121,9 +127,8 @@ class RequestRenderer:
             body=_body_renderer(req, bind, sorted_json),
             fields_used=frozenset(fields),
             idempotency_header=req.idempotency_key.header if req.idempotency_key else None,
-            redactor=Redactor(
-                secrets.values(), derived=basic_credentials(_url_head(req.url, secrets), secrets.values())
-            ),
+            redactor=Redactor(secrets.values(), derived=_derived_secrets(req.url, secrets, token_request)),
+            token_request=token_request,
             sorted_json=sorted_json and req.json_ is not None,
             json=None if req.json_ is None else (req.json_, _json_option(sorted_json)),
         )
@@ -273,6 +278,13 @@ def idempotency_key(
         [_KEY_SCHEME, config_fingerprint, row_identity, request.method, redact(request.url), headers, body]
     )
     return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+def _derived_secrets(url: str, secrets: Mapping[str, str], token_request: TokenRequest | None) -> list[str]:
+    """Strings the transport builds from secrets: URL credentials sent as Basic auth, and the client's
+    Basic credentials of a token request."""
+    derived = basic_credentials(_url_head(url, secrets), secrets.values())
+    return derived if token_request is None else [*derived, token_request.basic_credentials]
 
 
 def _url_head(url: str, secrets: Mapping[str, str]) -> str:

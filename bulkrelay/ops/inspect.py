@@ -6,16 +6,20 @@ import bisect
 import os
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
 from bulkrelay.errors import BulkRelayError, InputInvalid, Problem, UsageError
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
+from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
+from bulkrelay.job.redact import REDACTED
 from bulkrelay.job.request import RenderError, RequestRenderer
 from bulkrelay.ops.results import (
     InputFacts,
@@ -27,8 +31,11 @@ from bulkrelay.ops.results import (
     ValidateResult,
 )
 from bulkrelay.ops.runref import survey
+from bulkrelay.relay.auth import check_token
+from bulkrelay.relay.engine import transport_settings
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.sender import row_identity
+from bulkrelay.relay.transport import open_transport
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.rundir import (
@@ -58,9 +65,23 @@ def validate_result(preflight: Preflight) -> ValidateResult:
     )
 
 
-def validate(job: Job, input_path: Path | None, input_name: str | None = None) -> Result:
+def validate(
+    job: Job, input_path: Path | None, input_name: str | None = None, *, check_auth: bool = False
+) -> Result:
+    """Preflight; with `check_auth`, then one token from `request.auth.oauth2`'s endpoint (no row sent)."""
     preflight = run_preflight(job, input_path, input_name=input_name)
-    return Result(data=validate_result(preflight), warnings=deprecation_warnings(job.deprecations))
+    result = validate_result(preflight)
+    if check_auth:
+        result = replace(result, auth=_checked_auth(preflight))
+    return Result(data=result, warnings=deprecation_warnings(job.deprecations))
+
+
+def _checked_auth(preflight: Preflight) -> dict[str, Any]:
+    token = anyio.run(check_token, preflight, open_transport, transport_settings(preflight))
+    request = preflight.renderer.token_request
+    assert request is not None  # check_token refuses a job without one
+    shown = preflight.renderer.redactor.redact(request.token_url)
+    return {"accepted": True, "token_url": shown, "expires_in": token.expires_in}
 
 
 @dataclass(frozen=True)
@@ -173,6 +194,8 @@ def _render_rows(
                 identity = row_identity(record, job.config.input.key)
                 key = renderer.idempotency_key(config_sha256, identity, request)
                 request = renderer.with_idempotency_key(request, key)
+            if renderer.token_request is not None:  # the token is fetched when the run starts
+                request = with_bearer(request, REDACTED)
             shown = renderer.redact(request)
             requests.append(
                 RenderedRequest(

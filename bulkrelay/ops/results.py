@@ -35,9 +35,10 @@ class ValidateResult(CommandData):
     gzip: bool
     input: InputFacts
     config_sha256: str
+    auth: dict[str, Any] | None = None  # `--check-auth`: the token endpoint accepted the client
 
     def to_data(self) -> dict[str, Any]:
-        return {
+        data = {
             "job": self.job,
             "record_count": self.record_count,
             "format": self.format,
@@ -45,6 +46,7 @@ class ValidateResult(CommandData):
             "input": {"path": self.input.path, "sha256": self.input.sha256, "size": self.input.size},
             "config_sha256": self.config_sha256,
         }
+        return data if self.auth is None else {**data, "auth": self.auth}
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from bulkrelay.job.inputs import open_records
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
+from bulkrelay.relay.auth import TokenSource, open_token_source
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Reporter, Snapshot
 from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, RateLimiter
@@ -275,8 +276,9 @@ async def relay(
         run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit, state=state
     )
     transport = transport_factory(transport_settings(preflight))
+    auth = open_token_source(preflight, transport_factory, transport_settings(preflight), stop)
     limiter = open_limiter(config)
-    sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats())
+    sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats(), auth=auth)
     committed.pace = limiter.state
     committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
@@ -302,6 +304,8 @@ async def relay(
         with anyio.CancelScope(shield=True):
             await transport.aclose()
             await limiter.aclose()
+            if auth is not None:
+                await auth.aclose()
     write_checkpoint(run.path, committed.checkpoint(), storage)
     reporter.update(committed.snapshot())
     return _outcome(committed, stop, time.monotonic() - started)
@@ -337,7 +341,13 @@ def target_origin(config: JobConfig) -> str:
 
 
 def _row_sender(
-    preflight: Preflight, transport: Transport, limiter: Limiter, stop: StopControl, stats: RelayStats
+    preflight: Preflight,
+    transport: Transport,
+    limiter: Limiter,
+    stop: StopControl,
+    stats: RelayStats,
+    *,
+    auth: TokenSource | None = None,
 ) -> RowSender:
     config = preflight.job.config
     return RowSender(
@@ -347,6 +357,7 @@ def _row_sender(
         policy=RetryPolicy.from_config(config.retry, config.response, config.halt),
         stop=stop,
         stats=stats,
+        auth=auth,
     )
 
 

@@ -10,8 +10,10 @@ import time
 
 import anyio
 
+from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.relay.auth import Token, TokenSource
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
@@ -44,8 +46,10 @@ class RowSender:
         stop: StopControl,
         *,
         stats: RelayStats | None = None,
+        auth: TokenSource | None = None,
     ) -> None:
         config = preflight.job.config
+        self._auth = auth  # request.auth.oauth2: the token each attempt carries
         self._stats = stats or RelayStats()
         self._renderer = preflight.renderer
         self._digester = preflight.digester
@@ -80,14 +84,26 @@ class RowSender:
                 await self._limiter.acquire()
             response: Response | None = None
             error: TransportError | None = None
+            outgoing, token = request, None
+            if self._auth is not None and (token := await self._auth.current()) is None:
+                return None  # no token to be had: the run is stopping, the row stays pending
+            if token is not None:
+                outgoing = with_bearer(request, token.value)
             sent = time.monotonic()
             try:
-                response = await self._transport.send(request)
+                response = await self._transport.send(outgoing)
             except TransportError as exc:
                 error = exc
             latency = time.monotonic() - sent
             status = response.status if response is not None else None
             self._stats.on_attempt(status, latency)
+            if status == 401 and token is not None and token.obtained <= started:
+                # The token may have run out on the way: one new token for all, one more send (an
+                # attempt). A 401 with a token younger than the row is a refusal: the policy decides.
+                if await self._renewed(token) is None:
+                    return None
+                self._stats.on_retry()
+                continue
             retry_after = self._retry_after(response)
             decision = self._policy.decide(attempt, status, error, retry_after)
             if decision.halt:
@@ -111,6 +127,10 @@ class RowSender:
             retryable=decision.retryable,
             request=request,
         )
+
+    async def _renewed(self, refused: Token) -> Token | None:
+        assert self._auth is not None
+        return await self._auth.renew(refused)
 
     async def _stopped_during(self, delay: float) -> bool:
         """Wait out a backoff; a stop request ends the wait and leaves the row pending."""
