@@ -77,6 +77,7 @@ class RowSender:
     async def send(self, record: Record) -> JournalEntry | None:
         request, key = self._prepare(record)
         started = time.monotonic()
+        first_sent = 0.0  # when the row was first sent: a token younger than that was fetched for it
         attempt = 0
         while True:
             attempt += 1
@@ -90,6 +91,7 @@ class RowSender:
             if token is not None:
                 outgoing = with_bearer(request, token.value)
             sent = time.monotonic()
+            first_sent = first_sent or sent
             try:
                 response = await self._transport.send(outgoing)
             except TransportError as exc:
@@ -97,9 +99,10 @@ class RowSender:
             latency = time.monotonic() - sent
             status = response.status if response is not None else None
             self._stats.on_attempt(status, latency)
-            if status == 401 and token is not None and token.obtained <= started:
+            if status == 401 and token is not None and token.obtained <= first_sent:
                 # The token may have run out on the way: one new token for all, one more send (an
-                # attempt). A 401 with a token younger than the row is a refusal: the policy decides.
+                # attempt). A 401 with a token fetched since the row was first sent is a refusal: the
+                # policy decides (halt.on_statuses).
                 if await self._renewed(token) is None:
                     return None
                 self._stats.on_retry()
