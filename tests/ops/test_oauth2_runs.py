@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
@@ -180,3 +181,29 @@ def test_a_run_killed_9_and_resumed_gets_a_new_token_and_finishes(
     _assert_every_row_ok_once(run_dir, rows)
     _assert_token_requests_bounded(target, restarts=1)
     _assert_no_secret_anywhere(run_dir, texts=(resumed.stdout, resumed.stderr))
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "oauth2"
+
+
+def test_the_example_checks_its_client_then_runs_as_its_readme_says(tmp_path: Path) -> None:
+    plan = orjson.loads((EXAMPLE / "target-plan.json").read_bytes())
+    with TargetProcess(plan) as server:
+        env = cli_env(API_BASE=server.url, CLIENT_ID="demo-client", CLIENT_SECRET="demo-secret")
+        checked = run_cli("validate", EXAMPLE / "job.yaml", "--check-auth", cwd=tmp_path, env=env)
+        assert checked.exit_code == ExitCode.SUCCESS, checked.envelope
+        assert checked.data["auth"]["accepted"] is True
+        assert server.stats()["requests"] == 0 and server.stats()["oauth"]["issued"] == 1
+        wrong = run_cli(
+            "validate",
+            EXAMPLE / "job.yaml",
+            "--check-auth",
+            cwd=tmp_path,
+            env={**env, "CLIENT_SECRET": "nope"},
+        )
+        assert wrong.exit_code == ExitCode.AUTH_REQUIRED and wrong.error_code == "TARGET_AUTH_FAILED"
+        assert wrong.envelope["error"]["context"]["error"] == "invalid_client"
+        ran = run_cli("run", EXAMPLE / "job.yaml", "--runs-dir", tmp_path / "runs", cwd=tmp_path, env=env)
+        assert ran.exit_code == ExitCode.SUCCESS, ran.envelope
+        assert ran.data["progress"]["ok"] == 5 and server.stats()["requests"] == 5
+        assert b"demo-secret" not in ran.stdout + checked.stdout + wrong.stdout
