@@ -16,6 +16,7 @@ from bulkrelay.job.config import load_job, parse_job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.request import RequestRenderer
 from bulkrelay.ops.inspect import render
+from bulkrelay.ops.mirror import deletion_job
 from tests.jobfiles import merge, write_job
 
 ENV = {"CLIENT_ID": "client-7", "CLIENT_SECRET": "pa ss/wörd+1"}
@@ -167,3 +168,20 @@ def test_render_shows_the_bearer_header_hidden(tmp_path: Path, monkeypatch: pyte
     assert payload is not None
     assert ["Authorization", "Bearer ***"] in payload["requests"][0]["headers"]
     assert "pa ss" not in str(payload)
+
+
+def test_a_mirror_jobs_deletions_carry_the_same_auth(tmp_path: Path) -> None:
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "input": {"key": "id"},
+                "request": yaml.safe_load(_job_text(_oauth2()))["request"],
+                "execution": {"sync": "mirror"},
+                "mirror": {"url": "https://api.example.com/v1/{id}", "max_deletes": 10},
+            }
+        )
+    )
+    job = load_job(job_file)
+    assert deletion_job(job).config.request.auth == job.config.request.auth is not None
