@@ -78,6 +78,10 @@ def _validate(valid: ValidateResult) -> None:
 
 
 def _render(rendered: RenderResult) -> None:
+    if rendered.curl:  # one command line per request, never wrapped: it is pasted into a shell
+        for request in rendered.requests:
+            _console.print(request.curl, markup=False, highlight=False, soft_wrap=True)
+        return
     for request in rendered.requests:
         _console.rule(f"row {request.row_number} (line {request.line})")
         _console.print(f"[bold]{request.method}[/] {request.url}", highlight=False)

@@ -310,6 +310,9 @@ def _add_preflight_commands(sub: Any) -> None:
     _add_job_file(p)
     _add_input(p)
     p.add_argument("--rows", help="rows to render, e.g. 1-5 or 3,7-9 (default: the first five)")
+    p.add_argument(
+        "--curl", action="store_true", help="show each request as a curl command line (secrets as ***)"
+    )
 
 
 def _add_continuing_commands(sub: Any) -> None:

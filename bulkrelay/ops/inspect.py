@@ -131,8 +131,16 @@ def parse_rows(spec: str) -> RowRanges:
     return RowRanges(spec, tuple(merged))
 
 
-def render(job: Job, input_path: Path | None, rows_spec: str | None, input_name: str | None = None) -> Result:
+def render(
+    job: Job,
+    input_path: Path | None,
+    rows_spec: str | None,
+    input_name: str | None = None,
+    *,
+    curl: bool = False,
+) -> Result:
     """The exact requests the chosen rows would send, secrets shown as `***`. Sends nothing.
+    `curl`: each also as a curl command line.
 
     Rows past the end of the input are a warning; when none of the named rows exist, a usage error."""
     wanted = parse_rows(rows_spec or DEFAULT_ROWS)
@@ -155,7 +163,7 @@ def render(job: Job, input_path: Path | None, rows_spec: str | None, input_name:
                 {"rows": rows_spec, "record_count": record_count},
             )
         )
-    return Result(data=RenderResult(str(job.path), tuple(requests)), warnings=warnings)
+    return Result(data=RenderResult(str(job.path), tuple(requests), curl=curl), warnings=warnings)
 
 
 def _render_rows(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bulkrelay.envelope import CommandData
+from bulkrelay.ops.curl import curl_command
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunState
 
@@ -60,6 +61,11 @@ class RenderedRequest:
     headers: tuple[tuple[str, str], ...]
     body: str | None
 
+    @property
+    def curl(self) -> str:
+        """The request as a curl command line (`render --curl`), secrets as `***`."""
+        return curl_command(self.method, self.url, self.headers, self.body)
+
     def to_data(self) -> dict[str, Any]:
         return {
             "row_number": self.row_number,
@@ -77,9 +83,14 @@ class RenderResult(CommandData):
 
     job: str
     requests: tuple[RenderedRequest, ...]
+    curl: bool = False  # `--curl`: each request also as a curl command line
 
     def to_data(self) -> dict[str, Any]:
-        return {"job": self.job, "requests": [request.to_data() for request in self.requests]}
+        requests = [
+            {**request.to_data(), "curl": request.curl} if self.curl else request.to_data()
+            for request in self.requests
+        ]
+        return {"job": self.job, "requests": requests}
 
 
 @dataclass(frozen=True)
