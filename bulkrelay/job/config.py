@@ -33,7 +33,7 @@ from typing_extensions import TypeAliasType
 from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.job.alphacompat import upgrade_alpha_spellings
 from bulkrelay.job.durations import MAX_SECONDS
-from bulkrelay.job.template import FieldRef, SecretRef, compile_template
+from bulkrelay.job.template import SECRET_NAME, FieldRef, SecretRef, compile_template
 from bulkrelay.job.wire import header_value_refusal, wire_url
 from bulkrelay.job.yamlload import INT64_RANGE, LineMap, format_path, load_yaml
 from bulkrelay.job.yamlload import Path as YamlPath
@@ -516,9 +516,21 @@ class HaltConfig(_Model):
     consecutive_failures: Annotated[int, Field(ge=1)] = 100
 
 
+def _var_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    for name in names:
+        if not SECRET_NAME.fullmatch(name):
+            raise ValueError(f"vars: {name!r} is not a variable name (capitals, digits and _, like API_BASE)")
+    if len(set(names)) != len(names):
+        raise ValueError("vars names a variable twice")
+    return names
+
+
 class JobConfig(_Model):
     version: Literal[1]
     name: str | None = None
+    # `${NAME}`s that are settings, not secrets (`${API_BASE}`): read from the environment like a secret,
+    # but shown by `render` and never redacted. In the fingerprint (names only) when there are any.
+    vars: Annotated[tuple[str, ...], BeforeValidator(_list_as_tuple), AfterValidator(_var_names)] = ()
     input: InputConfig = Field(default_factory=InputConfig)
     request: RequestConfig
     response: ResponseConfig = Field(default_factory=ResponseConfig)
@@ -536,6 +548,12 @@ class JobConfig(_Model):
             raise ValueError("execution.sync: mirror and the mirror section (url, max_deletes) go together")
         if self.mirror is not None and not compile_template(self.mirror.url).fields <= {self.input.key}:
             raise ValueError(f"mirror.url may use only the key field {{{self.input.key}}}: the row is gone")
+        unused = sorted(set(self.vars) - environment_names(self))
+        if unused:
+            raise ValueError(f"vars names {', '.join(unused)}, which no ${{NAME}} of the job uses")
+        auth = self.request.auth
+        if auth is not None and set(self.vars) & compile_template(auth.oauth2.client_secret).secrets:
+            raise ValueError("vars names the client_secret's variable: a client secret is never shown")
         return self
 
     @model_serializer(mode="wrap")
@@ -543,7 +561,23 @@ class JobConfig(_Model):
         data: dict[str, Any] = handler(self)
         if self.mirror is None:
             data.pop("mirror", None)
+        if not self.vars:
+            data.pop("vars", None)  # a job without vars keeps the fingerprint it had
         return data
+
+
+def environment_names(config: JobConfig) -> set[str]:
+    """Every `${NAME}` the job reads from the environment (secrets and vars)."""
+    req = config.request
+    texts = [req.url, *req.query.values(), *req.headers.values(), req.body or ""]
+    texts += [value for value in (req.form or {}).values() if isinstance(value, str)]
+    if config.mirror is not None:
+        texts.append(config.mirror.url)
+    if req.auth is not None:
+        oauth2 = req.auth.oauth2
+        texts += [oauth2.token_url, oauth2.client_id, oauth2.client_secret, oauth2.scope or ""]
+        texts += oauth2.params.values()
+    return {name for text in texts for name in compile_template(text).secrets}
 
 
 # --- loading --------------------------------------------------------------------------------

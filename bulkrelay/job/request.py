@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -91,9 +91,15 @@ class RequestRenderer:
 
     @classmethod
     def from_config(
-        cls, req: RequestConfig, env: Mapping[str, str], *, sorted_json: bool = False
+        cls,
+        req: RequestConfig,
+        env: Mapping[str, str],
+        *,
+        sorted_json: bool = False,
+        shown: Collection[str] = (),
     ) -> RequestRenderer:
         """Compile the request config. Raises `SecretMissing` naming every unset `${NAME}`.
+        `shown`: the job's `vars`, read like secrets but never hidden.
 
         `sorted_json` writes a JSON body with its keys sorted at every level (a delta job: the
         canonical form is then what goes on the wire, and what `render` shows)."""
@@ -127,7 +133,7 @@ class RequestRenderer:
             body=_body_renderer(req, bind, sorted_json),
             fields_used=frozenset(fields),
             idempotency_header=req.idempotency_key.header if req.idempotency_key else None,
-            redactor=Redactor(secrets.values(), derived=_derived_secrets(req.url, secrets, token_request)),
+            redactor=_redactor(req.url, secrets, token_request, shown),
             token_request=token_request,
             sorted_json=sorted_json and req.json_ is not None,
             json=None if req.json_ is None else (req.json_, _json_option(sorted_json)),
@@ -280,11 +286,16 @@ def idempotency_key(
     return hashlib.sha256(canonical).hexdigest()[:32]
 
 
-def _derived_secrets(url: str, secrets: Mapping[str, str], token_request: TokenRequest | None) -> list[str]:
-    """Strings the transport builds from secrets: URL credentials sent as Basic auth, and the client's
-    Basic credentials of a token request."""
-    derived = basic_credentials(_url_head(url, secrets), secrets.values())
-    return derived if token_request is None else [*derived, token_request.basic_credentials]
+def _redactor(
+    url: str, values: Mapping[str, str], token_request: TokenRequest | None, shown: Collection[str]
+) -> Redactor:
+    """Hides every secret (not the `vars`) and what the transport builds from them: URL credentials sent
+    as Basic auth, and the client's Basic credentials of a token request."""
+    hidden = [value for name, value in values.items() if name not in shown]
+    derived = basic_credentials(_url_head(url, values), hidden)
+    if token_request is not None:
+        derived.append(token_request.basic_credentials)
+    return Redactor(hidden, derived=derived)
 
 
 def _url_head(url: str, secrets: Mapping[str, str]) -> str:

@@ -172,7 +172,10 @@ def _render_rows(
     """The rendered requests, the problems met, and the input's row count when the range
     reached past its end (None when it stopped early: every named row exists)."""
     renderer = RequestRenderer.from_config(
-        job.config.request, os.environ, sorted_json=job.config.execution.sync != "full"
+        job.config.request,
+        os.environ,
+        sorted_json=job.config.execution.sync != "full",
+        shown=job.config.vars,
     )
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []

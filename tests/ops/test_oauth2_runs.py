@@ -207,3 +207,12 @@ def test_the_example_checks_its_client_then_runs_as_its_readme_says(tmp_path: Pa
         assert ran.exit_code == ExitCode.SUCCESS, ran.envelope
         assert ran.data["progress"]["ok"] == 5 and server.stats()["requests"] == 5
         assert b"demo-secret" not in ran.stdout + checked.stdout + wrong.stdout
+
+
+def test_the_examples_render_shows_its_api_base_and_hides_the_bearer_token() -> None:
+    env = cli_env(API_BASE="http://127.0.0.1:8080", CLIENT_ID="demo-client", CLIENT_SECRET="demo-secret")
+    result = run_cli("render", EXAMPLE / "job.yaml", "--rows", "1", "--curl", env=env)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    command = result.data["requests"][0]["curl"]
+    assert "http://127.0.0.1:8080/crm/v3/contacts/1" in command and "Bearer ***" in command
+    assert b"demo-secret" not in result.stdout
