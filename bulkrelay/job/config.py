@@ -188,15 +188,45 @@ _TYPE_CHECKS: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (i
 
 
 class JsonField(_Model):
-    """`{from: field, type?: ..., default?: ...}`: a value taken from the record."""
+    """`{from: field, type?: ..., default?: ..., when_missing?: ...}`: a value taken from the record.
+    A `from` beginning with `/` is a JSON pointer into the record (`/address/city`)."""
 
     from_: NonEmpty = Field(alias="from")
     type: FieldType | None = None  # None: as read (CSV text stays text, JSON Lines values keep their type)
     default: Any = None  # used when the field is absent or null, or empty under a non-string type
+    # What a field absent from the record does: an error of the row, the key left out, or null.
+    when_missing: Literal["error", "omit", "null"] = "error"
 
     @property
     def has_default(self) -> bool:
         return "default" in self.model_fields_set
+
+    @property
+    def pointer(self) -> tuple[str, ...] | None:
+        """The reference tokens of a `from: /a/b` JSON pointer (RFC 6901, ~1 and ~0 unescaped); None for
+        a plain field name."""
+        if not self.from_.startswith("/"):
+            return None
+        return tuple(token.replace("~1", "/").replace("~0", "~") for token in self.from_[1:].split("/"))
+
+    @property
+    def field(self) -> str:
+        """The record's top-level field this leaf reads (a pointer's first token)."""
+        pointer = self.pointer
+        return self.from_ if pointer is None else pointer[0]
+
+    @property
+    def optional(self) -> bool:
+        """A record may lack the field: a `default` or a `when_missing` other than `error` covers it."""
+        return self.has_default or self.when_missing != "error"
+
+    @model_validator(mode="after")
+    def _pointer_and_missing(self) -> JsonField:
+        if self.from_.startswith("/"):
+            _json_pointer(self.from_)
+        if self.has_default and self.when_missing != "error":
+            raise ValueError("give a default or a when_missing, not both (a default already covers absence)")
+        return self
 
     @model_validator(mode="after")
     def _default_fits_type(self) -> JsonField:
@@ -216,6 +246,8 @@ class JsonField(_Model):
         data: dict[str, Any] = handler(self)
         if not self.has_default:
             data.pop("default", None)
+        if self.when_missing == "error":
+            data.pop("when_missing", None)  # jobs written before it keep their fingerprint
         return data
 
 
@@ -383,6 +415,8 @@ class RequestConfig(_Model):
             raise ValueError("with a body, set request.content_type instead of a Content-Type header")
         if self.idempotency_key is not None and self.idempotency_key.header.lower() in names:
             raise ValueError("request.headers also sets the idempotency_key header")
+        if isinstance(self.json_, JsonField) and self.json_.when_missing == "omit":
+            raise ValueError("request.json is one {from: ...} value: when_missing: omit would leave no body")
         if self.auth is not None and "authorization" in names:
             raise ValueError("request.headers sets Authorization, which request.auth sends: keep one")
         return self
@@ -607,7 +641,8 @@ class Job:
 def required_fields(config: JobConfig) -> dict[str, YamlPath]:
     """Every record field the job cannot do without, with the first YAML path that names it.
 
-    A `json` leaf with a `default` is left out: its field may be absent."""
+    A `json` leaf with a `default` or a `when_missing` is left out: its field may be absent. A JSON
+    pointer (`from: /address/city`) needs its first field (`address`)."""
     req = config.request
     places: list[tuple[YamlPath, str]] = [(("request", "url"), req.url)]
     places += [(("request", "query", name), text) for name, text in req.query.items()]
@@ -624,7 +659,7 @@ def required_fields(config: JobConfig) -> dict[str, YamlPath]:
             found.setdefault(leaf.from_, ("request", "form", name, "from"))
     if req.json_ is not None:
         for path, json_leaf in _json_fields(req.json_, ("request", "json")):
-            found.setdefault(json_leaf.from_, (*path, "from"))
+            found.setdefault(json_leaf.field, (*path, "from"))
     if config.input.key is not None:
         found.setdefault(config.input.key, ("input", "key"))
     return found
@@ -632,7 +667,7 @@ def required_fields(config: JobConfig) -> dict[str, YamlPath]:
 
 def _json_fields(node: JsonNode, path: YamlPath) -> Iterator[tuple[YamlPath, JsonField]]:
     if isinstance(node, JsonField):
-        if not node.has_default:
+        if not node.optional:
             yield path, node
     elif isinstance(node, dict):
         for key, child in node.items():

@@ -42,6 +42,7 @@ Fields = Mapping[str, Any]
 Getter = Callable[[Fields], Any]
 
 _ABSENT = object()
+_OMIT = object()  # a `when_missing: omit` value: its key is left out of the object
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -387,7 +388,7 @@ def _refuse_unsendable_secrets(req: RequestConfig, secrets: Mapping[str, str]) -
 def _body_fields(req: RequestConfig) -> set[str]:
     fields: set[str] = set()
     if req.json_ is not None:
-        fields.update(leaf.from_ for leaf in _json_leaves(req.json_) if isinstance(leaf, JsonField))
+        fields.update(leaf.field for leaf in _json_leaves(req.json_) if isinstance(leaf, JsonField))
     for value in (req.form or {}).values():
         if isinstance(value, FormField):
             fields.add(value.from_)
@@ -451,8 +452,8 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
     if isinstance(node, JsonValue):
         return code.bound(node.value)
     if isinstance(node, JsonField):
-        if node.has_default:
-            return f"{code.bound(_field_getter(node))}(f)"  # absent, null or empty is no error here
+        if node.optional or node.pointer is not None:
+            return f"{code.bound(_field_getter(node))}(f)"  # absence is no error, or a path to follow
         field = code.bound(node.from_)
         if node.type is None:
             return f"f[{field}]"
@@ -463,6 +464,8 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
                 f" and v.isascii() else {coerce}({field}, v))"
             )
         return f"{coerce}({field}, f[{field}])"
+    if any(isinstance(child, JsonField) and child.when_missing == "omit" for child in node.values()):
+        return f"{code.bound(_json_getter(node))}(f)"  # a key may be left out: no dict display
     items = (f"{code.bound(key)}: {_json_display(child, code)}" for key, child in node.items())
     return "{" + ", ".join(items) + "}"
 
@@ -538,19 +541,23 @@ def _json_getter(node: JsonNode) -> Getter:
     if isinstance(node, JsonField):
         return _field_getter(node)
     items = tuple((key, _json_getter(child)) for key, child in node.items())
-    return lambda fields: {key: get(fields) for key, get in items}
+    return lambda fields: {key: value for key, get in items if (value := get(fields)) is not _OMIT}
 
 
 def _field_getter(leaf: JsonField) -> Getter:
     name = leaf.from_
-    if leaf.type is None and not leaf.has_default:
+    pointer = leaf.pointer
+    if leaf.type is None and not leaf.optional and pointer is None:
         return _as_read_getter(name)
     coerce = _COERCERS[leaf.type] if leaf.type is not None else None
     has_default, default = leaf.has_default, leaf.default
     empty_is_absent = leaf.type not in (None, "string")
+    missing = {"error": _ABSENT, "omit": _OMIT, "null": None}[leaf.when_missing]
 
     def get(fields: Fields) -> Any:
-        value = fields.get(name, _ABSENT)
+        value = fields.get(name, _ABSENT) if pointer is None else _pointed(fields, pointer)
+        if value is _ABSENT and missing is not _ABSENT:
+            return missing
         if value is _ABSENT or value is None or (empty_is_absent and value == ""):
             if has_default:
                 return default
@@ -558,6 +565,21 @@ def _field_getter(leaf: JsonField) -> Getter:
         return value if coerce is None else coerce(name, value)
 
     return get
+
+
+def _pointed(fields: Fields, pointer: tuple[str, ...]) -> Any:
+    """The value a JSON pointer names in the record, or _ABSENT where the path leads nowhere."""
+    node: Any = fields
+    for token in pointer:
+        if isinstance(node, Mapping):
+            node = node.get(token, _ABSENT)
+        elif isinstance(node, list) and token.isdigit() and (token == "0" or token[0] != "0"):
+            node = node[int(token)] if int(token) < len(node) else _ABSENT
+        else:
+            return _ABSENT
+        if node is _ABSENT:
+            return _ABSENT
+    return node
 
 
 def _as_read_getter(name: str) -> Getter:
