@@ -216,3 +216,25 @@ def test_the_examples_render_shows_its_api_base_and_hides_the_bearer_token() -> 
     command = result.data["requests"][0]["curl"]
     assert "http://127.0.0.1:8080/crm/v3/contacts/1" in command and "Bearer ***" in command
     assert b"demo-secret" not in result.stdout
+
+
+def test_each_shard_fetches_its_own_token(tmp_path: Path) -> None:
+    plan = {"oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": 3600}}
+    with TargetProcess(plan) as server:
+        job = _job(tmp_path, server, rows=40)
+        shards = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bulkrelay", "run", str(job), "--shard", f"{k}/2", "--budget", "0"],
+                cwd=tmp_path,
+                env=_env(tmp_path),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            for k in (0, 1)
+        ]
+        outputs = [shard.communicate(timeout=HANG_S)[0] for shard in shards]
+        assert [shard.returncode for shard in shards] == [0, 0], outputs
+        oauth = server.stats()["oauth"]
+        assert oauth["issued"] == 2 and server.stats()["requests"] == 40  # one token a shard, every row once
+        assert all(SECRET.encode() not in out and b"tok-" not in out for out in outputs)
