@@ -12,6 +12,7 @@ settings (one connection): the same client library, proxy, trusted authorities, 
 connect/read timeouts as the rows, so a hanging token endpoint is bounded like a hanging target, and
 both clients behave alike. Its failures:
 
+    200 without a Bearer access_token     refused, like
     400/401/403 and other final answers   refused: the run halts (`token_refused`, exit 8
                                           TARGET_AUTH_FAILED) with the endpoint's error and description
     408, 425, 429, 5xx, transport errors  retried with the run's backoff (Retry-After honoured), at least
@@ -106,7 +107,7 @@ def _read(
 ) -> Token | TokenFailure:
     status = response.status
     document = _json_object(response.body)
-    if 200 <= status < 300:
+    if status == 200:  # RFC 6749 §5.1: a token comes with 200 OK; the job's success rule is for rows
         return _token(document, sent, refresh_before, redactor, place)
     detail = {**place, "status": status}
     if status in _TRANSIENT or status >= 500:
