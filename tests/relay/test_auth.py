@@ -139,6 +139,16 @@ async def test_a_refusal_stops_the_run_with_the_endpoints_error() -> None:
 
 
 @pytest.mark.anyio
+async def test_an_invalid_scope_is_a_refusal_asked_once() -> None:
+    endpoint = _TokenEndpoint((400, {"error": "invalid_scope", "error_description": "contacts.write"}))
+    outcome = await fetch_token(_request(), endpoint, _NO_WAIT, Redactor([SECRET]))
+    assert isinstance(outcome, TokenFailure) and outcome.refused and len(endpoint.requests) == 1
+    assert (
+        outcome.detail["error"] == "invalid_scope" and "400: invalid_scope: contacts.write" in outcome.message
+    )
+
+
+@pytest.mark.anyio
 async def test_503_and_transport_errors_are_retried_then_the_run_halts_unavailable() -> None:
     endpoint = _TokenEndpoint((503, {}), (429, {}), _issued(1))
     outcome = await fetch_token(_request(), endpoint, _NO_WAIT, Redactor([SECRET]))
