@@ -19,6 +19,8 @@
     │   ├── StateDirUnwritable          STATE_DIR_UNWRITABLE
     │   ├── SyncStateMismatch           SYNC_STATE_MISMATCH
     │   └── TooManyDeletes              TOO_MANY_DELETES
+    ├── TargetAuthFailed                TARGET_AUTH_FAILED   8 AUTH_REQUIRED
+    ├── TargetUnavailable               TARGET_UNAVAILABLE  12 UNAVAILABLE
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     │   └── RunLockNotOurs              RUN_LOCK_NOT_OURS
     ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
@@ -223,6 +225,21 @@ class TooManyDeletes(PreconditionFailed):
     """`sync: mirror`: more keys gone from the input than `mirror.max_deletes` allows; nothing was sent."""
 
     code = "TOO_MANY_DELETES"
+
+
+class TargetAuthFailed(BulkRelayError):
+    """The OAuth2 token endpoint refused the client (`validate --check-auth`); a run halts instead."""
+
+    code = "TARGET_AUTH_FAILED"
+    exit_code = ExitCode.AUTH_REQUIRED
+
+
+class TargetUnavailable(BulkRelayError):
+    """The OAuth2 token endpoint could not be reached or kept failing (`validate --check-auth`)."""
+
+    code = "TARGET_UNAVAILABLE"
+    exit_code = ExitCode.UNAVAILABLE
+    retryable = True
 
 
 class RunLocked(BulkRelayError):

@@ -44,13 +44,13 @@ def _input_name(args: argparse.Namespace) -> str | None:
 def _validate(args: argparse.Namespace) -> Result:
     job = load_job(args.job)
     with _prepared_input(args, job, default_runs_dir(None) / ".spool") as input_path:
-        return commands.validate(job, input_path, _input_name(args))
+        return commands.validate(job, input_path, _input_name(args), check_auth=args.check_auth)
 
 
 def _render(args: argparse.Namespace) -> Result:
     job = load_job(args.job)
     with _prepared_input(args, job, default_runs_dir(None) / ".spool") as input_path:
-        return commands.render(job, input_path, args.rows, _input_name(args))
+        return commands.render(job, input_path, args.rows, _input_name(args), curl=args.curl)
 
 
 def _options(args: argparse.Namespace) -> RunOptions:

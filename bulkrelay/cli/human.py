@@ -86,9 +86,17 @@ def _validate(valid: ValidateResult) -> None:
         highlight=False,
     )
     _console.print(f"input sha256 {valid.input.sha256}  config sha256 {valid.config_sha256}")
+    if valid.auth is not None:
+        _console.print(
+            f"[green]token endpoint accepts the client[/] ({valid.auth['token_url']})", highlight=False
+        )
 
 
 def _render(rendered: RenderResult) -> None:
+    if rendered.curl:  # one command line per request, never wrapped: it is pasted into a shell
+        for request in rendered.requests:
+            _console.print(request.curl, markup=False, highlight=False, soft_wrap=True)
+        return
     for request in rendered.requests:
         if request.batch is not None:
             rows = request.batch["rows"]

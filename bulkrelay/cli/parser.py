@@ -324,11 +324,19 @@ def _add_preflight_commands(sub: Any) -> None:
     p = sub.add_parser("validate", help="full preflight of the job and every record; sends nothing")
     _add_job_file(p)
     _add_input(p)
+    p.add_argument(
+        "--check-auth",
+        action="store_true",
+        help="then fetch one token from request.auth.oauth2's endpoint and say whether it accepts the client",
+    )
 
     p = sub.add_parser("render", help="show the exact requests some rows would send, secrets redacted")
     _add_job_file(p)
     _add_input(p)
     p.add_argument("--rows", help="rows to render, e.g. 1-5 or 3,7-9 (default: the first five)")
+    p.add_argument(
+        "--curl", action="store_true", help="show each request as a curl command line (secrets as ***)"
+    )
 
 
 def _add_continuing_commands(sub: Any) -> None:

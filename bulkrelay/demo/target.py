@@ -9,6 +9,8 @@ answers `{"id": "<n>"}` with status 200 by default, and follows a *plan*, a JSON
      "dedup_header": "Idempotency-Key",
      "limit_rps": 20,        a server-side rate limit: a request beyond 20 let through in the last
                              second gets 429 (no Retry-After), before any rule
+     "oauth": {...},         an OAuth2 token endpoint; other requests then need its bearer token
+                             (bulkrelay/demo/oauth.py), checked after limit_rps, before any rule
      "rules": [RULE, ...]}   tried in order; the first rule that fires decides the answer
 
 A RULE selects requests with `match` (all conditions must hold, all optional):
@@ -79,6 +81,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bulkrelay.demo.batchtarget import BatchEndpoints, BatchOptions
+from bulkrelay.demo.oauth import OAuthPlan, OAuthState
 from bulkrelay.relay.ratelimit import most_in_window
 
 _CONTROL_PREFIX = "/_control/"
@@ -123,6 +126,7 @@ class _Plan(BaseModel):
     rules: tuple[_Rule, ...] = ()
     limit_rps: int | None = Field(default=None, ge=1)  # a server-side rate limit: 429 above it
     batch: BatchOptions = BatchOptions()  # the batch endpoints' options (demo/batchtarget.py)
+    oauth: OAuthPlan | None = None  # a token endpoint, and a bearer token every other request needs
 
 
 def parse_plan(plan: dict[str, Any] | None) -> _Plan:
@@ -192,6 +196,7 @@ class TargetState:
         self._rules = [_RuleState(rule) for rule in self.plan.rules]
         self._needs_key = self.plan.dedup or any(r.first_attempts is not None for r in self.plan.rules)
         self.batches = BatchEndpoints(self.plan.batch)
+        self.oauth = OAuthState(self.plan.oauth) if self.plan.oauth is not None else None
 
     def reset(self) -> None:
         self._rules = [_RuleState(rule) for rule in self.plan.rules]
@@ -206,7 +211,9 @@ class TargetState:
         self._seq = 0
 
     def stats(self) -> dict[str, Any]:
+        oauth = {} if self.oauth is None else {"oauth": self.oauth.stats()}
         return {
+            **oauth,
             "requests": len(self._arrivals),
             "by_status": {str(status): count for status, count in sorted(self._by_status.items())},
             "effects": self.effects,
@@ -244,6 +251,8 @@ class TargetState:
         if request.path.startswith(_CONTROL_PREFIX):
             return await self._control(request)
         body = await request.read()
+        if self.oauth is not None and self.oauth.is_token_request(request):
+            return await self.oauth.token_response(request, body)  # neither counted nor recorded
         now = time.monotonic()
         self._arrivals.append(now)
         idem = request.headers.get(self.plan.dedup_header)
@@ -279,6 +288,8 @@ class TargetState:
             return stored, None, True
         if self._over_limit(time.monotonic()):
             return _Answer(429, b'{"error":"rate limited"}'), None, False
+        if self.oauth is not None and (refusal := self.oauth.bearer_refusal(request)) is not None:
+            return _Answer(401, refusal, headers=(("WWW-Authenticate", "Bearer"),)), None, False
         rule = self._firing_rule(request, body, idem) if self._rules else None
         if rule is not None and rule.reset:
             return None, rule, False

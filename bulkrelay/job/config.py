@@ -33,7 +33,7 @@ from typing_extensions import TypeAliasType
 from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.job.alphacompat import upgrade_alpha_spellings
 from bulkrelay.job.durations import MAX_SECONDS
-from bulkrelay.job.template import FieldRef, SecretRef, compile_template
+from bulkrelay.job.template import SECRET_NAME, FieldRef, SecretRef, compile_template
 from bulkrelay.job.wire import header_value_refusal, wire_url
 from bulkrelay.job.yamlload import INT64_RANGE, LineMap, format_path, load_yaml
 from bulkrelay.job.yamlload import Path as YamlPath
@@ -154,7 +154,7 @@ def _unique(values: tuple[int, ...]) -> tuple[int, ...]:
 
 def _no_success(values: tuple[int, ...]) -> tuple[int, ...]:
     """A retry on a 2xx would send again what the target just accepted."""
-    successes = [status for status in values if 200 <= status <= 299]
+    successes = [status for status in values if status // 100 == 2]  # the class, not the job's success rule
     if successes:
         raise ValueError(f"names {', '.join(map(str, successes))}: a 2xx is a success, never retried")
     return values
@@ -204,15 +204,45 @@ _TYPE_CHECKS: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (i
 
 
 class JsonField(_Model):
-    """`{from: field, type?: ..., default?: ...}`: a value taken from the record."""
+    """`{from: field, type?: ..., default?: ..., when_missing?: ...}`: a value taken from the record.
+    A `from` beginning with `/` is a JSON pointer into the record (`/address/city`)."""
 
     from_: NonEmpty = Field(alias="from")
     type: FieldType | None = None  # None: as read (CSV text stays text, JSON Lines values keep their type)
     default: Any = None  # used when the field is absent or null, or empty under a non-string type
+    # What a field absent from the record does: an error of the row, the key left out, or null.
+    when_missing: Literal["error", "omit", "null"] = "error"
 
     @property
     def has_default(self) -> bool:
         return "default" in self.model_fields_set
+
+    @property
+    def pointer(self) -> tuple[str, ...] | None:
+        """The reference tokens of a `from: /a/b` JSON pointer (RFC 6901, ~1 and ~0 unescaped); None for
+        a plain field name."""
+        if not self.from_.startswith("/"):
+            return None
+        return tuple(token.replace("~1", "/").replace("~0", "~") for token in self.from_[1:].split("/"))
+
+    @property
+    def field(self) -> str:
+        """The record's top-level field this leaf reads (a pointer's first token)."""
+        pointer = self.pointer
+        return self.from_ if pointer is None else pointer[0]
+
+    @property
+    def optional(self) -> bool:
+        """A record may lack the field: a `default` or a `when_missing` other than `error` covers it."""
+        return self.has_default or self.when_missing != "error"
+
+    @model_validator(mode="after")
+    def _pointer_and_missing(self) -> JsonField:
+        if self.from_.startswith("/"):
+            _json_pointer(self.from_)
+        if self.has_default and self.when_missing != "error":
+            raise ValueError("give a default or a when_missing, not both (a default already covers absence)")
+        return self
 
     @model_validator(mode="after")
     def _default_fits_type(self) -> JsonField:
@@ -232,6 +262,8 @@ class JsonField(_Model):
         data: dict[str, Any] = handler(self)
         if not self.has_default:
             data.pop("default", None)
+        if self.when_missing == "error":
+            data.pop("when_missing", None)  # jobs written before it keep their fingerprint
         return data
 
 
@@ -405,6 +437,59 @@ class BatchConfig(_Model):
         return tuple((("request", "batch", "item_lines", n), node) for n, node in enumerate(lines))
 
 
+def _no_fields(text: str) -> str:
+    """Text the whole run shares (a token request): `${NAME}` secrets, but no `{field}` of a record."""
+    if compile_template(text).fields:
+        raise ValueError("cannot use a {field}: the token is the same for every row")
+    return text
+
+
+def _secret_reference(text: str) -> str:
+    if not compile_template(text).secrets:
+        raise ValueError('must come from the environment, like "${CLIENT_SECRET}": never write a secret here')
+    return text
+
+
+def _token_url(text: str) -> str:
+    _no_fields(text)
+    first = (compile_template(text).parts or ("",))[0]
+    if not (isinstance(first, SecretRef) or (isinstance(first, str) and first.lower().startswith(_SCHEMES))):
+        raise ValueError("the token URL must begin with http:// or https:// (or a ${NAME} holding one)")
+    return text
+
+
+_SCHEMES = ("http://", "https://")
+SharedText = Annotated[
+    str, BeforeValidator(_int_as_text), AfterValidator(_template), AfterValidator(_no_fields)
+]
+
+
+class OAuth2Config(_Model):
+    """`request.auth.oauth2`: a client-credentials token, fetched before the first request and sent as
+    `Authorization: Bearer` (relay/auth.py). What it grants (URL, scope, params) is the job's meaning;
+    who asks (client id and secret) and how it authenticates are not (`config_semantic_dict`)."""
+
+    token_url: Annotated[str, AfterValidator(_template), AfterValidator(_token_url)]
+    client_id: Annotated[SharedText, AfterValidator(_non_empty)]
+    client_secret: Annotated[SharedText, AfterValidator(_secret_reference)]
+    scope: SharedText | None = None
+    params: dict[NonEmpty, SharedText] = Field(default_factory=dict)
+    client_auth: Literal["body", "basic"] = "body"
+    # Refresh this long before `expires_in` runs out (at half the lifetime when that is shorter).
+    refresh_before_seconds: PauseSeconds = 60.0
+
+    @model_validator(mode="after")
+    def _reserved_params(self) -> OAuth2Config:
+        reserved = {"grant_type", "client_id", "client_secret", "scope"} & set(self.params)
+        if reserved:
+            raise ValueError(f"params cannot set {', '.join(sorted(reserved))}: auth.oauth2 sets it")
+        return self
+
+
+class AuthConfig(_Model):
+    oauth2: OAuth2Config
+
+
 class RequestConfig(_Model):
     method: Annotated[Method, BeforeValidator(_upper)]
     url: Annotated[str, AfterValidator(_url)]
@@ -416,6 +501,7 @@ class RequestConfig(_Model):
     content_type: Annotated[str, AfterValidator(_sendable_header_literal)] | None = None
     idempotency_key: IdempotencyKeyConfig | None = None
     batch: BatchConfig | None = None
+    auth: AuthConfig | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> RequestConfig:
@@ -434,13 +520,19 @@ class RequestConfig(_Model):
             raise ValueError("request.headers also sets the idempotency_key header")
         if self.batch is not None:
             _batch_request_is_constant(self, given)
+        if isinstance(self.json_, JsonField) and self.json_.when_missing == "omit":
+            raise ValueError("request.json is one {from: ...} value: when_missing: omit would leave no body")
+        if self.auth is not None and "authorization" in names:
+            raise ValueError("request.headers sets Authorization, which request.auth sends: keep one")
         return self
 
     @model_serializer(mode="wrap")
-    def _omit_absent_batch(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_absent_parts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if self.batch is None:
             data.pop("batch", None)
+        if self.auth is None:
+            data.pop("auth", None)  # the fingerprint of a job without auth stays what it was
         return data
 
 
@@ -585,6 +677,8 @@ class ExecutionConfig(_Model):
 _OPERATIONAL_EXECUTION_KEYS = ("client", "proxy", "tls")
 # Where the shared limit is kept, not what it is (the rate is semantic): moving Redis never blocks a resume.
 _OPERATIONAL_RATE_LIMIT_KEYS = ("shared", "shared_key")
+# Who asks for the token and how, not what it grants: rotating a client never blocks a resume.
+_OPERATIONAL_OAUTH2_KEYS = ("client_id", "client_secret", "client_auth", "refresh_before_seconds")
 
 _PERCENT = re.compile(r"(100|[0-9]{1,2})(\.[0-9]+)?%")
 
@@ -635,9 +729,21 @@ class HaltConfig(_Model):
     consecutive_failures: Annotated[int, Field(ge=1)] = 100
 
 
+def _var_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    for name in names:
+        if not SECRET_NAME.fullmatch(name):
+            raise ValueError(f"vars: {name!r} is not a variable name (capitals, digits and _, like API_BASE)")
+    if len(set(names)) != len(names):
+        raise ValueError("vars names a variable twice")
+    return names
+
+
 class JobConfig(_Model):
     version: Literal[1]
     name: str | None = None
+    # `${NAME}`s that are settings, not secrets (`${API_BASE}`): read from the environment like a secret,
+    # but shown by `render` and never redacted. In the fingerprint (names only) when there are any.
+    vars: Annotated[tuple[str, ...], BeforeValidator(_list_as_tuple), AfterValidator(_var_names)] = ()
     input: InputConfig = Field(default_factory=InputConfig)
     request: RequestConfig
     response: ResponseConfig = Field(default_factory=ResponseConfig)
@@ -659,6 +765,12 @@ class JobConfig(_Model):
             given = [k for k in ("items", "on_batch_rejected") if getattr(self.response, k) is not None]
             if given:
                 raise ValueError(f"response.{given[0]} reads a batch's answer: it needs request.batch")
+        unused = sorted(set(self.vars) - environment_names(self))
+        if unused:
+            raise ValueError(f"vars names {', '.join(unused)}, which no ${{NAME}} of the job uses")
+        auth = self.request.auth
+        if auth is not None and set(self.vars) & compile_template(auth.oauth2.client_secret).secrets:
+            raise ValueError("vars names the client_secret's variable: a client secret is never shown")
         return self
 
     @model_serializer(mode="wrap")
@@ -666,7 +778,23 @@ class JobConfig(_Model):
         data: dict[str, Any] = handler(self)
         if self.mirror is None:
             data.pop("mirror", None)
+        if not self.vars:
+            data.pop("vars", None)  # a job without vars keeps the fingerprint it had
         return data
+
+
+def environment_names(config: JobConfig) -> set[str]:
+    """Every `${NAME}` the job reads from the environment (secrets and vars)."""
+    req = config.request
+    texts = [req.url, *req.query.values(), *req.headers.values(), req.body or ""]
+    texts += [value for value in (req.form or {}).values() if isinstance(value, str)]
+    if config.mirror is not None:
+        texts.append(config.mirror.url)
+    if req.auth is not None:
+        oauth2 = req.auth.oauth2
+        texts += [oauth2.token_url, oauth2.client_id, oauth2.client_secret, oauth2.scope or ""]
+        texts += oauth2.params.values()
+    return {name for text in texts for name in compile_template(text).secrets}
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -696,7 +824,8 @@ class Job:
 def required_fields(config: JobConfig) -> dict[str, YamlPath]:
     """Every record field the job cannot do without, with the first YAML path that names it.
 
-    A `json` leaf with a `default` is left out: its field may be absent."""
+    A `json` leaf with a `default` or a `when_missing` is left out: its field may be absent. A JSON
+    pointer (`from: /address/city`) needs its first field (`address`)."""
     req = config.request
     places: list[tuple[YamlPath, str]] = [(("request", "url"), req.url)]
     places += [(("request", "query", name), text) for name, text in req.query.items()]
@@ -713,11 +842,11 @@ def required_fields(config: JobConfig) -> dict[str, YamlPath]:
             found.setdefault(leaf.from_, ("request", "form", name, "from"))
     if req.json_ is not None:
         for path, json_leaf in _json_fields(req.json_, ("request", "json")):
-            found.setdefault(json_leaf.from_, (*path, "from"))
+            found.setdefault(json_leaf.field, (*path, "from"))
     for item_path, node in req.batch.item_nodes() if req.batch is not None else ():
         for path, item_leaf in item_leaves(node, item_path):
             if isinstance(item_leaf, JsonField) and not item_leaf.has_default:
-                found.setdefault(item_leaf.from_, (*path, "from"))
+                found.setdefault(item_leaf.field, (*path, "from"))
     if config.input.key is not None:
         found.setdefault(config.input.key, ("input", "key"))
     return found
@@ -725,7 +854,7 @@ def required_fields(config: JobConfig) -> dict[str, YamlPath]:
 
 def _json_fields(node: JsonNode, path: YamlPath) -> Iterator[tuple[YamlPath, JsonField]]:
     if isinstance(node, JsonField):
-        if not node.has_default:
+        if not node.optional:
             yield path, node
     elif isinstance(node, dict):
         for key, child in node.items():
@@ -777,8 +906,9 @@ def _parse_job(text: str, *, file: str) -> tuple[JobConfig, LineMap, list[Proble
 
 def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
     """Everything that changes what the job does, as JSON-able data: all but `name`, `input.file`,
-    `retry.max_retry_after_seconds` (how long a pause may last changes no request) and the transport's
-    operational settings (client, proxy, TLS identity, where a shared limit is kept)."""
+    `retry.max_retry_after_seconds` (how long a pause may last changes no request), the transport's
+    operational settings (client, proxy, TLS identity, where a shared limit is kept) and who asks for
+    an OAuth2 token (client id and secret, how it authenticates, when it refreshes)."""
     data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
     del data["name"]
     del data["input"]["file"]
@@ -788,6 +918,9 @@ def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
     if data["execution"]["rate_limit"] is not None:
         for key in _OPERATIONAL_RATE_LIMIT_KEYS:
             del data["execution"]["rate_limit"][key]
+    oauth2 = data["request"].get("auth", {}).get("oauth2")
+    for key in _OPERATIONAL_OAUTH2_KEYS if oauth2 is not None else ():
+        del oauth2[key]
     return data
 
 
@@ -895,6 +1028,7 @@ _LEVELS: dict[type[BaseModel], str] = {
     FormField: "a request.form {from: ...} value", IdempotencyKeyConfig: "request.idempotency_key",
     BatchConfig: "request.batch", JsonMeta: "a request.batch.item {meta: ...} leaf",
     ItemsConfig: "response.items",
+    AuthConfig: "request.auth", OAuth2Config: "request.auth.oauth2",
     ResponseConfig: "response", ExecutionConfig: "execution", TimeoutConfig: "execution.timeout",
     RateLimitConfig: "execution.rate_limit", RetryConfig: "retry", HaltConfig: "halt",
 }  # fmt: skip

@@ -112,7 +112,7 @@ def _renderer_and_digester(
 ) -> tuple[RequestRenderer, RequestDigester | None]:
     """The job's renderer, and for a delta job the digester its journal lines and state compare."""
     delta = job.config.execution.sync != "full"
-    renderer = RequestRenderer.from_config(job.config.request, env, sorted_json=delta)
+    renderer = RequestRenderer.from_config(job.config.request, env, sorted_json=delta, shown=job.config.vars)
     if not delta:
         return renderer, None
     return renderer, RequestDigester(job.config.request, renderer.redactor, sorted_json=renderer.sorted_json)

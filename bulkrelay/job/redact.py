@@ -31,6 +31,7 @@ from urllib.parse import quote, quote_plus, unquote
 import orjson
 
 REDACTED = "***"
+LEARNT_KEPT = 8  # secrets learnt during a run that stay hidden (see `Redactor.learn`)
 
 # Unaligned base64 fragments shorter than this would hide ordinary words in every body.
 _BASE64_FRAGMENT_MIN = 6
@@ -55,13 +56,29 @@ class Redactor:
 
     def __init__(self, secret_values: Iterable[str], *, derived: Iterable[str] = ()) -> None:
         secrets = {value for value in secret_values if value}
-        values = secrets | {value for value in derived if value}
+        self._values = secrets | {value for value in derived if value}
+        self._learnt: list[str] = []
+        self._compile()
+        rendered = {form for value in secrets for form in (value, quote(value, safe=""), quote_plus(value))}
+        self._rendered = _alternation(map(re.escape, sorted(rendered, key=len, reverse=True)))
+
+    def _compile(self) -> None:
+        values = self._values.union(self._learnt)
         # Longest first, so that at one position the fullest spelling wins.
         spellings = sorted((alt for value in values for alt in _spellings(value)), key=_length, reverse=True)
         self._pattern = _alternation(regex for regex, _ in spellings)
         self.longest = max((length for _, length in spellings), default=0)
-        rendered = {form for value in secrets for form in (value, quote(value, safe=""), quote_plus(value))}
-        self._rendered = _alternation(map(re.escape, sorted(rendered, key=len, reverse=True)))
+
+    def learn(self, value: str) -> None:
+        """Hide `value` too from now on: a secret obtained during the run (an OAuth2 access token).
+
+        Only the last LEARNT_KEPT are kept: an older one can come back only in the answer to a request
+        sent with it, and those have ended long since. `redact_rendered` never learns: the requests it
+        reads are rendered before a token is added to them (idempotency keys stay what they were)."""
+        if not value or value in self._learnt or value in self._values:
+            return
+        self._learnt = [*self._learnt[-(LEARNT_KEPT - 1) :], value]
+        self._compile()
 
     @property
     def active(self) -> bool:

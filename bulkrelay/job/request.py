@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -20,6 +20,7 @@ import orjson
 
 from bulkrelay.errors import SecretInvalid
 from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
+from bulkrelay.job.oauth2 import TokenRequest, bind_token_request, oauth2_secret_names
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.redact import Redactor, basic_credentials
 from bulkrelay.job.template import (
@@ -41,6 +42,7 @@ Fields = Mapping[str, Any]
 Getter = Callable[[Fields], Any]
 
 _ABSENT = object()
+_OMIT = object()  # a `when_missing: omit` value: its key is left out of the object
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -66,8 +68,10 @@ class RequestRenderer:
         redactor: Redactor,
         sorted_json: bool = False,
         json: tuple[JsonNode, int] | None = None,
+        token_request: TokenRequest | None = None,
     ) -> None:
         self.method = method
+        self.token_request = token_request  # request.auth.oauth2: the relay fetches the token with it
         self._json = json  # the json tree and its orjson option, compiled into `render`
         self._url = url
         self._query = query
@@ -88,9 +92,15 @@ class RequestRenderer:
 
     @classmethod
     def from_config(
-        cls, req: RequestConfig, env: Mapping[str, str], *, sorted_json: bool = False
+        cls,
+        req: RequestConfig,
+        env: Mapping[str, str],
+        *,
+        sorted_json: bool = False,
+        shown: Collection[str] = (),
     ) -> RequestRenderer:
         """Compile the request config. Raises `SecretMissing` naming every unset `${NAME}`.
+        `shown`: the job's `vars`, read like secrets but never hidden.
 
         `sorted_json` writes a JSON body with its keys sorted at every level (a delta job: the
         canonical form is then what goes on the wire, and what `render` shows)."""
@@ -99,8 +109,11 @@ class RequestRenderer:
             texts.append(req.body)
         form_texts = [v for v in (req.form or {}).values() if isinstance(v, str)]
         templates = [compile_template(text) for text in texts + form_texts]
-        secrets = resolve_secrets((name for t in templates for name in t.secrets), env)
+        oauth2 = req.auth.oauth2 if req.auth is not None else None
+        auth_names = oauth2_secret_names(oauth2) if oauth2 is not None else set()
+        secrets = resolve_secrets([*(name for t in templates for name in t.secrets), *auth_names], env)
         _refuse_unsendable_secrets(req, secrets)
+        token_request = bind_token_request(oauth2, secrets) if oauth2 is not None else None
 
         def bind(text: str, *, url: bool = False) -> BoundTemplate:
             return compile_template(text).bind(secrets, url=url)
@@ -121,9 +134,8 @@ class RequestRenderer:
             body=_body_renderer(req, bind, sorted_json),
             fields_used=frozenset(fields),
             idempotency_header=req.idempotency_key.header if req.idempotency_key else None,
-            redactor=Redactor(
-                secrets.values(), derived=basic_credentials(_url_head(req.url, secrets), secrets.values())
-            ),
+            redactor=_redactor(req.url, secrets, token_request, shown),
+            token_request=token_request,
             sorted_json=sorted_json and req.json_ is not None,
             json=None if req.json_ is None else (req.json_, _json_option(sorted_json)),
         )
@@ -275,6 +287,18 @@ def idempotency_key(
     return hashlib.sha256(canonical).hexdigest()[:32]
 
 
+def _redactor(
+    url: str, values: Mapping[str, str], token_request: TokenRequest | None, shown: Collection[str]
+) -> Redactor:
+    """Hides every secret (not the `vars`) and what the transport builds from them: URL credentials sent
+    as Basic auth, and the client's Basic credentials of a token request."""
+    hidden = [value for name, value in values.items() if name not in shown]
+    derived = basic_credentials(_url_head(url, values), hidden)
+    if token_request is not None:
+        derived.append(token_request.basic_credentials)
+    return Redactor(hidden, derived=derived)
+
+
 def _url_head(url: str, secrets: Mapping[str, str]) -> str:
     """The URL up to its first record field, secrets in place: where `user:password@` credentials sit."""
     head = ""
@@ -364,7 +388,7 @@ def _refuse_unsendable_secrets(req: RequestConfig, secrets: Mapping[str, str]) -
 def _body_fields(req: RequestConfig) -> set[str]:
     fields: set[str] = set()
     if req.json_ is not None:
-        fields.update(leaf.from_ for leaf in _json_leaves(req.json_) if isinstance(leaf, JsonField))
+        fields.update(leaf.field for leaf in _json_leaves(req.json_) if isinstance(leaf, JsonField))
     for value in (req.form or {}).values():
         if isinstance(value, FormField):
             fields.add(value.from_)
@@ -433,8 +457,8 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
     if isinstance(node, JsonValue):
         return code.bound(node.value)
     if isinstance(node, JsonField):
-        if node.has_default:
-            return f"{code.bound(_field_getter(node))}(f)"  # absent, null or empty is no error here
+        if node.optional or node.pointer is not None:
+            return f"{code.bound(_field_getter(node))}(f)"  # absence is no error, or a path to follow
         field = code.bound(node.from_)
         if node.type is None:
             return f"f[{field}]"
@@ -445,6 +469,8 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
                 f" and v.isascii() else {coerce}({field}, v))"
             )
         return f"{coerce}({field}, f[{field}])"
+    if any(isinstance(child, JsonField) and child.when_missing == "omit" for child in node.values()):
+        return f"{code.bound(_json_getter(node))}(f)"  # a key may be left out: no dict display
     items = (f"{code.bound(key)}: {_json_display(child, code)}" for key, child in node.items())
     return "{" + ", ".join(items) + "}"
 
@@ -520,19 +546,23 @@ def _json_getter(node: JsonNode) -> Getter:
     if isinstance(node, JsonField):
         return _field_getter(node)
     items = tuple((key, _json_getter(child)) for key, child in node.items())
-    return lambda fields: {key: get(fields) for key, get in items}
+    return lambda fields: {key: value for key, get in items if (value := get(fields)) is not _OMIT}
 
 
 def _field_getter(leaf: JsonField) -> Getter:
     name = leaf.from_
-    if leaf.type is None and not leaf.has_default:
+    pointer = leaf.pointer
+    if leaf.type is None and not leaf.optional and pointer is None:
         return _as_read_getter(name)
     coerce = _COERCERS[leaf.type] if leaf.type is not None else None
     has_default, default = leaf.has_default, leaf.default
     empty_is_absent = leaf.type not in (None, "string")
+    missing = {"error": _ABSENT, "omit": _OMIT, "null": None}[leaf.when_missing]
 
     def get(fields: Fields) -> Any:
-        value = fields.get(name, _ABSENT)
+        value = fields.get(name, _ABSENT) if pointer is None else _pointed(fields, pointer)
+        if value is _ABSENT and missing is not _ABSENT:
+            return missing
         if value is _ABSENT or value is None or (empty_is_absent and value == ""):
             if has_default:
                 return default
@@ -540,6 +570,21 @@ def _field_getter(leaf: JsonField) -> Getter:
         return value if coerce is None else coerce(name, value)
 
     return get
+
+
+def _pointed(fields: Fields, pointer: tuple[str, ...]) -> Any:
+    """The value a JSON pointer names in the record, or _ABSENT where the path leads nowhere."""
+    node: Any = fields
+    for token in pointer:
+        if isinstance(node, Mapping):
+            node = node.get(token, _ABSENT)
+        elif isinstance(node, list) and token.isdigit() and (token == "0" or token[0] != "0"):
+            node = node[int(token)] if int(token) < len(node) else _ABSENT
+        else:
+            return _ABSENT
+        if node is _ABSENT:
+            return _ABSENT
+    return node
 
 
 def _as_read_getter(name: str) -> Getter:

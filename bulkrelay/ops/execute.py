@@ -58,6 +58,16 @@ _STOPS: dict[StopReason, tuple[str, ExitCode, str]] = {
         ExitCode.UNAVAILABLE,
         "the shared rate limit cannot be reached, and no shard sends without it; halted",
     ),
+    StopReason.TOKEN_REFUSED: (
+        "TARGET_AUTH_FAILED",
+        ExitCode.AUTH_REQUIRED,
+        "the OAuth2 token endpoint refused the client; halted",
+    ),
+    StopReason.TOKEN_UNAVAILABLE: (
+        "TARGET_UNAVAILABLE",
+        ExitCode.UNAVAILABLE,
+        "no OAuth2 token could be had from the token endpoint; halted",
+    ),
     StopReason.CANCELLED: ("CANCELLED", ExitCode.SIGTERM, "the job was cancelled"),
     StopReason.INPUT_CHANGED: (
         "INPUT_CHANGED",
@@ -65,6 +75,10 @@ _STOPS: dict[StopReason, tuple[str, ExitCode, str]] = {
         "the input changed during the run, so nothing more was read from it; stopped at a safe point",
     ),
 }
+
+
+# Stops whose detail carries a `message` saying what happened, shown as the error's detail.
+_SAYS_WHY = frozenset({StopReason.INPUT_CHANGED, StopReason.TOKEN_REFUSED, StopReason.TOKEN_UNAVAILABLE})
 
 
 class Supervisor(Protocol):
@@ -296,11 +310,16 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     }
     if state.resumable:
         error["suggestion"] = continue_command(run)
-        if (
-            outcome.stop_reason is StopReason.INPUT_CHANGED
-        ):  # what changed, e.g. "data.csv changed ...: size 1 -> 2"
+        if outcome.stop_reason in _SAYS_WHY:  # e.g. "data.csv changed ...: size 1 -> 2", "invalid_client"
             error["detail"] = str(outcome.stop_detail.get("message", ""))
+        if outcome.stop_reason is StopReason.INPUT_CHANGED:
             error["suggestion"] = f"restore the input preflight read, then: {continue_command(run)}"
+        if outcome.stop_reason is StopReason.TOKEN_REFUSED:
+            error["message"] = f"run {run.run_id}: {outcome.stop_detail.get('message')}; halted"
+            error["suggestion"] = (
+                "fix request.auth.oauth2 or its secrets (bulkrelay validate --check-auth JOB asks the "
+                f"endpoint alone), then: {continue_command(run)}"
+            )
     return Result(data=data, exit_code=exit_code, error=error)
 
 

@@ -6,9 +6,11 @@ import bisect
 import os
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
 from bulkrelay.errors import BulkRelayError, InputInvalid, Problem, UsageError
@@ -16,7 +18,9 @@ from bulkrelay.job.batch import BatchRenderer, Item
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
+from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
+from bulkrelay.job.redact import REDACTED
 from bulkrelay.job.request import RenderError, RequestRenderer
 from bulkrelay.ops.batchrender import rendered_batches
 from bulkrelay.ops.results import (
@@ -29,8 +33,11 @@ from bulkrelay.ops.results import (
     ValidateResult,
 )
 from bulkrelay.ops.runref import survey
+from bulkrelay.relay.auth import check_token
+from bulkrelay.relay.engine import transport_settings
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.sender import row_identity
+from bulkrelay.relay.transport import open_transport
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.rundir import (
@@ -61,9 +68,23 @@ def validate_result(preflight: Preflight) -> ValidateResult:
     )
 
 
-def validate(job: Job, input_path: Path | None, input_name: str | None = None) -> Result:
+def validate(
+    job: Job, input_path: Path | None, input_name: str | None = None, *, check_auth: bool = False
+) -> Result:
+    """Preflight; with `check_auth`, then one token from `request.auth.oauth2`'s endpoint (no row sent)."""
     preflight = run_preflight(job, input_path, input_name=input_name)
-    return Result(data=validate_result(preflight), warnings=deprecation_warnings(job.deprecations))
+    result = validate_result(preflight)
+    if check_auth:
+        result = replace(result, auth=_checked_auth(preflight))
+    return Result(data=result, warnings=deprecation_warnings(job.deprecations))
+
+
+def _checked_auth(preflight: Preflight) -> dict[str, Any]:
+    token = anyio.run(check_token, preflight, open_transport, transport_settings(preflight))
+    request = preflight.renderer.token_request
+    assert request is not None  # check_token refuses a job without one
+    shown = preflight.renderer.redactor.redact(request.token_url)
+    return {"accepted": True, "token_url": shown, "expires_in": token.expires_in}
 
 
 @dataclass(frozen=True)
@@ -113,8 +134,16 @@ def parse_rows(spec: str) -> RowRanges:
     return RowRanges(spec, tuple(merged))
 
 
-def render(job: Job, input_path: Path | None, rows_spec: str | None, input_name: str | None = None) -> Result:
+def render(
+    job: Job,
+    input_path: Path | None,
+    rows_spec: str | None,
+    input_name: str | None = None,
+    *,
+    curl: bool = False,
+) -> Result:
     """The exact requests the chosen rows would send, secrets shown as `***`. Sends nothing.
+    `curl`: each also as a curl command line.
 
     Rows past the end of the input are a warning; when none of the named rows exist, a usage error."""
     wanted = parse_rows(rows_spec or DEFAULT_ROWS)
@@ -137,7 +166,7 @@ def render(job: Job, input_path: Path | None, rows_spec: str | None, input_name:
                 {"rows": rows_spec, "record_count": record_count},
             )
         )
-    return Result(data=RenderResult(str(job.path), tuple(requests)), warnings=warnings)
+    return Result(data=RenderResult(str(job.path), tuple(requests), curl=curl), warnings=warnings)
 
 
 def _render_rows(
@@ -146,7 +175,10 @@ def _render_rows(
     """The rendered requests, the problems met, and the input's row count when the range
     reached past its end (None when it stopped early: every named row exists)."""
     renderer = RequestRenderer.from_config(
-        job.config.request, os.environ, sorted_json=job.config.execution.sync != "full"
+        job.config.request,
+        os.environ,
+        sorted_json=job.config.execution.sync != "full",
+        shown=job.config.vars,
     )
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []
@@ -182,6 +214,8 @@ def _render_rows(
                 identity = row_identity(record, job.config.input.key)
                 key = renderer.idempotency_key(config_sha256, identity, request)
                 request = renderer.with_idempotency_key(request, key)
+            if renderer.token_request is not None:  # the token is fetched when the run starts
+                request = with_bearer(request, REDACTED)
             shown = renderer.redact(request)
             requests.append(
                 RenderedRequest(

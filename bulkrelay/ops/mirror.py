@@ -59,7 +59,7 @@ def _check_limit(mirror: MirrorConfig, count: int, delivered: int) -> None:
 
 
 def deletion_job(job: Job) -> Job:
-    """The job that sends the deletions: the mirror request (with the job's headers), keyed input."""
+    """The job that sends the deletions: the mirror request (with the job's headers and auth), keyed input."""
     config = job.config
     mirror = config.mirror
     assert mirror is not None
@@ -69,6 +69,7 @@ def deletion_job(job: Job) -> Job:
             "url": mirror.url,
             "headers": config.request.headers,
             "idempotency_key": config.request.idempotency_key,
+            "auth": config.request.auth,  # the deletions need the same token as the rows
         }
     )
     derived: JobConfig = config.model_copy(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bulkrelay.envelope import CommandData
+from bulkrelay.ops.curl import curl_command
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunState
 
@@ -35,9 +36,10 @@ class ValidateResult(CommandData):
     gzip: bool
     input: InputFacts
     config_sha256: str
+    auth: dict[str, Any] | None = None  # `--check-auth`: the token endpoint accepted the client
 
     def to_data(self) -> dict[str, Any]:
-        return {
+        data = {
             "job": self.job,
             "record_count": self.record_count,
             "format": self.format,
@@ -45,6 +47,7 @@ class ValidateResult(CommandData):
             "input": {"path": self.input.path, "sha256": self.input.sha256, "size": self.input.size},
             "config_sha256": self.config_sha256,
         }
+        return data if self.auth is None else {**data, "auth": self.auth}
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,11 @@ class RenderedRequest:
     batch: dict[str, Any] | None = (
         None  # a batch job's request: {seq, rows, size, bytes}; row_number is its first
     )
+
+    @property
+    def curl(self) -> str:
+        """The request as a curl command line (`render --curl`), secrets as `***`."""
+        return curl_command(self.method, self.url, self.headers, self.body)
 
     def to_data(self) -> dict[str, Any]:
         data = {
@@ -81,9 +89,14 @@ class RenderResult(CommandData):
 
     job: str
     requests: tuple[RenderedRequest, ...]
+    curl: bool = False  # `--curl`: each request also as a curl command line
 
     def to_data(self) -> dict[str, Any]:
-        return {"job": self.job, "requests": [request.to_data() for request in self.requests]}
+        requests = [
+            {**request.to_data(), "curl": request.curl} if self.curl else request.to_data()
+            for request in self.requests
+        ]
+        return {"job": self.job, "requests": requests}
 
 
 @dataclass(frozen=True)

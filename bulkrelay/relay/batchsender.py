@@ -23,13 +23,15 @@ import orjson
 
 from bulkrelay.job.batch import BatchRenderer, Item
 from bulkrelay.job.preflight import Preflight
+from bulkrelay.job.records import PreparedRequest
+from bulkrelay.relay.auth import TokenSource
 from bulkrelay.relay.itemresults import AnswerInvalid, ItemOutcome, ItemReader
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
-from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, RetryPolicy, counts_as_success
-from bulkrelay.relay.sender import RowSender, _milliseconds
+from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, Decision, RetryPolicy, counts_as_success
+from bulkrelay.relay.sender import Exchange, RowSender, _milliseconds
 from bulkrelay.relay.stopping import StopControl, StopReason
-from bulkrelay.relay.transport.base import Response, Transport, TransportError
+from bulkrelay.relay.transport.base import Response, Transport
 from bulkrelay.store.journal import JournalEntry
 
 # A whole request failing so counts toward halt.consecutive_failures (per request in batch mode).
@@ -83,8 +85,9 @@ class BatchSender(RowSender):
         stop: StopControl,
         *,
         stats: RelayStats | None = None,
+        auth: TokenSource | None = None,
     ) -> None:
-        super().__init__(preflight, transport, limiter, policy, stop, stats=stats)
+        super().__init__(preflight, transport, limiter, policy, stop, stats=stats, auth=auth)
         assert preflight.batcher is not None
         self.batcher: BatchRenderer = preflight.batcher
         response = preflight.job.config.response
@@ -99,32 +102,12 @@ class BatchSender(RowSender):
 
     async def _send(self, items: list[PendingItem], result: BatchResult) -> None:
         request, _ = self.batcher.request([pending.item for pending in items])
-        while True:
-            for pending in items:
-                pending.attempts += 1
-            if not self._limiter.try_start():
-                await self._limiter.acquire()
-            response: Response | None = None
-            error: TransportError | None = None
-            sent = time.monotonic()
-            try:
-                response = await self._transport.send(request)
-            except TransportError as exc:
-                error = exc
-            latency = time.monotonic() - sent
-            status = response.status if response is not None else None
-            self._stats.on_attempt(status, latency)
-            retry_after = self._retry_after(response)
-            decision = self._policy.decide(max(p.attempts for p in items), status, error, retry_after)
-            if decision.halt:
-                self.stop.request(StopReason.HALT_AUTH, status_code=status, row=items[0].row_number)
-                return  # every row of the batch stays pending
-            self._slow_down(response, retry_after)
-            if not decision.retry:
-                break
-            self._stats.on_retry()
-            if await self._stopped_during(decision.delay_seconds):
-                return
+        answered = await self._until_decided(items, request)
+        if answered is None:
+            return  # stopping (a halt, a stop request, no token): every row of the batch stays pending
+        tried, decision = answered
+        response, error, latency = tried.response, tried.error, tried.latency
+        status = response.status if response is not None else None
         if response is not None and self._policy.is_success(response.status):
             self._read_answer(items, response, latency, result)
         elif self._splits(response, len(items)):
@@ -144,6 +127,40 @@ class BatchSender(RowSender):
                 for index, pending in enumerate(items)
             ]  # fmt: skip
             result.groups.append(Group(entries, decision.classification in STREAK_CLASSES))
+
+    async def _until_decided(
+        self, items: list[PendingItem], request: PreparedRequest
+    ) -> tuple[Exchange, Decision] | None:
+        """Send the batch until the policy decides (attempts counted per row, retries whole); None when
+        the run stops first."""
+        first_sent = 0.0
+        while True:
+            for pending in items:
+                pending.attempts += 1
+            if not self._limiter.try_start():
+                await self._limiter.acquire()
+            tried = await self._exchange(request)
+            if tried is None:
+                return None
+            first_sent = first_sent or tried.sent
+            if self._token_ran_out(tried, first_sent):
+                if await self._renewed(tried.token) is None:
+                    return None
+                self._stats.on_retry()
+                continue
+            response = tried.response
+            status = response.status if response is not None else None
+            retry_after = self._retry_after(response)
+            decision = self._policy.decide(max(p.attempts for p in items), status, tried.error, retry_after)
+            if decision.halt:
+                self.stop.request(StopReason.HALT_AUTH, status_code=status, row=items[0].row_number)
+                return None
+            self._slow_down(response, retry_after)
+            if not decision.retry:
+                return tried, decision
+            self._stats.on_retry()
+            if await self._stopped_during(decision.delay_seconds):
+                return None
 
     def _splits(self, response: Response | None, count: int) -> bool:
         if response is None or count < 2:

@@ -23,6 +23,7 @@ from bulkrelay.job.inputs import open_records
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
+from bulkrelay.relay.auth import TokenSource, open_token_source
 from bulkrelay.relay.batches import BatchRelay
 from bulkrelay.relay.batchsender import BatchSender
 from bulkrelay.relay.metrics import RelayStats
@@ -282,13 +283,14 @@ async def relay(
         run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit, state=state
     )
     transport = transport_factory(transport_settings(preflight))
+    auth = open_token_source(preflight, transport_factory, transport_settings(preflight), stop)
     limiter = open_limiter(config)
     stats = stats or RelayStats()
-    sender = _row_sender(preflight, transport, limiter, stop, stats)
+    sender = _row_sender(preflight, transport, limiter, stop, stats, auth=auth)
     committed.pace = limiter.state
     committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
-    batches = _batch_relay(preflight, transport, limiter, stop, stats, start=start)
+    batches = _batch_relay(preflight, transport, limiter, stop, stats, start=start, auth=auth)
     records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
 
     reporter.update(committed.snapshot())
@@ -316,6 +318,8 @@ async def relay(
         with anyio.CancelScope(shield=True):
             await transport.aclose()
             await limiter.aclose()
+            if auth is not None:
+                await auth.aclose()
     write_checkpoint(run.path, committed.checkpoint(), storage)
     reporter.update(committed.snapshot())
     return _outcome(committed, stop, time.monotonic() - started)
@@ -351,7 +355,13 @@ def target_origin(config: JobConfig) -> str:
 
 
 def _row_sender(
-    preflight: Preflight, transport: Transport, limiter: Limiter, stop: StopControl, stats: RelayStats
+    preflight: Preflight,
+    transport: Transport,
+    limiter: Limiter,
+    stop: StopControl,
+    stats: RelayStats,
+    *,
+    auth: TokenSource | None = None,
 ) -> RowSender:
     config = preflight.job.config
     return RowSender(
@@ -361,6 +371,7 @@ def _row_sender(
         policy=RetryPolicy.from_config(config.retry, config.response, config.halt),
         stop=stop,
         stats=stats,
+        auth=auth,
     )
 
 
@@ -372,13 +383,14 @@ def _batch_relay(
     stats: RelayStats,
     *,
     start: StartPoint,
+    auth: TokenSource | None,
 ) -> BatchRelay | None:
     """A batch job's workers (request.batch); None for a job sending one row per request."""
     if preflight.batcher is None:
         return None
     config = preflight.job.config
     policy = RetryPolicy.from_config(config.retry, config.response, config.halt)
-    sender = BatchSender(preflight, transport, limiter, policy, stop, stats=stats)
+    sender = BatchSender(preflight, transport, limiter, policy, stop, stats=stats, auth=auth)
     journaled = start.journal.done if start.journal is not None else None
     return BatchRelay(sender, stop, config.halt.consecutive_failures, journaled)
 

@@ -7,11 +7,14 @@ must stay pending: a halt status was seen, or a stop arrived while it waited to 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import anyio
 
+from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest, Record, row_identity
+from bulkrelay.relay.auth import Token, TokenSource
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
@@ -29,6 +32,18 @@ def _milliseconds(seconds: float) -> float:
     return int(seconds * 1_000_000 + 0.5) / 1000
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """One attempt's send: what came back (or the transport error), its round trip, when it left, and
+    the token it carried."""
+
+    response: Response | None
+    error: TransportError | None
+    latency: float
+    sent: float
+    token: Token | None
+
+
 class RowSender:
     def __init__(
         self,
@@ -39,8 +54,10 @@ class RowSender:
         stop: StopControl,
         *,
         stats: RelayStats | None = None,
+        auth: TokenSource | None = None,
     ) -> None:
         config = preflight.job.config
+        self._auth = auth  # request.auth.oauth2: the token each attempt carries
         self._stats = stats or RelayStats()
         self._renderer = preflight.renderer
         self._digester = preflight.digester
@@ -68,21 +85,23 @@ class RowSender:
     async def send(self, record: Record) -> JournalEntry | None:
         request, key = self._prepare(record)
         started = time.monotonic()
+        first_sent = 0.0  # when the row was first sent: a token younger than that was fetched for it
         attempt = 0
         while True:
             attempt += 1
             if not self._limiter.try_start():  # without a rate limit, no await per request
                 await self._limiter.acquire()
-            response: Response | None = None
-            error: TransportError | None = None
-            sent = time.monotonic()
-            try:
-                response = await self._transport.send(request)
-            except TransportError as exc:
-                error = exc
-            latency = time.monotonic() - sent
+            tried = await self._exchange(request)
+            if tried is None:
+                return None  # no token to be had: the run is stopping, the row stays pending
+            response, error, latency = tried.response, tried.error, tried.latency
             status = response.status if response is not None else None
-            self._stats.on_attempt(status, latency)
+            first_sent = first_sent or tried.sent
+            if self._token_ran_out(tried, first_sent):
+                if await self._renewed(tried.token) is None:
+                    return None
+                self._stats.on_retry()
+                continue
             retry_after = self._retry_after(response)
             decision = self._policy.decide(attempt, status, error, retry_after)
             if decision.halt:
@@ -106,6 +125,38 @@ class RowSender:
             retryable=decision.retryable,
             request=request,
         )
+
+    async def _exchange(self, request: PreparedRequest) -> Exchange | None:
+        """One send of `request`, with the current token when the job has request.auth; None when no
+        token can be had (the run is stopping)."""
+        outgoing, token = request, None
+        if self._auth is not None:
+            token = await self._auth.current()
+            if token is None:
+                return None
+            outgoing = with_bearer(request, token.value)
+        response: Response | None = None
+        error: TransportError | None = None
+        sent = time.monotonic()
+        try:
+            response = await self._transport.send(outgoing)
+        except TransportError as exc:
+            error = exc
+        latency = time.monotonic() - sent
+        self._stats.on_attempt(response.status if response is not None else None, latency)
+        return Exchange(response, error, latency, sent, token)
+
+    @staticmethod
+    def _token_ran_out(tried: Exchange, first_sent: float) -> bool:
+        """A 401 to a token older than the row's (or batch's) first send: the token may have run out on
+        the way, so one new token for all and one more send (an attempt). A 401 to a token fetched since
+        is a refusal, and the policy decides (halt.on_statuses)."""
+        status = tried.response.status if tried.response is not None else None
+        return status == 401 and tried.token is not None and tried.token.obtained <= first_sent
+
+    async def _renewed(self, refused: Token | None) -> Token | None:
+        assert self._auth is not None and refused is not None
+        return await self._auth.renew(refused)
 
     async def _stopped_during(self, delay: float) -> bool:
         """Wait out a backoff; a stop request ends the wait and leaves the row pending."""

@@ -25,6 +25,8 @@ class StopReason(enum.StrEnum):
     HALT_AUTH = "halt_auth"  # a status in halt.on_statuses
     HALT_UNAVAILABLE = "halt_unavailable"  # halt.consecutive_failures reached
     HALT_LIMIT_UNAVAILABLE = "halt_limit_unavailable"  # the shared rate limit (Redis) cannot be reached
+    TOKEN_REFUSED = "token_refused"  # the OAuth2 token endpoint refused the client (relay/auth)
+    TOKEN_UNAVAILABLE = "token_unavailable"  # no OAuth2 token could be had: the endpoint is down
     CANCELLED = "cancelled"  # job cancel
     STALLED = "stalled"  # no progress for idle_timeout_seconds
     INPUT_CHANGED = "input_changed"  # the input is no longer the file preflight read
@@ -42,7 +44,15 @@ class StopReason(enum.StrEnum):
         return self.halts or self is StopReason.INPUT_CHANGED
 
 
-_HALTS = frozenset({StopReason.HALT_AUTH, StopReason.HALT_UNAVAILABLE, StopReason.HALT_LIMIT_UNAVAILABLE})
+_HALTS = frozenset(
+    {
+        StopReason.HALT_AUTH,
+        StopReason.HALT_UNAVAILABLE,
+        StopReason.HALT_LIMIT_UNAVAILABLE,
+        StopReason.TOKEN_REFUSED,
+        StopReason.TOKEN_UNAVAILABLE,
+    }
+)
 
 
 @dataclass

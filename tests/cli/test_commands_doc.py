@@ -19,6 +19,8 @@ _DESCRIBED_ONCE = {
     "--help", "--json", "--human", "--quiet", "--version",
     "--budget", "--timeout", "--runs-dir", "--metrics-file", "--log-file", "--metrics-push",
 }  # fmt: skip
+# Flags of other tools the page explains (`render --curl` writes curl's).
+_OTHER_TOOLS = {"--globoff", "--data-binary"}
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
 
 
@@ -48,7 +50,8 @@ def _sections() -> list[tuple[set[str], str]]:
 
 
 def _flags(text: str) -> set[str]:
-    return set(_FLAG.findall(text)) - _DESCRIBED_ONCE
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)  # an example's own tools (curl) have flags
+    return set(_FLAG.findall(prose)) - _DESCRIBED_ONCE - _OTHER_TOOLS
 
 
 CASES = list(_commands(build_parser()))

@@ -14,6 +14,8 @@ VALUES = {
     StopReason.HALT_AUTH: "halt_auth",
     StopReason.HALT_UNAVAILABLE: "halt_unavailable",
     StopReason.HALT_LIMIT_UNAVAILABLE: "halt_limit_unavailable",
+    StopReason.TOKEN_REFUSED: "token_refused",
+    StopReason.TOKEN_UNAVAILABLE: "token_unavailable",
     StopReason.CANCELLED: "cancelled",
     StopReason.STALLED: "stalled",
     StopReason.INPUT_CHANGED: "input_changed",
@@ -34,7 +36,13 @@ def test_a_stop_reason_is_written_as_its_bare_string() -> None:
 
 def test_only_the_halt_rules_halt() -> None:
     halting = {reason for reason in StopReason if reason.halts}
-    assert halting == {StopReason.HALT_AUTH, StopReason.HALT_UNAVAILABLE, StopReason.HALT_LIMIT_UNAVAILABLE}
+    assert halting == {
+        StopReason.HALT_AUTH,
+        StopReason.HALT_UNAVAILABLE,
+        StopReason.HALT_LIMIT_UNAVAILABLE,
+        StopReason.TOKEN_REFUSED,  # the OAuth2 token endpoint: a halt of its own kind
+        StopReason.TOKEN_UNAVAILABLE,
+    }
 
 
 def test_halts_and_a_changed_input_are_the_outcome_even_when_every_row_ended() -> None:
@@ -43,6 +51,8 @@ def test_halts_and_a_changed_input_are_the_outcome_even_when_every_row_ended() -
         StopReason.HALT_AUTH,
         StopReason.HALT_UNAVAILABLE,
         StopReason.HALT_LIMIT_UNAVAILABLE,
+        StopReason.TOKEN_REFUSED,
+        StopReason.TOKEN_UNAVAILABLE,
         StopReason.INPUT_CHANGED,
     }
 

@@ -1,0 +1,240 @@
+"""Runs that outlive their OAuth2 token, with real processes: 2-second tokens from the loopback target's
+token endpoint, a run of ~10 s at 300 rows/s in the foreground, then in a background job, then across a
+kill -9 and a resume; and nowhere on disk or in any output a client secret or a token.
+
+The counts asserted cannot depend on the machine's load: every row ok, no 401 halt, and at most one token
+request per refresh interval of the time the endpoint itself saw pass (plus the first, plus one for a
+restarted process), as a token is replaced only once it is that old (or refused, which takes older still).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.store.checkpoint import read_checkpoint
+from bulkrelay.store.journal import read_journal
+from tests.clirun import CliResult, cli_env, run_cli
+from tests.jobfiles import write_job
+from tests.targetproc import TargetProcess
+from tests.waiting import HANG_BUDGET, HANG_S, wait_for
+
+pytestmark = pytest.mark.slow
+
+SECRET = "client-secret-4f9d2a"
+LIFETIME = 2.0  # seconds the target accepts a token
+MARGIN = 0.5  # refresh_before_seconds: a token is replaced at 1.5 s
+INTERVAL = LIFETIME - MARGIN
+RATE = 300
+
+
+@pytest.fixture
+def target() -> Any:
+    # Every row whose email holds "7@" gets the bearer header it carried echoed back, and captured:
+    # a target that leaks the token into what the journal keeps.
+    plan = {
+        "oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": LIFETIME},
+        "rules": [
+            {
+                "match": {"body_contains": "7@"},
+                "echo_header": "Authorization",
+                "body": {"id": "x", "seen": "{echo}", "seen_b64": "{echo_b64}"},
+            }
+        ],
+    }
+    with TargetProcess(plan) as server:
+        yield server
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return cli_env(CLIENT_ID="sync-client", CLIENT_SECRET=SECRET, BULKRELAY_STATE_DIR=str(tmp_path / "state"))
+
+
+def _job(tmp_path: Path, target: TargetProcess, rows: int) -> Path:
+    return write_job(
+        tmp_path,
+        target.url,
+        rows=rows,
+        input={"key": "id"},
+        request={
+            "auth": {
+                "oauth2": {
+                    "token_url": f"{target.url}/oauth/token",
+                    "client_id": "${CLIENT_ID}",
+                    "client_secret": "${CLIENT_SECRET}",
+                    "scope": "contacts.write",
+                    "client_auth": "basic",
+                    "refresh_before_seconds": MARGIN,
+                }
+            }
+        },
+        response={"capture": {"seen": "/seen", "seen_b64": "/seen_b64"}},
+        execution={"concurrency": 8, "rate_limit": {"requests_per_second": RATE}},
+    )
+
+
+def _cli(tmp_path: Path, *args: str | Path) -> CliResult:
+    return run_cli(*args, cwd=tmp_path, env=_env(tmp_path), timeout=HANG_S)
+
+
+def _assert_every_row_ok_once(run_dir: str | Path, rows: int) -> None:
+    entries = list(read_journal(Path(run_dir) / "results.jsonl"))
+    assert sorted(entry.row_number for entry in entries) == list(range(1, rows + 1))
+    assert all(entry.success for entry in entries)
+    assert any(entry.captured and entry.captured["seen"] == "Bearer ***" for entry in entries)
+
+
+def _assert_token_requests_bounded(target: TargetProcess, restarts: int = 0) -> dict[str, Any]:
+    oauth: dict[str, Any] = target.stats()["oauth"]
+    times = oauth["token_times"]
+    span = times[-1] - times[0]
+    assert oauth["refused"] == 0 and oauth["unavailable"] == 0
+    assert 2 <= oauth["token_requests"] <= span / INTERVAL + 2 + restarts, oauth
+    assert oauth["client_auth"]["basic"] == oauth["token_requests"]
+    return oauth
+
+
+def _assert_no_secret_anywhere(*places: Path, texts: tuple[str | bytes, ...] = ()) -> None:
+    """Neither the client secret nor any token (the target's all begin `tok-`) in these files or texts."""
+    for text in texts:
+        data = text.encode() if isinstance(text, str) else text
+        assert SECRET.encode() not in data and b"tok-" not in data
+    for place in places:
+        files = [place] if place.is_file() else [p for p in place.rglob("*") if p.is_file()]
+        assert files, f"nothing to search in {place}"
+        for file in files:
+            data = file.read_bytes()
+            assert SECRET.encode() not in data, file
+            assert b"tok-" not in data, file
+
+
+def test_a_run_longer_than_many_tokens_completes_with_one_token_per_lifetime(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    rows = 10 * RATE
+    job = _job(tmp_path, target, rows)
+    result = _cli(tmp_path, "run", job, "--budget", "0", "--log-file", tmp_path / "run-log.jsonl")
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    _assert_every_row_ok_once(result.data["run_dir"], rows)
+    oauth = _assert_token_requests_bounded(target)
+    assert oauth["issued"] >= 2  # the run outlived its first token
+    assert target.stats()["requests"] == rows + oauth["bearer_refusals"]  # a 401 sends its row once more
+    _assert_no_secret_anywhere(
+        Path(result.data["run_dir"]), tmp_path / "run-log.jsonl", texts=(result.stdout, result.stderr)
+    )
+
+
+def test_a_background_job_fetches_its_own_tokens(tmp_path: Path, target: TargetProcess) -> None:
+    rows = 5 * RATE
+    job = _job(tmp_path, target, rows)
+    front = _cli(tmp_path, "run", job, "--budget", "1s")
+    assert front.exit_code == ExitCode.INCOMPLETE, front.envelope
+    job_id = front.data["job_id"]
+    final = _cli(tmp_path, "job", "wait", job_id, "--budget", HANG_BUDGET)
+    assert final.exit_code == ExitCode.SUCCESS, final.envelope
+    _assert_every_row_ok_once(final.data["run_dir"], rows)
+    _assert_token_requests_bounded(target, restarts=1)  # the front's token, then the worker's
+    _assert_no_secret_anywhere(
+        Path(final.data["run_dir"]),
+        tmp_path / "state",
+        texts=(front.stdout, front.stderr, final.stdout, final.stderr),
+    )
+
+
+def test_a_run_killed_9_and_resumed_gets_a_new_token_and_finishes(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    rows = 5 * RATE
+    job = _job(tmp_path, target, rows)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    runs = tmp_path / ".bulkrelay" / "runs"
+
+    def past_a_token() -> Path | None:  # rows committed after the first token was replaced
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before the kill"
+        issued = target.stats()["oauth"]["issued"]
+        for run_dir in runs.glob("*/"):
+            checkpoint = read_checkpoint(run_dir)
+            if checkpoint is not None and checkpoint.rows_done > 0 and issued >= 2:
+                return run_dir
+        return None
+
+    run_dir = wait_for(past_a_token, "the run to commit rows with its second token", interval=0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(HANG_S) == -signal.SIGKILL
+    resumed = _cli(tmp_path, "resume", run_dir, "--budget", "0")
+    assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
+    _assert_every_row_ok_once(run_dir, rows)
+    _assert_token_requests_bounded(target, restarts=1)
+    _assert_no_secret_anywhere(run_dir, texts=(resumed.stdout, resumed.stderr))
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "oauth2"
+
+
+def test_the_example_checks_its_client_then_runs_as_its_readme_says(tmp_path: Path) -> None:
+    plan = orjson.loads((EXAMPLE / "target-plan.json").read_bytes())
+    with TargetProcess(plan) as server:
+        env = cli_env(API_BASE=server.url, CLIENT_ID="demo-client", CLIENT_SECRET="demo-secret")
+        checked = run_cli("validate", EXAMPLE / "job.yaml", "--check-auth", cwd=tmp_path, env=env)
+        assert checked.exit_code == ExitCode.SUCCESS, checked.envelope
+        assert checked.data["auth"]["accepted"] is True
+        assert server.stats()["requests"] == 0 and server.stats()["oauth"]["issued"] == 1
+        wrong = run_cli(
+            "validate",
+            EXAMPLE / "job.yaml",
+            "--check-auth",
+            cwd=tmp_path,
+            env={**env, "CLIENT_SECRET": "nope"},
+        )
+        assert wrong.exit_code == ExitCode.AUTH_REQUIRED and wrong.error_code == "TARGET_AUTH_FAILED"
+        assert wrong.envelope["error"]["context"]["error"] == "invalid_client"
+        ran = run_cli("run", EXAMPLE / "job.yaml", "--runs-dir", tmp_path / "runs", cwd=tmp_path, env=env)
+        assert ran.exit_code == ExitCode.SUCCESS, ran.envelope
+        assert ran.data["progress"]["ok"] == 5 and server.stats()["requests"] == 5
+        assert b"demo-secret" not in ran.stdout + checked.stdout + wrong.stdout
+
+
+def test_the_examples_render_shows_its_api_base_and_hides_the_bearer_token() -> None:
+    env = cli_env(API_BASE="http://127.0.0.1:8080", CLIENT_ID="demo-client", CLIENT_SECRET="demo-secret")
+    result = run_cli("render", EXAMPLE / "job.yaml", "--rows", "1", "--curl", env=env)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    command = result.data["requests"][0]["curl"]
+    assert "http://127.0.0.1:8080/crm/v3/contacts/1" in command and "Bearer ***" in command
+    assert b"demo-secret" not in result.stdout
+
+
+def test_each_shard_fetches_its_own_token(tmp_path: Path) -> None:
+    plan = {"oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": 3600}}
+    with TargetProcess(plan) as server:
+        job = _job(tmp_path, server, rows=40)
+        shards = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bulkrelay", "run", str(job), "--shard", f"{k}/2", "--budget", "0"],
+                cwd=tmp_path,
+                env=_env(tmp_path),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            for k in (0, 1)
+        ]
+        outputs = [shard.communicate(timeout=HANG_S)[0] for shard in shards]
+        assert [shard.returncode for shard in shards] == [0, 0], outputs
+        oauth = server.stats()["oauth"]
+        assert oauth["issued"] == 2 and server.stats()["requests"] == 40  # one token a shard, every row once
+        assert all(SECRET.encode() not in out and b"tok-" not in out for out in outputs)

@@ -1,0 +1,295 @@
+"""OAuth2 client credentials while relaying (relay/auth.py): the token source alone with a fake token
+endpoint, then whole runs in-process against the loopback target's token endpoint, on both clients."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from bulkrelay.envelope import Result
+from bulkrelay.errors import ExitCode
+from bulkrelay.job.config import load_job
+from bulkrelay.job.oauth2 import TokenRequest
+from bulkrelay.job.preflight import run_preflight
+from bulkrelay.job.records import PreparedRequest
+from bulkrelay.job.redact import Redactor
+from bulkrelay.ops.execute import RunOptions, plan_for, relay_locked
+from bulkrelay.relay.auth import Token, TokenFailure, TokenSource, fetch_token
+from bulkrelay.relay.engine import StartPoint
+from bulkrelay.relay.progress import NullReporter
+from bulkrelay.relay.retry import RetryPolicy
+from bulkrelay.relay.stopping import StopControl, StopReason
+from bulkrelay.relay.transport.base import ConnectFailed, Response
+from bulkrelay.store.journal import read_journal
+from bulkrelay.store.rundir import RunDir
+from tests.jobfiles import write_job
+from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow  # a real target process: outside the fast lane
+
+SECRET = "s3cret-of-the-client"
+ENV = {"CLIENT_ID": "demo-client", "CLIENT_SECRET": SECRET}
+_NO_WAIT = RetryPolicy(initial_backoff_seconds=0.01, max_backoff_seconds=0.01, jitter_ratio=0)
+_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+
+# ------------------------------------------------------------------- the token source alone
+
+
+class _TokenEndpoint:
+    """Answers token requests from a script of (status, body); the last entry repeats. Each answer
+    takes `delay` seconds, so that callers pile up behind a fetch."""
+
+    def __init__(self, *answers: tuple[int, dict[str, Any]], delay: float = 0.01) -> None:
+        self._answers = list(answers)
+        self.delay = delay
+        self.requests: list[PreparedRequest] = []
+
+    async def send(self, request: PreparedRequest) -> Response:
+        self.requests.append(request)
+        await anyio.sleep(self.delay)
+        status, body = self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
+        return Response(status, _HEADERS, orjson.dumps(body))
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _request(refresh_before: float = 60.0) -> TokenRequest:
+    return TokenRequest(
+        "http://auth/token", "id", SECRET, (("grant_type", "client_credentials"),), "body", refresh_before
+    )
+
+
+def _source(endpoint: Any, stop: StopControl, refresh_before: float = 60.0) -> TokenSource:
+    return TokenSource(_request(refresh_before), endpoint, _NO_WAIT, Redactor([SECRET]), stop)
+
+
+def _issued(n: int, **more: Any) -> tuple[int, dict[str, Any]]:
+    return 200, {"access_token": f"tok-{n}", "token_type": "Bearer", **more}
+
+
+@pytest.mark.anyio
+async def test_one_fetch_serves_every_caller_waiting_for_the_first_token() -> None:
+    endpoint = _TokenEndpoint(_issued(1))
+    source = _source(endpoint, StopControl())
+    tokens: list[Token | None] = []
+
+    async def ask() -> None:
+        tokens.append(await source.current())
+
+    async with anyio.create_task_group() as group:
+        for _ in range(32):
+            group.start_soon(ask)
+    assert len(endpoint.requests) == 1
+    assert {token.value for token in tokens if token is not None} == {"tok-1"} and len(tokens) == 32
+
+
+@pytest.mark.anyio
+async def test_32_requests_refused_with_one_token_renew_it_once() -> None:
+    endpoint = _TokenEndpoint(_issued(1), _issued(2), _issued(3))
+    source = _source(endpoint, StopControl())
+    first = await source.current()
+    assert first is not None
+    renewed: list[str] = []
+
+    async def refused() -> None:
+        token = await source.renew(first)
+        assert token is not None
+        renewed.append(token.value)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(32):
+            group.start_soon(refused)
+    assert len(endpoint.requests) == 2 and renewed == ["tok-2"] * 32
+
+
+@pytest.mark.anyio
+async def test_a_token_is_renewed_before_it_expires_and_kept_without_expires_in() -> None:
+    endpoint = _TokenEndpoint(_issued(1, expires_in=100), _issued(2))
+    source = _source(endpoint, StopControl(), refresh_before=30)
+    first = await source.current()
+    assert first is not None and first.refresh_at is not None
+    assert first.refresh_at - first.obtained <= 70  # 100 s less the 30 s margin
+    short = _source(_TokenEndpoint(_issued(1, expires_in=10)), StopControl(), refresh_before=60)
+    halved = await short.current()
+    assert halved is not None and halved.refresh_at is not None
+    assert halved.refresh_at - halved.obtained <= 5  # a margin longer than the lifetime: half of it
+    object.__setattr__(first, "refresh_at", first.obtained)  # due now
+    second = await source.current()
+    assert second is not None and second.value == "tok-2" and second.refresh_at is None  # no expires_in
+    assert await source.current() is second  # kept until a 401
+
+
+@pytest.mark.anyio
+async def test_a_refusal_stops_the_run_with_the_endpoints_error() -> None:
+    refusal = (401, {"error": "invalid_client", "error_description": f"bad secret {SECRET}"})
+    endpoint = _TokenEndpoint(refusal)
+    stop = StopControl()
+    source = _source(endpoint, stop)
+    assert await source.current() is None
+    assert await source.current() is None and len(endpoint.requests) == 1  # never asked again
+    assert stop.reason is StopReason.TOKEN_REFUSED
+    assert stop.detail["error"] == "invalid_client"
+    assert stop.detail["error_description"] == "bad secret ***"
+    assert SECRET not in str(stop.detail)
+
+
+@pytest.mark.anyio
+async def test_an_invalid_scope_is_a_refusal_asked_once() -> None:
+    endpoint = _TokenEndpoint((400, {"error": "invalid_scope", "error_description": "contacts.write"}))
+    outcome = await fetch_token(_request(), endpoint, _NO_WAIT, Redactor([SECRET]))
+    assert isinstance(outcome, TokenFailure) and outcome.refused and len(endpoint.requests) == 1
+    assert (
+        outcome.detail["error"] == "invalid_scope" and "400: invalid_scope: contacts.write" in outcome.message
+    )
+
+
+@pytest.mark.anyio
+async def test_503_and_transport_errors_are_retried_then_the_run_halts_unavailable() -> None:
+    endpoint = _TokenEndpoint((503, {}), (429, {}), _issued(1))
+    outcome = await fetch_token(_request(), endpoint, _NO_WAIT, Redactor([SECRET]))
+    assert isinstance(outcome, Token) and outcome.value == "tok-1" and len(endpoint.requests) == 3
+
+    class _Down:
+        sent = 0
+
+        async def send(self, request: PreparedRequest) -> Response:
+            self.sent += 1
+            raise ConnectFailed("cannot connect to auth:80: refused")
+
+        async def aclose(self) -> None:
+            pass
+
+    down = _Down()
+    stop = StopControl()
+    assert await _source(down, stop).current() is None
+    assert down.sent == 3  # TOKEN_ATTEMPTS, retry.max_attempts being 1
+    assert stop.reason is StopReason.TOKEN_UNAVAILABLE and stop.detail["cause"] == "connect_error"
+
+
+@pytest.mark.anyio
+async def test_an_answer_without_a_bearer_token_is_a_refusal() -> None:
+    for answer in [(200, {"token_type": "Bearer"}), (200, {"access_token": "x", "token_type": "mac"})]:
+        outcome = await fetch_token(_request(), _TokenEndpoint(answer), _NO_WAIT, Redactor([SECRET]))
+        assert isinstance(outcome, TokenFailure) and outcome.refused, answer
+
+
+# ------------------------------------------------------------- whole runs against the target
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[TargetProcess]:
+    with TargetProcess() as server:
+        yield server
+
+
+def _oauth_plan(target: TargetProcess, rules: tuple[dict[str, Any], ...] = (), **oauth: Any) -> None:
+    """The target's token endpoint knows our client; `oauth` adds to its plan, `rules` to the target's."""
+    oauth_plan = {"client_id": "demo-client", "client_secret": SECRET, **oauth}
+    target.set_plan({"oauth": oauth_plan, "rules": list(rules)})
+
+
+def _job(tmp_path: Path, target: TargetProcess, client: str, rows: int, **execution: Any) -> Path:
+    return write_job(
+        tmp_path,
+        target.url,
+        rows=rows,
+        input={"key": "id"},
+        request={
+            "auth": {
+                "oauth2": {
+                    "token_url": f"{target.url}/oauth/token",
+                    "client_id": "${CLIENT_ID}",
+                    "client_secret": "${CLIENT_SECRET}",
+                }
+            }
+        },
+        execution={"client": client, **execution},
+        retry={"initial_backoff_seconds": 0.05, "max_backoff_seconds": 0.05},
+    )
+
+
+def _relay(tmp_path: Path, job: Path, env: dict[str, str] = ENV) -> tuple[Result, RunDir]:
+    preflight = run_preflight(load_job(job), env=env)
+    run = RunDir.create(tmp_path / "runs", plan_for(preflight))
+    with run.locked():
+        result = relay_locked(
+            preflight, run, StartPoint(), options=RunOptions(handle_signals=False), reporter=NullReporter()
+        )
+    return result, run
+
+
+CLIENTS = ["reqwest", "httpx"]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_token_revoked_with_32_in_flight_is_renewed_once(
+    tmp_path: Path, target: TargetProcess, client: str
+) -> None:
+    # The first token stops working after 40 requests; answers take 50 ms, so 32 are in flight then.
+    _oauth_plan(target, ({"delay_ms": 50},), revoke_first_after=40)
+    result, run = _relay(tmp_path, _job(tmp_path, target, client, rows=200, concurrency=32))
+    assert result.exit_code == ExitCode.SUCCESS, result.error
+    oauth = target.stats()["oauth"]
+    assert oauth["issued"] == 2 and oauth["token_requests"] == 2  # one refresh, not one per request
+    assert 1 <= oauth["bearer_refusals"] <= 32
+    entries = list(read_journal(run.journal_path))
+    assert len(entries) == 200 and all(entry.success for entry in entries)
+    assert sum(entry.attempts == 2 for entry in entries) == oauth["bearer_refusals"]  # each 401 sent again
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_refused_client_halts_before_any_row_is_sent(
+    tmp_path: Path, target: TargetProcess, client: str
+) -> None:
+    _oauth_plan(target)
+    target.reset()
+    result, run = _relay(tmp_path, _job(tmp_path, target, client, rows=20), {**ENV, "CLIENT_SECRET": "wrong"})
+    assert result.exit_code == ExitCode.AUTH_REQUIRED
+    assert result.error is not None and result.error["code"] == "TARGET_AUTH_FAILED"
+    assert result.error["context"]["error"] == "invalid_client"
+    assert "invalid_client" in result.error["message"] and "unknown client" in result.error["detail"]
+    assert target.stats()["requests"] == 0  # no row reached the target
+    assert run.journal_path.read_bytes() == b""
+    assert run.manifest.stop_reason == "token_refused" and run.state.resumable
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_token_endpoint_answering_503_then_200_is_retried(
+    tmp_path: Path, target: TargetProcess, client: str
+) -> None:
+    _oauth_plan(target, unavailable_first=2)
+    result, _ = _relay(tmp_path, _job(tmp_path, target, client, rows=10))
+    assert result.exit_code == ExitCode.SUCCESS, result.error
+    assert target.stats()["oauth"]["token_requests"] == 3
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_hanging_token_endpoint_is_bounded_by_the_read_timeout(
+    tmp_path: Path, target: TargetProcess, client: str
+) -> None:
+    _oauth_plan(target, hang=True)
+    target.reset()
+    job = _job(tmp_path, target, client, rows=10, timeout={"connect_seconds": 1, "read_seconds": 0.3})
+    result, _ = _relay(tmp_path, job)
+    assert result.exit_code == ExitCode.UNAVAILABLE
+    assert result.error is not None and result.error["code"] == "TARGET_UNAVAILABLE"
+    assert result.error["context"]["cause"] == "timeout_error"
+    stats = target.stats()
+    assert stats["oauth"]["token_requests"] == 3 and stats["requests"] == 0
+
+
+def test_a_401_with_a_token_younger_than_the_row_halts_as_before(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    _oauth_plan(target, ({"status": 401, "delay_ms": 20},))
+    result, run = _relay(tmp_path, _job(tmp_path, target, "reqwest", rows=50))
+    assert result.exit_code == ExitCode.AUTH_REQUIRED
+    assert run.manifest.stop_reason == "halt_auth"
+    assert target.stats()["oauth"]["token_requests"] <= 2  # at most one renewal, whatever the timing
