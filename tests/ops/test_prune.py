@@ -170,3 +170,25 @@ def test_a_settings_typo_gets_did_you_mean_naming_the_settings_key(tmp_path: Pat
     inner = run_cli("prune", cwd=tmp_path)
     assert "config.yaml:3" in inner.envelope["error"]["message"]
     assert "did you mean 'older_than'?" in inner.envelope["error"]["message"]
+
+
+@pytest.mark.slow
+def test_prune_skips_a_linked_run_with_a_warning_and_reports_every_removal(tmp_path: Path) -> None:
+    """Before, a run directory that was a symbolic link crashed prune (exit 1, `data: null`, rmtree on a
+    link) after it had removed a real run, which no answer then reported."""
+    runs = tmp_path / "runs"
+    old = [_make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=30 - n) for n in range(3)]
+    newest = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=1)
+    archived = tmp_path / "archive" / old[1].run_id
+    archived.parent.mkdir()
+    old[1].path.rename(archived)
+    (runs / old[1].run_id).symlink_to(archived)  # a run kept on another disk, linked in
+    (runs / "nightly-latest").symlink_to(newest.path)  # an alias of a run listed beside it
+    answer = run_cli("prune", "--keep", "1", "--runs-dir", runs, cwd=tmp_path)
+    assert answer.exit_code == ExitCode.SUCCESS, answer.envelope
+    assert sorted(answer.data["removed"]) == sorted([old[0].run_id, old[2].run_id])
+    skipped = [w for w in answer.envelope["warnings"] if w["code"] == "RUN_LINK_SKIPPED"]
+    assert [w["context"]["run_dir"] for w in skipped] == [str(runs / old[1].run_id)]
+    assert archived.is_dir() and (runs / old[1].run_id).is_symlink()  # neither the link nor its target
+    assert newest.path.is_dir()
+    assert _remaining(runs) == {old[1].run_id, newest.run_id, "nightly-latest"}
