@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import functools
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import orjson
 
-from bulkrelay.errors import NotFound, RunLocked, SyncStateMismatch
+from bulkrelay.errors import NotFound, RunLocked, SyncStateBusy, SyncStateCorrupt, SyncStateMismatch
 from bulkrelay.job.digest import key_text
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.ops.invocation import normalized_path
@@ -85,6 +86,66 @@ _DIGEST_SIZE = 16
 _NO_LINE = bytes(_DIGEST_SIZE)
 
 
+# How long a write waits for another process holding the state (a run of the same job, a shard, an
+# `sqlite3` shell) before it gives up with SYNC_STATE_BUSY: SQLite's own busy wait, made explicit.
+BUSY_WAIT_S = 5.0
+_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+_DAMAGE_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+
+
+@contextlib.contextmanager
+def named_errors(path: Path) -> Iterator[None]:
+    """SQLite's errors as BulkRelay's: a state another process holds past `BUSY_WAIT_S` is
+    SYNC_STATE_BUSY (exit 6), a file that is no database or a damaged one SYNC_STATE_CORRUPT (exit 4),
+    instead of an unexpected error with a traceback. Any other error stays what it is."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        code = exc.sqlite_errorcode & 0xFF  # the primary code: SQLITE_BUSY_SNAPSHOT is a busy too
+        if code in _BUSY_CODES:
+            raise SyncStateBusy(
+                f"the sync state {path} is held by another process (waited {BUSY_WAIT_S:g} s): {exc}",
+                context={"state": str(path)},
+                suggestion="try again once the other run of this job (or whatever holds the file) ends",
+            ) from None
+        if code in _DAMAGE_CODES or "malformed" in str(exc):
+            raise SyncStateCorrupt(
+                f"the sync state {path} is damaged: {exc}",
+                context={"state": str(path)},
+                suggestion="bulkrelay sync-state rebuild JOB (it remakes the state from the journals)",
+            ) from None
+        raise
+
+
+_S = TypeVar("_S", bound="SyncState")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _guarded(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
+    """The method with SQLite's errors named (`named_errors`)."""
+
+    @functools.wraps(method)
+    def guarded(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with named_errors(self.path):
+            return method(self, *args, **kwargs)
+
+    return guarded
+
+
+def _guarded_rows(
+    method: Callable[Concatenate[_S, _P], Iterator[_R]],
+) -> Callable[Concatenate[_S, _P], Iterator[_R]]:
+    """A generator method with SQLite's errors named while it is read, not only when it is made."""
+
+    @functools.wraps(method)
+    def guarded(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> Iterator[_R]:
+        with named_errors(self.path):
+            yield from method(self, *args, **kwargs)
+
+    return guarded
+
+
 def job_identity(name: str | None, job_path: str | Path) -> str:
     """What makes two runs the same job across nights: its `name`, else its job file's path.
 
@@ -117,13 +178,18 @@ class SyncState:
         os.close(fd)  # created private before SQLite opens it
         self.path = path
         # One thread at a time, but not always the opener's: a delta run looks keys up on its own.
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # before anything is written: a new file only
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self._add_line_column()
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('job', ?)", (identity,))
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_WAIT_S)
+        try:
+            with named_errors(path):
+                self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # before anything is written: new files
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.executescript(_SCHEMA)
+                self._add_line_column()
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('job', ?)", (identity,))
+        except BaseException:
+            self._db.close()
+            raise
 
     def _add_line_column(self) -> None:
         """States written before line digests existed get the column, empty, and become able to give
@@ -150,6 +216,7 @@ class SyncState:
     def close(self) -> None:
         self._db.close()
 
+    @_guarded
     def changed_among(self, keys: list[str], digests: bytes) -> list[int]:
         """The positions in `keys` of those whose stored digest is absent or differs from theirs
         (`digests`: the 16-byte digest of each key, in the same order)."""
@@ -167,6 +234,7 @@ class SyncState:
         size = _DIGEST_SIZE
         return [n for n, key in enumerate(keys) if stored.get(key) != digests[n * size : (n + 1) * size]]
 
+    @_guarded
     def learn_lines(self, keys: list[str], digests: bytes, lines: bytes) -> None:
         """Note what preflight found of a batch of rows: each key's request digest and the digest of
         the input line it was read from (`lines`, 16 bytes a key; zeros: none, not noted). Kept in a
@@ -180,6 +248,7 @@ class SyncState:
         ]
         self._db.executemany("INSERT OR REPLACE INTO temp.learned VALUES (?, ?, ?)", learned)
 
+    @_guarded
     def keep_lines(self) -> bool:
         """Make what `learn_lines` noted the pending lines (the last night's replaced) and give the
         unchanged rows their line now; then hand the pages the last night's took back to the system.
@@ -204,11 +273,13 @@ class SyncState:
             self._db.executescript("PRAGMA incremental_vacuum;")  # to its end (`execute` frees one page)
         return True
 
+    @_guarded
     def remember_seen(self, keys: list[str]) -> None:
         """Note keys present in tonight's input (a temporary table: gone when the state is closed)."""
         self._db.execute("CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID")
         self._db.executemany("INSERT OR IGNORE INTO temp.seen VALUES (?)", [(key,) for key in keys])
 
+    @_guarded_rows
     def missing_keys(self) -> Iterator[str]:
         """Delivered keys not seen tonight (call after `remember_seen` of every key), in key order."""
         self._db.execute("CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID")
@@ -216,15 +287,18 @@ class SyncState:
         for (key,) in self._db.execute(query):
             yield key
 
+    @_guarded_rows
     def items(self) -> Iterator[tuple[str, bytes, str]]:
         """Every key with its digest and the run that delivered it, in key order."""
         yield from self._db.execute(
             "SELECT d.key, d.digest, r.run_id FROM delivered d JOIN runs r ON r.id = d.run ORDER BY d.key"
         )
 
+    @_guarded
     def count(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM delivered").fetchone()[0])
 
+    @_guarded
     def apply_run(self, run: RunDir) -> int:
         """Record the successful deliveries in `run`'s journal not applied yet; how many were new."""
         at = run_started(run)
