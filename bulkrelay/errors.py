@@ -19,7 +19,8 @@
     │   ├── StateDirUnwritable          STATE_DIR_UNWRITABLE
     │   ├── SyncStateMismatch           SYNC_STATE_MISMATCH
     │   ├── SyncStateCorrupt            SYNC_STATE_CORRUPT
-    │   └── TooManyDeletes              TOO_MANY_DELETES
+    │   ├── TooManyDeletes              TOO_MANY_DELETES
+    │   └── MirrorKeyCollision          MIRROR_KEY_COLLISION
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     │   └── RunLockNotOurs              RUN_LOCK_NOT_OURS
     ├── SyncStateBusy                   SYNC_STATE_BUSY      6 CONFLICT
@@ -231,6 +232,13 @@ class TooManyDeletes(PreconditionFailed):
     """`sync: mirror`: more keys gone from the input than `mirror.max_deletes` allows; nothing was sent."""
 
     code = "TOO_MANY_DELETES"
+
+
+class MirrorKeyCollision(PreconditionFailed):
+    """`sync: mirror` without `mirror.key_match`: a key to delete is one of tonight's keys in another case
+    or Unicode form (`ABC` gone, `abc` upserted); nothing was sent."""
+
+    code = "MIRROR_KEY_COLLISION"
 
 
 class RunLocked(BulkRelayError):

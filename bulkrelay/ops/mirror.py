@@ -10,23 +10,61 @@ finds the keys still to delete again.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
+import unicodedata
 from pathlib import Path
 
 import orjson
 
-from bulkrelay.errors import TooManyDeletes
+from bulkrelay.errors import MirrorKeyCollision, TooManyDeletes
 from bulkrelay.job.config import InputConfig, Job, JobConfig, MirrorConfig, RequestConfig
 from bulkrelay.ops.syncstate import SyncState
 
 
+def _nfc(key: str) -> str:
+    return unicodedata.normalize("NFC", key)
+
+
+def _caseless(key: str) -> str:
+    """One form for keys that differ only by case or Unicode form (`Zoë` in NFC or NFD, `ABC`/`abc`)."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", key).casefold())
+
+
+_NORMAL = {"nfc": _nfc, "casefold": _caseless, None: _caseless}
+_EXAMPLES = 5
+
+
+def _match_keys(state: SyncState, mirror: MirrorConfig) -> None:
+    """Compare tonight's gone keys with tonight's keys as `mirror.key_match` says: a gone key that is a
+    key of tonight in the chosen form is not deleted (the upsert is that record); unset, such a pair
+    refuses the night, since deleting either way may lose a live record."""
+    if mirror.key_match == "exact":
+        return
+    paired = state.match_gone(_NORMAL[mirror.key_match])
+    if paired and mirror.key_match is None:
+        first = itertools.islice(state.twins(), _EXAMPLES)
+        examples = [{"gone": gone, "tonight": seen} for gone, seen in first]
+        shown = ", ".join(f"{pair['gone']!r} (gone) and {pair['tonight']!r} (tonight)" for pair in examples)
+        raise MirrorKeyCollision(
+            f"{paired} keys to delete differ from tonight's keys only by case or Unicode form: {shown}; "
+            "deleting them after the upsert would delete the record on a target that does not tell them "
+            "apart. Nothing was sent",
+            context={"collisions": paired, "examples": examples},
+            suggestion="set mirror.key_match: casefold (the target ignores case), nfc (it normalizes "
+            "Unicode) or exact (it tells them apart: delete them)",
+        )
+
+
 def check_and_spool(state: SyncState, job: Job, spool_dir: Path) -> tuple[Path | None, int]:
     """Write tonight's deletions to a spool file (None when there are none) and count them;
+    `MirrorKeyCollision` when a key to delete is one of tonight's in another form (`key_match` unset),
     `TooManyDeletes` when they exceed `mirror.max_deletes`, before anything is sent."""
     mirror = job.config.mirror
     key_field = job.config.input.key
     assert mirror is not None and key_field is not None
+    _match_keys(state, mirror)
     spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = spool_dir / f"deletions-{os.getpid()}-{time.time_ns()}.jsonl"
     count = 0

@@ -84,6 +84,9 @@ _CHANGED = (
 )
 _DIGEST_SIZE = 16
 _NO_LINE = bytes(_DIGEST_SIZE)
+# A mirror night's keys (`remember_seen`), and the gone keys that are one of them in another form.
+_SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID;"
+_TWINS = "CREATE TEMP TABLE IF NOT EXISTS twins (gone TEXT PRIMARY KEY, seen TEXT NOT NULL) WITHOUT ROWID;"
 
 
 # How long a write waits for another process holding the state (a run of the same job, a shard, an
@@ -281,11 +284,44 @@ class SyncState:
 
     @_guarded_rows
     def missing_keys(self) -> Iterator[str]:
-        """Delivered keys not seen tonight (call after `remember_seen` of every key), in key order."""
-        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID")
-        query = "SELECT key FROM delivered WHERE key NOT IN (SELECT key FROM temp.seen) ORDER BY key"
+        """Delivered keys not seen tonight (call after `remember_seen` of every key), in key order;
+        less those `match_gone` paired with a key seen tonight."""
+        self._db.executescript(_SEEN + _TWINS)
+        query = (
+            "SELECT key FROM delivered WHERE key NOT IN (SELECT key FROM temp.seen) "
+            "AND key NOT IN (SELECT gone FROM temp.twins) ORDER BY key"
+        )
         for (key,) in self._db.execute(query):
             yield key
+
+    @_guarded
+    def match_gone(self, normal: Callable[[str], str]) -> int:
+        """Pair each delivered key gone tonight with a key seen tonight whose `normal` form is its own
+        (`ABC` gone, `abc` seen, under casefold): kept in `twins`, left out of `missing_keys`; how many
+        were paired. The seen keys are normalized only on a night with keys gone, each looked up in an
+        index of the gone keys' forms, so the cost is one call a key, and memory stays in SQLite."""
+        self._db.executescript(_SEEN + _TWINS)
+        self._db.create_function("bulkrelay_normal", 1, normal, deterministic=True)
+        self._db.executescript(
+            "DROP TABLE IF EXISTS temp.gone; "
+            "CREATE TEMP TABLE gone (key TEXT PRIMARY KEY, normal TEXT NOT NULL) WITHOUT ROWID; "
+            "INSERT INTO temp.gone SELECT key, bulkrelay_normal(key) FROM delivered "
+            "WHERE key NOT IN (SELECT key FROM temp.seen); "
+            "CREATE INDEX temp.gone_normal ON gone (normal); DELETE FROM temp.twins;"
+        )
+        if self._db.execute("SELECT count(*) FROM temp.gone").fetchone()[0] == 0:
+            return 0
+        self._db.execute(  # CROSS JOIN: seen outside, so each seen key is normalized once
+            "INSERT OR IGNORE INTO temp.twins SELECT g.key, s.key FROM temp.seen AS s "
+            "CROSS JOIN temp.gone AS g ON g.normal = bulkrelay_normal(s.key)"
+        )
+        return int(self._db.execute("SELECT count(*) FROM temp.twins").fetchone()[0])
+
+    @_guarded_rows
+    def twins(self) -> Iterator[tuple[str, str]]:
+        """(gone key, seen key) pairs `match_gone` found, in key order."""
+        self._db.executescript(_TWINS)
+        yield from self._db.execute("SELECT gone, seen FROM temp.twins ORDER BY gone")
 
     @_guarded_rows
     def items(self) -> Iterator[tuple[str, bytes, str]]:
