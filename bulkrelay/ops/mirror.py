@@ -14,13 +14,17 @@ import itertools
 import os
 import time
 import unicodedata
+from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
 
-from bulkrelay.errors import MirrorKeyCollision, TooManyDeletes
+from bulkrelay.errors import ConfigChanged, MirrorKeyCollision, RunLocked, TooManyDeletes
 from bulkrelay.job.config import InputConfig, Job, JobConfig, MirrorConfig, RequestConfig
 from bulkrelay.ops.syncstate import SyncState
+from bulkrelay.store.rundir import RunDir, RunState, is_locked
+
+SUPERSEDED = "superseded"  # a deletion run ended by the next night of its job, which finds them again
 
 
 def _nfc(key: str) -> str:
@@ -97,10 +101,16 @@ def _check_limit(mirror: MirrorConfig, count: int, delivered: int) -> None:
 
 
 def deletion_job(job: Job) -> Job:
-    """The job that sends the deletions: the mirror request (with the job's headers), keyed input."""
+    """The job that sends the deletions: the mirror request (with the job's headers), keyed input.
+    An answer in `mirror.gone_statuses` (404, 410) is a success: the record is already gone, which
+    is what the deletion was for; otherwise a key deleted by hand would fail every night."""
     config = job.config
     mirror = config.mirror
     assert mirror is not None
+    success = config.response.success_statuses or tuple(range(200, 300))
+    response = config.response.model_copy(
+        update={"success_statuses": tuple(dict.fromkeys((*success, *mirror.gone_statuses))), "capture": {}}
+    )
     request = RequestConfig.model_validate(
         {
             "method": mirror.method,
@@ -112,12 +122,47 @@ def deletion_job(job: Job) -> Job:
     derived: JobConfig = config.model_copy(
         update={
             "request": request,
+            "response": response,
             "input": InputConfig(key=config.input.key, format="jsonl"),
             "execution": config.execution.model_copy(update={"sync": "full"}),
             "mirror": None,
         }
     )
     return Job(config=derived, path=job.path, base_dir=job.base_dir)
+
+
+def job_of_run(run: RunDir, job: Job) -> Job:
+    """The job `run` relays, from its job file's `job`: a deletion run's is derived from the mirror
+    section, so `resume` and `retry-failed` of a deletion run send the deletions, not the upserts."""
+    if not run.plan.mirror_deletes:
+        return job
+    if job.config.mirror is None:
+        raise ConfigChanged(
+            f"run {run.run_id} sends a mirror job's deletions, and {job.path} is no longer a mirror job",
+            context={"run_dir": str(run.path), "job": str(job.path)},
+            suggestion="run the job again: the next night finds what is left to delete",
+        )
+    return deletion_job(job)
+
+
+def end_superseded(runs: Iterable[RunDir]) -> list[str]:
+    """End the unfinished deletion runs of a mirror job (`cancelled`, stop reason `superseded`) when a
+    new night of it starts: their committed deletions are in the state (caught up already), and the
+    new night finds again what is left to delete, against tonight's input. Resumed later, an old
+    deletion run would delete a key that has come back. A run some process holds is left to it."""
+    ended = []
+    for run in runs:
+        if not run.plan.mirror_deletes or run.state.final or is_locked(run.path):
+            continue
+        try:
+            with run.locked():
+                current = RunDir.open(run.path)
+                if not current.state.final:
+                    current.mark_ended(RunState.CANCELLED, SUPERSEDED)
+                    ended.append(run.run_id)
+        except RunLocked:
+            continue  # resumed meanwhile: that process ends it
+    return ended
 
 
 def discard(path: Path | None) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from bulkrelay.errors import ExitCode
+from bulkrelay.ops.syncstate import SyncState, job_identity
 from tests.clirun import CliResult, run_cli
 from tests.jobfiles import write_csv, write_job
 from tests.targetproc import TargetProcess
@@ -89,3 +90,74 @@ def test_key_match_says_which_form_of_a_key_is_the_same_record(
     upserts = Counter({("PUT", "abc"): 1, ("PUT", NFC_ZOE): 1})
     assert _sent(target) == upserts + Counter({("DELETE", key): 1 for key in deleted})
     assert night.data.get("mirror", {"deletions": 0})["deletions"] == len(deleted)
+
+
+def _keys_in_state(cwd: Path) -> set[str]:
+    runs_dir = cwd / ".bulkrelay" / "runs"
+    with SyncState.for_job(runs_dir, job_identity("test-job", cwd / "job.yaml")) as state:
+        return {key for key, _, _ in state.items()}
+
+
+DELETES_GET_404 = {"rules": [{"match": {"method": "DELETE"}, "status": 404}]}
+DELETES_GET_401 = {"rules": [{"match": {"method": "DELETE"}, "status": 401}]}
+KEYS = [str(n) for n in range(1, 7)]
+
+
+@pytest.mark.parametrize(
+    ("gone_statuses", "exit_code"), [(None, ExitCode.SUCCESS), ([], ExitCode.PARTIAL_FAILURE)]
+)
+def test_a_delete_answered_404_is_a_success_unless_configured_otherwise(
+    tmp_path: Path, target: TargetProcess, gone_statuses: list[int] | None, exit_code: ExitCode
+) -> None:
+    """Before, a key deleted on the target by hand got 404 every night: exit 3, the key never left."""
+    mirror = {} if gone_statuses is None else {"gone_statuses": gone_statuses}
+    write_job(tmp_path, target.url, _rows(*KEYS), **_mirror(target, **mirror))
+    assert _night(tmp_path).exit_code == ExitCode.SUCCESS
+    target.set_plan(DELETES_GET_404)
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:4]))
+    night = _night(tmp_path)
+    assert night.exit_code == exit_code, night.envelope
+    assert _sent(target)[("DELETE", "5")] == 1
+    left = _keys_in_state(tmp_path)
+    assert ({"5", "6"} <= left) is (exit_code != ExitCode.SUCCESS)
+
+
+def test_a_stopped_deletion_run_resumes_and_a_newer_night_ends_it_and_latest_is_the_night(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """Before, a deletion run halted by a 401 said `resume` and `resume` answered CONFIG_INVALID about
+    a field the deletions do not have; `latest` named the deletion run; it stayed resumable for ever."""
+    write_job(tmp_path, target.url, _rows(*KEYS), **_mirror(target))
+    assert _night(tmp_path).exit_code == ExitCode.SUCCESS
+    target.set_plan(DELETES_GET_401)
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:4]))
+    halted = _night(tmp_path)
+    assert halted.exit_code == ExitCode.AUTH_REQUIRED, halted.envelope
+    deletions = halted.data["mirror"]
+    assert deletions["state"] == "stopped"
+    latest = run_cli("status", "latest", cwd=tmp_path)
+    assert latest.data["run_id"] == halted.data["run_id"] != deletions["run_id"]  # the night, not its half
+
+    target.set_plan({})
+    target.reset()
+    resumed = run_cli("resume", deletions["run_dir"], "--budget", "0", cwd=tmp_path)
+    assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
+    assert _sent(target) == Counter({("DELETE", "5"): 1, ("DELETE", "6"): 1})
+    assert _keys_in_state(tmp_path) == set(KEYS[:4])
+
+    target.set_plan(DELETES_GET_401)
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:3]))  # key 4 goes, and its deletion halts
+    stopped = _night(tmp_path)
+    assert stopped.exit_code == ExitCode.AUTH_REQUIRED, stopped.envelope
+    old_deletions = stopped.data["mirror"]["run_dir"]
+    target.set_plan({})
+    target.reset()
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:4]))  # key 4 is back before the deletion was resumed
+    back = _night(tmp_path)
+    assert back.exit_code == ExitCode.SUCCESS, back.envelope
+    status = run_cli("status", old_deletions, cwd=tmp_path)
+    assert (status.data["state"], status.data["stop_reason"]) == ("cancelled", "superseded")
+    late = run_cli("resume", old_deletions, "--budget", "0", cwd=tmp_path)
+    assert late.exit_code == ExitCode.PRECONDITION and late.error_code == "RUN_NOT_RESUMABLE", late.envelope
+    assert not any(r["method"] == "DELETE" for r in target.requests())  # key 4 lives
+    assert _keys_in_state(tmp_path) == set(KEYS[:4])
