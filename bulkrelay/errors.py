@@ -18,11 +18,14 @@
     │   ├── RunsDirUnwritable           RUNS_DIR_UNWRITABLE
     │   ├── StateDirUnwritable          STATE_DIR_UNWRITABLE
     │   ├── SyncStateMismatch           SYNC_STATE_MISMATCH
-    │   └── TooManyDeletes              TOO_MANY_DELETES
+    │   ├── SyncStateCorrupt            SYNC_STATE_CORRUPT
+    │   ├── TooManyDeletes              TOO_MANY_DELETES
+    │   └── MirrorKeyCollision          MIRROR_KEY_COLLISION
     ├── TargetAuthFailed                TARGET_AUTH_FAILED   8 AUTH_REQUIRED
     ├── TargetUnavailable               TARGET_UNAVAILABLE  12 UNAVAILABLE
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     │   └── RunLockNotOurs              RUN_LOCK_NOT_OURS
+    ├── SyncStateBusy                   SYNC_STATE_BUSY      6 CONFLICT
     ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
     ├── OutputClosed                    OUTPUT_CLOSED        1 GENERAL_ERROR
     └── JobLost                         JOB_LOST             1 GENERAL_ERROR
@@ -221,6 +224,12 @@ class SyncStateMismatch(PreconditionFailed):
     code = "SYNC_STATE_MISMATCH"
 
 
+class SyncStateCorrupt(PreconditionFailed):
+    """A delta job's sync state is not a readable SQLite database; `sync-state rebuild` remakes it."""
+
+    code = "SYNC_STATE_CORRUPT"
+
+
 class TooManyDeletes(PreconditionFailed):
     """`sync: mirror`: more keys gone from the input than `mirror.max_deletes` allows; nothing was sent."""
 
@@ -242,6 +251,13 @@ class TargetUnavailable(BulkRelayError):
     retryable = True
 
 
+class MirrorKeyCollision(PreconditionFailed):
+    """`sync: mirror` without `mirror.key_match`: a key to delete is one of tonight's keys in another case
+    or Unicode form (`ABC` gone, `abc` upserted); nothing was sent."""
+
+    code = "MIRROR_KEY_COLLISION"
+
+
 class RunLocked(BulkRelayError):
     code = "RUN_LOCKED"
     exit_code = ExitCode.CONFLICT
@@ -253,6 +269,14 @@ class RunLockNotOurs(RunLocked):
 
     code = "RUN_LOCK_NOT_OURS"
     retryable = False
+
+
+class SyncStateBusy(BulkRelayError):
+    """Another process kept a delta job's sync state locked for longer than the bounded wait."""
+
+    code = "SYNC_STATE_BUSY"
+    exit_code = ExitCode.CONFLICT
+    retryable = True
 
 
 class StorageFailed(BulkRelayError):

@@ -208,7 +208,7 @@ def _run_dir(args: argparse.Namespace) -> Path:
     return _resolved(args.run_dir, args.runs_dir)
 
 
-def _resolved(ref: Path, runs_dir: Path | None) -> Path:
+def _resolved(ref: str, runs_dir: Path | None) -> Path:
     from bulkrelay.ops.runref import resolve_run
 
     return resolve_run(ref, runs_dir)

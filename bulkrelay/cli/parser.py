@@ -238,7 +238,8 @@ def _add_sync_state(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 def _add_run_ref(parser: argparse.ArgumentParser) -> None:
     """The run a command works on: a run directory, a run id, or `latest` (see `runref`)."""
-    parser.add_argument("run_dir", type=Path, metavar="RUN", help="a run directory, a run id, or `latest`")
+    # As typed, not a Path: Path("./latest") is "latest", the newest run, not the directory named so.
+    parser.add_argument("run_dir", metavar="RUN", help="a run directory, a run id, or `latest`")
     _add_runs_dir(parser)
 
 
@@ -376,7 +377,6 @@ def _add_reading_commands(sub: Any) -> None:
     _add_run_ref(p)
     p.add_argument(
         "shard_runs",
-        type=Path,
         nargs="*",
         metavar="RUN",
         help="more runs: the other shards of one input, joined",

@@ -680,6 +680,7 @@ _OPERATIONAL_RATE_LIMIT_KEYS = ("shared", "shared_key")
 # Who asks for the token and how, not what it grants: rotating a client never blocks a resume.
 _OPERATIONAL_OAUTH2_KEYS = ("client_id", "client_secret", "client_auth", "refresh_before_seconds")
 
+DEFAULT_GONE_STATUSES = (404, 410)
 _PERCENT = re.compile(r"(100|[0-9]{1,2})(\.[0-9]+)?%")
 
 
@@ -699,6 +700,23 @@ class MirrorConfig(_Model):
     # At most this many deletions a run (a count, or a percentage of the keys delivered so far);
     # more halts the run before anything is sent: a bad export must not delete half the customers.
     max_deletes: Annotated[int | str, BeforeValidator(_max_deletes)]
+    # How a key gone tonight is compared with tonight's keys (docs/delta.md): exact (as written),
+    # nfc (one Unicode form: a target that normalizes), casefold (and one case: a case-insensitive
+    # target). Unset: exact, but a night where a deletion and an upsert are one key under casefold/NFC
+    # is refused (MIRROR_KEY_COLLISION): `PUT abc` then `DELETE ABC` loses the record on such a target.
+    key_match: Literal["exact", "nfc", "casefold"] | None = None
+    # Answers to a deletion meaning "already gone": a success (the key leaves the state). [] to fail.
+    gone_statuses: Statuses = DEFAULT_GONE_STATUSES
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Left out when unset, so the fingerprints of earlier mirror jobs stay what they were."""
+        data: dict[str, Any] = handler(self)
+        if self.key_match is None:
+            data.pop("key_match", None)
+        if self.gone_statuses == DEFAULT_GONE_STATUSES:
+            data.pop("gone_statuses", None)
+        return data
 
     def delete_limit(self, delivered_keys: int) -> int:
         if isinstance(self.max_deletes, int):

@@ -21,7 +21,14 @@ from typing import Any, Protocol
 import anyio
 
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
-from bulkrelay.errors import BulkRelayError, ExitCode, StorageFailed, sole_error
+from bulkrelay.errors import (
+    BulkRelayError,
+    ExitCode,
+    StorageFailed,
+    SyncStateBusy,
+    SyncStateCorrupt,
+    sole_error,
+)
 from bulkrelay.job.inputs import spool_stdin_into
 from bulkrelay.job.preflight import Preflight, RowsRead
 from bulkrelay.ops.delta import record_deliveries
@@ -241,9 +248,12 @@ def relay_locked(
             raise sole_error(group) from None
         finally:
             reporter.close()
+        behind = None
         if preflight.digester is not None or run.plan.mirror_deletes:
-            record_deliveries(run)  # from the committed journal only; a crash before this is caught up later
+            behind = _record_deliveries(run)
         result = _conclude(preflight, run, outcome)
+        if behind is not None:
+            result.warnings.append(behind)
     except BulkRelayError as exc:
         if isinstance(exc, StorageFailed):
             _say_how_to_continue(exc, run)
@@ -252,6 +262,22 @@ def relay_locked(
     result.warnings[:0] = deprecation_warnings(preflight.job.deprecations)
     _notify_finished(options.observers, run, result)
     return result
+
+
+def _record_deliveries(run: RunDir) -> EnvelopeWarning | None:
+    """Apply the run's committed successes to its sync state (from the journal only; a crash before
+    this is caught up later). A state that is busy or damaged does not undo a delivery: the run ends
+    as it went, with a SYNC_STATE_BEHIND warning, and the next run catches the state up from this
+    run's journal (or `sync-state rebuild` remakes it)."""
+    try:
+        record_deliveries(run)
+    except (SyncStateBusy, SyncStateCorrupt) as exc:
+        return EnvelopeWarning(
+            "SYNC_STATE_BEHIND",
+            f"{exc.message}; this run's deliveries are in its journal and reach the state on the next run",
+            {"run_dir": str(run.path), "reason": exc.code, **exc.context},
+        )
+    return None
 
 
 def _say_how_to_continue(failed: StorageFailed, run: RunDir) -> None:

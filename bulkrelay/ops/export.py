@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import os
 import sys
 from array import array
@@ -128,10 +129,33 @@ def _joined(
 def _with_reasons(
     rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]],
 ) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
-    """Each failed row with `_status`, `_error`, `_attempts` added after its own fields."""
+    """Each failed row with `_status`, `_error`, `_attempts` added after its own fields. A row that
+    has a field of that name already is refused, never overwritten: the export is meant to be fixed
+    and fed to a new run, and a reason written over an input value would be sent as data."""
     for fields, result in rows:
+        taken = [column for column, _ in _REASON_COLUMNS if column in fields]
+        if taken:
+            raise _reason_column_taken(taken, result)
         found = result or {}
         yield {**fields, **{column: found.get(key) for column, key in _REASON_COLUMNS}}, result
+
+
+def _reason_column_taken(taken: list[str], result: dict[str, Any] | None) -> UsageError:
+    row = None if result is None else result.get("row_number")
+    names = ", ".join(taken)
+    return UsageError(
+        f"--with-reasons would overwrite the input's own field {names} (row {row}): refused",
+        context={"fields": taken, "row": row},
+        suggestion="export --failed without --with-reasons, or the full export (its columns are result_*)",
+    )
+
+
+def _peeked(rows: Iterator[Any]) -> Iterator[Any]:
+    """`rows` with its first item already taken: what it refuses is refused before the output is opened
+    (a CSV's fields are its header, the same in every row, so a taken name is found before anything
+    is written)."""
+    first = next(rows, None)
+    return rows if first is None else itertools.chain([first], rows)
 
 
 def _write(
@@ -235,8 +259,10 @@ def export(
     delta_selected = load_selection(run.path, total) if sync is not None and not sync.full else None
     rows = _joined(spec, results, failed_only, recorded, delta_selected)
     try:
+        if with_reasons:
+            rows = _peeked(_with_reasons(rows))
         with _opened(target) as out:
-            count = _write(out, fmt, _with_reasons(rows) if with_reasons else rows, not failed_only)
+            count = _write(out, fmt, rows, not failed_only)
     finally:
         results.close()
     data = ExportResult(

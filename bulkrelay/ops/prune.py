@@ -11,6 +11,7 @@ lock first, so a `resume` that starts meanwhile either wins the lock (the run is
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -86,8 +87,9 @@ def _doomed(runs: list[_Candidate], retention: Retention, now: datetime) -> list
     return sorted(doomed, key=lambda c: c.run.run_id)
 
 
-def _remove(run: RunDir) -> bool:
-    """Delete a run under its own lock, re-checking its state there; False when it came alive."""
+def _remove(run: RunDir, warnings: list[EnvelopeWarning]) -> bool:
+    """Delete a run under its own lock, re-checking its state there; False when it came alive, or
+    when it could not be removed (a warning says why: the runs removed before it are still reported)."""
     try:
         with run.locked():
             current = RunDir.open(run.path)
@@ -96,6 +98,31 @@ def _remove(run: RunDir) -> bool:
             shutil.rmtree(run.path)
     except RunLocked:
         return False
+    except (BulkRelayError, OSError) as exc:
+        reason = exc.message if isinstance(exc, BulkRelayError) else str(exc)
+        warnings.append(
+            EnvelopeWarning(
+                "PRUNE_FAILED",
+                f"could not remove {run.path}: {reason}",
+                {"run_dir": str(run.path), "reason": reason},
+            )
+        )
+        return False
+    return True
+
+
+def _linked(run: RunDir, warnings: list[EnvelopeWarning]) -> bool:
+    """A run directory that is a symbolic link is never removed: deleting the link frees nothing and
+    deleting what it points at reaches outside the runs directory. Say so, and leave it to its owner."""
+    if not run.path.is_symlink():
+        return False
+    warnings.append(
+        EnvelopeWarning(
+            "RUN_LINK_SKIPPED",
+            f"kept {run.path}: it is a symbolic link (to {os.path.realpath(run.path)}); remove it by hand",
+            {"run_dir": str(run.path), "target": os.path.realpath(run.path)},
+        )
+    )
     return True
 
 
@@ -110,7 +137,9 @@ def prune(runs_dir: Path, retention: Retention, *, dry_run: bool = False) -> Pru
     runs = _read_runs(runs_dir, warnings)
     removed: list[str] = []
     for candidate in _doomed(runs, retention, datetime.now(UTC)):
-        if dry_run or _remove(candidate.run):
+        if _linked(candidate.run, warnings):
+            continue
+        if dry_run or _remove(candidate.run, warnings):
             removed.append(candidate.run.run_id)
     return PruneReport(removed, len(runs) - len(removed), warnings)
 

@@ -18,6 +18,7 @@ from bulkrelay.job.config import JobConfig, config_semantic_dict, load_job
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.damage import Command, advice_on_damage
+from bulkrelay.ops.mirror import job_of_run
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import JournalScan, recover_torn_tail, scan_journal
@@ -140,7 +141,7 @@ def preflight_for_resume(
     on_rows_read: RowsRead | None = None,
 ) -> Preflight:
     check_resumable(run)
-    job = load_job(job_path_for(run, config_override))
+    job = job_of_run(run, load_job(job_path_for(run, config_override)))
     input_path = input_path_for(run, input_override)
     require_input(run, input_path or job.input_path, given=input_override is not None)
     preflight = run_preflight(job, input_path, on_rows_read=on_rows_read)

@@ -16,6 +16,7 @@ from bulkrelay.job.config import load_job
 from bulkrelay.job.durations import whole_number
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.execute import RunOptions, plan_for, start_fresh
+from bulkrelay.ops.mirror import job_of_run
 from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import check_committed_journal, input_differences, input_path_for, job_path_for
 from bulkrelay.ops.shard import shard_of_run
@@ -57,7 +58,7 @@ def failed_rows(
 
 
 def _parent_preflight(parent: RunDir, config: Path | None, on_rows_read: RowsRead | None) -> Preflight:
-    job = load_job(job_path_for(parent, config))
+    job = job_of_run(parent, load_job(job_path_for(parent, config)))
     preflight = run_preflight(job, input_path_for(parent, None), on_rows_read=on_rows_read)
     changed = input_differences(parent.plan.input.fingerprint(), preflight.input_fingerprint.to_dict())
     if changed:
@@ -90,6 +91,9 @@ def retry_failed(
         input_explicit=True,
         retry_filter=RetryFilter(statuses, classification),
         shard=parent.plan.shard,  # a shard's failed rows: the child is of the same shard
+        # a deletion run's failed deletions: the child deletes too, and its successes leave the state
+        mirror_deletes=parent.plan.mirror_deletes,
+        mirror_of=parent.plan.mirror_of,
     )
     with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent)) as slot:
         result = start_fresh(

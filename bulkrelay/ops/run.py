@@ -17,11 +17,12 @@ from bulkrelay.ops.delta import open_delta, sync_manifest
 from bulkrelay.ops.execute import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.ops.linescan import LineScanFailed
-from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard
+from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard, end_superseded
 from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.runref import run_by_id
 from bulkrelay.ops.shard import ShardSpec, shard_of_run
+from bulkrelay.ops.syncstate import job_identity, job_runs
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import Reporter
@@ -178,6 +179,9 @@ def _preflight_once(
             "sync: mirror cannot run in shards: each shard would delete every key gone from the input",
             suggestion="run the mirror job unsharded, or use sync: delta in the shards",
         )
+    if delta is not None and delta.mirror is not None:  # the state has caught up with their journals
+        identity = job_identity(request.job.config.name, request.job.path)
+        end_superseded(job_runs(request.runs_dir, identity))
     choice = RowChoice(delta, request.shard, request.job.config.input.key)
     try:
         preflight = run_preflight(

@@ -7,14 +7,18 @@ invocation's run), so a runs directory, `latest` and a run id mean the same thin
 
 - the runs directory: `--runs-dir`, else `BULKRELAY_RUNS_DIR`, else `./.bulkrelay/runs`;
 - a run: a directory in it holding a `run.json`; hidden ones (`.new-*`: being created) are not runs;
-- `latest`: the newest run by its manifest's `created_at` (ids made in one second sort at random);
-- an existing directory: that run directory; otherwise a run id: `<runs dir>/<id>`.
+- a listing: newest first by the manifest's `created_at` (ids made in one second sort at random), each
+  run once: a symbolic link to a run directory listed beside it is the same run, not a second one;
+- `latest`: the newest run, the job's main run: a `sync: mirror` night's deletion run is left out
+  (it is the night's second half, not a night of its own);
+- an existing directory: that run directory (`./latest` is a path); otherwise a run id: `<runs dir>/<id>`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bulkrelay.errors import BulkRelayError, NotFound
@@ -36,14 +40,38 @@ def is_run_dir(path: Path) -> bool:
 
 
 def run_paths(runs_dir: Path) -> list[Path]:
-    """Every run directory under `runs_dir`, newest id first; nothing is read yet."""
+    """Every run directory under `runs_dir`, newest id first, each once; nothing is read yet.
+
+    A symbolic link to a directory listed here too is that run again: the directory itself is kept."""
     if not runs_dir.is_dir():
         return []
-    return [
+    found = [
         child
         for child in sorted(runs_dir.iterdir(), reverse=True)
         if not child.name.startswith(".") and is_run_dir(child)  # hidden: being created
     ]
+    real = {os.path.realpath(child) for child in found if not child.is_symlink()}
+    seen: set[str] = set()
+    unique = []
+    for child in found:
+        where = os.path.realpath(child)
+        if where in seen or (child.is_symlink() and where in real):
+            continue
+        seen.add(where)
+        unique.append(child)
+    return unique
+
+
+def _created(run: RunDir | AlphaRun) -> tuple[datetime, str]:
+    """A run's place in time: its manifest's `created_at` (microseconds), then its id; a run whose
+    stamp does not parse counts as the oldest."""
+    try:
+        stamp = datetime.fromisoformat(run.manifest.created_at or "")
+    except ValueError:
+        return datetime.min, run.path.name
+    if stamp.tzinfo is not None:  # ours end in Z, the alpha's in +00:00: compare them in UTC
+        stamp = stamp.astimezone(UTC).replace(tzinfo=None)
+    return stamp, run.path.name
 
 
 def runs_in(runs_dir: Path) -> list[RunDir]:
@@ -62,8 +90,8 @@ class Unreadable:
 
 
 def survey(runs_dir: Path) -> tuple[list[RunDir | AlphaRun], list[Unreadable]]:
-    """Every run under `runs_dir` (the alpha's included), newest id first, and apart from them the
-    directories that cannot be read: a listing shows what it can and names the rest."""
+    """Every run under `runs_dir` (the alpha's included), newest first by `created_at`, and apart from
+    them the directories that cannot be read: a listing shows what it can and names the rest."""
     runs: list[RunDir | AlphaRun] = []
     unreadable: list[Unreadable] = []
     for path in run_paths(runs_dir):
@@ -71,6 +99,7 @@ def survey(runs_dir: Path) -> tuple[list[RunDir | AlphaRun], list[Unreadable]]:
             runs.append(open_listed(path))
         except BulkRelayError as exc:
             unreadable.append(Unreadable(path, exc.message))
+    runs.sort(key=_created, reverse=True)
     return runs, unreadable
 
 
@@ -82,9 +111,11 @@ def run_by_id(runs_dir: Path, run_id: str) -> RunDir | None:
         return None
 
 
-def resolve_run(ref: Path | str, runs_dir: Path | None) -> Path:
-    """The run directory `ref` names; `NotFound` saying where it looked when there is none."""
-    text = str(ref)
+def resolve_run(ref: str, runs_dir: Path | None) -> Path:
+    """The run directory `ref` names; `NotFound` saying where it looked when there is none.
+
+    `ref` is the argument as typed: a `Path` would make `./latest` into `latest`."""
+    text = ref
     if text == LATEST:
         return latest_run(default_runs_dir(runs_dir))
     path = Path(text)
@@ -102,13 +133,14 @@ def resolve_run(ref: Path | str, runs_dir: Path | None) -> Path:
 
 
 def latest_run(runs_dir: Path) -> Path:
-    """The newest run under `runs_dir`: run ids share a second, so `created_at` decides."""
+    """The newest main run under `runs_dir` (`survey`'s order: run ids share a second, `created_at`
+    decides); a mirror night's deletion run is not `latest`, its night is."""
     runs, _unreadable = survey(runs_dir)  # an unreadable run is not the newest one; `runs` reports it
-    dated = [((run.manifest.created_at or "", run.path.name), run.path) for run in runs]
-    if not dated:
+    main = [run for run in runs if not (isinstance(run, RunDir) and run.plan.mirror_deletes)]
+    if not main:
         raise NotFound(
             f"no runs in {runs_dir}, so there is no `latest`",
             context={"runs_dir": str(runs_dir)},
             suggestion="give --runs-dir (or BULKRELAY_RUNS_DIR) where your runs are",
         )
-    return max(dated)[1]
+    return main[0].path

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import functools
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import orjson
 
-from bulkrelay.errors import NotFound, RunLocked, SyncStateMismatch
+from bulkrelay.errors import NotFound, RunLocked, SyncStateBusy, SyncStateCorrupt, SyncStateMismatch
 from bulkrelay.job.digest import key_text
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.ops.invocation import normalized_path
@@ -83,6 +84,69 @@ _CHANGED = (
 )
 _DIGEST_SIZE = 16
 _NO_LINE = bytes(_DIGEST_SIZE)
+# A mirror night's keys (`remember_seen`), and the gone keys that are one of them in another form.
+_SEEN = "CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID;"
+_TWINS = "CREATE TEMP TABLE IF NOT EXISTS twins (gone TEXT PRIMARY KEY, seen TEXT NOT NULL) WITHOUT ROWID;"
+
+
+# How long a write waits for another process holding the state (a run of the same job, a shard, an
+# `sqlite3` shell) before it gives up with SYNC_STATE_BUSY: SQLite's own busy wait, made explicit.
+BUSY_WAIT_S = 5.0
+_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+_DAMAGE_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+
+
+@contextlib.contextmanager
+def named_errors(path: Path) -> Iterator[None]:
+    """SQLite's errors as BulkRelay's: a state another process holds past `BUSY_WAIT_S` is
+    SYNC_STATE_BUSY (exit 6), a file that is no database or a damaged one SYNC_STATE_CORRUPT (exit 4),
+    instead of an unexpected error with a traceback. Any other error stays what it is."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        code = exc.sqlite_errorcode & 0xFF  # the primary code: SQLITE_BUSY_SNAPSHOT is a busy too
+        if code in _BUSY_CODES:
+            raise SyncStateBusy(
+                f"the sync state {path} is held by another process (waited {BUSY_WAIT_S:g} s): {exc}",
+                context={"state": str(path)},
+                suggestion="try again once the other run of this job (or whatever holds the file) ends",
+            ) from None
+        if code in _DAMAGE_CODES or "malformed" in str(exc):
+            raise SyncStateCorrupt(
+                f"the sync state {path} is damaged: {exc}",
+                context={"state": str(path)},
+                suggestion="bulkrelay sync-state rebuild JOB (it remakes the state from the journals)",
+            ) from None
+        raise
+
+
+_S = TypeVar("_S", bound="SyncState")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _guarded(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
+    """The method with SQLite's errors named (`named_errors`)."""
+
+    @functools.wraps(method)
+    def guarded(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with named_errors(self.path):
+            return method(self, *args, **kwargs)
+
+    return guarded
+
+
+def _guarded_rows(
+    method: Callable[Concatenate[_S, _P], Iterator[_R]],
+) -> Callable[Concatenate[_S, _P], Iterator[_R]]:
+    """A generator method with SQLite's errors named while it is read, not only when it is made."""
+
+    @functools.wraps(method)
+    def guarded(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> Iterator[_R]:
+        with named_errors(self.path):
+            yield from method(self, *args, **kwargs)
+
+    return guarded
 
 
 def job_identity(name: str | None, job_path: str | Path) -> str:
@@ -117,13 +181,18 @@ class SyncState:
         os.close(fd)  # created private before SQLite opens it
         self.path = path
         # One thread at a time, but not always the opener's: a delta run looks keys up on its own.
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # before anything is written: a new file only
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self._add_line_column()
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('job', ?)", (identity,))
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_WAIT_S)
+        try:
+            with named_errors(path):
+                self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # before anything is written: new files
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.executescript(_SCHEMA)
+                self._add_line_column()
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('job', ?)", (identity,))
+        except BaseException:
+            self._db.close()
+            raise
 
     def _add_line_column(self) -> None:
         """States written before line digests existed get the column, empty, and become able to give
@@ -150,6 +219,7 @@ class SyncState:
     def close(self) -> None:
         self._db.close()
 
+    @_guarded
     def changed_among(self, keys: list[str], digests: bytes) -> list[int]:
         """The positions in `keys` of those whose stored digest is absent or differs from theirs
         (`digests`: the 16-byte digest of each key, in the same order)."""
@@ -167,6 +237,7 @@ class SyncState:
         size = _DIGEST_SIZE
         return [n for n, key in enumerate(keys) if stored.get(key) != digests[n * size : (n + 1) * size]]
 
+    @_guarded
     def learn_lines(self, keys: list[str], digests: bytes, lines: bytes) -> None:
         """Note what preflight found of a batch of rows: each key's request digest and the digest of
         the input line it was read from (`lines`, 16 bytes a key; zeros: none, not noted). Kept in a
@@ -180,6 +251,7 @@ class SyncState:
         ]
         self._db.executemany("INSERT OR REPLACE INTO temp.learned VALUES (?, ?, ?)", learned)
 
+    @_guarded
     def keep_lines(self) -> bool:
         """Make what `learn_lines` noted the pending lines (the last night's replaced) and give the
         unchanged rows their line now; then hand the pages the last night's took back to the system.
@@ -204,27 +276,65 @@ class SyncState:
             self._db.executescript("PRAGMA incremental_vacuum;")  # to its end (`execute` frees one page)
         return True
 
+    @_guarded
     def remember_seen(self, keys: list[str]) -> None:
         """Note keys present in tonight's input (a temporary table: gone when the state is closed)."""
         self._db.execute("CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID")
         self._db.executemany("INSERT OR IGNORE INTO temp.seen VALUES (?)", [(key,) for key in keys])
 
+    @_guarded_rows
     def missing_keys(self) -> Iterator[str]:
-        """Delivered keys not seen tonight (call after `remember_seen` of every key), in key order."""
-        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY) WITHOUT ROWID")
-        query = "SELECT key FROM delivered WHERE key NOT IN (SELECT key FROM temp.seen) ORDER BY key"
+        """Delivered keys not seen tonight (call after `remember_seen` of every key), in key order;
+        less those `match_gone` paired with a key seen tonight."""
+        self._db.executescript(_SEEN + _TWINS)
+        query = (
+            "SELECT key FROM delivered WHERE key NOT IN (SELECT key FROM temp.seen) "
+            "AND key NOT IN (SELECT gone FROM temp.twins) ORDER BY key"
+        )
         for (key,) in self._db.execute(query):
             yield key
 
+    @_guarded
+    def match_gone(self, normal: Callable[[str], str]) -> int:
+        """Pair each delivered key gone tonight with a key seen tonight whose `normal` form is its own
+        (`ABC` gone, `abc` seen, under casefold): kept in `twins`, left out of `missing_keys`; how many
+        were paired. The seen keys are normalized only on a night with keys gone, each looked up in an
+        index of the gone keys' forms, so the cost is one call a key, and memory stays in SQLite."""
+        self._db.executescript(_SEEN + _TWINS)
+        self._db.create_function("bulkrelay_normal", 1, normal, deterministic=True)
+        self._db.executescript(
+            "DROP TABLE IF EXISTS temp.gone; "
+            "CREATE TEMP TABLE gone (key TEXT PRIMARY KEY, normal TEXT NOT NULL) WITHOUT ROWID; "
+            "INSERT INTO temp.gone SELECT key, bulkrelay_normal(key) FROM delivered "
+            "WHERE key NOT IN (SELECT key FROM temp.seen); "
+            "CREATE INDEX temp.gone_normal ON gone (normal); DELETE FROM temp.twins;"
+        )
+        if self._db.execute("SELECT count(*) FROM temp.gone").fetchone()[0] == 0:
+            return 0
+        self._db.execute(  # CROSS JOIN: seen outside, so each seen key is normalized once
+            "INSERT OR IGNORE INTO temp.twins SELECT g.key, s.key FROM temp.seen AS s "
+            "CROSS JOIN temp.gone AS g ON g.normal = bulkrelay_normal(s.key)"
+        )
+        return int(self._db.execute("SELECT count(*) FROM temp.twins").fetchone()[0])
+
+    @_guarded_rows
+    def twins(self) -> Iterator[tuple[str, str]]:
+        """(gone key, seen key) pairs `match_gone` found, in key order."""
+        self._db.executescript(_TWINS)
+        yield from self._db.execute("SELECT gone, seen FROM temp.twins ORDER BY gone")
+
+    @_guarded_rows
     def items(self) -> Iterator[tuple[str, bytes, str]]:
         """Every key with its digest and the run that delivered it, in key order."""
         yield from self._db.execute(
             "SELECT d.key, d.digest, r.run_id FROM delivered d JOIN runs r ON r.id = d.run ORDER BY d.key"
         )
 
+    @_guarded
     def count(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM delivered").fetchone()[0])
 
+    @_guarded
     def apply_run(self, run: RunDir) -> int:
         """Record the successful deliveries in `run`'s journal not applied yet; how many were new."""
         at = run_started(run)

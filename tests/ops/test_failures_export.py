@@ -213,3 +213,28 @@ def test_latest_is_the_newest_by_created_at_even_within_one_second(tmp_path: Pat
     assert resolve_run("latest", runs) == newer.path
     assert resolve_run(older.run_id, runs) == older.path
     assert resolve_run(str(older.path), None) == older.path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_with_reasons_never_overwrites_an_input_field_of_the_same_name(tmp_path: Path, fmt: str) -> None:
+    """Before, an input column `_status` was overwritten by the HTTP status (and `_error`, `_attempts`
+    likewise): the fixed file fed to a new run then sent the reason as the row's data."""
+    rows = [{"id": str(n), "email": f"u{n}@x.com", "name": f"User {n}", "_status": "vip"} for n in (1, 3)]
+    runs = tmp_path / "runs"
+    with TargetProcess(PLAN) as target:
+        job = write_job(tmp_path, target.url, rows, request={"json": {"tier": {"from": "_status"}}})
+        if fmt == "jsonl":
+            data = tmp_path / "data.jsonl"
+            data.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+            job.write_text(job.read_text().replace("data.csv", "data.jsonl"))
+        run = run_cli("run", job, "--budget", "0", "--runs-dir", runs, cwd=tmp_path)
+    assert run.exit_code == ExitCode.PARTIAL_FAILURE, run.envelope  # row 2 (User 3) got 422
+    out = tmp_path / f"failed.{fmt}"
+    answer = run_cli("export", run.data["run_dir"], "--failed", "--with-reasons", "-o", out, cwd=tmp_path)
+    assert answer.exit_code == ExitCode.ARG_ERROR and answer.error_code == "USAGE_ERROR", answer.envelope
+    assert answer.envelope["error"]["context"] == {"fields": ["_status"], "row": 2}
+    assert not out.exists()  # refused before the output was opened: nothing half written
+    plain = run_cli("export", run.data["run_dir"], "--failed", "-o", out, cwd=tmp_path)
+    assert plain.exit_code == ExitCode.SUCCESS, plain.envelope
+    assert b"vip" in out.read_bytes()

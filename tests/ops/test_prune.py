@@ -130,3 +130,67 @@ def test_a_bad_settings_file_is_a_warning_at_the_end_of_a_run_and_an_error_for_p
     assert "config.yaml:3" in warning["message"] and "kep" in warning["message"]
     answer = run_cli("prune", cwd=tmp_path)
     assert answer.exit_code == ExitCode.ARG_ERROR and answer.error_code == "CONFIG_INVALID"
+
+
+@pytest.mark.slow
+def test_an_age_needs_a_unit_as_a_flag_and_in_the_settings_file_alike(tmp_path: Path) -> None:
+    """Before, `--older-than 30` meant 30 seconds (a dry run listed runs minutes old), and `older_than: 0`
+    was refused in the settings file (not a string) but `--older-than 0` accepted."""
+    runs = tmp_path / "runs"
+    minutes_old = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=0.01)
+    _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=0)
+    settings = tmp_path / ".bulkrelay" / "config.yaml"
+    settings.parent.mkdir()
+    for bare in ("30", "0"):
+        flag = run_cli("prune", "--older-than", bare, "--dry-run", "--runs-dir", runs, cwd=tmp_path)
+        assert flag.exit_code == ExitCode.ARG_ERROR and flag.error_code == "USAGE_ERROR", flag.envelope
+        assert "no unit" in flag.envelope["error"]["message"]
+        assert flag.envelope["error"]["suggestion"] == f"--older-than {bare}d"
+        settings.write_text(f"retention:\n  older_than: {bare}\n")
+        filed = run_cli("prune", "--dry-run", "--runs-dir", runs, cwd=tmp_path)
+        assert filed.exit_code == ExitCode.ARG_ERROR and filed.error_code == "CONFIG_INVALID", filed.envelope
+        assert "config.yaml:2" in filed.envelope["error"]["message"]
+        assert "no unit" in filed.envelope["error"]["message"]
+    settings.write_text("retention:\n  older_than: 0d\n")
+    aged = run_cli("prune", "--dry-run", "--runs-dir", runs, cwd=tmp_path)
+    assert aged.exit_code == ExitCode.SUCCESS and aged.data["removed"] == [minutes_old.run_id], aged.envelope
+    flagged = run_cli("prune", "--older-than", "30d", "--dry-run", "--runs-dir", runs, cwd=tmp_path)
+    assert flagged.exit_code == ExitCode.SUCCESS and flagged.data["removed"] == [], flagged.envelope
+
+
+@pytest.mark.slow
+def test_a_settings_typo_gets_did_you_mean_naming_the_settings_key(tmp_path: Path) -> None:
+    """Before, `kep` got no suggestion: the job file's check looked for it among job keys."""
+    settings = tmp_path / ".bulkrelay" / "config.yaml"
+    settings.parent.mkdir()
+    settings.write_text("retension:\n  keep: 2\n")
+    top = run_cli("prune", cwd=tmp_path)
+    assert top.error_code == "CONFIG_INVALID", top.envelope
+    assert "config.yaml:1" in top.envelope["error"]["message"]
+    assert "did you mean 'retention'?" in top.envelope["error"]["message"]
+    settings.write_text("retention:\n  keep: 2\n  older_then: 30d\n")
+    inner = run_cli("prune", cwd=tmp_path)
+    assert "config.yaml:3" in inner.envelope["error"]["message"]
+    assert "did you mean 'older_than'?" in inner.envelope["error"]["message"]
+
+
+@pytest.mark.slow
+def test_prune_skips_a_linked_run_with_a_warning_and_reports_every_removal(tmp_path: Path) -> None:
+    """Before, a run directory that was a symbolic link crashed prune (exit 1, `data: null`, rmtree on a
+    link) after it had removed a real run, which no answer then reported."""
+    runs = tmp_path / "runs"
+    old = [_make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=30 - n) for n in range(3)]
+    newest = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=1)
+    archived = tmp_path / "archive" / old[1].run_id
+    archived.parent.mkdir()
+    old[1].path.rename(archived)
+    (runs / old[1].run_id).symlink_to(archived)  # a run kept on another disk, linked in
+    (runs / "nightly-latest").symlink_to(newest.path)  # an alias of a run listed beside it
+    answer = run_cli("prune", "--keep", "1", "--runs-dir", runs, cwd=tmp_path)
+    assert answer.exit_code == ExitCode.SUCCESS, answer.envelope
+    assert sorted(answer.data["removed"]) == sorted([old[0].run_id, old[2].run_id])
+    skipped = [w for w in answer.envelope["warnings"] if w["code"] == "RUN_LINK_SKIPPED"]
+    assert [w["context"]["run_dir"] for w in skipped] == [str(runs / old[1].run_id)]
+    assert archived.is_dir() and (runs / old[1].run_id).is_symlink()  # neither the link nor its target
+    assert newest.path.is_dir()
+    assert _remaining(runs) == {old[1].run_id, newest.run_id, "nightly-latest"}

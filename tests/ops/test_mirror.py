@@ -1,0 +1,163 @@
+"""`sync: mirror` nights as real processes: keys that differ only by case or Unicode form (issue 22.5),
+and deletion runs that stop, are resumed, meet 404, and are never `latest` (issue 22.6)."""
+
+from __future__ import annotations
+
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.ops.syncstate import SyncState, job_identity
+from tests.clirun import CliResult, run_cli
+from tests.jobfiles import write_csv, write_job
+from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow
+
+NFD_ZOE = unicodedata.normalize("NFD", "Zoë")
+NFC_ZOE = unicodedata.normalize("NFC", "Zoë")
+
+
+def _rows(*keys: str) -> list[dict[str, str]]:
+    return [{"id": key, "email": f"{n}@example.com", "name": f"User {n}"} for n, key in enumerate(keys)]
+
+
+def _mirror(target: TargetProcess, **mirror: Any) -> dict[str, Any]:
+    return {
+        "input": {"key": "id"},
+        "request": {"method": "PUT"},
+        "execution": {"concurrency": 2, "sync": "mirror"},
+        "mirror": {"url": f"{target.url}/items/{{id}}", "max_deletes": 10, **mirror},
+    }
+
+
+def _night(cwd: Path) -> CliResult:
+    return run_cli("run", cwd / "job.yaml", "--budget", "0", cwd=cwd)
+
+
+def _sent(target: TargetProcess) -> Counter[tuple[str, str]]:
+    return Counter((r["method"], r["path"].rsplit("/", 1)[-1]) for r in target.requests())
+
+
+@pytest.fixture
+def target() -> Iterator[TargetProcess]:
+    with TargetProcess() as running:
+        yield running
+
+
+def _two_nights(tmp_path: Path, target: TargetProcess, **mirror: Any) -> CliResult:
+    """Night 1 delivers ABC, Zoë (NFD) and x1; night 2's export spells them abc, Zoë (NFC), x1."""
+    write_job(tmp_path, target.url, _rows("ABC", NFD_ZOE, "x1"), **_mirror(target, **mirror))
+    first = _night(tmp_path)
+    assert first.exit_code == ExitCode.SUCCESS, first.envelope
+    target.reset()
+    write_csv(tmp_path / "data.csv", _rows("abc", NFC_ZOE, "x1"))
+    return _night(tmp_path)
+
+
+def test_unset_key_match_refuses_a_night_whose_deletions_are_its_upserts_in_another_form(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """Before: `PUT abc` then `DELETE ABC` (and the same for Zoë), so a case-insensitive target lost
+    the live records, exit 0."""
+    night = _two_nights(tmp_path, target)
+    assert night.exit_code == ExitCode.PRECONDITION, night.envelope
+    assert night.error_code == "MIRROR_KEY_COLLISION"
+    context = night.envelope["error"]["context"]
+    assert context["collisions"] == 2
+    assert sorted((e["gone"], e["tonight"]) for e in context["examples"]) == sorted(
+        [("ABC", "abc"), (NFD_ZOE, NFC_ZOE)]
+    )
+    assert "'ABC' (gone) and 'abc' (tonight)" in night.envelope["error"]["message"]
+    assert "mirror.key_match" in night.envelope["error"]["suggestion"]
+    assert target.requests() == []  # refused before anything was sent, upserts included
+
+
+@pytest.mark.parametrize(
+    ("key_match", "deleted"),
+    [("casefold", set()), ("nfc", {"ABC"}), ("exact", {"ABC", NFD_ZOE})],
+)
+def test_key_match_says_which_form_of_a_key_is_the_same_record(
+    tmp_path: Path, target: TargetProcess, key_match: str, deleted: set[str]
+) -> None:
+    night = _two_nights(tmp_path, target, key_match=key_match)
+    assert night.exit_code == ExitCode.SUCCESS, night.envelope
+    upserts = Counter({("PUT", "abc"): 1, ("PUT", NFC_ZOE): 1})
+    assert _sent(target) == upserts + Counter({("DELETE", key): 1 for key in deleted})
+    assert night.data.get("mirror", {"deletions": 0})["deletions"] == len(deleted)
+
+
+def _keys_in_state(cwd: Path) -> set[str]:
+    runs_dir = cwd / ".bulkrelay" / "runs"
+    with SyncState.for_job(runs_dir, job_identity("test-job", cwd / "job.yaml")) as state:
+        return {key for key, _, _ in state.items()}
+
+
+DELETES_GET_404 = {"rules": [{"match": {"method": "DELETE"}, "status": 404}]}
+DELETES_GET_401 = {"rules": [{"match": {"method": "DELETE"}, "status": 401}]}
+KEYS = [str(n) for n in range(1, 7)]
+
+
+@pytest.mark.parametrize(
+    ("gone_statuses", "exit_code"), [(None, ExitCode.SUCCESS), ([], ExitCode.PARTIAL_FAILURE)]
+)
+def test_a_delete_answered_404_is_a_success_unless_configured_otherwise(
+    tmp_path: Path, target: TargetProcess, gone_statuses: list[int] | None, exit_code: ExitCode
+) -> None:
+    """Before, a key deleted on the target by hand got 404 every night: exit 3, the key never left."""
+    mirror = {} if gone_statuses is None else {"gone_statuses": gone_statuses}
+    write_job(tmp_path, target.url, _rows(*KEYS), **_mirror(target, **mirror))
+    assert _night(tmp_path).exit_code == ExitCode.SUCCESS
+    target.set_plan(DELETES_GET_404)
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:4]))
+    night = _night(tmp_path)
+    assert night.exit_code == exit_code, night.envelope
+    assert _sent(target)[("DELETE", "5")] == 1
+    left = _keys_in_state(tmp_path)
+    assert ({"5", "6"} <= left) is (exit_code != ExitCode.SUCCESS)
+
+
+def test_a_stopped_deletion_run_resumes_and_a_newer_night_ends_it_and_latest_is_the_night(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """Before, a deletion run halted by a 401 said `resume` and `resume` answered CONFIG_INVALID about
+    a field the deletions do not have; `latest` named the deletion run; it stayed resumable for ever."""
+    write_job(tmp_path, target.url, _rows(*KEYS), **_mirror(target))
+    assert _night(tmp_path).exit_code == ExitCode.SUCCESS
+    target.set_plan(DELETES_GET_401)
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:4]))
+    halted = _night(tmp_path)
+    assert halted.exit_code == ExitCode.AUTH_REQUIRED, halted.envelope
+    deletions = halted.data["mirror"]
+    assert deletions["state"] == "stopped"
+    latest = run_cli("status", "latest", cwd=tmp_path)
+    assert latest.data["run_id"] == halted.data["run_id"] != deletions["run_id"]  # the night, not its half
+
+    target.set_plan({})
+    target.reset()
+    resumed = run_cli("resume", deletions["run_dir"], "--budget", "0", cwd=tmp_path)
+    assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
+    assert _sent(target) == Counter({("DELETE", "5"): 1, ("DELETE", "6"): 1})
+    assert _keys_in_state(tmp_path) == set(KEYS[:4])
+
+    target.set_plan(DELETES_GET_401)
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:3]))  # key 4 goes, and its deletion halts
+    stopped = _night(tmp_path)
+    assert stopped.exit_code == ExitCode.AUTH_REQUIRED, stopped.envelope
+    old_deletions = stopped.data["mirror"]["run_dir"]
+    target.set_plan({})
+    target.reset()
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:4]))  # key 4 is back before the deletion was resumed
+    back = _night(tmp_path)
+    assert back.exit_code == ExitCode.SUCCESS, back.envelope
+    status = run_cli("status", old_deletions, cwd=tmp_path)
+    assert (status.data["state"], status.data["stop_reason"]) == ("cancelled", "superseded")
+    late = run_cli("resume", old_deletions, "--budget", "0", cwd=tmp_path)
+    assert late.exit_code == ExitCode.PRECONDITION and late.error_code == "RUN_NOT_RESUMABLE", late.envelope
+    assert not any(r["method"] == "DELETE" for r in target.requests())  # key 4 lives
+    assert _keys_in_state(tmp_path) == set(KEYS[:4])
