@@ -90,6 +90,7 @@ def retry_failed(
         input_explicit=True,
         retry_filter=RetryFilter(statuses, classification),
         shard=parent.plan.shard,  # a shard's failed rows: the child is of the same shard
+        delivery_run=parent.plan.delivery(parent.run_id),  # the parent's rows: their keys stay its
     )
     with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent)) as slot:
         result = start_fresh(

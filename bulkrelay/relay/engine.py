@@ -276,7 +276,8 @@ async def relay(
     )
     transport = transport_factory(transport_settings(preflight))
     limiter = open_limiter(config)
-    sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats())
+    delivery = _delivery(preflight, run)
+    sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats(), delivery=delivery)
     committed.pace = limiter.state
     committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
@@ -336,8 +337,24 @@ def target_origin(config: JobConfig) -> str:
     return f"{parts.scheme}://{parts.netloc}" if "{" not in parts.netloc else config.request.url
 
 
+def _delivery(preflight: Preflight, run: RunDir) -> str | None:
+    """The scope of a delta or mirror run's idempotency keys: the run that delivers its rows. A delta
+    job sends a row again only when its content differs from the last delivery's, which may be a
+    content the target answered before under its content-only key (a revert A → B → A); a full job
+    keeps the content-only key (docs/resume.md)."""
+    if preflight.digester is None and not run.plan.mirror_deletes:
+        return None
+    return run.plan.delivery(run.run_id)
+
+
 def _row_sender(
-    preflight: Preflight, transport: Transport, limiter: Limiter, stop: StopControl, stats: RelayStats
+    preflight: Preflight,
+    transport: Transport,
+    limiter: Limiter,
+    stop: StopControl,
+    stats: RelayStats,
+    *,
+    delivery: str | None,
 ) -> RowSender:
     config = preflight.job.config
     return RowSender(
@@ -347,6 +364,7 @@ def _row_sender(
         policy=RetryPolicy.from_config(config.retry, config.response, config.halt),
         stop=stop,
         stats=stats,
+        delivery=delivery,
     )
 
 

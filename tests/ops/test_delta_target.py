@@ -1,0 +1,116 @@
+"""Delta nights, run as real processes, end with the target holding exactly what the input says.
+
+The target is a key-value store that keeps idempotency keys (`"dedup": true, "store": true`): an
+applied write sets the record at its path, and a request whose key it answered before gets the
+stored answer again and changes nothing, as Stripe-style APIs do. After each scenario the target's
+records are compared with the input, and `sync-state verify` must agree with the journals.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bulkrelay.errors import ExitCode
+from tests.clirun import CliResult, run_cli
+from tests.jobfiles import make_rows, write_csv, write_job
+from tests.targetproc import TargetProcess
+
+pytestmark = pytest.mark.slow
+
+ROWS = 20
+KEEPS_KEYS: dict[str, Any] = {"dedup": True, "store": True}
+DELTA: dict[str, Any] = {
+    "input": {"key": "id"},
+    "request": {"method": "PUT", "idempotency_key": {"header": "Idempotency-Key"}},
+    "execution": {"concurrency": 2, "sync": "delta"},
+}
+
+
+def holding(rows: list[dict[str, str]]) -> dict[str, Any]:
+    """What the target holds once it is in step with `rows`."""
+    return {f"/items/{row['id']}": {"email": row["email"], "name": row["name"]} for row in rows}
+
+
+def changed(rows: list[dict[str, str]], numbers: tuple[int, ...], tag: str) -> list[dict[str, str]]:
+    out = [dict(row) for row in rows]
+    for n in numbers:
+        out[n - 1]["email"] = f"user{n}{tag}@example.com"
+    return out
+
+
+def night(cwd: Path, job: Path, *extra: str, env: dict[str, str] | None = None) -> CliResult:
+    result = run_cli("run", job, "--budget", "0", *extra, cwd=cwd, env=env)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    return result
+
+
+def verified(cwd: Path, job: Path) -> None:
+    result = run_cli("sync-state", "verify", job, cwd=cwd)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+
+
+@pytest.fixture
+def target() -> Any:
+    with TargetProcess(KEEPS_KEYS) as running:
+        yield running
+
+
+def test_a_revert_a_b_a_reaches_a_target_that_keeps_idempotency_keys(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    a = make_rows(ROWS)
+    job = write_job(tmp_path, target.url, rows=a, **DELTA)
+    night(tmp_path, job)
+    b = changed(a, (3, 7, 15), "-b")
+    write_csv(tmp_path / "data.csv", b)
+    night(tmp_path, job)
+    assert target.store() == holding(b)
+
+    write_csv(tmp_path / "data.csv", a)  # night 3: back to night 1's values
+    third = night(tmp_path, job)
+
+    assert third.data["progress"]["total"] == 3
+    assert target.stats()["duplicates"] == 0  # no key of night 1 came back
+    assert target.store() == holding(a)
+    verified(tmp_path, job)
+
+
+def test_every_attempt_of_one_delivery_keeps_its_key_and_the_next_delivery_has_another(
+    tmp_path: Path,
+) -> None:
+    plan = {**KEEPS_KEYS, "rules": [{"first_attempts": 1, "status": 503}]}  # each key's first try
+    with TargetProcess(plan) as target:
+        rows = make_rows(ROWS)
+        retry = {"max_attempts": 3, "initial_backoff_seconds": 0.01, "max_backoff_seconds": 0.01}
+        job = write_job(tmp_path, target.url, rows=rows, **DELTA, retry=retry)
+        night(tmp_path, job)
+        keys: dict[str, set[str]] = {}
+        for request in target.requests():
+            keys.setdefault(request["path"], set()).add(request["idempotency_key"])
+        assert len(keys) == ROWS and all(len(seen) == 1 for seen in keys.values())
+        assert target.stats()["requests"] == 2 * ROWS  # 503, then the retry under the same key
+        assert target.stats()["effects"] == ROWS
+
+        night(tmp_path, job, "--full")  # another delivery of the same content: new keys, applied
+        again = {r["idempotency_key"] for r in target.requests()[2 * ROWS :]}
+        assert len(again) == ROWS and not again & set().union(*keys.values())
+        assert target.store() == holding(rows)
+    verified(tmp_path, job)
+
+
+def test_retry_failed_delivers_its_parents_rows_under_their_keys(tmp_path: Path) -> None:
+    refused = {"match": {"path_contains": "/items/5"}, "status": 422, "times": 1}
+    with TargetProcess({**KEEPS_KEYS, "rules": [refused]}) as target:
+        rows = make_rows(ROWS)
+        job = write_job(tmp_path, target.url, rows=rows, **DELTA)
+        first = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        assert first.exit_code == ExitCode.PARTIAL_FAILURE, first.envelope
+        retried = run_cli("retry-failed", first.data["run_dir"], "--budget", "0", cwd=tmp_path)
+        assert retried.exit_code == ExitCode.SUCCESS, retried.envelope
+        tries = [r["idempotency_key"] for r in target.requests() if r["path"] == "/items/5"]
+        assert len(tries) == 2 and tries[0] == tries[1]
+        assert target.store() == holding(rows)
+    verified(tmp_path, job)
