@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bulkrelay._version import __version__
-from bulkrelay.job.config import Job, config_semantic_dict
+from bulkrelay.job.config import Job, JobConfig, config_semantic_dict
 from bulkrelay.job.digest import DIGEST_SIZE, RequestDigester, key_text
 from bulkrelay.job.fingerprint import canonical_bytes
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, changed_values, input_changed
@@ -276,6 +276,15 @@ class DeltaStart:
         if self.selector is not None:
             self.selector.close()
         self.state.close()
+
+
+def shared_slot(config: JobConfig) -> str | None:
+    """What a job's live slot is keyed by besides its file (store/liverun.py): a delta or mirror job
+    with a `name` keeps its sync state under that name, which other job files may share; they must
+    not relay together (each would send every changed row), so they share one slot too."""
+    if config.execution.sync == "full" or not config.name:
+        return None
+    return job_identity(config.name, "")
 
 
 def open_delta(job: Job, runs_dir: Path, *, full: bool, scan_lines: bool = True) -> DeltaStart | None:

@@ -15,6 +15,7 @@ from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.job.config import load_job
 from bulkrelay.job.durations import whole_number
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
+from bulkrelay.ops.delta import shared_slot
 from bulkrelay.ops.execute import RunOptions, plan_for, start_fresh
 from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import check_committed_journal, input_differences, input_path_for, job_path_for
@@ -92,7 +93,8 @@ def retry_failed(
         shard=parent.plan.shard,  # a shard's failed rows: the child is of the same shard
         delivery_run=parent.plan.delivery(parent.run_id),  # the parent's rows: their keys stay its
     )
-    with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent)) as slot:
+    shared = shared_slot(preflight.job.config)
+    with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent), shared=shared) as slot:
         result = start_fresh(
             preflight,
             parent.path.parent,

@@ -13,7 +13,7 @@ from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import STDIN_NAME
 from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.choice import ChosenRows, RowChoice
-from bulkrelay.ops.delta import open_delta, sync_manifest
+from bulkrelay.ops.delta import open_delta, shared_slot, sync_manifest
 from bulkrelay.ops.execute import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.ops.linescan import LineScanFailed
@@ -87,7 +87,7 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
 def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, reporter: Reporter) -> Result:
     key = request.key()
     shard = None if request.shard is None else str(request.shard)
-    with live_slot(request.runs_dir, request.job.path, shard) as slot:
+    with live_slot(request.runs_dir, request.job.path, shard, shared=shared_slot(request.job.config)) as slot:
         previous = _unfinished_run(request.runs_dir, key)
         warnings: list[EnvelopeWarning] = []
         if previous is not None:
@@ -214,7 +214,7 @@ def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, i
         mirror_of=night.data.run_id,
         input_explicit=True,
     )
-    with live_slot(request.runs_dir, request.job.path) as slot:
+    with live_slot(request.runs_dir, request.job.path, shared=shared_slot(request.job.config)) as slot:
         deleted = start_fresh(
             preflight,
             request.runs_dir,
@@ -258,7 +258,8 @@ def resume(
     check_resumable(run)
     options.announce_run(run)
     preflight = preflight_for_resume(run, config, input_path, on_rows_read=options.rows_read)
-    with live_slot(run.path.parent, preflight.job.path, shard_of_run(run)) as slot:
+    shared = shared_slot(preflight.job.config)
+    with live_slot(run.path.parent, preflight.job.path, shard_of_run(run), shared=shared) as slot:
         run = RunDir.open(run_dir)  # as it is now: it may have ended while we preflighted
         check_resumable(run)
         return continue_run(

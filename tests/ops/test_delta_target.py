@@ -8,15 +8,20 @@ records are compared with the input, and `sync-state verify` must agree with the
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bulkrelay.errors import ExitCode
-from tests.clirun import CliResult, run_cli
+from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.slow
 
@@ -114,3 +119,44 @@ def test_retry_failed_delivers_its_parents_rows_under_their_keys(tmp_path: Path)
         assert len(tries) == 2 and tries[0] == tries[1]
         assert target.store() == holding(rows)
     verified(tmp_path, job)
+
+
+def _wait_for(condition: str, check: Any) -> None:
+    deadline = time.monotonic() + HANG_S
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {condition}"
+        time.sleep(0.02)
+
+
+def test_two_job_files_of_one_name_never_relay_together(tmp_path: Path) -> None:
+    """They share one sync state: the second waits for nothing, it gets RUN_LOCKED naming the first's run."""
+    stalled = {"match": {"path_contains": "/items/1"}, "delay_ms": 600_000, "times": 1}
+    with TargetProcess({**KEEPS_KEYS, "rules": [stalled]}) as target:
+        rows = make_rows(ROWS)
+        first = write_job(tmp_path, target.url, rows=rows, job_name="a.yaml", **DELTA)
+        second = write_job(tmp_path, target.url, rows=rows, job_name="b.yaml", **DELTA)
+        relaying = subprocess.Popen(
+            [sys.executable, "-m", "bulkrelay", "run", str(first), "--budget", "0"],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_for("a.yaml's run to send", lambda: target.stats()["requests"] >= 1)
+            refused = run_cli("run", second, "--budget", "0", cwd=tmp_path)
+            assert refused.exit_code == ExitCode.CONFLICT, refused.envelope
+            assert refused.error_code == "RUN_LOCKED"
+            [run_dir] = [p.parent for p in (tmp_path / ".bulkrelay" / "runs").glob("*/run.json")]
+            assert refused.envelope["error"]["context"]["run_dir"] == str(run_dir)
+            assert "name:test-job" in refused.envelope["error"]["message"]
+        finally:
+            relaying.send_signal(signal.SIGKILL)
+            relaying.wait()
+        paths = [r["path"] for r in target.requests()]
+        assert len(paths) == len(set(paths))  # no row went twice: b.yaml sent nothing beside a.yaml
+
+        night(tmp_path, second)  # once a.yaml's run is gone, b.yaml's run sends the rest
+        assert target.store() == holding(rows)
+    verified(tmp_path, second)
