@@ -160,3 +160,23 @@ def test_two_job_files_of_one_name_never_relay_together(tmp_path: Path) -> None:
         night(tmp_path, second)  # once a.yaml's run is gone, b.yaml's run sends the rest
         assert target.store() == holding(rows)
     verified(tmp_path, second)
+
+
+def test_a_moved_api_base_makes_a_full_night_at_the_new_target(tmp_path: Path) -> None:
+    rows = make_rows(ROWS)
+    with TargetProcess(KEEPS_KEYS) as old, TargetProcess(KEEPS_KEYS) as new:
+        job = write_job(tmp_path, "${API_BASE}", rows=rows, **DELTA)
+        night(tmp_path, job, env=cli_env(API_BASE=old.url))
+        assert old.store() == holding(rows)
+
+        moved = night(tmp_path, job, env=cli_env(API_BASE=new.url))
+        assert moved.data["progress"]["total"] == ROWS
+        assert new.store() == holding(rows)
+        assert old.stats()["requests"] == ROWS  # nothing more went to the old one
+
+        again = night(tmp_path, job, env=cli_env(API_BASE=new.url))  # the same target: nothing to send
+        assert again.data["progress"]["total"] == 0
+        assert new.stats()["requests"] == ROWS
+    verified(tmp_path, job)
+    state = b"".join(p.read_bytes() for p in (tmp_path / ".bulkrelay" / "runs" / "sync-state").iterdir())
+    assert str(new.port).encode() not in state and b"127.0.0.1" not in state  # hashed, never stored
