@@ -180,3 +180,59 @@ def test_a_moved_api_base_makes_a_full_night_at_the_new_target(tmp_path: Path) -
     verified(tmp_path, job)
     state = b"".join(p.read_bytes() for p in (tmp_path / ".bulkrelay" / "runs" / "sync-state").iterdir())
     assert str(new.port).encode() not in state and b"127.0.0.1" not in state  # hashed, never stored
+
+
+def _prune_keep_1(cwd: Path) -> CliResult:
+    pruned = run_cli("prune", "--keep", "1", cwd=cwd)
+    assert pruned.exit_code == ExitCode.SUCCESS, pruned.envelope
+    return pruned
+
+
+def test_prune_keeps_the_runs_the_sync_state_needs_and_verify_stays_true(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    a = make_rows(ROWS)
+    job = write_job(tmp_path, target.url, rows=a, **DELTA)
+    first = night(tmp_path, job)
+    write_csv(tmp_path / "data.csv", changed(a, (3, 7), "-b"))
+    second = night(tmp_path, job)
+    c = changed(a, (3, 7), "-c")  # night 3 replaces every delivery night 2 made
+    write_csv(tmp_path / "data.csv", c)
+    night(tmp_path, job)
+
+    pruned = _prune_keep_1(tmp_path)
+
+    assert pruned.data["removed"] == [second.data["run_id"]]
+    [kept] = [w for w in pruned.envelope["warnings"] if w["code"] == "KEPT_FOR_SYNC_STATE"]
+    assert kept["context"]["runs"] == [first.data["run_id"]]  # night 1 still delivered 18 keys
+    verified(tmp_path, job)
+    rebuilt = run_cli("sync-state", "rebuild", job, cwd=tmp_path)
+    assert rebuilt.data["keys"] == ROWS, rebuilt.envelope
+    fourth = night(tmp_path, job)  # nothing changed: nothing is sent, whatever was pruned
+    assert fourth.data["progress"]["total"] == 0
+    assert target.store() == holding(c)
+    verified(tmp_path, job)
+
+
+def test_after_prune_a_mirror_job_still_deletes_the_keys_gone(tmp_path: Path, target: TargetProcess) -> None:
+    mirror = {
+        **DELTA,
+        "execution": {"concurrency": 2, "sync": "mirror"},
+        "mirror": {"url": f"{target.url}/items/{{id}}", "max_deletes": 5},
+    }
+    a = make_rows(ROWS)
+    job = write_job(tmp_path, target.url, rows=a, **mirror)
+    night(tmp_path, job)
+    b = changed(a, (3, 7), "-b")
+    write_csv(tmp_path / "data.csv", b)
+    night(tmp_path, job)
+    _prune_keep_1(tmp_path)
+    verified(tmp_path, job)
+
+    left = [row for row in b if row["id"] not in ("10", "11")]
+    write_csv(tmp_path / "data.csv", left)
+    third = night(tmp_path, job)
+
+    assert third.data["mirror"]["deletions"] == 2
+    assert target.store() == holding(left)
+    verified(tmp_path, job)
