@@ -225,6 +225,13 @@ class TooManyDeletes(PreconditionFailed):
     code = "TOO_MANY_DELETES"
 
 
+class RunSuperseded(PreconditionFailed):
+    """A delta run a newer run of its job has overtaken: continuing it would deliver its older rows
+    over the newer run's deliveries (docs/delta.md)."""
+
+    code = "RUN_SUPERSEDED"
+
+
 class RunLocked(BulkRelayError):
     code = "RUN_LOCKED"
     exit_code = ExitCode.CONFLICT

@@ -20,6 +20,7 @@ from bulkrelay.ops.execute import RunOptions, plan_for, start_fresh
 from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import check_committed_journal, input_differences, input_path_for, job_path_for
 from bulkrelay.ops.shard import shard_of_run
+from bulkrelay.ops.superseded import refuse_superseded
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.journal import read_journal
@@ -95,6 +96,7 @@ def retry_failed(
     )
     shared = shared_slot(preflight.job.config)
     with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent), shared=shared) as slot:
+        refuse_superseded(parent, preflight)  # its failed rows' content is older than that run's
         result = start_fresh(
             preflight,
             parent.path.parent,

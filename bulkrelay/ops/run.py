@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bulkrelay.envelope import EnvelopeWarning, Result
-from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, UsageError
+from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, RunSuperseded, UsageError
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import STDIN_NAME
@@ -22,6 +22,7 @@ from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.runref import run_by_id
 from bulkrelay.ops.shard import ShardSpec, shard_of_run
+from bulkrelay.ops.superseded import refuse_superseded, superseded
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import Reporter
@@ -93,7 +94,9 @@ def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, 
         if previous is not None:
             try:
                 verify_unchanged(previous, preflight)
-            except (InputChanged, ConfigChanged) as changed:
+                if (overtaken := superseded(previous, preflight)) is not None:
+                    raise overtaken
+            except (InputChanged, ConfigChanged, RunSuperseded) as changed:
                 warnings.append(_discarded(previous, changed))
                 request.options.announce_warnings(warnings)  # a hand-off from here on carries it
             else:
@@ -233,7 +236,7 @@ def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, i
     return night
 
 
-def _discarded(previous: RunDir, changed: InputChanged | ConfigChanged) -> EnvelopeWarning:
+def _discarded(previous: RunDir, changed: InputChanged | ConfigChanged | RunSuperseded) -> EnvelopeWarning:
     return EnvelopeWarning(
         "CHECKPOINT_DISCARDED",
         f"{changed.message}; started over",
@@ -262,6 +265,7 @@ def resume(
     with live_slot(run.path.parent, preflight.job.path, shard_of_run(run), shared=shared) as slot:
         run = RunDir.open(run_dir)  # as it is now: it may have ended while we preflighted
         check_resumable(run)
+        refuse_superseded(run, preflight)
         return continue_run(
             run, preflight, options, reporter or progress.for_stderr(options.quiet), slot=slot
         )

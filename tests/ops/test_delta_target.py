@@ -236,3 +236,66 @@ def test_after_prune_a_mirror_job_still_deletes_the_keys_gone(tmp_path: Path, ta
     assert third.data["mirror"]["deletions"] == 2
     assert target.store() == holding(left)
     verified(tmp_path, job)
+
+
+PACED = {**DELTA, "execution": {**DELTA["execution"], "rate_limit": {"requests_per_second": 10}}}
+
+
+def _night_1_stopped(cwd: Path, target: TargetProcess, a: list[dict[str, str]]) -> Path:
+    """Night 1 on `old.csv`, stopped by its time limit with rows unsent (10 rows/s, 1 s): its run."""
+    write_csv(cwd / "old.csv", a)
+    job = write_job(cwd, target.url, rows=a, **PACED)
+    stopped = run_cli("run", job, "--input", "old.csv", "--budget", "0", "--timeout", "1s", cwd=cwd)
+    assert stopped.exit_code == ExitCode.TIMEOUT, stopped.envelope
+    assert stopped.data["state"] == "stopped"
+    assert stopped.data["progress"]["done"] < ROWS
+    return Path(stopped.data["run_dir"])
+
+
+def test_an_older_night_resumed_after_a_newer_one_is_refused_and_never_writes_old_over_new(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    a = make_rows(ROWS)
+    r1 = _night_1_stopped(tmp_path, target, a)
+    job = tmp_path / "job.yaml"
+    b = make_rows(ROWS, tag="-b")
+    write_csv(tmp_path / "data.csv", b)
+    r2 = night(tmp_path, job)  # night 2, on new input, delivers B
+    assert target.store() == holding(b)
+
+    refused = run_cli("resume", r1, "--budget", "0", cwd=tmp_path)
+
+    assert refused.exit_code == ExitCode.PRECONDITION, refused.envelope
+    assert refused.error_code == "RUN_SUPERSEDED"
+    assert refused.envelope["error"]["context"]["newer_run"] == r2.data["run_id"]
+    assert r2.data["run_id"] in refused.envelope["error"]["message"]
+    assert target.store() == holding(b)  # nothing of night 1 went over night 2
+    verified(tmp_path, job)
+    assert night(tmp_path, job).data["progress"]["total"] == 0  # and the state says what the target holds
+
+    # Night 1's very command again: not a continuation of the overtaken run, a new run of old.csv.
+    again = night(tmp_path, job, "--input", "old.csv")
+    assert again.data["run_id"] != r1.name
+    [discarded] = [w for w in again.envelope["warnings"] if w["code"] == "CHECKPOINT_DISCARDED"]
+    assert discarded["context"] == {"previous_run": r1.name, "reason": "RUN_SUPERSEDED"}
+    assert target.store() == holding(a)
+    verified(tmp_path, job)
+
+
+def test_an_older_night_resumed_before_the_newer_one_is_followed_by_it(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    a = make_rows(ROWS)
+    r1 = _night_1_stopped(tmp_path, target, a)
+    job = tmp_path / "job.yaml"
+    resumed = run_cli("resume", r1, "--budget", "0", cwd=tmp_path)
+    assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
+    assert target.store() == holding(a)
+
+    b = changed(a, (2, 9, 17), "-b")
+    write_csv(tmp_path / "data.csv", b)
+    second = night(tmp_path, job)
+
+    assert second.data["progress"]["total"] == 3
+    assert target.store() == holding(b)
+    verified(tmp_path, job)
