@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
+from bulkrelay.errors import BulkRelayError
 from bulkrelay.ops.syncstate import (
     SyncState,
     catch_up,
@@ -37,7 +38,7 @@ def runs_state_needs(runs_dir: Path, candidates: Iterable[RunDir]) -> set[str]:
             with SyncState(path, identity) as state:
                 catch_up(state, runs)  # a run that ended without recording its deliveries counts too
                 named = state.delivering_runs()
-        except sqlite3.Error:  # unreadable now: keep every run of the job rather than guess
+        except (sqlite3.Error, BulkRelayError):  # unreadable now (busy, a damaged journal): keep them all
             needed.update(run.run_id for run in runs)
             continue
         needed |= named
