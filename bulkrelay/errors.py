@@ -258,6 +258,13 @@ class MirrorKeyCollision(PreconditionFailed):
     code = "MIRROR_KEY_COLLISION"
 
 
+class RunSuperseded(PreconditionFailed):
+    """A delta run a newer run of its job has overtaken: continuing it would deliver its older rows
+    over the newer run's deliveries (docs/delta.md)."""
+
+    code = "RUN_SUPERSEDED"
+
+
 class RunLocked(BulkRelayError):
     code = "RUN_LOCKED"
     exit_code = ExitCode.CONFLICT

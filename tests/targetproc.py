@@ -93,6 +93,11 @@ class TargetProcess:
         result: dict[str, Any] = json.loads(self._call("GET", "stats"))
         return result
 
+    def store(self) -> dict[str, Any]:
+        """The records a `"store": true` target holds, {path: body}."""
+        result: dict[str, Any] = json.loads(self._call("GET", "store"))
+        return result
+
     def requests(self) -> list[dict[str, Any]]:
         """Every recorded request, in arrival order."""
         return [json.loads(line) for line in self._call("GET", "requests").splitlines() if line]

@@ -7,6 +7,7 @@ answers `{"id": "<n>"}` with status 200 by default, and follows a *plan*, a JSON
      "record": true,         keep every request for GET /_control/requests (off for benchmarks)
      "dedup": false,         Idempotency-Key dedup, see below
      "dedup_header": "Idempotency-Key",
+     "store": false,         a key-value store, see below
      "limit_rps": 20,        a server-side rate limit: a request beyond 20 let through in the last
                              second gets 429 (no Retry-After), before any rule
      "oauth": {...},         an OAuth2 token endpoint; other requests then need its bearer token
@@ -43,15 +44,22 @@ Dedup: with "dedup": true, a request whose Idempotency-Key was already applied (
 stored answer again and counts as a duplicate. `effects` counts applied operations: every 2xx answer
 without dedup, each distinct key (or keyless request) with it.
 
+Store: with "store": true, each applied request (answered 2xx, not a replay) changes the record at its
+path: PUT, POST and PATCH set it to the request's body (JSON, else text), DELETE removes it. With
+dedup, a replayed key changes nothing, as a target that keeps idempotency keys does; so the store
+shows what such a target ends holding. GET /_control/store returns it, {path: body}.
+
 Control API (never recorded or counted):
 
     POST /_control/plan      replace the plan (rule counters start over)    GET /_control/plan
     GET  /_control/stats     requests, by_status, effects, duplicates, resets, arrivals per second,
                              max_arrivals_in_any_second (sliding one-second window over arrival times)
+    GET  /_control/store     the records the store holds, {path: body}
     GET  /_control/requests  the recorded requests, one JSON object a line: seq, t (seconds since start),
                              method, path (decoded), raw_path and query (as sent), headers,
                              idempotency_key, body (text), status (null: reset), duplicate
-    POST /_control/reset     forget requests, counters, stored answers and rule counters (keep the plan)
+    POST /_control/reset     forget requests, counters, stored answers and rule counters (keep the plan
+                             and the store's records: the target a sync keeps in step across nights)
 
 In-process: `await start_target(plan)`. As a process:
 `python -m bulkrelay.demo.target --port 0 --plan plan.json --port-file F` writes the chosen port to F.
@@ -123,6 +131,7 @@ class _Plan(BaseModel):
     record: bool = True
     dedup: bool = False
     dedup_header: str = "Idempotency-Key"
+    store: bool = False  # a key-value store: applied writes set the record at their path
     rules: tuple[_Rule, ...] = ()
     limit_rps: int | None = Field(default=None, ge=1)  # a server-side rate limit: 429 above it
     batch: BatchOptions = BatchOptions()  # the batch endpoints' options (demo/batchtarget.py)
@@ -189,6 +198,7 @@ class TargetState:
         self._started = time.monotonic()
         self.set_plan(plan)
         self.reset()
+        self.records: dict[str, Any] = {}  # the store's (plan "store"): outlives `reset`
 
     def set_plan(self, plan: dict[str, Any] | None) -> None:
         self.plan = parse_plan(plan)
@@ -298,7 +308,19 @@ class TargetState:
             self.effects += 1
             if self.plan.dedup and idem is not None:
                 self._stored[idem] = answer
+            if self.plan.store:
+                self._apply(request.method, request.path, body)
         return answer, rule, False
+
+    def _apply(self, method: str, path: str, body: bytes) -> None:
+        """An applied write changes the store's record at `path`."""
+        if method == "DELETE":
+            self.records.pop(path, None)
+        elif method in ("PUT", "POST", "PATCH"):
+            try:
+                self.records[path] = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                self.records[path] = body.decode("utf-8", "replace")
 
     def _over_limit(self, now: float) -> bool:
         """`limit_rps`: more than that many requests let through in the last second gets a 429."""
@@ -333,6 +355,8 @@ class TargetState:
         action = (request.method, request.path[len(_CONTROL_PREFIX) :])
         if action == ("GET", "stats"):
             return _json_response(self.stats())
+        if action == ("GET", "store"):
+            return _json_response(self.records)
         if action == ("GET", "plan"):
             return _json_response(self.plan.model_dump(mode="json"))
         if action == ("GET", "requests"):

@@ -48,10 +48,14 @@ class Item:
         return self.record.row_number
 
 
-def batch_key(item_ids: Sequence[str]) -> str:
+def batch_key(item_ids: Sequence[str], delivery: str | None = None) -> str:
     """The idempotency key of a request carrying these items, in this order: 32 hex characters.
-    A batch formed again from the same items (after a crash) carries the same key."""
+    A batch formed again from the same items (after a crash) carries the same key. `delivery` (a delta
+    or mirror job's delivering run, as for a row's key: docs/delta.md) scopes it to one delivery, so a
+    revert A -> B -> A is sent under a key the target has not answered yet."""
     digest = hashlib.sha256(_BATCH_KEY_SCHEME)
+    if delivery is not None:
+        digest.update(delivery.encode() + b"\0\0")
     for item_id in item_ids:
         digest.update(item_id.encode())
         digest.update(b"\0")
@@ -136,12 +140,12 @@ class BatchRenderer:
             return False
         return self.size(count + 1, item_bytes + len(item.data)) <= self.max_bytes
 
-    def request(self, items: Sequence[Item]) -> tuple[PreparedRequest, str]:
+    def request(self, items: Sequence[Item], delivery: str | None = None) -> tuple[PreparedRequest, str]:
         """The one request carrying `items`, in order, and its idempotency key (in the configured header,
-        if any)."""
+        if any), scoped to a delta job's `delivery`."""
         joiner = b"," if self._separator else b""
         body = self._head + joiner.join(item.data for item in items) + self._tail
-        key = batch_key([item.item_id for item in items])
+        key = batch_key([item.item_id for item in items], delivery)
         base = self._base
         request = PreparedRequest(base.method, base.url, base.headers, body)
         return self._renderer.with_idempotency_key(request, key), key

@@ -1,20 +1,27 @@
 """The digest of a row's request, as a delta sync compares it: what the request means, not how it is
-spelled (secrets as written, the idempotency header left out, JSON keys sorted); docs/delta.md."""
+spelled (secrets as written, the idempotency header left out, JSON keys sorted); docs/delta.md.
+
+One exception to "secrets as written": a variable in the URL's scheme, host or port (`${API_BASE}`)
+names the target, so the digest takes the target (scheme://host:port, no credentials) by its value,
+hashed: pointed at a new host, every row is changed there, and the value is never stored."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
 from bulkrelay.job.config import RequestConfig
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.job.redact import Redactor
-from bulkrelay.job.template import BoundTemplate, compile_template
+from bulkrelay.job.template import BoundTemplate, FieldRef, SecretRef, compile_template
 
 _SCHEME = b"bulkrelay-delta-v1\0"
+_TARGET_SCHEME = b"bulkrelay-delta-target-v1\0"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 _SORTED = orjson.OPT_SORT_KEYS
 _blake2b = hashlib.blake2b
 DIGEST_SIZE = 16  # bytes of a request digest
@@ -29,7 +36,17 @@ def key_text(value: Any) -> str:
 class RequestDigester:
     """Computes the 16-byte digest of a row's rendered request; built once per job."""
 
-    def __init__(self, req: RequestConfig, redactor: Redactor, *, sorted_json: bool = False) -> None:
+    def __init__(
+        self,
+        req: RequestConfig,
+        redactor: Redactor,
+        *,
+        sorted_json: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        # The target, when a variable names it: `target` (constant: bytes hashed into every digest, and
+        # into the line scan's salt) or, when a record field is part of the host too, per row.
+        self.target, self.target_varies = (b"", False) if env is None else _target_of(req.url, env)
         url_secrets = any(compile_template(t).secrets for t in (req.url, *req.query.values()))
         form_texts = [v for v in (req.form or {}).values() if isinstance(v, str)]
         body_secrets = any(compile_template(t).secrets for t in [req.body or "", *form_texts])
@@ -50,13 +67,18 @@ class RequestDigester:
         kind = "json" if self._json else "form" if req.form is not None else "body"
         self._prefix = _SCHEME + orjson.dumps([req.method, kind, req.content_type, constant]) + b"\0"
         self.digest: Callable[[PreparedRequest, Mapping[str, Any]], bytes] = self._any_digest
-        if self._json and sorted_json and not url_secrets and not body_secrets and not self._field_headers:
+        plain = not url_secrets and not body_secrets and not self._field_headers
+        if self._json and sorted_json and plain:
             self.digest = _plain_json_digest(self._prefix)
 
     def _any_digest(self, request: PreparedRequest, fields: Mapping[str, Any]) -> bytes:
         """The digest of any request: one join and one hash (BLAKE2b cut to 16 bytes; passing
         digest_size costs more than the cut, and would change the digest)."""
         url = request.url if self._redact_url is None else self._redact_url(request.url)
+        if self.target_varies:
+            url += _target_digest(request.url).hex()
+        elif self.target:
+            url += self.target.hex()
         headers = b""
         if self._field_headers:
             headers = orjson.dumps(
@@ -84,3 +106,50 @@ def _plain_json_digest(prefix: bytes) -> Callable[[PreparedRequest, Mapping[str,
         return blake2b(prefix + request[1].encode() + b"\0\0" + request[3]).digest()[:16]  # type: ignore[operator]
 
     return digest
+
+
+def _target_of(url: str, env: Mapping[str, str]) -> tuple[bytes, bool]:
+    """(the target's digest when a variable names it and it is the same for every row, whether it
+    varies by row): (b"", False) for a URL whose target is written in it."""
+    found = _target_head(url, env)
+    if found is None:
+        return b"", False
+    head, constant = found
+    return (_target_digest(head), False) if constant else (b"", True)
+
+
+def _target_head(url: str, env: Mapping[str, str]) -> tuple[str, bool] | None:
+    """When a variable is part of the URL's scheme, host or port: the URL's text up to where its
+    authority ends (variables' values in place), and whether that is constant (no record field in
+    it). Else None: the digest takes the URL as written."""
+    head = ""
+    named = field = False
+    for part in compile_template(url).parts:
+        if _authority_ended(head):
+            break
+        if isinstance(part, FieldRef):
+            field = True
+            head += "x"  # stands for the field's value: only its place matters here
+        elif isinstance(part, SecretRef):
+            named = True
+            head += env.get(part.name, "")
+        else:
+            head += part
+    return (head, not field) if named else None
+
+
+def _authority_ended(url: str) -> bool:
+    start = url.find("://")
+    return start >= 0 and any(mark in url[start + 3 :] for mark in "/?#")
+
+
+def _target_digest(url: str) -> bytes:
+    """16 bytes naming the target of `url`: its scheme, host and port, never its credentials."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    scheme = parts.scheme.lower()
+    origin = f"{scheme}://{parts.hostname or ''}:{port or _DEFAULT_PORTS.get(scheme, '')}"
+    return _blake2b(_TARGET_SCHEME + origin.encode()).digest()[:16]

@@ -115,7 +115,9 @@ def _renderer_and_digester(
     renderer = RequestRenderer.from_config(job.config.request, env, sorted_json=delta, shown=job.config.vars)
     if not delta:
         return renderer, None
-    return renderer, RequestDigester(job.config.request, renderer.redactor, sorted_json=renderer.sorted_json)
+    sorted_json = renderer.sorted_json
+    digester = RequestDigester(job.config.request, renderer.redactor, sorted_json=sorted_json, env=env)
+    return renderer, digester
 
 
 class _ProblemCollector:

@@ -243,7 +243,14 @@ class RequestRenderer:
             "body": None if request.body is None else redact(request.body.decode("utf-8", "replace")),
         }
 
-    def idempotency_key(self, config_fingerprint: str, row_identity: str, request: PreparedRequest) -> str:
+    def idempotency_key(
+        self,
+        config_fingerprint: str,
+        row_identity: str,
+        request: PreparedRequest,
+        *,
+        delivery: str | None = None,
+    ) -> str:
         """The idempotency key of one row's request; see the module function `idempotency_key`."""
         return idempotency_key(
             config_fingerprint,
@@ -251,6 +258,7 @@ class RequestRenderer:
             request,
             redactor=self.redactor,
             skip_header=self.idempotency_header,
+            delivery=delivery,
         )
 
     def with_idempotency_key(self, request: PreparedRequest, key: str) -> PreparedRequest:
@@ -268,6 +276,7 @@ def idempotency_key(
     *,
     redactor: Redactor,
     skip_header: str | None = None,
+    delivery: str | None = None,
 ) -> str:
     """A stable key for one row's request: 32 hex characters of a SHA-256.
 
@@ -276,14 +285,21 @@ def idempotency_key(
     with every secret value replaced by `***` and the idempotency header (`skip_header`) left
     out. So it is the same across retries, resumes and re-runs of unchanged data, it changes when
     the row's content (or the job's meaning) changes, and it does not change when a secret rotates.
+
+    `delivery` (a delta or mirror job's: the run that delivers the row, docs/delta.md) scopes the
+    key to one delivery: a revert A → B → A sends A again under a key the target has not answered
+    yet, while every attempt, resume and identical re-run of that run keeps it. Without one (a full
+    job), the key is what it always was.
     """
     redact = redactor.redact_rendered
     skip = (skip_header or "").lower()
     headers = [[name, redact(value)] for name, value in request.headers if name.lower() != skip]
     body = None if request.body is None else redact(request.body.decode("utf-8", "replace"))
-    canonical = orjson.dumps(
-        [_KEY_SCHEME, config_fingerprint, row_identity, request.method, redact(request.url), headers, body]
-    )
+    url = redact(request.url)
+    parts = [_KEY_SCHEME, config_fingerprint, row_identity, request.method, url, headers, body]
+    if delivery is not None:
+        parts.append(f"delivery:{delivery}")
+    canonical = orjson.dumps(parts)
     return hashlib.sha256(canonical).hexdigest()[:32]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bulkrelay._version import __version__
-from bulkrelay.job.config import Job, config_semantic_dict
+from bulkrelay.job.config import Job, JobConfig, config_semantic_dict
 from bulkrelay.job.digest import DIGEST_SIZE, RequestDigester, key_text
 from bulkrelay.job.fingerprint import canonical_bytes
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, changed_values, input_changed
@@ -41,12 +41,12 @@ _IN_FLIGHT = 4  # batches handed to the look-up thread and not answered yet
 _LINE_SCHEME = "bulkrelay-delta-line-v1"
 
 
-def line_salt(job: Job, spec: InputSpec) -> bytes:
+def line_salt(job: Job, spec: InputSpec, target: bytes = b"") -> bytes:
     """What a row's request depends on besides its record's bytes, for the line scan: the job as
     resume compares it (the input's path left out, its format and delimiter in), the input's format,
-    and the BulkRelay version (a new version may render a line differently). A CSV's header line is
-    added by the scan, which reads it."""
-    parts = [
+    the BulkRelay version (a new version may render a line differently) and, when a variable names
+    it, the target (`RequestDigester.target`). A CSV's header line is added by the scan, which reads it."""
+    parts: list[object] = [
         _LINE_SCHEME,
         __version__,
         spec.format,
@@ -54,6 +54,8 @@ def line_salt(job: Job, spec: InputSpec) -> bytes:
         spec.delimiter,
         config_semantic_dict(job.config),
     ]
+    if target:
+        parts.append(target.hex())
     return hashlib.sha256(canonical_bytes(parts)).digest()[:LINE_DIGEST_SIZE]
 
 
@@ -91,7 +93,7 @@ class DeltaSelector:
         *,
         select: bool,
         remember_keys: bool,
-        salt: Callable[[InputSpec], bytes] | None,
+        salt: Callable[[InputSpec, bytes], bytes] | None,
     ) -> None:
         self._state = state
         self._key_field = key_field
@@ -137,10 +139,11 @@ class DeltaSelector:
             if len(keys) >= LOOKUP_BATCH:
                 self._flush()
 
-        if self._salt is None:
+        if self._salt is None or digester.target_varies:  # a field in the host: no line stands alone
             return RowWatch(observe)
         self._spec = spec
-        scan = self._scan = LineScan(spec, self._key_field, salt=self._salt(spec), state=self._state.path)
+        salt = self._salt(spec, digester.target)
+        scan = self._scan = LineScan(spec, self._key_field, salt=salt, state=self._state.path)
         add_line_digest, add_record, size = self._line_digests.extend, self._records.append, LINE_DIGEST_SIZE
         positions = self.positions
 
@@ -262,7 +265,7 @@ class DeltaStart:
                 key_field,
                 select=not full,
                 remember_keys=self.mirror is not None,
-                salt=(lambda spec: line_salt(job, spec)) if scan_lines else None,
+                salt=(lambda spec, target: line_salt(job, spec, target)) if scan_lines else None,
             )
 
     def selection(self, fingerprint: InputFingerprint) -> RowSet | None:
@@ -276,6 +279,15 @@ class DeltaStart:
         if self.selector is not None:
             self.selector.close()
         self.state.close()
+
+
+def shared_slot(config: JobConfig) -> str | None:
+    """What a job's live slot is keyed by besides its file (store/liverun.py): a delta or mirror job
+    with a `name` keeps its sync state under that name, which other job files may share; they must
+    not relay together (each would send every changed row), so they share one slot too."""
+    if config.execution.sync == "full" or not config.name:
+        return None
+    return job_identity(config.name, "")
 
 
 def open_delta(job: Job, runs_dir: Path, *, full: bool, scan_lines: bool = True) -> DeltaStart | None:

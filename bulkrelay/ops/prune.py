@@ -2,8 +2,9 @@
 
 Safety first, like logrotate with a lock: a run is a candidate only when it is finished
 (`completed`, `completed_with_failures`, `cancelled`) and no process holds its lock. A live run, a
-resumable one (`running` — perhaps crashed —, `stopped`, `forced`), the newest run of each job, and a
-run whose files cannot be read are never removed. Runs are grouped by job (the job file's path in
+resumable one (`running` — perhaps crashed —, `stopped`, `forced`), the newest run of each job, a run
+whose files cannot be read, and a run a delta job's sync state still needs (ops/statekeep.py) are
+never removed. Runs are grouped by job (the job file's path in
 `run.json`). A run is removed when every rule given says so: it is not among
 the newest `keep` runs of its job, and it is older than `older_than`. Each removal takes the run's
 lock first, so a `resume` that starts meanwhile either wins the lock (the run is kept) or finds it gone.
@@ -22,6 +23,7 @@ from bulkrelay.errors import BulkRelayError, RunLocked, UsageError
 from bulkrelay.ops.results import PruneResult
 from bulkrelay.ops.runref import survey
 from bulkrelay.ops.settings import Retention, load_settings
+from bulkrelay.ops.statekeep import runs_state_needs
 from bulkrelay.store.manifest import RunManifest
 from bulkrelay.store.rundir import RunDir, is_locked
 
@@ -126,6 +128,24 @@ def _linked(run: RunDir, warnings: list[EnvelopeWarning]) -> bool:
     return True
 
 
+def _kept_for_state(
+    runs_dir: Path, doomed: list[_Candidate], warnings: list[EnvelopeWarning]
+) -> list[_Candidate]:
+    """`doomed` less the runs a delta job's sync state needs, named in one warning."""
+    needed = runs_state_needs(runs_dir, [c.run for c in doomed]) if doomed else set()
+    kept = sorted(c.run.run_id for c in doomed if c.run.run_id in needed)
+    if kept:
+        warnings.append(
+            EnvelopeWarning(
+                "KEPT_FOR_SYNC_STATE",
+                f"kept {len(kept)} run(s) the rule lets go: a delta job's sync state still names their "
+                "deliveries, which `sync-state rebuild` reads from their journals",
+                {"runs": kept},
+            )
+        )
+    return [c for c in doomed if c.run.run_id not in needed]
+
+
 def prune(runs_dir: Path, retention: Retention, *, dry_run: bool = False) -> PruneReport:
     """Remove (or, dry, list) the finished runs `retention` no longer keeps."""
     if not retention.active:
@@ -136,7 +156,7 @@ def prune(runs_dir: Path, retention: Retention, *, dry_run: bool = False) -> Pru
     warnings: list[EnvelopeWarning] = []
     runs = _read_runs(runs_dir, warnings)
     removed: list[str] = []
-    for candidate in _doomed(runs, retention, datetime.now(UTC)):
+    for candidate in _kept_for_state(runs_dir, _doomed(runs, retention, datetime.now(UTC)), warnings):
         if _linked(candidate.run, warnings):
             continue
         if dry_run or _remove(candidate.run, warnings):

@@ -15,11 +15,13 @@ from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.job.config import load_job
 from bulkrelay.job.durations import whole_number
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
+from bulkrelay.ops.delta import shared_slot
 from bulkrelay.ops.execute import RunOptions, plan_for, start_fresh
 from bulkrelay.ops.mirror import job_of_run
 from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import check_committed_journal, input_differences, input_path_for, job_path_for
 from bulkrelay.ops.shard import shard_of_run
+from bulkrelay.ops.superseded import refuse_superseded
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.journal import read_journal
@@ -94,8 +96,11 @@ def retry_failed(
         # a deletion run's failed deletions: the child deletes too, and its successes leave the state
         mirror_deletes=parent.plan.mirror_deletes,
         mirror_of=parent.plan.mirror_of,
+        delivery_run=parent.plan.delivery(parent.run_id),  # the parent's rows: their keys stay its
     )
-    with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent)) as slot:
+    shared = shared_slot(preflight.job.config)
+    with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent), shared=shared) as slot:
+        refuse_superseded(parent, preflight)  # its failed rows' content is older than that run's
         result = start_fresh(
             preflight,
             parent.path.parent,

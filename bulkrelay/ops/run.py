@@ -7,13 +7,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bulkrelay.envelope import EnvelopeWarning, Result
-from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, UsageError
+from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, RunSuperseded, UsageError
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import STDIN_NAME
 from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.choice import ChosenRows, RowChoice
-from bulkrelay.ops.delta import open_delta, sync_manifest
+from bulkrelay.ops.delta import open_delta, shared_slot, sync_manifest
 from bulkrelay.ops.execute import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.ops.linescan import LineScanFailed
@@ -22,6 +22,7 @@ from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.runref import run_by_id
 from bulkrelay.ops.shard import ShardSpec, shard_of_run
+from bulkrelay.ops.superseded import refuse_superseded, superseded
 from bulkrelay.ops.syncstate import job_identity, job_runs
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
@@ -88,13 +89,15 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
 def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, reporter: Reporter) -> Result:
     key = request.key()
     shard = None if request.shard is None else str(request.shard)
-    with live_slot(request.runs_dir, request.job.path, shard) as slot:
+    with live_slot(request.runs_dir, request.job.path, shard, shared=shared_slot(request.job.config)) as slot:
         previous = _unfinished_run(request.runs_dir, key)
         warnings: list[EnvelopeWarning] = []
         if previous is not None:
             try:
                 verify_unchanged(previous, preflight)
-            except (InputChanged, ConfigChanged) as changed:
+                if (overtaken := superseded(previous, preflight)) is not None:
+                    raise overtaken
+            except (InputChanged, ConfigChanged, RunSuperseded) as changed:
                 warnings.append(_discarded(previous, changed))
                 request.options.announce_warnings(warnings)  # a hand-off from here on carries it
             else:
@@ -218,7 +221,7 @@ def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, i
         mirror_of=night.data.run_id,
         input_explicit=True,
     )
-    with live_slot(request.runs_dir, request.job.path) as slot:
+    with live_slot(request.runs_dir, request.job.path, shared=shared_slot(request.job.config)) as slot:
         deleted = start_fresh(
             preflight,
             request.runs_dir,
@@ -237,7 +240,7 @@ def _send_deletions(request: RunRequest, night: Result, deletions: tuple[Path, i
     return night
 
 
-def _discarded(previous: RunDir, changed: InputChanged | ConfigChanged) -> EnvelopeWarning:
+def _discarded(previous: RunDir, changed: InputChanged | ConfigChanged | RunSuperseded) -> EnvelopeWarning:
     return EnvelopeWarning(
         "CHECKPOINT_DISCARDED",
         f"{changed.message}; started over",
@@ -262,9 +265,11 @@ def resume(
     check_resumable(run)
     options.announce_run(run)
     preflight = preflight_for_resume(run, config, input_path, on_rows_read=options.rows_read)
-    with live_slot(run.path.parent, preflight.job.path, shard_of_run(run)) as slot:
+    shared = shared_slot(preflight.job.config)
+    with live_slot(run.path.parent, preflight.job.path, shard_of_run(run), shared=shared) as slot:
         run = RunDir.open(run_dir)  # as it is now: it may have ended while we preflighted
         check_resumable(run)
+        refuse_superseded(run, preflight)
         return continue_run(
             run, preflight, options, reporter or progress.for_stderr(options.quiet), slot=slot
         )

@@ -334,6 +334,11 @@ class SyncState:
     def count(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM delivered").fetchone()[0])
 
+    def delivering_runs(self) -> set[str]:
+        """The runs some key's entry names: their journals are what `rebuild` would build it from."""
+        query = "SELECT r.run_id FROM runs r WHERE EXISTS (SELECT 1 FROM delivered d WHERE d.run = r.id)"
+        return {run_id for (run_id,) in self._db.execute(query)}
+
     @_guarded
     def apply_run(self, run: RunDir) -> int:
         """Record the successful deliveries in `run`'s journal not applied yet; how many were new."""

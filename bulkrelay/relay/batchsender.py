@@ -86,8 +86,11 @@ class BatchSender(RowSender):
         *,
         stats: RelayStats | None = None,
         auth: TokenSource | None = None,
+        delivery: str | None = None,
     ) -> None:
-        super().__init__(preflight, transport, limiter, policy, stop, stats=stats, auth=auth)
+        super().__init__(
+            preflight, transport, limiter, policy, stop, stats=stats, auth=auth, delivery=delivery
+        )
         assert preflight.batcher is not None
         self.batcher: BatchRenderer = preflight.batcher
         response = preflight.job.config.response
@@ -101,7 +104,7 @@ class BatchSender(RowSender):
         return result
 
     async def _send(self, items: list[PendingItem], result: BatchResult) -> None:
-        request, _ = self.batcher.request([pending.item for pending in items])
+        request, _ = self.batcher.request([pending.item for pending in items], self._delivery)
         answered = await self._until_decided(items, request)
         if answered is None:
             return  # stopping (a halt, a stop request, no token): every row of the batch stays pending

@@ -286,11 +286,14 @@ async def relay(
     auth = open_token_source(preflight, transport_factory, transport_settings(preflight), stop)
     limiter = open_limiter(config)
     stats = stats or RelayStats()
-    sender = _row_sender(preflight, transport, limiter, stop, stats, auth=auth)
+    delivery = _delivery(preflight, run)
+    sender = _row_sender(preflight, transport, limiter, stop, stats, auth=auth, delivery=delivery)
     committed.pace = limiter.state
     committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
-    batches = _batch_relay(preflight, transport, limiter, stop, stats, start=start, auth=auth)
+    batches = _batch_relay(
+        preflight, transport, limiter, stop, stats, start=start, auth=auth, delivery=delivery
+    )
     records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
 
     reporter.update(committed.snapshot())
@@ -354,6 +357,16 @@ def target_origin(config: JobConfig) -> str:
     return f"{parts.scheme}://{parts.netloc}" if "{" not in parts.netloc else config.request.url
 
 
+def _delivery(preflight: Preflight, run: RunDir) -> str | None:
+    """The scope of a delta or mirror run's idempotency keys: the run that delivers its rows. A delta
+    job sends a row again only when its content differs from the last delivery's, which may be a
+    content the target answered before under its content-only key (a revert A → B → A); a full job
+    keeps the content-only key (docs/resume.md)."""
+    if preflight.digester is None and not run.plan.mirror_deletes:
+        return None
+    return run.plan.delivery(run.run_id)
+
+
 def _row_sender(
     preflight: Preflight,
     transport: Transport,
@@ -361,7 +374,8 @@ def _row_sender(
     stop: StopControl,
     stats: RelayStats,
     *,
-    auth: TokenSource | None = None,
+    auth: TokenSource | None,
+    delivery: str | None,
 ) -> RowSender:
     config = preflight.job.config
     return RowSender(
@@ -372,6 +386,7 @@ def _row_sender(
         stop=stop,
         stats=stats,
         auth=auth,
+        delivery=delivery,
     )
 
 
@@ -384,13 +399,16 @@ def _batch_relay(
     *,
     start: StartPoint,
     auth: TokenSource | None,
+    delivery: str | None,
 ) -> BatchRelay | None:
     """A batch job's workers (request.batch); None for a job sending one row per request."""
     if preflight.batcher is None:
         return None
     config = preflight.job.config
     policy = RetryPolicy.from_config(config.retry, config.response, config.halt)
-    sender = BatchSender(preflight, transport, limiter, policy, stop, stats=stats, auth=auth)
+    sender = BatchSender(
+        preflight, transport, limiter, policy, stop, stats=stats, auth=auth, delivery=delivery
+    )
     journaled = start.journal.done if start.journal is not None else None
     return BatchRelay(sender, stop, config.halt.consecutive_failures, journaled)
 

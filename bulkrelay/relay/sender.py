@@ -55,9 +55,11 @@ class RowSender:
         *,
         stats: RelayStats | None = None,
         auth: TokenSource | None = None,
+        delivery: str | None = None,
     ) -> None:
         config = preflight.job.config
         self._auth = auth  # request.auth.oauth2: the token each attempt carries
+        self._delivery = delivery  # a delta job's delivering run: part of each row's idempotency key
         self._stats = stats or RelayStats()
         self._renderer = preflight.renderer
         self._digester = preflight.digester
@@ -78,7 +80,7 @@ class RowSender:
         if self._renderer.idempotency_header is None:
             return request, None
         key = self._renderer.idempotency_key(
-            self._config_fingerprint, row_identity(record, self._key_field), request
+            self._config_fingerprint, row_identity(record, self._key_field), request, delivery=self._delivery
         )
         return self._renderer.with_idempotency_key(request, key), key
 

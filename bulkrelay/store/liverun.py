@@ -5,7 +5,8 @@ relay one first takes the job's *decide lock*, blocking but brief, so "find or c
 claim the live lock" is one step across processes: a second caller waits until the first has named
 its run, then finds the live lock held and gets RUN_LOCKED naming that run.
 
-    <runs-dir>/.live/<job-key>/      job-key: a digest of the job file's absolute path
+    <runs-dir>/.live/<job-key>/      job-key: a digest of the job file's absolute path (a delta job's:
+                                     of its sync state's identity, its name)
     ├── decide                       flock: one process at a time decides which run the job relays
     ├── live                         flock: held by the relaying process for its whole life; names the run
     └── new-<run-id>/                a run being created; renamed into the runs directory when complete
@@ -34,9 +35,13 @@ LIVE_DIR = ".live"
 STAGING_PREFIX = "new-"
 
 
-def job_key(job_path: Path, shard: str | None = None) -> str:
-    """The job's slot: its file's absolute path, and the shard (`K/N`) when it is one of several."""
-    identity = str(job_path.resolve()) if shard is None else f"{job_path.resolve()}\0shard {shard}"
+def job_key(job_path: Path, shard: str | None = None, shared: str | None = None) -> str:
+    """The job's slot: its file's absolute path, and the shard (`K/N`) when it is one of several.
+
+    `shared`: what the job shares with other job files, when it does (a delta job's sync state is
+    kept under its name): the slot is then that, so two files of one name never relay together."""
+    job = str(job_path.resolve()) if shared is None else f"shared\0{shared}"
+    identity = job if shard is None else f"{job}\0shard {shard}"
     return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
@@ -66,9 +71,12 @@ class LiveSlot:
 
 
 @contextmanager
-def live_slot(runs_dir: Path, job_path: Path, shard: str | None = None) -> Iterator[LiveSlot]:
-    """Hold the job's live lock for the block, or raise RunLocked naming the run another process relays."""
-    directory = runs_dir / LIVE_DIR / job_key(job_path, shard)
+def live_slot(
+    runs_dir: Path, job_path: Path, shard: str | None = None, *, shared: str | None = None
+) -> Iterator[LiveSlot]:
+    """Hold the job's live lock for the block, or raise RunLocked naming the run another process relays.
+    `shared`: see `job_key`."""
+    directory = runs_dir / LIVE_DIR / job_key(job_path, shard, shared)
     try:
         make_private_dir(directory)
         decide_fd = _open_lock(directory / "decide")
@@ -85,7 +93,7 @@ def live_slot(runs_dir: Path, job_path: Path, shard: str | None = None) -> Itera
         try:
             fcntl.flock(live_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise _run_locked(live_fd, job_path) from None
+            raise _run_locked(live_fd, job_path, shared) from None
         _remove_unfinished_creations(directory)
         yield slot
     finally:
@@ -96,14 +104,15 @@ def _open_lock(path: Path) -> int:
     return open_private(path, os.O_RDWR | os.O_CREAT)
 
 
-def _run_locked(live_fd: int, job_path: Path) -> RunLocked:
+def _run_locked(live_fd: int, job_path: Path, shared: str | None) -> RunLocked:
     """Named from the live lock, which the holder wrote before it let anyone else decide."""
     holder: dict[str, object] = {}
     with suppress(ValueError):
         holder = orjson.loads(os.pread(live_fd, 4096, 0) or b"{}")
     run_id = holder.get("run_id", "(unknown)")
+    job = f"job {job_path}" if shared is None else f"job {job_path} ({shared}, shared with its sync state)"
     return RunLocked(
-        f"job {job_path} already has a live run, {run_id} (pid {holder.get('pid', '?')}); "
+        f"{job} already has a live run, {run_id} (pid {holder.get('pid', '?')}); "
         "not starting a second one beside it",
         context={"run_dir": holder.get("run_dir"), "run_id": run_id, "pid": holder.get("pid")},
         suggestion="wait for that run to end, then run the same command again; "

@@ -171,6 +171,13 @@ class RunPlan:
     retry_filter: RetryFilter | None = None
     mirror_of: str | None = None  # the run whose vanished keys this deletion run deletes
     mirror_deletes: bool = False
+    # A retry-failed run of a delta job delivers its parent's rows: the run they belong to, whose id
+    # keeps their idempotency keys the parent's (None: the run's own delivery; docs/delta.md).
+    delivery_run: str | None = None
+
+    def delivery(self, run_id: str) -> str:
+        """The run whose delivery this run's rows are: their idempotency keys' scope."""
+        return self.delivery_run or run_id
 
     def with_input_path(self, path: Path) -> RunPlan:
         return replace(self, input=replace(self.input, path=str(path)))
@@ -192,6 +199,7 @@ class RunPlan:
             retry_filter=_retry_filter(fields.optional_block("retry_filter")),
             mirror_of=fields.optional_text("mirror_of"),
             mirror_deletes=fields.has("mirror_deletes") and fields.flag("mirror_deletes"),
+            delivery_run=fields.optional_text("delivery_run"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -219,6 +227,8 @@ class RunPlan:
         if self.mirror_deletes:
             data["mirror_deletes"] = True
             data["mirror_of"] = self.mirror_of
+        if self.delivery_run is not None:
+            data["delivery_run"] = self.delivery_run
         return data
 
 

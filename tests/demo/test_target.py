@@ -187,6 +187,18 @@ async def test_dedup_replays_the_stored_answer() -> None:
         assert [r["duplicate"] for r in records] == [False, False, True, False, False]
 
 
+async def test_the_store_holds_what_was_applied_and_a_replayed_key_changes_nothing() -> None:
+    async with _target({"dedup": True, "store": True}) as client:
+        await client.post("/items/1", {"v": "A"}, key="k-A")
+        await client.post("/items/1", {"v": "B"}, key="k-B")
+        await client.post("/items/1", {"v": "A"}, key="k-A")  # replayed: the record stays B
+        await client.post("/items/2", {"v": "C"}, key="k-C")
+        async with client.session.delete(client.target.url + "/items/2") as resp:
+            assert resp.status == 200
+        assert (await client.control("POST", "reset"))[0] == 200  # the records outlive a reset
+        assert await client.control("GET", "store") == (200, {"/items/1": {"v": "B"}})
+
+
 async def test_without_dedup_every_success_is_an_effect() -> None:
     async with _target() as client:
         for _ in range(3):

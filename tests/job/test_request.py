@@ -325,6 +325,16 @@ def test_idempotency_key_is_stable_and_content_sensitive() -> None:
     assert renderer.idempotency_key("fp2", "key:C1", request) != key
 
 
+def test_a_delivery_scopes_the_key_and_without_one_the_key_is_what_it_was() -> None:
+    renderer = _renderer(ALPHA)
+    request = renderer.render(_record(**ROW))
+    plain = renderer.idempotency_key("fp1", "key:C1", request)
+    night_1 = renderer.idempotency_key("fp1", "key:C1", request, delivery="run-1")
+    assert renderer.idempotency_key("fp1", "key:C1", request, delivery="run-1") == night_1
+    assert len({plain, night_1, renderer.idempotency_key("fp1", "key:C1", request, delivery="run-3")}) == 3
+    assert renderer.idempotency_key("fp1", "key:C1", request, delivery=None) == plain
+
+
 def test_idempotency_key_ignores_secret_rotation() -> None:
     before = _renderer(ALPHA, {**ENV, "API_TOKEN": "old-token"})
     after = _renderer(ALPHA, {**ENV, "API_TOKEN": "new-token"})

@@ -506,6 +506,30 @@ def test_the_digest_is_of_the_request_as_it_means_not_as_it_is_spelled() -> None
     assert _digest(auth, fields) != digest  # the header as written changed
 
 
+def _target_digest(url: str, base: str) -> bytes:
+    config = RequestConfig.model_validate({"method": "PUT", "url": url, "json": {"a": {"from": "a"}}})
+    env = {"API_BASE": base, "API_TOKEN": "tok-123456"}
+    renderer = RequestRenderer.from_config(config, env, sorted_json=True)
+    digester = RequestDigester(config, renderer.redactor, sorted_json=True, env=env)
+    fields = {"id": "7", "a": "x"}
+    return digester.digest(renderer.render(Record(row_number=1, line=2, fields=fields)), fields)
+
+
+def test_a_variable_naming_the_target_is_digested_by_its_scheme_host_and_port() -> None:
+    url = "${API_BASE}/items/{id}?token=${API_TOKEN}"
+    here = _target_digest(url, "https://api.example.com")
+    assert _target_digest(url, "https://user:pw@api.example.com") == here  # credentials are not the target
+    assert _target_digest(url, "https://api2.example.com") != here
+    assert _target_digest(url, "https://api.example.com:8443") != here
+    assert _target_digest(url, "http://api.example.com") != here
+    # A variable past the host (a token in the path) stays hashed as written: rotating it sends nothing.
+    path = "https://api.example.com/hooks/${API_BASE}/{id}"
+    assert _target_digest(path, "one") == _target_digest(path, "two")
+    # A field in the host too: the target is taken from each row's URL.
+    per_row = "https://{id}.${API_BASE}/items"
+    assert _target_digest(per_row, "a.example") != _target_digest(per_row, "b.example")
+
+
 def _journaled_run(runs_dir: Path, run_id: str, created_at: str, digest: str) -> None:
     run = runs_dir / run_id
     run.mkdir(parents=True)
