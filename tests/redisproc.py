@@ -9,6 +9,7 @@ need it are skipped with a message saying so (`require_redis_server()`), never p
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -91,6 +92,16 @@ class RedisProcess:
     def kill(self) -> None:
         """Take the server away, as a crash or a network partition would."""
         self._stop()
+
+    def hang(self) -> None:
+        """Stop the server (SIGSTOP): connections are still accepted by the kernel, nothing answers."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def wake(self) -> None:
+        """Let a hung server go on (SIGCONT)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
 
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None

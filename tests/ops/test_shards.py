@@ -209,3 +209,41 @@ def test_a_bad_shard_is_refused_before_any_input_is_read(
     error = orjson.loads(proc.stdout)["error"]
     assert (proc.returncode, error["code"]) == (ExitCode.ARG_ERROR, "USAGE_ERROR"), error
     assert named in error["message"], error
+
+
+@pytest.mark.slow
+def test_a_hung_redis_halts_a_busy_shard_unavailable_and_the_same_command_finishes_it(tmp_path: Path) -> None:
+    """Redis stopped (SIGSTOP) under a shard with 24 workers: one question runs out of its deadline and the
+    shard halts with exit 12, instead of each worker asking the hung server in turn (issue 22.10)."""
+    rows = 200
+    execution = {"concurrency": 24, "rate_limit": {"requests_per_second": 50}}
+    redis = RedisProcess()
+    redis_url = redis.__enter__()
+    try:
+        with TargetProcess({"dedup": True}) as target:
+            execution["rate_limit"]["shared"] = redis_url  # type: ignore[index]
+            job = write_job(tmp_path, target.url, rows=rows, execution=execution, **KEYED)
+            proc = subprocess.Popen(
+                _shard_command(job, 0),
+                cwd=tmp_path,
+                env=cli_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            _wait_for_journal(tmp_path / "runs-0", lines=5, proc=proc)
+            redis.hang()
+            code, halted = _finish(proc)
+            redis.wake()
+            again = run_cli(*_shard_command(job, 0)[3:], cwd=tmp_path)
+            stats = target.stats()
+    finally:
+        redis.wake()
+        redis.__exit__(None, None, None)
+    assert code == ExitCode.UNAVAILABLE, halted
+    assert halted["error"]["code"] == "SHARED_LIMIT_UNAVAILABLE"  # type: ignore[index]
+    assert halted["data"]["state"] == "stopped"  # type: ignore[index]
+    assert again.exit_code == ExitCode.SUCCESS, again.envelope
+    assert again.data["run_dir"] == halted["data"]["run_dir"]  # type: ignore[index]
+    owned = again.data["summary"]["rows_total"]  # shard 0 of 4's rows
+    assert stats["effects"] == owned == again.data["summary"]["rows_done"]  # each once, across the halt
