@@ -35,7 +35,8 @@ def _free_port() -> int:
 
 
 class RedisProcess:
-    def __init__(self) -> None:
+    def __init__(self, *, password: str | None = None) -> None:
+        self._password = password
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.port = 0
@@ -59,6 +60,7 @@ class RedisProcess:
                 "",
                 "--appendonly",
                 "no",
+                *(["--requirepass", self._password] if self._password else []),
             ]
             self._proc = subprocess.Popen(
                 [*command, "--dir", self._tmp.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -77,7 +79,7 @@ class RedisProcess:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
                     conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
+                    if conn.recv(64).startswith((b"+PONG", b"-NOAUTH")):
                         return True
             except OSError:
                 pass

@@ -275,7 +275,7 @@ async def relay(
         run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit, state=state
     )
     transport = transport_factory(transport_settings(preflight))
-    limiter = open_limiter(config)
+    limiter = open_limiter(config, preflight.shared_limit)
     sender = _row_sender(preflight, transport, limiter, stop, stats or RelayStats())
     committed.pace = limiter.state
     committed.prefix = journal.prefix
@@ -320,14 +320,15 @@ def _outcome(committed: Committed, stop: StopControl, elapsed: float) -> RelayOu
     )
 
 
-def open_limiter(config: JobConfig) -> Limiter:
-    """The job's rate limit: shared by every shard through Redis (`rate_limit.shared`), else our own."""
+def open_limiter(config: JobConfig, shared_url: str | None) -> Limiter:
+    """The job's rate limit: shared by every shard through Redis (`rate_limit.shared`, resolved by
+    preflight as `shared_url`), else our own."""
     rate = config.execution.rate_limit
-    if rate is None or rate.shared is None:
+    if rate is None or shared_url is None:
         return RateLimiter(rate.requests_per_second if rate else None)
     from bulkrelay.relay.ratelimit_redis import SharedRateLimiter  # redis loads only for a shared limit
 
-    return SharedRateLimiter(rate.shared, rate.shared_key or target_origin(config), rate.requests_per_second)
+    return SharedRateLimiter(shared_url, rate.shared_key or target_origin(config), rate.requests_per_second)
 
 
 def target_origin(config: JobConfig) -> str:

@@ -41,6 +41,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from bulkrelay.job.redact import redact_url_credentials
 from bulkrelay.relay.ratelimit import LimiterUnavailable
 
 _WINDOW_MARGIN_US = 20_000  # arrivals jitter on the way to the target, more so from several machines
@@ -95,7 +96,7 @@ class SharedLimitUnavailable(LimiterUnavailable):
     """Redis, which keeps the shared limit, could not be reached or refused the script."""
 
     def __init__(self, url: str, cause: str) -> None:
-        super().__init__(_redacted(url), cause)
+        super().__init__(redact_url_credentials(url), cause)
 
 
 class SharedRateLimiter:
@@ -105,15 +106,13 @@ class SharedRateLimiter:
         if not requests_per_second > 0:
             raise ValueError(f"requests_per_second must be positive, got {requests_per_second!r}")
         self._url = url
-        self._url_shown = _redacted(url)
+        self._url_shown = redact_url_credentials(url)
         self._rate = requests_per_second
-        self._client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=_ANSWER_DEADLINE_SECONDS,
-            socket_connect_timeout=_ANSWER_DEADLINE_SECONDS,
-            # One reconnect (a pooled connection Redis closed, say); the deadline bounds the whole question.
-            retry=Retry(NoBackoff(), 1),
-        )
+        self._unavailable: SharedLimitUnavailable | None = None
+        client = _client(url)
+        if isinstance(client, SharedLimitUnavailable):  # the first start reports it: a halt, exit 12
+            self._unavailable, client = client, aioredis.Redis()
+        self._client = client
         self._acquire = self._client.register_script(_ACQUIRE)
         self._pause = self._client.register_script(_PAUSE)
         prefix = f"bulkrelay:limit:{key}"
@@ -127,7 +126,6 @@ class SharedRateLimiter:
         self._members = (f"{os.getpid()}-{id(self)}-{n}" for n in itertools.count())
         self._last_start: tuple[str, int] = ("", 0)  # this shard's newest start: member, Redis time (us)
         self._turn = asyncio.Lock()
-        self._unavailable: SharedLimitUnavailable | None = None
         self._local_pause_until = -math.inf
         self._pending: set[asyncio.Task[None]] = set()
         self.questions = 0  # asked of Redis, answered or not
@@ -170,6 +168,9 @@ class SharedRateLimiter:
         except (RedisError, OSError) as exc:
             self._unavailable = SharedLimitUnavailable(self._url, _cause(exc))
             raise self._unavailable from None
+        except (TypeError, ValueError) as exc:  # a URL option the connection refuses (`?ssl_cert_reqs=`)
+            self._unavailable = SharedLimitUnavailable(self._url, f"redis cannot use this URL: {_cause(exc)}")
+            raise self._unavailable from None
         if int(wait_us) == 0:
             self._last_start = (member, int(now))
         return int(wait_us)
@@ -205,13 +206,18 @@ class SharedRateLimiter:
                 await self._client.aclose()
 
 
+def _client(url: str) -> aioredis.Redis | SharedLimitUnavailable:
+    try:
+        return aioredis.Redis.from_url(
+            url,
+            socket_timeout=_ANSWER_DEADLINE_SECONDS,
+            socket_connect_timeout=_ANSWER_DEADLINE_SECONDS,
+            # One reconnect (a pooled connection Redis closed, say); the deadline bounds the whole question.
+            retry=Retry(NoBackoff(), 1),
+        )
+    except (TypeError, ValueError) as exc:  # an option redis-py does not know (`?ssl_cert_reqs=` on redis://)
+        return SharedLimitUnavailable(url, f"redis cannot use this URL: {_cause(exc)}")
+
+
 def _cause(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
-
-
-def _redacted(url: str) -> str:
-    """The URL without a password (redis://:secret@host/0 → redis://***@host/0)."""
-    scheme, sep, rest = url.partition("://")
-    if "@" not in rest:
-        return url
-    return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"
