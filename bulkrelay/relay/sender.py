@@ -76,8 +76,8 @@ class RowSender:
         attempt = 0
         while True:
             attempt += 1
-            if not self._limiter.try_start():  # without a rate limit, no await per request
-                await self._limiter.acquire()
+            if not self._limiter.try_start() and not await self._started():
+                return None  # a stop came while the start was held: the row stays pending
             response: Response | None = None
             error: TransportError | None = None
             sent = time.monotonic()
@@ -111,6 +111,13 @@ class RowSender:
             retryable=decision.retryable,
             request=request,
         )
+
+    async def _started(self) -> bool:
+        """Wait for the limiter's start; False when a stop request came first (a long Retry-After pause
+        must not hold a SIGTERM'd run, nor send after it)."""
+        with self.stop.ends_on_request() as wait:
+            await self._limiter.acquire()
+        return not wait.cancelled_caught
 
     async def _stopped_during(self, delay: float) -> bool:
         """Wait out a backoff; a stop request ends the wait and leaves the row pending."""
