@@ -33,6 +33,10 @@ if TYPE_CHECKING:  # prometheus_client loads only when a metrics file is written
 
 METRICS_ENV = "BULKRELAY_METRICS_FILE"
 METRICS_INTERVAL_SECONDS = 10.0
+# Read by node_exporter, which runs as its own user (Debian: `prometheus`). The file holds counts, the job's
+# name and the run id, never a row's data, so it is the one file BulkRelay makes readable by others; a
+# stricter umask still wins (077: 0600).
+METRICS_FILE_MODE = 0o644
 # Upper bounds (seconds) of the request latency histogram: loopback answers to slow batch APIs.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _LAST_SUCCESS = "bulkrelay_last_success_timestamp_seconds"
@@ -172,7 +176,7 @@ class MetricsFile:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(lambda: self.families(state, exit_code)))
         try:
-            write_atomic(self.path, generate_latest(registry))
+            write_atomic(self.path, generate_latest(registry), mode=METRICS_FILE_MODE)
         except StorageFailed as exc:
             self._failure = self._failure or exc
 

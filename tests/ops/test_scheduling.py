@@ -46,7 +46,7 @@ class Host:
         self.paths = {
             "/opt/bulkrelay/.venv/bin": str(Path(sys.executable).parent),
             "/srv/bulkrelay": str(self.workdir),
-            "/var/lib/node_exporter/textfile_collector": str(self.textfile),
+            "/var/lib/prometheus/node-exporter": str(self.textfile),
             "/var/log/bulkrelay": str(self.logs),
         }
 
