@@ -219,7 +219,7 @@ def test_the_kubernetes_cronjob_never_overlaps_and_runs_a_valid_command() -> Non
     assert (args.command, args.budget) == ("run", 0)
     assert args.runs_dir.parent.as_posix() in {m["mountPath"] for m in container["volumeMounts"]}
     assert args.metrics_file.parent.parent.as_posix() in {m["mountPath"] for m in container["volumeMounts"]}
-    failing = spec["jobTemplate"]["spec"]["podFailurePolicy"]["rules"][0]
+    failing = spec["jobTemplate"]["spec"]["podFailurePolicy"]["rules"][1]  # after evictions' Ignore
     assert failing["action"] == "FailJob" and ExitCode.PARTIAL_FAILURE in failing["onExitCodes"]["values"]
 
 
