@@ -328,7 +328,9 @@ def open_limiter(config: JobConfig, shared_url: str | None) -> Limiter:
         return RateLimiter(rate.requests_per_second if rate else None)
     from bulkrelay.relay.ratelimit_redis import SharedRateLimiter  # redis loads only for a shared limit
 
-    return SharedRateLimiter(shared_url, rate.shared_key or target_origin(config), rate.requests_per_second)
+    key = rate.shared_key or target_origin(config)
+    shown = rate.shared if rate.shared != shared_url else None  # a ${NAME} secret is named, never shown
+    return SharedRateLimiter(shared_url, key, rate.requests_per_second, shown=shown)
 
 
 def target_origin(config: JobConfig) -> str:

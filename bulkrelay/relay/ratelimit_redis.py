@@ -102,14 +102,16 @@ class SharedLimitUnavailable(LimiterUnavailable):
 class SharedRateLimiter:
     """Awaitable starts under one limit kept in Redis for every process that names the same `key`."""
 
-    def __init__(self, url: str, key: str, requests_per_second: float) -> None:
+    def __init__(self, url: str, key: str, requests_per_second: float, *, shown: str | None = None) -> None:
+        """`shown`: how messages name Redis (`${REDIS_URL}` when the URL is a secret); by default the URL
+        without its credentials."""
         if not requests_per_second > 0:
             raise ValueError(f"requests_per_second must be positive, got {requests_per_second!r}")
-        self._url = url
-        self._url_shown = redact_url_credentials(url)
+        self._url = shown or url  # what errors name: never the secret's value
+        self._url_shown = redact_url_credentials(self._url)
         self._rate = requests_per_second
         self._unavailable: SharedLimitUnavailable | None = None
-        client = _client(url)
+        client = _client(url, self._url)
         if isinstance(client, SharedLimitUnavailable):  # the first start reports it: a halt, exit 12
             self._unavailable, client = client, aioredis.Redis()
         self._client = client
@@ -206,7 +208,7 @@ class SharedRateLimiter:
                 await self._client.aclose()
 
 
-def _client(url: str) -> aioredis.Redis | SharedLimitUnavailable:
+def _client(url: str, shown: str) -> aioredis.Redis | SharedLimitUnavailable:
     try:
         return aioredis.Redis.from_url(
             url,
@@ -216,7 +218,7 @@ def _client(url: str) -> aioredis.Redis | SharedLimitUnavailable:
             retry=Retry(NoBackoff(), 1),
         )
     except (TypeError, ValueError) as exc:  # an option redis-py does not know (`?ssl_cert_reqs=` on redis://)
-        return SharedLimitUnavailable(url, f"redis cannot use this URL: {_cause(exc)}")
+        return SharedLimitUnavailable(shown, f"redis cannot use this URL: {_cause(exc)}")
 
 
 def _cause(exc: BaseException) -> str:

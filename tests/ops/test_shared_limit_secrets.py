@@ -86,6 +86,21 @@ def test_the_redis_url_may_be_a_secret_from_the_environment(tmp_path: Path) -> N
     assert _leaks(done, Path(done.data["run_dir"]), PASSWORD) == []
 
 
+def test_a_secret_redis_url_is_named_by_its_variable_never_shown(tmp_path: Path) -> None:
+    gone = RedisProcess()
+    url = gone.__enter__().replace("redis://", f"redis://:{PASSWORD}@")
+    gone.kill()
+    try:
+        with TargetProcess() as target:
+            job = write_job(tmp_path, target.url, rows=2, execution=_shared("${REDIS_URL}"))
+            halted = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env(REDIS_URL=url))
+    finally:
+        gone.__exit__(None, None, None)
+    assert halted.exit_code == ExitCode.UNAVAILABLE, halted.envelope
+    assert halted.envelope["error"]["context"]["limiter"] == "${REDIS_URL}"
+    assert _leaks(halted, Path(halted.data["run_dir"]), PASSWORD) == []
+
+
 def test_a_secret_that_is_no_redis_url_is_refused_naming_the_variable(tmp_path: Path) -> None:
     with TargetProcess() as target:
         job = write_job(tmp_path, target.url, rows=2, execution=_shared("${REDIS_URL}"))
