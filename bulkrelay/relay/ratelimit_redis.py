@@ -162,7 +162,7 @@ class SharedRateLimiter:
                 wait_us, now = await self._acquire(
                     keys=self._keys, args=[*self._args, member, *self._last_start]
                 )
-        except TimeoutError:  # before RedisError: redis's TimeoutError is both
+        except TimeoutError:  # our deadline (builtin; before OSError, its base): redis's own is a RedisError
             self._unavailable = SharedLimitUnavailable(
                 self._url, f"no answer within {_ANSWER_DEADLINE_SECONDS:g} s"
             )
