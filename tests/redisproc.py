@@ -8,11 +8,13 @@ need it are skipped with a message saying so (`require_redis_server()`), never p
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from types import TracebackType
 
@@ -111,3 +113,58 @@ class RedisProcess:
         self._stop()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+class ScriptCountingProxy:
+    """A loopback TCP proxy in front of a Redis that counts the scripts sent through it (EVALSHA),
+    to tell how many questions a limiter asked, also of a server that no longer answers.
+
+        with ScriptCountingProxy(redis_url) as proxied_url: ... proxy.scripts
+    """
+
+    def __init__(self, redis_url: str) -> None:
+        self._upstream = ("127.0.0.1", int(redis_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0]))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self.scripts = 0
+
+    def __enter__(self) -> str:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self._upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if counted:
+                    with self._lock:
+                        self.scripts += data.upper().count(b"EVALSHA")
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._closing.set()
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()
