@@ -116,10 +116,12 @@ class RedisProcess:
 
 
 class ScriptCountingProxy:
-    """A loopback TCP proxy in front of a Redis that counts the scripts sent through it (EVALSHA),
-    to tell how many questions a limiter asked, also of a server that no longer answers.
+    """A loopback TCP proxy in front of a Redis that counts the connections made through it and the
+    scripts sent (EVALSHA), to tell how many questions a limiter asked, also of a server that no longer
+    answers (redis-py's retries reconnect, and a new connection's handshake goes unanswered before any
+    script is sent).
 
-        with ScriptCountingProxy(redis_url) as proxied_url: ... proxy.scripts
+        with ScriptCountingProxy(redis_url) as proxied_url: ... proxy.questions
     """
 
     def __init__(self, redis_url: str) -> None:
@@ -129,6 +131,13 @@ class ScriptCountingProxy:
         self._closing = threading.Event()
         self._sockets: list[socket.socket] = []
         self.scripts = 0
+        self.connections = 0
+
+    @property
+    def questions(self) -> int:
+        """Every script sent, and every connection made: each is one question begun."""
+        with self._lock:
+            return self.scripts + self.connections
 
     def __enter__(self) -> str:
         threading.Thread(target=self._accept, daemon=True).start()
@@ -147,6 +156,7 @@ class ScriptCountingProxy:
                 continue
             with self._lock:
                 self._sockets += [client, upstream]
+                self.connections += 1
             threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
 
