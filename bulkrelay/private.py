@@ -19,12 +19,13 @@ PRIVATE_FILE_MODE = 0o600
 PRIVATE_DIR_MODE = 0o700
 
 
-def open_private(path: str | Path, flags: int) -> int:
-    """`os.open` that refuses a symbolic link at `path` (RunDirUnsafe) and creates files 0600.
+def open_private(path: str | Path, flags: int, mode: int = PRIVATE_FILE_MODE) -> int:
+    """`os.open` that refuses a symbolic link at `path` (RunDirUnsafe) and creates files 0600 (or
+    `mode`, for the one file meant for another user to read: the metrics file; the umask still applies).
 
     Also an `opener` for the built-in `open()`. Any other OSError is the caller's to report."""
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
             raise link_refused(Path(path)) from None

@@ -8,10 +8,13 @@ need it are skipped with a message saying so (`require_redis_server()`), never p
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from types import TracebackType
 
@@ -34,7 +37,8 @@ def _free_port() -> int:
 
 
 class RedisProcess:
-    def __init__(self) -> None:
+    def __init__(self, *, password: str | None = None) -> None:
+        self._password = password
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.port = 0
@@ -58,6 +62,7 @@ class RedisProcess:
                 "",
                 "--appendonly",
                 "no",
+                *(["--requirepass", self._password] if self._password else []),
             ]
             self._proc = subprocess.Popen(
                 [*command, "--dir", self._tmp.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -76,7 +81,7 @@ class RedisProcess:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
                     conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
+                    if conn.recv(64).startswith((b"+PONG", b"-NOAUTH")):
                         return True
             except OSError:
                 pass
@@ -92,9 +97,84 @@ class RedisProcess:
         """Take the server away, as a crash or a network partition would."""
         self._stop()
 
+    def hang(self) -> None:
+        """Stop the server (SIGSTOP): connections are still accepted by the kernel, nothing answers."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def wake(self) -> None:
+        """Let a hung server go on (SIGCONT)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
+
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._stop()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+class ScriptCountingProxy:
+    """A loopback TCP proxy in front of a Redis that counts the connections made through it and the
+    scripts sent (EVALSHA), to tell how many questions a limiter asked, also of a server that no longer
+    answers (redis-py's retries reconnect, and a new connection's handshake goes unanswered before any
+    script is sent).
+
+        with ScriptCountingProxy(redis_url) as proxied_url: ... proxy.questions
+    """
+
+    def __init__(self, redis_url: str) -> None:
+        self._upstream = ("127.0.0.1", int(redis_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0]))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self.scripts = 0
+        self.connections = 0
+
+    @property
+    def questions(self) -> int:
+        """Every script sent, and every connection made: each is one question begun."""
+        with self._lock:
+            return self.scripts + self.connections
+
+    def __enter__(self) -> str:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self._upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, upstream]
+                self.connections += 1
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if counted:
+                    with self._lock:
+                        self.scripts += data.upper().count(b"EVALSHA")
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._closing.set()
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()

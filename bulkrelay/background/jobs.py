@@ -56,7 +56,9 @@ Handler = Callable[[argparse.Namespace], Result]
 KeyOf = Callable[[argparse.Namespace, Path | None], str]  # (args, spooled stdin) -> invocation key
 _NOT_IN_KEY = frozenset({"budget", "timeout", "argv", "started", "supervisor", "command", "job_command"})
 # Operational settings: where the call reports, not what it does (never part of the identity).
-_OPERATIONAL = frozenset({"metrics_file", "log_file", "run_log", "observers", "quiet", "human"})
+_OPERATIONAL = frozenset(
+    {"metrics_file", "metrics_push", "log_file", "run_log", "observers", "quiet", "human"}
+)
 
 
 def resolve_budget(flag_ms: int | None, environ: Mapping[str, str], stdout_is_terminal: bool) -> int | None:

@@ -22,7 +22,7 @@ from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.runlog import RunLog, start_event
 from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.ops.shard import resolve_shard
-from bulkrelay.relay.metrics import MetricsFile, metrics_path
+from bulkrelay.relay.metrics import MetricsFile, MetricsPush, metrics_path, metrics_push_url
 
 
 def _prepared_input(
@@ -75,7 +75,8 @@ def _options(args: argparse.Namespace) -> RunOptions:
 
 
 def _observers(args: argparse.Namespace) -> tuple[RunObserver, ...]:
-    """The run log (always) and the metrics file (`--metrics-file` or BULKRELAY_METRICS_FILE)."""
+    """The run log (always), the metrics file (`--metrics-file` or BULKRELAY_METRICS_FILE) and the push
+    to a Pushgateway (`--metrics-push` or BULKRELAY_METRICS_PUSH)."""
     observers: list[RunObserver] = []
     run_log: RunLog | None = getattr(args, "run_log", None)
     if run_log is not None:
@@ -83,6 +84,9 @@ def _observers(args: argparse.Namespace) -> tuple[RunObserver, ...]:
     path = metrics_path(getattr(args, "metrics_file", None), os.environ)
     if path is not None:
         observers.append(MetricsFile(path))
+    push = metrics_push_url(getattr(args, "metrics_push", None), os.environ)
+    if push is not None:
+        observers.append(MetricsPush(push))
     return tuple(observers)
 
 

@@ -26,6 +26,7 @@ _GLOBAL_FLAGS: dict[str, tuple[str, object]] = {
     "quiet": ("--quiet", False),
     "human": ("--human", False),
     "metrics_file": ("--metrics-file", None),
+    "metrics_push": ("--metrics-push", None),
     "log_file": ("--log-file", None),
 }
 
@@ -183,6 +184,12 @@ def _add_operational(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="PATH",
         help="keep Prometheus metrics of the run in PATH (every ~10s, at the end); BULKRELAY_METRICS_FILE",
+    )
+    _add_global(
+        parser,
+        "--metrics-push",
+        metavar="URL",
+        help="push the same metrics to a Pushgateway at URL when the run ends; BULKRELAY_METRICS_PUSH",
     )
     _add_global(
         parser,

@@ -624,11 +624,16 @@ class TimeoutConfig(_Model):
     pool_seconds: Seconds = 5.0
 
 
+REDIS_URL = re.compile(r"^(redis|rediss|unix)://\S+$")
+WHOLE_SECRET = re.compile(r"^\$\{([A-Z_][A-Z0-9_]*)\}$")  # `shared: "${REDIS_URL}"`: read when the job runs
+
+
 def _redis_url(value: str) -> str:
-    if re.match(r"^(redis|rediss|unix)://\S+$", value):
+    if REDIS_URL.match(value) or WHOLE_SECRET.match(value):
         return value
     raise ValueError(
-        "must be a Redis URL such as redis://host:6379/0 (rediss:// for TLS, unix:// for a socket)"
+        "must be a Redis URL such as redis://host:6379/0 (rediss:// for TLS, unix:// for a socket),"
+        " or a ${NAME} secret holding one"
     )
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, UsageError
+from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, SecretInvalid, UsageError
 from bulkrelay.job.batch import BatchRenderer
-from bulkrelay.job.config import Job, required_fields
+from bulkrelay.job.config import REDIS_URL, WHOLE_SECRET, Job, required_fields
 from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import (
@@ -30,6 +30,7 @@ from bulkrelay.job.inputs import (
 from bulkrelay.job.keycheck import DuplicateKeyFinder
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.request import RenderError, RequestRenderer
+from bulkrelay.job.template import resolve_secrets
 
 MAX_PROBLEMS = 20
 _KEYS_LISTED = 50  # at most this many of the input's field names in a message
@@ -51,6 +52,7 @@ class Preflight:
     expected_input: ExpectedInput | None = None
     digester: RequestDigester | None = None  # a delta job: journal lines carry each row's digest
     batcher: BatchRenderer | None = None  # a batch job (request.batch): each row's item, many a request
+    shared_limit: str | None = None  # the Redis URL of a shared rate limit, its ${NAME} resolved
 
     @property
     def record_count(self) -> int:
@@ -118,6 +120,26 @@ def _renderer_and_digester(
     sorted_json = renderer.sorted_json
     digester = RequestDigester(job.config.request, renderer.redactor, sorted_json=sorted_json, env=env)
     return renderer, digester
+
+
+def shared_limit_url(job: Job, env: Mapping[str, str]) -> str | None:
+    """Where the shared rate limit is kept: `shared` as written, or the value of the `${NAME}` it names
+    (a secret: a missing one is `SECRET_MISSING`, a value that is no Redis URL `SECRET_INVALID`, each
+    naming the variable, never its value)."""
+    rate = job.config.execution.rate_limit
+    if rate is None or rate.shared is None:
+        return None
+    secret = WHOLE_SECRET.match(rate.shared)
+    if secret is None:
+        return rate.shared
+    name = secret.group(1)
+    url = resolve_secrets([name], env)[name]
+    if not REDIS_URL.match(url):
+        raise SecretInvalid(
+            f"${{{name}}} (execution.rate_limit.shared) is not a Redis URL such as redis://host:6379/0",
+            context={"secret": name, "field": "execution.rate_limit.shared"},
+        )
+    return url
 
 
 class _ProblemCollector:
@@ -213,7 +235,9 @@ def run_preflight(
     record that renders, with its request, in the same pass: the rows a delta run or a shard sends are
     chosen without reading the input twice. A row it calls settled (`RowWatch`) is not rendered: its
     bytes rendered the same request under the same job before (docs/delta.md, the line scan)."""
-    renderer, digester = _renderer_and_digester(job, os.environ if env is None else env)
+    env = os.environ if env is None else env
+    renderer, digester = _renderer_and_digester(job, env)
+    shared_limit = shared_limit_url(job, env)
     spec = resolve_input(job, input_override, input_name)
     observe: RowObserver | None = None
     settled: RowSettled | None = None
@@ -269,6 +293,7 @@ def run_preflight(
         expected_input=expected,
         digester=digester,
         batcher=batcher,
+        shared_limit=shared_limit,
     )
 
 

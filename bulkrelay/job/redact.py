@@ -260,3 +260,35 @@ def _base64_forms(data: bytes) -> set[str]:
 
 
 _URLSAFE = str.maketrans("+/", "-_")
+
+
+# Query options of a Redis URL that carry a credential (redis-py passes every query option to the
+# connection: `?password=`, `?username=`, and a TLS key's passphrase).
+_URL_CREDENTIAL_OPTIONS = frozenset({"password", "username", "user", "ssl_password", "auth", "token"})
+
+
+def redact_url_credentials(url: str) -> str:
+    """`url` with every credential it can carry shown as `***`: the user information before `@`
+    (`redis://:pw@host`, `redis://user:pw@host`), and the values of credential options in its query
+    (`?password=pw`, `&username=u`), whatever their case or percent-encoding. The rest is kept, so the
+    message still says which server it was."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    rest, hash_, fragment = rest.partition("#")
+    rest, question, query = rest.partition("?")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = f"{REDACTED}@{authority.rsplit('@', 1)[1]}"
+    elif "@" in path:  # unix://user:pw@/path/to.sock: the path holds the user information
+        path = f"{REDACTED}@{path.rsplit('@', 1)[1]}"
+    if question:
+        query = "&".join(_redacted_option(option) for option in query.split("&"))
+    return f"{scheme}{sep}{authority}{slash}{path}{question}{query}{hash_}{fragment}"
+
+
+def _redacted_option(option: str) -> str:
+    name, equals, _ = option.partition("=")
+    if equals and unquote(name).strip().lower() in _URL_CREDENTIAL_OPTIONS:
+        return f"{name}={REDACTED}"
+    return option

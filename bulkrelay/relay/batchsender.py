@@ -140,8 +140,8 @@ class BatchSender(RowSender):
         while True:
             for pending in items:
                 pending.attempts += 1
-            if not self._limiter.try_start():
-                await self._limiter.acquire()
+            if not self._limiter.try_start() and not await self._started():
+                return None  # a stop came while the start was held: the rows stay pending
             tried = await self._exchange(request)
             if tried is None:
                 return None

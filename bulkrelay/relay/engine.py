@@ -284,7 +284,7 @@ async def relay(
     )
     transport = transport_factory(transport_settings(preflight))
     auth = open_token_source(preflight, transport_factory, transport_settings(preflight), stop)
-    limiter = open_limiter(config)
+    limiter = open_limiter(config, preflight.shared_limit)
     stats = stats or RelayStats()
     delivery = _delivery(preflight, run)
     sender = _row_sender(preflight, transport, limiter, stop, stats, auth=auth, delivery=delivery)
@@ -341,14 +341,17 @@ def _outcome(committed: Committed, stop: StopControl, elapsed: float) -> RelayOu
     )
 
 
-def open_limiter(config: JobConfig) -> Limiter:
-    """The job's rate limit: shared by every shard through Redis (`rate_limit.shared`), else our own."""
+def open_limiter(config: JobConfig, shared_url: str | None) -> Limiter:
+    """The job's rate limit: shared by every shard through Redis (`rate_limit.shared`, resolved by
+    preflight as `shared_url`), else our own."""
     rate = config.execution.rate_limit
-    if rate is None or rate.shared is None:
+    if rate is None or shared_url is None:
         return RateLimiter(rate.requests_per_second if rate else None)
     from bulkrelay.relay.ratelimit_redis import SharedRateLimiter  # redis loads only for a shared limit
 
-    return SharedRateLimiter(rate.shared, rate.shared_key or target_origin(config), rate.requests_per_second)
+    key = rate.shared_key or target_origin(config)
+    shown = rate.shared if rate.shared != shared_url else None  # a ${NAME} secret is named, never shown
+    return SharedRateLimiter(shared_url, key, rate.requests_per_second, shown=shown)
 
 
 def target_origin(config: JobConfig) -> str:

@@ -23,16 +23,25 @@ from typing import TYPE_CHECKING
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import StorageFailed, UsageError
 from bulkrelay.job.preflight import Preflight
+from bulkrelay.job.redact import redact_url_credentials
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.atomic import write_atomic
 from bulkrelay.store.rundir import RunDir, RunState
 
 if TYPE_CHECKING:  # prometheus_client loads only when a metrics file is written (~0.1 s of every start)
+    from prometheus_client import CollectorRegistry
     from prometheus_client.core import GaugeMetricFamily, Metric
 
 METRICS_ENV = "BULKRELAY_METRICS_FILE"
 METRICS_INTERVAL_SECONDS = 10.0
+METRICS_PUSH_ENV = "BULKRELAY_METRICS_PUSH"
+PUSH_JOB = "bulkrelay"  # the Pushgateway's `job` label; ours is `job_name`
+PUSH_TIMEOUT_SECONDS = 10.0
+# Read by node_exporter, which runs as its own user (Debian: `prometheus`). The file holds counts, the job's
+# name and the run id, never a row's data, so it is the one file BulkRelay makes readable by others; a
+# stricter umask still wins (077: 0600).
+METRICS_FILE_MODE = 0o644
 # Upper bounds (seconds) of the request latency histogram: loopback answers to slow batch APIs.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _LAST_SUCCESS = "bulkrelay_last_success_timestamp_seconds"
@@ -107,6 +116,9 @@ class MetricsFile:
                 suggestion=f"create {path.parent}, or name a file in an existing directory",
             )
         self.path = path
+        self._init_state(interval, clock)
+
+    def _init_state(self, interval: float, clock: Callable[[], float]) -> None:
         self._interval = interval
         self._clock = clock
         self._labels: dict[str, str] = {}
@@ -120,12 +132,14 @@ class MetricsFile:
         self._written = -float("inf")
         self._last_success: float | None = None
         self._failure: StorageFailed | None = None
+        self._shard: str | None = None
 
     def run_started(self, run: RunDir, preflight: Preflight, stats: RelayStats) -> None:
         name = preflight.job.config.name or preflight.job.path.stem
         self._labels = {"job_name": name}
         self._stats = stats
-        self._last_success = previous_last_success(self.path, name)
+        self._last_success = self._previous_last_success(name)
+        self._shard = None if run.plan.shard is None else str(run.plan.shard.index)
         self._run_id = run.run_id
         sync = run.plan.sync  # a delta run's rows not sent because they had not changed
         self._skipped_unchanged = sync.skipped_unchanged if sync is not None else None
@@ -155,24 +169,36 @@ class MetricsFile:
         if result.exit_code == 0:
             self._last_success = time.time()
         self._write(run.state, int(result.exit_code))
-        if self._failure is not None:
-            result.warnings.append(
-                EnvelopeWarning(
-                    "METRICS_WRITE_FAILED",
-                    f"the metrics file could not be written: {self._failure.message}",
-                    {"metrics_file": str(self.path)},
-                )
-            )
+        warning = self._failure_warning()
+        if warning is not None:
+            result.warnings.append(warning)
+
+    def _previous_last_success(self, job_name: str) -> float | None:
+        return previous_last_success(self.path, job_name)
+
+    def _failure_warning(self) -> EnvelopeWarning | None:
+        if self._failure is None:
+            return None
+        return EnvelopeWarning(
+            "METRICS_WRITE_FAILED",
+            f"the metrics file could not be written: {self._failure.message}",
+            {"metrics_file": str(self.path)},
+        )
+
+    def _registry(self, state: RunState, exit_code: int | None) -> CollectorRegistry:
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(lambda: self.families(state, exit_code)))
+        return registry
 
     def _write(self, state: RunState, exit_code: int | None) -> None:
         """Replace the file; a failure is reported once at the end and never stops the run."""
         self._written = self._clock()
-        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client import generate_latest
 
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(lambda: self.families(state, exit_code)))
         try:
-            write_atomic(self.path, generate_latest(registry))
+            write_atomic(self.path, generate_latest(self._registry(state, exit_code)), mode=METRICS_FILE_MODE)
         except StorageFailed as exc:
             self._failure = self._failure or exc
 
@@ -251,6 +277,52 @@ class MetricsFile:
         return family
 
 
+class MetricsPush(MetricsFile):
+    """The same metrics pushed once, when the run ends, to a Prometheus Pushgateway (`--metrics-push`):
+    for a pod whose metrics file nothing scrapes (a Kubernetes CronJob). The group is `job="bulkrelay"`,
+    `job_name` and, for a shard, `shard` (its index), so shards and jobs never overwrite each other.
+    Pushed with POST, which replaces only the metrics pushed: the last success time pushed by an earlier
+    run stays when this one failed. A push that fails is a warning (`METRICS_PUSH_FAILED`), never a
+    failed run; the URL is shown without its credentials."""
+
+    def __init__(self, url: str, *, timeout: float = PUSH_TIMEOUT_SECONDS) -> None:
+        self.url = url
+        self._timeout = timeout
+        self._push_failure: str | None = None
+        self._init_state(METRICS_INTERVAL_SECONDS, time.monotonic)
+
+    def _previous_last_success(self, job_name: str) -> float | None:
+        return None  # the gateway keeps the one pushed before (POST replaces only what is pushed)
+
+    def _write(self, state: RunState, exit_code: int | None) -> None:
+        self._written = self._clock()
+        if exit_code is None:
+            return  # only the end of the run is pushed
+        from prometheus_client import pushadd_to_gateway
+
+        grouping = dict(self._labels) | ({} if self._shard is None else {"shard": self._shard})
+        try:
+            pushadd_to_gateway(
+                self.url,
+                job=PUSH_JOB,
+                registry=self._registry(state, exit_code),
+                grouping_key=grouping,
+                timeout=self._timeout,
+            )
+        except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+            self._push_failure = redact_url_credentials(str(exc)) or type(exc).__name__
+
+    def _failure_warning(self) -> EnvelopeWarning | None:
+        if self._push_failure is None:
+            return None
+        shown = redact_url_credentials(self.url)
+        return EnvelopeWarning(
+            "METRICS_PUSH_FAILED",
+            f"the metrics could not be pushed to {shown}: {self._push_failure}",
+            {"metrics_push": shown},
+        )
+
+
 class _Collector:
     def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
         self._families = families
@@ -283,3 +355,11 @@ def metrics_path(flag: Path | None, environ: Mapping[str, str]) -> Path | None:
         return flag
     value = environ.get(METRICS_ENV, "").strip()
     return Path(value) if value else None
+
+
+def metrics_push_url(flag: str | None, environ: Mapping[str, str]) -> str | None:
+    """`--metrics-push`, else BULKRELAY_METRICS_PUSH, else none."""
+    if flag:
+        return flag
+    value = environ.get(METRICS_PUSH_ENV, "").strip()
+    return value or None

@@ -91,8 +91,8 @@ class RowSender:
         attempt = 0
         while True:
             attempt += 1
-            if not self._limiter.try_start():  # without a rate limit, no await per request
-                await self._limiter.acquire()
+            if not self._limiter.try_start() and not await self._started():
+                return None  # a stop came while the start was held: the row stays pending
             tried = await self._exchange(request)
             if tried is None:
                 return None  # no token to be had: the run is stopping, the row stays pending
@@ -159,6 +159,13 @@ class RowSender:
     async def _renewed(self, refused: Token | None) -> Token | None:
         assert self._auth is not None and refused is not None
         return await self._auth.renew(refused)
+
+    async def _started(self) -> bool:
+        """Wait for the limiter's start; False when a stop request came first (a long Retry-After pause
+        must not hold a SIGTERM'd run, nor send after it)."""
+        with self.stop.ends_on_request() as wait:
+            await self._limiter.acquire()
+        return not wait.cancelled_caught
 
     async def _stopped_during(self, delay: float) -> bool:
         """Wait out a backoff; a stop request ends the wait and leaves the row pending."""

@@ -1,14 +1,17 @@
 """Stop requests and how they reach the engine: signals, a deadline, halt rules, `job cancel`.
 
-A stop is a request, honoured at a safe point: no new row starts, rows in flight finish and
+A stop is a request, honoured at a safe point: no new row starts (a wait for a start, held by the rate
+limit or a Retry-After pause, ends at once and leaves its row pending), rows in flight finish and
 their results are committed. Forcing (a second SIGINT) cancels the rows in flight too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import anyio
@@ -64,6 +67,7 @@ class StopControl:
     forced: bool = False
     _event: anyio.Event = field(default_factory=anyio.Event)
     _forced_event: anyio.Event = field(default_factory=anyio.Event)
+    _waits: set[anyio.CancelScope] = field(default_factory=set)
 
     @property
     def requested(self) -> bool:
@@ -74,6 +78,21 @@ class StopControl:
             self.reason = reason
             self.detail = dict(detail)
             self._event.set()
+            for scope in self._waits:
+                scope.cancel()
+
+    @contextlib.contextmanager
+    def ends_on_request(self) -> Iterator[anyio.CancelScope]:
+        """A scope that a stop request cancels: for waits that must not outlive it (a start held by the
+        rate limit or a Retry-After pause). Check `cancelled_caught` after it."""
+        with anyio.CancelScope() as scope:
+            if self.requested:
+                scope.cancel()
+            self._waits.add(scope)
+            try:
+                yield scope
+            finally:
+                self._waits.discard(scope)
 
     def force(self) -> None:
         self.forced = True

@@ -19,15 +19,17 @@ from typing import Any
 import orjson
 
 from bulkrelay.errors import BulkRelayError, JournalCorrupt, NotFound, StorageFailed
-from bulkrelay.private import open_private
+from bulkrelay.private import PRIVATE_FILE_MODE, open_private
 from bulkrelay.store.storage import Storage, storage_failed
 
 _COPY_CHUNK = 1 << 20
 
 
-def write_atomic(path: Path, data: bytes, storage: Storage | None = None) -> None:
-    """Replace `path` with `data`, durably."""
-    _replace_with(path, (data,), storage or Storage())
+def write_atomic(
+    path: Path, data: bytes, storage: Storage | None = None, *, mode: int = PRIVATE_FILE_MODE
+) -> None:
+    """Replace `path` with `data`, durably; the new file is created `mode` (0600), less the umask."""
+    _replace_with(path, (data,), storage or Storage(), mode)
 
 
 def move_file(source: Path, target: Path, storage: Storage | None = None) -> None:
@@ -59,10 +61,12 @@ def _chunks_of(path: Path) -> Iterator[bytes]:
         raise storage_failed("read", str(path), exc) from exc
 
 
-def _replace_with(path: Path, chunks: Iterable[bytes], storage: Storage) -> None:
+def _replace_with(
+    path: Path, chunks: Iterable[bytes], storage: Storage, mode: int = PRIVATE_FILE_MODE
+) -> None:
     """Replace `path` with the concatenated `chunks`, durably (the recipe at the top)."""
     temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = storage.open_new(temp)
+    fd = storage.open_new(temp, mode)
     try:
         try:
             for chunk in chunks:

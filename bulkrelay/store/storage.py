@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from bulkrelay.errors import StorageFailed
-from bulkrelay.private import open_private
+from bulkrelay.private import PRIVATE_FILE_MODE, open_private
 
 
 class Storage:
@@ -27,9 +27,9 @@ class Storage:
         """Open (creating if needed) for appending; every write lands at the end of the file."""
         return self._open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
-    def open_new(self, path: Path) -> int:
-        """Create a file that must not exist yet (temp files, torn-tail copies)."""
-        return self._open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    def open_new(self, path: Path, mode: int = PRIVATE_FILE_MODE) -> int:
+        """Create a file that must not exist yet (temp files, torn-tail copies), 0600 unless told."""
+        return self._open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
 
     def write(self, fd: int, data: bytes) -> None:
         """Write all of `data`, looping over short writes."""
@@ -83,9 +83,9 @@ class Storage:
     def name_of(self, fd: int) -> str:
         return self._names.get(fd, f"fd {fd}")
 
-    def _open(self, path: Path, flags: int) -> int:
+    def _open(self, path: Path, flags: int, mode: int = PRIVATE_FILE_MODE) -> int:
         try:
-            fd = open_private(path, flags)
+            fd = open_private(path, flags, mode)
         except OSError as exc:
             raise storage_failed("open", str(path), exc) from exc
         self._names[fd] = str(path)

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from bulkrelay.job.config import parse_job
+from bulkrelay.job.redact import redact_url_credentials
 from bulkrelay.job.request import RequestRenderer
 from bulkrelay.job.template import Redactor
 from bulkrelay.relay.response import ResponseReader
@@ -222,3 +223,22 @@ def test_a_long_secret_is_hidden_in_every_encoding() -> None:
     redactor = Redactor([secret])
     for encoding in ("raw", "json", "json_ascii", "url_all", "url_plus", "base64"):
         assert redactor.redact(f"< {ENCODINGS[encoding](secret)} >") == "< *** >", encoding
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@h:6379/0", "redis://***@h:6379/0"),
+        ("redis://user:pw@h:6379/0", "redis://***@h:6379/0"),
+        ("rediss://u%40x:p%40w@h/0", "rediss://***@h/0"),
+        ("redis://h:6379/0?password=pw", "redis://h:6379/0?password=***"),
+        ("redis://h/0?db=1&Username=u&PASSWORD=pw", "redis://h/0?db=1&Username=***&PASSWORD=***"),
+        ("redis://h/0?pass%77ord=pw", "redis://h/0?pass%77ord=***"),
+        ("rediss://h/0?ssl_password=pw", "rediss://h/0?ssl_password=***"),
+        ("unix://:pw@/run/redis.sock?db=0", "unix://***@/run/redis.sock?db=0"),
+        ("unix:///run/redis.sock?password=pw", "unix:///run/redis.sock?password=***"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+    ],
+)
+def test_every_credential_a_redis_url_can_carry_is_hidden(url: str, shown: str) -> None:
+    assert redact_url_credentials(url) == shown

@@ -48,7 +48,7 @@ class Host:
         self.paths = {
             "/opt/bulkrelay/.venv/bin": str(Path(sys.executable).parent),
             "/srv/bulkrelay": str(self.workdir),
-            "/var/lib/node_exporter/textfile_collector": str(self.textfile),
+            "/var/lib/prometheus/node-exporter": str(self.textfile),
             "/var/log/bulkrelay": str(self.logs),
         }
 
@@ -221,7 +221,7 @@ def test_the_kubernetes_cronjob_never_overlaps_and_runs_a_valid_command() -> Non
     assert (args.command, args.budget) == ("run", 0)
     assert args.runs_dir.parent.as_posix() in {m["mountPath"] for m in container["volumeMounts"]}
     assert args.metrics_file.parent.parent.as_posix() in {m["mountPath"] for m in container["volumeMounts"]}
-    failing = spec["jobTemplate"]["spec"]["podFailurePolicy"]["rules"][0]
+    failing = spec["jobTemplate"]["spec"]["podFailurePolicy"]["rules"][1]  # after evictions' Ignore
     assert failing["action"] == "FailJob" and ExitCode.PARTIAL_FAILURE in failing["onExitCodes"]["values"]
 
 

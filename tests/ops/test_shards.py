@@ -19,7 +19,7 @@ from bulkrelay.relay.ratelimit import most_in_window
 from bulkrelay.store.journal import read_journal
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.ops.test_run_cli import write_job
-from tests.redisproc import RedisProcess
+from tests.redisproc import RedisProcess, ScriptCountingProxy
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
@@ -211,3 +211,50 @@ def test_a_bad_shard_is_refused_before_any_input_is_read(
     error = orjson.loads(proc.stdout)["error"]
     assert (proc.returncode, error["code"]) == (ExitCode.ARG_ERROR, "USAGE_ERROR"), error
     assert named in error["message"], error
+
+
+@pytest.mark.slow
+def test_a_hung_redis_halts_a_busy_shard_unavailable_and_the_same_command_finishes_it(tmp_path: Path) -> None:
+    """Redis stopped (SIGSTOP) under a shard with 24 workers: one question runs out of its deadline and the
+    shard halts with exit 12, instead of each worker asking the hung server in turn, for a socket timeout
+    and redis-py's retries each (issue 22.10). A proxy in front of Redis counts the questions."""
+    rows = 200
+    redis = RedisProcess()
+    redis_url = redis.__enter__()
+    proxy = ScriptCountingProxy(redis_url)
+    try:
+        with TargetProcess({"dedup": True}) as target:
+            execution = {
+                "concurrency": 24,
+                "rate_limit": {"requests_per_second": 50, "shared": proxy.__enter__()},
+            }
+            job = write_job(tmp_path, target.url, rows=rows, execution=execution, **KEYED)
+            proc = subprocess.Popen(
+                _shard_command(job, 0),
+                cwd=tmp_path,
+                env=cli_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            _wait_for_journal(tmp_path / "runs-0", lines=5, proc=proc)
+            redis.hang()
+            asked_before = proxy.questions
+            code, halted = _finish(proc)
+            asked_while_hung = proxy.questions - asked_before
+            redis.wake()
+            again = run_cli(*_shard_command(job, 0)[3:], cwd=tmp_path)
+            stats = target.stats()
+    finally:
+        redis.wake()
+        proxy.__exit__(None, None, None)
+        redis.__exit__(None, None, None)
+    assert code == ExitCode.UNAVAILABLE, halted
+    assert halted["error"]["code"] == "SHARED_LIMIT_UNAVAILABLE"  # type: ignore[index]
+    assert halted["data"]["state"] == "stopped"  # type: ignore[index]
+    # One question (the one in flight when Redis stopped, and redis-py's one reconnect), not one a worker.
+    assert asked_while_hung <= 3, asked_while_hung
+    assert again.exit_code == ExitCode.SUCCESS, again.envelope
+    assert again.data["run_dir"] == halted["data"]["run_dir"]  # type: ignore[index]
+    owned = again.data["summary"]["rows_total"]  # shard 0 of 4's rows
+    assert stats["effects"] == owned == again.data["summary"]["rows_done"]  # each once, across the halt

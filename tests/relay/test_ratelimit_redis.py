@@ -111,3 +111,50 @@ def test_a_password_never_appears_in_the_error() -> None:
     error = SharedLimitUnavailable("redis://:hunter2secret@127.0.0.1:1/0", "refused")
     assert "hunter2secret" not in str(error)
     assert error.url == "redis://***@127.0.0.1:1/0"
+
+
+async def test_a_hung_redis_is_asked_once_and_every_waiting_worker_fails_with_it() -> None:
+    """SIGSTOP: the kernel still accepts, nothing answers. The first question runs out of its deadline and
+    the 23 workers queued behind it get the same error without asking again (issue 22.10: they used to
+    ask one after another, each for a socket timeout and redis-py's retries)."""
+    server = RedisProcess()
+    url = server.__enter__()
+    limiter = SharedRateLimiter(url, "t", 50)
+    try:
+        await limiter.acquire()
+        asked = limiter.questions
+        server.hang()
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(limiter.acquire() for _ in range(24)), return_exceptions=True), HANG_S
+        )
+        await asyncio.wait_for(limiter.aclose(), HANG_S)  # a stopped server does not hold the end either
+    finally:
+        server.wake()
+        server.__exit__(None, None, None)
+    assert all(isinstance(outcome, SharedLimitUnavailable) for outcome in outcomes), outcomes
+    assert limiter.questions - asked == 1
+    assert "no answer within" in str(outcomes[0])
+
+
+async def test_a_redis_that_lost_its_window_holds_every_start_for_a_whole_window() -> None:
+    """A Redis restarted without its data forgets the last second's starts: starting at once would put
+    them beside a fresh window (81 in a window of 80). FLUSHALL is what such a restart leaves."""
+    with RedisProcess() as url:
+        limiter = SharedRateLimiter(url, "t", 100)
+        other = SharedRateLimiter(url, "t", 100)  # another shard, which never started
+        for _ in range(3):
+            await limiter.acquire()
+        before_last = await _server_time(url)
+        await limiter.acquire()
+        client = aioredis.Redis.from_url(url)
+        await client.flushall()
+        await client.aclose()
+        await limiter.acquire()  # this shard notices the loss, and holds every shard
+        released = await _server_time(url)
+        await other.acquire()
+        other_released = await _server_time(url)
+        await limiter.aclose()
+        await other.aclose()
+    # The last start was at or after `before_last`; nothing starts until a whole window after it.
+    assert released - before_last >= 1_000_000
+    assert other_released - before_last >= 1_000_000

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import orjson
+import time
 
+import anyio
+import orjson
+import pytest
+
+from bulkrelay.relay.ratelimit import RateLimiter
 from bulkrelay.relay.stopping import StopControl, StopReason
 
 # On disk and on the wire: a renamed member must never change one of these.
@@ -62,3 +67,24 @@ def test_the_first_stop_reason_wins() -> None:
     stop.request(StopReason.HALT_AUTH, status_code=401)
     stop.request(StopReason.INTERRUPTED)
     assert stop.reason is StopReason.HALT_AUTH and stop.detail == {"status_code": 401}
+
+
+@pytest.mark.anyio
+async def test_a_stop_request_ends_a_start_held_by_a_pause_and_one_asked_after_it() -> None:
+    """A Retry-After pause of an hour must not hold a stopped run (issue 22.11)."""
+    stop = StopControl()
+    limiter = RateLimiter(10)
+    limiter.pause_until(time.monotonic() + 3600)
+    outcomes: list[bool] = []
+
+    async def wait_for_a_start() -> None:
+        with stop.ends_on_request() as scope:
+            await limiter.acquire()
+        outcomes.append(scope.cancelled_caught)
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(wait_for_a_start)
+        await anyio.wait_all_tasks_blocked()
+        stop.request(StopReason.TERMINATED)
+    await wait_for_a_start()  # asked after the stop: never waits at all
+    assert outcomes == [True, True]

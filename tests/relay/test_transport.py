@@ -36,6 +36,7 @@ from bulkrelay.relay.transport.base import (
     TransportError,
     TransportSettings,
 )
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.anyio
 
@@ -178,6 +179,28 @@ async def test_unread_upload_times_out(client: ClientName) -> None:
         with pytest.raises(RequestTimeout) as caught:
             await transport.send(PreparedRequest("POST", url, (), b"z" * (64 << 20)))
         assert caught.value.phase == ("read" if client == "reqwest" else "write")
+    await transport.aclose()
+
+
+async def _trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers the headers, then one body byte every 50 ms, for ever: never silent for a read timeout."""
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n")
+    while True:
+        writer.write(b"x")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+
+
+async def test_a_trickling_answer_ends_at_the_whole_exchange_deadline() -> None:
+    """Each silence is shorter than read_seconds; the exchange as a whole is bounded by connect + write +
+    read on both clients (issue 22.11: httpx had no such deadline, so the row and the run never ended)."""
+    transport = open_transport(_settings(connect_seconds=0.3, write_seconds=0.3, read_seconds=0.4))
+    async with _raw_server(_trickle) as url:
+        with pytest.raises(RequestTimeout) as caught:
+            await asyncio.wait_for(transport.send(PreparedRequest("GET", url, (), b"")), HANG_S)
+        assert caught.value.phase == "read"
+        assert caught.value.classification == "timeout_error"
     await transport.aclose()
 
 

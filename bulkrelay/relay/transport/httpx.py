@@ -5,11 +5,14 @@ timeout (the `write` phase), and the same proxy and client-certificate handling 
 TLS trusts the system's store as `ssl.create_default_context()` loads it (SSL_CERT_FILE and SSL_CERT_DIR
 name a private authority), like the reqwest transport, rather than httpx's bundled certifi.
 
-Timeout phases map one to one: httpx's connect, write, read and pool timeouts.
+Timeout phases map one to one: httpx's connect, write, read and pool timeouts. httpx's read timeout is
+the longest silence, so an answer that trickles a byte now and then would hold a row (and a SIGTERM'd run)
+for ever: the whole exchange also has reqwest's deadline, connect + write + read (phase "read").
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 from collections.abc import Iterable
@@ -42,6 +45,7 @@ class HttpxTransport:
     def __init__(self, settings: TransportSettings) -> None:
         self._settings = settings
         self._client = _build_client(settings)
+        self._deadline = settings.connect_seconds + settings.write_seconds + settings.read_seconds
 
     async def send(self, request: PreparedRequest) -> Response:
         try:
@@ -53,13 +57,18 @@ class HttpxTransport:
         if not _sendable(outgoing.url):
             raise invalid_request()
         try:
-            streamed = await self._client.send(outgoing, stream=True)
-            try:
-                body, truncated = await self._read_bounded(streamed)
-            finally:
-                await streamed.aclose()
+            async with asyncio.timeout(self._deadline):
+                streamed = await self._client.send(outgoing, stream=True)
+                try:
+                    body, truncated = await self._read_bounded(streamed)
+                finally:
+                    await streamed.aclose()
         except httpx.TransportError as exc:
             raise _translate(exc, request.url) from None
+        except TimeoutError:  # the deadline on the whole exchange; httpx's own timeouts are TransportErrors
+            raise RequestTimeout(
+                f"read timeout: the whole exchange took longer than {self._deadline:g} s", phase="read"
+            ) from None
         return Response(streamed.status_code, streamed.headers, body, truncated)
 
     async def _read_bounded(self, response: httpx.Response) -> tuple[bytes, bool]:
