@@ -23,6 +23,7 @@ from bulkrelay.job.inputs import open_records
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
+from bulkrelay.relay.failurerate import FailureRate
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Reporter, Snapshot
 from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, RateLimiter
@@ -280,6 +281,7 @@ async def relay(
     committed.pace = limiter.state
     committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
+    rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)
     records = _pending_records(preflight, start, stop)
 
     reporter.update(committed.snapshot())
@@ -290,7 +292,7 @@ async def relay(
             async with anyio.create_task_group() as workers:
                 background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
                 for _ in range(config.execution.concurrency):
-                    workers.start_soon(_worker, records, sender, streak, journal)
+                    workers.start_soon(_worker, records, sender, (streak, rate), journal)
             for admitted in streak.release():
                 await journal.submit(admitted)
             await journal.close()
@@ -351,13 +353,19 @@ def _row_sender(
 
 
 async def _worker(
-    records: Iterator[Record], sender: RowSender, streak: _FailureStreak, journal: JournalWriter
+    records: Iterator[Record],
+    sender: RowSender,
+    halts: tuple[_FailureStreak, FailureRate | None],
+    journal: JournalWriter,
 ) -> None:
     """One slot of the window: take the next pending record, see it to its end, hand over its result."""
+    streak, rate = halts
     while not sender.stop.requested:
         record = next(records, None)
         if record is None:
             return
+        if rate is not None:  # taken in row order: nothing awaits between next() and this
+            rate.taken(record.row_number)
         try:
             entry = await sender.send(record)
         except LimiterUnavailable as exc:  # never a local fallback: that could exceed the shared limit
@@ -365,6 +373,8 @@ async def _worker(
             return
         if entry is not None:
             for admitted in streak.admit(entry):
+                if rate is not None:
+                    rate.ended(admitted)
                 await journal.submit(admitted)
 
 

@@ -25,6 +25,7 @@ class StopReason(enum.StrEnum):
     HALT_AUTH = "halt_auth"  # a status in halt.on_statuses
     HALT_UNAVAILABLE = "halt_unavailable"  # halt.consecutive_failures reached
     HALT_LIMIT_UNAVAILABLE = "halt_limit_unavailable"  # the shared rate limit (Redis) cannot be reached
+    HALT_FAILURE_RATE = "halt_failure_rate"  # halt.failure_rate: too many of this call's rows failed
     CANCELLED = "cancelled"  # job cancel
     STALLED = "stalled"  # no progress for idle_timeout_seconds
     INPUT_CHANGED = "input_changed"  # the input is no longer the file preflight read
@@ -38,11 +39,20 @@ class StopReason(enum.StrEnum):
     @property
     def outcome_even_when_all_rows_ended(self) -> bool:
         """The run's outcome even when every row got a result first: a halt rule fired, or the input
-        changed (the rows sent were the ones preflight read, but the file is not that any more)."""
-        return self.halts or self is StopReason.INPUT_CHANGED
+        changed (the rows sent were the ones preflight read, but the file is not that any more).
+        Not the failure rate: a run whose every row has its result is complete, its failures counted
+        (exit 3 either way)."""
+        return (self.halts and self is not StopReason.HALT_FAILURE_RATE) or self is StopReason.INPUT_CHANGED
 
 
-_HALTS = frozenset({StopReason.HALT_AUTH, StopReason.HALT_UNAVAILABLE, StopReason.HALT_LIMIT_UNAVAILABLE})
+_HALTS = frozenset(
+    {
+        StopReason.HALT_AUTH,
+        StopReason.HALT_UNAVAILABLE,
+        StopReason.HALT_LIMIT_UNAVAILABLE,
+        StopReason.HALT_FAILURE_RATE,
+    }
+)
 
 
 @dataclass

@@ -14,6 +14,7 @@ VALUES = {
     StopReason.HALT_AUTH: "halt_auth",
     StopReason.HALT_UNAVAILABLE: "halt_unavailable",
     StopReason.HALT_LIMIT_UNAVAILABLE: "halt_limit_unavailable",
+    StopReason.HALT_FAILURE_RATE: "halt_failure_rate",
     StopReason.CANCELLED: "cancelled",
     StopReason.STALLED: "stalled",
     StopReason.INPUT_CHANGED: "input_changed",
@@ -34,10 +35,16 @@ def test_a_stop_reason_is_written_as_its_bare_string() -> None:
 
 def test_only_the_halt_rules_halt() -> None:
     halting = {reason for reason in StopReason if reason.halts}
-    assert halting == {StopReason.HALT_AUTH, StopReason.HALT_UNAVAILABLE, StopReason.HALT_LIMIT_UNAVAILABLE}
+    assert halting == {
+        StopReason.HALT_AUTH,
+        StopReason.HALT_UNAVAILABLE,
+        StopReason.HALT_LIMIT_UNAVAILABLE,
+        StopReason.HALT_FAILURE_RATE,
+    }
 
 
 def test_halts_and_a_changed_input_are_the_outcome_even_when_every_row_ended() -> None:
+    # Not the failure rate: a run whose every row has its result is complete (exit 3 either way).
     outcome = {reason for reason in StopReason if reason.outcome_even_when_all_rows_ended}
     assert outcome == {
         StopReason.HALT_AUTH,
