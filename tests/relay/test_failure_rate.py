@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import orjson
 import pytest
 
 from bulkrelay.errors import ConfigInvalid, ExitCode
@@ -17,7 +16,7 @@ from bulkrelay.job.config import FailureRateHalt, load_job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.relay.failurerate import FailureRate
 from bulkrelay.relay.stopping import StopControl, StopReason
-from bulkrelay.store.journal import JournalEntry
+from bulkrelay.store.journal import JournalEntry, read_journal
 from tests.clirun import run_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
@@ -129,7 +128,7 @@ def test_a_run_whose_rows_all_fail_stops_after_after_rows_and_resumes(tmp_path: 
         assert error["suggestion"].endswith(halted.data["continue_command"])
         assert 50 <= sent <= 53  # the 50 judged, and at most the other three rows then in flight
         journal = Path(halted.data["run_dir"]) / "results.jsonl"
-        journaled = [orjson.loads(line)["row_number"] for line in journal.read_bytes().splitlines()]
+        journaled = [entry.row_number for entry in read_journal(journal)]
         assert len(journaled) == sent  # the rows in flight finished and were committed
 
         target.set_plan({})  # the cause is fixed: the resume sends only the rows without a result
