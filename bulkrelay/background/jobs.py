@@ -27,6 +27,7 @@ from bulkrelay.background.state import (
     BackgroundJob,
     BackgroundJobSpec,
     BackgroundJobState,
+    BackgroundJobStatus,
     acquire_lock,
     background_job_for_key,
     background_jobs_root,
@@ -41,6 +42,7 @@ from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
 from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS, whole_number
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import Spool, spool_stdin_into
+from bulkrelay.ops.inspect import committed_progress
 from bulkrelay.ops.invocation import invocation_key
 from bulkrelay.private import open_private
 from bulkrelay.relay.stopping import StopReason
@@ -54,6 +56,8 @@ _POLL_SECONDS = 0.05
 
 Handler = Callable[[argparse.Namespace], Result]
 KeyOf = Callable[[argparse.Namespace, Path | None], str]  # (args, spooled stdin) -> invocation key
+# (args, spooled stdin) -> the run the call continues, known before any work (`resume RUN`, the identical run)
+Continues = Callable[[argparse.Namespace, Path | None], RunDir | None]
 _NOT_IN_KEY = frozenset({"budget", "timeout", "argv", "started", "supervisor", "command", "job_command"})
 # Operational settings: where the call reports, not what it does (never part of the identity).
 _OPERATIONAL = frozenset(
@@ -89,8 +93,13 @@ def arguments_key(command: str, args: argparse.Namespace, stdin: Path | None) ->
     return invocation_key(command, arguments, stdin_sha256=stdin_sha256, idempotency_key=None)
 
 
-def budgeted(command: str, handler: Handler, key_of: KeyOf | None = None) -> Handler:
-    """`handler` bounded by the call budget; unchanged inside a worker or when there is no budget."""
+def budgeted(
+    command: str, handler: Handler, key_of: KeyOf | None = None, continues: Continues | None = None
+) -> Handler:
+    """`handler` bounded by the call budget; unchanged inside a worker or when there is no budget.
+
+    `continues` names the run the call will continue, read before the hand-off: a job handed off
+    before its worker got going still says where its work is and how much of it is committed."""
 
     def call(args: argparse.Namespace) -> Result:
         key = key_of or (lambda a, stdin: arguments_key(command, a, stdin))
@@ -100,7 +109,7 @@ def budgeted(command: str, handler: Handler, key_of: KeyOf | None = None) -> Han
             return handler(args)
         budget_ms = resolve_budget(args.budget, os.environ, sys.stdout.isatty())
         try:
-            result = _front(command, args, budget_ms, key) if budget_ms else handler(args)
+            result = _front(command, args, budget_ms, (key, continues)) if budget_ms else handler(args)
         except BulkRelayError as exc:
             result = Result.from_error(exc)
         if budget_ms is not None:
@@ -113,7 +122,9 @@ def budgeted(command: str, handler: Handler, key_of: KeyOf | None = None) -> Han
 # ------------------------------------------------------------------------------- the front process
 
 
-def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf) -> Result:
+def _front(
+    command: str, args: argparse.Namespace, budget_ms: int, identity: tuple[KeyOf, Continues | None]
+) -> Result:
     """Start (or attach to) the invocation's job, then wait for it up to the budget.
 
     Standard input is read first, under the CLI's own signal handlers: until it is read there is no
@@ -124,7 +135,7 @@ def _front(command: str, args: argparse.Namespace, budget_ms: int, key_of: KeyOf
     spool = _spool_stdin(deadline) if getattr(args, "input", None) == "-" else None
     try:
         with _hand_off_on_signal() as handed_off:
-            background = _job_of_invocation(command, args, key_of, spool)
+            background = _job_of_invocation(command, args, identity, spool)
             result = wait_for(background, budget_ms, started=started, handed_off=handed_off)
     finally:
         if spool is not None:
@@ -175,23 +186,40 @@ def _spool_stdin(deadline: float) -> Spool:
 
 
 def _job_of_invocation(
-    command: str, args: argparse.Namespace, key_of: KeyOf, spool: Spool | None
+    command: str, args: argparse.Namespace, identity: tuple[KeyOf, Continues | None], spool: Spool | None
 ) -> BackgroundJob:
     """The identical invocation's live job, else a new one. A job given stdin before its end has no
     key yet (the key holds the stdin digest): its worker indexes it once it has read the rest."""
+    key_of, continues = identity
     stdin_unfinished = spool is not None and not spool.complete
-    key = "" if stdin_unfinished else key_of(args, None if spool is None else spool.path)
+    stdin = None if spool is None else spool.path
+    key = "" if stdin_unfinished else key_of(args, stdin)
     with index_locked():
         remove_expired()
         background = background_job_for_key(key) if key else None
         if background is None or background.state().final:
-            background = _start_background_job(command, args, key, spool, previous=background)
+            run = None if continues is None or stdin_unfinished else _continued_run(continues, args, stdin)
+            background = _start_background_job(command, args, (key, run), spool, previous=background)
     return background
 
 
+def _continued_run(continues: Continues, args: argparse.Namespace, stdin: Path | None) -> RunDir | None:
+    """The run the call continues, or None; whatever is wrong with it is the worker's to report."""
+    try:
+        run = continues(args, stdin)
+    except BulkRelayError:
+        return None
+    return run if run is not None and run.state.resumable else None
+
+
 def _start_background_job(
-    command: str, args: argparse.Namespace, key: str, spool: Spool | None, previous: BackgroundJob | None
+    command: str,
+    args: argparse.Namespace,
+    identity: tuple[str, RunDir | None],
+    spool: Spool | None,
+    previous: BackgroundJob | None,
 ) -> BackgroundJob:
+    key, run = identity
     now = time.time()
     timeout_ms = getattr(args, "timeout", None)
     spec = BackgroundJobSpec(
@@ -210,13 +238,24 @@ def _start_background_job(
         spec = replace(spec, created_at=earlier.created_at, previous_job=previous.job_id)
         if timeout_ms is None:
             spec = replace(spec, deadline=earlier.deadline)
-    background = BackgroundJob.create(spec)
+    background = BackgroundJob.create(spec, _first_status(run))
     if spool is not None:
         move_file(spool.path, background.stdin_path)
     _spawn(background, spool)
     if key:
         remember_background_job(key, background)
     return background
+
+
+def _first_status(run: RunDir | None) -> BackgroundJobStatus:
+    """A job's status before its worker writes one: the run it continues and that run's committed
+    progress, which the worker's later reports never go below (its first snapshot is the journal's)."""
+    if run is None:
+        return BackgroundJobStatus(BackgroundJobState.RUNNING)
+    progress = None
+    with suppress(BulkRelayError):  # a damaged checkpoint is the worker's to report
+        progress = dict(committed_progress(run).to_dict())
+    return BackgroundJobStatus(BackgroundJobState.RUNNING, progress=progress, run_dir=str(run.path))
 
 
 def _spawn(background: BackgroundJob, spool: Spool | None) -> None:

@@ -243,13 +243,14 @@ class BackgroundJob:
         return self.path / "lock"
 
     @classmethod
-    def create(cls, spec: BackgroundJobSpec) -> BackgroundJob:
+    def create(cls, spec: BackgroundJobSpec, status: BackgroundJobStatus | None = None) -> BackgroundJob:
+        """A new job directory with its spec and first status (by default: running, nothing known)."""
         job_id = f"{spec.command}-{secrets.token_hex(5)}"
         path = background_jobs_root() / job_id
         path.mkdir(mode=PRIVATE_DIR_MODE)
         background = cls(path)
         write_json_atomic(path / "spec.json", spec.to_json(job_id))
-        background.write_status(BackgroundJobStatus(BackgroundJobState.RUNNING))
+        background.write_status(status or BackgroundJobStatus(BackgroundJobState.RUNNING))
         return background
 
     @classmethod

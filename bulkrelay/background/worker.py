@@ -64,7 +64,11 @@ class BackgroundSupervisor:
         self.started_at = spec.created_at  # max_lifetime_seconds counts from here
         self._snapshot: Snapshot | None = None
         self._written_at = 0.0
-        self.run_dir: str | None = None
+        # What the front read from the run this job continues (resume, the identical run), if any: its
+        # progress stands until the relay's own, so a report never falls below the checkpoint's.
+        first = background.status()
+        self._continued: tuple[str | None, dict[str, Any] | None] = (first.run_dir, first.progress)
+        self.run_dir: str | None = first.run_dir
         self.signalled: StopReason | None = None  # TERMINATED or INTERRUPTED, set by the signal handler
         self.stage = STARTING
         self.rows_read: int | None = None
@@ -112,14 +116,20 @@ class BackgroundSupervisor:
 
     def on_run(self, run: RunDir) -> None:
         self.run_dir = str(run.path)
+        if self.run_dir != self._continued[0]:  # a fresh run after all: the old one's progress is not its
+            self._continued = (None, None)
         self.write_status()
 
     def on_warnings(self, warnings: Sequence[EnvelopeWarning]) -> None:
         self.warnings.extend(warning.to_dict() for warning in warnings)
+        discarded = any(warning.code == "CHECKPOINT_DISCARDED" for warning in warnings)
+        if discarded and self.run_dir is not None and self.run_dir == self._continued[0]:
+            # The run the front named is not continued after all: a fresh run follows.
+            self._continued, self.run_dir = (None, None), None
         self.write_status()
 
     def progress(self) -> dict[str, Any] | None:
-        return None if self._snapshot is None else self._snapshot.to_dict()
+        return self._continued[1] if self._snapshot is None else dict(self._snapshot.to_dict())
 
     def on_progress(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot

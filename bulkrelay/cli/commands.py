@@ -23,6 +23,7 @@ from bulkrelay.ops.runlog import RunLog, start_event
 from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.ops.shard import resolve_shard
 from bulkrelay.relay.metrics import MetricsFile, MetricsPush, metrics_path, metrics_push_url
+from bulkrelay.store.rundir import RunDir
 
 
 def _prepared_input(
@@ -207,6 +208,17 @@ def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:
     return _run_request(args, spooled_stdin or named).key()
 
 
+def _run_continues(args: argparse.Namespace, spooled_stdin: Path | None) -> RunDir | None:
+    """The unfinished run a budgeted `run` will continue (the identical invocation's), read before the
+    hand-off."""
+    named = Path(args.input) if args.input not in (None, "-") else None
+    return launch.run_to_continue(_run_request(args, spooled_stdin or named))
+
+
+def _resume_continues(args: argparse.Namespace, _stdin: Path | None) -> RunDir:
+    return RunDir.open(_run_dir(args))
+
+
 def _run_dir(args: argparse.Namespace) -> Path:
     """The run directory the RUN argument names: a path, a run id, or `latest`."""
     return _resolved(args.run_dir, args.runs_dir)
@@ -333,8 +345,8 @@ def _demo(args: argparse.Namespace) -> Result:
 TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "validate": _validate,
     "render": _render,
-    "run": _logged("run", _shard_checked(jobs.budgeted("run", _run, _run_key))),
-    "resume": _logged("resume", jobs.budgeted("resume", _resume)),
+    "run": _logged("run", _shard_checked(jobs.budgeted("run", _run, _run_key, _run_continues))),
+    "resume": _logged("resume", jobs.budgeted("resume", _resume, continues=_resume_continues)),
     "status": _status,
     "shards": _shards,
     "runs": _runs,

@@ -747,9 +747,26 @@ class RetryConfig(_Model):
         return self
 
 
+class FailureRateHalt(_Model):
+    """`halt.failure_rate`: stop once more than `above` of this call's committed rows failed, judged
+    from its `after_rows`-th row on, in row order (bulkrelay.relay.engine)."""
+
+    above: Annotated[float, Field(ge=0, lt=1)]
+    after_rows: Annotated[int, Field(ge=1)] = 100
+
+
 class HaltConfig(_Model):
     on_statuses: Statuses = DEFAULT_HALT_STATUSES
     consecutive_failures: Annotated[int, Field(ge=1)] = 100
+    failure_rate: FailureRateHalt | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_failure_rate(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Absent, it is left out, so the fingerprint of a job without it is what it always was.
+        data: dict[str, Any] = handler(self)
+        if self.failure_rate is None:
+            data.pop("failure_rate", None)
+        return data
 
 
 def _var_names(names: tuple[str, ...]) -> tuple[str, ...]:

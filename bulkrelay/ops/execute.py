@@ -75,6 +75,11 @@ _STOPS: dict[StopReason, tuple[str, ExitCode, str]] = {
         ExitCode.UNAVAILABLE,
         "no OAuth2 token could be had from the token endpoint; halted",
     ),
+    StopReason.HALT_FAILURE_RATE: (
+        "FAILURE_RATE_EXCEEDED",
+        ExitCode.PARTIAL_FAILURE,
+        "too many rows failed (halt.failure_rate); halted",
+    ),
     StopReason.CANCELLED: ("CANCELLED", ExitCode.SIGTERM, "the job was cancelled"),
     StopReason.INPUT_CHANGED: (
         "INPUT_CHANGED",
@@ -346,7 +351,24 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
                 "fix request.auth.oauth2 or its secrets (bulkrelay validate --check-auth JOB asks the "
                 f"endpoint alone), then: {continue_command(run)}"
             )
+    if outcome.stop_reason is StopReason.HALT_FAILURE_RATE:
+        error["message"] = f"run {run.run_id}: {_failure_rate_message(outcome.stop_detail)}"
+        failures = f"bulkrelay failures {shlex.quote(str(run.path))}"
+        error["suggestion"] = f"see `{failures}`; fix the cause, then: {continue_command(run)}"
     return Result(data=data, exit_code=exit_code, error=error)
+
+
+def _failure_rate_message(detail: dict[str, object]) -> str:
+    """The halt in numbers: '41 of 50 rows failed (82%), more than 20% after 50 rows; commonest: HTTP 422'."""
+    commonest = detail["commonest_error"]
+    assert isinstance(commonest, dict)
+    failed, rows, share, above = detail["failed"], detail["rows"], detail["failure_rate"], detail["above"]
+    assert isinstance(share, float) and isinstance(above, float | int)
+    what = commonest["error"] or commonest["classification"]
+    return (
+        f"{failed} of {rows} rows failed ({share:.0%}), more than halt.failure_rate.above {above:.0%} "
+        f"after {detail['after_rows']} rows; halted. Commonest error: {what} ({commonest['rows']} rows)"
+    )
 
 
 def _forced_message(stop_reason: StopReason, message: str) -> str:

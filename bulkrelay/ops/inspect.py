@@ -50,6 +50,7 @@ from bulkrelay.store.rundir import (
     is_locked,
 )
 from bulkrelay.store.selection import load_selection
+from bulkrelay.store.summary import summarized_outcomes
 
 REPORT = "report.html"  # the run report's file in the run directory (ops/report.py writes it)
 _ROWS = re.compile(r"^\d+(-\d+)?$")
@@ -233,15 +234,20 @@ def _render_rows(
 
 
 def committed_progress(run: RunDir) -> Snapshot:
-    """What the checkpoint says is durably done; a retry-failed run counts only its selected rows."""
+    """What the checkpoint says is durably done, or for a run that completed or was cancelled (and
+    keeps no checkpoint) its summary; a retry-failed run counts only its selected rows."""
     checkpoint = read_checkpoint(run.path)
     record_count = run.plan.input.record_count
     selection = load_selection(run.path, record_count)
+    if checkpoint is not None:
+        ok, failed = checkpoint.ok, checkpoint.failed
+    else:
+        ok, failed = (summarized_outcomes(run.path) if run.state.final else None) or (0, 0)
     return Snapshot(
         total=len(selection) if selection is not None else record_count,
-        done=checkpoint.rows_done if checkpoint else 0,
-        ok=checkpoint.ok if checkpoint else 0,
-        failed=checkpoint.failed if checkpoint else 0,
+        done=ok + failed,
+        ok=ok,
+        failed=failed,
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from bulkrelay.envelope import Result
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
-from bulkrelay.ops.inspect import LIVE, REPORT, liveness
+from bulkrelay.ops.inspect import LIVE, REPORT, committed_progress, liveness
 from bulkrelay.ops.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
 from bulkrelay.ops.reportpage import ReportFacts, page
 from bulkrelay.ops.results import ReportResult
@@ -152,8 +152,7 @@ def _deletions(run: RunDir) -> dict[str, Any] | None:
         with contextlib.suppress(BulkRelayError, OSError):
             other = RunDir.open(sibling)
             if other.plan.mirror_of == run.run_id:
-                checkpoint = read_checkpoint(other.path)
-                done = checkpoint.rows_done if checkpoint is not None else 0
+                done = committed_progress(other).done  # a finished run keeps its summary, no checkpoint
                 return {"deletions run": other.run_id, "deletes": other.plan.input.record_count, "sent": done}
     return {"deletions": "none sent for this run"}
 

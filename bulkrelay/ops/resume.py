@@ -22,8 +22,9 @@ from bulkrelay.ops.mirror import job_of_run
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import JournalScan, recover_torn_tail, scan_journal
-from bulkrelay.store.rundir import JOURNAL, RunDir, RunState
+from bulkrelay.store.rundir import JOURNAL, SUMMARY, RunDir, RunState
 from bulkrelay.store.selection import load_selection
+from bulkrelay.store.summary import summarized_outcomes
 
 _INPUT_FIELDS = ("format", "gzip", "sha256", "size", "record_count")
 
@@ -174,12 +175,36 @@ def _scanned_journal(run: RunDir, record_count: int, command: Command) -> Journa
     with advice_on_damage(run, command):
         require_journal(run)
         checkpoint = read_checkpoint(run.path)
-        return scan_journal(
+        scan = scan_journal(
             run.journal_path,
             committed_seq=checkpoint.seq if checkpoint else 0,
             committed_offset=checkpoint.offset if checkpoint else 0,
             row_count=record_count,
             prefix=checkpoint.prefix if checkpoint else None,
+        )
+        if checkpoint is None and run.state.final:
+            _check_finished_journal(run, scan)
+        return scan
+
+
+def _check_finished_journal(run: RunDir, scan: JournalScan) -> None:
+    """A run that completed or was cancelled keeps no checkpoint. A completed run's journal is whole,
+    every group committed: a torn end is damage there. (A cancelled run's worker may have died
+    mid-write: its torn end is simply not committed.) Either holds the rows its summary counted."""
+    counted = summarized_outcomes(run.path)
+    if scan.torn_tail is not None and run.state.every_row_ended:
+        torn = scan.torn_tail
+        reason = f"{torn.reason}: the run is {run.state}, so its journal must end with a whole group"
+        where = {"file": str(run.journal_path), "offset": torn.start, "line": torn.line, "reason": reason}
+        raise JournalCorrupt(
+            f"{run.journal_path.name} is corrupt at line {torn.line} (byte offset {torn.start}): {reason}",
+            context=where,
+        )
+    if counted is not None and sum(counted) != scan.last_seq:
+        reason = f"the journal holds {scan.last_seq} rows, the run's summary counted {sum(counted)}"
+        raise JournalCorrupt(
+            f"{run.journal_path.name} does not match {SUMMARY}: {reason}",
+            context={"file": str(run.journal_path), "offset": scan.valid_end, "line": None, "reason": reason},
         )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, RunSuperseded, UsageError
 from bulkrelay.job.config import Job
-from bulkrelay.job.fingerprint import file_sha256
+from bulkrelay.job.fingerprint import config_fingerprint, file_sha256
 from bulkrelay.job.inputs import STDIN_NAME
 from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.choice import ChosenRows, RowChoice
@@ -252,6 +252,21 @@ def _unfinished_run(runs_dir: Path, key: str) -> RunDir | None:
     run_id = last_run_id(runs_dir, key)
     run = None if run_id is None else run_by_id(runs_dir, run_id)
     return None if run is None or run.state.final else run
+
+
+def run_to_continue(request: RunRequest) -> RunDir | None:
+    """The unfinished run the identical invocation will continue, judged before preflight by what is
+    cheap to know (the job's semantic fingerprint, the input's size), so a hand-off can name it and its
+    committed progress at once. Preflight has the last word: a run it finds changed is still discarded."""
+    previous = _unfinished_run(request.runs_dir, request.key())
+    if previous is None or previous.plan.config_sha256 != config_fingerprint(request.job.config):
+        return None
+    input_path = request.input_path or request.job.input_path
+    try:
+        size = None if input_path is None else input_path.stat().st_size
+    except OSError:
+        return None
+    return previous if size == previous.plan.input.size else None
 
 
 def resume(

@@ -24,6 +24,7 @@ import anyio.abc
 from bulkrelay.job.batch import BatchRenderer
 from bulkrelay.job.records import Record
 from bulkrelay.relay.batchsender import Batch, BatchSender, Group, PendingItem
+from bulkrelay.relay.failurerate import FailureRate
 from bulkrelay.relay.ratelimit import LimiterUnavailable
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.store.journal import JournalEntry, JournalWriter
@@ -165,22 +166,34 @@ class BatchRelay:
     """The batch workers of one relay, their former and their streak."""
 
     def __init__(
-        self, sender: BatchSender, stop: StopControl, consecutive_failures: int, journaled: RowSet | None
+        self,
+        sender: BatchSender,
+        stop: StopControl,
+        consecutive_failures: int,
+        journaled: RowSet | None,
+        rate: FailureRate | None = None,
     ) -> None:
         self.sender = sender
         self.former = BatchFormer(sender.batcher, stop, journaled)
         self.streak = RequestStreak(consecutive_failures, stop)
+        self._rate = rate  # halt.failure_rate: rows counted in the order the former takes them
 
     def start(
         self, workers: anyio.abc.TaskGroup, records: Iterator[Record], journal: JournalWriter, count: int
     ) -> None:
-        self.former.feed(records)
+        self.former.feed(records if self._rate is None else _taken(records, self._rate))
         for _ in range(count):
             workers.start_soon(self._worker, journal)
 
     async def release(self, journal: JournalWriter) -> None:
         for group in self.streak.release():
-            await _submit(journal, group)
+            await self._submit(journal, group)
+
+    async def _submit(self, journal: JournalWriter, group: Group) -> None:
+        if self._rate is not None:
+            for entry in group.entries:
+                self._rate.ended(entry)
+        await _submit(journal, group)
 
     async def _worker(self, journal: JournalWriter) -> None:
         sender, former = self.sender, self.former
@@ -199,7 +212,15 @@ class BatchRelay:
                 former.done(retry)
             for group in result.groups:
                 for admitted in self.streak.admit(group):
-                    await _submit(journal, admitted)
+                    await self._submit(journal, admitted)
+
+
+def _taken(records: Iterator[Record], rate: FailureRate) -> Iterator[Record]:
+    """The rows as the former takes them, each told to the failure rate first (row order: a row retried
+    later in another batch keeps its first place)."""
+    for record in records:
+        rate.taken(record.row_number)
+        yield record
 
 
 async def _submit(journal: JournalWriter, group: Group) -> None:

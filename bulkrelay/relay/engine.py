@@ -26,6 +26,7 @@ from bulkrelay.job.records import Record
 from bulkrelay.relay.auth import TokenSource, open_token_source
 from bulkrelay.relay.batches import BatchRelay
 from bulkrelay.relay.batchsender import BatchSender
+from bulkrelay.relay.failurerate import FailureRate
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Reporter, Snapshot
 from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, RateLimiter
@@ -291,8 +292,9 @@ async def relay(
     committed.pace = limiter.state
     committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
+    rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)
     batches = _batch_relay(
-        preflight, transport, limiter, stop, stats, start=start, auth=auth, delivery=delivery
+        preflight, transport, limiter, stop, stats, start=start, auth=auth, delivery=delivery, rate=rate
     )
     records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
 
@@ -307,7 +309,7 @@ async def relay(
                     batches.start(workers, records, journal, config.execution.concurrency)
                 else:
                     for _ in range(config.execution.concurrency):
-                        workers.start_soon(_worker, records, sender, streak, journal)
+                        workers.start_soon(_worker, records, sender, (streak, rate), journal)
             for admitted in streak.release():
                 await journal.submit(admitted)
             if batches is not None:
@@ -403,6 +405,7 @@ def _batch_relay(
     start: StartPoint,
     auth: TokenSource | None,
     delivery: str | None,
+    rate: FailureRate | None,
 ) -> BatchRelay | None:
     """A batch job's workers (request.batch); None for a job sending one row per request."""
     if preflight.batcher is None:
@@ -413,17 +416,23 @@ def _batch_relay(
         preflight, transport, limiter, policy, stop, stats=stats, auth=auth, delivery=delivery
     )
     journaled = start.journal.done if start.journal is not None else None
-    return BatchRelay(sender, stop, config.halt.consecutive_failures, journaled)
+    return BatchRelay(sender, stop, config.halt.consecutive_failures, journaled, rate)
 
 
 async def _worker(
-    records: Iterator[Record], sender: RowSender, streak: _FailureStreak, journal: JournalWriter
+    records: Iterator[Record],
+    sender: RowSender,
+    halts: tuple[_FailureStreak, FailureRate | None],
+    journal: JournalWriter,
 ) -> None:
     """One slot of the window: take the next pending record, see it to its end, hand over its result."""
+    streak, rate = halts
     while not sender.stop.requested:
         record = next(records, None)
         if record is None:
             return
+        if rate is not None:  # taken in row order: nothing awaits between next() and this
+            rate.taken(record.row_number)
         try:
             entry = await sender.send(record)
         except LimiterUnavailable as exc:  # never a local fallback: that could exceed the shared limit
@@ -431,6 +440,8 @@ async def _worker(
             return
         if entry is not None:
             for admitted in streak.admit(entry):
+                if rate is not None:
+                    rate.ended(admitted)
                 await journal.submit(admitted)
 
 

@@ -30,6 +30,7 @@ class StopReason(enum.StrEnum):
     HALT_LIMIT_UNAVAILABLE = "halt_limit_unavailable"  # the shared rate limit (Redis) cannot be reached
     TOKEN_REFUSED = "token_refused"  # the OAuth2 token endpoint refused the client (relay/auth)
     TOKEN_UNAVAILABLE = "token_unavailable"  # no OAuth2 token could be had: the endpoint is down
+    HALT_FAILURE_RATE = "halt_failure_rate"  # halt.failure_rate: too many of this call's rows failed
     CANCELLED = "cancelled"  # job cancel
     STALLED = "stalled"  # no progress for idle_timeout_seconds
     INPUT_CHANGED = "input_changed"  # the input is no longer the file preflight read
@@ -43,8 +44,10 @@ class StopReason(enum.StrEnum):
     @property
     def outcome_even_when_all_rows_ended(self) -> bool:
         """The run's outcome even when every row got a result first: a halt rule fired, or the input
-        changed (the rows sent were the ones preflight read, but the file is not that any more)."""
-        return self.halts or self is StopReason.INPUT_CHANGED
+        changed (the rows sent were the ones preflight read, but the file is not that any more).
+        Not the failure rate: a run whose every row has its result is complete, its failures counted
+        (exit 3 either way)."""
+        return (self.halts and self is not StopReason.HALT_FAILURE_RATE) or self is StopReason.INPUT_CHANGED
 
 
 _HALTS = frozenset(
@@ -54,6 +57,7 @@ _HALTS = frozenset(
         StopReason.HALT_LIMIT_UNAVAILABLE,
         StopReason.TOKEN_REFUSED,
         StopReason.TOKEN_UNAVAILABLE,
+        StopReason.HALT_FAILURE_RATE,
     }
 )
 

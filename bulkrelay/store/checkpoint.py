@@ -4,6 +4,7 @@ The checkpoint never lists row numbers: the journal is the source of truth and a
 the done rows from it. The checkpoint says how far the journal was known to be committed (`seq`,
 `offset`), which is what lets recovery tell a torn last batch from damage to committed rows.
 It only ever lags the journal: the engine writes it after the batch it describes was fsynced.
+A run that completed or was cancelled has none (`remove_checkpoint`): its summary has the counts.
 
 `prefix` (when the writer kept it) is the SHA-256 of the journal's first `offset` bytes and the rows
 they hold (a bitset, zlib-compressed: its Adler-32 catches damage, and a mostly-done run packs small),
@@ -56,6 +57,16 @@ def write_checkpoint(run_dir: Path, cp: Checkpoint, storage: Storage | None = No
         packed = base64.b64encode(zlib.compress(cp.prefix.done_rows, 1)).decode()
         data["journal_prefix"] = {"sha256": cp.prefix.sha256, "done_rows": packed}
     write_json_atomic(run_dir / CHECKPOINT_FILE, data, storage)
+
+
+def remove_checkpoint(run_dir: Path, storage: Storage | None = None) -> None:
+    """A run that completed or was cancelled keeps no checkpoint (REQ-C-035): there is nothing left to
+    continue, and the identical invocation starts fresh. Its journal and summary stay."""
+    storage = storage or Storage()
+    path = run_dir / CHECKPOINT_FILE
+    if path.exists():
+        storage.remove(path)
+        storage.fsync_dir(run_dir)
 
 
 def read_checkpoint(run_dir: Path) -> Checkpoint | None:

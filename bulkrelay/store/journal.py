@@ -12,12 +12,13 @@ JSON parser then reads the line as is (no copy) and the `crc` key is dropped. Be
 the rest of BulkRelay uses (summary, export, failures, retry-failed, sync state).
 
 Durability. One `JournalWriter` appends: a batch (up to `max_rows`, `max_bytes`, or `max_delay` after
-its first entry) is encoded, written with one write and fsynced in a worker thread, and only then
-reported as committed. A crash can therefore damage only the last, uncommitted batch. Recovery
-(`scan_journal`) treats damage after the checkpoint's committed frontier as that torn batch and
-moves it aside; damage at or before the frontier, or a journal shorter than it, is corruption and
-refuses the resume. With no frontier (no checkpoint yet, or a deleted one) only damage that no good
-line follows is a torn tail.
+its first entry) is encoded, written with one write that ends in the group's commit marker
+(`CommitMarker`: its last seq, rows, commit time and CRC-32), fsynced in a worker thread, and only
+then reported as committed. A crash can therefore damage only the last, uncommitted batch, the one
+without a marker. Recovery (`scan_journal`) moves that group aside whole; damage that a marker
+follows, or at or before the checkpoint's frontier, or a journal shorter than it, is corruption and
+refuses the resume. A journal without markers (an older version's) keeps the older rule: damage after
+the frontier is the torn batch; with no frontier, only damage that no good line follows.
 
 Fast resume. The writer keeps a SHA-256 of every byte it committed and the set of rows they hold
 (`CommittedPrefix`), which the checkpoint records with its frontier. A resume hashes the journal up
@@ -31,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import time
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -195,6 +197,58 @@ def encode_batch(first_seq: int, entries: list[JournalEntry]) -> list[bytes]:
     return lines
 
 
+@dataclass(frozen=True, slots=True)
+class CommitMarker:
+    """The line a writer appends to each group it commits, in the same write and fsync:
+
+        {"commit":12,"rows":4,"t":1764630000.123,"sum":"5f1e0c2a","crc":"0badf00d"}\\n
+
+    `commit` is the group's last seq, `rows` its lines, `t` when it was committed (UTC unix seconds)
+    and `sum` the CRC-32 of the group's bytes. A group followed by its marker is whole, so damage
+    before a marker is corruption; only the last group, whose marker is not on disk, can be torn."""
+
+    seq: int
+    rows: int
+    t: float
+    group_crc: int
+
+
+_MARKER_HEAD = b'{"commit":'
+_MARKER_KEYS = ("commit", "rows", "t", "sum", "crc")
+
+
+def encode_marker(seq: int, rows: int, t: float, group_crc: int) -> bytes:
+    """The commit marker line of a group of `rows` lines ending at `seq`, committed at `t`."""
+    head = b'{"commit":%d,"rows":%d,"t":%.3f,"sum":"%08x"' % (seq, rows, t, group_crc)
+    return head + b',"crc":"%08x"}\n' % zlib.crc32(head)
+
+
+def decode_marker(line: bytes) -> CommitMarker | None:
+    """The marker a line holds, or None when it is not a whole, well-formed marker line."""
+    if line[-_SUFFIX_LEN:] != b',"crc":"%08x"}\n' % zlib.crc32(line[:-_SUFFIX_LEN]):
+        return None
+    try:
+        fields = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if type(fields) is not dict or tuple(fields) != _MARKER_KEYS:
+        return None
+    seq, rows, t, group_sum = fields["commit"], fields["rows"], fields["t"], fields["sum"]
+    if type(seq) is not int or type(rows) is not int or not 1 <= rows <= seq or type(t) not in _NUMBER:
+        return None
+    if type(group_sum) is not str or len(group_sum) != 8:
+        return None
+    try:
+        return CommitMarker(seq, rows, float(t), int(group_sum, 16))
+    except ValueError:
+        return None
+
+
+def is_commit_marker(line: bytes) -> bool:
+    """Whether `line` is a whole commit marker (not a row's line)."""
+    return line.startswith(_MARKER_HEAD) and decode_marker(line) is not None
+
+
 def decode_line(line: bytes) -> tuple[int, JournalEntry]:
     """The seq and entry of a verified line; ValueError naming the reason otherwise."""
     fields = _verified_fields(line)
@@ -306,6 +360,8 @@ def read_journal(path: Path) -> Iterator[JournalEntry]:
             try:
                 fields = _verified_fields(line)
             except ValueError:
+                if is_commit_marker(line):  # a group's commit marker: no row of its own
+                    continue
                 return
             del fields["seq"]
             yield _entry_of(fields)
@@ -322,9 +378,23 @@ def read_journal_from(path: Path, offset: int) -> Iterator[tuple[int, int, Journ
             try:
                 _, entry = decode_line(line)
             except ValueError:
-                return
-            yield offset, offset + len(line), entry
+                if not is_commit_marker(line):
+                    return
+            else:
+                yield offset, offset + len(line), entry
             offset += len(line)
+
+
+def read_commits(path: Path) -> Iterator[CommitMarker]:
+    """The commit markers of a journal, in order: when each group was committed (`t`, UTC unix
+    seconds) and how many rows it held, for throughput over time. A journal written before markers
+    has none; lines that are not markers are skipped unread."""
+    if not path.exists():
+        return
+    with path.open("rb") as stream:
+        for line in _read_lines(stream):
+            if line.startswith(_MARKER_HEAD) and (marker := decode_marker(line)) is not None:
+                yield marker
 
 
 def read_entry_at(stream: IO[bytes], offset: int) -> JournalEntry:
@@ -573,10 +643,12 @@ class JournalWriter:
                 break
             size += len(line)
             count += 1
-        if ends is not None:
+        if ends is not None:  # whole requests only: never half of a batch's rows
             count = max([end for end in ends if end <= count] or ends[:1])
-            size = sum(map(len, lines[:count]))
-        data = b"".join(lines[:count])
+        group = b"".join(lines[:count])
+        # The group's commit marker goes in the same write: on disk, a group with its marker is whole.
+        data = group + encode_marker(self._committed_seq + count, count, time.time(), zlib.crc32(group))
+        size = len(data)
         self._storage.write(fd, data)
         self._storage.fsync(fd)
         if self._state is None:
@@ -647,18 +719,30 @@ class JournalScan:
 
 @dataclass(slots=True)
 class _Replay:
-    """The state of a replay: everything learned from the good lines so far."""
+    """The state of a replay: everything learned from the good lines so far.
+
+    Since the last commit marker taken (`marker_end`; `marked` once there was one) it also keeps the
+    CRC-32 and the number of the lines of the group being read, which its marker must match."""
 
     done: RowSet
     ok: int = 0
     last_seq: int = 0
     offset: int = 0
+    group_crc: int = 0
+    group_lines: int = 0
+    marked: bool = False
+    marker_end: int = 0  # just past the last marker taken (0: none)
+    marker_seq: int = 0  # the last seq it committed
+    marker_ok: int = 0  # the successful lines up to it
+    markers: int | None = 0  # markers taken, so lines = seq + markers; None: not counted (fast resume)
 
     def run(self, lines: Iterator[bytes], stop_at: int) -> str | None:
         """Take good lines until `offset` reaches `stop_at` or the lines end. Returns the reason the
-        next line is damage (it is not taken), or None. Hot path: state lives in locals."""
-        done, size, verified = self.done, self.done.size, _verified_fields
+        next line is damage (it is not taken), or None. Hot path: state lives in locals; a commit
+        marker (one a group) is met in the exception path, so an entry line pays one CRC for it."""
+        done, size, verified, crc32 = self.done, self.done.size, _verified_fields, zlib.crc32
         last_seq, offset, ok = self.last_seq, self.offset, self.ok
+        group_crc, group_lines = self.group_crc, self.group_lines
         if offset >= stop_at:
             return None
         reason = None
@@ -666,8 +750,19 @@ class _Replay:
             try:
                 entry = verified(line)
             except ValueError as bad:
-                reason = str(bad)
-                break
+                marker = decode_marker(line) if line.startswith(_MARKER_HEAD) else None
+                if marker is None:
+                    reason = str(bad)
+                    break
+                self.last_seq, self.offset, self.ok = last_seq, offset, ok
+                self.group_crc, self.group_lines = group_crc, group_lines
+                reason = self.take_marker(marker, len(line))
+                if reason is not None:
+                    break
+                offset, group_crc, group_lines = self.offset, 0, 0
+                if offset >= stop_at:
+                    break
+                continue
             seq, row = entry["seq"], entry["row_number"]
             if seq != last_seq + 1:
                 reason = f"seq {seq} does not follow seq {last_seq}"
@@ -680,10 +775,76 @@ class _Replay:
                 break
             last_seq, offset = seq, offset + len(line)
             ok += entry["success"]
+            group_crc, group_lines = crc32(line, group_crc), group_lines + 1
             if offset >= stop_at:
                 break
         self.last_seq, self.offset, self.ok = last_seq, offset, ok
+        self.group_crc, self.group_lines = group_crc, group_lines
         return reason
+
+    def take_marker(self, marker: CommitMarker, length: int) -> str | None:
+        """Take the marker of the group just read (None), or say why it does not vouch for it."""
+        problem = _marker_problem(marker, self.last_seq, self.group_lines, self.group_crc, self.marked)
+        if problem is not None:
+            return problem
+        self.offset += length
+        self.mark(self.offset)
+        if self.markers is not None:
+            self.markers += 1
+        return None
+
+    def mark(self, offset: int) -> None:
+        """A commit marker ends at `offset`, where the replay stands: every line before it is committed."""
+        self.marked, self.marker_end, self.marker_seq, self.marker_ok = True, offset, self.last_seq, self.ok
+        self.group_crc = self.group_lines = 0
+
+    def line(self, path: Path, offset: int) -> int:
+        """The number (from 1) of the line at `offset`, the replay's own or the next one."""
+        if self.markers is not None and offset == self.offset:
+            return self.last_seq + self.markers + 1
+        return _lines_before(path, offset) + 1
+
+    def back_to_marker(self, path: Path) -> None:
+        """Give back the lines read since the last marker: their group was never committed."""
+        with open(path, "rb", opener=open_private) as stream:
+            stream.seek(self.marker_end)
+            remaining = self.offset - self.marker_end
+            for line in _read_lines(stream):
+                if remaining <= 0:
+                    break
+                remaining -= len(line)
+                self.done.discard(_verified_fields(line)["row_number"])
+        self.last_seq, self.ok, self.offset = self.marker_seq, self.marker_ok, self.marker_end
+        self.group_crc = self.group_lines = 0
+
+
+def _marker_problem(marker: CommitMarker, last_seq: int, lines: int, crc: int, marked: bool) -> str | None:
+    """Why a commit marker does not vouch for the lines since the previous one, or None.
+
+    After an earlier marker its group is exactly those lines. Before any (a journal begun by a
+    version without markers, continued by this one) they may start with lines of the older version,
+    and the group's checksum is checked only when it covers all of them."""
+    if marker.seq != last_seq:
+        return f"commit marker for seq {marker.seq} after seq {last_seq}"
+    if marker.rows > lines or (marked and marker.rows != lines):
+        return f"commit marker for {marker.rows} lines after a group of {lines}"
+    if marker.rows == lines and marker.group_crc != crc:
+        return f"commit marker checksum {marker.group_crc:08x} does not match its {lines} lines ({crc:08x})"
+    return None
+
+
+def _lines_before(path: Path, offset: int) -> int:
+    """How many newlines the journal has before `offset` (an error path: one streaming pass)."""
+    count = 0
+    with open(path, "rb", opener=open_private) as stream:
+        remaining = offset
+        while remaining > 0:
+            chunk = stream.read(min(remaining, _COPY_CHUNK))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            remaining -= len(chunk)
+    return count
 
 
 def scan_journal(
@@ -718,16 +879,66 @@ def scan_journal(
                 _replay_committed(path, size, _read_lines(stream), replay, frontier)
                 if prefix is not None:
                     raise _prefix_mismatch(path, committed_offset)
+            elif _ends_with_marker(stream, hashed):  # the lines before the frontier are a marked journal's
+                replay.mark(hashed)
             lines = _read_lines(stream)
             reason = replay.run(lines, stop_at=size + 1)
-            if reason is not None:
-                if not committed_seq:
-                    _refuse_unless_at_end(path, lines, replay, reason)
-                torn = TornTail(start=replay.offset, end=size, line=replay.last_seq + 1, reason=reason)
+            torn = _torn_tail(path, lines, replay, reason, (committed_seq, committed_offset))
             _hash_range(stream, hasher, hashed, replay.offset)
     elif committed_seq or committed_offset:
         raise _shorter_than_checkpoint(path, replay, size, committed_offset)
     return JournalScan(replay.done, replay.last_seq, replay.offset, replay.ok, torn, hasher)
+
+
+def _torn_tail(
+    path: Path, lines: Iterator[bytes], replay: _Replay, reason: str | None, frontier: tuple[int, int]
+) -> TornTail | None:
+    """What follows the replay's last good line (`reason`: why the next one is damage; None: none is).
+
+    In a journal with commit markers only the last group, which has no marker yet, can be torn: it
+    goes whole, its good lines too (never reported committed, so their rows are simply sent again).
+    Damage with a marker after it is in a complete group: corruption. A journal without markers (an
+    older version's) keeps the older rule: damage after the frontier is torn; with no frontier, only
+    damage that no good line follows."""
+    committed_seq, committed_offset = frontier
+    if replay.marked:
+        if reason is None and replay.offset == replay.marker_end:
+            return None
+        if reason is not None and _marker_follows(lines):
+            raise _corrupt(
+                path,
+                replay.offset,
+                replay.line(path, replay.offset),
+                f"{reason}, and a commit marker follows it: only the last group, which has none, may be torn",
+            )
+        if replay.marker_end < committed_offset:
+            where = f"the checkpoint's frontier {committed_offset} is past the last commit marker"
+            raise _corrupt(path, replay.marker_end, replay.line(path, replay.marker_end), where)
+        end = path.stat().st_size
+        replay.back_to_marker(path)
+        why = reason or "the last group has no commit marker (a crash before its write ended)"
+        return TornTail(start=replay.offset, end=end, line=replay.line(path, replay.offset), reason=why)
+    if reason is None:
+        return None
+    if not committed_seq:
+        _refuse_unless_at_end(path, lines, replay, reason)
+    end = path.stat().st_size
+    return TornTail(start=replay.offset, end=end, line=replay.line(path, replay.offset), reason=reason)
+
+
+def _marker_follows(lines: Iterator[bytes]) -> bool:
+    return any(is_commit_marker(line) for line in lines)
+
+
+def _ends_with_marker(stream: BufferedReader, offset: int) -> bool:
+    """Whether the line that ends at `offset` is a commit marker; the stream is left at `offset`."""
+    start = max(0, offset - 512)  # a marker line is under 100 bytes
+    stream.seek(start)
+    before = stream.read(offset - start)
+    stream.seek(offset)
+    if not before.endswith(b"\n"):
+        return False
+    return decode_marker(before[before.rfind(b"\n", 0, len(before) - 1) + 1 :]) is not None
 
 
 def _verified_prefix(
@@ -751,6 +962,7 @@ def _verified_prefix(
     if len(done) != prefix.seq or not 0 <= prefix.ok <= prefix.seq:
         return 0
     replay.done, replay.ok, replay.last_seq, replay.offset = done, prefix.ok, prefix.seq, prefix.offset
+    replay.markers = None  # how many lines those bytes hold is counted only if an error must say
     return prefix.offset
 
 
@@ -797,19 +1009,19 @@ def _replay_committed(
     if reason is None and replay.offset < committed_offset:
         reason = "the journal ends early"
     if reason is not None:
-        raise _corrupt(path, replay.offset, replay.last_seq + 1, reason)
+        raise _corrupt(path, replay.offset, replay.line(path, replay.offset), reason)
     if replay.offset != committed_offset:
         raise _corrupt(
             path,
             committed_offset,
-            replay.last_seq,
+            replay.line(path, replay.offset) - 1,
             f"the checkpoint offset {committed_offset} is not at the end of a line",
         )
     if replay.last_seq != committed_seq:
         raise _corrupt(
             path,
             committed_offset,
-            replay.last_seq,
+            replay.line(path, replay.offset) - 1,
             f"the checkpoint says seq {committed_seq} ends at offset {committed_offset}, "
             f"the journal has seq {replay.last_seq} there",
         )
@@ -824,11 +1036,12 @@ def _refuse_unless_at_end(path: Path, lines: Iterator[bytes], replay: _Replay, r
         try:
             _verified_fields(line)
         except ValueError:
-            continue
+            if not is_commit_marker(line):
+                continue
         raise _corrupt(
             path,
             replay.offset,
-            replay.last_seq + 1,
+            replay.line(path, replay.offset),
             f"{reason}, and good lines follow it: without a checkpoint only the end of the journal "
             "may be torn",
         )
@@ -845,7 +1058,7 @@ def _corrupt(path: Path, offset: int, line: int, reason: str) -> JournalCorrupt:
 def _shorter_than_checkpoint(path: Path, replay: _Replay, size: int, committed_offset: int) -> JournalCorrupt:
     """Every line up to the end of the file is good (the last may be cut): the file itself is short."""
     reason = f"the journal has {size} bytes but the checkpoint has committed {committed_offset}"
-    return _corrupt(path, size, replay.last_seq + 1, reason)
+    return _corrupt(path, size, replay.line(path, size), reason)
 
 
 def recover_torn_tail(path: Path, scan: JournalScan, storage: Storage) -> Path | None:

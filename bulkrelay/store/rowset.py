@@ -36,6 +36,12 @@ class RowSet:
         self._count += 1
         return True
 
+    def discard(self, row: int) -> None:
+        """Take `row` out of the set, if it is in it (a replay giving back an uncommitted group's rows)."""
+        if row in self:
+            self._bits[row >> 3] &= ~(1 << (row & 7)) & 0xFF
+            self._count -= 1
+
     def __contains__(self, row: object) -> bool:
         if type(row) is not int or not 1 <= row <= self.size:
             return False

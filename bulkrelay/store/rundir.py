@@ -2,7 +2,7 @@
 
 .bulkrelay/runs/<run-id>/
 ├── run.json          manifest: ids, state, fingerprints, paths, parent run
-├── checkpoint.json   counters and the committed journal frontier
+├── checkpoint.json   counters and the committed journal frontier (until the run completes or is cancelled)
 ├── results.jsonl     the journal: one final result per row
 ├── summary.json      counts, latency percentiles, rate
 └── lock              held (flock) by the process that owns the run
@@ -29,6 +29,7 @@ from bulkrelay.errors import (
 )
 from bulkrelay.private import PRIVATE_DIR_MODE, make_private_dir, open_private, refuse_links
 from bulkrelay.store.atomic import read_json, write_json_atomic
+from bulkrelay.store.checkpoint import remove_checkpoint
 from bulkrelay.store.manifest import AlphaManifest, RunManifest, RunPlan
 from bulkrelay.store.manifest import RunState as RunState  # noqa: PLC0414 - re-exported: its home was here
 from bulkrelay.store.storage import Storage
@@ -136,7 +137,12 @@ class RunDir:
         self.save(self.manifest.running(pid))
 
     def mark_ended(self, state: RunState, stop_reason: str | None) -> None:
+        """Record how the run ended; a final one (completed, cancelled) then drops its checkpoint,
+        after its state is on disk, so a crash between the two leaves a final run with a checkpoint
+        (which no reader needs), never an unfinished run without one."""
         self.save(self.manifest.ended(state, stop_reason))
+        if state.final:
+            remove_checkpoint(self.path, self.storage)
 
     @contextmanager
     def locked(self) -> Iterator[None]:

@@ -67,6 +67,13 @@ class Storage:
         except OSError as exc:
             raise storage_failed("rename", f"{source} -> {target}", exc) from exc
 
+    def remove(self, path: Path) -> None:
+        """Remove a file if it is there; the caller fsyncs the directory."""
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise storage_failed("unlink", str(path), exc) from exc
+
     def fsync_dir(self, path: Path) -> None:
         """Make the directory's entries (creations, renames) durable."""
         try:

@@ -11,7 +11,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from bulkrelay.errors import JournalCorrupt, NotFound
+from bulkrelay.store.atomic import read_json
 from bulkrelay.store.journal import JournalEntry, read_journal
+from bulkrelay.store.jsonfields import JsonFields
 
 _TENTHS = 10  # latencies are bucketed to 0.1 ms: exact enough, and memory stays a few buckets
 
@@ -94,3 +97,16 @@ def summarize(journal: Path, *, total_rows: int) -> dict[str, Any]:
     for entry in read_journal(journal):
         counts.add(entry)
     return counts.report(total_rows)
+
+
+def summarized_outcomes(run_dir: Path) -> tuple[int, int] | None:
+    """(succeeded, failed) rows as `summary.json` counted them, or None without a summary: what a run
+    that completed (or was cancelled) and so keeps no checkpoint has committed. A damaged summary is
+    `JournalCorrupt` naming the file and field."""
+    path = run_dir / "summary.json"
+    try:
+        data = read_json(path)
+    except NotFound:
+        return None
+    outcome = JsonFields(path, data, JournalCorrupt).block("by_outcome")
+    return outcome.integer("succeeded"), outcome.integer("failed")

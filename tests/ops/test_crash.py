@@ -25,7 +25,7 @@ from bulkrelay.ops.execute import RunOptions, plan_for, relay_locked
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import NullReporter
 from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.journal import decode_line, read_journal, scan_journal
+from bulkrelay.store.journal import decode_line, is_commit_marker, read_journal, scan_journal
 from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.storage import Storage, storage_failed
 from tests.clirun import cli_env, run_cli
@@ -102,18 +102,23 @@ def _committed_prefix(run_dir: Path) -> bytes:
 
 
 def _valid_prefix(run_dir: Path) -> bytes:
-    """The journal up to its last line that verifies: what a kill -9 left written."""
+    """The journal up to its last commit marker before any damage: the whole groups a kill -9 left
+    written (the lines of a group without its marker were never committed, and resume cuts them)."""
     journal = run_dir / "results.jsonl"
     if not journal.exists():
         return b""
-    kept = []
+    kept, whole = [], 0
     for line in journal.read_bytes().splitlines(keepends=True):
+        if is_commit_marker(line):
+            kept.append(line)
+            whole = len(kept)
+            continue
         try:
             decode_line(line)
         except ValueError:
             break
         kept.append(line)
-    return b"".join(kept)
+    return b"".join(kept[:whole])
 
 
 def test_kill_9_loop_loses_nothing_committed_and_every_row_takes_effect_once(tmp_path: Path) -> None:
@@ -167,12 +172,10 @@ def test_kill_9_loop_loses_nothing_committed_and_every_row_takes_effect_once(tmp
 
 def _assert_journal_whole(run_dir: Path) -> None:
     journal = run_dir / "results.jsonl"
-    checkpoint = read_checkpoint(run_dir)
-    assert checkpoint is not None and checkpoint.offset == journal.stat().st_size
-    scan = scan_journal(
-        journal, committed_seq=checkpoint.seq, committed_offset=checkpoint.offset, row_count=CRASH_ROWS
-    )
-    assert scan.torn_tail is None and scan.last_seq == CRASH_ROWS
+    assert read_checkpoint(run_dir) is None  # completed: it keeps none; every group has its marker
+    assert is_commit_marker(journal.read_bytes().splitlines(keepends=True)[-1])
+    scan = scan_journal(journal, committed_seq=0, committed_offset=0, row_count=CRASH_ROWS)
+    assert scan.torn_tail is None and scan.last_seq == CRASH_ROWS and scan.valid_end == journal.stat().st_size
     assert_each_row_once(run_dir, CRASH_ROWS)
 
 

@@ -24,7 +24,7 @@ from bulkrelay.job.request import RequestRenderer
 from bulkrelay.ops import linescan
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.syncstate import SyncState, job_identity, rebuilt_items
-from bulkrelay.store.journal import decode_line, encode_line, read_journal
+from bulkrelay.store.journal import decode_line, encode_line, is_commit_marker, read_journal
 from bulkrelay.store.manifest import RunManifest
 from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import CliResult, cli_env, run_cli
@@ -164,6 +164,8 @@ def _committed_lines(journal: Path) -> int:
         return 0
     count = 0
     for line in journal.read_bytes().splitlines(keepends=True):
+        if is_commit_marker(line):
+            continue
         try:
             decode_line(line)
         except ValueError:

@@ -20,7 +20,7 @@ import yaml
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.journal import read_journal
+from bulkrelay.store.journal import is_commit_marker, read_journal
 from bulkrelay.store.rundir import is_locked
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
@@ -323,18 +323,26 @@ def _line_starts(journal: Path) -> list[int]:
 
 
 def _rewind_checkpoint(run_dir: Path, lines: int) -> None:
-    """Make the checkpoint say only the first `lines` lines were committed (a crash before it moved on)."""
+    """Make the checkpoint say only the first `lines` lines were committed (a crash before it moved on);
+    the last of them is a group's commit marker, as every frontier is."""
     journal = run_dir / "results.jsonl"
-    entries = list(read_journal(journal))[:lines]
-    ok = sum(1 for entry in entries if entry.success)
+    kept = journal.read_bytes().splitlines(keepends=True)[:lines]
+    assert is_commit_marker(kept[-1])
+    entries = [orjson.loads(line) for line in kept if not is_commit_marker(line)]
+    seq, ok = len(entries), sum(1 for entry in entries if entry["success"])
     path = run_dir / "checkpoint.json"
     data = orjson.loads(path.read_bytes())
-    data.update(seq=lines, offset=_line_starts(journal)[lines], rows_done=lines, ok=ok, failed=lines - ok)
+    data.update(seq=seq, offset=_line_starts(journal)[lines], rows_done=seq, ok=ok, failed=seq - ok)
     del data["journal_prefix"]  # the digest of the later frontier: a checkpoint of then had its own
     path.write_bytes(orjson.dumps(data))
 
 
-@pytest.mark.parametrize("damage", ["half_line_appended", "cut_mid_line_after_checkpoint"])
+def _markers(lines: list[bytes]) -> list[int]:
+    """The indexes of the commit markers among a journal's lines."""
+    return [index for index, line in enumerate(lines) if is_commit_marker(line)]
+
+
+@pytest.mark.parametrize("damage", ["half_line_appended", "cut_inside_the_last_group"])
 def test_a_torn_tail_is_moved_aside_and_the_resume_completes(
     tmp_path: Path, target: TargetProcess, damage: str
 ) -> None:
@@ -348,9 +356,11 @@ def test_a_torn_tail_is_moved_aside_and_the_resume_completes(
         journal.write_bytes(data + torn)
         kept = len(lines)
     else:
-        kept = len(lines) - 3
-        _rewind_checkpoint(run_dir, kept - 2)  # two whole lines after the frontier survive
-        torn = lines[kept][:40]
+        markers = _markers(lines)
+        assert len(markers) >= 2, "a run stopped midway commits more than one group"
+        kept = markers[-2] + 1  # the last group is torn inside its marker: its good lines go too
+        _rewind_checkpoint(run_dir, kept)
+        torn = b"".join(lines[kept : markers[-1]]) + lines[markers[-1]][:40]
         journal.write_bytes(b"".join(lines[:kept]) + torn)
 
     result = resume(tmp_path, run_dir)
@@ -363,7 +373,8 @@ def test_a_torn_tail_is_moved_aside_and_the_resume_completes(
     assert_each_row_once(run_dir, ROWS)
     assert journal.read_bytes().startswith(b"".join(lines[:kept]))
     resent = {row for row, count in sent_ids(target).items() if count > 1}
-    assert resent == {str(orjson.loads(line)["row_number"]) for line in lines[kept:]}  # only the lost ones
+    lost = [line for line in lines[kept:] if not is_commit_marker(line)]
+    assert resent == {str(orjson.loads(line)["row_number"]) for line in lost}  # only the lost ones
 
 
 def test_a_flipped_byte_before_the_frontier_refuses_with_journal_corrupt(
@@ -472,7 +483,9 @@ def test_a_deleted_middle_line_refuses_naming_the_gap(tmp_path: Path, target: Ta
     run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
     journal = run_dir / "results.jsonl"
     lines = journal.read_bytes().splitlines(keepends=True)
-    gap = len(lines) // 2  # 0-based: line gap + 1 goes
+    gap = len(lines) // 2  # 0-based: line gap + 1 goes, a row's line (not a commit marker)
+    gap += is_commit_marker(lines[gap])
+    seq = orjson.loads(lines[gap])["seq"]
     journal.write_bytes(b"".join([*lines[:gap], *lines[gap + 1 :]]))
 
     result = resume(tmp_path, run_dir)
@@ -483,7 +496,7 @@ def test_a_deleted_middle_line_refuses_naming_the_gap(tmp_path: Path, target: Ta
     offset = sum(len(line) for line in lines[:gap])
     assert error["context"]["line"] == gap + 1 and error["context"]["offset"] == offset
     assert f"line {gap + 1} (byte offset {offset})" in error["message"]
-    assert f"seq {gap + 2} does not follow seq {gap}" in error["message"]
+    assert f"seq {seq + 1} does not follow seq {seq - 1}" in error["message"]
 
 
 # ---------------------------------------------------------------- the lock

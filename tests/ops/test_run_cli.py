@@ -196,16 +196,12 @@ def test_run_envelope_fields(tmp_path: Path) -> None:
     assert "continue_command" not in data
     run_dir = Path(data["run_dir"])
     assert run_dir.parent == tmp_path / "runs" and run_dir.name == data["run_id"]
-    assert {p.name for p in run_dir.iterdir()} >= {
-        "run.json",
-        "checkpoint.json",
-        "results.jsonl",
-        "summary.json",
-    }
+    assert {p.name for p in run_dir.iterdir()} >= {"run.json", "results.jsonl", "summary.json"}
+    assert not (run_dir / "checkpoint.json").exists()  # a completed run keeps none (REQ-C-035)
     manifest = orjson.loads((run_dir / "run.json").read_bytes())
     assert manifest["state"] == "completed"
-    checkpoint = orjson.loads((run_dir / "checkpoint.json").read_bytes())
-    assert (checkpoint["rows_done"], checkpoint["ok"], checkpoint["failed"]) == (5, 5, 0)
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    assert (summary["rows_done"], summary["by_outcome"]) == (5, {"succeeded": 5, "failed": 0})
     assert data["summary"]["this_call"]["rows_committed"] == 5
 
 

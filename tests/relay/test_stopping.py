@@ -21,6 +21,7 @@ VALUES = {
     StopReason.HALT_LIMIT_UNAVAILABLE: "halt_limit_unavailable",
     StopReason.TOKEN_REFUSED: "token_refused",
     StopReason.TOKEN_UNAVAILABLE: "token_unavailable",
+    StopReason.HALT_FAILURE_RATE: "halt_failure_rate",
     StopReason.CANCELLED: "cancelled",
     StopReason.STALLED: "stalled",
     StopReason.INPUT_CHANGED: "input_changed",
@@ -47,10 +48,12 @@ def test_only_the_halt_rules_halt() -> None:
         StopReason.HALT_LIMIT_UNAVAILABLE,
         StopReason.TOKEN_REFUSED,  # the OAuth2 token endpoint: a halt of its own kind
         StopReason.TOKEN_UNAVAILABLE,
+        StopReason.HALT_FAILURE_RATE,
     }
 
 
 def test_halts_and_a_changed_input_are_the_outcome_even_when_every_row_ended() -> None:
+    # Not the failure rate: a run whose every row has its result is complete (exit 3 either way).
     outcome = {reason for reason in StopReason if reason.outcome_even_when_all_rows_ended}
     assert outcome == {
         StopReason.HALT_AUTH,

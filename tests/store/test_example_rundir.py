@@ -10,7 +10,7 @@ from bulkrelay.job.inputs import InputFingerprint
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import scan_journal
 from bulkrelay.store.rundir import CHECKPOINT, JOURNAL, LOCK, MANIFEST, SUMMARY, RunDir, RunState
-from bulkrelay.store.summary import summarize
+from bulkrelay.store.summary import summarize, summarized_outcomes
 
 EXAMPLE_RUNS = Path(__file__).resolve().parents[2] / ".bulkrelay.example" / "runs"
 
@@ -23,24 +23,20 @@ def example_run() -> RunDir:
 def test_example_holds_every_file_of_the_contract() -> None:
     run = example_run()
     names = {p.name for p in run.path.iterdir()}
-    assert {MANIFEST, CHECKPOINT, JOURNAL, SUMMARY, LOCK} <= names
+    assert {MANIFEST, JOURNAL, SUMMARY, LOCK} <= names
+    assert run.state is RunState.COMPLETED and CHECKPOINT not in names  # a completed run keeps none
 
 
-def test_example_manifest_checkpoint_and_journal_agree() -> None:
+def test_example_manifest_summary_and_journal_agree() -> None:
+    # The example's journal predates commit markers: it must read as it always did.
     run = example_run()
-    assert run.state in RunState
     fingerprint = InputFingerprint.from_dict(run.plan.input.fingerprint())
-    checkpoint = read_checkpoint(run.path)
-    assert checkpoint is not None
+    assert read_checkpoint(run.path) is None
     scan = scan_journal(
-        run.journal_path,
-        committed_seq=checkpoint.seq,
-        committed_offset=checkpoint.offset,
-        row_count=fingerprint.record_count,
+        run.journal_path, committed_seq=0, committed_offset=0, row_count=fingerprint.record_count
     )
     assert scan.torn_tail is None
-    assert (scan.ok, scan.failed) == (checkpoint.ok, checkpoint.failed)
-    assert scan.last_seq == checkpoint.seq
+    assert (scan.ok, scan.failed) == summarized_outcomes(run.path)
 
 
 def test_example_summary_is_what_the_journal_says() -> None:

@@ -22,9 +22,11 @@ from bulkrelay.store.journal import (
     JournalState,
     JournalWriter,
     decode_line,
+    decode_marker,
     encode_batch,
     encode_line,
     entry_problem,
+    is_commit_marker,
     read_journal,
     scan_journal,
 )
@@ -221,7 +223,9 @@ async def test_one_write_and_one_fsync_per_batch(tmp_path: Path) -> None:
     assert [len(entries) for entries, _ in commits.batches] == [10] * 9 + [5]
     assert spy.dir_fsyncs == 1
     assert threading.get_ident() not in spy.threads  # blocking I/O ran off the event loop
-    lines = path.read_bytes().splitlines(keepends=True)
+    every_line = path.read_bytes().splitlines(keepends=True)
+    lines = [line for line in every_line if not is_commit_marker(line)]
+    assert len(every_line) - len(lines) == 10  # each write ends with its group's commit marker
     assert [decode_line(line)[0] for line in lines] == list(range(1, 96))
     assert [decode_line(line)[1].row_number for line in lines] == list(range(1, 96))
 
@@ -237,7 +241,11 @@ async def test_on_commit_reports_entries_and_end_offsets(tmp_path: Path) -> None
     for (entries, end_offset), data in zip(commits.batches, spy.writes, strict=True):
         offset += len(data)
         assert end_offset == offset
-        assert b"".join(encode_batch(seq, entries)) == data
+        group = b"".join(encode_batch(seq, entries))
+        assert data.startswith(group)  # then the group's commit marker, in the same write
+        marker = decode_marker(data[len(group) :])
+        assert marker is not None and (marker.seq, marker.rows) == (seq + len(entries) - 1, len(entries))
+        assert marker.group_crc == zlib.crc32(group)
         seq += len(entries)
     assert offset == path.stat().st_size
     assert [entry.row_number for entries, _ in commits.batches for entry in entries] == list(range(1, 31))

@@ -8,9 +8,11 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from bulkrelay.errors import JournalCorrupt, StorageFailed
@@ -20,7 +22,13 @@ from bulkrelay.store.journal import (
     CommittedPrefix,
     JournalEntry,
     JournalScan,
+    JournalWriter,
+    decode_line,
     encode_line,
+    encode_marker,
+    read_commits,
+    read_journal,
+    read_journal_from,
     recover_torn_tail,
     scan_journal,
 )
@@ -542,3 +550,178 @@ def test_a_prefix_of_another_frontier_is_not_used(tmp_path: Path) -> None:
     journal.committed_seq, journal.frontier = 16, len(journal.data)  # a newer checkpoint's frontier
     scan = scan_with_prefix(journal, stale)
     assert scan.last_seq == 16 and scan.torn_tail is None
+
+
+# ---------------------------------------------------------------- commit markers (issue 22 item 18)
+# A writer ends each group with a commit marker (its last seq, rows, time and the CRC-32 of its
+# bytes), so a group with its marker is whole: damage in it is corruption, wherever the checkpoint
+# stands, and only the last group, whose marker never reached the disk, can be torn. The journals
+# above have no markers (an older version's) and keep the older rule.
+
+COMMITTED_AT = 1_764_630_000.5
+
+
+class MarkedJournal(Journal):
+    """Four groups of four lines, each followed by its commit marker; the frontier after group three."""
+
+    def __init__(self, directory: Path, frontier_group: int = 3, legacy_lines: int = 0) -> None:
+        """`legacy_lines`: the first lines were written by a version without markers (no marker after
+        them; the first marker covers the group that follows them)."""
+        lines: list[bytes] = []
+        self.group_starts: list[int] = []  # line indexes where each group begins
+        seq = 0
+        for number, size in enumerate(BATCHES):
+            self.group_starts.append(len(lines))
+            group = [line(seq + n) for n in range(1, size + 1)]
+            seq += size
+            lines.extend(group)
+            if seq > legacy_lines:
+                rows = min(size, seq - legacy_lines)
+                marker = encode_marker(seq, rows, COMMITTED_AT + number, zlib.crc32(b"".join(group[-rows:])))
+                lines.append(marker)
+        super().__init__(directory, lines)
+        self.committed_seq = sum(BATCHES[:frontier_group])
+        self.frontier = (
+            self.ends()[self.group_starts[frontier_group]] if frontier_group < 4 else len(self.data)
+        )
+
+    def line_of(self, offset: int) -> tuple[int, int]:
+        """(line number from 1, offset where it starts) of the line holding byte `offset`."""
+        ends = self.ends()
+        index = max(number for number, end in enumerate(ends) if end <= offset)
+        return index + 1, ends[index]
+
+
+def test_a_marked_journal_scans_clean_and_its_commit_times_can_be_read(tmp_path: Path) -> None:
+    journal = MarkedJournal(tmp_path).write()
+    scan = journal.scan()
+    assert scan.torn_tail is None and scan.last_seq == 16 and scan.valid_end == len(journal.data)
+    assert (scan.ok, scan.failed) == (11, 5)
+    commits = list(read_commits(journal.path))
+    assert [(commit.t, commit.rows, commit.seq) for commit in commits] == [
+        (COMMITTED_AT + number, 4, 4 * (number + 1)) for number in range(4)
+    ]
+    assert [entry.row_number for entry in read_journal(journal.path)] == list(range(1, 17))
+    assert [entry.row_number for _, _, entry in read_journal_from(journal.path, 0)] == list(range(1, 17))
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_truncation_at_every_byte_of_the_last_group_tears_the_whole_group(
+    tmp_path: Path, checkpointed: bool
+) -> None:
+    base = MarkedJournal(tmp_path)
+    start = base.frontier  # where group four begins, just past group three's marker
+    storage = Storage()
+    for cut in range(start, len(base.data) + 1):
+        case = tmp_path / f"cut{cut}"
+        case.mkdir()
+        journal = MarkedJournal(case).write(base.data[:cut])
+        scan = journal.scan() if checkpointed else scan_without_checkpoint(journal)
+        if cut in (start, len(base.data)):  # at a marker: every group whole
+            assert scan.torn_tail is None and scan.valid_end == cut, cut
+            continue
+        # Whole lines of group four without its marker were never committed: they go with the rest.
+        assert scan.torn_tail is not None, cut
+        assert (scan.torn_tail.start, scan.torn_tail.end, scan.torn_tail.line) == (start, cut, 16), cut
+        assert (scan.last_seq, scan.valid_end, scan.ok) == (12, start, 8), cut
+        assert not {13, 14, 15, 16} & set(range(1, 21)) - set(scan.done.missing()), cut
+        assert scan.hasher.hexdigest() == hashlib.sha256(base.data[:start]).hexdigest()
+        aside = recover_torn_tail(journal.path, scan, storage)
+        assert aside is not None and aside.read_bytes() == base.data[start:cut]
+        assert journal.path.read_bytes() == base.data[:start]
+        assert journal.scan().torn_tail is None
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_flipped_byte_at_every_offset_of_the_last_group(tmp_path: Path, checkpointed: bool) -> None:
+    # Its marker on disk, the last group is whole too: damage in its lines is corruption. Damage that
+    # no marker follows (in the marker, or the newline before it) means the write never ended: the
+    # whole group is torn.
+    base = MarkedJournal(tmp_path)
+    start = base.frontier
+    marker_start = base.ends()[len(base.lines) - 1]
+    for index in range(start, len(base.data)):
+        damaged = bytearray(base.data)
+        damaged[index] ^= 0x01
+        journal = MarkedJournal(tmp_path).write(bytes(damaged))
+        if index < marker_start - 1:
+            with pytest.raises(JournalCorrupt) as caught:
+                journal.scan() if checkpointed else scan_without_checkpoint(journal)
+            line_number, line_start = base.line_of(index)
+            assert (caught.value.context["line"], caught.value.context["offset"]) == (line_number, line_start)
+            continue
+        scan = journal.scan() if checkpointed else scan_without_checkpoint(journal)
+        assert scan.torn_tail is not None, index
+        assert (scan.torn_tail.start, scan.last_seq, scan.valid_end) == (start, 12, start), index
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_flipped_byte_at_every_offset_of_a_complete_group_after_the_frontier_is_corrupt(
+    tmp_path: Path, checkpointed: bool
+) -> None:
+    # Before: damage after the checkpoint's frontier was a torn tail, so a flipped byte in group
+    # three (committed, its marker on disk) discarded it and group four, and resent their rows.
+    base = MarkedJournal(tmp_path, frontier_group=2)
+    first, end = base.frontier, base.ends()[base.group_starts[3]]  # group three and its marker
+    for index in range(first, end):
+        damaged = bytearray(base.data)
+        damaged[index] ^= 0x01
+        journal = MarkedJournal(tmp_path, frontier_group=2).write(bytes(damaged))
+        with pytest.raises(JournalCorrupt) as caught:
+            journal.scan() if checkpointed else scan_without_checkpoint(journal)
+        error = caught.value
+        line_number, line_start = base.line_of(index)
+        assert (error.context["line"], error.context["offset"]) == (line_number, line_start), index
+        assert f"line {line_number} (byte offset {line_start})" in error.message, index
+        assert "commit marker" in error.context["reason"], index
+        assert journal.path.read_bytes() == bytes(damaged)  # refused, never cut
+
+
+def test_a_line_rewritten_with_a_valid_checksum_breaks_its_groups_marker(tmp_path: Path) -> None:
+    journal = MarkedJournal(tmp_path, frontier_group=1)
+    index = journal.group_starts[1] + 1  # row 6 (a 503), in group two, after the frontier
+    journal.lines[index] = line(
+        6, success=True, classification="ok", status_code=200, error=None, attempts=1, retryable=False
+    )
+    journal.data = b"".join(journal.lines)
+    journal.write()
+    error = refused(journal)
+    marker_line = journal.group_starts[2]  # group two's marker: the line before group three
+    assert (error.context["line"], error.context["offset"]) == (marker_line, journal.ends()[marker_line - 1])
+    assert "commit marker checksum" in error.context["reason"]
+
+
+def test_a_journal_begun_without_markers_and_continued_with_them_reads_both_ways(tmp_path: Path) -> None:
+    # Lines 1-6 by a version without markers; the first marker (after line 8) vouches for 7-8 alone.
+    journal = MarkedJournal(tmp_path, frontier_group=3, legacy_lines=6).write()
+    scan = journal.scan()
+    assert scan.torn_tail is None and scan.last_seq == 16
+    assert [commit.rows for commit in read_commits(journal.path)] == [2, 4, 4]
+    damaged = bytearray(journal.data)
+    damaged[journal.ends()[2] + 5] ^= 0x01  # line 3, an old line: a marker follows it
+    journal.write(bytes(damaged))
+    with pytest.raises(JournalCorrupt):
+        scan_without_checkpoint(journal)
+    journal.write(journal.data[:-30])  # group four's marker cut: the group goes whole
+    torn = journal.scan().torn_tail
+    assert torn is not None and torn.start == journal.frontier
+
+
+def test_a_writer_marks_each_group_with_its_commit_time(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    before = time.time()
+
+    async def write() -> None:
+        writer = JournalWriter(path, Storage(), next_seq=1, on_commit=lambda entries, end: None, max_rows=3)
+        async with anyio.create_task_group() as group:
+            group.start_soon(writer.run)
+            for row in range(1, 8):
+                await writer.submit(decode_line(line(row))[1])
+            await writer.close()
+
+    anyio.run(write)
+    commits = list(read_commits(path))
+    assert sum(commit.rows for commit in commits) == 7 and commits[-1].seq == 7
+    assert all(before - 1 <= commit.t <= time.time() + 1 for commit in commits)
+    scan = scan_journal(path, committed_seq=0, committed_offset=0, row_count=ROWS)
+    assert scan.torn_tail is None and scan.last_seq == 7

@@ -1,0 +1,100 @@
+"""A run that completed or was cancelled keeps no `checkpoint.json` (REQ-C-035, issue 22 item 17);
+its journal and summary stay, and every command that reads a finished run still works from them.
+Real processes against a loopback target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.store.journal import is_commit_marker
+from tests.clirun import CliResult, cli_env, run_cli
+from tests.jobfiles import write_job
+from tests.targetproc import TargetProcess
+from tests.waiting import HANG_BUDGET, HANG_S
+
+_FAILING = {"rules": [{"match": {"path_contains": f"/items/{row}"}, "status": 422} for row in (3, 7)]}
+
+
+def _cli(tmp_path: Path, *args: str | Path) -> CliResult:
+    return run_cli(*args, cwd=tmp_path, env=cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state")))
+
+
+@pytest.mark.slow
+def test_a_finished_run_keeps_no_checkpoint_and_every_reader_still_works(tmp_path: Path) -> None:
+    with TargetProcess(_FAILING) as target:
+        job = write_job(tmp_path, target.url, rows=10)
+        finished = _cli(tmp_path, "run", job, "--budget", "0")
+        assert finished.exit_code == ExitCode.PARTIAL_FAILURE, finished.envelope
+        run_dir = Path(finished.data["run_dir"])
+        assert not (run_dir / "checkpoint.json").exists()
+        assert (run_dir / "results.jsonl").stat().st_size > 0 and (run_dir / "summary.json").exists()
+
+        status = _cli(tmp_path, "status", run_dir)
+        progress = status.data["progress"]
+        assert (progress["done"], progress["ok"], progress["failed"]) == (10, 8, 2), status.data
+        (row,) = _cli(tmp_path, "runs").data["runs"]
+        assert (row["done"], row["total"], row["failed"]) == (10, 10, 2)
+        exported = _cli(tmp_path, "export", run_dir, "--failed", "-o", tmp_path / "failed.csv")
+        assert exported.exit_code == ExitCode.SUCCESS and exported.data["rows"] == 2, exported.envelope
+        failures = _cli(tmp_path, "failures", run_dir)
+        assert failures.exit_code == ExitCode.SUCCESS and failures.data["failed"] == 2
+        refused = _cli(tmp_path, "resume", run_dir, "--budget", "0")
+        assert (
+            refused.error_code == "RUN_NOT_RESUMABLE"
+            and "completed_with_failures" in refused.envelope["error"]["message"]
+        )
+
+        target.reset()
+        retried = _cli(tmp_path, "retry-failed", run_dir, "--budget", "0")
+        assert retried.exit_code == ExitCode.PARTIAL_FAILURE, retried.envelope
+        assert target.stats()["requests"] == 2  # the failed rows, read from the journal alone
+        assert not (Path(retried.data["run_dir"]) / "checkpoint.json").exists()
+
+        again = _cli(tmp_path, "run", job, "--budget", "0")  # the identical invocation starts fresh
+        assert again.data["run_id"] != finished.data["run_id"]
+        assert again.data["progress"]["done"] == 10
+        pruned = _cli(tmp_path, "prune", "--keep", "1")
+        assert pruned.exit_code == ExitCode.SUCCESS, pruned.envelope
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["a_whole_group_gone", "the_last_group_cut"])
+def test_a_damaged_journal_of_a_finished_run_is_still_refused_without_a_checkpoint(
+    tmp_path: Path, damage: str
+) -> None:
+    # The checkpoint used to catch a journal shorter than it; now the summary and the markers do.
+    with TargetProcess(_FAILING) as target:
+        job = write_job(tmp_path, target.url, rows=30, execution={"concurrency": 1})
+        finished = _cli(tmp_path, "run", job, "--budget", "0")
+    journal = Path(finished.data["run_dir"]) / "results.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    markers = [index for index, line in enumerate(lines) if is_commit_marker(line)]
+    assert len(markers) >= 2 and markers[-1] == len(lines) - 1
+    kept = markers[-2] + 1 if damage == "a_whole_group_gone" else len(lines) - 1
+    journal.write_bytes(b"".join(lines[:kept]))
+    for command in ("export", "failures"):
+        refused = _cli(tmp_path, command, finished.data["run_dir"], "-o", tmp_path / "out.csv")
+        if command == "failures":
+            refused = _cli(tmp_path, command, finished.data["run_dir"])
+        assert refused.exit_code == ExitCode.PRECONDITION, refused.envelope
+        assert refused.error_code == "JOURNAL_CORRUPT"
+
+
+@pytest.mark.slow
+def test_a_cancelled_run_keeps_no_checkpoint(tmp_path: Path) -> None:
+    with TargetProcess(
+        {"rules": [{"delay_ms": int(HANG_S * 1000), "match": {"path_contains": "/items/5"}}]}
+    ) as target:
+        job = write_job(tmp_path, target.url, rows=8, execution={"concurrency": 1})
+        handed_off = _cli(tmp_path, "run", job, "--budget", "1s")
+        assert handed_off.exit_code == ExitCode.INCOMPLETE, handed_off.envelope
+        job_id = handed_off.data["job_id"]
+        cancelled = _cli(tmp_path, "job", "cancel", job_id, "--budget", HANG_BUDGET)
+        assert cancelled.data["run_state"] == "cancelled", cancelled.envelope
+    run_dir = Path(cancelled.data["run_dir"])
+    assert not (run_dir / "checkpoint.json").exists()
+    status = _cli(tmp_path, "status", run_dir)
+    assert status.data["state"] == "cancelled" and status.data["progress"]["done"] == 4, status.data
