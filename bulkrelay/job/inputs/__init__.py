@@ -1,0 +1,51 @@
+"""The input, read as a stream: its spec and fingerprint, the readers of each format, the stdin spool.
+
+The face every importer uses; the modules behind it hold one format or one concept each."""
+
+from __future__ import annotations
+
+from bulkrelay.job.inputs.stream import (
+    REGION_SIZE,
+    STDIN_NAME,
+    ExpectedInput,
+    InputBytes,
+    InputFingerprint,
+    InputFormat,
+    InputIdentity,
+    InputSpec,
+    ProblemSink,
+    RecordStream,
+    RegionDigests,
+    Spool,
+    append_stdin,
+    changed_values,
+    detect_format,
+    input_changed,
+    open_input_bytes,
+    open_records,
+    spool_stdin,
+    spool_stdin_into,
+)
+
+__all__ = [
+    "REGION_SIZE",
+    "STDIN_NAME",
+    "ExpectedInput",
+    "InputBytes",
+    "InputFingerprint",
+    "InputFormat",
+    "InputIdentity",
+    "InputSpec",
+    "ProblemSink",
+    "RecordStream",
+    "RegionDigests",
+    "Spool",
+    "append_stdin",
+    "changed_values",
+    "detect_format",
+    "input_changed",
+    "open_input_bytes",
+    "open_records",
+    "spool_stdin",
+    "spool_stdin_into",
+]
