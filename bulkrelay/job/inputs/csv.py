@@ -8,7 +8,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from bulkrelay.errors import Problem
-from bulkrelay.job.inputs.lines import without_bom
+from bulkrelay.job.inputs.lines import TOO_LONG, lines_of, too_long_message
 from bulkrelay.job.inputs.raw import GZIP_ERRORS, damaged
 from bulkrelay.job.inputs.spec import ProblemSink, no_records
 from bulkrelay.job.records import Record
@@ -30,9 +30,7 @@ class CsvReader:
 
     def records(self) -> Generator[Record, None, int]:
         """CSV with a header row. `reader.line_num` counts physical lines, which gives each record's start."""
-        reader = csv.reader(
-            map(bytes.decode, without_bom(self._binary)), delimiter=self._delimiter, strict=True
-        )
+        reader = csv.reader(map(bytes.decode, lines_of(self._binary)), delimiter=self._delimiter, strict=True)
         headers = self._csv_header(reader)
         if headers is None:
             return 0
@@ -109,6 +107,9 @@ class CsvReader:
         )
 
     def _undecodable(self, exc: UnicodeDecodeError, line: int, row: int | None) -> Problem:
+        """A line that does not decode, or one too long to read (its stand-in, TOO_LONG, does not)."""
+        if exc.object == TOO_LONG:
+            return Problem(too_long_message(), file=self._file, line=line, row=row)
         return Problem(
             f"invalid UTF-8: {exc.reason} at byte {exc.start + 1} of the line",
             file=self._file,

@@ -10,7 +10,7 @@ from typing import BinaryIO
 import orjson
 
 from bulkrelay.errors import Problem
-from bulkrelay.job.inputs.lines import line_blocks
+from bulkrelay.job.inputs.lines import TOO_LONG, line_blocks, too_long_message
 from bulkrelay.job.inputs.raw import GZIP_ERRORS, damaged
 from bulkrelay.job.inputs.spec import ProblemSink, no_records
 from bulkrelay.job.records import Record
@@ -96,6 +96,8 @@ class JsonlReader:
         return Problem(f"expected a JSON object, got {kind}", file=self._file, line=line, row=line)
 
     def _json_problem(self, raw: bytes, exc: orjson.JSONDecodeError, line: int) -> Problem:
+        if raw is TOO_LONG:
+            return Problem(too_long_message(), file=self._file, line=line, row=line)
         if not raw.strip():
             return Problem("blank line", file=self._file, line=line, row=line)
         return Problem(f"invalid JSON: {exc.msg} at column {exc.colno}", file=self._file, line=line, row=line)
