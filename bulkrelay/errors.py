@@ -19,6 +19,7 @@
     │   ├── StateDirUnwritable          STATE_DIR_UNWRITABLE
     │   ├── SyncStateMismatch           SYNC_STATE_MISMATCH
     │   └── TooManyDeletes              TOO_MANY_DELETES
+    ├── InputUnavailable                INPUT_UNAVAILABLE   12 UNAVAILABLE
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     │   └── RunLockNotOurs              RUN_LOCK_NOT_OURS
     ├── StorageFailed                   STORAGE_FAILED       1 GENERAL_ERROR
@@ -223,6 +224,14 @@ class TooManyDeletes(PreconditionFailed):
     """`sync: mirror`: more keys gone from the input than `mirror.max_deletes` allows; nothing was sent."""
 
     code = "TOO_MANY_DELETES"
+
+
+class InputUnavailable(BulkRelayError):
+    """The database a query input reads cannot be reached (or refused us): nothing was read."""
+
+    code = "INPUT_UNAVAILABLE"
+    exit_code = ExitCode.UNAVAILABLE
+    retryable = True
 
 
 class RunLocked(BulkRelayError):

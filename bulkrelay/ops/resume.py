@@ -71,6 +71,8 @@ def input_differences(recorded: dict[str, Any], current: dict[str, Any]) -> dict
 def verify_unchanged(run: RunDir, preflight: Preflight) -> None:
     """Refuse, naming old and new values, when the input or the job's meaning changed."""
     changed = input_differences(run.plan.input.fingerprint(), preflight.input_fingerprint.to_dict())
+    if run.plan.input.source != preflight.input_spec.source:  # a query's database: another one now
+        changed["source"] = {"recorded": run.plan.input.source, "now": preflight.input_spec.source}
     if changed:
         what = ", ".join(f"{k} {v['recorded']!r} -> {v['now']!r}" for k, v in changed.items())
         raise InputChanged(

@@ -22,6 +22,7 @@ from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.runref import run_by_id
 from bulkrelay.ops.shard import ShardSpec, shard_of_run
+from bulkrelay.ops.snapshot import is_query_job, reusable_snapshot, take_snapshot
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import Reporter
@@ -44,12 +45,18 @@ class RunRequest:
     options: RunOptions
     full: bool = False  # `--full`: a delta job sends every row once and refreshes its sync state
     shard: ShardSpec | None = None  # --shard K/N: only the rows this shard owns
+    snapshot: bool = False  # input_path is the snapshot of the job's query this call took (spooled)
+
+    @property
+    def spooled(self) -> bool:
+        """The input is this call's own copy (stdin, a query's snapshot): a run it starts takes it."""
+        return (self.from_stdin or self.snapshot) and self.input_path is not None
 
     def key(self) -> str:
         """The invocation's identity; computable before preflight, so a job can be attached to at once."""
         arguments = {
             "job": normalized_path(self.job.path),
-            "input": "-" if self.from_stdin else normalized_path(self.input_path),
+            "input": "-" if self.from_stdin else self._input_argument(),
             "runs_dir": normalized_path(self.runs_dir),
         }
         if self.full:  # only when given, so the keys of earlier invocations stay what they were
@@ -63,6 +70,10 @@ class RunRequest:
             "run", arguments, stdin_sha256=stdin_sha256, idempotency_key=self.idempotency_key
         )
 
+    def _input_argument(self) -> str | None:
+        """A query job's input is its query, whichever snapshot of it the call reads."""
+        return "query" if is_query_job(self.job) else normalized_path(self.input_path)
+
 
 def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     """Preflight, then continue the identical invocation's unfinished run or start a new one;
@@ -73,15 +84,27 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     reporter = reporter or progress.for_stderr(request.options.quiet)
     deletions = None
     try:
+        if is_query_job(request.job):
+            request = _query_input(request)
         preflight, chosen, deletions = _preflight(request)
         result = _run_in_slot(request, preflight, chosen, reporter)
         if deletions is not None:
             result = _send_deletions(request, result, deletions)
     finally:
         discard(deletions[0] if deletions is not None else None)
-        if request.from_stdin and request.input_path is not None:
+        if request.spooled and request.input_path is not None:
             request.input_path.unlink(missing_ok=True)  # moved into its run, or no run took it
     return result
+
+
+def _query_input(request: RunRequest) -> RunRequest:
+    """A query job reads the snapshot of its identical invocation's unfinished run, never querying
+    again; else (no such run, or it completed) a snapshot taken now."""
+    kept = reusable_snapshot(request.job, _unfinished_run(request.runs_dir, request.key()))
+    if kept is not None:
+        return replace(request, input_path=kept)
+    spool = take_snapshot(request.job, request.runs_dir / ".spool", request.options.rows_read)
+    return replace(request, input_path=spool, snapshot=True)
 
 
 def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, reporter: Reporter) -> Result:
@@ -94,10 +117,12 @@ def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, 
             try:
                 verify_unchanged(previous, preflight)
             except (InputChanged, ConfigChanged) as changed:
+                if request.input_path is not None and request.input_path.parent == previous.path:
+                    raise  # the run's own snapshot changed: no fresh run reads it
                 warnings.append(_discarded(previous, changed))
                 request.options.announce_warnings(warnings)  # a hand-off from here on carries it
             else:
-                if request.from_stdin and request.input_path is not None:
+                if request.spooled and request.input_path is not None:
                     # The run keeps its own copy of the same bytes: this one, which preflight just read
                     # and the relay must read again (the old copy is another file).
                     kept = Path(previous.plan.input.path)
@@ -149,7 +174,7 @@ def _start_fresh(
         reporter,
         slot=slot,
         plan=plan,
-        spooled=request.from_stdin,
+        spooled=request.spooled,
         prepare=prepare,
         start=start,
     )

@@ -58,6 +58,9 @@ class InputSpec:
     gzip: bool
     delimiter: str = ","
     name: str | None = None
+    # A snapshot's source (a query's database, without credentials): its records all have the same
+    # fields, as a CSV header's. None: the file is the input itself.
+    source: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.delimiter) != 1 or self.delimiter in '\r\n"':
