@@ -71,18 +71,23 @@ class Preflight:
 
 
 def resolve_input(
-    job: Job, input_override: Path | None, name: str | None = None, env: Mapping[str, str] | None = None
+    job: Job,
+    input_override: Path | None,
+    name: str | None = None,
+    env: Mapping[str, str] | None = None,
+    source: str | None = None,
 ) -> InputSpec:
     """The input named by `--input` (already spooled when it was stdin), else the job file's.
     `name` is what messages call it (STDIN_NAME for a spool: its path is nobody's business). A query
-    job's input is the snapshot of its query (given as the override), read as JSON Lines."""
+    job's input is the snapshot of its query (given as the override), read as JSON Lines; so is a
+    Parquet file's, whose `source` the caller gives."""
     path = input_override if input_override is not None else job.input_path
     if path is None:
         raise UsageError(
             "the job names no input file and no --input was given",
             suggestion="add input.file to the job or pass --input FILE",
         )
-    source = query_source(job, os.environ if env is None else env)
+    source = query_source(job, os.environ if env is None else env) or source
     if source is not None and input_override is not None:
         return InputSpec(path=path, format="jsonl", gzip=False, name=name or QUERY_NAME, source=source)
     declared = job.config.input.format
@@ -206,6 +211,7 @@ def run_preflight(
     *,
     input_name: str | None = None,
     choose: RowChooser | None = None,
+    source: str | None = None,
 ) -> Preflight:
     """Validate the whole job and input; raise `InputInvalid` with the problems found.
 
@@ -214,7 +220,7 @@ def run_preflight(
     chosen without reading the input twice. A row it calls settled (`RowWatch`) is not rendered: its
     bytes rendered the same request under the same job before (docs/delta.md, the line scan)."""
     renderer, digester = _renderer_and_digester(job, os.environ if env is None else env)
-    spec = resolve_input(job, input_override, input_name, env)
+    spec = resolve_input(job, input_override, input_name, env, source)
     observe: RowObserver | None = None
     settled: RowSettled | None = None
     if choose is not None:

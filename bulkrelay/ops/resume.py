@@ -145,7 +145,10 @@ def preflight_for_resume(
     job = load_job(job_path_for(run, config_override))
     input_path = input_path_for(run, input_override)
     require_input(run, input_path or job.input_path, given=input_override is not None)
-    preflight = run_preflight(job, input_path, on_rows_read=on_rows_read)
+    # A snapshot's source (a query's database, a Parquet file's bytes) as the run recorded it: resume
+    # reads the snapshot, never its source (a query job names its database again, and it must agree).
+    source = run.plan.input.source if input_override is None else None
+    preflight = run_preflight(job, input_path, on_rows_read=on_rows_read, source=source)
     verify_unchanged(run, preflight)
     return preflight
 

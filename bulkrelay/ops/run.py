@@ -22,7 +22,14 @@ from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.runref import run_by_id
 from bulkrelay.ops.shard import ShardSpec, shard_of_run
-from bulkrelay.ops.snapshot import is_query_job, reusable_snapshot, take_snapshot
+from bulkrelay.ops.snapshot import (
+    is_query_job,
+    parquet_input,
+    reusable_parquet,
+    reusable_snapshot,
+    take_parquet,
+    take_snapshot,
+)
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import Reporter
@@ -45,7 +52,9 @@ class RunRequest:
     options: RunOptions
     full: bool = False  # `--full`: a delta job sends every row once and refreshes its sync state
     shard: ShardSpec | None = None  # --shard K/N: only the rows this shard owns
-    snapshot: bool = False  # input_path is the snapshot of the job's query this call took (spooled)
+    snapshot: bool = False  # input_path is the snapshot (of the query, the Parquet file) this call took
+    # A Parquet input read through its snapshot: the file named (None: the job's), the snapshot's source.
+    parquet: tuple[Path | None, str] | None = None
 
     @property
     def spooled(self) -> bool:
@@ -72,7 +81,9 @@ class RunRequest:
 
     def _input_argument(self) -> str | None:
         """A query job's input is its query, whichever snapshot of it the call reads."""
-        return "query" if is_query_job(self.job) else normalized_path(self.input_path)
+        if is_query_job(self.job):
+            return "query"
+        return normalized_path(self.parquet[0] if self.parquet is not None else self.input_path)
 
 
 def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
@@ -86,6 +97,8 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     try:
         if is_query_job(request.job):
             request = _query_input(request)
+        elif (parquet := parquet_input(request.job, request.input_path)) is not None:
+            request = _parquet_input(request, parquet)
         preflight, chosen, deletions = _preflight(request)
         result = _run_in_slot(request, preflight, chosen, reporter)
         if deletions is not None:
@@ -105,6 +118,18 @@ def _query_input(request: RunRequest) -> RunRequest:
         return replace(request, input_path=kept)
     spool = take_snapshot(request.job, request.runs_dir / ".spool", request.options.rows_read)
     return replace(request, input_path=spool, snapshot=True)
+
+
+def _parquet_input(request: RunRequest, parquet: Path) -> RunRequest:
+    """A Parquet input is read through a JSON Lines snapshot, as a query is: the unfinished run's own
+    while the file's bytes are the ones it read, else one taken now."""
+    previous = _unfinished_run(request.runs_dir, request.key())
+    kept, source = reusable_parquet(request.job, previous, parquet)
+    named = (request.input_path, source)
+    if kept is not None:
+        return replace(request, input_path=kept, parquet=named)
+    spool, source = take_parquet(parquet, request.runs_dir / ".spool", request.options.rows_read)
+    return replace(request, input_path=spool, snapshot=True, parquet=(request.input_path, source))
 
 
 def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, reporter: Reporter) -> Result:
@@ -196,6 +221,10 @@ def _preflight_once(
     request: RunRequest, *, scan_lines: bool
 ) -> tuple[Preflight, ChosenRows, tuple[Path, int] | None]:
     input_name = STDIN_NAME if request.from_stdin else None
+    source = None
+    if request.parquet is not None:
+        given, source = request.parquet
+        input_name = str(given or request.job.input_path)
     delta = open_delta(request.job, request.runs_dir, full=request.full, scan_lines=scan_lines)
     if delta is not None and delta.mirror is not None and request.shard is not None:
         delta.close()
@@ -210,6 +239,7 @@ def _preflight_once(
             request.input_path,
             on_rows_read=request.options.rows_read,
             input_name=input_name,
+            source=source,
             choose=choice.chooser(),
         )
         chosen = choice.chosen(preflight.input_fingerprint)

@@ -13,6 +13,8 @@ from pathlib import Path
 from bulkrelay.errors import UsageError
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
+from bulkrelay.job.inputs import detect_format
+from bulkrelay.job.inputs.parquet import parquet_into, parquet_source
 from bulkrelay.job.inputs.query import QuerySpec, RowsRead, database_of, snapshot_into
 from bulkrelay.job.preflight import query_source
 from bulkrelay.private import make_private_dir
@@ -45,23 +47,53 @@ def refuse_input_override(job: Job, input_arg: str | None) -> None:
         )
 
 
+def parquet_input(job: Job, input_path: Path | None) -> Path | None:
+    """The Parquet file a job reads (`--input`, else input.file), or None: not a Parquet input."""
+    path = input_path if input_path is not None else job.input_path
+    if path is None or is_query_job(job):
+        return None
+    return path if detect_format(path.name, job.config.input.format)[0] == "parquet" else None
+
+
+def _spool_name(spool_dir: Path, kind: str) -> Path:
+    make_private_dir(spool_dir)
+    return spool_dir / f"{kind}-{os.getpid()}-{time.time_ns()}.jsonl"
+
+
 def take_snapshot(job: Job, spool_dir: Path, on_rows: RowsRead | None = None) -> Path:
     """Run the job's query once into a new private `.jsonl` file in `spool_dir` (fsynced)."""
-    spec = query_spec(job)
-    make_private_dir(spool_dir)
-    dest = spool_dir / f"query-{os.getpid()}-{time.time_ns()}.jsonl"
-    snapshot_into(spec, dest, on_rows)
+    dest = _spool_name(spool_dir, "query")
+    snapshot_into(query_spec(job), dest, on_rows)
     return dest
 
 
+def take_parquet(parquet: Path, spool_dir: Path, on_rows: RowsRead | None = None) -> tuple[Path, str]:
+    """The rows of a Parquet file in a new private `.jsonl` file in `spool_dir`, and its source."""
+    dest = _spool_name(spool_dir, "parquet")
+    return dest, parquet_into(parquet, dest, on_rows)[1]
+
+
 @contextmanager
-def passing_snapshot(job: Job, spool_dir: Path) -> Iterator[Path]:
-    """A snapshot for `validate` or `render`: removed when the command ends, however it ends."""
-    path = take_snapshot(job, spool_dir)
+def passing_snapshot(job: Job, spool_dir: Path, parquet: Path | None = None) -> Iterator[Path]:
+    """A snapshot (of the query, or of the Parquet file) for `validate` or `render`: removed when the
+    command ends, however it ends."""
+    path = take_snapshot(job, spool_dir) if parquet is None else take_parquet(parquet, spool_dir)[0]
     try:
         yield path
     finally:
         path.unlink(missing_ok=True)
+
+
+def reusable_parquet(job: Job, previous: RunDir | None, parquet: Path) -> tuple[Path | None, str]:
+    """The unfinished run's snapshot of this Parquet file when its bytes are still the ones it read
+    (else None), and the file's source as it is now."""
+    source = parquet_source(parquet)
+    if previous is None or previous.plan.input.source != source:
+        return None, source
+    kept = Path(previous.plan.input.path)
+    if not kept.is_file() or previous.plan.config_sha256 != config_fingerprint(job.config):
+        return None, source
+    return kept, source
 
 
 def reusable_snapshot(job: Job, previous: RunDir | None) -> Path | None:

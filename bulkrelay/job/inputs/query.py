@@ -214,6 +214,19 @@ def _write_rows(
     return count
 
 
+def json_line(record: Mapping[str, Any]) -> bytes:
+    """One record as a JSON Lines line, its values mapped as docs/inputs.md tables them; ValueError
+    naming the column whose value has no JSON form."""
+    try:
+        if any(type(value) is float for value in record.values()):
+            _finite(list(record.values()))
+        return orjson.dumps(record, default=_json_default) + b"\n"
+    except (TypeError, ValueError):
+        column = next((name for name, value in record.items() if not _writable(value)), None)
+        reason = "a value has no JSON form" if column is None else _no_form(record[column])
+        raise ValueError(f"column {column!r}: {reason}") from None
+
+
 def _finite(row: Sequence[Any]) -> None:
     for value in row:
         if type(value) is float and not math.isfinite(value):
@@ -315,7 +328,7 @@ def _psycopg() -> Any:
         import psycopg
     except ImportError:
         raise UsageError(
-            "a PostgreSQL input needs psycopg, which the postgres extra installs",
+            "a PostgreSQL input needs psycopg, which the extra bulkrelay[postgres] installs",
             suggestion="pip install 'bulkrelay[postgres]' (or: uv add 'bulkrelay[postgres]')",
         ) from None
     return psycopg

@@ -12,13 +12,23 @@ from typing import Any, Literal
 
 from bulkrelay.errors import InputChanged, Problem, UsageError
 
-InputFormat = Literal["csv", "jsonl"]
+InputFormat = Literal["csv", "jsonl", "parquet"]  # parquet: read through a JSON Lines snapshot
 ProblemSink = Callable[[Problem], None]
 
 STDIN_NAME = "<stdin>"  # what messages call records read from standard input (never the spool's path)
 
-_DECLARED_FORMATS: dict[str, InputFormat] = {"csv": "csv", "jsonl": "jsonl", "ndjson": "jsonl"}
-_EXTENSIONS: dict[str, InputFormat] = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+_DECLARED_FORMATS: dict[str, InputFormat] = {
+    "csv": "csv",
+    "jsonl": "jsonl",
+    "ndjson": "jsonl",
+    "parquet": "parquet",
+}
+_EXTENSIONS: dict[str, InputFormat] = {
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+}
 # The relay checks the raw input a region of this many bytes at a time against preflight's digest of
 # it, before any byte of the region reaches a record: 32 bytes of digest a MiB, so memory stays flat.
 REGION_SIZE = 1 << 20
@@ -35,7 +45,7 @@ def detect_format(path_name: str, declared: str | None) -> tuple[InputFormat, bo
             raise UsageError(
                 f"unknown input format {declared!r} for {path_name}",
                 context={"file": path_name, "format": declared},
-                suggestion="use one of: csv, jsonl, ndjson",
+                suggestion="use one of: csv, jsonl, ndjson, parquet",
             )
         return fmt, gzipped
     data_suffix = suffixes[-2] if gzipped and len(suffixes) >= 2 else (suffixes[-1] if suffixes else "")
@@ -44,7 +54,7 @@ def detect_format(path_name: str, declared: str | None) -> tuple[InputFormat, bo
         raise UsageError(
             f"cannot tell the format of {path_name} from its name",
             context={"file": path_name},
-            suggestion="name it .csv, .jsonl or .ndjson (optionally .gz), or set input.format",
+            suggestion="name it .csv, .jsonl or .ndjson (optionally .gz) or .parquet, or set input.format",
         )
     return fmt, gzipped
 
