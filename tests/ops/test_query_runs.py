@@ -168,3 +168,36 @@ def test_an_unreachable_database_exits_12_naming_the_host_and_a_renamed_column_i
     assert problem["message"].startswith("no column 'email' in <query>; its columns: id, mail")
     assert not target.requests()
     assert not [p for p in (tmp_path / ".bulkrelay" / "runs" / ".spool").iterdir()]  # no snapshot left
+
+
+@pytest.mark.slow
+def test_resume_of_a_query_run_reads_its_snapshot_and_never_the_database(
+    tmp_path: Path, target: TargetProcess, postgres: PostgresServer
+) -> None:
+    postgres.sql("DROP TABLE IF EXISTS people")
+    postgres.sql(
+        "CREATE TABLE people AS"
+        " SELECT n AS id, 'p' || n || '@example.com' AS email FROM generate_series(1, 40) n"
+    )
+    job = _job(tmp_path, target.url, "SELECT id, email FROM people")
+    target.set_plan({"rules": [{"after": 10, "delay_ms": 120_000}]})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
+        cwd=tmp_path,
+        env=cli_env(DATABASE_URL=postgres.url()),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: len(target.requests()) >= 10, "10 rows sent")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    postgres.sql("DROP TABLE people")  # gone: a query now would fail
+    target.set_plan({"rules": []})
+    (run,) = _runs(tmp_path)
+    # The same database named (host, port, database), its password wrong: reading it would fail.
+    env = cli_env(DATABASE_URL=postgres.url(password="not-the-password"))
+
+    resumed = run_cli("resume", run, "--budget", "0", cwd=tmp_path, env=env)
+
+    assert resumed.exit_code == 0, resumed.envelope
+    assert set(_sent(target)) == set(range(1, 41))
