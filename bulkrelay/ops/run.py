@@ -110,6 +110,12 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     return result
 
 
+def _reads_own_snapshot(request: RunRequest, previous: RunDir) -> bool:
+    """A query's or Parquet file's re-run reading the unfinished run's own snapshot."""
+    derived = is_query_job(request.job) or request.parquet is not None
+    return derived and request.input_path is not None and request.input_path.parent == previous.path
+
+
 def _query_input(request: RunRequest) -> RunRequest:
     """A query job reads the snapshot of its identical invocation's unfinished run, never querying
     again; else (no such run, or it completed) a snapshot taken now."""
@@ -142,7 +148,7 @@ def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, 
             try:
                 verify_unchanged(previous, preflight)
             except (InputChanged, ConfigChanged) as changed:
-                if request.input_path is not None and request.input_path.parent == previous.path:
+                if _reads_own_snapshot(request, previous):
                     raise  # the run's own snapshot changed: no fresh run reads it
                 warnings.append(_discarded(previous, changed))
                 request.options.announce_warnings(warnings)  # a hand-off from here on carries it
