@@ -20,9 +20,11 @@
     │   ├── SyncStateMismatch           SYNC_STATE_MISMATCH
     │   ├── SyncStateCorrupt            SYNC_STATE_CORRUPT
     │   ├── TooManyDeletes              TOO_MANY_DELETES
-    │   └── MirrorKeyCollision          MIRROR_KEY_COLLISION
+    │   ├── MirrorKeyCollision          MIRROR_KEY_COLLISION
+    │   └── RunSuperseded               RUN_SUPERSEDED
     ├── TargetAuthFailed                TARGET_AUTH_FAILED   8 AUTH_REQUIRED
     ├── TargetUnavailable               TARGET_UNAVAILABLE  12 UNAVAILABLE
+    ├── InputUnavailable                INPUT_UNAVAILABLE   12 UNAVAILABLE
     ├── RunLocked                       RUN_LOCKED           6 CONFLICT
     │   └── RunLockNotOurs              RUN_LOCK_NOT_OURS
     ├── SyncStateBusy                   SYNC_STATE_BUSY      6 CONFLICT
@@ -247,6 +249,12 @@ class TargetUnavailable(BulkRelayError):
     """The OAuth2 token endpoint could not be reached or kept failing (`validate --check-auth`)."""
 
     code = "TARGET_UNAVAILABLE"
+
+
+class InputUnavailable(BulkRelayError):
+    """The database a query input reads cannot be reached (or refused us): nothing was read."""
+
+    code = "INPUT_UNAVAILABLE"
     exit_code = ExitCode.UNAVAILABLE
     retryable = True
 

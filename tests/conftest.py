@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.pgserver import PostgresServer
+from tests.pgserver import missing as postgres_missing
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -53,3 +56,13 @@ def other_file_system(tmp_path: Path) -> Iterator[Path]:
             return
     listed = ", ".join(str(candidate) for candidate in _OTHER_FILE_SYSTEM_CANDIDATES)
     pytest.fail(f"no writable directory on another file system than {tmp_path} among {listed}")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL cluster on a loopback port, one per test session (per xdist worker)."""
+    why = postgres_missing()
+    if why is not None:
+        pytest.skip(why)
+    with PostgresServer.start() as server:
+        yield server

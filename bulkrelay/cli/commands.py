@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,14 +22,24 @@ from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.runlog import RunLog, start_event
 from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.ops.shard import resolve_shard
+from bulkrelay.ops.snapshot import is_query_job, parquet_input, passing_snapshot, refuse_input_override
 from bulkrelay.relay.metrics import MetricsFile, MetricsPush, metrics_path, metrics_push_url
 from bulkrelay.store.rundir import RunDir
 
 
 def _prepared_input(
-    args: argparse.Namespace, job: Job | None, spool_dir: Path
+    args: argparse.Namespace, job: Job | None, spool_dir: Path, *, snapshot: bool = False
 ) -> AbstractContextManager[Path | None]:
+    """The input a command reads: `--input` (stdin spooled), else the job's file (None); for a query
+    job with `snapshot`, its query's snapshot (validate, render), which lives as long as the command."""
     suffix = ""
+    if job is not None and is_query_job(job):
+        refuse_input_override(job, args.input)
+        return passing_snapshot(job, spool_dir) if snapshot else nullcontext(None)
+    named = Path(args.input) if args.input not in (None, "-") else None
+    parquet = None if job is None else parquet_input(job, named)
+    if snapshot and job is not None and parquet is not None:
+        return passing_snapshot(job, spool_dir, parquet)
     if job is not None:
         if job.config.input.file:
             suffix = "".join(Path(job.config.input.file).suffixes)
@@ -38,20 +48,25 @@ def _prepared_input(
     return prepared_input(args.input, spool_dir, suffix)
 
 
-def _input_name(args: argparse.Namespace) -> str | None:
-    return STDIN_NAME if args.input == "-" else None
+def _input_name(args: argparse.Namespace, job: Job | None = None) -> str | None:
+    """What messages call the input: <stdin>, a Parquet file (not its snapshot), else its path."""
+    if args.input == "-":
+        return STDIN_NAME
+    named = Path(args.input) if args.input is not None else None
+    parquet = None if job is None else parquet_input(job, named)
+    return None if parquet is None else str(parquet)
 
 
 def _validate(args: argparse.Namespace) -> Result:
     job = load_job(args.job)
-    with _prepared_input(args, job, default_runs_dir(None) / ".spool") as input_path:
-        return commands.validate(job, input_path, _input_name(args), check_auth=args.check_auth)
+    with _prepared_input(args, job, default_runs_dir(None) / ".spool", snapshot=True) as input_path:
+        return commands.validate(job, input_path, _input_name(args, job), check_auth=args.check_auth)
 
 
 def _render(args: argparse.Namespace) -> Result:
     job = load_job(args.job)
-    with _prepared_input(args, job, default_runs_dir(None) / ".spool") as input_path:
-        return commands.render(job, input_path, args.rows, _input_name(args), curl=args.curl)
+    with _prepared_input(args, job, default_runs_dir(None) / ".spool", snapshot=True) as input_path:
+        return commands.render(job, input_path, args.rows, _input_name(args, job), curl=args.curl)
 
 
 def _options(args: argparse.Namespace) -> RunOptions:

@@ -182,20 +182,52 @@ RequestsPerSecond = Annotated[float, Field(gt=0, le=1_000_000)]
 # --- input ----------------------------------------------------------------------------------
 
 
+# A query parameter's value: bound as it is written, never interpolated into the SQL.
+QueryParam = Annotated[str | int | float | bool | None, Field(union_mode="left_to_right")]
+_QUERY_KEYS = ("query", "database", "params")  # absent from a file job's fingerprint: as it always was
+
+
 class InputConfig(_Model):
     file: NonEmpty | None = None
-    format: Annotated[Literal["csv", "jsonl"] | None, BeforeValidator(_input_format)] = None
+    format: Annotated[Literal["csv", "jsonl", "parquet"] | None, BeforeValidator(_input_format)] = None
     key: NonEmpty | None = None
     delimiter: str = ","
     encoding: Annotated[Literal["utf-8"], BeforeValidator(_encoding)] = "utf-8"
+    query: NonEmpty | None = None  # read from `database` into the run's snapshot (docs/inputs.md)
+    database: NonEmpty | None = None  # postgresql://... or sqlite:///path, usually "${DATABASE_URL}"
+    params: dict[str, QueryParam] = Field(default_factory=dict)  # bound as :name
 
     @model_validator(mode="after")
     def _delimiter_is_for_csv(self) -> InputConfig:
         if len(self.delimiter) != 1 or self.delimiter in '\r\n"':
             raise ValueError("input.delimiter must be one character other than a quote or a newline")
-        if self.format == "jsonl" and "delimiter" in self.model_fields_set:
+        if self.format in ("jsonl", "parquet") and "delimiter" in self.model_fields_set:
             raise ValueError("input.delimiter applies to CSV input only")
         return self
+
+    @model_validator(mode="after")
+    def _query_or_file(self) -> InputConfig:
+        if self.query is None:
+            if self.database is not None or self.params:
+                raise ValueError("input.database and input.params go with input.query")
+            return self
+        if self.database is None:
+            raise ValueError('input.query needs input.database (for example "${DATABASE_URL}")')
+        clash = [name for name in ("file", "format", "delimiter") if name in self.model_fields_set]
+        if clash:
+            raise ValueError(f"input.query reads a database: input.{clash[0]} does not go with it")
+        for name in self.params:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"input.params.{name}: a parameter is named like :name (letters, digits, _)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_query(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.query is None:
+            for key in _QUERY_KEYS:
+                data.pop(key, None)
+        return data
 
 
 # --- request: the json body tree ------------------------------------------------------------

@@ -27,6 +27,7 @@ from bulkrelay.job.inputs import (
     detect_format,
     open_records,
 )
+from bulkrelay.job.inputs.query import QUERY_NAME, database_of
 from bulkrelay.job.keycheck import DuplicateKeyFinder
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.request import RenderError, RequestRenderer
@@ -74,18 +75,37 @@ class Preflight:
         return replace(kept, expected_input=expected)
 
 
-def resolve_input(job: Job, input_override: Path | None, name: str | None = None) -> InputSpec:
+def resolve_input(
+    job: Job,
+    input_override: Path | None,
+    name: str | None = None,
+    env: Mapping[str, str] | None = None,
+    source: str | None = None,
+) -> InputSpec:
     """The input named by `--input` (already spooled when it was stdin), else the job file's.
-    `name` is what messages call it (STDIN_NAME for a spool: its path is nobody's business)."""
+    `name` is what messages call it (STDIN_NAME for a spool: its path is nobody's business). A query
+    job's input is the snapshot of its query (given as the override), read as JSON Lines; so is a
+    Parquet file's, whose `source` the caller gives."""
     path = input_override if input_override is not None else job.input_path
     if path is None:
         raise UsageError(
             "the job names no input file and no --input was given",
             suggestion="add input.file to the job or pass --input FILE",
         )
+    source = query_source(job, os.environ if env is None else env) or source
+    if source is not None and input_override is not None:
+        return InputSpec(path=path, format="jsonl", gzip=False, name=name or QUERY_NAME, source=source)
     declared = job.config.input.format
     fmt, gzip = detect_format(path.name, declared)
     return InputSpec(path=path, format=fmt, gzip=gzip, delimiter=job.config.input.delimiter, name=name)
+
+
+def query_source(job: Job, env: Mapping[str, str]) -> str | None:
+    """A query job's database, named without credentials; None for a file job."""
+    database = job.config.input.database
+    if job.config.input.query is None or database is None:
+        return None
+    return database_of(database, env, job.base_dir).identity
 
 
 # What preflight tells a run that sends only some rows (a delta run, a shard) of each rendered record.
@@ -177,9 +197,14 @@ class _FieldPresence:
         self._unseen.difference_update(record.fields)
         if len(self._keys) < _KEYS_LISTED:
             self._keys.update(dict.fromkeys(record.fields))
-        if self._spec.format == "csv":
+        if self._fixed_fields:
             self.check()
         return bool(self._unseen)
+
+    @property
+    def _fixed_fields(self) -> bool:
+        """Every record has the same fields: a CSV header's, a query's columns."""
+        return self._spec.format == "csv" or self._spec.source is not None
 
     def check(self) -> None:
         if self._unseen and self._keys:
@@ -188,7 +213,7 @@ class _FieldPresence:
     def _problem(self, name: str) -> Problem:
         keys = list(self._keys)[:_KEYS_LISTED]
         close = _closest(name, keys)
-        if self._spec.format == "csv":
+        if self._fixed_fields:
             message = f"no column {name!r} in {self._spec.display_name}; its columns: {', '.join(keys)}"
         else:
             listed = ", ".join(sorted(keys))
@@ -228,6 +253,7 @@ def run_preflight(
     *,
     input_name: str | None = None,
     choose: RowChooser | None = None,
+    source: str | None = None,
 ) -> Preflight:
     """Validate the whole job and input; raise `InputInvalid` with the problems found.
 
@@ -238,7 +264,7 @@ def run_preflight(
     env = os.environ if env is None else env
     renderer, digester = _renderer_and_digester(job, env)
     shared_limit = shared_limit_url(job, env)
-    spec = resolve_input(job, input_override, input_name)
+    spec = resolve_input(job, input_override, input_name, env, source)
     observe: RowObserver | None = None
     settled: RowSettled | None = None
     if choose is not None:

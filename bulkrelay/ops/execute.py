@@ -173,7 +173,9 @@ def plan_for(preflight: Preflight) -> RunPlan:
     return RunPlan(
         name=job.config.name,
         job_path=str(job.path),
-        input=InputRecord(path=path, **preflight.input_fingerprint.to_dict()),
+        input=InputRecord(
+            path=path, source=preflight.input_spec.source, **preflight.input_fingerprint.to_dict()
+        ),
         config_sha256=preflight.config_fingerprint,
         config_sections=config_sections(job.config),
         cwd=os.getcwd(),

@@ -73,6 +73,8 @@ def input_differences(recorded: dict[str, Any], current: dict[str, Any]) -> dict
 def verify_unchanged(run: RunDir, preflight: Preflight) -> None:
     """Refuse, naming old and new values, when the input or the job's meaning changed."""
     changed = input_differences(run.plan.input.fingerprint(), preflight.input_fingerprint.to_dict())
+    if run.plan.input.source != preflight.input_spec.source:  # a query's database: another one now
+        changed["source"] = {"recorded": run.plan.input.source, "now": preflight.input_spec.source}
     if changed:
         what = ", ".join(f"{k} {v['recorded']!r} -> {v['now']!r}" for k, v in changed.items())
         raise InputChanged(
@@ -145,7 +147,10 @@ def preflight_for_resume(
     job = job_of_run(run, load_job(job_path_for(run, config_override)))
     input_path = input_path_for(run, input_override)
     require_input(run, input_path or job.input_path, given=input_override is not None)
-    preflight = run_preflight(job, input_path, on_rows_read=on_rows_read)
+    # A snapshot's source (a query's database, a Parquet file's bytes) as the run recorded it: resume
+    # reads the snapshot, never its source (a query job names its database again, and it must agree).
+    source = run.plan.input.source if input_override is None else None
+    preflight = run_preflight(job, input_path, on_rows_read=on_rows_read, source=source)
     verify_unchanged(run, preflight)
     return preflight
 

@@ -22,6 +22,14 @@ from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.runref import run_by_id
 from bulkrelay.ops.shard import ShardSpec, shard_of_run
+from bulkrelay.ops.snapshot import (
+    is_query_job,
+    parquet_input,
+    reusable_parquet,
+    reusable_snapshot,
+    take_parquet,
+    take_snapshot,
+)
 from bulkrelay.ops.superseded import refuse_superseded, superseded
 from bulkrelay.ops.syncstate import job_identity, job_runs
 from bulkrelay.relay import progress
@@ -46,12 +54,20 @@ class RunRequest:
     options: RunOptions
     full: bool = False  # `--full`: a delta job sends every row once and refreshes its sync state
     shard: ShardSpec | None = None  # --shard K/N: only the rows this shard owns
+    snapshot: bool = False  # input_path is the snapshot (of the query, the Parquet file) this call took
+    # A Parquet input read through its snapshot: the file named (None: the job's), the snapshot's source.
+    parquet: tuple[Path | None, str] | None = None
+
+    @property
+    def spooled(self) -> bool:
+        """The input is this call's own copy (stdin, a query's snapshot): a run it starts takes it."""
+        return (self.from_stdin or self.snapshot) and self.input_path is not None
 
     def key(self) -> str:
         """The invocation's identity; computable before preflight, so a job can be attached to at once."""
         arguments = {
             "job": normalized_path(self.job.path),
-            "input": "-" if self.from_stdin else normalized_path(self.input_path),
+            "input": "-" if self.from_stdin else self._input_argument(),
             "runs_dir": normalized_path(self.runs_dir),
         }
         if self.full:  # only when given, so the keys of earlier invocations stay what they were
@@ -65,6 +81,12 @@ class RunRequest:
             "run", arguments, stdin_sha256=stdin_sha256, idempotency_key=self.idempotency_key
         )
 
+    def _input_argument(self) -> str | None:
+        """A query job's input is its query, whichever snapshot of it the call reads."""
+        if is_query_job(self.job):
+            return "query"
+        return normalized_path(self.parquet[0] if self.parquet is not None else self.input_path)
+
 
 def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     """Preflight, then continue the identical invocation's unfinished run or start a new one;
@@ -75,15 +97,47 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     reporter = reporter or progress.for_stderr(request.options.quiet)
     deletions = None
     try:
+        if is_query_job(request.job):
+            request = _query_input(request)
+        elif (parquet := parquet_input(request.job, request.input_path)) is not None:
+            request = _parquet_input(request, parquet)
         preflight, chosen, deletions = _preflight(request)
         result = _run_in_slot(request, preflight, chosen, reporter)
         if deletions is not None:
             result = _send_deletions(request, result, deletions)
     finally:
         discard(deletions[0] if deletions is not None else None)
-        if request.from_stdin and request.input_path is not None:
+        if request.spooled and request.input_path is not None:
             request.input_path.unlink(missing_ok=True)  # moved into its run, or no run took it
     return result
+
+
+def _reads_own_snapshot(request: RunRequest, previous: RunDir) -> bool:
+    """A query's or Parquet file's re-run reading the unfinished run's own snapshot."""
+    derived = is_query_job(request.job) or request.parquet is not None
+    return derived and request.input_path is not None and request.input_path.parent == previous.path
+
+
+def _query_input(request: RunRequest) -> RunRequest:
+    """A query job reads the snapshot of its identical invocation's unfinished run, never querying
+    again; else (no such run, or it completed) a snapshot taken now."""
+    kept = reusable_snapshot(request.job, _unfinished_run(request.runs_dir, request.key()))
+    if kept is not None:
+        return replace(request, input_path=kept)
+    spool = take_snapshot(request.job, request.runs_dir / ".spool", request.options.rows_read)
+    return replace(request, input_path=spool, snapshot=True)
+
+
+def _parquet_input(request: RunRequest, parquet: Path) -> RunRequest:
+    """A Parquet input is read through a JSON Lines snapshot, as a query is: the unfinished run's own
+    while the file's bytes are the ones it read, else one taken now."""
+    previous = _unfinished_run(request.runs_dir, request.key())
+    kept, source = reusable_parquet(request.job, previous, parquet)
+    named = (request.input_path, source)
+    if kept is not None:
+        return replace(request, input_path=kept, parquet=named)
+    spool, source = take_parquet(parquet, request.runs_dir / ".spool", request.options.rows_read)
+    return replace(request, input_path=spool, snapshot=True, parquet=(request.input_path, source))
 
 
 def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, reporter: Reporter) -> Result:
@@ -98,10 +152,12 @@ def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, 
                 if (overtaken := superseded(previous, preflight)) is not None:
                     raise overtaken
             except (InputChanged, ConfigChanged, RunSuperseded) as changed:
+                if not isinstance(changed, RunSuperseded) and _reads_own_snapshot(request, previous):
+                    raise  # the run's own snapshot changed: no fresh run reads it
                 warnings.append(_discarded(previous, changed))
                 request.options.announce_warnings(warnings)  # a hand-off from here on carries it
             else:
-                if request.from_stdin and request.input_path is not None:
+                if request.spooled and request.input_path is not None:
                     # The run keeps its own copy of the same bytes: this one, which preflight just read
                     # and the relay must read again (the old copy is another file).
                     kept = Path(previous.plan.input.path)
@@ -153,7 +209,7 @@ def _start_fresh(
         reporter,
         slot=slot,
         plan=plan,
-        spooled=request.from_stdin,
+        spooled=request.spooled,
         prepare=prepare,
         start=start,
     )
@@ -175,6 +231,10 @@ def _preflight_once(
     request: RunRequest, *, scan_lines: bool
 ) -> tuple[Preflight, ChosenRows, tuple[Path, int] | None]:
     input_name = STDIN_NAME if request.from_stdin else None
+    source = None
+    if request.parquet is not None:
+        given, source = request.parquet
+        input_name = str(given or request.job.input_path)
     delta = open_delta(request.job, request.runs_dir, full=request.full, scan_lines=scan_lines)
     if delta is not None and delta.mirror is not None and request.shard is not None:
         delta.close()
@@ -192,6 +252,7 @@ def _preflight_once(
             request.input_path,
             on_rows_read=request.options.rows_read,
             input_name=input_name,
+            source=source,
             choose=choice.chooser(),
         )
         chosen = choice.chosen(preflight.input_fingerprint)

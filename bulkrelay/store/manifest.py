@@ -73,6 +73,9 @@ class InputRecord:
     sha256: str
     size: int
     record_count: int
+    # What the records were taken from, when `path` is a snapshot of it: a query's database named
+    # without credentials (`postgresql://host:5432/db`, `sqlite:///path`). Absent for a file.
+    source: str | None = None
 
     @classmethod
     def from_json(cls, fields: JsonFields) -> InputRecord:
@@ -83,16 +86,18 @@ class InputRecord:
             sha256=fields.text("sha256"),
             size=fields.integer("size"),
             record_count=fields.integer("record_count"),
+            source=fields.optional_text("source"),
         )
 
     def fingerprint(self) -> dict[str, Any]:
-        """The fingerprint alone (no path), as the input's own fingerprint spells it."""
+        """The fingerprint alone (no path, no source), as the input's own fingerprint spells it."""
         data = self.to_json()
         del data["path"]
+        data.pop("source", None)
         return data
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "path": self.path,
             "format": self.format,
             "gzip": self.gzip,
@@ -100,6 +105,9 @@ class InputRecord:
             "size": self.size,
             "record_count": self.record_count,
         }
+        if self.source is not None:
+            data["source"] = self.source
+        return data
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,112 @@
+"""The stdin spool: standard input copied to a private, fsynced file, so it can be read twice (preflight,
+then send) and outlive the call that read it (a background job)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from bulkrelay.errors import StorageFailed
+from bulkrelay.job.inputs.raw import never, wait_until_readable
+from bulkrelay.job.inputs.spec import STDIN_NAME
+from bulkrelay.private import make_private_dir, open_private
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Spool:
+    """A copy of standard input; `complete` is False when it was stopped before the input's end."""
+
+    path: Path
+    complete: bool
+
+
+def spool_stdin_into(
+    folder: Path, stream: BinaryIO, suffix: str = "", *, stop: Callable[[], bool] = never
+) -> Spool:
+    """`spool_stdin` into a fresh private file in `folder` (made 0700 if missing); `suffix` keeps the
+    extension. Once `stop()` is true the copy ends where it is, fsynced, and is not complete (a budget
+    that runs out while stdin stays open). The caller removes the copy when its command ends, unless a
+    run or job took it."""
+    make_private_dir(folder)
+    dest = folder / f"stdin-{os.getpid()}-{time.time_ns()}{suffix}"
+    return Spool(dest, _spool(dest, stream, stop))
+
+
+def spool_stdin(dest: Path, stream: BinaryIO) -> Path:
+    """Copy standard input to a new 0600 file `dest` and fsync it, so the input can be read twice
+    (preflight, then send). A failed copy is removed."""
+    _spool(dest, stream, never)
+    return dest
+
+
+def append_stdin(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
+    """Copy the rest of `stream` to the end of the spool `dest` and fsync it (a background job reading
+    what its call had no time for). False when `stop()` came before the end."""
+    try:
+        with open(dest, "ab", opener=open_private) as out:
+            return _copy_durably(stream, out, stop)
+    except OSError as exc:
+        raise _spool_failed(dest, exc) from exc
+
+
+def _spool(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
+    try:
+        out = open(dest, "xb", opener=open_private)  # noqa: SIM115 (closed below, removed on failure)
+    except OSError as exc:
+        raise _spool_failed(dest, exc) from exc
+    except BaseException:  # a signal just after the file was made: the name is new, so the file is ours
+        dest.unlink(missing_ok=True)
+        raise
+    try:
+        with out:
+            return _copy_durably(stream, out, stop)
+    except BaseException as exc:
+        dest.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _spool_failed(dest, exc) from exc
+        raise
+
+
+def _copy_durably(stream: BinaryIO, out: BinaryIO, stop: Callable[[], bool]) -> bool:
+    """`_copy_to_end`, then `out` flushed and fsynced: the copy on disk holds all that was read."""
+    complete = _copy_to_end(stream, out, stop)
+    out.flush()
+    os.fsync(out.fileno())
+    return complete
+
+
+def _copy_to_end(stream: BinaryIO, out: BinaryIO, stop: Callable[[], bool]) -> bool:
+    """Copy `stream` to its end (True), or until `stop()` (False), noticing a signal (SIGINT, SIGTERM)
+    however it lands.
+
+    A blocking read of a pipe held open sleeps through a signal that came after the interpreter last
+    looked for one and before the read began: the handler would run only once more input came. So a
+    descriptor is waited on with select() and a timeout, and read only when it has something (one read:
+    `read1`); between two waits the interpreter runs any handler due, and `stop` is asked."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError):  # in memory (io.BytesIO raises io.UnsupportedOperation): never waits
+        shutil.copyfileobj(stream, out, _CHUNK)
+        return True
+    read_once: Callable[[int], bytes | None] = getattr(stream, "read1", stream.read)
+    while not stop() and wait_until_readable(fd, stop):
+        chunk = read_once(_CHUNK)
+        if chunk == b"":
+            return True
+        if chunk is not None:  # None: a non-blocking descriptor had nothing after all
+            out.write(chunk)
+            out.flush()  # the copy on disk holds what was read (a chunk is a whole pipe read: no cost)
+    return False
+
+
+def _spool_failed(dest: Path, exc: OSError) -> StorageFailed:
+    return StorageFailed(
+        f"cannot keep a copy of {STDIN_NAME} to read it: {exc.strerror or exc}", context={"file": str(dest)}
+    )

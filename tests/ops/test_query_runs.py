@@ -1,0 +1,203 @@
+"""Query inputs as real `bulkrelay run` processes: the snapshot is what a killed run's identical re-run
+sends, a completed run's next invocation queries afresh, a delta night over a query sends only changed
+rows, and the database's password reaches no file and no output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from tests.clirun import CliResult, cli_env, run_cli
+from tests.pgserver import PASSWORD, PostgresServer
+from tests.targetproc import TargetProcess
+from tests.waiting import wait_for
+
+ROWS = 120
+
+
+@pytest.fixture
+def target() -> Iterator[TargetProcess]:
+    with TargetProcess() as running:
+        yield running
+
+
+def _job(tmp_path: Path, target_url: str, query: str, **input_extra: Any) -> Path:
+    job = {
+        "version": 1,
+        "name": "customers-nightly",
+        "input": {"query": query, "database": "${DATABASE_URL}", "key": "id", **input_extra},
+        "request": {
+            "method": "PUT",
+            "url": f"{target_url}/customers/{{id}}",
+            "json": {"email": {"from": "email"}},
+        },
+        "execution": {"concurrency": 4, "sync": "delta"},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def _sqlite(tmp_path: Path, rows: range) -> Path:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS customers (id INTEGER PRIMARY KEY, email TEXT)")
+        conn.executemany("INSERT INTO customers VALUES (?, ?)", [(n, f"user{n}@example.com") for n in rows])
+    conn.close()
+    return path
+
+
+def _run(tmp_path: Path, job: Path, url: str) -> CliResult:
+    return run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env(DATABASE_URL=url))
+
+
+def _sent(target: TargetProcess) -> Counter[int]:
+    return Counter(int(request["path"].rsplit("/", 1)[-1]) for request in target.requests())
+
+
+def _runs(tmp_path: Path) -> list[Path]:
+    return sorted(p for p in (tmp_path / ".bulkrelay" / "runs").iterdir() if (p / "run.json").is_file())
+
+
+@pytest.mark.slow
+def test_a_killed_runs_rerun_sends_its_snapshot_then_the_next_night_queries_afresh(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    db = _sqlite(tmp_path, range(1, ROWS + 1))
+    url = f"sqlite:///{db}"
+    job = _job(tmp_path, target.url, "SELECT id, email FROM customers WHERE id > :after", params={"after": 0})
+    target.set_plan(
+        {"rules": [{"after": 30, "delay_ms": 120_000}]}
+    )  # the 31st request on hangs: killed there
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
+        cwd=tmp_path,
+        env=cli_env(DATABASE_URL=url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: len(target.requests()) >= 30, "30 rows sent")
+    _sqlite(tmp_path, range(ROWS + 1, ROWS + 41))  # rows added while the run is under way
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE customers SET email = 'changed@example.com' WHERE id = 1")
+    conn.close()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (killed,) = _runs(tmp_path)
+    snapshot = killed / "input.jsonl"
+    assert stat.S_IMODE(snapshot.stat().st_mode) == 0o600
+    assert len(snapshot.read_bytes().splitlines()) == ROWS
+    target.set_plan({"rules": []})
+
+    rerun = _run(tmp_path, job, url)
+
+    assert rerun.exit_code == 0, rerun.envelope
+    assert rerun.data["run_id"] == killed.name  # the same run, continued from its own snapshot
+    assert set(_sent(target)) == set(range(1, ROWS + 1))  # exactly the snapshot's rows: none added later
+    manifest = orjson.loads((killed / "run.json").read_bytes())
+    assert manifest["input"]["source"] == f"sqlite:///{db}"
+    bodies = [r["body"] for r in target.requests() if r["path"].endswith("/customers/1")]
+    assert all("user1@example.com" in body for body in bodies)  # as the snapshot had it, not as updated
+    target.reset()
+
+    night = _run(tmp_path, job, url)  # after a completed run: the query runs again
+
+    assert night.exit_code == 0, night.envelope
+    assert night.data["run_id"] != killed.name
+    assert sorted(_sent(target)) == [1, *range(ROWS + 1, ROWS + 41)]  # the changed row and the new ones
+    target.reset()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE customers SET email = 'again@example.com' WHERE id IN (5, 77)")
+    conn.close()
+
+    delta = _run(tmp_path, job, url)
+
+    assert delta.exit_code == 0, delta.envelope
+    assert sorted(_sent(target)) == [5, 77]
+
+
+@pytest.mark.slow
+def test_a_postgres_run_keeps_no_password_anywhere(
+    tmp_path: Path, target: TargetProcess, postgres: PostgresServer
+) -> None:
+    postgres.sql("DROP TABLE IF EXISTS customers")
+    postgres.sql("CREATE TABLE customers (id int PRIMARY KEY, email text, updated_at timestamptz)")
+    postgres.sql(
+        "INSERT INTO customers SELECT n, 'user' || n || '@example.com', now() FROM generate_series(1, 25) n"
+    )
+    job = _job(tmp_path, target.url, "SELECT id, email, updated_at FROM customers ORDER BY id")
+
+    result = _run(tmp_path, job, postgres.url())
+
+    assert result.exit_code == 0, result.envelope
+    assert sorted(_sent(target)) == list(range(1, 26))
+    (run,) = _runs(tmp_path)
+    manifest = orjson.loads((run / "run.json").read_bytes())
+    assert manifest["input"]["source"] == f"postgresql://127.0.0.1:{postgres.port}/app"
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "app.db"]
+    assert files and not [p for p in files if PASSWORD.encode() in p.read_bytes()]
+    assert PASSWORD not in result.stdout.decode() + result.stderr
+
+
+@pytest.mark.slow
+def test_an_unreachable_database_exits_12_naming_the_host_and_a_renamed_column_is_a_config_error(
+    tmp_path: Path, target: TargetProcess, postgres: PostgresServer
+) -> None:
+    job = _job(tmp_path, target.url, "SELECT 1 AS id, 'a@example.com' AS mail")
+
+    down = _run(tmp_path, job, postgres.url(port=1))
+    renamed = _run(tmp_path, job, postgres.url())
+
+    assert (down.exit_code, down.error_code) == (12, "INPUT_UNAVAILABLE"), down.envelope
+    assert "127.0.0.1:1" in down.envelope["error"]["message"]
+    assert PASSWORD not in down.stdout.decode() + down.stderr
+    assert (renamed.exit_code, renamed.error_code) == (2, "CONFIG_INVALID"), renamed.envelope
+    (problem,) = renamed.envelope["error"]["context"]["problems"]
+    assert problem["message"].startswith("no column 'email' in <query>; its columns: id, mail")
+    assert not target.requests()
+    assert not [p for p in (tmp_path / ".bulkrelay" / "runs" / ".spool").iterdir()]  # no snapshot left
+
+
+@pytest.mark.slow
+def test_resume_of_a_query_run_reads_its_snapshot_and_never_the_database(
+    tmp_path: Path, target: TargetProcess, postgres: PostgresServer
+) -> None:
+    postgres.sql("DROP TABLE IF EXISTS people")
+    postgres.sql(
+        "CREATE TABLE people AS"
+        " SELECT n AS id, 'p' || n || '@example.com' AS email FROM generate_series(1, 40) n"
+    )
+    job = _job(tmp_path, target.url, "SELECT id, email FROM people")
+    target.set_plan({"rules": [{"after": 10, "delay_ms": 120_000}]})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
+        cwd=tmp_path,
+        env=cli_env(DATABASE_URL=postgres.url()),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: len(target.requests()) >= 10, "10 rows sent")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    postgres.sql("DROP TABLE people")  # gone: a query now would fail
+    target.set_plan({"rules": []})
+    (run,) = _runs(tmp_path)
+    # The same database named (host, port, database), its password wrong: reading it would fail.
+    env = cli_env(DATABASE_URL=postgres.url(password="not-the-password"))
+
+    resumed = run_cli("resume", run, "--budget", "0", cwd=tmp_path, env=env)
+
+    assert resumed.exit_code == 0, resumed.envelope
+    assert set(_sent(target)) == set(range(1, 41))
