@@ -293,3 +293,36 @@ def test_a_401_with_a_token_younger_than_the_row_halts_as_before(
     assert result.exit_code == ExitCode.AUTH_REQUIRED
     assert run.manifest.stop_reason == "halt_auth"
     assert target.stats()["oauth"]["token_requests"] <= 2  # at most one renewal, whatever the timing
+
+
+def test_a_batch_job_carries_the_token_and_renews_it_once_when_it_is_revoked(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    # Batches of 10 rows, 4 requests in flight; the first token stops working after 3 requests.
+    _oauth_plan(target, ({"delay_ms": 50},), revoke_first_after=3)
+    job = write_job(
+        tmp_path,
+        target.url,
+        rows=100,
+        input={"key": "id"},
+        request={
+            "url": f"{target.url}/v1/contacts/batch/array",
+            "json": None,
+            "batch": {"max_items": 10, "item": {"id": {"from": "id"}, "email": {"from": "email"}}},
+            "auth": {
+                "oauth2": {
+                    "token_url": f"{target.url}/oauth/token",
+                    "client_id": "${CLIENT_ID}",
+                    "client_secret": "${CLIENT_SECRET}",
+                }
+            },
+        },
+        response={"items": {"mode": "whole"}},
+        retry={"initial_backoff_seconds": 0.05, "max_backoff_seconds": 0.05},
+    )
+    result, run = _relay(tmp_path, job)
+    assert result.exit_code == ExitCode.SUCCESS, result.error
+    oauth = target.stats()["oauth"]
+    assert oauth["token_requests"] == 2 and 1 <= oauth["bearer_refusals"] <= 4  # one renewal for all
+    entries = list(read_journal(run.journal_path))
+    assert len(entries) == 100 and all(entry.success and entry.batch is not None for entry in entries)
