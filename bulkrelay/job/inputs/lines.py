@@ -28,7 +28,10 @@ def line_blocks(stream: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[list[
     lists of whole lines of about READ_BUFFER bytes. A line longer than `limit` is read to its end and
     dropped, and `TOO_LONG` stands in its place: its bytes are never all in memory at once."""
     carry = bytearray()  # the start of a line that the chunks read so far have not ended
-    chunk = stream.read(READ_BUFFER)
+    # One read at a time (`read1`): what a pipe or FIFO has now, not a wait for a whole buffer, so rows
+    # come as they arrive and a signal is noticed between reads (tests/ops/test_signals.py).
+    read = getattr(stream, "read1", stream.read)
+    chunk = read(READ_BUFFER)
     if chunk.startswith(codecs.BOM_UTF8):
         chunk = chunk[len(codecs.BOM_UTF8) :]
     while chunk:
@@ -48,14 +51,15 @@ def line_blocks(stream: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[list[
             carry += chunk[: end + 1]
             yield io.BytesIO(carry).readlines()
             carry = bytearray(chunk[end + 1 :])
-        chunk = stream.read(READ_BUFFER)
+        chunk = read(READ_BUFFER)
     if carry:
         yield [TOO_LONG if len(carry) > limit else bytes(carry)]
 
 
 def _skip_line(stream: BinaryIO) -> bytes:
     """Read past the rest of a line; what follows its newline in the last chunk read (b"" at the end)."""
-    while chunk := stream.read(READ_BUFFER):
+    read = getattr(stream, "read1", stream.read)
+    while chunk := read(READ_BUFFER):
         end = chunk.find(b"\n")
         if end >= 0:
             return chunk[end + 1 :]
