@@ -72,8 +72,11 @@ def test_a_damaged_journal_of_a_finished_run_is_still_refused_without_a_checkpoi
     journal = Path(finished.data["run_dir"]) / "results.jsonl"
     lines = journal.read_bytes().splitlines(keepends=True)
     markers = [index for index, line in enumerate(lines) if is_commit_marker(line)]
-    assert len(markers) >= 2 and markers[-1] == len(lines) - 1
-    kept = markers[-2] + 1 if damage == "a_whole_group_gone" else len(lines) - 1
+    assert markers and markers[-1] == len(lines) - 1
+    # How many groups the writer made depends on timing: without the last one, the journal holds what
+    # the groups before it did (nothing, when the run was committed as one group).
+    before_last = markers[-2] + 1 if len(markers) >= 2 else 0
+    kept = before_last if damage == "a_whole_group_gone" else len(lines) - 1
     journal.write_bytes(b"".join(lines[:kept]))
     for command in ("export", "failures"):
         refused = _cli(tmp_path, command, finished.data["run_dir"], "-o", tmp_path / "out.csv")

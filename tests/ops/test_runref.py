@@ -47,7 +47,11 @@ def test_a_delta_job_latest_prune_and_runs_agree_beside_an_alpha_run(tmp_path: P
     ]
     pruned = run_cli("prune", "--runs-dir", runs, "--keep", "1", cwd=tmp_path)
     assert pruned.exit_code == ExitCode.SUCCESS, pruned.envelope
-    assert pruned.data["removed"] == [first.data["run_id"]]  # never the alpha's, never the newest
+    # Never the alpha's, never the newest, and not night 1 either: night 2 sent nothing, so every key's
+    # entry in the sync state still points at night 1's journal (docs/delta.md, the sync state).
+    assert pruned.data["removed"] == []
+    (kept,) = [w for w in pruned.envelope["warnings"] if w["code"] == "KEPT_FOR_SYNC_STATE"]
+    assert first.data["run_id"] in kept["context"]["runs"]
     assert alpha.is_dir() and Path(second.data["run_dir"]).is_dir()
 
 
