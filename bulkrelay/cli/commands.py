@@ -354,7 +354,7 @@ def _report(args: argparse.Namespace) -> Result:
 def _demo(args: argparse.Namespace) -> Result:
     from bulkrelay.demo import quickstart as demo  # loaded only for its own command
 
-    return demo.run_demo(rows=args.rows, runs_dir=args.runs_dir)
+    return demo.run_demo(rows=args.rows, runs_dir=args.runs_dir, observers=args.observers)
 
 
 TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
@@ -371,7 +371,7 @@ TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
     "report": _report,
     "prune": _prune,
     "completion": _completion,
-    "demo": _demo,
+    "demo": _logged("demo", _demo),
     "sync-state rebuild": _sync_state,
     "sync-state verify": _sync_state,
     "job wait": lambda args: jobs.background_wait(args.job_id, args.budget),

@@ -19,7 +19,7 @@ from bulkrelay.demo.target import start_target
 from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
-from bulkrelay.ops.execute import RunOptions
+from bulkrelay.ops.execute import RunObserver, RunOptions
 from bulkrelay.ops.results import DemoFacts, DemoResult, RunResult
 from bulkrelay.ops.run import RunRequest
 from bulkrelay.ops.run import run as launch_run
@@ -124,7 +124,9 @@ class _TargetThread:
         self._thread.join(5)
 
 
-def run_demo(rows: int, runs_dir: Path | None) -> Result:
+def run_demo(rows: int, runs_dir: Path | None, observers: tuple[RunObserver, ...] = ()) -> Result:
+    """The quickstart's run; `observers` (the run log) hear it as they hear any run, so its run
+    directory is like any other's and `bulkrelay report latest` has its time series."""
     folder = Path(".bulkrelay") / "demo"
     os.environ.setdefault(TOKEN_VARIABLE, "demo-secret-token")  # shows how a secret is kept out of files
     with _TargetThread(_PLAN) as target:
@@ -135,7 +137,7 @@ def run_demo(rows: int, runs_dir: Path | None) -> Result:
             from_stdin=False,
             runs_dir=default_runs_dir(runs_dir),
             idempotency_key=None,
-            options=RunOptions(),
+            options=RunOptions(observers=observers),
         )
         result = launch_run(request)
     if not isinstance(result.data, RunResult):

@@ -228,3 +228,5 @@ def test_the_demo_counts_its_rejections_in_words_and_exits_0_for_the_planned_one
     text = shown.stdout.decode()
     assert shown.returncode == ExitCode.SUCCESS, text
     assert "rejected 1 row on purpose" in text
+    (run_dir,) = (tmp_path / ".bulkrelay" / "runs").glob("2*")
+    assert (run_dir / "run.log").is_file()  # like any run's: `bulkrelay report latest` has its series
