@@ -249,6 +249,8 @@ class TargetUnavailable(BulkRelayError):
     """The OAuth2 token endpoint could not be reached or kept failing (`validate --check-auth`)."""
 
     code = "TARGET_UNAVAILABLE"
+    exit_code = ExitCode.UNAVAILABLE
+    retryable = True
 
 
 class InputUnavailable(BulkRelayError):
