@@ -47,9 +47,9 @@ from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.inputs import open_records
 from bulkrelay.job.preflight import resolve_input
 from bulkrelay.job.request import RequestRenderer
-from bulkrelay.ops.syncstate import job_identity, rebuild_state, state_path
 from bulkrelay.store.journal import encode_line
 from bulkrelay.store.rundir import RunDir, RunState
+from bulkrelay.sync.state import job_identity, rebuild_state, state_path
 from tests.runplans import delivered_entry, run_plan
 
 JOB = """\

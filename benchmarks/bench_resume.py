@@ -26,7 +26,7 @@ import orjson
 
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import Preflight, run_preflight
-from bulkrelay.ops.execute import plan_for
+from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.ops.resume import recover_start
 from bulkrelay.store.checkpoint import CHECKPOINT_FILE, Checkpoint, write_checkpoint
 from bulkrelay.store.journal import CommittedPrefix, JournalEntry, encode_line

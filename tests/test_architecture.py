@@ -89,3 +89,17 @@ def test_every_module_is_in_the_architecture_map() -> None:
         and f"`{path.relative_to(PACKAGE)}`" not in text
     ]
     assert missing == []
+
+
+def test_ops_enters_the_sync_room_by_its_face() -> None:
+    """`ops/` (and every room above) imports `bulkrelay.sync`, never one of its modules: the room's
+    entry points stay in one place, `sync/__init__.py`."""
+    graph = _graph()
+    reached = {
+        (name, target)
+        for name, targets in graph.items()
+        if not name.startswith("bulkrelay.sync")
+        for target in targets
+        if target.startswith("bulkrelay.sync.")
+    }
+    assert reached == set()

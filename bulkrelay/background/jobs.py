@@ -42,8 +42,8 @@ from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
 from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS, whole_number
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import Spool, spool_stdin_into
-from bulkrelay.ops.inspect import committed_progress
 from bulkrelay.ops.invocation import invocation_key
+from bulkrelay.ops.status import committed_progress
 from bulkrelay.private import open_private
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.atomic import move_file

@@ -54,7 +54,7 @@ _POLL_SECONDS = 0.1
 class BackgroundSupervisor:
     """The worker's side of a run: status file, cancel and SIGTERM; the job's time bounds.
 
-    The idle timeout and the time limit are the run's own (bulkrelay.ops.execute, for every run);
+    The idle timeout and the time limit are the run's own (bulkrelay.ops.lifecycle, for every run);
     the supervisor hands over the job's: an absolute `--timeout` deadline and when the work began."""
 
     def __init__(self, background: BackgroundJob, spec: BackgroundJobSpec) -> None:

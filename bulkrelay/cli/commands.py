@@ -15,16 +15,15 @@ from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 from bulkrelay.job.config import Job, load_job
 from bulkrelay.job.inputs import STDIN_NAME
-from bulkrelay.ops import inspect as commands
-from bulkrelay.ops import run as launch
-from bulkrelay.ops.execute import RunObserver, RunOptions, prepared_input
+from bulkrelay.ops import launch, preview, status
+from bulkrelay.ops.lifecycle import RunObserver, RunOptions, prepared_input
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.runlog import RunLog, start_event
-from bulkrelay.ops.runref import default_runs_dir
-from bulkrelay.ops.shard import resolve_shard
+from bulkrelay.ops.sharding import resolve_shard
 from bulkrelay.ops.snapshot import is_query_job, parquet_input, passing_snapshot, refuse_input_override
 from bulkrelay.relay.metrics import MetricsFile, MetricsPush, metrics_path, metrics_push_url
 from bulkrelay.store.rundir import RunDir
+from bulkrelay.store.runs import default_runs_dir
 
 
 def _prepared_input(
@@ -60,13 +59,13 @@ def _input_name(args: argparse.Namespace, job: Job | None = None) -> str | None:
 def _validate(args: argparse.Namespace) -> Result:
     job = load_job(args.job)
     with _prepared_input(args, job, default_runs_dir(None) / ".spool", snapshot=True) as input_path:
-        return commands.validate(job, input_path, _input_name(args, job), check_auth=args.check_auth)
+        return preview.validate(job, input_path, _input_name(args, job), check_auth=args.check_auth)
 
 
 def _render(args: argparse.Namespace) -> Result:
     job = load_job(args.job)
     with _prepared_input(args, job, default_runs_dir(None) / ".spool", snapshot=True) as input_path:
-        return commands.render(job, input_path, args.rows, _input_name(args, job), curl=args.curl)
+        return preview.render(job, input_path, args.rows, _input_name(args, job), curl=args.curl)
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
@@ -240,7 +239,7 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
 
 def _resolved(ref: str, runs_dir: Path | None) -> Path:
-    from bulkrelay.ops.runref import resolve_run
+    from bulkrelay.store.runs import resolve_run
 
     return resolve_run(ref, runs_dir)
 
@@ -256,17 +255,17 @@ def _resume(args: argparse.Namespace) -> Result:
 
 
 def _status(args: argparse.Namespace) -> Result:
-    return commands.status(_run_dir(args))
+    return status.status(_run_dir(args))
 
 
 def _shards(args: argparse.Namespace) -> Result:
-    from bulkrelay.ops.shards import shards  # loaded only for its own command
+    from bulkrelay.ops.shards_view import shards  # loaded only for its own command
 
     return shards(args.dirs)
 
 
 def _runs(args: argparse.Namespace) -> Result:
-    return commands.runs(default_runs_dir(args.runs_dir))
+    return status.runs(default_runs_dir(args.runs_dir))
 
 
 def _retry_failed(args: argparse.Namespace) -> Result:
@@ -295,16 +294,11 @@ def _export(args: argparse.Namespace) -> Result:
 
 
 def _sync_state(args: argparse.Namespace) -> Result:
-    from bulkrelay.ops import syncstate  # loaded only for its own command
+    from bulkrelay.ops import sync_state  # loaded only for its own command
 
-    job = load_job(args.job)
-    if job.config.execution.sync == "full":
-        raise UsageError(
-            f"job {args.job} is not a delta job (execution.sync is full); it keeps no sync state"
-        )
-    identity = syncstate.job_identity(job.config.name, job.path)
-    action = syncstate.rebuild_state if args.sync_command == "rebuild" else syncstate.verify_state
-    return Result(data=action(default_runs_dir(args.runs_dir), identity))
+    return sync_state.sync_state_command(
+        load_job(args.job), default_runs_dir(args.runs_dir), args.sync_command
+    )
 
 
 def _prune(args: argparse.Namespace) -> Result:

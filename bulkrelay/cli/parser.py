@@ -128,7 +128,7 @@ def _count(flag: str, most: int) -> Callable[[str], int]:
 
 
 def _shard_count(text: str) -> int:
-    from bulkrelay.ops.shard import MAX_SHARDS  # loaded only when the flag is given
+    from bulkrelay.ops.sharding import MAX_SHARDS  # loaded only when the flag is given
 
     return _count("--shards", most=MAX_SHARDS)(text)
 

@@ -19,13 +19,13 @@ from bulkrelay.demo.target import start_target
 from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
-from bulkrelay.ops.execute import RunObserver, RunOptions
+from bulkrelay.ops.launch import RunRequest
+from bulkrelay.ops.launch import run as launch_run
+from bulkrelay.ops.lifecycle import RunObserver, RunOptions
 from bulkrelay.ops.results import DemoFacts, DemoResult, RunResult
-from bulkrelay.ops.run import RunRequest
-from bulkrelay.ops.run import run as launch_run
-from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.private import make_private_dir
 from bulkrelay.store.rundir import RunState
+from bulkrelay.store.runs import default_runs_dir
 
 TOKEN_VARIABLE = "BULKRELAY_DEMO_TOKEN"
 REJECT_EVERY = 500  # rows whose email the target rejects with 422

@@ -25,10 +25,10 @@ from bulkrelay.errors import InputChanged, OutputClosed, UsageError
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
 from bulkrelay.ops.results import ExportResult
 from bulkrelay.ops.resume import check_committed_journal
-from bulkrelay.ops.runref import runs_in
 from bulkrelay.store.journal import read_entry_at, read_journal_from
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir
+from bulkrelay.store.runs import runs_in
 from bulkrelay.store.selection import load_selection
 
 _RESULT_COLUMNS = ("success", "status_code", "classification", "attempts", "error", "run_id")

@@ -3,7 +3,7 @@
 Safety first, like logrotate with a lock: a run is a candidate only when it is finished
 (`completed`, `completed_with_failures`, `cancelled`) and no process holds its lock. A live run, a
 resumable one (`running` — perhaps crashed —, `stopped`, `forced`), the newest run of each job, a run
-whose files cannot be read, and a run a delta job's sync state still needs (ops/statekeep.py) are
+whose files cannot be read, and a run a delta job's sync state still needs (sync/needed_runs.py) are
 never removed. Runs are grouped by job (the job file's path in
 `run.json`). A run is removed when every rule given says so: it is not among
 the newest `keep` runs of its job, and it is older than `older_than`. Each removal takes the run's
@@ -21,11 +21,11 @@ from pathlib import Path
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, RunLocked, UsageError
 from bulkrelay.ops.results import PruneResult
-from bulkrelay.ops.runref import survey
 from bulkrelay.ops.settings import Retention, load_settings
-from bulkrelay.ops.statekeep import runs_state_needs
 from bulkrelay.store.manifest import RunManifest
 from bulkrelay.store.rundir import RunDir, is_locked
+from bulkrelay.store.runs import survey
+from bulkrelay.sync import runs_state_needs
 
 
 @dataclass(frozen=True)

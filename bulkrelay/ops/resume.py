@@ -18,13 +18,13 @@ from bulkrelay.job.config import JobConfig, config_semantic_dict, load_job
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.damage import Command, advice_on_damage
-from bulkrelay.ops.mirror import job_of_run
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import JournalScan, recover_torn_tail, scan_journal
 from bulkrelay.store.rundir import JOURNAL, SUMMARY, RunDir, RunState
 from bulkrelay.store.selection import load_selection
 from bulkrelay.store.summary import summarized_outcomes
+from bulkrelay.sync import job_of_run
 
 _INPUT_FIELDS = ("format", "gzip", "sha256", "size", "record_count")
 

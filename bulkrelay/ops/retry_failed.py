@@ -15,13 +15,10 @@ from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.job.config import load_job
 from bulkrelay.job.durations import whole_number
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
-from bulkrelay.ops.delta import shared_slot
-from bulkrelay.ops.execute import RunOptions, plan_for, start_fresh
-from bulkrelay.ops.mirror import job_of_run
+from bulkrelay.ops.lifecycle import RunOptions, plan_for, start_fresh
 from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import check_committed_journal, input_differences, input_path_for, job_path_for
-from bulkrelay.ops.shard import shard_of_run
-from bulkrelay.ops.superseded import refuse_superseded
+from bulkrelay.ops.sharding import shard_of_run
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.journal import read_journal
@@ -30,6 +27,7 @@ from bulkrelay.store.manifest import RetryFilter
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, is_locked
 from bulkrelay.store.selection import save_selection
+from bulkrelay.sync import job_of_run, refuse_superseded, shared_slot
 
 
 def parse_statuses(text: str | None) -> frozenset[int] | None:

@@ -15,8 +15,8 @@ from bulkrelay.errors import ConfigInvalid, SecretMissing
 from bulkrelay.job.config import load_job, parse_job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.request import RequestRenderer
-from bulkrelay.ops.inspect import render
-from bulkrelay.ops.mirror import deletion_job
+from bulkrelay.ops.preview import render
+from bulkrelay.sync.mirror import deletion_job
 from tests.jobfiles import merge, write_job
 
 ENV = {"CLIENT_ID": "client-7", "CLIENT_SECRET": "pa ss/wörd+1"}

@@ -12,7 +12,7 @@ from bulkrelay.errors import ConfigInvalid, SecretMissing
 from bulkrelay.job.config import load_job, parse_job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.request import RequestRenderer
-from bulkrelay.ops.inspect import render
+from bulkrelay.ops.preview import render
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 

@@ -9,7 +9,7 @@ import pytest
 
 from bulkrelay.demo.target import start_target
 from bulkrelay.job.config import load_job
-from bulkrelay.ops.inspect import render
+from bulkrelay.ops.preview import render
 from bulkrelay.ops.results import RenderResult
 from tests.relay.batchrun import run_batch_job, write_batch_job
 

@@ -21,7 +21,7 @@ import pytest
 from bulkrelay.errors import ExitCode, StorageFailed
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
-from bulkrelay.ops.execute import RunOptions, plan_for, relay_locked
+from bulkrelay.ops.lifecycle import RunOptions, plan_for, relay_locked
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import NullReporter
 from bulkrelay.store.checkpoint import read_checkpoint

@@ -18,8 +18,8 @@ import pytest
 
 from bulkrelay.errors import ExitCode, InputChanged
 from bulkrelay.ops.export import _write
-from bulkrelay.ops.runref import resolve_run
 from bulkrelay.store.rundir import RunDir, RunState
+from bulkrelay.store.runs import resolve_run
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.runplans import run_plan

@@ -16,7 +16,7 @@ from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
-from bulkrelay.ops.execute import plan_for
+from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.relay.metrics import MetricsFile, RelayStats
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunDir, RunState

@@ -16,12 +16,12 @@ import pytest
 from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
-from bulkrelay.ops.execute import RunOptions
+from bulkrelay.ops.launch import RunRequest, run
+from bulkrelay.ops.lifecycle import RunOptions
 from bulkrelay.ops.results import RunResult
-from bulkrelay.ops.run import RunRequest, run
-from bulkrelay.ops.runref import default_runs_dir
 from bulkrelay.relay.progress import CallbackReporter, Reporter, Snapshot
 from bulkrelay.store.checkpoint import read_checkpoint
+from bulkrelay.store.runs import default_runs_dir
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_resume import (

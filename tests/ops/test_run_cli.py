@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from bulkrelay.errors import ExitCode
-from bulkrelay.ops.execute import summary_counts
+from bulkrelay.ops.lifecycle import summary_counts
 from bulkrelay.relay.engine import Committed, RelayOutcome
 from bulkrelay.store.journal import encode_line, read_journal
 from bulkrelay.store.rundir import RunDir

@@ -14,7 +14,7 @@ from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
-from bulkrelay.ops.execute import plan_for
+from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.ops.runlog import RUN_LOG, RunLog
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Snapshot

@@ -13,7 +13,7 @@ import yaml
 from bulkrelay.demo.target import RunningTarget
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
-from bulkrelay.ops.execute import plan_for
+from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.relay.progress import NullReporter
 from bulkrelay.relay.stopping import StopControl

@@ -19,7 +19,7 @@ from bulkrelay.job.oauth2 import TokenRequest
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.job.redact import Redactor
-from bulkrelay.ops.execute import RunOptions, plan_for, relay_locked
+from bulkrelay.ops.lifecycle import RunOptions, plan_for, relay_locked
 from bulkrelay.relay.auth import Token, TokenFailure, TokenSource, fetch_token
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import NullReporter

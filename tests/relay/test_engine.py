@@ -16,7 +16,7 @@ from bulkrelay.errors import StorageFailed
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.job.records import PreparedRequest
-from bulkrelay.ops.execute import plan_for
+from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.relay.engine import RelayOutcome, StartPoint, _FailureStreak, relay, transport_settings
 from bulkrelay.relay.progress import NullReporter, Snapshot
 from bulkrelay.relay.stopping import StopControl, StopReason

@@ -34,6 +34,8 @@ def test_requests_are_counted_by_status_class() -> None:
 
 def test_a_run_without_a_metrics_file_does_not_load_prometheus_client() -> None:
     """Its import is about a tenth of a second of every process; only MetricsFile needs it."""
-    code = "import sys, bulkrelay.cli.commands, bulkrelay.ops.run; print('prometheus_client' in sys.modules)"
+    code = (
+        "import sys, bulkrelay.cli.commands, bulkrelay.ops.launch; print('prometheus_client' in sys.modules)"
+    )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "False"

@@ -12,9 +12,9 @@ from bulkrelay.job.inputs import InputFingerprint, InputSpec
 from bulkrelay.job.positions import RowPositions, fields_token
 from bulkrelay.job.preflight import RowChooser, RowWatch
 from bulkrelay.job.records import PreparedRequest, Record
-from bulkrelay.ops.delta import DeltaStart
-from bulkrelay.ops.shard import ShardSpec
+from bulkrelay.ops.sharding import ShardSpec
 from bulkrelay.store.rowset import RowSet
+from bulkrelay.sync import DeltaStart
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""One place finds runs (bulkrelay.ops.runref): every command agrees on what runs a runs directory holds,
+"""One place finds runs (bulkrelay.store.runs): every command agrees on what runs a runs directory holds,
 the public alpha's run beside ours included."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_only_runref_opens_a_runs_directory_s_entries() -> None:
     finders = {"MANIFEST", "open_listed"}
     imported = _names_imported_from("bulkrelay.store.rundir")
     users = {module for module, names in imported.items() if names & finders}
-    assert users == {"ops/runref.py"}
+    assert users == {"store/runs.py"}
 
 
 def _made_at(runs: Path, stamp: datetime, *, mirror_deletes: bool = False) -> RunDir:

@@ -1,11 +1,10 @@
-"""The commands that read: `validate`, `render`, `status`, `runs`. Each returns a `Result`."""
+"""The commands that send nothing and read no run: `validate` and `render`, each a `Result`."""
 
 from __future__ import annotations
 
 import bisect
 import os
 import re
-import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import anyio
 
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
-from bulkrelay.errors import BulkRelayError, InputInvalid, Problem, UsageError
+from bulkrelay.errors import InputInvalid, Problem, UsageError
 from bulkrelay.job.batch import BatchRenderer, Item
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
@@ -27,32 +26,13 @@ from bulkrelay.ops.results import (
     InputFacts,
     RenderedRequest,
     RenderResult,
-    RunRow,
-    RunsResult,
-    StatusResult,
     ValidateResult,
 )
-from bulkrelay.ops.runref import survey
 from bulkrelay.relay.auth import check_token
 from bulkrelay.relay.engine import transport_settings
-from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.sender import row_identity
 from bulkrelay.relay.transport import open_transport
-from bulkrelay.store.atomic import read_json
-from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.rundir import (
-    ALPHA,
-    CHECKPOINT,
-    SUMMARY,
-    AlphaRun,
-    RunDir,
-    RunState,
-    is_locked,
-)
-from bulkrelay.store.selection import load_selection
-from bulkrelay.store.summary import summarized_outcomes
 
-REPORT = "report.html"  # the run report's file in the run directory (ops/report.py writes it)
 _ROWS = re.compile(r"^\d+(-\d+)?$")
 DEFAULT_ROWS = "1-5"  # `render` without --rows: the first five rows, however many there are
 
@@ -231,147 +211,3 @@ def _render_rows(
     if batcher is not None:
         requests = rendered_batches(batcher, items)
     return requests, problems, seen if seen < wanted.last else None
-
-
-def committed_progress(run: RunDir) -> Snapshot:
-    """What the checkpoint says is durably done, or for a run that completed or was cancelled (and
-    keeps no checkpoint) its summary; a retry-failed run counts only its selected rows."""
-    checkpoint = read_checkpoint(run.path)
-    record_count = run.plan.input.record_count
-    selection = load_selection(run.path, record_count)
-    if checkpoint is not None:
-        ok, failed = checkpoint.ok, checkpoint.failed
-    else:
-        ok, failed = (summarized_outcomes(run.path) if run.state.final else None) or (0, 0)
-    return Snapshot(
-        total=len(selection) if selection is not None else record_count,
-        done=ok + failed,
-        ok=ok,
-        failed=failed,
-    )
-
-
-LIVE = "live"
-CRASHED = "crashed \u2014 resumable"
-RESUMABLE = "stopped \u2014 resumable"
-FINISHED = "finished"
-
-
-def liveness(run: RunDir) -> str:
-    """Whether a process works on the run now, judged by its lock (the OS drops it when the holder
-    dies), not by the manifest's state, which a killed process leaves at `running`."""
-    if is_locked(run.path):
-        return LIVE
-    if run.state is RunState.RUNNING:
-        return CRASHED
-    return RESUMABLE if run.state.resumable else FINISHED
-
-
-def _pid_alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists; it is someone else's
-    return True
-
-
-def _rate(run: RunDir, alive: str, summary: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A live run's pace from its checkpoint; a finished call's from its summary."""
-    if alive == LIVE:
-        checkpoint = read_checkpoint(run.path)
-        return checkpoint.live if checkpoint is not None else None
-    this_call = (summary or {}).get("this_call")
-    return {"rows_per_second": this_call["rows_per_second"]} if this_call else None
-
-
-def status(run_dir: Path) -> Result:
-    """One run's state, liveness, pace and counters, read without changing anything."""
-    run = RunDir.open(run_dir)
-    summary_path = run.path / SUMMARY
-    summary = read_json(summary_path) if summary_path.exists() else None
-    alive = liveness(run)
-    pid = run.manifest.pid
-    resumable = alive in (CRASHED, RESUMABLE)
-    return Result(
-        data=StatusResult(
-            run_id=run.run_id,
-            run_dir=str(run.path),
-            state=run.state,
-            live=alive == LIVE,
-            liveness=alive,
-            pid=pid if alive == LIVE and _pid_alive(pid) else None,
-            stop_reason=run.manifest.stop_reason,
-            created_at=run.manifest.created_at,
-            updated_at=run.manifest.updated_at,
-            parent_run=run.plan.parent_run,
-            progress=committed_progress(run),
-            rate=_rate(run, alive, summary),
-            latency_ms=_known_latency(summary),
-            summary=summary,
-            # a delta run: its mode, rows selected and rows skipped unchanged
-            sync=run.plan.sync.to_json() if run.plan.sync is not None else None,
-            continue_command=f"bulkrelay resume {shlex.quote(str(run.path))}" if resumable else None,
-            report=str(report) if (report := run.path / REPORT).is_file() else None,
-        )
-    )
-
-
-def _known_latency(summary: dict[str, Any] | None) -> dict[str, float]:
-    """Latency percentiles that exist: none before the first committed row, never a `null`."""
-    latency = (summary or {}).get("latency_ms") or {}
-    return {name: value for name, value in latency.items() if value is not None}
-
-
-def _alpha_progress(run: AlphaRun) -> tuple[int, int | None, int]:
-    """Done, total and failed rows of a public alpha run, from its own `checkpoint.json`
-    (`processed`, `failed`); its manifest may not know the total."""
-    path = run.path / CHECKPOINT
-    checkpoint = read_json(path) if path.is_file() else {}
-    return checkpoint.get("processed", 0), run.manifest.input_total, checkpoint.get("failed", 0)
-
-
-def runs(runs_dir: Path) -> Result:
-    """A table of runs; one whose files cannot be read is left out with a warning naming it."""
-    table: list[RunRow] = []
-    listed, unreadable = survey(runs_dir)
-    warnings = [_unreadable_run(damaged.path, damaged.reason) for damaged in unreadable]
-    for run in listed:
-        try:
-            table.append(_run_row(run))
-        except (BulkRelayError, KeyError, TypeError, ValueError) as exc:  # its checkpoint or selection
-            reason = exc.message if isinstance(exc, BulkRelayError) else f"{type(exc).__name__}: {exc}"
-            warnings.append(_unreadable_run(run.path, reason))
-    return Result(data=RunsResult(str(runs_dir), tuple(table)), warnings=warnings)
-
-
-def _run_row(run: RunDir | AlphaRun) -> RunRow:
-    if isinstance(run, AlphaRun):
-        done, total, failed = _alpha_progress(run)
-        state, name = ALPHA, run.manifest.name
-    else:
-        progress = committed_progress(run)
-        done, total, failed = progress.done, progress.total, progress.failed
-        state, name = run.state, run.plan.name
-    return RunRow(
-        run_id=run.run_id,
-        state=state,
-        format=run.format,
-        name=name,
-        created_at=run.manifest.created_at,
-        done=done,
-        total=total,
-        failed=failed,
-        run_dir=str(run.path),
-    )
-
-
-def _unreadable_run(run_dir: Path, reason: str) -> EnvelopeWarning:
-    return EnvelopeWarning(
-        "RUN_UNREADABLE",
-        f"skipped {run_dir}: its run files are damaged ({reason})",
-        {"run_dir": str(run_dir), "reason": reason},
-    )

@@ -1,4 +1,4 @@
-"""Which newer runs overtake a delta run (ops/superseded.py): run directories made by hand."""
+"""Which newer runs overtake a delta run (sync/superseded.py): run directories made by hand."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 
-from bulkrelay.ops.superseded import newer_run
 from bulkrelay.store.manifest import RunManifest, ShardRecord
 from bulkrelay.store.rundir import RunDir, RunState
+from bulkrelay.sync.superseded import newer_run
 from tests.runplans import run_plan
 
 

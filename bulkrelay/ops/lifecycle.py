@@ -31,7 +31,6 @@ from bulkrelay.errors import (
 )
 from bulkrelay.job.inputs import spool_stdin_into
 from bulkrelay.job.preflight import Preflight, RowsRead
-from bulkrelay.ops.delta import record_deliveries
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.resume import config_sections, recover_start
 from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
@@ -43,6 +42,7 @@ from bulkrelay.store.liverun import LiveSlot
 from bulkrelay.store.manifest import InputRecord, RunPlan
 from bulkrelay.store.rundir import SUMMARY, RunDir, RunState, utc_now
 from bulkrelay.store.summary import summarize
+from bulkrelay.sync import record_deliveries
 
 # How each stop reason ends a run: (error code, exit code, message).
 _STOPS: dict[StopReason, tuple[str, ExitCode, str]] = {

@@ -1,6 +1,6 @@
 """Which runs a delta job's sync state still needs, so that `prune` and retention keep them.
 
-The sync state is a cache of the journals (ops/syncstate.py): `sync-state rebuild` and `verify` read
+The sync state is a cache of the journals (sync/state.py): `sync-state rebuild` and `verify` read
 it back from them. A run whose delivery is still some key's entry is therefore needed: without its
 journal, the rebuilt state forgets that key, `verify` fails, and the next night resends the row (at
 a million rows, the whole base) and a mirror job never deletes the key. So is a mirror's deletion
@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bulkrelay.errors import BulkRelayError
-from bulkrelay.ops.syncstate import (
+from bulkrelay.store.rundir import RunDir
+from bulkrelay.sync.state import (
     SyncState,
     catch_up,
     job_runs,
@@ -23,7 +24,6 @@ from bulkrelay.ops.syncstate import (
     run_started,
     state_path,
 )
-from bulkrelay.store.rundir import RunDir
 
 
 def runs_state_needs(runs_dir: Path, candidates: Iterable[RunDir]) -> set[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from bulkrelay.errors import UsageError
 from bulkrelay.job.records import Record
-from bulkrelay.ops.shard import ShardSpec, parse_shard, resolve_shard, shard_of_key
+from bulkrelay.ops.sharding import ShardSpec, parse_shard, resolve_shard, shard_of_key
 
 
 def _record(row: int, key: object) -> Record:

@@ -7,21 +7,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bulkrelay.envelope import EnvelopeWarning, Result
-from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, RunSuperseded, UsageError
+from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, RunSuperseded
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint, file_sha256
 from bulkrelay.job.inputs import STDIN_NAME
 from bulkrelay.job.preflight import Preflight, run_preflight
-from bulkrelay.ops.choice import ChosenRows, RowChoice
-from bulkrelay.ops.delta import open_delta, shared_slot, sync_manifest
-from bulkrelay.ops.execute import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
-from bulkrelay.ops.linescan import LineScanFailed
-from bulkrelay.ops.mirror import check_and_spool, deletion_job, discard, end_superseded
+from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.results import MirrorDeletions, RunResult
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
-from bulkrelay.ops.runref import run_by_id
-from bulkrelay.ops.shard import ShardSpec, shard_of_run
+from bulkrelay.ops.rowchoice import ChosenRows, RowChoice
+from bulkrelay.ops.sharding import ShardSpec, shard_of_run
 from bulkrelay.ops.snapshot import (
     is_query_job,
     parquet_input,
@@ -30,8 +26,6 @@ from bulkrelay.ops.snapshot import (
     take_parquet,
     take_snapshot,
 )
-from bulkrelay.ops.superseded import refuse_superseded, superseded
-from bulkrelay.ops.syncstate import job_identity, job_runs
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import Reporter
@@ -39,7 +33,19 @@ from bulkrelay.store.atomic import move_file
 from bulkrelay.store.liverun import LiveSlot, live_slot
 from bulkrelay.store.manifest import Invocation, ShardRecord
 from bulkrelay.store.rundir import RunDir
+from bulkrelay.store.runs import run_by_id
 from bulkrelay.store.selection import save_selection
+from bulkrelay.sync import (
+    LineScanFailed,
+    deletion_job,
+    discard,
+    gone_keys,
+    open_night,
+    overtaken_by,
+    refuse_superseded,
+    shared_slot,
+    sync_manifest,
+)
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,7 @@ def _run_in_slot(request: RunRequest, preflight: Preflight, chosen: ChosenRows, 
         if previous is not None:
             try:
                 verify_unchanged(previous, preflight)
-                if (overtaken := superseded(previous, preflight)) is not None:
+                if (overtaken := overtaken_by(previous, preflight)) is not None:
                     raise overtaken
             except (InputChanged, ConfigChanged, RunSuperseded) as changed:
                 if not isinstance(changed, RunSuperseded) and _reads_own_snapshot(request, previous):
@@ -219,7 +225,7 @@ def _preflight(request: RunRequest) -> tuple[Preflight, ChosenRows, tuple[Path, 
     """Preflight, choosing in the same pass the rows a shard owns and a delta job's changed rows;
     for a mirror job also the keys gone from the input (spooled, checked against `mirror.max_deletes`).
 
-    A delta run's line scan (ops/linescan.py) that fails after preflight took rows as unchanged on
+    A delta run's line scan (sync/linescan.py) that fails after preflight took rows as unchanged on
     its word leaves the choice unproven: preflight reads the input again, choosing the full way."""
     try:
         return _preflight_once(request, scan_lines=True)
@@ -235,16 +241,10 @@ def _preflight_once(
     if request.parquet is not None:
         given, source = request.parquet
         input_name = str(given or request.job.input_path)
-    delta = open_delta(request.job, request.runs_dir, full=request.full, scan_lines=scan_lines)
-    if delta is not None and delta.mirror is not None and request.shard is not None:
-        delta.close()
-        raise UsageError(
-            "sync: mirror cannot run in shards: each shard would delete every key gone from the input",
-            suggestion="run the mirror job unsharded, or use sync: delta in the shards",
-        )
-    if delta is not None and delta.mirror is not None:  # the state has caught up with their journals
-        identity = job_identity(request.job.config.name, request.job.path)
-        end_superseded(job_runs(request.runs_dir, identity))
+    sharded = request.shard is not None
+    delta = open_night(
+        request.job, request.runs_dir, full=request.full, sharded=sharded, scan_lines=scan_lines
+    )
     choice = RowChoice(delta, request.shard, request.job.config.input.key)
     try:
         preflight = run_preflight(
@@ -256,11 +256,7 @@ def _preflight_once(
             choose=choice.chooser(),
         )
         chosen = choice.chosen(preflight.input_fingerprint)
-        deletions = None
-        if delta is not None and delta.mirror is not None:
-            path, count = check_and_spool(delta.state, request.job, request.runs_dir / ".spool")
-            deletions = None if path is None else (path, count)
-        return preflight, chosen, deletions
+        return preflight, chosen, gone_keys(delta, request.job, request.runs_dir / ".spool")
     finally:
         if delta is not None:
             delta.close()

@@ -21,12 +21,12 @@ from bulkrelay.job.config import RequestConfig
 from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RequestRenderer
-from bulkrelay.ops import linescan
+from bulkrelay.sync import linescan
 from bulkrelay.ops.results import RunResult
-from bulkrelay.ops.syncstate import SyncState, job_identity, rebuilt_items
 from bulkrelay.store.journal import decode_line, encode_line, is_commit_marker, read_journal
 from bulkrelay.store.manifest import RunManifest
 from bulkrelay.store.rundir import RunDir, RunState
+from bulkrelay.sync.state import SyncState, job_identity, rebuilt_items
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_input_change import GATE, GATED_JOB, OPEN, _delivered, _run_changing_the_input
@@ -663,7 +663,7 @@ def _lines_known(cwd: Path) -> int:
 def test_each_delivery_teaches_the_state_its_line_and_a_rebuild_forgets_them(
     tmp_path: Path, target: TargetProcess
 ) -> None:
-    """So that the next night settles the row by its bytes alone (ops/linescan.py)."""
+    """So that the next night settles the row by its bytes alone (sync/linescan.py)."""
     job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
     _night(tmp_path, job)
     assert _lines_known(tmp_path) == ROWS

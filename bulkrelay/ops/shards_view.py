@@ -10,12 +10,12 @@ from pathlib import Path
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import NotFound
-from bulkrelay.ops.inspect import committed_progress
 from bulkrelay.ops.results import ShardRow, ShardsResult
-from bulkrelay.ops.runref import is_run_dir, runs_in
-from bulkrelay.ops.shard import shard_of_run
+from bulkrelay.ops.sharding import shard_of_run
+from bulkrelay.ops.status import committed_progress
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunDir, is_locked
+from bulkrelay.store.runs import is_run_dir, runs_in
 
 
 def shards(dirs: list[Path]) -> Result:

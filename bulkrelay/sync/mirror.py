@@ -21,8 +21,8 @@ import orjson
 
 from bulkrelay.errors import ConfigChanged, MirrorKeyCollision, RunLocked, TooManyDeletes
 from bulkrelay.job.config import InputConfig, Job, JobConfig, MirrorConfig, RequestConfig
-from bulkrelay.ops.syncstate import SyncState
 from bulkrelay.store.rundir import RunDir, RunState, is_locked
+from bulkrelay.sync.state import SyncState
 
 SUPERSEDED = "superseded"  # a deletion run ended by the next night of its job, which finds them again
 

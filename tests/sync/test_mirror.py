@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bulkrelay.errors import ExitCode
-from bulkrelay.ops.syncstate import SyncState, job_identity
+from bulkrelay.sync.state import SyncState, job_identity
 from tests.clirun import CliResult, run_cli
 from tests.jobfiles import write_csv, write_job
 from tests.targetproc import TargetProcess

@@ -17,7 +17,7 @@ The verdicts are only as good as the bytes the scan read, so the scan also compu
 size of every byte, and `LineScan.finish` gives them to be compared with preflight's own: any
 difference and preflight's choice is thrown away (the input changed while it was read).
 
-Run as `python -m bulkrelay.ops.linescan` with its parameters as one JSON argument; it writes frames
+Run as `python -m bulkrelay.sync.linescan` with its parameters as one JSON argument; it writes frames
 to stdout: `V` + first line, count, then a mark byte a line (1: known) and 16 digest bytes a line
 (zeros where the line has none); then one `E` + size, lines, SHA-256. Imports only the standard
 library and orjson, so the process starts in a few tens of milliseconds.
@@ -50,7 +50,7 @@ NO_DIGEST = bytes(LINE_DIGEST_SIZE)  # a line with no digest: never known, never
 FRAME_LINES = 4096
 _BLOCK = 1 << 20
 _PIPE_BYTES = 1 << 20
-_COMMAND = (sys.executable, "-m", "bulkrelay.ops.linescan")  # and the parameters, as one JSON argument
+_COMMAND = (sys.executable, "-m", "bulkrelay.sync.linescan")  # and the parameters, as one JSON argument
 _VERDICTS = struct.Struct("<cqI")  # b"V", first line, count
 _END = struct.Struct("<cqq32s")  # b"E", size, lines, SHA-256 of the raw bytes
 _BOM = b"\xef\xbb\xbf"

@@ -19,6 +19,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -28,12 +29,10 @@ import orjson
 from bulkrelay.errors import NotFound, RunLocked, SyncStateBusy, SyncStateCorrupt, SyncStateMismatch
 from bulkrelay.job.digest import key_text
 from bulkrelay.job.fingerprint import canonical_sha256
-from bulkrelay.ops.invocation import normalized_path
-from bulkrelay.ops.results import SyncStateResult
-from bulkrelay.ops.runref import runs_in
 from bulkrelay.store.journal import JournalEntry, read_journal_from
 from bulkrelay.store.manifest import RunPlan
 from bulkrelay.store.rundir import RunDir, is_locked
+from bulkrelay.store.runs import runs_in
 from bulkrelay.store.storage import Storage
 
 STATE_DIR = "sync-state"
@@ -52,7 +51,7 @@ CREATE TABLE IF NOT EXISTS pending_lines (
 ) WITHOUT ROWID;
 """
 # `delivered.line`: the digest of an input line that renders this key's delivered request, so the line
-# scan (ops/linescan.py) can tell the line unchanged by its bytes alone. `pending_lines`: what the last
+# scan (sync/linescan.py) can tell the line unchanged by its bytes alone. `pending_lines`: what the last
 # delta preflight found of each row it looked at (key, request digest, line digest; `keep_lines`): true
 # of those bytes whatever was delivered, and copied to `delivered.line` wherever the delivered request
 # is that one: at once for the unchanged rows, on delivery for the changed ones. A cache, not a record
@@ -154,7 +153,7 @@ def job_identity(name: str | None, job_path: str | Path) -> str:
 
     Not the semantic fingerprint: changing concurrency must not resend everything, and a change
     that alters requests (a new URL) already changes every row's digest."""
-    return f"name:{name}" if name else f"path:{normalized_path(Path(job_path))}"
+    return f"name:{name}" if name else f"path:{Path(job_path).resolve()}"
 
 
 def manifest_identity(plan: RunPlan) -> str:
@@ -427,7 +426,19 @@ def _refuse_live(runs: list[RunDir]) -> None:
             )
 
 
-def rebuild_state(runs_dir: Path, identity: str) -> SyncStateResult:
+@dataclass(frozen=True)
+class StateCheck:
+    """What `rebuild_state` built or `verify_state` found: the job's state file, from how many runs,
+    with how many keys; `matches` only from verify (which raises when they differ)."""
+
+    job: str
+    state: str
+    runs: int
+    keys: int
+    matches: bool | None = None
+
+
+def rebuild_state(runs_dir: Path, identity: str) -> StateCheck:
     """Replace the job's sync state with one built from its journals alone."""
     runs = job_runs(runs_dir, identity)
     _refuse_live(runs)
@@ -444,10 +455,10 @@ def rebuild_state(runs_dir: Path, identity: str) -> SyncStateResult:
     storage = Storage()
     storage.replace(building, final)
     storage.fsync_dir(final.parent)
-    return SyncStateResult(job=identity, state=str(final), runs=len(runs), keys=keys)
+    return StateCheck(job=identity, state=str(final), runs=len(runs), keys=keys)
 
 
-def verify_state(runs_dir: Path, identity: str) -> SyncStateResult:
+def verify_state(runs_dir: Path, identity: str) -> StateCheck:
     """Compare the job's sync state with what its journals imply; `SyncStateMismatch` naming the
     differences when they disagree."""
     runs = job_runs(runs_dir, identity)
@@ -469,7 +480,7 @@ def verify_state(runs_dir: Path, identity: str) -> SyncStateResult:
             context={"state": str(path), **differences},
             suggestion="bulkrelay sync-state rebuild JOB",
         )
-    return SyncStateResult(job=identity, state=str(path), runs=len(runs), keys=keys, matches=True)
+    return StateCheck(job=identity, state=str(path), runs=len(runs), keys=keys, matches=True)
 
 
 Item = tuple[str, bytes, str]

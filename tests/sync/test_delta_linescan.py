@@ -15,11 +15,11 @@ import orjson
 import pytest
 import yaml
 
-from bulkrelay.ops.syncstate import job_identity, state_path
+from bulkrelay.sync.state import job_identity, state_path
 from tests.clirun import CliResult, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
-from tests.ops.test_delta import DELTA, _mirror, _night
 from tests.ops.test_resume import rewrite_job, sent_ids
+from tests.sync.test_delta import DELTA, _mirror, _night
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)

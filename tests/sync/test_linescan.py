@@ -1,4 +1,4 @@
-"""The line scan process itself (ops/linescan.py): the real `LineScan` against files written here and a
+"""The line scan process itself (sync/linescan.py): the real `LineScan` against files written here and a
 real sync state filled here. A line is *known* only when the state holds its digest under its key."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
-from bulkrelay.ops import linescan
-from bulkrelay.ops.linescan import (
+from bulkrelay.sync import linescan
+from bulkrelay.sync.linescan import (
     FRAME_LINES,
     LINE_DIGEST_SIZE,
     NO_DIGEST,
@@ -23,7 +23,7 @@ from bulkrelay.ops.linescan import (
     header_salt,
     line_digest,
 )
-from bulkrelay.ops.syncstate import SyncState
+from bulkrelay.sync.state import SyncState
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
@@ -310,7 +310,7 @@ def _garbling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, garble: str) -> N
     script.write_text(
         f"#!{sys.executable}\n"
         "import subprocess, sys\n"
-        f"scan = [{sys.executable!r}, '-m', 'bulkrelay.ops.linescan', *sys.argv[1:]]\n"
+        f"scan = [{sys.executable!r}, '-m', 'bulkrelay.sync.linescan', *sys.argv[1:]]\n"
         "out = subprocess.run(scan, stdout=subprocess.PIPE, check=True).stdout\n"
         "status = 0\n"
         f"{garble}\n"

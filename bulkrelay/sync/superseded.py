@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from bulkrelay.errors import RunSuperseded
 from bulkrelay.job.preflight import Preflight
-from bulkrelay.ops.syncstate import job_runs, manifest_identity, run_started
 from bulkrelay.store.manifest import ShardRecord
 from bulkrelay.store.rundir import RunDir
+from bulkrelay.sync.state import job_runs, manifest_identity, run_started
 
 
 def newer_run(run: RunDir) -> RunDir | None:
@@ -37,7 +37,7 @@ def _same_keys_possible(one: ShardRecord | None, other: ShardRecord | None) -> b
     return one.index == other.index
 
 
-def superseded(run: RunDir, preflight: Preflight) -> RunSuperseded | None:
+def overtaken_by(run: RunDir, preflight: Preflight) -> RunSuperseded | None:
     """Why continuing `run` (of the job `preflight` read) would deliver over a newer run, or None."""
     if preflight.digester is None and not run.plan.mirror_deletes:
         return None  # not a delta job's: nothing keeps what it delivered in order
@@ -54,6 +54,6 @@ def superseded(run: RunDir, preflight: Preflight) -> RunSuperseded | None:
 
 
 def refuse_superseded(run: RunDir, preflight: Preflight) -> None:
-    refusal = superseded(run, preflight)
+    refusal = overtaken_by(run, preflight)
     if refusal is not None:
         raise refusal

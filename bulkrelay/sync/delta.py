@@ -24,8 +24,11 @@ from bulkrelay.job.inputs import InputFingerprint, InputSpec, changed_values, in
 from bulkrelay.job.positions import RowPositions, request_token
 from bulkrelay.job.preflight import RowWatch
 from bulkrelay.job.records import PreparedRequest, Record
-from bulkrelay.ops.linescan import LINE_DIGEST_SIZE, LineScan, LineScanFailed
-from bulkrelay.ops.syncstate import (
+from bulkrelay.store.manifest import SyncRecord
+from bulkrelay.store.rowset import RowSet
+from bulkrelay.store.rundir import RunDir
+from bulkrelay.sync.linescan import LINE_DIGEST_SIZE, LineScan, LineScanFailed
+from bulkrelay.sync.state import (
     LOOKUP_BATCH,
     SyncState,
     catch_up,
@@ -33,9 +36,6 @@ from bulkrelay.ops.syncstate import (
     job_runs,
     manifest_identity,
 )
-from bulkrelay.store.manifest import SyncRecord
-from bulkrelay.store.rowset import RowSet
-from bulkrelay.store.rundir import RunDir
 
 _IN_FLIGHT = 4  # batches handed to the look-up thread and not answered yet
 _LINE_SCHEME = "bulkrelay-delta-line-v1"
@@ -81,7 +81,7 @@ class DeltaSelector:
     of the GIL, so the B-tree work overlaps preflight's parsing. Call `close` when done.
 
     With a `salt` (`line_salt`; a delta run, not `--full`, not mirror), a line scan
-    (ops/linescan.py) runs beside preflight and names the lines whose bytes the state knows as
+    (sync/linescan.py) runs beside preflight and names the lines whose bytes the state knows as
     delivered: their rows are settled, unchanged without a render, a digest or a look-up. The other
     rows go the full way, and what preflight finds of them teaches the state their lines
     (`SyncState.learn_lines`, `keep_lines`), for the next night."""

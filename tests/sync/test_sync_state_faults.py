@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
-from bulkrelay.ops.syncstate import job_identity, state_path
+from bulkrelay.sync.state import job_identity, state_path
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.ops.test_input_change import GATE, GATED_JOB, OPEN
