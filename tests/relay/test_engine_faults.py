@@ -250,7 +250,9 @@ def test_second_sigint_forces_and_leaves_in_flight_rows_pending(tmp_path: Path) 
 
 def test_a_second_process_on_a_held_run_gets_run_locked(tmp_path: Path) -> None:
     with TargetProcess({"rules": [{"delay_ms": 300}]}) as target:
-        job = write_job(tmp_path, target.url, rows=40, execution={"concurrency": 2})
+        # 400 rows at two a 300 ms answer: a minute of run, far longer than the two commands beside it
+        # take on a busy machine; the SIGINT ends it.
+        job = write_job(tmp_path, target.url, rows=400, execution={"concurrency": 2})
         proc = _start_run(job)
         try:
             wait_for(lambda: _journal_has_lines(job), "the run to be under way", interval=0.02)

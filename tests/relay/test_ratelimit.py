@@ -155,11 +155,14 @@ async def test_pause_until_holds_every_waiter() -> None:
 async def test_pause_extends_while_waiting_and_pacing_resumes_after() -> None:
     limiter = RateLimiter(20)
     await limiter.acquire()
-    limiter.pause_until(time.monotonic() + 0.1)
+    first = time.monotonic() + 0.5
+    limiter.pause_until(first)
     tasks = [asyncio.create_task(limiter.acquire()) for _ in range(3)]
-    await asyncio.sleep(0.05)
-    later = time.monotonic() + 0.2
+    for _ in range(3):  # the tasks queue behind the pause: yields, not wall time (a busy machine)
+        await asyncio.sleep(0)
+    later = time.monotonic() + 0.6
     limiter.pause_until(later)  # a second 429 while the first pause runs
+    assert time.monotonic() < first, "the second pause came while the first one ran"
     started = []
     for task in tasks:
         await task
