@@ -30,6 +30,8 @@ from urllib.parse import quote, quote_plus, unquote
 
 import orjson
 
+from bulkrelay.job.wire import url_spellings
+
 REDACTED = "***"
 LEARNT_KEPT = 8  # secrets learnt during a run that stay hidden (see `Redactor.learn`)
 
@@ -56,6 +58,8 @@ class Redactor:
 
     def __init__(self, secret_values: Iterable[str], *, derived: Iterable[str] = ()) -> None:
         secrets = {value for value in secret_values if value}
+        # A secret put into the URL is sent (and named by transport errors) in the wire's normal form.
+        secrets |= {form for value in secrets for form in url_spellings(value) if form}
         self._values = secrets | {value for value in derived if value}
         self._learnt: list[str] = []
         self._compile()

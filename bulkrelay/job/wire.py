@@ -25,6 +25,21 @@ def wire_url(url: str) -> str:
     return sent
 
 
+def url_spellings(value: str) -> set[str]:
+    """The other forms `value` takes on the wire when it is put into a URL (a secret such as
+    `${API_BASE}` or a host alone): the URL's normal form without the path the parser adds, and a
+    host's (lower case, IDNA). Empty when the wire keeps `value` as it is, or it is no URL part."""
+    forms = set()
+    for candidate, prefix in ((value, ""), (f"http://{value}/", "http://")):
+        try:
+            sent = wire_url(candidate)
+        except ValueError:
+            continue
+        sent = sent.removeprefix(prefix)
+        forms.add(sent if candidate.endswith("/") else sent.removesuffix("/"))
+    return forms - {value}
+
+
 def header_value_refusal(value: str) -> str | None:
     """Why the transport would refuse `value` as a header value, or None when it is accepted.
 

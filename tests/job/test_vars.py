@@ -108,3 +108,30 @@ def test_the_cli_render_prints_the_var_and_never_the_secret(tmp_path: Path) -> N
     assert result.exit_code == 0, result.envelope
     assert "https://staging.example.com/v1/1?region=***" in result.data["requests"][0]["curl"]
     assert b"t0ps3cret" not in result.stdout and b"=eu" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("base", "sent"),
+    [
+        ("https://Staging.Example.COM", "https://staging.example.com/v1/1?region=eu"),  # host lower-cased
+        ("https://staging.example.com:443", "https://staging.example.com/v1/1?region=eu"),  # default port
+        ("https://bücher.example", "https://xn--bcher-kva.example/v1/1?region=eu"),  # IDNA
+    ],
+)
+def test_a_secret_stays_hidden_in_the_url_the_wire_normalizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, base: str, sent: str
+) -> None:
+    """reqwest normalizes the URL after `${API_BASE}` is put in: the host's case, a default port, IDNA.
+    The rendered request shows the URL as sent, so the secret must be hidden in that form too, and in
+    any text (a transport error) that names the URL."""
+    for name, value in {**ENV, "API_BASE": base}.items():
+        monkeypatch.setenv(name, value)
+    job = write_job(tmp_path, "https://unused", rows=1, request=_job()["request"])
+    payload = render(load_job(job), None, "1").payload()
+    assert payload is not None
+    assert payload["requests"][0]["url"] == "***/v1/1?region=***"
+    config = parse_job(yaml.safe_dump(_job()), file="job.yaml")
+    renderer = RequestRenderer.from_config(config.request, {**ENV, "API_BASE": base}, shown=())
+    assert renderer.redactor.redact(f"error sending request for url ({sent})") == (
+        "error sending request for url (***/v1/1?region=***)"
+    )

@@ -21,11 +21,11 @@ from bulkrelay.job.config import RequestConfig
 from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RequestRenderer
-from bulkrelay.sync import linescan
 from bulkrelay.ops.results import RunResult
 from bulkrelay.store.journal import decode_line, encode_line, is_commit_marker, read_journal
 from bulkrelay.store.manifest import RunManifest
 from bulkrelay.store.rundir import RunDir, RunState
+from bulkrelay.sync import linescan
 from bulkrelay.sync.state import SyncState, job_identity, rebuilt_items
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
