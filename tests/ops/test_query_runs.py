@@ -201,3 +201,53 @@ def test_resume_of_a_query_run_reads_its_snapshot_and_never_the_database(
 
     assert resumed.exit_code == 0, resumed.envelope
     assert set(_sent(target)) == set(range(1, 41))
+
+
+@pytest.mark.slow
+def test_a_quiet_night_with_no_changed_rows_is_a_run_of_no_rows(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """A query's empty answer ("every customer updated since yesterday", on a quiet night) is no broken
+    input: validate says 0 records, the run completes with exit 0, and the next night with rows sends
+    them. (An empty file, Parquet too, stays refused: no database vouches for it.)"""
+    db = _sqlite(tmp_path, range(1, 4))
+    url = f"sqlite:///{db}"
+    job = _job(tmp_path, target.url, "SELECT id, email FROM customers WHERE id > :after", params={"after": 3})
+
+    checked = run_cli("validate", job, cwd=tmp_path, env=cli_env(DATABASE_URL=url))
+    quiet = _run(tmp_path, job, url)
+    _sqlite(tmp_path, range(4, 6))
+    busy = _run(tmp_path, job, url)
+
+    assert checked.exit_code == 0 and checked.data["record_count"] == 0, checked.envelope
+    assert quiet.exit_code == 0, quiet.envelope
+    assert quiet.data["state"] == "completed" and quiet.data["progress"]["total"] == 0
+    assert busy.exit_code == 0 and busy.data["progress"]["total"] == 2, busy.envelope
+    assert _sent(target) == Counter({4: 1, 5: 1})
+
+
+@pytest.mark.slow
+def test_a_parquet_file_of_no_rows_is_refused_by_validate_and_run_alike(tmp_path: Path) -> None:
+    """A file is not a query: an empty export is more often a failed export than a quiet night."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    pq.write_table(pa.table({"id": pa.array([], pa.int64())}), tmp_path / "empty.parquet")
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "input": {"file": "empty.parquet"},
+                "request": {
+                    "method": "PUT",
+                    "url": "http://127.0.0.1:9/c/{id}",
+                    "json": {"id": {"from": "id"}},
+                },
+            }
+        )
+    )
+    for command in ("validate", "run"):
+        refused = run_cli(command, job, cwd=tmp_path)
+        assert refused.error_code == "INPUT_INVALID", refused.envelope
+        assert "input has no records" in refused.envelope["error"]["message"]

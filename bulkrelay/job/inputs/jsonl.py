@@ -34,10 +34,13 @@ class _OutOfRange(ValueError):
 class JsonlReader:
     """The records of a JSON Lines text, bad lines reported to `report` and skipped."""
 
-    def __init__(self, binary: BinaryIO, file: str, report: ProblemSink) -> None:
+    def __init__(
+        self, binary: BinaryIO, file: str, report: ProblemSink, *, may_be_empty: bool = False
+    ) -> None:
         self._binary = binary
         self._file = file
         self._report = report
+        self._may_be_empty = may_be_empty
 
     def records(self) -> Generator[Record, None, int]:
         """One JSON object per line; every line is a row, so row number and line number agree."""
@@ -65,7 +68,7 @@ class JsonlReader:
         except GZIP_ERRORS as exc:
             self._report(damaged(self._file, exc))
             return line
-        if line == 0:
+        if line == 0 and not self._may_be_empty:
             self._report(no_records(self._file))
         return line
 

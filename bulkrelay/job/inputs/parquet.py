@@ -16,7 +16,7 @@ import orjson
 
 from bulkrelay.errors import InputInvalid, NotFound, Problem, UsageError
 from bulkrelay.job.inputs.query import RowsRead, json_line
-from bulkrelay.job.inputs.spec import InputIdentity, input_changed
+from bulkrelay.job.inputs.spec import PARQUET_SOURCE, InputIdentity, input_changed
 from bulkrelay.private import open_private
 
 _CHUNK = 1 << 20
@@ -44,7 +44,7 @@ def parquet_source(path: Path) -> str:
                 size += len(chunk)
     except FileNotFoundError:
         raise NotFound(f"input file not found: {path}", context={"file": str(path)}) from None
-    return f"parquet sha256:{digest.hexdigest()} size:{size}"
+    return f"{PARQUET_SOURCE}sha256:{digest.hexdigest()} size:{size}"
 
 
 def parquet_into(path: Path, dest: Path, on_rows: RowsRead | None = None) -> tuple[int, str]:

@@ -59,6 +59,9 @@ def detect_format(path_name: str, declared: str | None) -> tuple[InputFormat, bo
     return fmt, gzipped
 
 
+PARQUET_SOURCE = "parquet "  # how a Parquet file's source begins (job/inputs/parquet.py)
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """Where an input is and how to read it. `name` is what problems call the file (STDIN_NAME)."""
@@ -85,6 +88,11 @@ class InputSpec:
         """A spec whose format and gzip flag come from `detect_format`."""
         fmt, gzipped = detect_format(str(path), declared)
         return cls(path=path, format=fmt, gzip=gzipped, delimiter=delimiter)
+
+    @property
+    def query_answer(self) -> bool:
+        """The snapshot of a query's answer (its source names a database, not a Parquet file's bytes)."""
+        return self.source is not None and not self.source.startswith(PARQUET_SOURCE)
 
     @property
     def display_name(self) -> str:

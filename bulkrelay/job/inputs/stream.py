@@ -135,7 +135,10 @@ class RecordStream:
     def _format_records(self) -> Generator[Record, None, int]:
         if self._spec.format == "csv":
             return CsvReader(self._binary, self._file, self._report, self._spec.delimiter).records()
-        return JsonlReader(self._binary, self._file, self._report).records()
+        # A query's answer may hold no row: "every order changed since yesterday" is empty on a quiet
+        # night, and that night's run is a run of no rows. A file (a Parquet file too) may not.
+        empty = self._spec.query_answer
+        return JsonlReader(self._binary, self._file, self._report, may_be_empty=empty).records()
 
 
 @contextmanager
