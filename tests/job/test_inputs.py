@@ -593,3 +593,25 @@ def test_a_file_that_changes_while_preflight_reads_it_is_refused(tmp_path: Path)
         with pytest.raises(InputChanged) as info:
             stream.identity()
     assert "while it was being read" in info.value.message
+
+
+def test_a_csv_value_may_be_as_long_as_a_line(tmp_path: Path) -> None:
+    """The line limit (16 MiB) holds for CSV as for JSON Lines: a 200 KB value (a JSON blob in a
+    column) is read, not refused by the csv module's own 128 KiB field limit."""
+    blob = "x" * 200_000
+    records, problems, _ = _read_file(tmp_path, "a.csv", f'id,blob\n1,"{blob}"\n2,b\n'.encode())
+    assert problems == []
+    assert [(r.row_number, len(r.fields["blob"])) for r in records] == [(1, 200_000), (2, 1)]
+
+
+def test_a_csv_record_of_many_quoted_lines_is_bounded_like_a_line(tmp_path: Path) -> None:
+    """A quoted value that never closes, spread over many short lines, would build one record of any
+    size: a record longer than the line limit is refused naming where it starts, and reading stops
+    (inside an open quote there is no next record to find)."""
+    many = b"x\n" * (9 << 20)  # 18 MiB of 2-byte lines
+    records, problems, _ = _read_file(tmp_path, "a.csv", b'id,v\n1,a\n2,"' + many + b'"\n3,c\n')
+    assert [r.row_number for r in records] == [1]
+    assert [(p.line, p.row) for p in problems] == [(3, 2)]
+    assert problems[0].message.startswith("the record is longer than 16,777,216 bytes")
+    records, problems, _ = _read_file(tmp_path, "b.csv", b'id,"v' + many)  # the header's own quote
+    assert records == [] and [(p.line, p.row) for p in problems] == [(1, None)]

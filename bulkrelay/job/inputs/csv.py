@@ -4,11 +4,11 @@ physical line where it starts."""
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from bulkrelay.errors import Problem
-from bulkrelay.job.inputs.lines import TOO_LONG, lines_of, too_long_message
+from bulkrelay.job.inputs.lines import MAX_LINE_BYTES, TOO_LONG, lines_of, too_long_message
 from bulkrelay.job.inputs.raw import GZIP_ERRORS, damaged
 from bulkrelay.job.inputs.spec import ProblemSink, no_records
 from bulkrelay.job.records import Record
@@ -17,6 +17,34 @@ if TYPE_CHECKING:
     from _csv import Reader as _CsvReader
 
 _COMPILED_WIDTH = 1000  # a CSV header wider than this makes its rows' dicts with dict(zip(...))
+
+# The csv module's own field limit (128 KiB) would refuse a value the line limit allows (a JSON blob in
+# a column); a value as long as a line is read, and a record's size is bounded below (`_RecordLines`).
+csv.field_size_limit(max(csv.field_size_limit(), MAX_LINE_BYTES))
+
+
+class _RecordTooLong(Exception):
+    """A record (a quoted value over many lines) past the line limit: raised through the csv reader."""
+
+
+class _RecordLines:
+    """The decoded lines fed to the csv reader, counting the bytes of the record being read: a quoted
+    value that never closes would otherwise gather the rest of the file into one record."""
+
+    def __init__(self, lines: Iterable[bytes], limit: int = MAX_LINE_BYTES) -> None:
+        self._lines = iter(lines)
+        self._limit = limit
+        self.used = 0  # bytes read since the last record ended (the caller resets it)
+
+    def __iter__(self) -> Iterator[str]:
+        return self  # an iterator object, not a generator: a line that fails to decode ends no reading
+
+    def __next__(self) -> str:
+        line = next(self._lines)
+        self.used += len(line)
+        if self.used > self._limit:
+            raise _RecordTooLong
+        return line.decode()
 
 
 class CsvReader:
@@ -30,10 +58,12 @@ class CsvReader:
 
     def records(self) -> Generator[Record, None, int]:
         """CSV with a header row. `reader.line_num` counts physical lines, which gives each record's start."""
-        reader = csv.reader(map(bytes.decode, lines_of(self._binary)), delimiter=self._delimiter, strict=True)
+        lines = _RecordLines(lines_of(self._binary))
+        reader = csv.reader(lines, delimiter=self._delimiter, strict=True)
         headers = self._csv_header(reader)
         if headers is None:
             return 0
+        lines.used = 0
         width = len(headers)
         fields_of = _row_to_fields(headers)
         new_record = tuple.__new__  # Record(...) would go through a Python-level __new__
@@ -43,6 +73,7 @@ class CsvReader:
         while True:
             try:
                 for row in reader:
+                    lines.used = 0
                     start = end + 1
                     end = reader.line_num + skipped
                     if not row:  # a blank line, skipped like csv.DictReader does
@@ -54,11 +85,13 @@ class CsvReader:
                     yield new_record(Record, (row_number, start, fields_of(row)))
                 break
             except UnicodeDecodeError as exc:
+                lines.used = 0
                 skipped += 1
                 row_number += 1
                 end = reader.line_num + skipped
                 self._report(self._undecodable(exc, end, row_number))
             except csv.Error as exc:
+                lines.used = 0
                 row_number += 1
                 start, end = end + 1, reader.line_num + skipped
                 self._report(
@@ -67,6 +100,9 @@ class CsvReader:
             except GZIP_ERRORS as exc:
                 self._report(damaged(self._file, exc))
                 return row_number
+            except _RecordTooLong:
+                self._report(self._too_long(end + 1, row_number + 1))
+                return row_number + 1
         if row_number == 0:
             self._report(no_records(self._file))
         return row_number
@@ -75,6 +111,9 @@ class CsvReader:
         """The header row (the first non-blank line), or None after reporting why the file cannot be read."""
         try:
             headers = next((row for row in reader if row), None)
+        except _RecordTooLong:
+            self._report(self._too_long(1, None))
+            return None
         except UnicodeDecodeError as exc:
             self._report(self._undecodable(exc, reader.line_num + 1, None))
             return None
@@ -97,6 +136,15 @@ class CsvReader:
                 return None
             seen.add(name)
         return headers
+
+    def _too_long(self, line: int, row_number: int | None) -> Problem:
+        return Problem(
+            f"the record is longer than {MAX_LINE_BYTES:,} bytes (a quoted value that does not close?); "
+            "reading stops",
+            file=self._file,
+            line=line,
+            row=row_number,
+        )
 
     def _ragged(self, row: list[str], width: int, line: int, row_number: int) -> Problem:
         return Problem(
