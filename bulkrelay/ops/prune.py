@@ -77,16 +77,28 @@ def _doomed(runs: list[_Candidate], retention: Retention, now: datetime) -> list
         by_job.setdefault(candidate.job, []).append(candidate)
     age = retention.older_than_seconds
     doomed: list[_Candidate] = []
+    keep = max(retention.keep or 1, 1)  # the newest run of a job always stays
     for group in by_job.values():
-        group.sort(key=lambda c: (c.created, c.run.run_id), reverse=True)
-        keep = max(retention.keep or 1, 1)  # the newest run of a job always stays
-        for candidate in group[keep:]:
+        for candidate in _beyond_keep(group, keep):
             if not candidate.run.state.final or is_locked(candidate.run.path):
                 continue
             if age is not None and (now - candidate.created).total_seconds() <= age:
                 continue
             doomed.append(candidate)
     return sorted(doomed, key=lambda c: c.run.run_id)
+
+
+def _beyond_keep(group: list[_Candidate], keep: int) -> list[_Candidate]:
+    """The runs of one job outside its newest `keep`. A mirror night is its run and the deletion run
+    after it: `keep` counts nights, and a deletion run goes with its night (else `--keep 2` kept one
+    night and a half)."""
+    nights = sorted(
+        (c for c in group if c.run.plan.mirror_of is None),
+        key=lambda c: (c.created, c.run.run_id),
+        reverse=True,
+    )
+    kept = {c.run.run_id for c in nights[:keep]}
+    return nights[keep:] + [c for c in group if c.run.plan.mirror_of not in (None, *kept)]
 
 
 def _remove(run: RunDir, warnings: list[EnvelopeWarning]) -> bool:

@@ -194,3 +194,21 @@ def test_prune_skips_a_linked_run_with_a_warning_and_reports_every_removal(tmp_p
     assert archived.is_dir() and (runs / old[1].run_id).is_symlink()  # neither the link nor its target
     assert newest.path.is_dir()
     assert _remaining(runs) == {old[1].run_id, newest.run_id, "nightly-latest"}
+
+
+def test_keep_counts_a_mirror_night_with_its_deletion_run(tmp_path: Path) -> None:
+    """--keep 2 keeps two nights of a mirror job, each its run and the deletion run that followed it."""
+    runs = tmp_path / "runs"
+    nights = []
+    for n in range(3):  # nights[2] newest
+        night = _make_run(runs, "/jobs/m.yaml", RunState.COMPLETED, days_old=10 - n)
+        deleted = RunDir.create(runs, run_plan("/jobs/m.yaml", mirror_deletes=True, mirror_of=night.run_id))
+        created = datetime.now(UTC) - timedelta(days=10 - n - 0.5)
+        stamp = created.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        deleted.save(replace(deleted.manifest, state=RunState.COMPLETED, created_at=stamp))
+        nights.append((night.run_id, deleted.run_id))
+
+    report = prune(runs, Retention(keep=2))
+
+    assert sorted(report.removed) == sorted(nights[0])
+    assert _remaining(runs) == {run for night in nights[1:] for run in night}
