@@ -608,7 +608,7 @@ def test_a_csv_record_of_many_quoted_lines_is_bounded_like_a_line(tmp_path: Path
     """A quoted value that never closes, spread over many short lines, would build one record of any
     size: a record longer than the line limit is refused naming where it starts, and reading stops
     (inside an open quote there is no next record to find)."""
-    many = b"x\n" * (9 << 20)  # 18 MiB of 2-byte lines
+    many = (b"x" * 1023 + b"\n") * (17 << 10)  # 17 MiB of 1 KiB lines
     records, problems, _ = _read_file(tmp_path, "a.csv", b'id,v\n1,a\n2,"' + many + b'"\n3,c\n')
     assert [r.row_number for r in records] == [1]
     assert [(p.line, p.row) for p in problems] == [(3, 2)]
