@@ -37,7 +37,7 @@ from bulkrelay.background.state import (
     remove_expired,
 )
 from bulkrelay.background.worker import LOCK_FD_ENV
-from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
+from bulkrelay.envelope import CallMeta, CommandData, EnvelopeWarning, ErrorInfo, Result, SideChannel
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
 from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS, whole_number
 from bulkrelay.job.fingerprint import file_sha256
@@ -293,17 +293,15 @@ def stored_result(background: BackgroundJob, budget_ms: int | None) -> Result:
     stored = background.result()
     assert stored is not None
     envelope = stored.envelope
-    meta = {k: v for k, v in envelope["meta"].items() if k not in ("exit_code", "duration_ms", "budget_ms")}
-    meta.update(work_duration_ms=envelope["meta"]["duration_ms"], job_id=background.job_id)
-    if budget_ms is not None:
-        meta["budget_ms"] = budget_ms
+    error = envelope["error"]
     return Result(
         data=envelope["data"],
         exit_code=ExitCode(stored.exit_code),
-        error=envelope["error"],
+        error=None if error is None else ErrorInfo.from_dict(error),
         warnings=_warnings(envelope["warnings"]),
-        meta=meta,
+        meta=CallMeta(job_id=background.job_id, budget_ms=budget_ms),
         kind=stored.kind,
+        side=SideChannel(work_duration_ms=envelope["meta"]["duration_ms"]),
     )
 
 
@@ -389,23 +387,20 @@ def incomplete(
         if state is BackgroundJobState.CANCELLING
         else "it goes on in the background"
     )
-    error: dict[str, Any] = {
-        "code": "INCOMPLETE",
-        "message": f"job {background.job_id} {why}; {goes_on}",
-        "retryable": True,
-        "suggestion": continue_command,
-    }
-    if handed_off_on is not None:
-        error["context"] = {"handed_off_on": handed_off_on}
-    meta: dict[str, Any] = {"job_id": background.job_id}
-    if budget_ms is not None:
-        meta["budget_ms"] = budget_ms
+    error = ErrorInfo(
+        "INCOMPLETE",
+        f"job {background.job_id} {why}; {goes_on}",
+        retryable=True,
+        suggestion=continue_command,
+        context=None if handed_off_on is None else {"handed_off_on": handed_off_on},
+        order=("code", "message", "retryable", "suggestion", "context"),
+    )
     return Result(
         data=data,
         exit_code=ExitCode.INCOMPLETE,
         error=error,
         warnings=_warnings(list(worker.warnings) if worker is not None else []),
-        meta=meta,
+        meta=CallMeta(job_id=background.job_id, budget_ms=budget_ms),
     )
 
 
@@ -504,5 +499,4 @@ def _cancel_answer(background: BackgroundJob, budget_ms: int | None) -> Result:
         run_state=run_state,
         job_exit_code=stored.exit_code if stored else None,
     )
-    meta = {} if budget_ms is None else {"budget_ms": budget_ms}
-    return Result(data=data, meta=meta)
+    return Result(data=data, meta=CallMeta(budget_ms=budget_ms))

@@ -36,7 +36,7 @@ from bulkrelay.background.state import (
     index_locked,
     remember_background_job,
 )
-from bulkrelay.envelope import EnvelopeWarning, Result, to_envelope
+from bulkrelay.envelope import EnvelopeWarning, ErrorInfo, Result, to_envelope
 from bulkrelay.errors import BulkRelayError, ExitCode
 from bulkrelay.job.inputs import append_stdin
 from bulkrelay.job.preflight import Preflight
@@ -203,12 +203,11 @@ def _stopped_reading_stdin(reason: StopReason) -> Result:
     return Result(
         exit_code=ExitCode.SIGINT if reason is StopReason.INTERRUPTED else ExitCode.SIGTERM,
         kind="error",
-        error={
-            "code": reason.name,
-            "message": f"stopped ({reason}) while still reading standard input: nothing was sent, "
-            "no run was made",
-            "retryable": reason is not StopReason.CANCELLED,
-        },
+        error=ErrorInfo(
+            reason.name,
+            f"stopped ({reason}) while still reading standard input: nothing was sent, no run was made",
+            retryable=reason is not StopReason.CANCELLED,
+        ),
     )
 
 

@@ -36,7 +36,7 @@ from bulkrelay.background.call import (
     SyncStateArgs,
     ValidateArgs,
 )
-from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
+from bulkrelay.envelope import CommandData, EnvelopeWarning, Result, SideChannel
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 from bulkrelay.job.config import Job, load_job
 from bulkrelay.job.inputs import STDIN_NAME
@@ -181,7 +181,7 @@ def _within_budget(relay: _Relay) -> Result:
     except BulkRelayError as exc:
         result = Result.from_error(exc)
     if budget_ms is not None:
-        result.meta["budget_ms"] = budget_ms
+        result.meta = replace(result.meta, budget_ms=budget_ms)
     return result
 
 
@@ -444,7 +444,7 @@ def _prune(options: PruneArgs) -> Result:
 
 @dataclass(frozen=True)
 class CompletionScript(CommandData):
-    """`completion SHELL`: the script itself goes to stdout alone (`Result.meta["stdout_payload"]`)."""
+    """`completion SHELL`: the script itself goes to stdout alone (`Result.side.stdout_payload`)."""
 
     kind = "completion"
 
@@ -459,7 +459,7 @@ def _completion(options: CompletionArgs) -> Result:
     from bulkrelay.cli.completion import completion_script  # shtab loads only for its own command
 
     script = completion_script(options.shell)
-    return Result(data=CompletionScript(options.shell), meta={"stdout_payload": script})
+    return Result(data=CompletionScript(options.shell), side=SideChannel(stdout_payload=script))
 
 
 def _failures(options: FailuresArgs) -> Result:

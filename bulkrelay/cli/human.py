@@ -14,7 +14,7 @@ from rich.rule import Rule
 from rich.table import Table
 
 from bulkrelay.cli.parser import HelpText, VersionInfo
-from bulkrelay.envelope import CommandData, Result
+from bulkrelay.envelope import CommandData, ErrorInfo, Result
 from bulkrelay.ops.results import (
     DemoResult,
     FailuresResult,
@@ -70,13 +70,13 @@ def print_human(result: Result, envelope: dict[str, Any]) -> None:
         _print_error(result.error)
 
 
-def _print_error(error: dict[str, Any]) -> None:
-    _err.print(f"[bold red]error[/] {error['code']}: {error['message']}", highlight=False)
-    for problem in (error.get("context") or {}).get("problems", [])[1:]:
+def _print_error(error: ErrorInfo) -> None:
+    _err.print(f"[bold red]error[/] {error.code}: {error.message}", highlight=False)
+    for problem in (error.context or {}).get("problems", [])[1:]:
         where = ", ".join(f"{k} {v}" for k, v in problem.items() if k != "message")
         _err.print(f"  {where}: {problem['message']}", highlight=False)
-    if error.get("suggestion"):
-        _err.print(f"[dim]hint:[/] {error['suggestion']}", highlight=False)
+    if error.suggestion:
+        _err.print(f"[dim]hint:[/] {error.suggestion}", highlight=False)
 
 
 def _validate(valid: ValidateResult) -> None:

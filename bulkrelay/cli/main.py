@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from bulkrelay.background.call import Call, WorkerArgs
 from bulkrelay.cli.parser import Answered, exports_to_stdout, parse_call
-from bulkrelay.envelope import Result, dumps_envelope, to_envelope
+from bulkrelay.envelope import ErrorInfo, Result, dumps_envelope, to_envelope
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -126,12 +126,12 @@ def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Res
     return Result(
         exit_code=exit_code,
         kind="error",
-        error={
-            "code": code,
-            "message": f"stopped by {name} while no row was in flight (start-up, preflight or wrap-up)",
-            "retryable": True,
-            "suggestion": "run the same command again: it continues any run this one left unfinished",
-        },
+        error=ErrorInfo(
+            code,
+            f"stopped by {name} while no row was in flight (start-up, preflight or wrap-up)",
+            retryable=True,
+            suggestion="run the same command again: it continues any run this one left unfinished",
+        ),
     )
 
 
@@ -159,11 +159,11 @@ def emit(
 
 
 def _write_result(result: Result, *, started: float, as_json: bool, on_stderr: bool) -> None:
-    duration_ms = result.meta.pop("work_duration_ms", None)
+    duration_ms = result.side.work_duration_ms
     if duration_ms is None:
         duration_ms = round((time.monotonic() - started) * 1000)
-    payload = result.meta.pop("stdout_payload", None)  # the whole answer (`completion`): no envelope
-    envelope = to_envelope(result, duration_ms=int(duration_ms))
+    payload = result.side.stdout_payload  # the whole answer (`completion`): no envelope
+    envelope = to_envelope(result, duration_ms=duration_ms)
     if as_json or on_stderr:
         for warning in result.warnings:
             if warning.code in _STDERR_WARNINGS:

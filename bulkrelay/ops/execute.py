@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
+from bulkrelay.envelope import EnvelopeWarning, ErrorInfo, Result, deprecation_warnings
 from bulkrelay.errors import (
     BulkRelayError,
     ExitCode,
@@ -322,12 +322,12 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
         error = (
             None
             if code == ExitCode.SUCCESS
-            else {
-                "code": "PARTIAL_FAILURE",
-                "message": f"{committed.failed} of {committed.total} rows failed",
-                "retryable": False,
-                "suggestion": f"bulkrelay retry-failed {shlex.quote(str(run.path))}",
-            }
+            else ErrorInfo(
+                "PARTIAL_FAILURE",
+                f"{committed.failed} of {committed.total} rows failed",
+                retryable=False,
+                suggestion=f"bulkrelay retry-failed {shlex.quote(str(run.path))}",
+            )
         )
         return Result(data=data, exit_code=code, error=error)
     code_name, exit_code, message = _STOPS.get(
@@ -335,29 +335,40 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     )
     if state is RunState.FORCED:
         message = _forced_message(outcome.stop_reason, message)
-    error = {
-        "code": code_name,
-        "message": f"run {run.run_id}: {message}",
-        "retryable": state is not RunState.CANCELLED,
-        "context": {"run_dir": str(run.path), **outcome.stop_detail},
-    }
+    error = ErrorInfo(
+        code_name,
+        f"run {run.run_id}: {message}",
+        retryable=state is not RunState.CANCELLED,
+        context={"run_dir": str(run.path), **outcome.stop_detail},
+        order=_STOP_ERROR_KEYS,
+    )
     if state.resumable:
-        error["suggestion"] = continue_command(run)
+        error = replace(error, suggestion=continue_command(run))
         if outcome.stop_reason in _SAYS_WHY:  # e.g. "data.csv changed ...: size 1 -> 2", "invalid_client"
-            error["detail"] = str(outcome.stop_detail.get("message", ""))
+            error = replace(error, detail=str(outcome.stop_detail.get("message", "")))
         if outcome.stop_reason is StopReason.INPUT_CHANGED:
-            error["suggestion"] = f"restore the input preflight read, then: {continue_command(run)}"
+            error = replace(
+                error, suggestion=f"restore the input preflight read, then: {continue_command(run)}"
+            )
         if outcome.stop_reason is StopReason.TOKEN_REFUSED:
-            error["message"] = f"run {run.run_id}: {outcome.stop_detail.get('message')}; halted"
-            error["suggestion"] = (
-                "fix request.auth.oauth2 or its secrets (bulkrelay validate --check-auth JOB asks the "
-                f"endpoint alone), then: {continue_command(run)}"
+            error = replace(
+                error,
+                message=f"run {run.run_id}: {outcome.stop_detail.get('message')}; halted",
+                suggestion="fix request.auth.oauth2 or its secrets (bulkrelay validate --check-auth JOB asks "
+                f"the endpoint alone), then: {continue_command(run)}",
             )
     if outcome.stop_reason is StopReason.HALT_FAILURE_RATE:
-        error["message"] = f"run {run.run_id}: {_failure_rate_message(outcome.stop_detail)}"
         failures = f"bulkrelay failures {shlex.quote(str(run.path))}"
-        error["suggestion"] = f"see `{failures}`; fix the cause, then: {continue_command(run)}"
+        error = replace(
+            error,
+            message=f"run {run.run_id}: {_failure_rate_message(outcome.stop_detail)}",
+            suggestion=f"see `{failures}`; fix the cause, then: {continue_command(run)}",
+        )
     return Result(data=data, exit_code=exit_code, error=error)
+
+
+# A stop's error has always said its context first, its stop detail last (the envelope is kept to the byte).
+_STOP_ERROR_KEYS = ("code", "message", "retryable", "context", "suggestion", "detail")
 
 
 def _failure_rate_message(detail: dict[str, object]) -> str:

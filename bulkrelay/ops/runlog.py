@@ -175,9 +175,9 @@ class RunLog:
         self.event(
             "exit",
             exit_code=int(result.exit_code),
-            error_code=None if result.error is None else result.error.get("code"),
+            error_code=None if result.error is None else result.error.code,
             state=data.get("state"),
-            job_id=result.meta.get("job_id"),
+            job_id=result.meta.job_id,
         )
 
     def _interval_line(self, counters: _Counters, snapshot: Snapshot, now: float) -> None:
