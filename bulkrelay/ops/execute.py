@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
 
@@ -42,7 +42,7 @@ from bulkrelay.store.atomic import move_file, write_json_atomic
 from bulkrelay.store.liverun import LiveSlot
 from bulkrelay.store.manifest import InputRecord, RunPlan
 from bulkrelay.store.rundir import SUMMARY, RunDir, RunState, utc_now
-from bulkrelay.store.summary import summarize
+from bulkrelay.store.summary import RunSummary, ThisCall, summarize
 
 # How each stop reason ends a run: (error code, exit code, message).
 _STOPS: dict[StopReason, tuple[str, ExitCode, str]] = {
@@ -392,7 +392,7 @@ def _forced_message(stop_reason: StopReason, message: str) -> str:
     return f"{message.removesuffix(' at a safe point')}; {cancelled}"
 
 
-def summary_counts(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
+def summary_counts(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> RunSummary:
     """The relay's own counts when they cover the whole journal (it wrote every line from the
     start, and the file holds exactly the bytes it committed); else one read of the journal."""
     committed = outcome.committed if outcome is not None else None
@@ -403,20 +403,21 @@ def summary_counts(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -
     return summarize(run.journal_path, total_rows=total_rows)
 
 
-def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
-    summary = summary_counts(run, total_rows, outcome)
-    summary["run_id"] = run.run_id
-    if run.plan.sync is not None:  # a delta run: rows it did not send because they had not changed
-        summary["skipped_unchanged"] = run.plan.sync.skipped_unchanged
+def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> RunSummary:
+    this_call = None
     if outcome is not None:
-        elapsed = outcome.elapsed_seconds
-        summary["this_call"] = {
-            "rows_committed": outcome.committed.committed_this_run,
-            "elapsed_seconds": round(elapsed, 3),
-            "rows_per_second": round(outcome.committed.committed_this_run / elapsed, 1) if elapsed else None,
-        }
-    summary["updated_at"] = utc_now()
-    write_json_atomic(run.path / SUMMARY, summary, run.storage)
+        elapsed, committed = outcome.elapsed_seconds, outcome.committed.committed_this_run
+        rate = round(committed / elapsed, 1) if elapsed else None
+        this_call = ThisCall(committed, round(elapsed, 3), rate)
+    summary = replace(
+        summary_counts(run, total_rows, outcome),
+        run_id=run.run_id,
+        # a delta run: rows it did not send because they had not changed
+        skipped_unchanged=run.plan.sync.skipped_unchanged if run.plan.sync is not None else None,
+        this_call=this_call,
+        updated_at=utc_now(),
+    )
+    write_json_atomic(run.path / SUMMARY, summary.to_json(), run.storage)
     return summary
 
 

@@ -15,6 +15,7 @@ from bulkrelay.envelope import CommandData
 from bulkrelay.ops.curl import curl_command
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunState
+from bulkrelay.store.summary import RunSummary
 
 
 @dataclass(frozen=True)
@@ -417,7 +418,7 @@ class RunResult(CommandData):
     run_dir: str
     state: RunState
     progress: Snapshot
-    summary: dict[str, Any]
+    summary: RunSummary
     continue_command: str | None = None
     parent_run: str | None = None
     mirror: MirrorDeletions | dict[str, Any] | None = None  # a mapping when read back from an envelope
@@ -430,7 +431,7 @@ class RunResult(CommandData):
             "run_dir": self.run_dir,
             "state": self.state,
             "progress": self.progress.to_dict(),
-            "summary": self.summary,
+            "summary": self.summary.to_json(),
         }
         optional = (
             ("continue_command", self.continue_command),
@@ -451,7 +452,7 @@ class RunResult(CommandData):
             run_dir=data["run_dir"],
             state=RunState(data["state"]),
             progress=Snapshot(progress["total"], progress["done"], progress["ok"], progress["failed"]),
-            summary=data["summary"],
+            summary=RunSummary.from_json(data["summary"]),
             continue_command=data.get("continue_command"),
             parent_run=data.get("parent_run"),
             mirror=data.get("mirror"),

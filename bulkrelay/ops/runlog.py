@@ -203,7 +203,12 @@ class _Counters:
     def advance(self, snapshot: Snapshot, now: float) -> dict[str, Any] | None:
         """The interval line's fields since the last one; None for the first snapshot (its baseline)."""
         if snapshot.pace is not None:
-            self._rate = {key: snapshot.pace.get(key) for key in _RATE_KEYS}
+            pace = snapshot.pace
+            self._rate = {
+                "configured_rps": pace.configured_rps,
+                "current_rps": pace.current_rps,
+                "rate_limited_responses": pace.rate_limited_responses,
+            }
         if self._done is None:  # the rows committed before this call are not this interval's
             self._done = (snapshot.ok, snapshot.failed)
             self.since = now
@@ -232,9 +237,6 @@ class _Counters:
         )
         self.since = now
         return fields
-
-
-_RATE_KEYS = ("configured_rps", "current_rps", "rate_limited_responses")
 
 
 def _wire(stats: RelayStats) -> tuple[int, int, float]:

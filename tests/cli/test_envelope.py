@@ -25,6 +25,7 @@ from bulkrelay.errors import ExitCode, NotFound, UsageError
 from bulkrelay.ops.results import InputFacts, RunResult, ValidateResult
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunState
+from bulkrelay.store.summary import RunSummary
 
 
 @pytest.mark.parametrize("code", list(ExitCode))
@@ -97,7 +98,7 @@ def _stopped_run() -> RunResult:
         run_dir="/runs/20260101T000000Z-abcd1234",
         state=RunState.STOPPED,
         progress=Snapshot(total=10, done=8, ok=7, failed=1),
-        summary=_summary(),
+        summary=RunSummary.from_json(_summary()),
         continue_command="bulkrelay resume /runs/20260101T000000Z-abcd1234",
     )
 
