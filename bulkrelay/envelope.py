@@ -3,7 +3,9 @@
 Commands return a `Result`; they never print. Its `data` is the command's typed value, a frozen
 `CommandData` (see `bulkrelay.ops.results`). The CLI turns a `Result` (or a raised `BulkRelayError`)
 into the envelope `{"ok", "data", "error", "warnings", "meta"}`: all five keys always present,
-`ok` true exactly when `meta.exit_code == 0`, `data` the value's `to_data()`.
+`ok` true exactly when `meta.exit_code == 0`, `data` the value's `to_data()`. The error and meta are
+typed records too (`ErrorInfo`, `CallMeta`); what the CLI alone reads (`SideChannel`) never reaches
+the envelope. Their dicts are made in one place, `to_envelope`.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class ErrorInfo:
     suggestion: str | None = None
     phase: str | None = None
     order: tuple[str, ...] = field(default=ERROR_KEYS, compare=False)
+    # Keys of a stored error this version does not know (a later version's, a hand edit), kept as written.
+    more: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, exc: BulkRelayError) -> ErrorInfo:
@@ -76,12 +80,23 @@ class ErrorInfo:
 
     @classmethod
     def from_dict(cls, stored: dict[str, Any]) -> ErrorInfo:
-        """An error as an envelope holds it (a background job's stored answer), its key order kept."""
-        known = {key: stored[key] for key in ERROR_KEYS if key in stored}
-        return cls(**known, order=tuple(key for key in stored if key in ERROR_KEYS))
+        """An error as an envelope holds it (a background job's stored answer): every key, its value
+        and its place kept, so the answer reads back exactly as the job wrote it."""
+        return cls(
+            code=stored.get("code", ""),
+            message=stored.get("message", ""),
+            retryable=stored.get("retryable", False),
+            detail=stored.get("detail"),
+            context=stored.get("context"),
+            suggestion=stored.get("suggestion"),
+            phase=stored.get("phase"),
+            order=tuple(stored),
+            more={key: value for key, value in stored.items() if key not in ERROR_KEYS} or None,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        values = {key: getattr(self, key) for key in self.order}
+        more = self.more or {}
+        values = {key: more[key] if key in more else getattr(self, key) for key in self.order}
         return {key: value for key, value in values.items() if value is not None}
 
 

@@ -2,8 +2,9 @@
 
 Each value's `to_data()` is the `data` of its JSON envelope (docs/json-output.md), key for key and in
 the same order, so the envelope is a contract kept in one place; the human view (cli/human.py) reads
-the same value's attributes. The summary and pace mappings are the documents they come from
-(`summary.json`, the limiter's state), carried as they are.
+the same value's attributes. A run's summary is a typed `RunSummary`; `status` carries the summary and
+the live pace as the documents it read them from (`summary.json`, the checkpoint), so an earlier
+version's files show as they are.
 """
 
 from __future__ import annotations

@@ -203,6 +203,8 @@ def test_an_error_record_writes_the_keys_an_error_always_wrote_in_their_order() 
     # A background job's stored answer comes back in the order it was written, whichever that was.
     stored = {"code": "STALLED", "message": "m", "retryable": True, "context": {"a": 1}, "detail": "why"}
     assert list(ErrorInfo.from_dict(stored).to_dict().items()) == list(stored.items())
+    later = {"code": "X", "hint": {"new": True}, "message": "m"}  # a later version's key; no `retryable`
+    assert list(ErrorInfo.from_dict(later).to_dict().items()) == list(later.items())
 
 
 def test_meta_says_the_job_then_the_budget_and_the_side_channel_stays_out_of_the_envelope() -> None:
