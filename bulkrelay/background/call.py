@@ -1,6 +1,6 @@
 """The typed call: one command and its typed options, built once by cli/ from the parsed command line.
 
-Below cli/ nothing sees argparse: the command table, the call budget and a background job's worker are
+No room below cli/ sees argparse: cli/'s commands, the call budget and a background job's worker are
 handed a `Call`. A background job keeps its call in `spec.json` as the JSON of its fields (`to_json`),
 and its worker reads the same record back (`call_from_json`), never by parsing a command line again.
 
