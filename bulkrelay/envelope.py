@@ -3,7 +3,9 @@
 Commands return a `Result`; they never print. Its `data` is the command's typed value, a frozen
 `CommandData` (see `bulkrelay.ops.results`). The CLI turns a `Result` (or a raised `BulkRelayError`)
 into the envelope `{"ok", "data", "error", "warnings", "meta"}`: all five keys always present,
-`ok` true exactly when `meta.exit_code == 0`, `data` the value's `to_data()`.
+`ok` true exactly when `meta.exit_code == 0`, `data` the value's `to_data()`. The error and meta are
+typed records too (`ErrorInfo`, `CallMeta`); what the CLI alone reads (`SideChannel`) never reaches
+the envelope. Their dicts are made in one place, `to_envelope`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,84 @@ def deprecation_warnings(notes: tuple[Problem, ...]) -> list[EnvelopeWarning]:
     ]
 
 
+# The order of an error's keys as `BulkRelayError.to_dict` writes them; a few answers have always written
+# theirs in another order (`ErrorInfo.order`), and the envelope is a contract to the byte.
+ERROR_KEYS = ("code", "message", "retryable", "detail", "context", "suggestion", "phase")
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """The envelope's `error`: a stable code, a sentence, whether trying again can help, and what to do.
+    A key is written only when its value is set; `order` is the order the keys are written in."""
+
+    code: str
+    message: str
+    retryable: bool
+    detail: str | None = None
+    context: dict[str, Any] | None = None
+    suggestion: str | None = None
+    phase: str | None = None
+    order: tuple[str, ...] = field(default=ERROR_KEYS, compare=False)
+    # Keys of a stored error this version does not know (a later version's, a hand edit), kept as written.
+    more: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, exc: BulkRelayError) -> ErrorInfo:
+        return cls(
+            exc.code,
+            exc.message,
+            exc.retryable,
+            detail=exc.detail,
+            context=exc.context or None,
+            suggestion=exc.suggestion,
+            phase=exc.phase,
+        )
+
+    @classmethod
+    def from_dict(cls, stored: dict[str, Any]) -> ErrorInfo:
+        """An error as an envelope holds it (a background job's stored answer): every key, its value
+        and its place kept, so the answer reads back exactly as the job wrote it."""
+        return cls(
+            code=stored.get("code", ""),
+            message=stored.get("message", ""),
+            retryable=stored.get("retryable", False),
+            detail=stored.get("detail"),
+            context=stored.get("context"),
+            suggestion=stored.get("suggestion"),
+            phase=stored.get("phase"),
+            order=tuple(stored),
+            more={key: value for key, value in stored.items() if key not in ERROR_KEYS} or None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        more = self.more or {}
+        values = {key: more[key] if key in more else getattr(self, key) for key in self.order}
+        return {key: value for key, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class CallMeta:
+    """The envelope's `meta` besides the exit code and duration: how the call ran. `job_id`: the
+    background job that did the work; `budget_ms`: the call budget resolved (0 included)."""
+
+    job_id: str | None = None
+    budget_ms: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        values = {"job_id": self.job_id, "budget_ms": self.budget_ms}
+        return {key: value for key, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class SideChannel:
+    """What a result tells the CLI beside its envelope, never in it. `stdout_payload`: the whole answer
+    for stdout (a completion script, a report page with `-o -`); `work_duration_ms`: a background job's
+    own duration, which the envelope's `meta.duration_ms` then says instead of the call's."""
+
+    stdout_payload: str | None = None
+    work_duration_ms: int | None = None
+
+
 class CommandData(ABC):
     """A command's typed result. Subclasses are frozen dataclasses; `to_data()` is the envelope's
     `data`, and `kind` names the human view (kept with a background job's stored envelope)."""
@@ -62,10 +142,11 @@ class Result:
 
     data: CommandData | dict[str, Any] | None = None
     exit_code: ExitCode = ExitCode.SUCCESS
-    error: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
     warnings: list[EnvelopeWarning] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: CallMeta = CallMeta()
     kind: str = "generic"  # tells the human renderer how to show `data`; a CommandData's own kind
+    side: SideChannel = SideChannel()
 
     def __post_init__(self) -> None:
         if isinstance(self.data, CommandData):
@@ -78,7 +159,7 @@ class Result:
     @classmethod
     def from_error(cls, exc: BulkRelayError, *, data: Any = None) -> Result:
         data = exc.data if data is None else data
-        return cls(data=data, exit_code=exc.exit_code, error=exc.to_dict(), kind="error")
+        return cls(data=data, exit_code=exc.exit_code, error=ErrorInfo.of(exc), kind="error")
 
     @classmethod
     def from_unexpected(cls, exc: Exception) -> Result:
@@ -86,21 +167,23 @@ class Result:
         return cls(
             exit_code=ExitCode.GENERAL_ERROR,
             kind="error",
-            error={
-                "code": "GENERAL_ERROR",
-                "message": f"unexpected {type(exc).__name__}: {exc}",
-                "detail": traceback.format_exc(limit=8),
-                "retryable": False,
-            },
+            error=ErrorInfo(
+                "GENERAL_ERROR",
+                f"unexpected {type(exc).__name__}: {exc}",
+                retryable=False,
+                detail=traceback.format_exc(limit=8),
+                order=("code", "message", "detail", "retryable"),
+            ),
         )
 
 
 def to_envelope(result: Result, *, duration_ms: int) -> dict[str, Any]:
-    meta = {"exit_code": int(result.exit_code), "duration_ms": duration_ms, **result.meta}
+    """The one place a result becomes the envelope's dict (and the error and meta theirs)."""
+    meta = {"exit_code": int(result.exit_code), "duration_ms": duration_ms, **result.meta.to_dict()}
     return {
         "ok": result.exit_code == ExitCode.SUCCESS,
         "data": result.payload(),
-        "error": result.error,
+        "error": None if result.error is None else result.error.to_dict(),
         "warnings": [w.to_dict() for w in result.warnings],
         "meta": meta,
     }

@@ -1,16 +1,15 @@
 """The call budget and background jobs: work outlives the call, and a caller never hangs.
 
-`run`, `resume` and `retry-failed` are wrapped by `budgeted()`. With a budget, the front process
-starts a detached worker (`bulkrelay.background.worker`) and waits for it up to the budget: the
-job's own answer when it ends in time, else INCOMPLETE (14) with the job's id and progress. The
-identical invocation attaches to its live job instead of starting a second one. `job wait|status|cancel`
-reach a job later.
+`run`, `resume` and `retry-failed` have a budget (cli/commands.py resolves it). With one, the front
+process (`hand_off`) starts a detached worker (`bulkrelay.background.worker`) and waits for it up to
+the budget: the job's own answer when it ends in time, else INCOMPLETE (14) with the job's id and
+progress. The identical invocation attaches to its live job instead of starting a second one.
+`job wait|status|cancel` reach a job later.
 Job state lives on disk (`bulkrelay.background.state`).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from bulkrelay.background.call import Call, RelayArgs
 from bulkrelay.background.state import (
     BackgroundJob,
     BackgroundJobSpec,
@@ -37,7 +37,7 @@ from bulkrelay.background.state import (
     remove_expired,
 )
 from bulkrelay.background.worker import LOCK_FD_ENV
-from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
+from bulkrelay.envelope import CallMeta, CommandData, EnvelopeWarning, ErrorInfo, Result, SideChannel
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
 from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS, whole_number
 from bulkrelay.job.fingerprint import file_sha256
@@ -54,15 +54,9 @@ DEFAULT_BUDGET_MS = 30_000
 CANCEL_WAIT_SECONDS = 60.0
 _POLL_SECONDS = 0.05
 
-Handler = Callable[[argparse.Namespace], Result]
-KeyOf = Callable[[argparse.Namespace, Path | None], str]  # (args, spooled stdin) -> invocation key
-# (args, spooled stdin) -> the run the call continues, known before any work (`resume RUN`, the identical run)
-Continues = Callable[[argparse.Namespace, Path | None], RunDir | None]
-_NOT_IN_KEY = frozenset({"budget", "timeout", "argv", "started", "supervisor", "command", "job_command"})
-# Operational settings: where the call reports, not what it does (never part of the identity).
-_OPERATIONAL = frozenset(
-    {"metrics_file", "metrics_push", "log_file", "run_log", "observers", "quiet", "human"}
-)
+KeyOf = Callable[[Path | None], str]  # spooled stdin -> the invocation key
+# spooled stdin -> the run the call continues, known before any work (`resume RUN`, the identical run)
+Continues = Callable[[Path | None], RunDir | None]
 
 
 def resolve_budget(flag_ms: int | None, environ: Mapping[str, str], stdout_is_terminal: bool) -> int | None:
@@ -82,60 +76,34 @@ def resolve_budget(flag_ms: int | None, environ: Mapping[str, str], stdout_is_te
     return None if stdout_is_terminal else DEFAULT_BUDGET_MS
 
 
-def arguments_key(command: str, args: argparse.Namespace, stdin: Path | None) -> str:
-    """The invocation key from the parsed arguments: paths resolved, budget and timeout left out."""
-    arguments = {
-        name: str(value.resolve()) if isinstance(value, Path) else None if value is None else str(value)
-        for name, value in sorted(vars(args).items())
-        if name not in _NOT_IN_KEY and name not in _OPERATIONAL
-    }
+def arguments_key(call: Call, stdin: Path | None) -> str:
+    """The invocation key of a call from its options: paths resolved, budget, timeout and where it
+    reports left out."""
     stdin_sha256 = file_sha256(stdin) if stdin is not None else None
-    return invocation_key(command, arguments, stdin_sha256=stdin_sha256, idempotency_key=None)
-
-
-def budgeted(
-    command: str, handler: Handler, key_of: KeyOf | None = None, continues: Continues | None = None
-) -> Handler:
-    """`handler` bounded by the call budget; unchanged inside a worker or when there is no budget.
-
-    `continues` names the run the call will continue, read before the hand-off: a job handed off
-    before its worker got going still says where its work is and how much of it is committed."""
-
-    def call(args: argparse.Namespace) -> Result:
-        key = key_of or (lambda a, stdin: arguments_key(command, a, stdin))
-        supervisor = getattr(args, "supervisor", None)
-        if supervisor is not None:  # inside the worker: synchronous, the job is the budget's business
-            supervisor.index_under(lambda stdin: key(args, stdin))
-            return handler(args)
-        budget_ms = resolve_budget(args.budget, os.environ, sys.stdout.isatty())
-        try:
-            result = _front(command, args, budget_ms, (key, continues)) if budget_ms else handler(args)
-        except BulkRelayError as exc:
-            result = Result.from_error(exc)
-        if budget_ms is not None:
-            result.meta["budget_ms"] = budget_ms
-        return result
-
-    return call
+    return invocation_key(
+        call.command, call.options.identity(), stdin_sha256=stdin_sha256, idempotency_key=None
+    )
 
 
 # ------------------------------------------------------------------------------- the front process
 
 
-def _front(
-    command: str, args: argparse.Namespace, budget_ms: int, identity: tuple[KeyOf, Continues | None]
+def hand_off(
+    call: Call, budget_ms: int, *, started: float, key_of: KeyOf, continues: Continues | None = None
 ) -> Result:
-    """Start (or attach to) the invocation's job, then wait for it up to the budget.
+    """The front process of a call with a budget: start (or attach to) the invocation's job, then wait
+    for it up to the budget. `continues` names the run the call will continue, read before the hand-off:
+    a job handed off before its worker got going still says where its work is and how much is committed.
 
     Standard input is read first, under the CLI's own signal handlers: until it is read there is no
     work to hand off, so a signal ends the call (130 / 143, nothing sent) however long stdin stays open.
     A budget that runs out first hands the job the rest of stdin to read."""
-    started = float(getattr(args, "started", time.monotonic()))
     deadline = started + budget_ms / 1000
-    spool = _spool_stdin(deadline) if getattr(args, "input", None) == "-" else None
+    reads_stdin = isinstance(call.options, RelayArgs) and call.options.reads_stdin
+    spool = _spool_stdin(deadline) if reads_stdin else None
     try:
         with _hand_off_on_signal() as handed_off:
-            background = _job_of_invocation(command, args, identity, spool)
+            background = _job_of_invocation(call, (key_of, continues), spool)
             result = wait_for(background, budget_ms, started=started, handed_off=handed_off)
     finally:
         if spool is not None:
@@ -186,50 +154,50 @@ def _spool_stdin(deadline: float) -> Spool:
 
 
 def _job_of_invocation(
-    command: str, args: argparse.Namespace, identity: tuple[KeyOf, Continues | None], spool: Spool | None
+    call: Call, identity: tuple[KeyOf, Continues | None], spool: Spool | None
 ) -> BackgroundJob:
     """The identical invocation's live job, else a new one. A job given stdin before its end has no
     key yet (the key holds the stdin digest): its worker indexes it once it has read the rest."""
     key_of, continues = identity
     stdin_unfinished = spool is not None and not spool.complete
     stdin = None if spool is None else spool.path
-    key = "" if stdin_unfinished else key_of(args, stdin)
+    key = "" if stdin_unfinished else key_of(stdin)
     with index_locked():
         remove_expired()
         background = background_job_for_key(key) if key else None
         if background is None or background.state().final:
-            run = None if continues is None or stdin_unfinished else _continued_run(continues, args, stdin)
-            background = _start_background_job(command, args, (key, run), spool, previous=background)
+            run = None if continues is None or stdin_unfinished else _continued_run(continues, stdin)
+            background = _start_background_job(call, (key, run), spool, previous=background)
     return background
 
 
-def _continued_run(continues: Continues, args: argparse.Namespace, stdin: Path | None) -> RunDir | None:
+def _continued_run(continues: Continues, stdin: Path | None) -> RunDir | None:
     """The run the call continues, or None; whatever is wrong with it is the worker's to report."""
     try:
-        run = continues(args, stdin)
+        run = continues(stdin)
     except BulkRelayError:
         return None
     return run if run is not None and run.state.resumable else None
 
 
 def _start_background_job(
-    command: str,
-    args: argparse.Namespace,
+    call: Call,
     identity: tuple[str, RunDir | None],
     spool: Spool | None,
     previous: BackgroundJob | None,
 ) -> BackgroundJob:
     key, run = identity
     now = time.time()
-    timeout_ms = getattr(args, "timeout", None)
+    timeout_ms = call.options.timeout if isinstance(call.options, RelayArgs) else None
     spec = BackgroundJobSpec(
-        command=command,
-        argv=tuple(args.argv),
+        command=call.command,
+        argv=call.argv,
         cwd=os.getcwd(),
         key=key,
         created_at=now,
         deadline=now + timeout_ms / 1000 if timeout_ms is not None else None,
         stdin_rest=spool is not None and not spool.complete,
+        call=call,
     )
     if previous is not None and previous.state() is BackgroundJobState.LOST and not previous.cancel_requested:
         # Only the continuation of a lost job keeps its bounds (the lifetime, and the --timeout unless a
@@ -325,17 +293,15 @@ def stored_result(background: BackgroundJob, budget_ms: int | None) -> Result:
     stored = background.result()
     assert stored is not None
     envelope = stored.envelope
-    meta = {k: v for k, v in envelope["meta"].items() if k not in ("exit_code", "duration_ms", "budget_ms")}
-    meta.update(work_duration_ms=envelope["meta"]["duration_ms"], job_id=background.job_id)
-    if budget_ms is not None:
-        meta["budget_ms"] = budget_ms
+    error = envelope["error"]
     return Result(
         data=envelope["data"],
         exit_code=ExitCode(stored.exit_code),
-        error=envelope["error"],
+        error=None if error is None else ErrorInfo.from_dict(error),
         warnings=_warnings(envelope["warnings"]),
-        meta=meta,
+        meta=CallMeta(job_id=background.job_id, budget_ms=budget_ms),
         kind=stored.kind,
+        side=SideChannel(work_duration_ms=envelope["meta"]["duration_ms"]),
     )
 
 
@@ -421,23 +387,20 @@ def incomplete(
         if state is BackgroundJobState.CANCELLING
         else "it goes on in the background"
     )
-    error: dict[str, Any] = {
-        "code": "INCOMPLETE",
-        "message": f"job {background.job_id} {why}; {goes_on}",
-        "retryable": True,
-        "suggestion": continue_command,
-    }
-    if handed_off_on is not None:
-        error["context"] = {"handed_off_on": handed_off_on}
-    meta: dict[str, Any] = {"job_id": background.job_id}
-    if budget_ms is not None:
-        meta["budget_ms"] = budget_ms
+    error = ErrorInfo(
+        "INCOMPLETE",
+        f"job {background.job_id} {why}; {goes_on}",
+        retryable=True,
+        suggestion=continue_command,
+        context=None if handed_off_on is None else {"handed_off_on": handed_off_on},
+        order=("code", "message", "retryable", "suggestion", "context"),
+    )
     return Result(
         data=data,
         exit_code=ExitCode.INCOMPLETE,
         error=error,
         warnings=_warnings(list(worker.warnings) if worker is not None else []),
-        meta=meta,
+        meta=CallMeta(job_id=background.job_id, budget_ms=budget_ms),
     )
 
 
@@ -536,5 +499,4 @@ def _cancel_answer(background: BackgroundJob, budget_ms: int | None) -> Result:
         run_state=run_state,
         job_exit_code=stored.exit_code if stored else None,
     )
-    meta = {} if budget_ms is None else {"budget_ms": budget_ms}
-    return Result(data=data, meta=meta)
+    return Result(data=data, meta=CallMeta(budget_ms=budget_ms))

@@ -6,7 +6,7 @@ State dir: BULKRELAY_STATE_DIR, else $XDG_STATE_HOME/bulkrelay, else ~/.local/st
 ├── index/<invocation-key>        holds the id of that invocation's newest job
 ├── index.lock                    serializes "find or start the job of this invocation"
 └── <job-id>/
-    ├── spec.json                 the command's argv (never a secret), cwd, key, deadline
+    ├── spec.json                 the command's argv (never a secret) and its typed call, cwd, key, deadline
     ├── status.json               state, progress {done, total, unit}, run_dir, updated_at
     ├── result.json               the final envelope and exit code, written before the job is marked ended
     ├── log                       the worker's stdout and stderr
@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bulkrelay.background.call import Call, CallFormInvalid, call_from_json
 from bulkrelay.errors import BulkRelayError, NotFound, StateDirUnwritable, UsageError
 from bulkrelay.private import PRIVATE_DIR_MODE, make_private_dir, open_private
 from bulkrelay.store.atomic import read_json, write_atomic, write_json_atomic
@@ -72,23 +73,34 @@ class BackgroundJobSpec:
     deadline: float | None = None  # absolute, from --timeout
     previous_job: str | None = None  # the lost job this one continues
     stdin_rest: bool = False  # the call's stdin was still open at the hand-off: the worker reads the rest
+    # The typed call the worker runs, stored as the JSON of its fields; None in a job an earlier version
+    # wrote, whose worker parses its `argv` again as that version did.
+    call: Call | None = None
 
     @classmethod
     def from_json(cls, path: Path, data: object) -> BackgroundJobSpec:
         fields = JsonFields(path, data, BulkRelayError)
+        argv = tuple(fields.texts("argv"))
+        call = None
+        if fields.has("call"):
+            try:
+                call = call_from_json(fields.raw_object("call"), argv)
+            except CallFormInvalid as invalid:
+                raise fields.refuse(invalid.field, invalid.want, invalid.value) from None
         return cls(
             command=fields.text("command"),
-            argv=tuple(fields.texts("argv")),
+            argv=argv,
             cwd=fields.text("cwd"),
             key=fields.text("key"),
             created_at=fields.number("created_at"),
             deadline=fields.optional_number("deadline"),
             previous_job=fields.optional_text("previous_job"),
             stdin_rest=fields.has("stdin_rest") and fields.flag("stdin_rest"),  # absent: an older job
+            call=call,
         )
 
     def to_json(self, job_id: str) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "job_id": job_id,
             "command": self.command,
             "argv": list(self.argv),
@@ -99,6 +111,9 @@ class BackgroundJobSpec:
             "previous_job": self.previous_job,
             "stdin_rest": self.stdin_rest,
         }
+        if self.call is not None:
+            data["call"] = self.call.to_json()
+        return data
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """The background worker (`bulkrelay _job-worker ID`): runs one job's command to its end.
 
-It re-runs the command line stored in the job's spec, synchronously, with a `BackgroundSupervisor` that
-writes the job's status as committed progress arrives and requests a stop, honoured at a safe point,
-when the job is cancelled (CANCELLED: the rows in flight are aborted too) or terminated (TERMINATED,
-on SIGTERM or SIGHUP). The run itself ends a stall (STALLED) and keeps the job's deadline (TIMEOUT),
-which the supervisor hands to it. Then the worker writes the final envelope to `result.json`, and only
-then lets go of the job's lock.
+It runs the call stored in the job's spec (`bulkrelay.background.call`), synchronously, with a
+`BackgroundSupervisor` that writes the job's status as committed progress arrives and requests a stop,
+honoured at a safe point, when the job is cancelled (CANCELLED: the rows in flight are aborted too) or
+terminated (TERMINATED, on SIGTERM or SIGHUP). The run itself ends a stall (STALLED) and keeps the job's
+deadline (TIMEOUT), which the supervisor hands to it. Then the worker writes the final envelope to
+`result.json`, and only then lets go of the job's lock.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from bulkrelay.background.state import (
     index_locked,
     remember_background_job,
 )
-from bulkrelay.envelope import EnvelopeWarning, Result, to_envelope
+from bulkrelay.envelope import EnvelopeWarning, ErrorInfo, Result, to_envelope
 from bulkrelay.errors import BulkRelayError, ExitCode
 from bulkrelay.job.inputs import append_stdin
 from bulkrelay.job.preflight import Preflight
@@ -168,9 +168,9 @@ class BackgroundSupervisor:
             await anyio.sleep(_POLL_SECONDS)
 
 
-# Runs a stored command line to its end under a supervisor: given by the command line's own module, so
-# the worker needs nothing from the layer above it.
-CommandRunner = Callable[[list[str], "BackgroundSupervisor"], Result]
+# Runs a job's stored call (its spec's `call`; an earlier version's job has only its `argv`) to its end
+# under a supervisor: given by the command line's own module, so the worker needs nothing from above it.
+CommandRunner = Callable[[BackgroundJobSpec, "BackgroundSupervisor"], Result]
 
 
 def run_worker(job_id: str, execute: CommandRunner) -> Result:
@@ -188,7 +188,7 @@ def run_worker(job_id: str, execute: CommandRunner) -> Result:
         signal.signal(signal.SIGINT, supervisor.on_signal)
         signal.signal(signal.SIGHUP, supervisor.on_signal)  # handled like SIGTERM
         started = time.monotonic()
-        result = _run_command(list(spec.argv), supervisor, execute)
+        result = _run_command(spec, supervisor, execute)
         envelope = to_envelope(result, duration_ms=round((time.monotonic() - started) * 1000))
         background.write_result(
             BackgroundJobResult(envelope, int(result.exit_code), result.kind, ended_at=time.time())
@@ -203,12 +203,11 @@ def _stopped_reading_stdin(reason: StopReason) -> Result:
     return Result(
         exit_code=ExitCode.SIGINT if reason is StopReason.INTERRUPTED else ExitCode.SIGTERM,
         kind="error",
-        error={
-            "code": reason.name,
-            "message": f"stopped ({reason}) while still reading standard input: nothing was sent, "
-            "no run was made",
-            "retryable": reason is not StopReason.CANCELLED,
-        },
+        error=ErrorInfo(
+            reason.name,
+            f"stopped ({reason}) while still reading standard input: nothing was sent, no run was made",
+            retryable=reason is not StopReason.CANCELLED,
+        ),
     )
 
 
@@ -223,9 +222,9 @@ def _hold_lock(background: BackgroundJob) -> int:
     return fd
 
 
-def _run_command(argv: list[str], supervisor: BackgroundSupervisor, execute: CommandRunner) -> Result:
+def _run_command(spec: BackgroundJobSpec, supervisor: BackgroundSupervisor, execute: CommandRunner) -> Result:
     try:
-        return supervisor.finish_stdin() or execute(argv, supervisor)
+        return supervisor.finish_stdin() or execute(spec, supervisor)
     except BulkRelayError as exc:
         return Result.from_error(exc)
     except Exception as exc:  # the worker's only catch site: any failure still becomes the job's answer

@@ -1,1 +1,1 @@
-"""The command line: parser, command table, the one renderer, the one catch site."""
+"""The command line: parser (it makes the typed call), the commands, the one renderer, the one catch site."""

@@ -1,17 +1,42 @@
-"""The command table: each entry turns parsed arguments into one library call."""
+"""The commands: each call's options turned into one library call, in one pipeline that reads in order.
+
+`run_call` takes the typed call (bulkrelay.background.call) that cli/parser.py made of the command line.
+The commands that relay (run, resume, retry-failed) and the demo keep a run log around their work; the
+ones that relay run within the call budget, handed to a background job when they outlast it.
+"""
 
 from __future__ import annotations
 
-import argparse
 import os
-from collections.abc import Callable
+import sys
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bulkrelay.background import jobs
-from bulkrelay.envelope import CommandData, EnvelopeWarning, Result
+from bulkrelay.background.call import (
+    Call,
+    CommandArgs,
+    CompletionArgs,
+    DemoArgs,
+    ExportArgs,
+    FailuresArgs,
+    JobArgs,
+    PruneArgs,
+    RelayArgs,
+    RenderArgs,
+    ReportArgs,
+    ResumeArgs,
+    RetryFailedArgs,
+    RunArgs,
+    RunsArgs,
+    ShardsArgs,
+    StatusArgs,
+    SyncStateArgs,
+    ValidateArgs,
+)
+from bulkrelay.envelope import CommandData, EnvelopeWarning, Result, SideChannel
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 from bulkrelay.job.config import Job, load_job
 from bulkrelay.job.inputs import STDIN_NAME
@@ -19,23 +44,188 @@ from bulkrelay.ops import launch, preview, status
 from bulkrelay.ops.lifecycle import RunObserver, RunOptions, prepared_input
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.runlog import RunLog, start_event
-from bulkrelay.ops.sharding import resolve_shard
+from bulkrelay.ops.sharding import ShardSpec, resolve_shard
 from bulkrelay.ops.snapshot import is_query_job, parquet_input, passing_snapshot, refuse_input_override
 from bulkrelay.relay.metrics import MetricsFile, MetricsPush, metrics_path, metrics_push_url
 from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.runs import default_runs_dir
 
+if TYPE_CHECKING:
+    from bulkrelay.background.worker import BackgroundSupervisor
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a call runs with besides its options: when it began (its budget counts from there) and, in a
+    background job's worker, the supervisor that owns the job's signals and bounds."""
+
+    started: float
+    supervisor: BackgroundSupervisor | None = None
+
+
+def run_call(call: Call, runtime: Runtime) -> Result:
+    """The call's library function, with a run log around the ones that keep one."""
+    if isinstance(call.options, RelayArgs | DemoArgs):
+        return _logged(call, runtime)
+    return _direct(call.command, call.options)
+
+
+def _direct(command: str, options: CommandArgs) -> Result:
+    """The commands that keep no run log: each one library call."""
+    match options:
+        case ValidateArgs():
+            return _validate(options)
+        case RenderArgs():
+            return _render(options)
+        case StatusArgs():
+            return status.status(_resolved(options.run_dir, options.runs_dir))
+        case ShardsArgs():
+            return _shards(options)
+        case RunsArgs():
+            return status.runs(default_runs_dir(options.runs_dir))
+        case ExportArgs():
+            return _export(options)
+        case FailuresArgs():
+            return _failures(options)
+        case ReportArgs():
+            return _report(options)
+        case PruneArgs():
+            return _prune(options)
+        case CompletionArgs():
+            return _completion(options)
+        case SyncStateArgs():
+            return _sync_state(command, options)
+        case JobArgs():
+            return _job(command, options)
+    raise UsageError("a command is required", suggestion="see `bulkrelay --help`")
+
+
+def _job(command: str, options: JobArgs) -> Result:
+    if command == "job wait":
+        return jobs.background_wait(options.job_id, options.budget)
+    if command == "job cancel":
+        return jobs.background_cancel(options.job_id, options.budget)
+    return jobs.background_status(options.job_id)
+
+
+def _logged(call: Call, runtime: Runtime) -> Result:
+    """A call with a run log, in the order it happens: the log's `start` line; the work
+    (`_observed`); the `exit` line, also when the work raised; then `--report`, which needs the exit
+    code (see bulkrelay.ops.runlog)."""
+    options = call.options
+    run_log = RunLog(options.log_file if isinstance(options, RelayArgs) else None)
+    start_event(run_log, call.command, list(call.argv))
+    try:
+        result = _observed(call, runtime, run_log)
+    except BulkRelayError as exc:
+        result = Result.from_error(exc)
+    except BaseException as exc:  # logged, then left to the CLI's catch site
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        run_log.exit(Result(exit_code=ExitCode.SIGINT if interrupted else ExitCode.GENERAL_ERROR))
+        run_log.close()
+        raise
+    run_log.exit(result)
+    run_log.close()
+    if isinstance(options, RelayArgs) and options.report:  # after the exit line: the report has the code
+        _write_report(result)
+    return result
+
+
+def _observed(call: Call, runtime: Runtime, run_log: RunLog) -> Result:
+    """The observers made and the shard (`--shard`, `--shards`, their variables) checked first, so a bad
+    path or a typo fails before any input is read, even under a call budget (which copies stdin before
+    the run starts); then the work, within the call budget."""
+    options = call.options
+    metrics_file = options.metrics_file if isinstance(options, RelayArgs) else None
+    metrics_push = options.metrics_push if isinstance(options, RelayArgs) else None
+    observers = _observers(run_log, metrics_file, metrics_push)
+    if not isinstance(options, RelayArgs):
+        assert isinstance(options, DemoArgs)
+        return _demo(options, observers)
+    shard = resolve_shard(options.shard, options.shards, os.environ) if isinstance(options, RunArgs) else None
+    return _within_budget(_Relay(call, options, runtime, observers, shard))
+
+
+@dataclass(frozen=True)
+class _Relay:
+    """A call that relays, with what it runs with: its observers and (run) its shard."""
+
+    call: Call
+    options: RelayArgs
+    runtime: Runtime
+    observers: tuple[RunObserver, ...]
+    shard: ShardSpec | None
+
+
+def _within_budget(relay: _Relay) -> Result:
+    """The work itself without a budget, or in the background job's worker (the job is the budget's
+    business); with a budget, the call starts (or attaches to) its background job and waits for it up
+    to the budget. Every envelope says the budget that was resolved (`meta.budget_ms`)."""
+    supervisor = relay.runtime.supervisor
+    if supervisor is not None:
+        supervisor.index_under(lambda stdin: _key(relay, stdin))
+        return _relay(relay)
+    budget_ms = jobs.resolve_budget(relay.options.budget, os.environ, sys.stdout.isatty())
+    try:
+        if budget_ms:
+            result = jobs.hand_off(
+                relay.call,
+                budget_ms,
+                started=relay.runtime.started,
+                key_of=lambda stdin: _key(relay, stdin),
+                continues=lambda stdin: _continues(relay, stdin),
+            )
+        else:
+            result = _relay(relay)
+    except BulkRelayError as exc:
+        result = Result.from_error(exc)
+    if budget_ms is not None:
+        result.meta = replace(result.meta, budget_ms=budget_ms)
+    return result
+
+
+def _relay(relay: _Relay) -> Result:
+    options = relay.options
+    match options:
+        case RunArgs():
+            return _run(options, relay)
+        case ResumeArgs():
+            return _resume(options, relay)
+        case RetryFailedArgs():
+            return _retry_failed(options, relay)
+    raise AssertionError(f"not a command that relays: {relay.call.command}")
+
+
+def _key(relay: _Relay, spooled_stdin: Path | None) -> str:
+    """The background job's key of a budgeted call: the same identity the identical re-run uses."""
+    if isinstance(relay.options, RunArgs):
+        named = Path(relay.options.input) if relay.options.input not in (None, "-") else None
+        return _run_request(relay.options, relay, spooled_stdin or named).key()
+    return jobs.arguments_key(relay.call, spooled_stdin)
+
+
+def _continues(relay: _Relay, spooled_stdin: Path | None) -> RunDir | None:
+    """The unfinished run a budgeted call will continue (`resume RUN`, the identical `run`'s), read
+    before the hand-off; none for `retry-failed`, which makes a new run."""
+    options = relay.options
+    if isinstance(options, ResumeArgs):
+        return RunDir.open(_resolved(options.run_dir, options.runs_dir))
+    if isinstance(options, RunArgs):
+        named = Path(options.input) if options.input not in (None, "-") else None
+        return launch.run_to_continue(_run_request(options, relay, spooled_stdin or named))
+    return None
+
 
 def _prepared_input(
-    args: argparse.Namespace, job: Job | None, spool_dir: Path, *, snapshot: bool = False
+    given: str | None, job: Job | None, spool_dir: Path, *, snapshot: bool = False
 ) -> AbstractContextManager[Path | None]:
-    """The input a command reads: `--input` (stdin spooled), else the job's file (None); for a query
-    job with `snapshot`, its query's snapshot (validate, render), which lives as long as the command."""
+    """The input a command reads: `--input` (`given`; stdin spooled), else the job's file (None); for a
+    query job with `snapshot`, its query's snapshot (validate, render), which lives as long as the command."""
     suffix = ""
     if job is not None and is_query_job(job):
-        refuse_input_override(job, args.input)
+        refuse_input_override(job, given)
         return passing_snapshot(job, spool_dir) if snapshot else nullcontext(None)
-    named = Path(args.input) if args.input not in (None, "-") else None
+    named = Path(given) if given not in (None, "-") else None
     parquet = None if job is None else parquet_input(job, named)
     if snapshot and job is not None and parquet is not None:
         return passing_snapshot(job, spool_dir, parquet)
@@ -44,34 +234,37 @@ def _prepared_input(
             suffix = "".join(Path(job.config.input.file).suffixes)
         elif job.config.input.format:
             suffix = f".{job.config.input.format}"
-    return prepared_input(args.input, spool_dir, suffix)
+    return prepared_input(given, spool_dir, suffix)
 
 
-def _input_name(args: argparse.Namespace, job: Job | None = None) -> str | None:
+def _input_name(given: str | None, job: Job | None = None) -> str | None:
     """What messages call the input: <stdin>, a Parquet file (not its snapshot), else its path."""
-    if args.input == "-":
+    if given == "-":
         return STDIN_NAME
-    named = Path(args.input) if args.input is not None else None
+    named = Path(given) if given is not None else None
     parquet = None if job is None else parquet_input(job, named)
     return None if parquet is None else str(parquet)
 
 
-def _validate(args: argparse.Namespace) -> Result:
-    job = load_job(args.job)
-    with _prepared_input(args, job, default_runs_dir(None) / ".spool", snapshot=True) as input_path:
-        return preview.validate(job, input_path, _input_name(args, job), check_auth=args.check_auth)
+def _validate(options: ValidateArgs) -> Result:
+    job = load_job(options.job)
+    spool_dir = default_runs_dir(None) / ".spool"
+    with _prepared_input(options.input, job, spool_dir, snapshot=True) as input_path:
+        name = _input_name(options.input, job)
+        return preview.validate(job, input_path, name, check_auth=options.check_auth)
 
 
-def _render(args: argparse.Namespace) -> Result:
-    job = load_job(args.job)
-    with _prepared_input(args, job, default_runs_dir(None) / ".spool", snapshot=True) as input_path:
-        return preview.render(job, input_path, args.rows, _input_name(args, job), curl=args.curl)
+def _render(options: RenderArgs) -> Result:
+    job = load_job(options.job)
+    spool_dir = default_runs_dir(None) / ".spool"
+    with _prepared_input(options.input, job, spool_dir, snapshot=True) as input_path:
+        name = _input_name(options.input, job)
+        return preview.render(job, input_path, options.rows, name, curl=options.curl)
 
 
-def _options(args: argparse.Namespace) -> RunOptions:
-    supervisor = getattr(args, "supervisor", None)
-    quiet = bool(getattr(args, "quiet", False))
-    observers = getattr(args, "observers", ())
+def _options(relay: _Relay) -> RunOptions:
+    supervisor = relay.runtime.supervisor
+    quiet, observers = relay.call.quiet, relay.observers
     if supervisor is not None:  # a background worker: its supervisor owns signals and the job's bounds
         return RunOptions(
             handle_signals=False,
@@ -81,7 +274,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
             observers=observers,
             quiet=quiet,
         )
-    timeout_ms = getattr(args, "timeout", None)
+    timeout_ms = relay.options.timeout
     return RunOptions(
         timeout_seconds=timeout_ms / 1000 if timeout_ms is not None else None,
         observers=observers,
@@ -89,48 +282,17 @@ def _options(args: argparse.Namespace) -> RunOptions:
     )
 
 
-def _observers(args: argparse.Namespace) -> tuple[RunObserver, ...]:
+def _observers(run_log: RunLog, metrics_file: Path | None, push_url: str | None) -> tuple[RunObserver, ...]:
     """The run log (always), the metrics file (`--metrics-file` or BULKRELAY_METRICS_FILE) and the push
     to a Pushgateway (`--metrics-push` or BULKRELAY_METRICS_PUSH)."""
-    observers: list[RunObserver] = []
-    run_log: RunLog | None = getattr(args, "run_log", None)
-    if run_log is not None:
-        observers.append(run_log)
-    path = metrics_path(getattr(args, "metrics_file", None), os.environ)
+    observers: list[RunObserver] = [run_log]
+    path = metrics_path(metrics_file, os.environ)
     if path is not None:
         observers.append(MetricsFile(path))
-    push = metrics_push_url(getattr(args, "metrics_push", None), os.environ)
+    push = metrics_push_url(push_url, os.environ)
     if push is not None:
         observers.append(MetricsPush(push))
     return tuple(observers)
-
-
-def _logged(
-    command: str, handler: Callable[[argparse.Namespace], Result]
-) -> Callable[[argparse.Namespace], Result]:
-    """`handler` with a run log: `start` and `exit` lines around it (see bulkrelay.ops.runlog)."""
-
-    def call(args: argparse.Namespace) -> Result:
-        run_log = RunLog(getattr(args, "log_file", None))
-        args.run_log = run_log
-        start_event(run_log, command, list(getattr(args, "argv", [])))
-        try:
-            args.observers = _observers(args)  # checked here, so a bad path fails before any hand-off
-            result = handler(args)
-        except BulkRelayError as exc:
-            result = Result.from_error(exc)
-        except BaseException as exc:  # logged, then left to the CLI's catch site
-            interrupted = isinstance(exc, KeyboardInterrupt)
-            run_log.exit(Result(exit_code=ExitCode.SIGINT if interrupted else ExitCode.GENERAL_ERROR))
-            run_log.close()
-            raise
-        run_log.exit(result)
-        run_log.close()
-        if getattr(args, "report", False):  # after the exit line, so the report has the exit code
-            _write_report(result)
-        return result
-
-    return call
 
 
 def _write_report(result: Result) -> None:
@@ -152,10 +314,9 @@ def _write_report(result: Result) -> None:
     result.data = replace(data, report=str(output))
 
 
-def _runs_dir_of_run(args: argparse.Namespace) -> Path | None:
+def _runs_dir_of_run(options: RunArgs) -> Path | None:
     """`--runs-dir`, or the public alpha's `--output-dir` (the same directory of run directories)."""
-    runs_dir: Path | None = args.runs_dir
-    output_dir: Path | None = args.output_dir
+    runs_dir, output_dir = options.runs_dir, options.output_dir
     if output_dir is None:
         return runs_dir
     if runs_dir is not None and runs_dir.resolve() != output_dir.resolve():
@@ -166,42 +327,31 @@ def _runs_dir_of_run(args: argparse.Namespace) -> Path | None:
     return output_dir
 
 
-def _output_dir_warning(args: argparse.Namespace) -> list[EnvelopeWarning]:
-    if args.output_dir is None:
+def _output_dir_warning(options: RunArgs) -> list[EnvelopeWarning]:
+    if options.output_dir is None:
         return []
-    text = f"--output-dir is the alpha's spelling; write --runs-dir {args.output_dir}"
+    text = f"--output-dir is the alpha's spelling; write --runs-dir {options.output_dir}"
     return [EnvelopeWarning("DEPRECATED_FLAG", text, {"flag": "--output-dir", "use": "--runs-dir"})]
 
 
-def _run_request(args: argparse.Namespace, input_path: Path | None) -> launch.RunRequest:
+def _run_request(options: RunArgs, relay: _Relay, input_path: Path | None) -> launch.RunRequest:
     return launch.RunRequest(
-        job=load_job(args.job),
+        job=load_job(options.job),
         input_path=input_path,
-        from_stdin=args.input == "-",
-        runs_dir=default_runs_dir(_runs_dir_of_run(args)),
-        idempotency_key=args.idempotency_key,
-        options=_options(args),
-        full=args.full,
-        shard=args.shard_spec,
+        from_stdin=options.input == "-",
+        runs_dir=default_runs_dir(_runs_dir_of_run(options)),
+        idempotency_key=options.idempotency_key,
+        options=_options(relay),
+        full=options.full,
+        shard=relay.shard,
     )
 
 
-def _shard_checked(handler: Callable[[argparse.Namespace], Result]) -> Callable[[argparse.Namespace], Result]:
-    """`handler` once the shard (`--shard`, `--shards`, their variables) is known good: a typo is refused
-    before any input is read, even under a call budget, which copies stdin before the run starts."""
-
-    def call(args: argparse.Namespace) -> Result:
-        args.shard_spec = resolve_shard(args.shard, args.shards, os.environ)
-        return handler(args)
-
-    return call
-
-
-def _run(args: argparse.Namespace) -> Result:
-    request = _run_request(args, None)
-    with _prepared_input(args, request.job, request.runs_dir / ".spool") as input_path:
+def _run(options: RunArgs, relay: _Relay) -> Result:
+    request = _run_request(options, relay, None)
+    with _prepared_input(options.input, request.job, request.runs_dir / ".spool") as input_path:
         result = launch.run(replace(request, input_path=input_path))
-    result.warnings[:0] = _output_dir_warning(args)
+    result.warnings[:0] = _output_dir_warning(options)
     _apply_retention(result, request.runs_dir)
     return result
 
@@ -216,107 +366,78 @@ def _apply_retention(result: Result, runs_dir: Path) -> None:
         result.data = replace(result.data, pruned=tuple(report.removed))
 
 
-def _run_key(args: argparse.Namespace, spooled_stdin: Path | None) -> str:
-    """The background job's key of a budgeted `run`: the same identity the identical re-run uses."""
-    named = Path(args.input) if args.input not in (None, "-") else None
-    return _run_request(args, spooled_stdin or named).key()
-
-
-def _run_continues(args: argparse.Namespace, spooled_stdin: Path | None) -> RunDir | None:
-    """The unfinished run a budgeted `run` will continue (the identical invocation's), read before the
-    hand-off."""
-    named = Path(args.input) if args.input not in (None, "-") else None
-    return launch.run_to_continue(_run_request(args, spooled_stdin or named))
-
-
-def _resume_continues(args: argparse.Namespace, _stdin: Path | None) -> RunDir:
-    return RunDir.open(_run_dir(args))
-
-
-def _run_dir(args: argparse.Namespace) -> Path:
-    """The run directory the RUN argument names: a path, a run id, or `latest`."""
-    return _resolved(args.run_dir, args.runs_dir)
-
-
 def _resolved(ref: str, runs_dir: Path | None) -> Path:
+    """The run directory a RUN argument names: a path, a run id, or `latest`."""
     from bulkrelay.store.runs import resolve_run
 
     return resolve_run(ref, runs_dir)
 
 
-def _resume(args: argparse.Namespace) -> Result:
-    input_path = Path(args.input) if args.input not in (None, "-") else None
-    if args.input == "-":
+def _resume(options: ResumeArgs, relay: _Relay) -> Result:
+    input_path = Path(options.input) if options.input not in (None, "-") else None
+    if options.input == "-":
         raise UsageError(
             "resume cannot read stdin: a run that read stdin keeps its own copy",
-            suggestion=f"bulkrelay resume {args.run_dir}",
+            suggestion=f"bulkrelay resume {options.run_dir}",
         )
-    return launch.resume(_run_dir(args), args.config, input_path, _options(args))
+    run_dir = _resolved(options.run_dir, options.runs_dir)
+    return launch.resume(run_dir, options.config, input_path, _options(relay))
 
 
-def _status(args: argparse.Namespace) -> Result:
-    return status.status(_run_dir(args))
-
-
-def _shards(args: argparse.Namespace) -> Result:
+def _shards(options: ShardsArgs) -> Result:
     from bulkrelay.ops.shards_view import shards  # loaded only for its own command
 
-    return shards(args.dirs)
+    return shards(list(options.dirs))
 
 
-def _runs(args: argparse.Namespace) -> Result:
-    return status.runs(default_runs_dir(args.runs_dir))
-
-
-def _retry_failed(args: argparse.Namespace) -> Result:
+def _retry_failed(options: RetryFailedArgs, relay: _Relay) -> Result:
     from bulkrelay.ops import retry_failed as retryfailed  # loaded only for its own command
 
     return retryfailed.retry_failed(
-        _run_dir(args),
-        config=args.config,
-        statuses=args.status,
-        classification=args.classification,
-        options=_options(args),
+        _resolved(options.run_dir, options.runs_dir),
+        config=options.config,
+        statuses=options.status,
+        classification=options.classification,
+        options=_options(relay),
     )
 
 
-def _export(args: argparse.Namespace) -> Result:
+def _export(options: ExportArgs) -> Result:
     from bulkrelay.ops import export  # loaded only for its own command
 
     return export.export(
-        _run_dir(args),
-        failed_only=args.failed,
-        fmt=args.format,
-        output=args.output,
-        with_reasons=args.with_reasons,
-        shards=tuple(_resolved(ref, args.runs_dir) for ref in args.shard_runs),
+        _resolved(options.run_dir, options.runs_dir),
+        failed_only=options.failed,
+        fmt=options.format,
+        output=options.output,
+        with_reasons=options.with_reasons,
+        shards=tuple(_resolved(ref, options.runs_dir) for ref in options.shard_runs),
     )
 
 
-def _sync_state(args: argparse.Namespace) -> Result:
+def _sync_state(command: str, options: SyncStateArgs) -> Result:
     from bulkrelay.ops import sync_state  # loaded only for its own command
 
-    return sync_state.sync_state_command(
-        load_job(args.job), default_runs_dir(args.runs_dir), args.sync_command
-    )
+    job, runs_dir = load_job(options.job), default_runs_dir(options.runs_dir)
+    return sync_state.sync_state_command(job, runs_dir, command.removeprefix("sync-state "))
 
 
-def _prune(args: argparse.Namespace) -> Result:
+def _prune(options: PruneArgs) -> Result:
     from bulkrelay.ops import (
         prune,  # loaded only for its own command
         settings,
     )
 
-    if args.keep is not None or args.older_than is not None:  # flags replace the settings file's rule
-        retention = settings.retention_from_flags(args.keep, args.older_than)
+    if options.keep is not None or options.older_than is not None:  # flags replace the settings file's rule
+        retention = settings.retention_from_flags(options.keep, options.older_than)
     else:
         retention = settings.load_settings().retention
-    return prune.prune_command(default_runs_dir(args.runs_dir), retention, dry_run=args.dry_run)
+    return prune.prune_command(default_runs_dir(options.runs_dir), retention, dry_run=options.dry_run)
 
 
 @dataclass(frozen=True)
 class CompletionScript(CommandData):
-    """`completion SHELL`: the script itself goes to stdout alone (`Result.meta["stdout_payload"]`)."""
+    """`completion SHELL`: the script itself goes to stdout alone (`Result.side.stdout_payload`)."""
 
     kind = "completion"
 
@@ -326,49 +447,27 @@ class CompletionScript(CommandData):
         return {"shell": self.shell}
 
 
-def _completion(args: argparse.Namespace) -> Result:
+def _completion(options: CompletionArgs) -> Result:
     """The shell's completion script, alone on stdout, so `source <(bulkrelay completion bash)` works."""
     from bulkrelay.cli.completion import completion_script  # shtab loads only for its own command
 
-    return Result(data=CompletionScript(args.shell), meta={"stdout_payload": completion_script(args.shell)})
+    script = completion_script(options.shell)
+    return Result(data=CompletionScript(options.shell), side=SideChannel(stdout_payload=script))
 
 
-def _failures(args: argparse.Namespace) -> Result:
+def _failures(options: FailuresArgs) -> Result:
     from bulkrelay.ops import failures  # loaded only for its own command
 
-    return failures.failures(_run_dir(args))
+    return failures.failures(_resolved(options.run_dir, options.runs_dir))
 
 
-def _report(args: argparse.Namespace) -> Result:
+def _report(options: ReportArgs) -> Result:
     from bulkrelay.ops import report  # loaded only for its own command
 
-    return report.report(_run_dir(args), args.output)
+    return report.report(_resolved(options.run_dir, options.runs_dir), options.output)
 
 
-def _demo(args: argparse.Namespace) -> Result:
+def _demo(options: DemoArgs, observers: tuple[RunObserver, ...]) -> Result:
     from bulkrelay.demo import quickstart as demo  # loaded only for its own command
 
-    return demo.run_demo(rows=args.rows, runs_dir=args.runs_dir, observers=args.observers)
-
-
-TABLE: dict[str, Callable[[argparse.Namespace], Result]] = {
-    "validate": _validate,
-    "render": _render,
-    "run": _logged("run", _shard_checked(jobs.budgeted("run", _run, _run_key, _run_continues))),
-    "resume": _logged("resume", jobs.budgeted("resume", _resume, continues=_resume_continues)),
-    "status": _status,
-    "shards": _shards,
-    "runs": _runs,
-    "retry-failed": _logged("retry-failed", jobs.budgeted("retry-failed", _retry_failed)),
-    "export": _export,
-    "failures": _failures,
-    "report": _report,
-    "prune": _prune,
-    "completion": _completion,
-    "demo": _logged("demo", _demo),
-    "sync-state rebuild": _sync_state,
-    "sync-state verify": _sync_state,
-    "job wait": lambda args: jobs.background_wait(args.job_id, args.budget),
-    "job status": lambda args: jobs.background_status(args.job_id),
-    "job cancel": lambda args: jobs.background_cancel(args.job_id, args.budget),
-}
+    return demo.run_demo(rows=options.rows, runs_dir=options.runs_dir, observers=observers)

@@ -14,7 +14,7 @@ from rich.rule import Rule
 from rich.table import Table
 
 from bulkrelay.cli.parser import HelpText, VersionInfo
-from bulkrelay.envelope import CommandData, Result
+from bulkrelay.envelope import CommandData, ErrorInfo, Result
 from bulkrelay.ops.results import (
     DemoResult,
     FailuresResult,
@@ -27,6 +27,8 @@ from bulkrelay.ops.results import (
     ValidateResult,
 )
 from bulkrelay.relay.progress import pace_text
+from bulkrelay.relay.ratelimit import Pace
+from bulkrelay.store.summary import RunSummary
 
 
 class _Console(Console):
@@ -70,13 +72,13 @@ def print_human(result: Result, envelope: dict[str, Any]) -> None:
         _print_error(result.error)
 
 
-def _print_error(error: dict[str, Any]) -> None:
-    _err.print(f"[bold red]error[/] {error['code']}: {error['message']}", highlight=False)
-    for problem in (error.get("context") or {}).get("problems", [])[1:]:
+def _print_error(error: ErrorInfo) -> None:
+    _err.print(f"[bold red]error[/] {error.code}: {error.message}", highlight=False)
+    for problem in (error.context or {}).get("problems", [])[1:]:
         where = ", ".join(f"{k} {v}" for k, v in problem.items() if k != "message")
         _err.print(f"  {where}: {problem['message']}", highlight=False)
-    if error.get("suggestion"):
-        _err.print(f"[dim]hint:[/] {error['suggestion']}", highlight=False)
+    if error.suggestion:
+        _err.print(f"[dim]hint:[/] {error.suggestion}", highlight=False)
 
 
 def _validate(valid: ValidateResult) -> None:
@@ -112,21 +114,18 @@ def _render(rendered: RenderResult) -> None:
             _console.print(request.body, highlight=False)
 
 
-def _summary_table(summary: dict[str, Any]) -> Table:
+def _summary_table(summary: RunSummary) -> Table:
     table = Table(title="summary", show_header=False)
-    table.add_row("rows", f"{summary['rows_done']} of {summary['rows_total']} done")
-    table.add_row("succeeded", str(summary["by_outcome"]["succeeded"]))
-    table.add_row("failed", str(summary["by_outcome"]["failed"]))
-    table.add_row("attempts / retries", f"{summary['attempts']} / {summary['retries']}")
-    table.add_row("by status", ", ".join(f"{k}: {v}" for k, v in summary["by_status"].items()))
-    table.add_row(
-        "by classification", ", ".join(f"{k}: {v}" for k, v in summary["by_classification"].items())
-    )
-    latency = summary["latency_ms"]
+    table.add_row("rows", f"{summary.rows_done} of {summary.rows_total} done")
+    table.add_row("succeeded", str(summary.succeeded))
+    table.add_row("failed", str(summary.failed))
+    table.add_row("attempts / retries", f"{summary.attempts} / {summary.retries}")
+    table.add_row("by status", ", ".join(f"{k}: {v}" for k, v in summary.by_status.items()))
+    table.add_row("by classification", ", ".join(f"{k}: {v}" for k, v in summary.by_classification.items()))
+    latency = summary.latency_ms
     table.add_row("latency ms p50/p95/p99", " / ".join(_ms(latency.get(p)) for p in ("p50", "p95", "p99")))
-    this_call = summary.get("this_call")
-    if this_call:
-        table.add_row("rate", f"{this_call['rows_per_second']} rows/s")
+    if summary.this_call is not None:
+        table.add_row("rate", f"{summary.this_call.rows_per_second} rows/s")
     return table
 
 
@@ -135,15 +134,19 @@ def _ms(value: object) -> str:
 
 
 def _status(status: StatusResult) -> None:
-    _run_lines(status.summary, status.run_id, status.state, status.run_dir, status.continue_command)
+    summary = RunSummary.from_json(status.summary) if status.summary else None  # summary.json, as read
+    _run_lines(summary, status.run_id, status.state, status.run_dir, status.continue_command)
     line = f"liveness: {status.liveness}"
     if status.pid:
         line += f" (pid {status.pid})"
     if status.stop_reason:
         line += f"; stop reason: {status.stop_reason}"
     _console.print(line, highlight=False)
-    if status.rate:
-        _console.print(f"pace: {pace_text(status.rate)}", highlight=False)
+    if status.rate:  # as the checkpoint or the summary holds it
+        rate = status.rate
+        _console.print(
+            f"pace: {pace_text(Pace.from_dict(rate), rate.get('rows_per_second'))}", highlight=False
+        )
     if status.report:
         _console.print(f"report: {status.report}", highlight=False)
 
@@ -167,7 +170,7 @@ def _report(written: ReportResult) -> None:
 
 
 def _run_lines(
-    summary: dict[str, Any] | None, run_id: str, state: str, run_dir: str, continue_command: str | None
+    summary: RunSummary | None, run_id: str, state: str, run_dir: str, continue_command: str | None
 ) -> None:
     """A run's summary table, its state and where it lives, and how to continue it."""
     if summary:

@@ -7,19 +7,23 @@ exactly one envelope, whatever happens, including usage errors and unexpected ex
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from bulkrelay.cli.parser import Answered, command_name, exports_to_stdout, parse_command_line
-from bulkrelay.envelope import Result, dumps_envelope, to_envelope
+from bulkrelay.background.call import Call, WorkerArgs
+from bulkrelay.cli.parser import Answered, exports_to_stdout, parse_call
+from bulkrelay.envelope import ErrorInfo, Result, dumps_envelope, to_envelope
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from bulkrelay.background.state import BackgroundJobSpec
+    from bulkrelay.background.worker import BackgroundSupervisor
 
 
 def json_mode(argv: Sequence[str]) -> bool:
@@ -33,27 +37,25 @@ def json_mode(argv: Sequence[str]) -> bool:
     return not sys.stdout.isatty() and "--human" not in argv and "--quiet" not in argv
 
 
-def dispatch(args: argparse.Namespace) -> Result:
-    if args.command == "_job-worker":
+def dispatch(call: Call, started: float) -> Result:
+    """The call to its command; `started`: when the call began (its budget counts from there)."""
+    if isinstance(call.options, WorkerArgs):
         from bulkrelay.background import worker  # a background job's own process
 
-        return worker.run_worker(args.job_id, run_stored_command)
-    from bulkrelay.cli import commands as handlers  # the command table; imported late so `--help` stays fast
+        return worker.run_worker(call.options.job_id, run_stored_call)
+    from bulkrelay.cli import commands  # the commands; imported late so `--help` stays fast
 
-    handler: Callable[[argparse.Namespace], Result] | None = handlers.TABLE.get(command_name(args))
-    if handler is None:
-        raise UsageError("a command is required", suggestion="see `bulkrelay --help`")
-    return handler(args)
+    return commands.run_call(call, commands.Runtime(started))
 
 
-def run_stored_command(argv: list[str], supervisor: Any) -> Result:
-    """A background job's command line, run to its end in its worker: no budget (it is the job), and
-    the supervisor owns its signals and bounds."""
-    args = parse_command_line(argv)
-    args.argv = argv
-    args.budget = 0
-    args.supervisor = supervisor
-    return dispatch(args)
+def run_stored_call(spec: BackgroundJobSpec, supervisor: BackgroundSupervisor) -> Result:
+    """A background job's call, run to its end in its worker: no budget (it is the job), and the
+    supervisor owns its signals and bounds. A job an earlier version wrote holds only its command
+    line, parsed again here as that version's worker did."""
+    from bulkrelay.cli import commands
+
+    call = spec.call if spec.call is not None else parse_call(spec.argv)
+    return commands.run_call(call, commands.Runtime(time.monotonic(), supervisor))
 
 
 class _Terminated(BaseException):
@@ -104,10 +106,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     as_json = "--json" in argv or not sys.stdout.isatty()
     try:
         as_json = json_mode(argv)
-        args = parse_command_line(argv)
-        args.argv = argv  # a background job re-runs the same command line
-        args.started = started  # the call budget counts from here
-        result = dispatch(args)
+        result = dispatch(parse_call(argv), started)
     except Answered as answered:  # `--help`, `--version`: text for people and pipes (`| grep`, `| less`)
         result = answered.result
         as_json = "--json" in argv
@@ -127,12 +126,12 @@ def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Res
     return Result(
         exit_code=exit_code,
         kind="error",
-        error={
-            "code": code,
-            "message": f"stopped by {name} while no row was in flight (start-up, preflight or wrap-up)",
-            "retryable": True,
-            "suggestion": "run the same command again: it continues any run this one left unfinished",
-        },
+        error=ErrorInfo(
+            code,
+            f"stopped by {name} while no row was in flight (start-up, preflight or wrap-up)",
+            retryable=True,
+            suggestion="run the same command again: it continues any run this one left unfinished",
+        ),
     )
 
 
@@ -160,11 +159,11 @@ def emit(
 
 
 def _write_result(result: Result, *, started: float, as_json: bool, on_stderr: bool) -> None:
-    duration_ms = result.meta.pop("work_duration_ms", None)
+    duration_ms = result.side.work_duration_ms
     if duration_ms is None:
         duration_ms = round((time.monotonic() - started) * 1000)
-    payload = result.meta.pop("stdout_payload", None)  # the whole answer (`completion`): no envelope
-    envelope = to_envelope(result, duration_ms=int(duration_ms))
+    payload = result.side.stdout_payload  # the whole answer (`completion`): no envelope
+    envelope = to_envelope(result, duration_ms=duration_ms)
     if as_json or on_stderr:
         for warning in result.warnings:
             if warning.code in _STDERR_WARNINGS:

@@ -5,6 +5,7 @@ this parses."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from bulkrelay._version import __version__
+from bulkrelay.background.call import OPTIONS, Call
 from bulkrelay.envelope import CommandData, Result
 from bulkrelay.errors import UsageError
 from bulkrelay.job.durations import parse_duration_ms, whole_number
@@ -453,6 +455,24 @@ def exports_to_stdout(argv: Sequence[str]) -> bool:
         return False
     given = any(flag in ("-o", "--output") and value == "-" for flag, value in pairwise(argv))
     return given or "--output=-" in argv or "-o-" in argv
+
+
+def parse_call(argv: Sequence[str]) -> Call:
+    """The command line as the typed call every layer below gets: the parsed arguments go no further."""
+    return call_of(parse_command_line(argv), argv)
+
+
+def call_of(args: argparse.Namespace, argv: Sequence[str]) -> Call:
+    command = command_name(args)
+    options = OPTIONS.get(command)
+    if options is None:  # `bulkrelay`, `bulkrelay job`: a command or an action is missing
+        raise UsageError("a command is required", suggestion="see `bulkrelay --help`")
+    values = {  # an option a command does not take (`job status --budget`) keeps its default
+        field.name: tuple(value) if isinstance(value := getattr(args, field.name), list) else value
+        for field in dataclasses.fields(options)
+        if hasattr(args, field.name)
+    }
+    return Call(command, options(**values), tuple(argv), quiet=bool(getattr(args, "quiet", False)))
 
 
 def command_name(args: argparse.Namespace) -> str:

@@ -16,11 +16,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
 
-from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
+from bulkrelay.envelope import EnvelopeWarning, ErrorInfo, Result, deprecation_warnings
 from bulkrelay.errors import (
     BulkRelayError,
     ExitCode,
@@ -41,7 +41,7 @@ from bulkrelay.store.atomic import move_file, write_json_atomic
 from bulkrelay.store.liverun import LiveSlot
 from bulkrelay.store.manifest import InputRecord, RunPlan
 from bulkrelay.store.rundir import SUMMARY, RunDir, RunState, utc_now
-from bulkrelay.store.summary import summarize
+from bulkrelay.store.summary import RunSummary, ThisCall, summarize
 from bulkrelay.sync import record_deliveries
 
 # How each stop reason ends a run: (error code, exit code, message).
@@ -322,12 +322,12 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
         error = (
             None
             if code == ExitCode.SUCCESS
-            else {
-                "code": "PARTIAL_FAILURE",
-                "message": f"{committed.failed} of {committed.total} rows failed",
-                "retryable": False,
-                "suggestion": f"bulkrelay retry-failed {shlex.quote(str(run.path))}",
-            }
+            else ErrorInfo(
+                "PARTIAL_FAILURE",
+                f"{committed.failed} of {committed.total} rows failed",
+                retryable=False,
+                suggestion=f"bulkrelay retry-failed {shlex.quote(str(run.path))}",
+            )
         )
         return Result(data=data, exit_code=code, error=error)
     code_name, exit_code, message = _STOPS.get(
@@ -335,29 +335,40 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     )
     if state is RunState.FORCED:
         message = _forced_message(outcome.stop_reason, message)
-    error = {
-        "code": code_name,
-        "message": f"run {run.run_id}: {message}",
-        "retryable": state is not RunState.CANCELLED,
-        "context": {"run_dir": str(run.path), **outcome.stop_detail},
-    }
+    error = ErrorInfo(
+        code_name,
+        f"run {run.run_id}: {message}",
+        retryable=state is not RunState.CANCELLED,
+        context={"run_dir": str(run.path), **outcome.stop_detail},
+        order=_STOP_ERROR_KEYS,
+    )
     if state.resumable:
-        error["suggestion"] = continue_command(run)
+        error = replace(error, suggestion=continue_command(run))
         if outcome.stop_reason in _SAYS_WHY:  # e.g. "data.csv changed ...: size 1 -> 2", "invalid_client"
-            error["detail"] = str(outcome.stop_detail.get("message", ""))
+            error = replace(error, detail=str(outcome.stop_detail.get("message", "")))
         if outcome.stop_reason is StopReason.INPUT_CHANGED:
-            error["suggestion"] = f"restore the input preflight read, then: {continue_command(run)}"
+            error = replace(
+                error, suggestion=f"restore the input preflight read, then: {continue_command(run)}"
+            )
         if outcome.stop_reason is StopReason.TOKEN_REFUSED:
-            error["message"] = f"run {run.run_id}: {outcome.stop_detail.get('message')}; halted"
-            error["suggestion"] = (
-                "fix request.auth.oauth2 or its secrets (bulkrelay validate --check-auth JOB asks the "
-                f"endpoint alone), then: {continue_command(run)}"
+            error = replace(
+                error,
+                message=f"run {run.run_id}: {outcome.stop_detail.get('message')}; halted",
+                suggestion="fix request.auth.oauth2 or its secrets (bulkrelay validate --check-auth JOB asks "
+                f"the endpoint alone), then: {continue_command(run)}",
             )
     if outcome.stop_reason is StopReason.HALT_FAILURE_RATE:
-        error["message"] = f"run {run.run_id}: {_failure_rate_message(outcome.stop_detail)}"
         failures = f"bulkrelay failures {shlex.quote(str(run.path))}"
-        error["suggestion"] = f"see `{failures}`; fix the cause, then: {continue_command(run)}"
+        error = replace(
+            error,
+            message=f"run {run.run_id}: {_failure_rate_message(outcome.stop_detail)}",
+            suggestion=f"see `{failures}`; fix the cause, then: {continue_command(run)}",
+        )
     return Result(data=data, exit_code=exit_code, error=error)
+
+
+# A stop's error has always said its context first, its stop detail last (the envelope is kept to the byte).
+_STOP_ERROR_KEYS = ("code", "message", "retryable", "context", "suggestion", "detail")
 
 
 def _failure_rate_message(detail: dict[str, object]) -> str:
@@ -381,7 +392,7 @@ def _forced_message(stop_reason: StopReason, message: str) -> str:
     return f"{message.removesuffix(' at a safe point')}; {cancelled}"
 
 
-def summary_counts(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
+def summary_counts(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> RunSummary:
     """The relay's own counts when they cover the whole journal (it wrote every line from the
     start, and the file holds exactly the bytes it committed); else one read of the journal."""
     committed = outcome.committed if outcome is not None else None
@@ -392,20 +403,21 @@ def summary_counts(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -
     return summarize(run.journal_path, total_rows=total_rows)
 
 
-def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> dict[str, Any]:
-    summary = summary_counts(run, total_rows, outcome)
-    summary["run_id"] = run.run_id
-    if run.plan.sync is not None:  # a delta run: rows it did not send because they had not changed
-        summary["skipped_unchanged"] = run.plan.sync.skipped_unchanged
+def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) -> RunSummary:
+    this_call = None
     if outcome is not None:
-        elapsed = outcome.elapsed_seconds
-        summary["this_call"] = {
-            "rows_committed": outcome.committed.committed_this_run,
-            "elapsed_seconds": round(elapsed, 3),
-            "rows_per_second": round(outcome.committed.committed_this_run / elapsed, 1) if elapsed else None,
-        }
-    summary["updated_at"] = utc_now()
-    write_json_atomic(run.path / SUMMARY, summary, run.storage)
+        elapsed, committed = outcome.elapsed_seconds, outcome.committed.committed_this_run
+        rate = round(committed / elapsed, 1) if elapsed else None
+        this_call = ThisCall(committed, round(elapsed, 3), rate)
+    summary = replace(
+        summary_counts(run, total_rows, outcome),
+        run_id=run.run_id,
+        # a delta run: rows it did not send because they had not changed
+        skipped_unchanged=run.plan.sync.skipped_unchanged if run.plan.sync is not None else None,
+        this_call=this_call,
+        updated_at=utc_now(),
+    )
+    write_json_atomic(run.path / SUMMARY, summary.to_json(), run.storage)
     return summary
 
 

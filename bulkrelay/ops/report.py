@@ -12,7 +12,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from bulkrelay.envelope import Result
+from bulkrelay.envelope import Result, SideChannel
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
 from bulkrelay.ops.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
 from bulkrelay.ops.reportpage import ReportFacts, page
@@ -33,10 +33,7 @@ def report(run_dir: Path, output: Path | None = None) -> Result:
     html, facts = build_report(run)
     to_stdout = output is not None and str(output) == STDOUT
     target = run.path / REPORT if output is None else output
-    meta: dict[str, Any] = {}
-    if to_stdout:
-        meta["stdout_payload"] = html
-    else:
+    if not to_stdout:
         _write(target, html.encode(), explicit=output is not None, run=run)
     data = ReportResult(
         run_id=run.run_id,
@@ -47,7 +44,7 @@ def report(run_dir: Path, output: Path | None = None) -> Result:
         rows_total=facts[1],
         missing=facts[2],
     )
-    return Result(data=data, meta=meta)
+    return Result(data=data, side=SideChannel(stdout_payload=html if to_stdout else None))
 
 
 def build_report(run: RunDir) -> tuple[str, tuple[int, int, tuple[str, ...]]]:

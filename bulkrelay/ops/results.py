@@ -2,8 +2,9 @@
 
 Each value's `to_data()` is the `data` of its JSON envelope (docs/json-output.md), key for key and in
 the same order, so the envelope is a contract kept in one place; the human view (cli/human.py) reads
-the same value's attributes. The summary and pace mappings are the documents they come from
-(`summary.json`, the limiter's state), carried as they are.
+the same value's attributes. A run's summary is a typed `RunSummary`; `status` carries the summary and
+the live pace as the documents it read them from (`summary.json`, the checkpoint), so an earlier
+version's files show as they are.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from bulkrelay.envelope import CommandData
 from bulkrelay.ops.curl import curl_command
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunState
+from bulkrelay.store.summary import RunSummary
 
 
 @dataclass(frozen=True)
@@ -417,7 +419,7 @@ class RunResult(CommandData):
     run_dir: str
     state: RunState
     progress: Snapshot
-    summary: dict[str, Any]
+    summary: RunSummary
     continue_command: str | None = None
     parent_run: str | None = None
     mirror: MirrorDeletions | dict[str, Any] | None = None  # a mapping when read back from an envelope
@@ -430,7 +432,7 @@ class RunResult(CommandData):
             "run_dir": self.run_dir,
             "state": self.state,
             "progress": self.progress.to_dict(),
-            "summary": self.summary,
+            "summary": self.summary.to_json(),
         }
         optional = (
             ("continue_command", self.continue_command),
@@ -451,7 +453,7 @@ class RunResult(CommandData):
             run_dir=data["run_dir"],
             state=RunState(data["state"]),
             progress=Snapshot(progress["total"], progress["done"], progress["ok"], progress["failed"]),
-            summary=data["summary"],
+            summary=RunSummary.from_json(data["summary"]),
             continue_command=data.get("continue_command"),
             parent_run=data.get("parent_run"),
             mirror=data.get("mirror"),

@@ -175,9 +175,9 @@ class RunLog:
         self.event(
             "exit",
             exit_code=int(result.exit_code),
-            error_code=None if result.error is None else result.error.get("code"),
+            error_code=None if result.error is None else result.error.code,
             state=data.get("state"),
-            job_id=result.meta.get("job_id"),
+            job_id=result.meta.job_id,
         )
 
     def _interval_line(self, counters: _Counters, snapshot: Snapshot, now: float) -> None:
@@ -203,7 +203,12 @@ class _Counters:
     def advance(self, snapshot: Snapshot, now: float) -> dict[str, Any] | None:
         """The interval line's fields since the last one; None for the first snapshot (its baseline)."""
         if snapshot.pace is not None:
-            self._rate = {key: snapshot.pace.get(key) for key in _RATE_KEYS}
+            pace = snapshot.pace
+            self._rate = {
+                "configured_rps": pace.configured_rps,
+                "current_rps": pace.current_rps,
+                "rate_limited_responses": pace.rate_limited_responses,
+            }
         if self._done is None:  # the rows committed before this call are not this interval's
             self._done = (snapshot.ok, snapshot.failed)
             self.since = now
@@ -232,9 +237,6 @@ class _Counters:
         )
         self.since = now
         return fields
-
-
-_RATE_KEYS = ("configured_rps", "current_rps", "rate_limited_responses")
 
 
 def _wire(stats: RelayStats) -> tuple[int, int, float]:

@@ -29,7 +29,7 @@ from bulkrelay.relay.batchsender import BatchSender
 from bulkrelay.relay.failurerate import FailureRate
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Reporter, Snapshot
-from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, RateLimiter
+from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, Pace, RateLimiter
 from bulkrelay.relay.retry import RetryPolicy
 from bulkrelay.relay.sender import RowSender
 from bulkrelay.relay.stopping import StopControl, StopReason
@@ -72,7 +72,7 @@ class Committed:
     failed: int
     committed_this_run: int = 0
     started: float = field(default_factory=time.monotonic)
-    pace: Callable[[], dict[str, Any]] | None = None  # the limiter's state, for the live checkpoint
+    pace: Callable[[], Pace] | None = None  # the limiter's state, for the live checkpoint
     prefix: Callable[[], CommittedPrefix | None] | None = None  # the journal's, for the checkpoint
     # The summary's counts of every committed line, kept while the journal was written from its start:
     # the run's summary then needs no second read of the journal (None after a resume).
@@ -130,7 +130,7 @@ class Committed:
     def live_pace(self) -> dict[str, Any]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         pace = {"rows_per_second": round(self.committed_this_run / elapsed, 1)}
-        return {**pace, **(self.pace() if self.pace is not None else {})}
+        return {**pace, **(self.pace().to_dict() if self.pace is not None else {})}
 
 
 @dataclass

@@ -9,7 +9,10 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
+
+if TYPE_CHECKING:
+    from bulkrelay.relay.ratelimit import Pace
 
 _clock = time.monotonic  # one name for the reporters' clock, which tests replace
 
@@ -22,31 +25,31 @@ class Snapshot:
     done: int
     ok: int
     failed: int
-    pace: dict[str, Any] | None = field(default=None, compare=False)  # the limiter's state (`state()`)
+    pace: Pace | None = field(default=None, compare=False)  # the limiter's state (`state()`)
 
     def to_dict(self) -> dict[str, int | str]:
         return {"done": self.done, "total": self.total, "unit": "rows", "ok": self.ok, "failed": self.failed}
 
 
-def pace_text(pace: dict[str, Any]) -> str:
-    """The limiter's state in words: the current limit when a 429 lowered it, and any pause."""
+def pace_text(pace: Pace, rows_per_second: float | None = None) -> str:
+    """The limiter's state in words (and this call's rows/s, when known): the current limit when a 429
+    lowered it, and any pause."""
     parts = []
-    if pace.get("rows_per_second") is not None:
-        parts.append(f"{pace['rows_per_second']:,.1f} rows/s")
-    if pace.get("rate_cuts"):
-        limit = "unlimited" if pace.get("current_rps") is None else f"{pace['current_rps']:g}/s"
-        of = f" of {pace['configured_rps']:g}/s" if pace.get("configured_rps") else ""
-        parts.append(f"limit {limit}{of} after {pace['rate_limited_responses']} 429s")
-    if pace.get("paused_until"):
-        parts.append(f"paused until {pace['paused_until']}")
+    if rows_per_second is not None:
+        parts.append(f"{rows_per_second:,.1f} rows/s")
+    if pace.rate_cuts:
+        limit = "unlimited" if pace.current_rps is None else f"{pace.current_rps:g}/s"
+        of = f" of {pace.configured_rps:g}/s" if pace.configured_rps else ""
+        parts.append(f"limit {limit}{of} after {pace.rate_limited_responses} 429s")
+    if pace.paused_until:
+        parts.append(f"paused until {pace.paused_until}")
     return ", ".join(parts) or "-"
 
 
 def _pace_suffix(snapshot: Snapshot) -> str:
-    if not snapshot.pace:
+    if snapshot.pace is None:
         return ""
-    shown = {k: v for k, v in snapshot.pace.items() if k != "rows_per_second"}
-    text = pace_text(shown)
+    text = pace_text(snapshot.pace)
     return "" if text == "-" else f", {text}"
 
 

@@ -34,6 +34,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -160,6 +161,39 @@ class LimiterUnavailable(Exception):
         self.cause = cause
 
 
+@dataclass(frozen=True)
+class Pace:
+    """A limiter's state as `status`, the progress line and the run log show it: the configured and
+    current rate; a local limiter's 429s, rate cuts, pauses and the pause in force; a shared limiter's
+    Redis (`shared`, shown without credentials). `to_dict` is its JSON (a live run's checkpoint)."""
+
+    configured_rps: float | None
+    current_rps: float | None
+    rate_limited_responses: int | None = None
+    rate_cuts: int | None = None
+    pauses: int | None = None
+    paused_until: str | None = None  # UTC, while a pause is in force
+    shared: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        rates = {"configured_rps": self.configured_rps, "current_rps": self.current_rps}
+        if self.shared is not None:
+            return {**rates, "shared": self.shared}
+        return {
+            **rates,
+            "rate_limited_responses": self.rate_limited_responses,
+            "rate_cuts": self.rate_cuts,
+            "pauses": self.pauses,
+            "paused_until": self.paused_until,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Pace:
+        """The pace again from its JSON (a live run's checkpoint, as `status` read it)."""
+        names = ("rate_limited_responses", "rate_cuts", "pauses", "paused_until", "shared")
+        return cls(data.get("configured_rps"), data.get("current_rps"), *(data.get(name) for name in names))
+
+
 class Limiter(Protocol):
     """What the sender needs of a rate limit: this process's own (`RateLimiter`), or one shared by every
     shard of a job (`ratelimit_redis.SharedRateLimiter`)."""
@@ -172,7 +206,7 @@ class Limiter(Protocol):
 
     def rate_limited(self) -> None: ...
 
-    def state(self) -> dict[str, Any]: ...
+    def state(self) -> Pace: ...
 
     async def aclose(self) -> None: ...
 
@@ -203,18 +237,18 @@ class RateLimiter:
         if self._adaptive.on_rate_limited(now, float(len(self._starts))):
             self._schedule.set_rate(self._adaptive.current)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> Pace:
         """The limiter as `status` and the progress line show it."""
         wait = self._schedule.paused_until - self._clock()
         paused = datetime.now(UTC) + timedelta(seconds=wait) if wait > 0 else None
-        return {
-            "configured_rps": self._adaptive.configured,
-            "current_rps": None if self._schedule.rate is None else round(self._schedule.rate, 2),
-            "rate_limited_responses": self._adaptive.rate_limited,
-            "rate_cuts": self._adaptive.cuts,
-            "pauses": self.pauses,
-            "paused_until": None if paused is None else paused.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        }
+        return Pace(
+            configured_rps=self._adaptive.configured,
+            current_rps=None if self._schedule.rate is None else round(self._schedule.rate, 2),
+            rate_limited_responses=self._adaptive.rate_limited,
+            rate_cuts=self._adaptive.cuts,
+            pauses=self.pauses,
+            paused_until=None if paused is None else paused.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        )
 
     def try_start(self) -> bool:
         """Take a start without awaiting when nothing can hold one back: no rate in force (configured or

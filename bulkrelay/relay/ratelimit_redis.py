@@ -34,7 +34,6 @@ import itertools
 import math
 import os
 import time
-from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -42,7 +41,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from bulkrelay.job.redact import redact_url_credentials
-from bulkrelay.relay.ratelimit import LimiterUnavailable
+from bulkrelay.relay.ratelimit import LimiterUnavailable, Pace
 
 _WINDOW_MARGIN_US = 20_000  # arrivals jitter on the way to the target, more so from several machines
 _MAX_LAG_US = 50_000  # missed pacing slots a late asker may still claim, as in the local limiter
@@ -195,9 +194,9 @@ class SharedRateLimiter:
         """A 429: the shared rate stays as configured (AIMD is the local limiter's); the target's
         Retry-After, if any, pauses every shard through `pause_until`."""
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> Pace:
         """The limiter as `status` and the progress line show it."""
-        return {"configured_rps": self._rate, "current_rps": self._rate, "shared": self._url_shown}
+        return Pace(configured_rps=self._rate, current_rps=self._rate, shared=self._url_shown)
 
     async def aclose(self) -> None:
         if self._pending:

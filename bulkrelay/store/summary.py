@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,91 @@ def _label(quantile: float) -> str:
     return f"p{round(quantile * 100)}"
 
 
+@dataclass(frozen=True)
+class ThisCall:
+    """What the call that wrote the summary committed, and how fast."""
+
+    rows_committed: int
+    elapsed_seconds: float
+    rows_per_second: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rows_committed": self.rows_committed,
+            "elapsed_seconds": self.elapsed_seconds,
+            "rows_per_second": self.rows_per_second,
+        }
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run's summary: the counts of its journal (`summarize`, `SummaryCounts.report`) and, as
+    `summary.json` holds it, the run, a delta run's unchanged rows and this call's pace (`with_run`).
+    `to_json` is the file's and the envelope's form, key for key in their order."""
+
+    rows_total: int
+    rows_done: int
+    succeeded: int
+    failed: int
+    by_status: dict[str, int]  # status code (or "none") -> rows, sorted
+    by_classification: dict[str, int]
+    attempts: int
+    latency_ms: dict[str, float | None]  # p50, p95, p99, max; None before the first row
+    run_id: str | None = None
+    skipped_unchanged: int | None = None  # a delta run: rows not sent because they had not changed
+    this_call: ThisCall | None = None
+    updated_at: str | None = None
+
+    @property
+    def rows_pending(self) -> int:
+        return self.rows_total - self.rows_done
+
+    @property
+    def retries(self) -> int:
+        return self.attempts - self.rows_done
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "rows_total": self.rows_total,
+            "rows_done": self.rows_done,
+            "rows_pending": self.rows_pending,
+            "by_outcome": {"succeeded": self.succeeded, "failed": self.failed},
+            "by_status": dict(self.by_status),
+            "by_classification": dict(self.by_classification),
+            "attempts": self.attempts,
+            "retries": self.retries,
+            "latency_ms": dict(self.latency_ms),
+        }
+        if self.run_id is not None:
+            data["run_id"] = self.run_id
+        if self.skipped_unchanged is not None:
+            data["skipped_unchanged"] = self.skipped_unchanged
+        if self.this_call is not None:
+            data["this_call"] = self.this_call.to_json()
+        if self.updated_at is not None:
+            data["updated_at"] = self.updated_at
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSummary:
+        """The summary again from its JSON (an envelope's `data.summary`, `summary.json`)."""
+        this_call = data.get("this_call")
+        return cls(
+            rows_total=data["rows_total"],
+            rows_done=data["rows_done"],
+            succeeded=data["by_outcome"]["succeeded"],
+            failed=data["by_outcome"]["failed"],
+            by_status=data["by_status"],
+            by_classification=data["by_classification"],
+            attempts=data["attempts"],
+            latency_ms=data["latency_ms"],
+            run_id=data.get("run_id"),
+            skipped_unchanged=data.get("skipped_unchanged"),
+            this_call=None if this_call is None else ThisCall(**this_call),
+            updated_at=data.get("updated_at"),
+        )
+
+
 class SummaryCounts:
     """What the summary reports, counted one committed entry at a time: fed from the journal by
     `summarize`, or by the relay as it commits, so a run that wrote its journal from the start
@@ -75,23 +161,21 @@ class SummaryCounts:
         self._attempts += entry.attempts
         self._latency.add(entry.duration_ms if entry.latency_ms is None else entry.latency_ms)
 
-    def report(self, total_rows: int) -> dict[str, Any]:
-        done = self._ok + self._failed
+    def report(self, total_rows: int) -> RunSummary:
         latency = self._latency
-        return {
-            "rows_total": total_rows,
-            "rows_done": done,
-            "rows_pending": total_rows - done,
-            "by_outcome": {"succeeded": self._ok, "failed": self._failed},
-            "by_status": dict(sorted(self._by_status.items())),
-            "by_classification": dict(sorted(self._by_classification.items())),
-            "attempts": self._attempts,
-            "retries": self._attempts - done,
-            "latency_ms": {**latency.percentiles((0.5, 0.95, 0.99)), "max": latency.maximum()},
-        }
+        return RunSummary(
+            rows_total=total_rows,
+            rows_done=self._ok + self._failed,
+            succeeded=self._ok,
+            failed=self._failed,
+            by_status=dict(sorted(self._by_status.items())),
+            by_classification=dict(sorted(self._by_classification.items())),
+            attempts=self._attempts,
+            latency_ms={**latency.percentiles((0.5, 0.95, 0.99)), "max": latency.maximum()},
+        )
 
 
-def summarize(journal: Path, *, total_rows: int) -> dict[str, Any]:
+def summarize(journal: Path, *, total_rows: int) -> RunSummary:
     """Stream the journal once and count everything the summary reports."""
     counts = SummaryCounts()
     for entry in read_journal(journal):

@@ -11,11 +11,21 @@ import pytest
 from rich.console import Console
 
 from bulkrelay.cli import human
-from bulkrelay.envelope import CommandData, EnvelopeWarning, Result, dumps_envelope, to_envelope
-from bulkrelay.errors import ExitCode, NotFound
+from bulkrelay.envelope import (
+    CallMeta,
+    CommandData,
+    EnvelopeWarning,
+    ErrorInfo,
+    Result,
+    SideChannel,
+    dumps_envelope,
+    to_envelope,
+)
+from bulkrelay.errors import ExitCode, NotFound, UsageError
 from bulkrelay.ops.results import InputFacts, RunResult, ValidateResult
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunState
+from bulkrelay.store.summary import RunSummary
 
 
 @pytest.mark.parametrize("code", list(ExitCode))
@@ -49,7 +59,7 @@ def test_warnings_have_code_message_and_optional_context() -> None:
 
 
 def test_meta_keeps_extra_fields_and_dumps_as_one_line() -> None:
-    envelope = to_envelope(Result(meta={"budget_ms": 30000}), duration_ms=2)
+    envelope = to_envelope(Result(meta=CallMeta(budget_ms=30000)), duration_ms=2)
     assert envelope["meta"] == {"exit_code": 0, "duration_ms": 2, "budget_ms": 30000}
     line = dumps_envelope(envelope)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
@@ -88,7 +98,7 @@ def _stopped_run() -> RunResult:
         run_dir="/runs/20260101T000000Z-abcd1234",
         state=RunState.STOPPED,
         progress=Snapshot(total=10, done=8, ok=7, failed=1),
-        summary=_summary(),
+        summary=RunSummary.from_json(_summary()),
         continue_command="bulkrelay resume /runs/20260101T000000Z-abcd1234",
     )
 
@@ -96,7 +106,7 @@ def _stopped_run() -> RunResult:
 def test_human_run_result_shows_the_summary_and_the_way_on(captured: tuple[io.StringIO, io.StringIO]) -> None:
     out, err = captured
     data = _stopped_run()
-    error = {"code": "INTERRUPTED", "message": "stopped by SIGINT", "suggestion": data.continue_command}
+    error = ErrorInfo("INTERRUPTED", "stopped by SIGINT", retryable=True, suggestion=data.continue_command)
     result = Result(data=data, exit_code=ExitCode.SIGINT, error=error)
     human.print_human(result, to_envelope(result, duration_ms=1))
     text = out.getvalue()
@@ -182,3 +192,28 @@ def test_every_command_result_is_a_frozen_dataclass_with_its_own_envelope_data()
     for cls in kinds:
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
         assert cls.to_data is not CommandData.to_data, cls
+
+
+def test_an_error_record_writes_the_keys_an_error_always_wrote_in_their_order() -> None:
+    exc = UsageError("bad", detail="d", context={"field": "f"}, suggestion="s", phase="preflight")
+    envelope = to_envelope(Result.from_error(exc), duration_ms=1)
+    assert dumps_envelope(envelope).count(orjson.dumps(exc.to_dict())) == 1  # byte for byte
+    plain = to_envelope(Result.from_error(UsageError("bad")), duration_ms=1)
+    assert plain["error"] == {"code": "USAGE_ERROR", "message": "bad", "retryable": False}
+    # A background job's stored answer comes back in the order it was written, whichever that was.
+    stored = {"code": "STALLED", "message": "m", "retryable": True, "context": {"a": 1}, "detail": "why"}
+    assert list(ErrorInfo.from_dict(stored).to_dict().items()) == list(stored.items())
+    later = {"code": "X", "hint": {"new": True}, "message": "m"}  # a later version's key; no `retryable`
+    assert list(ErrorInfo.from_dict(later).to_dict().items()) == list(later.items())
+
+
+def test_meta_says_the_job_then_the_budget_and_the_side_channel_stays_out_of_the_envelope() -> None:
+    result = Result(meta=CallMeta(job_id="run-0123456789", budget_ms=0), side=SideChannel("page", 7))
+    envelope = to_envelope(result, duration_ms=3)
+    assert list(envelope["meta"].items()) == [
+        ("exit_code", 0),
+        ("duration_ms", 3),
+        ("job_id", "run-0123456789"),
+        ("budget_ms", 0),
+    ]
+    assert b"page" not in dumps_envelope(envelope)

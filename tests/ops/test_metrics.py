@@ -3,15 +3,15 @@ of a run, parsed here with prometheus_client's own parser."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bulkrelay.background.call import Call
 from bulkrelay.background.jobs import arguments_key
-from bulkrelay.cli.parser import parse_command_line
+from bulkrelay.cli.parser import parse_call
 from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
@@ -122,8 +122,8 @@ def test_the_environment_names_the_file_and_neither_changes_the_run(tmp_path: Pa
         assert metric(read_metrics(flag), "bulkrelay_rows", outcome="succeeded") == 8
 
 
-def _parsed(*argv: str) -> argparse.Namespace:
-    return parse_command_line(list(argv))
+def _parsed(*argv: str) -> Call:
+    return parse_call(list(argv))
 
 
 def test_operational_flags_are_not_part_of_the_invocation_identity(tmp_path: Path) -> None:
@@ -131,9 +131,9 @@ def test_operational_flags_are_not_part_of_the_invocation_identity(tmp_path: Pat
     loud = _parsed(
         "--quiet", "resume", str(tmp_path / "run"), "--metrics-file", "m.prom", "--log-file", "run.log"
     )
-    assert arguments_key("resume", plain, None) == arguments_key("resume", loud, None)
+    assert arguments_key(plain, None) == arguments_key(loud, None)
     other_run = _parsed("resume", str(tmp_path / "other"))
-    assert arguments_key("resume", plain, None) != arguments_key("resume", other_run, None)
+    assert arguments_key(plain, None) != arguments_key(other_run, None)
 
 
 def test_a_missing_metrics_directory_is_a_usage_error_before_anything_is_sent(tmp_path: Path) -> None:

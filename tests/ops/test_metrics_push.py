@@ -16,8 +16,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bulkrelay.background.call import RunArgs
 from bulkrelay.background.jobs import arguments_key
-from bulkrelay.cli.parser import parse_command_line
+from bulkrelay.cli.parser import parse_call
 from bulkrelay.errors import ExitCode
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
@@ -106,9 +107,9 @@ def test_a_push_that_fails_is_a_warning_and_the_run_succeeds(tmp_path: Path, ans
 
 
 def test_the_push_is_not_part_of_the_invocation_identity(tmp_path: Path) -> None:
-    plain = parse_command_line(["run", str(tmp_path / "job.yaml"), "--budget", "5s"])
-    pushed = parse_command_line(
+    plain = parse_call(["run", str(tmp_path / "job.yaml"), "--budget", "5s"])
+    pushed = parse_call(
         ["run", str(tmp_path / "job.yaml"), "--budget", "5s", "--metrics-push", "http://127.0.0.1:9091"]
     )
-    assert pushed.metrics_push == "http://127.0.0.1:9091"
-    assert arguments_key("run", plain, None) == arguments_key("run", pushed, None)
+    assert isinstance(pushed.options, RunArgs) and pushed.options.metrics_push == "http://127.0.0.1:9091"
+    assert arguments_key(plain, None) == arguments_key(pushed, None)

@@ -425,12 +425,14 @@ def test_a_report_that_cannot_be_written_is_a_warning_and_the_run_s_result_stand
     from bulkrelay.ops.results import RunResult
     from bulkrelay.relay.progress import Snapshot
     from bulkrelay.store.manifest import RunState
+    from bulkrelay.store.summary import summarize
 
     job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=2))
     run = RunDir.create(tmp_path / "runs", plan_for(run_preflight(job, None)))
     (run.path / REPORT).mkdir()  # nothing can replace a directory with the page
     progress = Snapshot(total=2, done=0, ok=0, failed=0)
-    result = Result(data=RunResult(run.run_id, str(run.path), RunState.STOPPED, progress, {}))
+    summary = summarize(run.journal_path, total_rows=2)
+    result = Result(data=RunResult(run.run_id, str(run.path), RunState.STOPPED, progress, summary))
     _write_report(result)
     assert [w.code for w in result.warnings] == ["REPORT_FAILED"]
     assert isinstance(result.data, RunResult) and result.data.report is None

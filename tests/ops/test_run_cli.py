@@ -405,7 +405,7 @@ def test_the_summary_the_relay_counted_equals_the_journal_read_back(tmp_path: Pa
     assert result.exit_code == ExitCode.PARTIAL_FAILURE, result.envelope
     run_dir = Path(result.data["run_dir"])
     written = orjson.loads((run_dir / "summary.json").read_bytes())
-    read_back = summarize(run_dir / "results.jsonl", total_rows=60)
+    read_back = summarize(run_dir / "results.jsonl", total_rows=60).to_json()
     assert written["retries"] > 0 and written["by_outcome"]["failed"] > 0
     assert {name: written[name] for name in read_back} == read_back
 
@@ -418,10 +418,10 @@ def test_the_summary_is_read_from_the_journal_when_the_relay_did_not_count_every
     counted = Committed(total=2, seq=0, offset=0, ok=0, failed=0, counts=SummaryCounts())
     outcome = RelayOutcome(stop_reason=None, committed=counted, elapsed_seconds=1.0)
     # The relay counted nothing, but the journal holds a line: its counts do not cover the file.
-    assert summary_counts(cast(RunDir, run), 2, outcome)["rows_done"] == 1
+    assert summary_counts(cast(RunDir, run), 2, outcome).rows_done == 1
     counts = SummaryCounts()
     counts.add(entry)
     counts.add(entry)  # counted twice on purpose: what is reported shows where it came from
     covering = Committed(total=2, seq=1, offset=journal.stat().st_size, ok=1, failed=0, counts=counts)
     outcome = RelayOutcome(stop_reason=None, committed=covering, elapsed_seconds=1.0)
-    assert summary_counts(cast(RunDir, run), 2, outcome)["rows_done"] == 2  # no second read
+    assert summary_counts(cast(RunDir, run), 2, outcome).rows_done == 2  # no second read

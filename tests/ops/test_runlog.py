@@ -18,6 +18,7 @@ from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.ops.runlog import RUN_LOG, RunLog
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Snapshot
+from bulkrelay.relay.ratelimit import Pace
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.rundir import RunDir
 from tests.clirun import run_cli
@@ -149,7 +150,7 @@ def test_interval_lines_count_what_happened_since_the_last_and_the_end_flushes_t
     log = RunLog(interval=1e9, clock=lambda: now[0], counters_interval=2.0)
     stats = RelayStats()
     log.run_started(run, run_preflight(job, None), stats)
-    pace = {"configured_rps": 10.0, "current_rps": 5.0, "rate_limited_responses": 1}
+    pace = Pace(configured_rps=10.0, current_rps=5.0, rate_limited_responses=1)
     log.progressed(Snapshot(total=10, done=3, ok=3, failed=0, pace=pace))  # a resume: 3 rows before it
     for status in (200, 200, 503, 429):
         stats.on_attempt(status, 0.01)

@@ -3,6 +3,7 @@ and a run against a target whose limit drops mid-run."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.relay.progress import LineReporter, Snapshot
-from bulkrelay.relay.ratelimit import AdaptiveRate
+from bulkrelay.relay.ratelimit import AdaptiveRate, Pace
 from bulkrelay.relay.retry import quota_exhausted_for
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
@@ -109,19 +110,19 @@ def test_429s_fall_to_near_zero_after_the_target_lowers_its_limit_mid_run(tmp_pa
 def test_the_progress_line_shows_a_lowered_limit_and_a_pause() -> None:
     out = io.StringIO()
     reporter = LineReporter(out, interval=0)
-    pace = {
-        "configured_rps": 80.0,
-        "current_rps": 40.0,
-        "rate_limited_responses": 3,
-        "rate_cuts": 1,
-        "pauses": 1,
-        "paused_until": "2026-12-01T03:50:12.000000Z",
-    }
+    pace = Pace(
+        configured_rps=80.0,
+        current_rps=40.0,
+        rate_limited_responses=3,
+        rate_cuts=1,
+        pauses=1,
+        paused_until="2026-12-01T03:50:12.000000Z",
+    )
     reporter.update(Snapshot(total=10, done=0, ok=0, failed=0, pace=pace))
     reporter.update(Snapshot(total=10, done=4, ok=4, failed=0, pace=pace))
     line = out.getvalue().splitlines()[-1]
     assert "4/10 rows" in line
     assert "limit 40/s of 80/s after 3 429s, paused until 2026-12-01T03:50:12.000000Z" in line
-    unhurried = {**pace, "rate_cuts": 0, "paused_until": None}
+    unhurried = dataclasses.replace(pace, rate_cuts=0, paused_until=None)
     reporter.update(Snapshot(total=10, done=5, ok=5, failed=0, pace=unhurried))
     assert out.getvalue().splitlines()[-1].endswith("rows/s")  # nothing to say: nothing added

@@ -252,9 +252,9 @@ def test_a_refused_client_halts_before_any_row_is_sent(
     target.reset()
     result, run = _relay(tmp_path, _job(tmp_path, target, client, rows=20), {**ENV, "CLIENT_SECRET": "wrong"})
     assert result.exit_code == ExitCode.AUTH_REQUIRED
-    assert result.error is not None and result.error["code"] == "TARGET_AUTH_FAILED"
-    assert result.error["context"]["error"] == "invalid_client"
-    assert "invalid_client" in result.error["message"] and "unknown client" in result.error["detail"]
+    assert result.error is not None and result.error.code == "TARGET_AUTH_FAILED"
+    assert (result.error.context or {})["error"] == "invalid_client"
+    assert "invalid_client" in result.error.message and "unknown client" in (result.error.detail or "")
     assert target.stats()["requests"] == 0  # no row reached the target
     assert run.journal_path.read_bytes() == b""
     assert run.manifest.stop_reason == "token_refused" and run.state.resumable
@@ -279,8 +279,8 @@ def test_a_hanging_token_endpoint_is_bounded_by_the_read_timeout(
     job = _job(tmp_path, target, client, rows=10, timeout={"connect_seconds": 1, "read_seconds": 0.3})
     result, _ = _relay(tmp_path, job)
     assert result.exit_code == ExitCode.UNAVAILABLE
-    assert result.error is not None and result.error["code"] == "TARGET_UNAVAILABLE"
-    assert result.error["context"]["cause"] == "timeout_error"
+    assert result.error is not None and result.error.code == "TARGET_UNAVAILABLE"
+    assert (result.error.context or {})["cause"] == "timeout_error"
     stats = target.stats()
     assert stats["oauth"]["token_requests"] == 3 and stats["requests"] == 0
 

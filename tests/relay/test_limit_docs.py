@@ -34,7 +34,7 @@ def test_running_md_says_a_shared_limit_keeps_its_rate_on_429_as_it_does() -> No
     limiter = SharedRateLimiter("redis://127.0.0.1:1/0", "k", 80)  # never asked: no connection is made
     limiter.rate_limited()
     limiter.rate_limited()
-    assert limiter.state()["current_rps"] == 80
+    assert limiter.state().current_rps == 80
     running, scale_out = _flat("running.md"), _flat("scale-out.md")
     assert "a limit shared by shards in Redis keeps its configured rate" in running
     assert "A 429 does not lower the shared rate." in scale_out

@@ -232,7 +232,7 @@ def test_starts_taken_by_try_start_count_in_the_observed_rate() -> None:
     for _ in range(80):
         assert limiter.try_start()
     limiter.rate_limited()
-    assert limiter.state()["current_rps"] == 40.0  # half of the 80 observed
+    assert limiter.state().current_rps == 40.0  # half of the 80 observed
     assert not limiter.try_start()  # adapted: a rate is in force until it recovers
 
 

@@ -35,7 +35,7 @@ def test_counts_by_outcome_status_and_classification(tmp_path: Path) -> None:
         (503, "http_server_error", 3, 20.0),
     ]
     journal.write_bytes(b"".join(_entry(i, *row) for i, row in enumerate(rows, start=1)))
-    summary = summarize(journal, total_rows=8)
+    summary = summarize(journal, total_rows=8).to_json()
     assert (summary["rows_total"], summary["rows_done"], summary["rows_pending"]) == (8, 5, 3)
     assert summary["by_outcome"] == {"succeeded": 2, "failed": 3}
     assert summary["by_status"] == {"200": 2, "422": 1, "503": 1, "none": 1}
@@ -53,12 +53,12 @@ def test_a_torn_tail_is_not_counted(tmp_path: Path) -> None:
     """After a failed fsync the summary is written over a journal whose last batch may be cut short."""
     journal = tmp_path / "results.jsonl"
     journal.write_bytes(_entry(1, 200, "success", 1, 1.0) + _entry(2, 200, "success", 1, 1.0)[:40])
-    summary = summarize(journal, total_rows=2)
+    summary = summarize(journal, total_rows=2).to_json()
     assert summary["rows_done"] == 1 and summary["by_outcome"] == {"succeeded": 1, "failed": 0}
 
 
 def test_a_missing_journal_is_an_empty_summary(tmp_path: Path) -> None:
-    summary = summarize(tmp_path / "results.jsonl", total_rows=4)
+    summary = summarize(tmp_path / "results.jsonl", total_rows=4).to_json()
     assert summary["rows_pending"] == 4 and summary["attempts"] == 0
     assert summary["latency_ms"] == {"p50": None, "p95": None, "p99": None, "max": None}
 

@@ -650,7 +650,7 @@ def test_a_line_scan_that_fails_after_preflight_trusted_it_leaves_the_choice_to_
     assert result.exit_code == ExitCode.SUCCESS, result.error
     assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
     assert isinstance(result.data, RunResult)
-    assert result.data.summary["skipped_unchanged"] == ROWS - len(CHANGED)
+    assert result.data.summary.skipped_unchanged == ROWS - len(CHANGED)
 
 
 def _lines_known(cwd: Path) -> int:
