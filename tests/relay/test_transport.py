@@ -32,6 +32,7 @@ from bulkrelay.relay.transport.base import (
     ConnectFailed,
     ProtocolFailed,
     RequestTimeout,
+    Response,
     Transport,
     TransportError,
     TransportSettings,
@@ -173,8 +174,10 @@ async def _never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 
 async def test_unread_upload_times_out(client: ClientName) -> None:
     # reqwest's read timer starts when the request is sent, so a stuck upload ends at read_seconds,
-    # before the whole-exchange deadline (connect + write + read = 2.4 s here); httpx has a write timer.
-    transport = open_transport(_settings(connect_seconds=0.2, write_seconds=0.2, read_seconds=0.2))
+    # before the whole-exchange deadline (connect + write + read); httpx has a write timer, which must
+    # end it well before that deadline, however slowly a busy machine fills the socket's buffers.
+    read_seconds = 0.2 if client == "reqwest" else 5.0
+    transport = open_transport(_settings(connect_seconds=0.2, write_seconds=0.2, read_seconds=read_seconds))
     async with _raw_server(_never_read) as url:
         with pytest.raises(RequestTimeout) as caught:
             await transport.send(PreparedRequest("POST", url, (), b"z" * (64 << 20)))
@@ -417,7 +420,13 @@ async def test_waiting_for_a_slot_is_a_pool_timeout() -> None:
 async def test_many_concurrent_requests_all_arrive() -> None:
     async with _setup(concurrency=8) as (target, transport):
         url = target.url
-        responses = await asyncio.gather(*(transport.send(_post(f"{url}/r/{i}")) for i in range(200)))
+        window = asyncio.Semaphore(8)  # as the engine's window does: a request's deadline counts no queueing
+
+        async def send(i: int) -> Response:
+            async with window:
+                return await transport.send(_post(f"{url}/r/{i}"))
+
+        responses = await asyncio.gather(*(send(i) for i in range(200)))
         assert all(r.status == 200 for r in responses)
         assert target.state.stats()["requests"] == 200
 
