@@ -25,8 +25,16 @@ from bulkrelay.ops.invocation import INDEX_DIR
 from bulkrelay.relay.stopping import STALL_GRACE_SECONDS
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
-from tests.ops.test_rerun import run_job_stdin
-from tests.ops.test_resume import ROWS, SLOW, assert_each_row_once, resume, run_job, sent_ids, stop_midway
+from tests.runsteps import (
+    ROWS,
+    SLOW,
+    assert_each_row_once,
+    resume,
+    run_job,
+    run_job_stdin,
+    sent_ids,
+    stop_midway,
+)
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_S
 

@@ -27,8 +27,6 @@ from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_S, wait_for
 
-pytestmark = pytest.mark.slow
-
 SECRET = "client-secret-4f9d2a"
 LIFETIME = 2.0  # seconds the target accepts a token
 MARGIN = 0.5  # refresh_before_seconds: a token is replaced at 1.5 s
@@ -36,22 +34,19 @@ INTERVAL = LIFETIME - MARGIN
 RATE = 300
 
 
-@pytest.fixture
-def target() -> Any:
-    # Every row whose email holds "7@" gets the bearer header it carried echoed back, and captured:
-    # a target that leaks the token into what the journal keeps.
-    plan = {
-        "oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": LIFETIME},
-        "rules": [
-            {
-                "match": {"body_contains": "7@"},
-                "echo_header": "Authorization",
-                "body": {"id": "x", "seen": "{echo}", "seen_b64": "{echo_b64}"},
-            }
-        ],
-    }
-    with TargetProcess(plan) as server:
-        yield server
+# Every row whose email holds "7@" gets the bearer header it carried echoed back, and captured:
+# a target that leaks the token into what the journal keeps.
+TARGET_PLAN = {
+    "oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": LIFETIME},
+    "rules": [
+        {
+            "match": {"body_contains": "7@"},
+            "echo_header": "Authorization",
+            "body": {"id": "x", "seen": "{echo}", "seen_b64": "{echo_b64}"},
+        }
+    ],
+}
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(TARGET_PLAN)]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

@@ -11,7 +11,6 @@ import stat
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,6 @@ from tests.targetproc import TargetProcess
 from tests.waiting import wait_for
 
 ROWS = 120
-
-
-@pytest.fixture
-def target() -> Iterator[TargetProcess]:
-    with TargetProcess() as running:
-        yield running
 
 
 def _job(tmp_path: Path, target_url: str, query: str, **input_extra: Any) -> Path:

@@ -23,10 +23,9 @@ from tests.jobfiles import make_rows, write_csv, write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 
-pytestmark = pytest.mark.slow
-
 ROWS = 20
 KEEPS_KEYS: dict[str, Any] = {"dedup": True, "store": True}
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(KEEPS_KEYS)]
 DELTA: dict[str, Any] = {
     "input": {"key": "id"},
     "request": {"method": "PUT", "idempotency_key": {"header": "Idempotency-Key"}},
@@ -55,12 +54,6 @@ def night(cwd: Path, job: Path, *extra: str, env: dict[str, str] | None = None) 
 def verified(cwd: Path, job: Path) -> None:
     result = run_cli("sync-state", "verify", job, cwd=cwd)
     assert result.exit_code == ExitCode.SUCCESS, result.envelope
-
-
-@pytest.fixture
-def target() -> Any:
-    with TargetProcess(KEEPS_KEYS) as running:
-        yield running
 
 
 def test_a_revert_a_b_a_reaches_a_target_that_keeps_idempotency_keys(
