@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -37,17 +37,36 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
 
 
 @pytest.fixture
-def target(request: pytest.FixtureRequest) -> Iterator[TargetProcess]:
+def target(request: pytest.FixtureRequest, _module_target: TargetProcess | None) -> Iterator[TargetProcess]:
     """The loopback target in its own process (tests/targetproc.py, `bulkrelay/demo/target.py`), fresh
     for each test. Its fault plan is the nearest `@pytest.mark.target_plan(plan)`: the test's, its
     class's or its module's (`pytestmark`); without one, every request gets 200 and is recorded.
 
         pytestmark = [pytest.mark.slow, pytest.mark.target_plan({"rules": [{"delay_ms": 10}]})]
+
+    In a module marked `shared_target`, its tests share one (each sets the plan it needs first, with
+    `set_plan` or `reset`): a start costs a second or two on a busy machine.
     """
-    marker = request.node.get_closest_marker("target_plan")
-    plan: dict[str, Any] | None = marker.args[0] if marker is not None else None
-    with TargetProcess(plan) as running:
+    if _module_target is not None:
+        yield _module_target
+        return
+    with TargetProcess(_plan(request.node)) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def _module_target(request: pytest.FixtureRequest) -> Iterator[TargetProcess | None]:
+    """The target a `shared_target` module's tests share (with the module's plan), else None."""
+    if request.node.get_closest_marker("shared_target") is None:
+        yield None
+        return
+    with TargetProcess(_plan(request.node)) as running:
+        yield running
+
+
+def _plan(node: pytest.Item | pytest.Collector) -> dict[str, Any] | None:
+    marker = node.get_closest_marker("target_plan")
+    return None if marker is None else cast(dict[str, Any], marker.args[0])
 
 
 # Where a directory on another file system than the test's temporary one may be made, in order of

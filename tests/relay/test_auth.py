@@ -31,7 +31,8 @@ from bulkrelay.store.rundir import RunDir
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
 
-pytestmark = pytest.mark.slow  # a real target process: outside the fast lane
+# a real target process: outside the fast lane; one for the module, each test sets its plan first
+pytestmark = [pytest.mark.slow, pytest.mark.shared_target]
 
 SECRET = "s3cret-of-the-client"
 ENV = {"CLIENT_ID": "demo-client", "CLIENT_SECRET": SECRET}
