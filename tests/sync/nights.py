@@ -21,9 +21,9 @@ DELTA: dict[str, Any] = {
 }
 
 
-def run_night(cwd: Path, job: Path, *extra: str) -> CliResult:
+def run_night(cwd: Path, job: Path, *extra: str, env: dict[str, str] | None = None) -> CliResult:
     """One night's run in `cwd`; it must succeed."""
-    result = run_cli("run", job, "--budget", "0", *extra, cwd=cwd)
+    result = run_cli("run", job, "--budget", "0", *extra, cwd=cwd, env=env)
     assert result.exit_code == ExitCode.SUCCESS, result.envelope
     return result
 
