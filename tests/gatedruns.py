@@ -8,8 +8,6 @@ so a test can change something mid-run at a moment it chose, with no timing, the
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -18,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from tests.clirun import cli_env
+from tests.clirun import start_cli
 from tests.targetproc import TargetProcess
 
 GATE = {"rules": [{"status": 503}]}  # closed: nothing succeeds, every row is retried
@@ -39,14 +37,7 @@ def run_changing_the_input(
 ) -> tuple[int, dict[str, Any]]:
     """Start `run`, wait until the relay has taken rows (held at the closed gate), change the
     input, open the gate, and return the run's exit code and envelope."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=cwd,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_cli("run", job, "--budget", "0", cwd=cwd)
     try:
         deadline = time.monotonic() + 60
         while target.stats()["requests"] < 4:

@@ -1,7 +1,7 @@
 """The steps of a run through the real CLI in a test's directory (its runs in `.bulkrelay/runs`, as a
 user's would be): run, stop midway, resume, and what the journal and the target saw.
 
-    job = write_job(tmp_path, target.url, rows=ROWS)  # tests/jobfiles.py: rows PUT to /items/{id}
+    job = write_job(tmp_path, target.url, rows=ROWS)  # tests/jobfiles.py: rows POSTed to /items/{id}
     stopped = stop_midway(tmp_path, job)  # against a target with the SLOW plan
     resumed = resume(tmp_path, stopped.data["run_dir"])
     assert_each_row_once(resumed.data["run_dir"], ROWS)

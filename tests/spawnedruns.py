@@ -14,7 +14,6 @@ for a test that kills it; `run_held_by` names the run directory it locked.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,17 +21,13 @@ import orjson
 
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.rundir import is_locked
-from tests.clirun import CliResult, cli_env
+from tests.clirun import CliResult, start_cli
 from tests.waiting import HANG_S
 
 
 def start_run(job: Path) -> subprocess.Popen[bytes]:
     """`bulkrelay run JOB --budget 0` with its runs in `runs/` beside the job file; read it with `finish`."""
-    command = [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"]
-    command += ["--runs-dir", str(job.parent / "runs")]
-    return subprocess.Popen(
-        command, cwd=job.parent, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    return start_cli("run", job, "--budget", "0", "--runs-dir", job.parent / "runs", cwd=job.parent)
 
 
 def run_dir_of(job: Path) -> Path:
@@ -57,14 +52,7 @@ def finish(proc: subprocess.Popen[bytes]) -> CliResult:
 
 def spawn_run(cwd: Path, job: Path) -> subprocess.Popen[bytes]:
     """`bulkrelay run JOB --budget 0` in `cwd`, its output discarded (a test that kills it)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=cwd,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    return start_cli("run", job, "--budget", "0", cwd=cwd, output="discarded")
 
 
 def run_held_by(runs_root: Path, proc: subprocess.Popen[bytes], timeout: float = HANG_S) -> Path:

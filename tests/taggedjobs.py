@@ -6,7 +6,7 @@ of what the journal and the target saw.
     assert target_ids(target) == ... and journal(result.data["run_dir"]) == ...
 
 The job POSTs each row's `id`, `email` and `tag` as JSON to `<target_url>/v1/items`; a row's tag is a
-word the target's rules match on (`tag_rule("bad", status=422)`). For a job that PUTs to
+word the target's rules match on (`tag_rule("bad", status=422)`). For a job that POSTs to
 `/items/{id}` (the target's path names the row), see `tests/jobfiles.py`.
 """
 

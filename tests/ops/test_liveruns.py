@@ -12,7 +12,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.ops.invocation import INDEX_DIR
 from bulkrelay.relay.stopping import STALL_GRACE_SECONDS
-from tests.clirun import cli_env, run_cli
+from tests.clirun import run_cli, start_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.runsteps import (
     ROWS,
@@ -58,14 +57,7 @@ def started() -> Iterator[Started]:
 
 
 def _start_run(started: Started, cwd: Path, job: Path, *extra: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0", *extra],
-        cwd=cwd,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    process = start_cli("run", job, "--budget", "0", *extra, cwd=cwd)
     started.append(process)
     return process
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import read_journal
-from tests.clirun import CliResult, cli_env, run_cli
+from tests.clirun import CliResult, cli_env, run_cli, start_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_S, wait_for
@@ -149,14 +147,7 @@ def test_a_run_killed_9_and_resumed_gets_a_new_token_and_finishes(
 ) -> None:
     rows = 5 * RATE
     job = _job(tmp_path, target, rows)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_cli("run", job, "--budget", "0", cwd=tmp_path, env=_env(tmp_path), output="discarded")
     runs = tmp_path / ".bulkrelay" / "runs"
 
     def past_a_token() -> Path | None:  # rows committed after the first token was replaced
@@ -217,14 +208,10 @@ def test_each_shard_fetches_its_own_token(tmp_path: Path) -> None:
     plan = {"oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": 3600}}
     with TargetProcess(plan) as server:
         job = _job(tmp_path, server, rows=40)
+        env = _env(tmp_path)
         shards = [
-            subprocess.Popen(
-                [sys.executable, "-m", "bulkrelay", "run", str(job), "--shard", f"{k}/2", "--budget", "0"],
-                cwd=tmp_path,
-                env=_env(tmp_path),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+            start_cli(
+                "run", job, "--shard", f"{k}/2", "--budget", "0", cwd=tmp_path, env=env, output="stdout"
             )
             for k in (0, 1)
         ]

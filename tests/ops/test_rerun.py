@@ -5,8 +5,6 @@ completed run; `--idempotency-key` and the stdin digest are part of what makes t
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +14,7 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.ops.results import RunResult
 from bulkrelay.relay.progress import CallbackReporter, Snapshot
 from bulkrelay.store.checkpoint import read_checkpoint
-from tests.clirun import CliResult, cli_env
+from tests.clirun import CliResult, start_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.runsteps import (
     ROWS,
@@ -63,14 +61,7 @@ def test_a_run_stopped_by_sigint_continues_on_the_identical_run(
 ) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS)
     target.set_plan({"rules": [{"delay_ms": 50}]})  # slow enough that SIGINT lands midway
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_cli("run", job, "--budget", "0", cwd=tmp_path)
     runs_root = tmp_path / ".bulkrelay" / "runs"
     while not runs_root.is_dir() or not _runs(tmp_path):
         assert proc.poll() is None, proc.communicate()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import is_commit_marker
-from tests.clirun import cli_env
+from tests.clirun import cli_env, start_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.runsteps import (
     ROWS,
@@ -458,14 +457,7 @@ def test_a_deleted_middle_line_refuses_naming_the_gap(tmp_path: Path, target: Ta
 
 
 def _spawn_resume(cwd: Path, run_dir: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "resume", run_dir, "--budget", "0"],
-        cwd=cwd,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    return start_cli("resume", run_dir, "--budget", "0", cwd=cwd)
 
 
 def test_two_resumes_of_one_run_one_gets_run_locked(tmp_path: Path, target: TargetProcess) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -27,7 +26,7 @@ from bulkrelay.store.manifest import RunManifest
 from bulkrelay.store.rundir import RunDir, RunState
 from bulkrelay.sync import linescan
 from bulkrelay.sync.state import SyncState, job_identity, rebuilt_items
-from tests.clirun import cli_env, run_cli
+from tests.clirun import cli_env, run_cli, start_cli
 from tests.gatedruns import GATE, GATED_JOB, OPEN, delivered_ids, run_changing_the_input
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.runfiles import metric, read_metrics
@@ -162,14 +161,7 @@ def _kill_after_commits(cwd: Path, job: Path, commits: int) -> Path:
     """Start night 2, wait until `commits` rows are in its journal, kill -9 it; its run directory."""
     runs = cwd / ".bulkrelay" / "runs"
     before = set(runs.iterdir())
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=cwd,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_cli("run", job, "--budget", "0", cwd=cwd, output="discarded")
     deadline = time.monotonic() + 60
     try:
         while True:

@@ -9,8 +9,6 @@ records are compared with the input, and `sync-state verify` must agree with the
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 import pytest
 
 from bulkrelay.errors import ExitCode
-from tests.clirun import CliResult, cli_env, run_cli
+from tests.clirun import CliResult, cli_env, run_cli, start_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.sync.nights import run_night
 from tests.targetproc import TargetProcess
@@ -123,14 +121,7 @@ def test_two_job_files_of_one_name_never_relay_together(tmp_path: Path) -> None:
         rows = make_rows(ROWS)
         first = write_job(tmp_path, target.url, rows=rows, job_name="a.yaml", **DELTA)
         second = write_job(tmp_path, target.url, rows=rows, job_name="b.yaml", **DELTA)
-        relaying = subprocess.Popen(
-            [sys.executable, "-m", "bulkrelay", "run", str(first), "--budget", "0"],
-            cwd=tmp_path,
-            env=cli_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        relaying = start_cli("run", first, "--budget", "0", cwd=tmp_path, output="discarded")
         try:
             _wait_for("a.yaml's run to send", lambda: target.stats()["requests"] >= 1)
             refused = run_cli("run", second, "--budget", "0", cwd=tmp_path)
