@@ -47,10 +47,10 @@ from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.inputs import open_records
 from bulkrelay.job.preflight import resolve_input
 from bulkrelay.job.request import RequestRenderer
-from bulkrelay.store.journal import encode_line
+from bulkrelay.store.journal import JournalEntry, encode_line
+from bulkrelay.store.manifest import InputRecord, RunPlan
 from bulkrelay.store.rundir import RunDir, RunState
 from bulkrelay.sync.state import job_identity, rebuild_state, state_path
-from tests.runplans import delivered_entry, run_plan
 
 JOB = """\
 version: 1
@@ -95,12 +95,21 @@ def seed_night_1(job_path: Path, runs_dir: Path) -> None:
     job = load_job(job_path)
     renderer = RequestRenderer.from_config(job.config.request, ENV, sorted_json=True)
     digester = RequestDigester(job.config.request, renderer.redactor, sorted_json=True)
-    run = RunDir.create(runs_dir, run_plan(str(job.path), name=job.config.name))
+    no_input = InputRecord("/jobs/input.csv", "csv", gzip=False, sha256="0" * 64, size=0, record_count=0)
+    plan = RunPlan(job_path=str(job.path), input=no_input, config_sha256="0" * 64, name=job.config.name)
+    run = RunDir.create(runs_dir, plan)
     with run.journal_path.open("wb") as journal, open_records(resolve_input(job, None), print) as records:
         for record in records:
             request = renderer.render(record)
-            entry = delivered_entry(
-                record.row_number,
+            entry = JournalEntry(
+                row_number=record.row_number,
+                success=True,
+                classification="success",
+                status_code=200,
+                attempts=1,
+                retryable=False,
+                error=None,
+                duration_ms=1.0,
                 key=record.fields["id"],
                 digest=digester.digest(request, record.fields).hex(),
             )

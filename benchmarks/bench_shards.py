@@ -22,10 +22,10 @@ from pathlib import Path
 
 from bench_run import _write_input, _write_job
 from nginx import loopback_target
+from servers import redis_server
 
 from bulkrelay.relay.ratelimit import RateLimiter
 from bulkrelay.relay.ratelimit_redis import SharedRateLimiter
-from tests.redisproc import RedisProcess
 
 
 def _relay_with_shards(workdir: Path, job: Path, shards: int) -> float:
@@ -53,7 +53,7 @@ async def _per_start(limiter: RateLimiter | SharedRateLimiter, starts: int) -> f
 def _limiter_overhead(starts: int) -> None:
     fast = 1e9  # a rate no loop reaches: what is left is the limiter's own cost
     local = asyncio.run(_per_start(RateLimiter(fast), starts))
-    with RedisProcess() as url:
+    with redis_server() as url:
         shared = asyncio.run(_per_start(SharedRateLimiter(url, "bench", fast), starts))
     print(f"limiter per start: local {local * 1e6:8.1f} µs   shared (Redis, loopback) {shared * 1e6:8.1f} µs")
     print(

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.targetproc import TargetProcess
+from servers import builtin_target  # benchmarks/servers.py
 
 
 def _best_of(command: Sequence[str], repeats: int, cwd: Path | None = None) -> float:
@@ -48,13 +48,13 @@ def _heaviest_imports(args: Sequence[str], top: int = 8) -> list[tuple[int, str]
 
 
 def _one_row_run(repeats: int) -> float:
-    with TargetProcess(record=False) as target, tempfile.TemporaryDirectory() as tmp:
+    with builtin_target() as url, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "one.csv").write_text("id,email\n1,a@example.com\n")
         job = work / "job.yaml"
         job.write_text(
             "version: 1\ninput: {file: one.csv}\n"
-            f"request: {{method: POST, url: '{target.url}/items/{{id}}', json: {{email: {{from: email}}}}}}\n"
+            f"request: {{method: POST, url: '{url}/items/{{id}}', json: {{email: {{from: email}}}}}}\n"
         )
         best = float("inf")
         for n in range(repeats):

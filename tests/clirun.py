@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -56,6 +56,27 @@ def run_cli(
     assert envelope["meta"]["exit_code"] == proc.returncode
     assert envelope["ok"] is (proc.returncode == 0)
     return CliResult(proc.returncode, envelope, proc.stderr.decode(errors="replace"), proc.stdout)
+
+
+def start_cli(
+    *args: str | Path,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    output: Literal["piped", "stdout", "discarded"] = "piped",
+) -> subprocess.Popen[bytes]:
+    """The real CLI in a process of its own, for a test that acts on it while it runs (a signal, a
+    kill -9, a look at its status). Stdin is closed; `output` says what becomes of stdout and stderr:
+    both piped (read them with `communicate()`), stdout alone (stderr discarded), or neither."""
+    pipe = {"piped": (subprocess.PIPE, subprocess.PIPE), "stdout": (subprocess.PIPE, subprocess.DEVNULL)}
+    stdout, stderr = pipe.get(output, (subprocess.DEVNULL, subprocess.DEVNULL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", *map(str, args)],
+        cwd=cwd,
+        env=env if env is not None else cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+    )
 
 
 def run_cli_raw(

@@ -1,4 +1,6 @@
-"""Shared fixtures. Async tests run on asyncio through anyio's pytest plugin (`@pytest.mark.anyio`)."""
+"""Shared fixtures, one per concept. Async tests run on asyncio through anyio's pytest plugin
+(`@pytest.mark.anyio`). Helpers live in helper modules (tests/*.py, tests/<room>/*.py), never in a test
+module (CONTRIBUTING.md, "How the tests are organised")."""
 
 from __future__ import annotations
 
@@ -7,11 +9,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from tests.pgserver import PostgresServer
 from tests.pgserver import missing as postgres_missing
+from tests.targetproc import TargetProcess
 
 
 @pytest.fixture
@@ -30,6 +34,39 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
         del os.environ["BULKRELAY_STATE_DIR"]
     else:
         os.environ["BULKRELAY_STATE_DIR"] = previous
+
+
+@pytest.fixture
+def target(request: pytest.FixtureRequest, _module_target: TargetProcess | None) -> Iterator[TargetProcess]:
+    """The loopback target in its own process (tests/targetproc.py, `bulkrelay/demo/target.py`), fresh
+    for each test. Its fault plan is the nearest `@pytest.mark.target_plan(plan)`: the test's, its
+    class's or its module's (`pytestmark`); without one, every request gets 200 and is recorded.
+
+        pytestmark = [pytest.mark.slow, pytest.mark.target_plan({"rules": [{"delay_ms": 10}]})]
+
+    In a module marked `shared_target`, its tests share one (each sets the plan it needs first, with
+    `set_plan` or `reset`): a start costs a second or two on a busy machine.
+    """
+    if _module_target is not None:
+        yield _module_target
+        return
+    with TargetProcess(_plan(request.node)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def _module_target(request: pytest.FixtureRequest) -> Iterator[TargetProcess | None]:
+    """The target a `shared_target` module's tests share (with the module's plan), else None."""
+    if request.node.get_closest_marker("shared_target") is None:
+        yield None
+        return
+    with TargetProcess(_plan(request.node)) as running:
+        yield running
+
+
+def _plan(node: pytest.Item | pytest.Collector) -> dict[str, Any] | None:
+    marker = node.get_closest_marker("target_plan")
+    return None if marker is None else cast(dict[str, Any], marker.args[0])
 
 
 # Where a directory on another file system than the test's temporary one may be made, in order of

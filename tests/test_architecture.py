@@ -103,3 +103,63 @@ def test_ops_enters_the_sync_room_by_its_face() -> None:
         if target.startswith("bulkrelay.sync.")
     }
     assert reached == set()
+
+
+# ------------------------------------------------------------------ the tests' own shape
+
+TESTS = ROOT / "tests"
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def _named_modules(source: str) -> set[str]:
+    """Every module an import in `source` names, at the top or inside a function: `from a.b import c`
+    names `a.b` and `a.b.c` (c may be a module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def _test_modules_named(source: str) -> set[str]:
+    """The test modules (`tests...test_*`) among the modules `source` imports."""
+    named = _named_modules(source)
+    return {name for name in named if name.startswith("tests.") and _is_test_module(name)}
+
+
+def _is_test_module(name: str) -> bool:
+    return name.rpartition(".")[2].startswith("test_")
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in helper modules (tests/*.py, tests/<room>/*.py not named test_*) and
+    fixtures in conftest.py: a test module imported by another runs its tests' module-level code twice
+    and hides a helper where nobody looks for one (CONTRIBUTING.md)."""
+    reached = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for name in _test_modules_named(path.read_text())
+    }
+    assert reached == set()
+
+
+def test_benchmarks_never_import_the_tests() -> None:
+    """Benchmarks measure the product: what they need of a server is the product's own
+    (`python -m bulkrelay.demo.target`, benchmarks/servers.py), never the tests' helpers."""
+    reached = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted(BENCHMARKS.rglob("*.py"))
+        for name in _named_modules(path.read_text())
+        if name == "tests" or name.startswith("tests.")
+    }
+    assert reached == set()
+
+
+def test_an_import_of_a_test_module_would_be_found() -> None:
+    assert _test_modules_named("from tests.ops.test_resume import resume") == {"tests.ops.test_resume"}
+    assert _test_modules_named("def f():\n    from tests.ops import test_crash") == {"tests.ops.test_crash"}
+    assert _test_modules_named("import tests.sync.test_delta") == {"tests.sync.test_delta"}
+    assert _test_modules_named("from tests.runsteps import resume\nfrom tests import jobfiles") == set()

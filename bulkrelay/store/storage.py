@@ -1,9 +1,10 @@
 """The storage seam: every write, fsync and rename of run state goes through a `Storage`.
 
-Failure tests subclass `Storage` and make the Nth write or fsync fail, so the code above it can be
-proven to stop cleanly. Any `OSError` becomes `StorageFailed`, naming the file and the OS error;
-nothing here retries, because after a failed write or fsync the kernel may already have dropped
-the data (a retried fsync can report success for pages that were never written).
+Failure tests hand the code above it `store/faultystorage.py`'s `FaultyStorage`, which makes the Nth
+write or fsync fail, so that code can be proven to stop cleanly. Any `OSError` becomes `StorageFailed`,
+naming the file and the OS error; nothing here retries, because after a failed write or fsync the
+kernel may already have dropped the data (a retried fsync can report success for pages that were never
+written).
 
 Files are opened private (bulkrelay.private): 0600, never through a symbolic link.
 """

@@ -8,26 +8,21 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bulkrelay.errors import ExitCode
-from tests.background.test_jobs import _cli, _worker_pid
-from tests.ops.test_run_cli import journal, tag_rule, write_job
+from tests.background.jobcli import cli as _cli
+from tests.background.jobcli import worker_pid as _worker_pid
+from tests.taggedjobs import journal, tag_rule, write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_BUDGET_MS, HANG_S, wait_for
 
-pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
-
 _SLOW_MS = 2 * HANG_BUDGET_MS  # rows 5 and on: they outlast every call and wait of these tests
-
-
-@pytest.fixture
-def hanging_target() -> Iterator[TargetProcess]:
-    with TargetProcess({"rules": [tag_rule("slow", delay_ms=_SLOW_MS)]}) as server:
-        yield server
+HANGING = {"rules": [tag_rule("slow", delay_ms=_SLOW_MS)]}
+# real processes: outside the fast lane (`-m "not slow"`)
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(HANGING)]
 
 
 def _process_gone(pid: int) -> bool:
@@ -57,9 +52,9 @@ def _start_hanging_job(tmp_path: Path, target: TargetProcess) -> tuple[str, int]
 
 
 def test_cancel_aborts_requests_in_flight_and_answers_within_its_budget(
-    tmp_path: Path, hanging_target: TargetProcess
+    tmp_path: Path, target: TargetProcess
 ) -> None:
-    job_id, worker = _start_hanging_job(tmp_path, hanging_target)
+    job_id, worker = _start_hanging_job(tmp_path, target)
     assert _cli(tmp_path, "job", "status", job_id).data["state"] == "running"
 
     # Answered within its budget (else exit 14, "cancelling"): the rows in flight would outlast it.
@@ -73,13 +68,11 @@ def test_cancel_aborts_requests_in_flight_and_answers_within_its_budget(
     assert ended.error_code == "CANCELLED" and ended.data["state"] == "cancelled"
     # The four rows that were on the wire were aborted: not journaled, nothing started after them.
     assert sorted(e["row_number"] for e in journal(cancel.data["run_dir"])) == [1, 2, 3, 4]
-    assert hanging_target.stats()["requests"] == 8
+    assert target.stats()["requests"] == 8
 
 
-def test_status_says_cancelling_until_the_worker_has_ended(
-    tmp_path: Path, hanging_target: TargetProcess
-) -> None:
-    job_id, worker = _start_hanging_job(tmp_path, hanging_target)
+def test_status_says_cancelling_until_the_worker_has_ended(tmp_path: Path, target: TargetProcess) -> None:
+    job_id, worker = _start_hanging_job(tmp_path, target)
     os.kill(worker, signal.SIGSTOP)  # a worker that cannot reach its end within the cancel's budget
     try:
         cancel = _cli(tmp_path, "job", "cancel", job_id, "--budget", "1s")

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +22,16 @@ import pytest
 from bulkrelay.background.jobs import DEFAULT_BUDGET_MS, resolve_budget
 from bulkrelay.errors import ExitCode, UsageError
 from bulkrelay.store.journal import read_journal
-from tests.clirun import CliResult, cli_env, run_cli
+from tests.background.jobcli import cli as _cli
+from tests.background.jobcli import env as _env
+from tests.background.jobcli import worker_pid as _worker_pid
+from tests.clirun import CliResult, run_cli
 from tests.jobfiles import make_rows, write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_BUDGET_MS, HANG_S, wait_for
 
-pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
-
-
-@pytest.fixture
-def target() -> Iterator[TargetProcess]:
-    """Slow (5 rows/s per connection) until a test calls `set_plan({})`, so jobs outlast calls under load."""
-    with TargetProcess({"rules": [{"delay_ms": 200}]}) as server:
-        yield server
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"), **extra)
-
-
-def _cli(tmp_path: Path, *args: str | Path, **extra_env: str) -> CliResult:
-    return run_cli(*args, cwd=tmp_path, env=_env(tmp_path, **extra_env))
+# real processes: outside the fast lane (`-m "not slow"`)
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan({"rules": [{"delay_ms": 200}]})]
 
 
 def _job_dirs(tmp_path: Path) -> list[Path]:
@@ -50,10 +39,6 @@ def _job_dirs(tmp_path: Path) -> list[Path]:
     return sorted(
         p for p in jobs.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != "index"
     )
-
-
-def _worker_pid(tmp_path: Path, job_id: str) -> int:
-    return int((tmp_path / "state" / "jobs" / job_id / "lock").read_text())
 
 
 def _kill_worker(tmp_path: Path, job_id: str) -> None:

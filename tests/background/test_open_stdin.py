@@ -21,7 +21,7 @@ import pytest
 from bulkrelay.errors import ExitCode
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
-from tests.ops.test_resume import assert_each_row_once, sent_ids
+from tests.runsteps import assert_each_row_once, sent_ids
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)

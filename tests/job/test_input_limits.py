@@ -6,8 +6,6 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -17,7 +15,7 @@ import yaml
 from bulkrelay.errors import Problem
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.inputs.lines import MAX_LINE_BYTES, TOO_LONG, line_blocks
-from tests.clirun import cli_env
+from tests.clirun import start_cli
 from tests.jobfiles import base_job
 
 _BOMB_LINE = 160 << 20  # ten times the limit: held whole, it would dwarf the bound asserted below
@@ -39,14 +37,7 @@ def _validate_peak_rss(tmp_path: Path, input_name: str) -> tuple[int, dict[str, 
     job = base_job("http://127.0.0.1:9", input_name)
     job_path = tmp_path / f"{input_name}.yaml"
     job_path.write_text(yaml.safe_dump(job, sort_keys=False))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "validate", str(job_path)],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_cli("validate", job_path, cwd=tmp_path, output="stdout")
     assert proc.stdout is not None
     with proc.stdout:
         out = proc.stdout.read()

@@ -16,7 +16,7 @@ import yaml
 from bulkrelay.errors import ExitCode
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
-from tests.ops.test_run_cli import run_job
+from tests.taggedjobs import run_job
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)

@@ -18,6 +18,7 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import parse_job_with_deprecations
 from bulkrelay.store.journal import read_journal
+from tests.alpharuns import CSV_ROWS, write_alpha_run
 from tests.clirun import CliResult, run_cli
 from tests.targetproc import TargetProcess
 
@@ -25,7 +26,6 @@ pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "alpha"
 ALPHA_BASE = "http://127.0.0.1:8000"
-CSV_ROWS = 20
 JSONL_ROWS = 5
 
 
@@ -246,55 +246,6 @@ def test_resume_with_a_moved_config_continues_and_a_completed_run_is_refused(tmp
 
 
 # ------------------------------------------------------------------ the alpha's run directories
-
-
-def write_alpha_run(runs_dir: Path, config_path: Path) -> Path:
-    """A stopped run of the alpha, laid out as its docs/resume.md and state code define it."""
-    run_dir = runs_dir / "20261001T120000Z-a1b2c3d4"
-    run_dir.mkdir(parents=True)
-    stamp = "2026-10-01T12:00:00+00:00"
-    manifest = {
-        "schema_version": 1,
-        "tool_version": "0.0.1",
-        "run_id": run_dir.name,
-        "state": "stopped",
-        "created_at": stamp,
-        "updated_at": stamp,
-        "config_path": str(config_path),
-        "input_path": str(config_path.parent / "customers.csv"),
-        "input_format": "csv",
-        "input_sha256": "0" * 64,
-        "input_size_bytes": 1234,
-        "config_sha256": "1" * 64,
-        "input_total": CSV_ROWS,
-        "resume_count": 0,
-    }
-    checkpoint = {
-        "schema_version": 1,
-        "updated_at": stamp,
-        "processed": 2,
-        "unprocessed": CSV_ROWS - 2,
-        "succeeded": 1,
-        "failed": 1,
-        "attempts": 3,
-        "retried": 1,
-    }
-    results = [
-        {"row_number": 1, "success": True, "classification": "success", "status_code": 201,
-         "attempts": 1, "retryable": False, "error": None},
-        {"row_number": 2, "success": False, "classification": "http_server_error", "status_code": 503,
-         "attempts": 2, "retryable": True, "error": '{"detail":"unavailable"}'},
-    ]  # fmt: skip
-    summary = {
-        "total": 2, "succeeded": 1, "failed": 1, "attempts": 3, "retried": 1, "input_total": CSV_ROWS,
-        "stopped_early": True, "forced": False, "resumed": False, "unprocessed": CSV_ROWS - 2,
-        "run_directory": str(run_dir),
-    }  # fmt: skip
-    (run_dir / "run.json").write_text(json.dumps(manifest, indent=2))
-    (run_dir / "checkpoint.json").write_text(json.dumps(checkpoint, indent=2))
-    (run_dir / "results.jsonl").write_text("".join(json.dumps(line) + "\n" for line in results))
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return run_dir
 
 
 def test_runs_lists_an_alpha_run_beside_ours(tmp_path: Path) -> None:

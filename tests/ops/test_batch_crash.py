@@ -16,8 +16,8 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import read_journal, scan_journal
 from tests.clirun import run_cli
-from tests.ops.test_crash import _run_held_by, _spawn_run, _wait_for_frontier_past
 from tests.relay.batchrun import write_batch_job
+from tests.spawnedruns import run_held_by, spawn_run, wait_for_frontier_past
 from tests.targetproc import TargetProcess
 
 ROWS = 1200
@@ -40,9 +40,9 @@ def test_kill_9_loop_over_a_keyed_batch_run_applies_no_item_twice(tmp_path: Path
             execution={"concurrency": 4, "rate_limit": {"requests_per_second": 30}},
         )
         for kill in range(KILLS):
-            proc = _spawn_run(tmp_path, job)
-            run_dir = _run_held_by(runs_root, proc)
-            _wait_for_frontier_past(run_dir, frontier, proc)
+            proc = spawn_run(tmp_path, job)
+            run_dir = run_held_by(runs_root, proc)
+            wait_for_frontier_past(run_dir, frontier, proc)
             time.sleep(rng.uniform(0.0, 0.15))
             assert proc.poll() is None, f"kill {kill}: the run ended on its own (exit {proc.returncode})"
             proc.send_signal(signal.SIGKILL)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,14 @@ from bulkrelay.ops.lifecycle import RunOptions, plan_for, relay_locked
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import NullReporter
 from bulkrelay.store.checkpoint import read_checkpoint
+from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.journal import decode_line, is_commit_marker, read_journal, scan_journal
 from bulkrelay.store.rundir import RunDir
-from bulkrelay.store.storage import Storage, storage_failed
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
-from tests.ops.test_resume import assert_each_row_once, resume, sent_ids, stop_midway
+from tests.runsteps import assert_each_row_once, resume, sent_ids, stop_midway
+from tests.spawnedruns import run_held_by, spawn_run, wait_for_frontier_past
 from tests.targetproc import TargetProcess
-from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
@@ -52,44 +51,6 @@ CRASH_JOB: dict[str, Any] = {
     "request": {"idempotency_key": {"header": "Idempotency-Key"}},
     "execution": {"concurrency": 8, "rate_limit": {"requests_per_second": 250}},
 }
-
-
-def _spawn_run(cwd: Path, job: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=cwd,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def _run_held_by(runs_root: Path, proc: subprocess.Popen[bytes], timeout: float = HANG_S) -> Path:
-    """The run directory whose lock `proc` holds, once it has taken it."""
-    pid = str(proc.pid).encode()
-    deadline = time.monotonic() + timeout
-    while True:
-        for lock in runs_root.glob("*/lock"):
-            try:
-                if lock.read_bytes().strip() == pid:
-                    return lock.parent
-            except FileNotFoundError:
-                pass
-        assert proc.poll() is None, f"the run ended on its own (exit {proc.returncode}) before the kill"
-        assert time.monotonic() < deadline, "the run never took its lock"
-        time.sleep(0.005)
-
-
-def _wait_for_frontier_past(run_dir: Path, offset: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        checkpoint = read_checkpoint(run_dir)
-        if checkpoint is not None and checkpoint.offset > offset:
-            return
-        assert proc.poll() is None, f"the run ended on its own (exit {proc.returncode}) before the kill"
-        assert time.monotonic() < deadline, "the checkpoint never moved past the last kill's"
-        time.sleep(0.005)
 
 
 def _committed_prefix(run_dir: Path) -> bytes:
@@ -129,15 +90,15 @@ def test_kill_9_loop_loses_nothing_committed_and_every_row_takes_effect_once(tmp
     with TargetProcess(DEDUP_TARGET) as target:
         job = write_job(tmp_path, target.url, rows=CRASH_ROWS, **CRASH_JOB)
         for kill in range(KILLS):
-            proc = _spawn_run(tmp_path, job)
+            proc = spawn_run(tmp_path, job)
             if kill % 6 == 5:  # now and then, die during start-up (preflight, recovery) instead
                 time.sleep(rng.uniform(0.05, 0.4))
                 run_dir = None
             else:
-                run_dir = _run_held_by(runs_root, proc)
+                run_dir = run_held_by(runs_root, proc)
                 # Kill only once this process has moved the checkpoint on, so that every such kill
                 # tests a new frontier whatever the machine's load (a time alone did not ensure it).
-                _wait_for_frontier_past(run_dir, frontier, proc)
+                wait_for_frontier_past(run_dir, frontier, proc)
                 time.sleep(rng.uniform(0.0, 0.2))
             assert proc.poll() is None, f"kill {kill}: the run ended on its own (exit {proc.returncode})"
             proc.send_signal(signal.SIGKILL)
@@ -192,42 +153,18 @@ def _assert_committed_prefixes_kept(run_dir: Path, snapshots: list[tuple[Path, b
 # ---------------------------------------------------------------- a failed fsync
 
 
-class _FailingJournalStorage(Storage):
-    """Fails the Nth fsync of the journal with EIO; remembers the journal's size at each good fsync."""
-
-    def __init__(self, fail_at: int) -> None:
-        super().__init__()
-        self.fail_at = fail_at
-        self.journal_fsyncs = 0
-        self.synced_sizes: list[int] = []
-
-    def fsync(self, fd: int) -> None:
-        name = self.name_of(fd)
-        if not name.endswith("results.jsonl"):
-            super().fsync(fd)
-            return
-        self.journal_fsyncs += 1
-        if self.journal_fsyncs == self.fail_at:
-            raise storage_failed("fsync", name, OSError(errno.EIO, "Input/output error"))
-        super().fsync(fd)
-        self.synced_sizes.append(Path(name).stat().st_size)
-
-
 FSYNC_ROWS = 800
+SLOW_TARGET = {"rules": [{"delay_ms": 10}]}  # ~400 rows/s: 2 s for all rows
 
 
-@pytest.fixture
-def slow_target() -> Iterator[TargetProcess]:
-    with TargetProcess({"rules": [{"delay_ms": 10}]}) as running:  # ~400 rows/s: 2 s for all rows
-        yield running
-
-
+@pytest.mark.target_plan(SLOW_TARGET)
 def test_a_failed_fsync_through_the_storage_seam_stops_without_advancing_the_checkpoint(
-    tmp_path: Path, slow_target: TargetProcess
+    tmp_path: Path, target: TargetProcess
 ) -> None:
-    job = write_job(tmp_path, slow_target.url, rows=FSYNC_ROWS)
+    job = write_job(tmp_path, target.url, rows=FSYNC_ROWS)
     preflight = run_preflight(load_job(job))
-    storage = _FailingJournalStorage(fail_at=60)  # batches commit about every 10 ms: past a checkpoint
+    # The journal's 60th fsync fails: batches commit about every 10 ms, so that is past a checkpoint.
+    storage = FaultyStorage(only="results.jsonl", fail_fsync_at=60)
     run = RunDir.create(tmp_path / "runs", plan_for(preflight), storage)
 
     with run.locked(), pytest.raises(StorageFailed, match=r"fsync failed on .*results\.jsonl") as failed:
@@ -246,7 +183,7 @@ def test_a_failed_fsync_through_the_storage_seam_stops_without_advancing_the_che
 
     assert result.exit_code == ExitCode.SUCCESS, result.envelope
     assert_each_row_once(run.path, FSYNC_ROWS)
-    assert len(sent_ids(slow_target)) == FSYNC_ROWS
+    assert len(sent_ids(target)) == FSYNC_ROWS
 
 
 _STRACE_LINE = re.compile(r"^\d+\s+(write|fsync)\(\d+.*\)\s+=\s+(-?\d+)")
@@ -267,9 +204,10 @@ def _fsynced_bytes(trace: Path) -> int:
     return synced
 
 
-def _strace_fsync_failure(tmp_path: Path, slow_target: TargetProcess) -> None:
+@pytest.mark.target_plan(SLOW_TARGET)
+def _strace_fsync_failure(tmp_path: Path, target: TargetProcess) -> None:
     """The real syscall fails (strace injects EIO into the resume's 3rd journal fsync)."""
-    job = write_job(tmp_path, slow_target.url, rows=FSYNC_ROWS)
+    job = write_job(tmp_path, target.url, rows=FSYNC_ROWS)
     run_dir = Path(stop_midway(tmp_path, job).data["run_dir"])
     journal = run_dir / "results.jsonl"
     size_before = journal.stat().st_size

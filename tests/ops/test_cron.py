@@ -14,7 +14,7 @@ import pytest
 
 from bulkrelay.errors import ExitCode
 from tests.jobfiles import write_job
-from tests.ops.test_crash import _run_held_by
+from tests.spawnedruns import run_held_by
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
@@ -42,7 +42,7 @@ def _cron(job: Path, cwd: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def _finish(proc: subprocess.Popen[bytes]) -> tuple[int, dict[str, Any]]:
+def finish(proc: subprocess.Popen[bytes]) -> tuple[int, dict[str, Any]]:
     out, _ = proc.communicate(timeout=180)
     return proc.returncode, orjson.loads(out)
 
@@ -54,17 +54,17 @@ def test_cron_runs_one_at_a_time_with_documented_exit_codes_and_a_pruned_runs_di
     with TargetProcess(SLOW) as target:
         job = write_job(tmp_path, target.url, 100, execution={"concurrency": 1})
         last_night = _cron(job, tmp_path)
-        first_dir = _run_held_by(runs, last_night)
-        code, overlap = _finish(_cron(job, tmp_path))  # tonight's starts while last night's relays
+        first_dir = run_held_by(runs, last_night)
+        code, overlap = finish(_cron(job, tmp_path))  # tonight's starts while last night's relays
         assert last_night.poll() is None, "last night's run ended before the overlap was tried"
         assert code == ExitCode.CONFLICT and overlap["error"]["code"] == "RUN_LOCKED", overlap
         assert overlap["error"]["context"]["run_dir"] == str(first_dir)
         target.set_plan({})  # the target speeds up: last night's run finishes
-        code, first = _finish(last_night)
+        code, first = finish(last_night)
         assert code == ExitCode.SUCCESS, first
         assert target.stats()["requests"] == 100  # the overlap sent nothing
 
-        code, second = _finish(_cron(job, tmp_path))  # the next night
+        code, second = finish(_cron(job, tmp_path))  # the next night
         assert code == ExitCode.SUCCESS, second
     assert second["data"]["run_id"] != first["data"]["run_id"]
     assert second["data"]["pruned"] == [first["data"]["run_id"]]

@@ -20,7 +20,7 @@ from bulkrelay.errors import ExitCode, InputChanged
 from bulkrelay.ops.export import _write
 from bulkrelay.store.rundir import RunDir, RunState
 from bulkrelay.store.runs import resolve_run
-from tests.clirun import cli_env, run_cli
+from tests.clirun import cli_env, run_cli, start_cli
 from tests.jobfiles import write_job
 from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
@@ -137,13 +137,7 @@ def test_an_export_whose_reader_leaves_early_says_so_without_a_traceback(tmp_pat
     # traceback in error.detail). The reader here takes the header and closes the pipe before the rest
     # is written (4,000 rows are more than a pipe holds), as `head` does.
     run_dir, _ = _run_with_failures(tmp_path, rows=4000)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "export", str(run_dir), "-o", "-"],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_cli("export", run_dir, "-o", "-", cwd=tmp_path)
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().startswith(b"id,email,name,")
     proc.stdout.close()

@@ -9,44 +9,24 @@ lands; the reader checks the file every 64 records, long before the 300 rows run
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.inputs import REGION_SIZE
-from tests.clirun import cli_env
+from tests.gatedruns import GATE, GATED_JOB, delivered_ids, run_changing_the_input
 from tests.jobfiles import make_rows, write_csv, write_job
-from tests.ops.test_resume import assert_each_row_once, resume, sent_ids
+from tests.runsteps import assert_each_row_once, resume, sent_ids
 from tests.targetproc import TargetProcess
 
-pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+# real processes: outside the fast lane (`-m "not slow"`)
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(GATE)]
 
 ROWS = 300
-GATE = {"rules": [{"status": 503}]}  # closed: nothing succeeds, every row is retried
-OPEN: dict[str, Any] = {}  # every request gets 200
-GATED_JOB: dict[str, Any] = {
-    "retry": {
-        "max_attempts": 100,
-        "statuses": [503],
-        "initial_backoff_seconds": 0.05,
-        "max_backoff_seconds": 1,
-        "jitter_ratio": 0,
-    },
-}
-
-
-@pytest.fixture
-def target() -> Iterator[TargetProcess]:
-    with TargetProcess(GATE) as running:
-        yield running
 
 
 def _append_a_row(data: Path) -> None:
@@ -58,41 +38,6 @@ def _rewrite_in_place(data: Path) -> None:
     write_csv(data, make_rows(ROWS, tag="-new"))  # truncates and rewrites the same inode
 
 
-def _run_changing_the_input(
-    cwd: Path, job: Path, target: TargetProcess, change: Callable[[Path], None]
-) -> tuple[int, dict[str, Any]]:
-    """Start `run`, wait until the relay has taken rows (held at the closed gate), change the
-    input, open the gate, and return the run's exit code and envelope."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=cwd,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while target.stats()["requests"] < 4:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run never reached the target"
-            time.sleep(0.01)
-        change(cwd / "data.csv")
-        target.set_plan(OPEN)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert b"Traceback" not in stderr, stderr.decode()
-    return proc.returncode, orjson.loads(stdout)
-
-
-def _delivered(target: TargetProcess) -> Counter[str]:
-    """Row ids the target answered with 200 (the gate's 503s are not deliveries)."""
-    return Counter(r["path"].rsplit("/", 1)[-1] for r in target.requests() if r["status"] == 200)
-
-
 @pytest.mark.parametrize("change", [_append_a_row, _rewrite_in_place], ids=["append", "rewrite_in_place"])
 def test_an_input_changed_mid_run_stops_with_input_changed_and_resumes_once_restored(
     tmp_path: Path, target: TargetProcess, change: Callable[[Path], None]
@@ -100,7 +45,7 @@ def test_an_input_changed_mid_run_stops_with_input_changed_and_resumes_once_rest
     job = write_job(tmp_path, target.url, rows=ROWS, **GATED_JOB)
     original = (tmp_path / "data.csv").read_bytes()
 
-    exit_code, envelope = _run_changing_the_input(tmp_path, job, target, change)
+    exit_code, envelope = run_changing_the_input(tmp_path, job, target, change)
 
     assert exit_code == ExitCode.PRECONDITION, envelope
     error = envelope["error"]
@@ -113,7 +58,7 @@ def test_an_input_changed_mid_run_stops_with_input_changed_and_resumes_once_rest
     assert orjson.loads((run_dir / "run.json").read_bytes())["state"] == "stopped"
     assert 0 < envelope["data"]["progress"]["done"] < ROWS
     bodies = [r["body"] for r in target.requests()]
-    assert str(ROWS + 1) not in _delivered(target)  # the appended row was never sent
+    assert str(ROWS + 1) not in delivered_ids(target)  # the appended row was never sent
     assert not any("-new" in body for body in bodies)  # nor a byte of the rewrite
 
     (tmp_path / "data.csv").write_bytes(original)
@@ -121,7 +66,7 @@ def test_an_input_changed_mid_run_stops_with_input_changed_and_resumes_once_rest
 
     assert result.exit_code == ExitCode.SUCCESS, result.envelope
     assert_each_row_once(run_dir, ROWS)
-    assert _delivered(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+    assert delivered_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
 
 
 PADDED_ROWS = 400
@@ -159,7 +104,7 @@ def test_a_plain_run_never_sends_a_row_from_bytes_preflight_did_not_read(
     region = offset // REGION_SIZE * REGION_SIZE
     assert region >= 2 * REGION_SIZE and len(original) > region + REGION_SIZE  # far from the first rows
 
-    exit_code, envelope = _run_changing_the_input(
+    exit_code, envelope = run_changing_the_input(
         tmp_path, job, target, _rewrite_a_later_row_keeping_size_and_time
     )
 
@@ -180,4 +125,4 @@ def test_a_plain_run_never_sends_a_row_from_bytes_preflight_did_not_read(
 
     assert result.exit_code == ExitCode.SUCCESS, result.envelope
     assert_each_row_once(Path(envelope["data"]["run_dir"]), PADDED_ROWS)
-    assert _delivered(target) == Counter({str(n): 1 for n in range(1, PADDED_ROWS + 1)})
+    assert delivered_ids(target) == Counter({str(n): 1 for n in range(1, PADDED_ROWS + 1)})

@@ -12,7 +12,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +22,18 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.ops.invocation import INDEX_DIR
 from bulkrelay.relay.stopping import STALL_GRACE_SECONDS
-from tests.clirun import cli_env, run_cli
+from tests.clirun import run_cli, start_cli
 from tests.jobfiles import make_rows, write_csv, write_job
-from tests.ops.test_rerun import run_job_stdin
-from tests.ops.test_resume import ROWS, SLOW, assert_each_row_once, resume, run_job, sent_ids, stop_midway
+from tests.runsteps import (
+    ROWS,
+    SLOW,
+    assert_each_row_once,
+    resume,
+    run_job,
+    run_job_stdin,
+    sent_ids,
+    stop_midway,
+)
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_S
 
@@ -50,14 +57,7 @@ def started() -> Iterator[Started]:
 
 
 def _start_run(started: Started, cwd: Path, job: Path, *extra: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0", *extra],
-        cwd=cwd,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    process = start_cli("run", job, "--budget", "0", *extra, cwd=cwd)
     started.append(process)
     return process
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from bulkrelay.background.call import Call
 from bulkrelay.background.jobs import arguments_key
@@ -22,25 +21,10 @@ from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunDir, RunState
 from tests.clirun import cli_env, run_cli, run_cli_raw
 from tests.jobfiles import write_job
+from tests.runfiles import metric, read_metrics
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def read_metrics(path: Path) -> Samples:
-    """Every sample of the file, by name and labels; the parser raises on anything malformed."""
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(path.read_text())
-        for sample in family.samples
-    }
-
-
-def metric(samples: Samples, name: str, **labels: str) -> float:
-    wanted = frozenset({"job_name": "test-job", **labels}.items())
-    return samples[(name, wanted)]
 
 
 def _held_job(tmp_path: Path, url: str) -> Path:

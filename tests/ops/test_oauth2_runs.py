@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +20,10 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import read_journal
-from tests.clirun import CliResult, cli_env, run_cli
+from tests.clirun import CliResult, cli_env, run_cli, start_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_S, wait_for
-
-pytestmark = pytest.mark.slow
 
 SECRET = "client-secret-4f9d2a"
 LIFETIME = 2.0  # seconds the target accepts a token
@@ -36,22 +32,19 @@ INTERVAL = LIFETIME - MARGIN
 RATE = 300
 
 
-@pytest.fixture
-def target() -> Any:
-    # Every row whose email holds "7@" gets the bearer header it carried echoed back, and captured:
-    # a target that leaks the token into what the journal keeps.
-    plan = {
-        "oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": LIFETIME},
-        "rules": [
-            {
-                "match": {"body_contains": "7@"},
-                "echo_header": "Authorization",
-                "body": {"id": "x", "seen": "{echo}", "seen_b64": "{echo_b64}"},
-            }
-        ],
-    }
-    with TargetProcess(plan) as server:
-        yield server
+# Every row whose email holds "7@" gets the bearer header it carried echoed back, and captured:
+# a target that leaks the token into what the journal keeps.
+TARGET_PLAN = {
+    "oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": LIFETIME},
+    "rules": [
+        {
+            "match": {"body_contains": "7@"},
+            "echo_header": "Authorization",
+            "body": {"id": "x", "seen": "{echo}", "seen_b64": "{echo_b64}"},
+        }
+    ],
+}
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(TARGET_PLAN)]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -154,14 +147,7 @@ def test_a_run_killed_9_and_resumed_gets_a_new_token_and_finishes(
 ) -> None:
     rows = 5 * RATE
     job = _job(tmp_path, target, rows)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_cli("run", job, "--budget", "0", cwd=tmp_path, env=_env(tmp_path), output="discarded")
     runs = tmp_path / ".bulkrelay" / "runs"
 
     def past_a_token() -> Path | None:  # rows committed after the first token was replaced
@@ -222,14 +208,10 @@ def test_each_shard_fetches_its_own_token(tmp_path: Path) -> None:
     plan = {"oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": 3600}}
     with TargetProcess(plan) as server:
         job = _job(tmp_path, server, rows=40)
+        env = _env(tmp_path)
         shards = [
-            subprocess.Popen(
-                [sys.executable, "-m", "bulkrelay", "run", str(job), "--shard", f"{k}/2", "--budget", "0"],
-                cwd=tmp_path,
-                env=_env(tmp_path),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+            start_cli(
+                "run", job, "--shard", f"{k}/2", "--budget", "0", cwd=tmp_path, env=env, output="stdout"
             )
             for k in (0, 1)
         ]

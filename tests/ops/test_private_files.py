@@ -19,21 +19,15 @@ from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.storage import Storage
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
-from tests.ops.test_resume import resume, run_job
 from tests.runplans import run_plan
+from tests.runsteps import resume, run_job
 from tests.targetproc import TargetProcess
 
-pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+# real processes: outside the fast lane (`-m "not slow"`)
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan({"rules": [{"after": 10, "status": 401}]})]
 
 RECORDS = b"id,email,name\n1,a@example.com,A\n2,b@example.com,B\n"
 BAD_RECORDS = b"id,email,name\n1,a@example.com,A\n2,b@example.com\n"  # row 2 lacks a field
-
-
-@pytest.fixture
-def target() -> Iterator[TargetProcess]:
-    """Answers 401 after 10 requests, so a run halts resumably with rows still to send (no timing)."""
-    with TargetProcess({"rules": [{"after": 10, "status": 401}]}) as running:
-        yield running
 
 
 def _halted_run(tmp_path: Path, target: TargetProcess) -> tuple[Path, Path]:

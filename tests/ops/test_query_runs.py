@@ -8,10 +8,7 @@ import os
 import signal
 import sqlite3
 import stat
-import subprocess
-import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +16,12 @@ import orjson
 import pytest
 import yaml
 
-from tests.clirun import CliResult, cli_env, run_cli
+from tests.clirun import CliResult, cli_env, run_cli, start_cli
 from tests.pgserver import PASSWORD, PostgresServer
 from tests.targetproc import TargetProcess
 from tests.waiting import wait_for
 
 ROWS = 120
-
-
-@pytest.fixture
-def target() -> Iterator[TargetProcess]:
-    with TargetProcess() as running:
-        yield running
 
 
 def _job(tmp_path: Path, target_url: str, query: str, **input_extra: Any) -> Path:
@@ -81,12 +72,8 @@ def test_a_killed_runs_rerun_sends_its_snapshot_then_the_next_night_queries_afre
     target.set_plan(
         {"rules": [{"after": 30, "delay_ms": 120_000}]}
     )  # the 31st request on hangs: killed there
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=tmp_path,
-        env=cli_env(DATABASE_URL=url),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    proc = start_cli(
+        "run", job, "--budget", "0", cwd=tmp_path, env=cli_env(DATABASE_URL=url), output="discarded"
     )
     wait_for(lambda: len(target.requests()) >= 30, "30 rows sent")
     _sqlite(tmp_path, range(ROWS + 1, ROWS + 41))  # rows added while the run is under way
@@ -181,13 +168,8 @@ def test_resume_of_a_query_run_reads_its_snapshot_and_never_the_database(
     )
     job = _job(tmp_path, target.url, "SELECT id, email FROM people")
     target.set_plan({"rules": [{"after": 10, "delay_ms": 120_000}]})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=tmp_path,
-        env=cli_env(DATABASE_URL=postgres.url()),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    env = cli_env(DATABASE_URL=postgres.url())
+    proc = start_cli("run", job, "--budget", "0", cwd=tmp_path, env=env, output="discarded")
     wait_for(lambda: len(target.requests()) >= 10, "10 rows sent")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

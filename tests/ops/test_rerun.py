@@ -5,58 +5,34 @@ completed run; `--idempotency-key` and the stdin digest are part of what makes t
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bulkrelay.envelope import Result
 from bulkrelay.errors import ExitCode
-from bulkrelay.job.config import load_job
-from bulkrelay.ops.launch import RunRequest, run
-from bulkrelay.ops.lifecycle import RunOptions
 from bulkrelay.ops.results import RunResult
-from bulkrelay.relay.progress import CallbackReporter, Reporter, Snapshot
+from bulkrelay.relay.progress import CallbackReporter, Snapshot
 from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.runs import default_runs_dir
-from tests.clirun import CliResult, cli_env, run_cli
+from tests.clirun import CliResult, start_cli
 from tests.jobfiles import make_rows, write_csv, write_job
-from tests.ops.test_resume import (
+from tests.runsteps import (
     ROWS,
     SLOW,
     assert_each_row_once,
     rewrite_job,
+    run_here,
     run_job,
+    run_job_stdin,
     sent_ids,
     stop_midway,
-    wait_for_lock,
 )
+from tests.spawnedruns import wait_for_lock
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 
-pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
-
-
-def run_here(job: Path, reporter: Reporter | None = None) -> Result:
-    """`bulkrelay run JOB` in this process (in the current directory, as the command would be)."""
-    request = RunRequest(
-        job=load_job(job),
-        input_path=None,
-        from_stdin=False,
-        runs_dir=default_runs_dir(None),
-        idempotency_key=None,
-        options=RunOptions(handle_signals=False),
-    )
-    return run(request, reporter=reporter)
-
-
-@pytest.fixture
-def target() -> Iterator[TargetProcess]:
-    with TargetProcess(SLOW) as running:
-        yield running
+# real processes: outside the fast lane (`-m "not slow"`)
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(SLOW)]
 
 
 def _runs(cwd: Path) -> list[Path]:
@@ -85,14 +61,7 @@ def test_a_run_stopped_by_sigint_continues_on_the_identical_run(
 ) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS)
     target.set_plan({"rules": [{"delay_ms": 50}]})  # slow enough that SIGINT lands midway
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_cli("run", job, "--budget", "0", cwd=tmp_path)
     runs_root = tmp_path / ".bulkrelay" / "runs"
     while not runs_root.is_dir() or not _runs(tmp_path):
         assert proc.poll() is None, proc.communicate()
@@ -217,10 +186,6 @@ def test_stdin_input_identical_rerun_continues_and_other_bytes_start_fresh(
     fresh = run_job_stdin(tmp_path, job, other)
     assert fresh.exit_code == ExitCode.SUCCESS
     assert fresh.data["run_id"] != stopped.data["run_id"]
-
-
-def run_job_stdin(cwd: Path, job: Path, data: bytes, *extra: str) -> CliResult:
-    return run_cli("run", job, "--input", "-", "--budget", "0", *extra, cwd=cwd, stdin=data)
 
 
 def stop_midway_stdin(cwd: Path, job: Path, data: bytes) -> CliResult:

@@ -6,83 +6,34 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
-import time
 import zlib
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-import yaml
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.journal import is_commit_marker, read_journal
-from bulkrelay.store.rundir import is_locked
-from tests.clirun import CliResult, cli_env, run_cli
+from bulkrelay.store.journal import is_commit_marker
+from tests.clirun import cli_env, start_cli
 from tests.jobfiles import make_rows, write_csv, write_job
+from tests.runsteps import (
+    ROWS,
+    SLOW,
+    assert_each_row_once,
+    resume,
+    rewrite_job,
+    run_job,
+    sent_ids,
+    stop_midway,
+)
+from tests.spawnedruns import wait_for_lock
 from tests.targetproc import TargetProcess
-from tests.waiting import HANG_S
 
-pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
-
-ROWS = 150
-SLOW = {"rules": [{"delay_ms": 10}]}  # 4 workers: ~400 rows/s, so a 150 ms timeout stops midway
-
-
-@pytest.fixture
-def target() -> Iterator[TargetProcess]:
-    with TargetProcess(SLOW) as running:
-        yield running
-
-
-# ---------------------------------------------------------------- helpers shared with test_rerun.py
-
-
-def run_job(cwd: Path, job: Path, *extra: str, env: dict[str, str] | None = None) -> CliResult:
-    return run_cli("run", job, "--budget", "0", *extra, cwd=cwd, env=env)
-
-
-def stop_midway(cwd: Path, job: Path, *extra: str, env: dict[str, str] | None = None) -> CliResult:
-    """Run `job` with a short `--timeout`, so it stops at a safe point with some rows done."""
-    result = run_job(cwd, job, "--timeout", "150ms", *extra, env=env)
-    assert result.exit_code == ExitCode.TIMEOUT, result.envelope
-    assert result.data["state"] == "stopped"
-    assert 0 < result.data["progress"]["done"] < result.data["progress"]["total"]
-    return result
-
-
-def resume(
-    cwd: Path, run_dir: str | Path, *extra: str | Path, env: dict[str, str] | None = None
-) -> CliResult:
-    return run_cli("resume", run_dir, "--budget", "0", *extra, cwd=cwd, env=env)
-
-
-def journal_rows(run_dir: str | Path) -> list[int]:
-    return [entry.row_number for entry in read_journal(Path(run_dir) / "results.jsonl")]
-
-
-def sent_ids(target: TargetProcess) -> Counter[str]:
-    """How often the target received each row (the job's URL ends in the row's id)."""
-    return Counter(request["path"].rsplit("/", 1)[-1] for request in target.requests())
-
-
-def assert_each_row_once(run_dir: str | Path, rows: int) -> None:
-    assert sorted(journal_rows(run_dir)) == list(range(1, rows + 1))
-
-
-def rewrite_job(job: Path, **changes: Any) -> None:
-    """Change settings in place: `rewrite_job(job, request={"url": ...})` merges one level deep."""
-    data = yaml.safe_load(job.read_text())
-    for section, value in changes.items():
-        if isinstance(value, dict) and isinstance(data.get(section), dict):
-            data[section].update(value)
-        else:
-            data[section] = value
-    job.write_text(yaml.safe_dump(data, sort_keys=False))
+# real processes: outside the fast lane (`-m "not slow"`)
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(SLOW)]
 
 
 def set_manifest_state(run_dir: str | Path, state: str) -> None:
@@ -506,23 +457,7 @@ def test_a_deleted_middle_line_refuses_naming_the_gap(tmp_path: Path, target: Ta
 
 
 def _spawn_resume(cwd: Path, run_dir: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "resume", run_dir, "--budget", "0"],
-        cwd=cwd,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-
-
-def wait_for_lock(run_dir: Path, proc: subprocess.Popen[bytes], timeout: float = HANG_S) -> None:
-    """Wait until `proc` holds the run's lock."""
-    deadline = time.monotonic() + timeout
-    while not (is_locked(run_dir) and (run_dir / "lock").read_bytes().strip() == str(proc.pid).encode()):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the resume never took the lock"
-        time.sleep(0.01)
+    return start_cli("resume", run_dir, "--budget", "0", cwd=cwd)
 
 
 def test_two_resumes_of_one_run_one_gets_run_locked(tmp_path: Path, target: TargetProcess) -> None:

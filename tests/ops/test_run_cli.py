@@ -1,7 +1,7 @@
 """`bulkrelay run` as a user sees it: a real CLI process relaying to a real loopback target process.
 
-Also the home of the small fixtures the other `test_run*` / `test_engine*` files share: a job file
-writer, a CLI run with `--budget 0` (synchronous), and readers for the journal and the target's view.
+The job file writer, the synchronous CLI run and the readers of the journal and the target's view are
+tests/taggedjobs.py's, shared with the other real-process tests.
 """
 
 from __future__ import annotations
@@ -10,84 +10,24 @@ import base64
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import cast
 from urllib.parse import quote, quote_plus
 
 import orjson
 import pytest
-import yaml
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.ops.lifecycle import summary_counts
 from bulkrelay.relay.engine import Committed, RelayOutcome
-from bulkrelay.store.journal import encode_line, read_journal
+from bulkrelay.store.journal import encode_line
 from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.summary import SummaryCounts, summarize
-from tests.clirun import CliResult, cli_env, run_cli
-from tests.jobfiles import merge
+from tests.clirun import cli_env, run_cli
 from tests.runplans import delivered_entry
+from tests.taggedjobs import journal, run_job, tag_rule, write_job
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
-
-# --------------------------------------------------------------------------------- fixtures
-
-
-def write_job(
-    tmp_path: Path,
-    target_url: str,
-    rows: int = 20,
-    *,
-    tags: dict[int, str] | None = None,
-    **overrides: Any,
-) -> Path:
-    """A CSV of `rows` records (id, email, tag) and a job POSTing each to the target.
-
-    `tags` marks rows (by number, from 1) with a word the target's rules can match on
-    (`{"match": {"body_field": "tag", "equals": "bad"}}`); `overrides` merge into the job's sections.
-    """
-    tags = tags or {}
-    lines = ["id,email,tag"] + [f"{n},user{n}@example.com,{tags.get(n, 'plain')}" for n in range(1, rows + 1)]
-    (tmp_path / "records.csv").write_text("\n".join(lines) + "\n")
-    job: dict[str, Any] = {
-        "version": 1,
-        "name": "test-job",
-        "input": {"file": "records.csv", "key": "id"},
-        "request": {
-            "method": "POST",
-            "url": f"{target_url}/v1/items",
-            "json": {
-                "id": {"from": "id", "type": "integer"},
-                "email": {"from": "email"},
-                "tag": {"from": "tag"},
-            },
-        },
-        "execution": {"concurrency": 4},
-        "retry": {"initial_backoff_seconds": 0.01, "max_backoff_seconds": 0.05, "jitter_ratio": 0},
-    }
-    job = merge(job, overrides)
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job, sort_keys=False))
-    return path
-
-
-def run_job(job: Path, *extra: str | Path, env: dict[str, str] | None = None) -> CliResult:
-    runs = job.parent / "runs"
-    return run_cli("run", job, "--budget", "0", "--runs-dir", runs, *extra, cwd=job.parent, env=env)
-
-
-def journal(run_dir: str | Path) -> list[dict[str, Any]]:
-    return [entry.as_dict() for entry in read_journal(Path(run_dir) / "results.jsonl")]
-
-
-def target_ids(target: TargetProcess) -> list[int]:
-    """The `id` of every request the target answered, in arrival order (repeats included)."""
-    return [int(orjson.loads(r["body"])["id"]) for r in target.requests() if r["status"] is not None]
-
-
-def tag_rule(tag: str, **answer: Any) -> dict[str, Any]:
-    return {"match": {"body_field": "tag", "equals": tag}, **answer}
-
 
 # --------------------------------------------------------------------------------- retries, failures
 

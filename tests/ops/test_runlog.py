@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
 import stat
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from bulkrelay.envelope import Result
@@ -23,19 +21,10 @@ from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.rundir import RunDir
 from tests.clirun import run_cli
 from tests.jobfiles import write_job
+from tests.runfiles import read_log
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
-
-UTC_TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
-
-
-def read_log(path: Path) -> list[dict[str, Any]]:
-    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
-    for line in lines:
-        assert UTC_TS.match(line["ts"]), line
-        assert isinstance(line["event"], str) and isinstance(line["pid"], int)
-    return lines
 
 
 def events(lines: list[dict[str, Any]]) -> list[str]:

@@ -23,8 +23,7 @@ from bulkrelay.cli.parser import parse_command_line
 from bulkrelay.errors import ExitCode
 from tests.clirun import cli_env, run_cli, run_cli_raw
 from tests.jobfiles import write_job
-from tests.ops.test_metrics import metric, read_metrics
-from tests.ops.test_runlog import read_log
+from tests.runfiles import metric, read_log, read_metrics
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S, wait_for
 

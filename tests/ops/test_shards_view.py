@@ -18,8 +18,8 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.relay.ratelimit import most_in_window
 from bulkrelay.store.journal import read_journal
 from tests.clirun import CliResult, cli_env, run_cli
-from tests.ops.test_run_cli import write_job
 from tests.redisproc import RedisProcess, ScriptCountingProxy
+from tests.taggedjobs import write_job
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)

@@ -10,8 +10,8 @@ import pytest
 
 from bulkrelay.errors import ExitCode
 from tests.clirun import CliResult, cli_env, run_cli
-from tests.ops.test_run_cli import write_job
 from tests.redisproc import RedisProcess
+from tests.taggedjobs import write_job
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow

@@ -24,8 +24,8 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.inputs import InputSpec, open_records, spool_stdin
 from tests.clirun import cli_env
-from tests.ops.test_run_cli import journal, target_ids, write_job
-from tests.relay.test_engine_faults import _finish, _journal_has_lines, _run_dir, _start_run
+from tests.spawnedruns import finish, journal_has_lines, run_dir_of, start_run
+from tests.taggedjobs import journal, target_ids, write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S, wait_for
 
@@ -36,15 +36,15 @@ pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not
 def test_sighup_stops_a_run_at_a_safe_point_like_sigterm(tmp_path: Path, signum: signal.Signals) -> None:
     with TargetProcess({"rules": [{"delay_ms": 200}]}) as target:
         job = write_job(tmp_path, target.url, rows=200)
-        proc = _start_run(job)
-        wait_for(lambda: _journal_has_lines(job), "the first committed rows", interval=0.02)
+        proc = start_run(job)
+        wait_for(lambda: journal_has_lines(job), "the first committed rows", interval=0.02)
         proc.send_signal(signum)
-        result = _finish(proc)
+        result = finish(proc)
         taken = target_ids(target)
     assert result.exit_code == ExitCode.SIGTERM, result.envelope
     assert result.error_code == "TERMINATED"
     assert result.envelope["error"]["context"]["signal"] == signum.name
-    run_dir = _run_dir(job)
+    run_dir = run_dir_of(job)
     assert result.data["state"] == "stopped"
     assert orjson.loads((run_dir / "run.json").read_bytes())["state"] == "stopped"
     journaled = sorted(e["row_number"] for e in journal(run_dir))
@@ -90,7 +90,7 @@ def _reading_input_in_preflight(job: Path) -> tuple[subprocess.Popen[bytes], Cal
     records = job.parent / "records.csv"
     records.unlink()
     os.mkfifo(records)
-    proc = _start_run(job)
+    proc = start_run(job)
     writer = _open_writer(records)
     os.write(writer, b"id,email,tag\n1,a@example.com,plain\n")
     return proc, lambda: os.close(writer)
@@ -117,7 +117,7 @@ def test_a_signal_during_start_up_or_preflight_gets_its_envelope_and_sends_nothi
             proc.wait(timeout=HANG_S)
         finally:
             release_input()
-        result = _finish(proc)
+        result = finish(proc)
         assert target.stats()["requests"] == 0
     assert result.exit_code == exit_code, (result.envelope, result.stderr)
     assert result.error_code == code
@@ -290,4 +290,4 @@ def test_a_run_with_its_stdout_closed_relays_and_exits_with_its_code(tmp_path: P
     assert proc.returncode == ExitCode.SUCCESS, proc.stderr
     assert b"Traceback" not in proc.stderr
     assert sent == list(range(1, 21))
-    assert sorted(e["row_number"] for e in journal(_run_dir(job))) == sent
+    assert sorted(e["row_number"] for e in journal(run_dir_of(job))) == sent

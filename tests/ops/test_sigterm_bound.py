@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bulkrelay.errors import ExitCode
-from tests.ops.test_run_cli import journal, write_job
-from tests.relay.test_engine_faults import _finish, _run_dir, _start_run
+from tests.spawnedruns import finish, run_dir_of, start_run
+from tests.taggedjobs import journal, write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import wait_for
 
@@ -64,13 +64,13 @@ def test_sigterm_ends_a_run_whose_answers_trickle_on_both_clients(tmp_path: Path
     with _trickling_server() as (url, served):
         execution = {"concurrency": 2, "client": client, "timeout": _TIMEOUTS}
         job = write_job(tmp_path, url, rows=4, execution=execution)
-        proc = _start_run(job)
+        proc = start_run(job)
         wait_for(lambda: len(served) >= 1, "a request at the trickling server")
         proc.send_signal(signal.SIGTERM)
-        result = _finish(proc)  # httpx never ended here: no deadline on the whole exchange
+        result = finish(proc)  # httpx never ended here: no deadline on the whole exchange
     assert result.exit_code == ExitCode.SIGTERM, result.envelope
     assert result.data["state"] == "stopped"
-    cut = journal(_run_dir(job))  # the rows in flight, each ended by its deadline (one attempt: final)
+    cut = journal(run_dir_of(job))  # the rows in flight, each ended by its deadline (one attempt: final)
     assert 1 <= len(cut) <= 2 and {entry["classification"] for entry in cut} == {"timeout_error"}
 
 
@@ -82,12 +82,12 @@ def test_sigterm_during_a_retry_after_pause_ends_the_run_at_once_and_sends_nothi
     plan = {"rules": [{"times": 1, "status": 429, "retry_after": "600"}]}
     with TargetProcess(plan) as target:
         job = write_job(tmp_path, target.url, rows=20, execution={"concurrency": 4})
-        proc = _start_run(job)
+        proc = start_run(job)
         wait_for(lambda: target.stats()["by_status"].get("429"), "the 429 that pauses every start")
-        wait_for(lambda: len(journal(_run_dir(job))) == target.stats()["requests"], "the rows in flight")
+        wait_for(lambda: len(journal(run_dir_of(job))) == target.stats()["requests"], "the rows in flight")
         signalled_at = target.stats()["requests"]
         proc.send_signal(signal.SIGTERM)
-        result = _finish(proc)
+        result = finish(proc)
         requests = target.stats()["requests"]
     assert result.exit_code == ExitCode.SIGTERM, result.envelope
     assert result.data["state"] == "stopped"

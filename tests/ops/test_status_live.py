@@ -23,7 +23,7 @@ from bulkrelay.relay.progress import Snapshot
 from bulkrelay.store.rundir import RunState
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
-from tests.ops.test_crash import _run_held_by, _spawn_run
+from tests.spawnedruns import run_held_by, spawn_run
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 
@@ -47,9 +47,9 @@ def _status_when(run_dir: Path, ready: Any, timeout: float = HANG_S) -> CliResul
 def test_status_of_a_live_run_then_of_the_same_run_killed(tmp_path: Path) -> None:
     with TargetProcess(SLOW) as target:
         job = write_job(tmp_path, target.url, 300, **PACED)
-        proc = _spawn_run(tmp_path, job)
+        proc = spawn_run(tmp_path, job)
         try:
-            run_dir = _run_held_by(tmp_path / ".bulkrelay" / "runs", proc)
+            run_dir = run_held_by(tmp_path / ".bulkrelay" / "runs", proc)
             live = _status_when(run_dir, lambda d: d["progress"]["done"] > 0 and d["rate"])
             os.kill(proc.pid, signal.SIGKILL)
         finally:

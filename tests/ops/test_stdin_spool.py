@@ -16,7 +16,7 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.private import make_private_dir
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
-from tests.ops.test_resume import assert_each_row_once, sent_ids
+from tests.runsteps import assert_each_row_once, sent_ids
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)

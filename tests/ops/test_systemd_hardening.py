@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.test_scheduling import EXAMPLES
-
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scheduling"
 UNIT = EXAMPLES / "bulkrelay-nightly.service"
 DOCS = EXAMPLES.parents[1] / "docs" / "scheduling.md"
 

@@ -17,7 +17,7 @@ import pytest
 
 from bulkrelay.errors import ExitCode
 from tests.clirun import cli_env, run_cli
-from tests.ops.test_run_cli import journal, run_job, target_ids, write_job
+from tests.taggedjobs import journal, run_job, target_ids, write_job
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)

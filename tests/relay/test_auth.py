@@ -3,7 +3,6 @@ endpoint, then whole runs in-process against the loopback target's token endpoin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,14 @@ from bulkrelay.relay.progress import NullReporter
 from bulkrelay.relay.retry import RetryPolicy
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import ConnectFailed, Response
+from bulkrelay.relay.transport.mock import MockTransport
 from bulkrelay.store.journal import read_journal
 from bulkrelay.store.rundir import RunDir
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
 
-pytestmark = pytest.mark.slow  # a real target process: outside the fast lane
+# a real target process: outside the fast lane; one for the module, each test sets its plan first
+pytestmark = [pytest.mark.slow, pytest.mark.shared_target]
 
 SECRET = "s3cret-of-the-client"
 ENV = {"CLIENT_ID": "demo-client", "CLIENT_SECRET": SECRET}
@@ -41,23 +42,21 @@ _HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 # ------------------------------------------------------------------- the token source alone
 
 
-class _TokenEndpoint:
+class _TokenEndpoint(MockTransport):
     """Answers token requests from a script of (status, body); the last entry repeats. Each answer
     takes `delay` seconds, so that callers pile up behind a fetch."""
 
     def __init__(self, *answers: tuple[int, dict[str, Any]], delay: float = 0.01) -> None:
+        super().__init__(self._answer)
         self._answers = list(answers)
         self.delay = delay
         self.requests: list[PreparedRequest] = []
 
-    async def send(self, request: PreparedRequest) -> Response:
+    async def _answer(self, request: PreparedRequest) -> Response:
         self.requests.append(request)
         await anyio.sleep(self.delay)
         status, body = self._answers.pop(0) if len(self._answers) > 1 else self._answers[0]
         return Response(status, _HEADERS, orjson.dumps(body))
-
-    async def aclose(self) -> None:
-        pass
 
 
 def _request(refresh_before: float = 60.0) -> TokenRequest:
@@ -156,20 +155,16 @@ async def test_503_and_transport_errors_are_retried_then_the_run_halts_unavailab
     outcome = await fetch_token(_request(), endpoint, _NO_WAIT, Redactor([SECRET]))
     assert isinstance(outcome, Token) and outcome.value == "tok-1" and len(endpoint.requests) == 3
 
-    class _Down:
-        sent = 0
+    sent = 0
 
-        async def send(self, request: PreparedRequest) -> Response:
-            self.sent += 1
-            raise ConnectFailed("cannot connect to auth:80: refused")
+    async def refuse(request: PreparedRequest) -> Response:
+        nonlocal sent
+        sent += 1
+        raise ConnectFailed("cannot connect to auth:80: refused")
 
-        async def aclose(self) -> None:
-            pass
-
-    down = _Down()
     stop = StopControl()
-    assert await _source(down, stop).current() is None
-    assert down.sent == 3  # TOKEN_ATTEMPTS, retry.max_attempts being 1
+    assert await _source(MockTransport(refuse), stop).current() is None
+    assert sent == 3  # TOKEN_ATTEMPTS, retry.max_attempts being 1
     assert stop.reason is StopReason.TOKEN_UNAVAILABLE and stop.detail["cause"] == "connect_error"
 
 
@@ -181,12 +176,6 @@ async def test_an_answer_without_a_bearer_token_is_a_refusal() -> None:
 
 
 # ------------------------------------------------------------- whole runs against the target
-
-
-@pytest.fixture(scope="module")
-def target() -> Iterator[TargetProcess]:
-    with TargetProcess() as server:
-        yield server
 
 
 def _oauth_plan(target: TargetProcess, rules: tuple[dict[str, Any], ...] = (), **oauth: Any) -> None:

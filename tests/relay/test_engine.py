@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +19,27 @@ from bulkrelay.relay.engine import RelayOutcome, StartPoint, _FailureStreak, rel
 from bulkrelay.relay.progress import NullReporter, Snapshot
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, TransportSettings
+from bulkrelay.relay.transport.mock import MockTransport
 from bulkrelay.store.checkpoint import read_checkpoint
+from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.journal import JournalEntry, decode_line, is_commit_marker, read_journal
 from bulkrelay.store.rundir import RunDir
-from bulkrelay.store.storage import Storage, storage_failed
-from tests.ops.test_run_cli import write_job
+from tests.taggedjobs import write_job
 
 _HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
 
 
-class _CountingTransport:
+class _CountingTransport(MockTransport):
     """Answers 200 after a short sleep and remembers the most requests it ever had in flight."""
 
     def __init__(self, delay: float = 0.002) -> None:
+        super().__init__(self._answer)
         self.delay = delay
         self.in_flight = 0
         self.most_in_flight = 0
         self.sent = 0
 
-    async def send(self, request: PreparedRequest) -> Response:
+    async def _answer(self, request: PreparedRequest) -> Response:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -48,28 +48,6 @@ class _CountingTransport:
             self.in_flight -= 1
         self.sent += 1
         return Response(200, _HEADERS, b'{"id":"x"}')
-
-    async def aclose(self) -> None:
-        pass
-
-
-class _FsyncFailsLater(Storage):
-    """The journal's first fsync after `after_seconds` fails (EIO), as a dying disk would."""
-
-    def __init__(self, journal: Path, after_seconds: float) -> None:
-        super().__init__()
-        self._journal = str(journal)
-        self._fail_at = time.monotonic() + after_seconds
-        self.synced_size = 0  # the journal's size at its last successful fsync
-
-    def fsync(self, fd: int) -> None:
-        if self.name_of(fd) == self._journal:
-            if time.monotonic() >= self._fail_at:
-                raise storage_failed("fsync", self._journal, OSError(5, "Input/output error"))
-            super().fsync(fd)
-            self.synced_size = os.fstat(fd).st_size
-            return
-        super().fsync(fd)
 
 
 class _Recorder:
@@ -162,7 +140,7 @@ async def test_a_stop_request_lets_in_flight_rows_finish(tmp_path: Path) -> None
 
 def test_a_failed_journal_fsync_ends_the_run_without_advancing_the_checkpoint(tmp_path: Path) -> None:
     preflight, run = _setup(tmp_path, rows=5000, concurrency=8)
-    storage = _FsyncFailsLater(run.journal_path, after_seconds=1.3)
+    storage = FaultyStorage(only="results.jsonl", fail_fsync_after_s=1.3)
     run.storage = storage
     transport = _CountingTransport(delay=0.004)
     with pytest.raises(StorageFailed) as caught:  # the error itself, not a task group wrapping it
@@ -170,7 +148,7 @@ def test_a_failed_journal_fsync_ends_the_run_without_advancing_the_checkpoint(tm
     assert caught.value.context["operation"] == "fsync"
     checkpoint = read_checkpoint(run.path)
     assert checkpoint is not None  # written once a second while the disk was fine
-    assert 0 < checkpoint.offset <= storage.synced_size < run.journal_path.stat().st_size
+    assert 0 < checkpoint.offset <= storage.synced_sizes[-1] < run.journal_path.stat().st_size
     committed = run.journal_path.read_bytes()[: checkpoint.offset].splitlines(keepends=True)
     assert is_commit_marker(committed[-1])  # the frontier is a group's end
     assert checkpoint.rows_done == len([line for line in committed if not is_commit_marker(line)])

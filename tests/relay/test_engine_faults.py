@@ -7,8 +7,6 @@ journal recorded and what the target saw.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,10 +15,14 @@ import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.relay.ratelimit import most_in_window
-from tests.clirun import CliResult, cli_env, run_cli
-from tests.ops.test_run_cli import journal, run_job, tag_rule, target_ids, write_job
+from tests.clirun import run_cli
+from tests.spawnedruns import finish as _finish
+from tests.spawnedruns import journal_has_lines as _journal_has_lines
+from tests.spawnedruns import run_dir_of as _run_dir
+from tests.spawnedruns import start_run as _start_run
+from tests.taggedjobs import journal, run_job, tag_rule, target_ids, write_job
 from tests.targetproc import TargetProcess
-from tests.waiting import HANG_S, wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
@@ -174,32 +176,6 @@ def test_a_broken_streak_records_its_failures(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------- signals and the lock
-
-
-def _start_run(job: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"]
-    command += ["--runs-dir", str(job.parent / "runs")]
-    return subprocess.Popen(
-        command, cwd=job.parent, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-
-
-def _run_dir(job: Path) -> Path:
-    found = [p for p in (job.parent / "runs").glob("2*") if (p / "run.json").exists()]
-    assert len(found) == 1, found
-    return found[0]
-
-
-def _journal_has_lines(job: Path) -> bool:
-    runs = list((job.parent / "runs").glob("2*/results.jsonl"))
-    return bool(runs) and runs[0].stat().st_size > 0
-
-
-def _finish(proc: subprocess.Popen[bytes]) -> CliResult:
-    stdout, stderr = proc.communicate(timeout=HANG_S)
-    envelope = orjson.loads(stdout)
-    assert envelope["meta"]["exit_code"] == proc.returncode
-    return CliResult(proc.returncode, envelope, stderr.decode(errors="replace"), stdout)
 
 
 def test_sigint_stops_at_a_safe_point_with_journal_equal_to_what_the_target_took(tmp_path: Path) -> None:

@@ -10,47 +10,14 @@ import pytest
 
 from bulkrelay.errors import JournalCorrupt, NotFound, RunNotResumable, StorageFailed
 from bulkrelay.store.atomic import move_file, read_json, write_atomic, write_json_atomic
+from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.storage import Storage
-
-
-class SpyStorage(Storage):
-    """Records every call; fails the Nth fsync or the rename when told to."""
-
-    def __init__(self, *, fail_fsync_at: int | None = None, fail_replace: bool = False) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-        self.fsyncs = 0
-        self.dir_fsyncs: list[Path] = []
-        self._fail_fsync_at = fail_fsync_at
-        self._fail_replace = fail_replace
-
-    def write(self, fd: int, data: bytes) -> None:
-        self.calls.append("write")
-        super().write(fd, data)
-
-    def fsync(self, fd: int) -> None:
-        self.calls.append("fsync")
-        self.fsyncs += 1
-        if self.fsyncs == self._fail_fsync_at:
-            raise StorageFailed(f"injected fsync failure on {self.name_of(fd)}")
-        super().fsync(fd)
-
-    def replace(self, source: Path, target: Path) -> None:
-        self.calls.append("replace")
-        if self._fail_replace:
-            raise StorageFailed("injected rename failure")
-        super().replace(source, target)
-
-    def fsync_dir(self, path: Path) -> None:
-        self.calls.append("fsync_dir")
-        self.dir_fsyncs.append(path)
-        super().fsync_dir(path)
 
 
 def test_write_atomic_replaces_in_order_and_fsyncs_the_directory(tmp_path: Path) -> None:
     target = tmp_path / "state.json"
     target.write_bytes(b"old")
-    spy = SpyStorage()
+    spy = FaultyStorage()
     write_atomic(target, b"new content", spy)
     assert target.read_bytes() == b"new content"
     assert spy.calls == ["write", "fsync", "replace", "fsync_dir"]
@@ -65,8 +32,8 @@ def test_write_atomic_creates_a_missing_file_readable_by_its_owner_only(tmp_path
     assert target.stat().st_mode & 0o777 == 0o600
 
 
-@pytest.mark.parametrize("spy", [SpyStorage(fail_fsync_at=1), SpyStorage(fail_replace=True)])
-def test_a_failed_write_keeps_the_old_file_and_removes_the_temp(tmp_path: Path, spy: SpyStorage) -> None:
+@pytest.mark.parametrize("spy", [FaultyStorage(fail_fsync_at=1), FaultyStorage(fail_replace=True)])
+def test_a_failed_write_keeps_the_old_file_and_removes_the_temp(tmp_path: Path, spy: FaultyStorage) -> None:
     target = tmp_path / "state.json"
     target.write_bytes(b"old")
     with pytest.raises(StorageFailed, match="injected"):
@@ -139,7 +106,7 @@ def test_storage_write_appends_everything(tmp_path: Path) -> None:
 
 
 def test_move_file_renames_within_a_file_system(tmp_path: Path) -> None:
-    spy = SpyStorage()
+    spy = FaultyStorage()
     source, target = tmp_path / "spool", tmp_path / "kept"
     source.write_bytes(b"records")
     inode = source.stat().st_ino
@@ -155,7 +122,7 @@ def test_move_file_renames_within_a_file_system(tmp_path: Path) -> None:
 def test_move_file_across_file_systems_copies_durably_then_removes_the_source(
     tmp_path: Path, other_file_system: Path
 ) -> None:
-    spy = SpyStorage()
+    spy = FaultyStorage()
     source, target = other_file_system / "spool", tmp_path / "kept"
     data = os.urandom(3 << 20)  # more than one copy chunk
     source.write_bytes(data)
@@ -179,7 +146,7 @@ def test_a_failed_move_across_file_systems_names_the_file_and_loses_nothing(
     target.write_bytes(b"the previous copy")
 
     with pytest.raises(StorageFailed) as raised:
-        move_file(source, target, SpyStorage(fail_fsync_at=1))
+        move_file(source, target, FaultyStorage(fail_fsync_at=1))
 
     assert f"{tmp_path}/.kept." in raised.value.message  # the copy being made beside the target
     assert source.read_bytes() == b"records"  # the spool is still there

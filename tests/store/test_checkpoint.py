@@ -11,28 +11,18 @@ import pytest
 
 from bulkrelay.errors import JournalCorrupt
 from bulkrelay.store.checkpoint import CHECKPOINT_FILE, Checkpoint, read_checkpoint, write_checkpoint
+from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.journal import CommittedPrefix
 from bulkrelay.store.rowset import RowSet
-from bulkrelay.store.storage import Storage
 
 CP = Checkpoint(seq=12, offset=3456, rows_done=12, ok=10, failed=2, updated_at="2026-11-29T14:15:00.000000Z")
 
 
-class DirSpy(Storage):
-    def __init__(self) -> None:
-        super().__init__()
-        self.dir_fsyncs = 0
-
-    def fsync_dir(self, path: Path) -> None:
-        self.dir_fsyncs += 1
-        super().fsync_dir(path)
-
-
 def test_round_trip(tmp_path: Path) -> None:
-    spy = DirSpy()
+    spy = FaultyStorage()
     write_checkpoint(tmp_path, CP, spy)
     assert read_checkpoint(tmp_path) == CP
-    assert spy.dir_fsyncs == 1
+    assert len(spy.dir_fsyncs) == 1
     assert os.listdir(tmp_path) == [CHECKPOINT_FILE]
 
 

@@ -7,7 +7,6 @@ import hashlib
 import inspect
 import re
 import threading
-import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import orjson
 import pytest
 
 from bulkrelay.errors import StorageFailed
+from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.journal import (
     JournalEntry,
     JournalState,
@@ -55,41 +55,6 @@ def result(row: int, **extra: Any) -> JournalEntry:
 def raw_line(keys: dict[str, Any]) -> bytes:
     """A line with a valid checksum around any JSON object: what only a hand-made line can hold."""
     return _with_crc(orjson.dumps(keys)[:-1])
-
-
-class SpyStorage(Storage):
-    """Counts writes and fsyncs; can fail the Nth of each, or make every fsync slow."""
-
-    def __init__(
-        self, *, fail_write_at: int | None = None, fail_fsync_at: int | None = None, fsync_delay: float = 0
-    ) -> None:
-        super().__init__()
-        self.writes: list[bytes] = []
-        self.fsyncs = 0
-        self.dir_fsyncs = 0
-        self._fail_write_at = fail_write_at
-        self._fail_fsync_at = fail_fsync_at
-        self._fsync_delay = fsync_delay
-        self.threads: set[int] = set()
-
-    def write(self, fd: int, data: bytes) -> None:
-        self.threads.add(threading.get_ident())
-        self.writes.append(data)
-        if len(self.writes) == self._fail_write_at:
-            super().write(fd, data[: len(data) // 2])  # a short, torn write
-            raise StorageFailed(f"injected write failure on {self.name_of(fd)}")
-        super().write(fd, data)
-
-    def fsync(self, fd: int) -> None:
-        self.fsyncs += 1
-        if self.fsyncs == self._fail_fsync_at:
-            raise StorageFailed(f"injected fsync failure on {self.name_of(fd)}")
-        time.sleep(self._fsync_delay)
-        super().fsync(fd)
-
-    def fsync_dir(self, path: Path) -> None:
-        self.dir_fsyncs += 1
-        super().fsync_dir(path)
 
 
 class Commits:
@@ -215,13 +180,13 @@ def test_read_journal_stops_at_the_first_bad_line(tmp_path: Path) -> None:
 @pytest.mark.anyio
 async def test_one_write_and_one_fsync_per_batch(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
-    spy, commits = SpyStorage(), Commits()
+    spy, commits = FaultyStorage(), Commits()
     writer = JournalWriter(path, spy, next_seq=1, on_commit=commits, max_rows=10, max_delay=5.0)
     await write_all(writer, [result(n) for n in range(1, 96)])
 
     assert len(spy.writes) == spy.fsyncs == len(commits.batches) == 10  # 9 full batches and the rest
     assert [len(entries) for entries, _ in commits.batches] == [10] * 9 + [5]
-    assert spy.dir_fsyncs == 1
+    assert len(spy.dir_fsyncs) == 1
     assert threading.get_ident() not in spy.threads  # blocking I/O ran off the event loop
     every_line = path.read_bytes().splitlines(keepends=True)
     lines = [line for line in every_line if not is_commit_marker(line)]
@@ -233,7 +198,7 @@ async def test_one_write_and_one_fsync_per_batch(tmp_path: Path) -> None:
 @pytest.mark.anyio
 async def test_on_commit_reports_entries_and_end_offsets(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
-    spy, commits = SpyStorage(), Commits()
+    spy, commits = FaultyStorage(), Commits()
     writer = JournalWriter(path, spy, next_seq=1, on_commit=commits, max_rows=7)
     await write_all(writer, [result(n) for n in range(1, 31)])
 
@@ -293,7 +258,7 @@ async def test_close_commits_at_once_without_waiting_for_max_delay(tmp_path: Pat
 
 @pytest.mark.anyio
 async def test_batches_respect_max_bytes(tmp_path: Path) -> None:
-    spy, commits = SpyStorage(), Commits()
+    spy, commits = FaultyStorage(), Commits()
     writer = JournalWriter(tmp_path / "j", spy, next_seq=1, on_commit=commits, max_rows=1000, max_bytes=2000)
     await write_all(writer, [result(n, error="x" * 300) for n in range(1, 41)])
     assert commits.rows == 40
@@ -316,7 +281,7 @@ async def test_async_on_commit_is_awaited_before_the_next_batch(tmp_path: Path) 
 
 @pytest.mark.anyio
 async def test_backpressure_bounds_the_pending_entries(tmp_path: Path) -> None:
-    spy, commits = SpyStorage(fsync_delay=0.002), Commits()
+    spy, commits = FaultyStorage(fsync_delay_s=0.002), Commits()
     writer = JournalWriter(tmp_path / "j", spy, next_seq=1, on_commit=commits, max_rows=10)
     lag: list[int] = []
     async with anyio.create_task_group() as tg:
@@ -330,8 +295,8 @@ async def test_backpressure_bounds_the_pending_entries(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("spy", [SpyStorage(fail_fsync_at=2), SpyStorage(fail_write_at=2)])
-async def test_a_failed_write_or_fsync_ends_run_unreported(tmp_path: Path, spy: SpyStorage) -> None:
+@pytest.mark.parametrize("spy", [FaultyStorage(fail_fsync_at=2), FaultyStorage(fail_write_at=2)])
+async def test_a_failed_write_or_fsync_ends_run_unreported(tmp_path: Path, spy: FaultyStorage) -> None:
     commits = Commits()
     writer = JournalWriter(tmp_path / "j", spy, next_seq=1, on_commit=commits, max_rows=5)
     failures: list[StorageFailed] = []
@@ -364,7 +329,7 @@ async def test_what_the_writer_writes_a_resume_reads_back(tmp_path: Path) -> Non
 @pytest.mark.anyio
 async def test_cancelling_the_run_leaves_only_whole_committed_batches(tmp_path: Path) -> None:
     path = tmp_path / "j"
-    spy, commits = SpyStorage(fsync_delay=0.01), Commits()
+    spy, commits = FaultyStorage(fsync_delay_s=0.01), Commits()
     writer = JournalWriter(path, spy, next_seq=1, on_commit=commits, max_rows=4)
     async with anyio.create_task_group() as tg:
         tg.start_soon(writer.run)
@@ -386,7 +351,7 @@ def _leaf_exceptions(group: BaseExceptionGroup[BaseException]) -> list[BaseExcep
 @pytest.mark.anyio
 async def test_a_failure_surfaces_once_when_submitters_are_blocked_in_a_nested_group(tmp_path: Path) -> None:
     """The engine's shape: run() in an outer group, workers blocked on backpressure in an inner one."""
-    spy = SpyStorage(fail_fsync_at=3, fsync_delay=0.005)
+    spy = FaultyStorage(fail_fsync_at=3, fsync_delay_s=0.005)
     writer = JournalWriter(tmp_path / "j", spy, next_seq=1, on_commit=Commits(), max_rows=5)
     rows = iter(range(1, 10_000))
 

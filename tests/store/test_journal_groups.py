@@ -9,21 +9,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.journal import JournalEntry, JournalWriter, read_journal
-from bulkrelay.store.storage import Storage
 from tests.runplans import delivered_entry
 
 pytestmark = pytest.mark.anyio
-
-
-class _WriteSpy(Storage):
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[bytes] = []
-
-    def write(self, fd: int, data: bytes) -> None:
-        self.writes.append(data)
-        super().write(fd, data)
 
 
 def _group(first_row: int, size: int) -> list[JournalEntry]:
@@ -32,7 +22,7 @@ def _group(first_row: int, size: int) -> list[JournalEntry]:
 
 @pytest.mark.parametrize(("max_rows", "max_bytes"), [(3, 1 << 20), (1000, 200)])
 async def test_a_group_is_never_split_across_writes(tmp_path: Path, max_rows: int, max_bytes: int) -> None:
-    spy = _WriteSpy()
+    spy = FaultyStorage()
     path = tmp_path / "results.jsonl"
     firsts: list[int] = []
 

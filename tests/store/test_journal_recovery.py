@@ -18,6 +18,7 @@ import pytest
 from bulkrelay.errors import JournalCorrupt, StorageFailed
 from bulkrelay.store import journal as journal_module
 from bulkrelay.store.checkpoint import CHECKPOINT_FILE, read_checkpoint
+from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.journal import (
     CommittedPrefix,
     JournalEntry,
@@ -249,15 +250,11 @@ def test_a_flipped_byte_right_after_the_frontier_is_torn_and_later_valid_lines_g
 
 
 def test_a_failed_recovery_leaves_the_journal_untouched(tmp_path: Path) -> None:
-    class FailingFsync(Storage):
-        def fsync(self, fd: int) -> None:
-            raise StorageFailed("injected")
-
     journal = Journal(tmp_path)
     damaged = journal.data + b"torn"
     journal.write(damaged)
     with pytest.raises(StorageFailed):
-        recover_torn_tail(journal.path, journal.scan(), FailingFsync())
+        recover_torn_tail(journal.path, journal.scan(), FaultyStorage(fail_fsync_at=1))
     assert journal.path.read_bytes() == damaged
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.rundir import RunDir, RunState
+from tests.alpharuns import write_alpha_run
 from tests.clirun import run_cli
 from tests.jobfiles import write_job
-from tests.ops.test_alpha_migration import write_alpha_run
 from tests.runplans import run_plan
 from tests.targetproc import TargetProcess
 

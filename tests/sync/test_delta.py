@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -27,30 +26,20 @@ from bulkrelay.store.manifest import RunManifest
 from bulkrelay.store.rundir import RunDir, RunState
 from bulkrelay.sync import linescan
 from bulkrelay.sync.state import SyncState, job_identity, rebuilt_items
-from tests.clirun import CliResult, cli_env, run_cli
+from tests.clirun import cli_env, run_cli, start_cli
+from tests.gatedruns import GATE, GATED_JOB, OPEN, delivered_ids, run_changing_the_input
 from tests.jobfiles import make_rows, write_csv, write_job
-from tests.ops.test_input_change import GATE, GATED_JOB, OPEN, _delivered, _run_changing_the_input
-from tests.ops.test_metrics import metric, read_metrics
-from tests.ops.test_rerun import run_here
-from tests.ops.test_resume import resume, rewrite_job, sent_ids
+from tests.runfiles import metric, read_metrics
 from tests.runplans import delivered_entry, run_plan
+from tests.runsteps import resume, rewrite_job, run_here, sent_ids
+from tests.sync.nights import DELTA, mirror_job, run_night
 from tests.targetproc import TargetProcess
 
-pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
+# real processes: outside the fast lane (`-m "not slow"`)
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan({"dedup": True})]
 
 ROWS = 500
 CHANGED = (7, 99, 250, 251, 480)  # 1% of the rows
-DELTA: dict[str, Any] = {
-    "input": {"key": "id"},
-    "request": {"idempotency_key": {"header": "Idempotency-Key"}},
-    "execution": {"concurrency": 4, "sync": "delta"},
-}
-
-
-def _night(cwd: Path, job: Path, *extra: str) -> CliResult:
-    result = run_cli("run", job, "--budget", "0", *extra, cwd=cwd)
-    assert result.exit_code == ExitCode.SUCCESS, result.envelope
-    return result
 
 
 def _rows_with_changes(changed: tuple[int, ...], tag: str = "-v2") -> list[dict[str, str]]:
@@ -70,23 +59,17 @@ def _rebuilt(cwd: Path) -> list[tuple[str, bytes, str]]:
     return list(rebuilt_items(cwd / ".bulkrelay" / "runs", job_identity("test-job", cwd / "job.yaml")))
 
 
-@pytest.fixture
-def target() -> Any:
-    with TargetProcess({"dedup": True}) as running:
-        yield running
-
-
 def test_night_1_sends_all_and_night_2_sends_exactly_the_changed_rows(
     tmp_path: Path, target: TargetProcess
 ) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
-    first = _night(tmp_path, job)
+    first = run_night(tmp_path, job)
     assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
     assert first.data["summary"]["skipped_unchanged"] == 0
 
     target.reset()
     write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
-    second = _night(tmp_path, job, "--metrics-file", str(tmp_path / "delta.prom"))
+    second = run_night(tmp_path, job, "--metrics-file", str(tmp_path / "delta.prom"))
     assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
     assert second.data["summary"]["skipped_unchanged"] == ROWS - len(CHANGED)
     samples = read_metrics(tmp_path / "delta.prom")
@@ -102,7 +85,7 @@ def test_night_1_sends_all_and_night_2_sends_exactly_the_changed_rows(
     assert outcome == {str(n): "success" if n in CHANGED else "skipped_unchanged" for n in range(1, ROWS + 1)}
 
     target.reset()
-    _night(tmp_path, job)  # nothing changed since: nothing is sent
+    run_night(tmp_path, job)  # nothing changed since: nothing is sent
     assert target.requests() == []
     assert _state(tmp_path) == _rebuilt(tmp_path)
     assert len(_state(tmp_path)) == ROWS
@@ -113,12 +96,12 @@ def test_in_two_shards_night_2_sends_exactly_the_changed_rows_once(
 ) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
     for k in range(2):
-        _night(tmp_path, job, "--shard", f"{k}/2")
+        run_night(tmp_path, job, "--shard", f"{k}/2")
     assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
 
     target.reset()
     write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
-    nights = [_night(tmp_path, job, "--shard", f"{k}/2").data for k in range(2)]
+    nights = [run_night(tmp_path, job, "--shard", f"{k}/2").data for k in range(2)]
     assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
     assert sum(night["progress"]["total"] for night in nights) == len(CHANGED)
     # Each shard skips only its own unchanged rows: together, every unchanged row once.
@@ -148,14 +131,14 @@ def test_rotating_a_token_or_reordering_the_body_sends_nothing_but_a_new_url_sen
 
 def test_full_sends_every_row_once_and_refreshes_the_state(tmp_path: Path, target: TargetProcess) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
-    _night(tmp_path, job)
+    run_night(tmp_path, job)
     target.reset()
     write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
-    full = _night(tmp_path, job, "--full")
+    full = run_night(tmp_path, job, "--full")
     assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
     assert full.data["summary"]["skipped_unchanged"] == 0
     target.reset()
-    _night(tmp_path, job)  # the full run refreshed the state: the changed rows are known now
+    run_night(tmp_path, job)  # the full run refreshed the state: the changed rows are known now
     assert target.requests() == []
 
 
@@ -178,14 +161,7 @@ def _kill_after_commits(cwd: Path, job: Path, commits: int) -> Path:
     """Start night 2, wait until `commits` rows are in its journal, kill -9 it; its run directory."""
     runs = cwd / ".bulkrelay" / "runs"
     before = set(runs.iterdir())
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0"],
-        cwd=cwd,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_cli("run", job, "--budget", "0", cwd=cwd, output="discarded")
     deadline = time.monotonic() + 60
     try:
         while True:
@@ -211,11 +187,11 @@ def test_kill_9_in_night_2_then_the_identical_command_delivers_each_changed_row_
     plan = {"dedup": True, "rules": [{"match": {"body_contains": stalled}, "delay_ms": 600_000, "times": 1}]}
     with TargetProcess(plan) as target:
         job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
-        _night(tmp_path, job)
+        run_night(tmp_path, job)
         target.reset()
         write_csv(tmp_path / "data.csv", _rows_with_changes(changed))
         run_dir = _kill_after_commits(tmp_path, job, commits=20)
-        after = _night(tmp_path, job)
+        after = run_night(tmp_path, job)
         assert after.data["run_id"] == run_dir.name  # the identical command continued the killed run
 
         delivered = Counter(str(e.key) for e in read_journal(run_dir / "results.jsonl"))
@@ -230,14 +206,14 @@ def test_a_row_that_failed_is_not_delivered_and_goes_again_the_next_night(tmp_pa
     failing = {"match": {"body_contains": f"user{CHANGED[0]}-v2@"}, "status": 422, "times": 1}
     with TargetProcess({"rules": [failing]}) as target:
         job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
-        _night(tmp_path, job)
+        run_night(tmp_path, job)
         target.reset()
         write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
         second = run_cli("run", job, "--budget", "0", cwd=tmp_path)
         assert second.exit_code == ExitCode.PARTIAL_FAILURE, second.envelope
         target.set_plan({})
         target.reset()
-        third = _night(tmp_path, job)
+        third = run_night(tmp_path, job)
         assert sent_ids(target) == Counter({str(CHANGED[0]): 1})
         assert third.data["summary"]["skipped_unchanged"] == ROWS - 1
 
@@ -246,9 +222,9 @@ def test_sync_state_rebuild_equals_the_live_state_and_verify_names_a_difference(
     tmp_path: Path, target: TargetProcess
 ) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
-    _night(tmp_path, job)
+    run_night(tmp_path, job)
     write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
-    _night(tmp_path, job)
+    run_night(tmp_path, job)
     live = _state(tmp_path)
     verified = run_cli("sync-state", "verify", job, cwd=tmp_path)
     assert verified.exit_code == ExitCode.SUCCESS, verified.envelope
@@ -274,24 +250,16 @@ def test_sync_state_rebuild_equals_the_live_state_and_verify_names_a_difference(
     assert run_cli("sync-state", "verify", job, cwd=tmp_path).exit_code == ExitCode.SUCCESS
 
 
-def _mirror(target: TargetProcess, max_deletes: int | str) -> dict[str, Any]:
-    return {
-        **DELTA,
-        "execution": {"concurrency": 4, "sync": "mirror"},
-        "mirror": {"url": f"{target.url}/items/{{id}}", "max_deletes": max_deletes},
-    }
-
-
 def test_mirror_deletes_exactly_the_missing_keys_and_halts_over_max_deletes(
     tmp_path: Path, target: TargetProcess
 ) -> None:
-    job = write_job(tmp_path, target.url, rows=ROWS, **_mirror(target, "1%"))  # 5 of 500
-    _night(tmp_path, job)
+    job = write_job(tmp_path, target.url, rows=ROWS, **mirror_job(target, "1%"))  # 5 of 500
+    run_night(tmp_path, job)
     target.reset()
     gone = {12, 13, 300, 499}
     rows = [row for row in _rows_with_changes(CHANGED[:1]) if int(row["id"]) not in gone]
     write_csv(tmp_path / "data.csv", rows)
-    second = _night(tmp_path, job)
+    second = run_night(tmp_path, job)
     sent = Counter((r["method"], r["path"].rsplit("/", 1)[-1]) for r in target.requests())
     assert sent == Counter({("POST", str(CHANGED[0])): 1, **{("DELETE", str(n)): 1 for n in gone}})
     assert second.data["mirror"]["deletions"] == len(gone)
@@ -305,7 +273,7 @@ def test_mirror_deletes_exactly_the_missing_keys_and_halts_over_max_deletes(
     assert _state(tmp_path) == _rebuilt(tmp_path)
 
     target.reset()
-    _night(tmp_path, job)  # the deleted keys are gone from the state: nothing is sent again
+    run_night(tmp_path, job)  # the deleted keys are gone from the state: nothing is sent again
     assert target.requests() == []
 
     write_csv(tmp_path / "data.csv", rows[10:])  # a bad export: 10 more keys missing, 1% allows 4
@@ -360,7 +328,7 @@ def test_a_delta_run_resumes_and_retries_its_failed_rows_like_any_run(tmp_path: 
     stalled = {"match": {"body_contains": f"user{changed[0]}-v2@"}, "delay_ms": 600_000, "times": 1}
     with TargetProcess({"rules": [stalled]}) as target:
         job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
-        _night(tmp_path, job)
+        run_night(tmp_path, job)
         target.reset()
         write_csv(tmp_path / "data.csv", _rows_with_changes(changed))
         rewrite_job(
@@ -382,7 +350,7 @@ def test_a_delta_run_resumes_and_retries_its_failed_rows_like_any_run(tmp_path: 
         assert target.stats()["requests"] == len(changed) + 1
         assert _state(tmp_path) == _rebuilt(tmp_path)
         target.reset()
-        _night(tmp_path, job)  # every changed row, the retried one included, is in the state
+        run_night(tmp_path, job)  # every changed row, the retried one included, is in the state
         assert target.requests() == []
 
 
@@ -421,14 +389,14 @@ def test_an_input_changed_between_preflight_and_send_stops_a_run_that_reads_it_a
     """A mirror night reads its changed rows from the input again (a delta night keeps them, below):
     the bytes it reads must be the ones preflight chose them from."""
     with TargetProcess(OPEN) as target:
-        mirror = _mirror(target, 0)
+        mirror = mirror_job(target, 0)
         job = write_job(tmp_path, target.url, rows=_padded(make_rows(ROWS)), **{**mirror, **GATED_JOB})
-        _night(tmp_path, job)
+        run_night(tmp_path, job)
         night_2 = write_csv(tmp_path / "data.csv", _padded(_rows_with_changes(CHANGED))).read_bytes()
         target.reset()
         target.set_plan(GATE)
 
-        exit_code, envelope = _run_changing_the_input(tmp_path, job, target, change)
+        exit_code, envelope = run_changing_the_input(tmp_path, job, target, change)
 
         assert exit_code == ExitCode.PRECONDITION, envelope
         assert envelope["error"]["code"] == "INPUT_CHANGED"
@@ -442,7 +410,7 @@ def test_an_input_changed_between_preflight_and_send_stops_a_run_that_reads_it_a
         (tmp_path / "data.csv").write_bytes(night_2)
         resumed = resume(tmp_path, Path(envelope["data"]["run_dir"]))
         assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
-        assert _delivered(target) == Counter({str(n): 1 for n in CHANGED})
+        assert delivered_ids(target) == Counter({str(n): 1 for n in CHANGED})
     assert _state(tmp_path) == _rebuilt(tmp_path)
 
 
@@ -454,12 +422,12 @@ def test_a_delta_night_sends_the_rows_preflight_chose_as_it_read_them_whatever_t
     rewritten while the relay sends changes nothing it sends."""
     with TargetProcess(OPEN) as target:
         job = write_job(tmp_path, target.url, rows=_padded(make_rows(ROWS)), **{**DELTA, **GATED_JOB})
-        _night(tmp_path, job)
+        run_night(tmp_path, job)
         write_csv(tmp_path / "data.csv", _padded(_rows_with_changes(CHANGED)))
         target.reset()
         target.set_plan(GATE)
 
-        exit_code, envelope = _run_changing_the_input(tmp_path, job, target, change)
+        exit_code, envelope = run_changing_the_input(tmp_path, job, target, change)
 
         assert exit_code == ExitCode.SUCCESS, envelope
         assert envelope["data"]["state"] == "completed"
@@ -467,7 +435,7 @@ def test_a_delta_night_sends_the_rows_preflight_chose_as_it_read_them_whatever_t
         assert len(delivered) == len(CHANGED)
         assert all("-v2@" in body for body in delivered)  # as preflight read them
         assert not any("-new" in body or "-v3" in body for body in delivered)
-        assert _delivered(target) == Counter({str(n): 1 for n in CHANGED})
+        assert delivered_ids(target) == Counter({str(n): 1 for n in CHANGED})
     assert _state(tmp_path) == _rebuilt(tmp_path)
 
 
@@ -604,7 +572,7 @@ def test_many_batches_of_look_ups_select_exactly_the_changed_rows_and_a_bad_inpu
     # 6,000 rows are 7 batches of key look-ups, more than are ever in flight on the look-up thread.
     rows, changed = 6_000, (1, 999, 1_000, 4_321, 6_000)
     job = write_job(tmp_path, target.url, rows=rows, **DELTA)
-    _night(tmp_path, job)
+    run_night(tmp_path, job)
     state = _state(tmp_path)
     bad = make_rows(rows)
     for n in changed:
@@ -620,7 +588,7 @@ def test_many_batches_of_look_ups_select_exactly_the_changed_rows_and_a_bad_inpu
 
     bad[5_500]["id"] = "5501"
     write_csv(tmp_path / "data.csv", bad)
-    second = _night(tmp_path, job)
+    second = run_night(tmp_path, job)
     assert sent_ids(target) == Counter({str(n): 1 for n in changed})
     assert second.data["summary"]["skipped_unchanged"] == rows - len(changed)
 
@@ -639,7 +607,7 @@ def test_a_line_scan_that_fails_after_preflight_trusted_it_leaves_the_choice_to_
     tmp_path: Path, target: TargetProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
-    _night(tmp_path, job)
+    run_night(tmp_path, job)
     write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
     target.reset()
     monkeypatch.setattr(linescan, "_COMMAND", (sys.executable, "-c", _LYING_SCAN))
@@ -665,12 +633,12 @@ def test_each_delivery_teaches_the_state_its_line_and_a_rebuild_forgets_them(
 ) -> None:
     """So that the next night settles the row by its bytes alone (sync/linescan.py)."""
     job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
-    _night(tmp_path, job)
+    run_night(tmp_path, job)
     assert _lines_known(tmp_path) == ROWS
     write_csv(tmp_path / "data.csv", _rows_with_changes(CHANGED))
     target.reset()
 
-    second = _night(tmp_path, job)
+    second = run_night(tmp_path, job)
 
     assert sent_ids(target) == Counter({str(n): 1 for n in CHANGED})
     assert second.data["summary"]["skipped_unchanged"] == ROWS - len(CHANGED)
@@ -680,7 +648,7 @@ def test_each_delivery_teaches_the_state_its_line_and_a_rebuild_forgets_them(
     assert _lines_known(tmp_path) == 0  # the journals hold requests, not lines
     target.reset()
 
-    third = _night(tmp_path, job)  # the full rule again, learning every line
+    third = run_night(tmp_path, job)  # the full rule again, learning every line
 
     assert sent_ids(target) == Counter()
     assert third.data["summary"]["skipped_unchanged"] == ROWS

@@ -18,8 +18,8 @@ import yaml
 from bulkrelay.sync.state import job_identity, state_path
 from tests.clirun import CliResult, run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
-from tests.ops.test_resume import rewrite_job, sent_ids
-from tests.sync.test_delta import DELTA, _mirror, _night
+from tests.runsteps import rewrite_job, sent_ids
+from tests.sync.nights import DELTA, mirror_job, run_night
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
@@ -27,12 +27,6 @@ pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not
 ROWS = 12
 ALL = tuple(range(1, ROWS + 1))
 Change = Callable[[Path, Path], tuple[tuple[int, ...], tuple[str, ...]]]  # (cwd, job) -> sent, run args
-
-
-@pytest.fixture
-def target() -> Any:
-    with TargetProcess() as running:
-        yield running
 
 
 def _lines(cwd: Path) -> dict[str, bytes | None]:
@@ -45,7 +39,7 @@ def _lines(cwd: Path) -> dict[str, bytes | None]:
 
 
 def _first_night(cwd: Path, job: Path, target: TargetProcess) -> None:
-    _night(cwd, job)
+    run_night(cwd, job)
     assert sent_ids(target) == Counter({str(n): 1 for n in ALL})
     assert all(_lines(cwd).values()) and len(_lines(cwd)) == ROWS  # the scan knows every line now
     target.reset()
@@ -150,7 +144,7 @@ def test_night_2_sends_exactly_the_rows_whose_request_changed(
     _first_night(tmp_path, job, target)
 
     sent, args = change(tmp_path, job)
-    night = _night(tmp_path, job, *args)
+    night = run_night(tmp_path, job, *args)
 
     _assert_sent(night, target, sent)
     assert all(_lines(tmp_path).values())  # every row's line learned again, under the new job or bytes
@@ -167,7 +161,7 @@ def test_a_change_in_a_column_no_request_uses_sends_nothing_and_is_learned(
     for n in (2, 5):
         rows[n - 1]["note"] = "b"
     write_csv(tmp_path / "data.csv", rows)
-    _assert_sent(_night(tmp_path, job), target, ())
+    _assert_sent(run_night(tmp_path, job), target, ())
 
     after = _lines(tmp_path)
     assert {key for key in after if after[key] != before[key]} == {"2", "5"}
@@ -178,11 +172,11 @@ def test_a_row_changed_back_to_its_earlier_value_is_sent(tmp_path: Path, target:
     job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
     _first_night(tmp_path, job, target)
     write_csv(tmp_path / "data.csv", _rows((2, 6)))
-    _assert_sent(_night(tmp_path, job), target, (2, 6))
+    _assert_sent(run_night(tmp_path, job), target, (2, 6))
     target.reset()
 
     write_csv(tmp_path / "data.csv", _rows((6,)))  # row 2 as night 1 sent it: its old line again
-    _assert_sent(_night(tmp_path, job), target, (2,))
+    _assert_sent(run_night(tmp_path, job), target, (2,))
 
 
 def test_a_change_that_failed_then_reverted_sends_nothing_and_made_again_is_sent(
@@ -198,20 +192,20 @@ def test_a_change_that_failed_then_reverted_sends_nothing_and_made_again_is_sent
     target.reset()
 
     write_csv(tmp_path / "data.csv", _rows())  # row 5 as delivered on night 1
-    _assert_sent(_night(tmp_path, job), target, ())
+    _assert_sent(run_night(tmp_path, job), target, ())
     write_csv(tmp_path / "data.csv", _rows((5,)))  # the change the target refused, again
-    _assert_sent(_night(tmp_path, job), target, (5,))
+    _assert_sent(run_night(tmp_path, job), target, (5,))
 
 
 def test_full_then_a_night_sends_exactly_the_changed_rows(tmp_path: Path, target: TargetProcess) -> None:
     job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
     _first_night(tmp_path, job, target)
     write_csv(tmp_path / "data.csv", _rows((3,)))
-    _assert_sent(_night(tmp_path, job, "--full"), target, ALL)
+    _assert_sent(run_night(tmp_path, job, "--full"), target, ALL)
     target.reset()
 
     write_csv(tmp_path / "data.csv", _rows((3, 8), tag="-v3"))
-    _assert_sent(_night(tmp_path, job), target, (3, 8))
+    _assert_sent(run_night(tmp_path, job), target, (3, 8))
 
 
 def test_a_row_changed_by_a_full_night_then_changed_back_is_sent(
@@ -222,11 +216,11 @@ def test_a_row_changed_by_a_full_night_then_changed_back_is_sent(
     job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
     _first_night(tmp_path, job, target)
     write_csv(tmp_path / "data.csv", _rows((2,)))
-    _assert_sent(_night(tmp_path, job, "--full"), target, ALL)
+    _assert_sent(run_night(tmp_path, job, "--full"), target, ALL)
     target.reset()
 
     write_csv(tmp_path / "data.csv", _rows())  # row 2's line as night 1 delivered it
-    _assert_sent(_night(tmp_path, job), target, (2,))
+    _assert_sent(run_night(tmp_path, job), target, (2,))
 
 
 def test_shards_send_exactly_the_changed_rows(tmp_path: Path, target: TargetProcess) -> None:
@@ -234,7 +228,7 @@ def test_shards_send_exactly_the_changed_rows(tmp_path: Path, target: TargetProc
     _first_night(tmp_path, job, target)
     write_csv(tmp_path / "data.csv", _rows((1, 4, 7, 10)))
 
-    nights = [_night(tmp_path, job, "--shard", f"{k}/2").data for k in range(2)]
+    nights = [run_night(tmp_path, job, "--shard", f"{k}/2").data for k in range(2)]
 
     assert sent_ids(target) == Counter({str(n): 1 for n in (1, 4, 7, 10)})
     assert sum(night["summary"]["skipped_unchanged"] for night in nights) == ROWS - 4
@@ -247,18 +241,18 @@ def test_a_night_after_a_rebuild_and_the_night_after_it(tmp_path: Path, target: 
     assert not any(_lines(tmp_path).values())  # a rebuild keeps no line
 
     write_csv(tmp_path / "data.csv", _rows((7,)))
-    _assert_sent(_night(tmp_path, job), target, (7,))
+    _assert_sent(run_night(tmp_path, job), target, (7,))
     target.reset()
     write_csv(tmp_path / "data.csv", _rows((7, 8)))
-    _assert_sent(_night(tmp_path, job), target, (8,))
+    _assert_sent(run_night(tmp_path, job), target, (8,))
 
 
 def test_a_mirror_night_sends_exactly_the_changed_rows(tmp_path: Path, target: TargetProcess) -> None:
-    job = write_job(tmp_path, target.url, rows=ROWS, **_mirror(target, "100%"))
-    _night(tmp_path, job)
+    job = write_job(tmp_path, target.url, rows=ROWS, **mirror_job(target, "100%"))
+    run_night(tmp_path, job)
     target.reset()
     write_csv(tmp_path / "data.csv", _rows((3, 11)))
-    _assert_sent(_night(tmp_path, job), target, (3, 11))
+    _assert_sent(run_night(tmp_path, job), target, (3, 11))
 
 
 def test_keys_with_nul_non_ascii_or_thousands_of_characters(tmp_path: Path, target: TargetProcess) -> None:
@@ -285,10 +279,10 @@ def test_keys_with_nul_non_ascii_or_thousands_of_characters(tmp_path: Path, targ
         (tmp_path / "data.jsonl").write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in records))
 
     write(())
-    _night(tmp_path, job)
+    run_night(tmp_path, job)
     target.reset()
     write((1, 2, 3, 4, 6))
-    _assert_sent(_night(tmp_path, job), target, (1, 2, 3, 4, 6), rows=len(keys))
+    _assert_sent(run_night(tmp_path, job), target, (1, 2, 3, 4, 6), rows=len(keys))
     target.reset()
     write((1, 2, 3, 4, 6))
-    _assert_sent(_night(tmp_path, job), target, (), rows=len(keys))
+    _assert_sent(run_night(tmp_path, job), target, (), rows=len(keys))

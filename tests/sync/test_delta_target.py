@@ -9,8 +9,6 @@ records are compared with the input, and `sync-state verify` must agree with the
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,15 +16,15 @@ from typing import Any
 import pytest
 
 from bulkrelay.errors import ExitCode
-from tests.clirun import CliResult, cli_env, run_cli
+from tests.clirun import CliResult, cli_env, run_cli, start_cli
 from tests.jobfiles import make_rows, write_csv, write_job
+from tests.sync.nights import run_night
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 
-pytestmark = pytest.mark.slow
-
 ROWS = 20
 KEEPS_KEYS: dict[str, Any] = {"dedup": True, "store": True}
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(KEEPS_KEYS)]
 DELTA: dict[str, Any] = {
     "input": {"key": "id"},
     "request": {"method": "PUT", "idempotency_key": {"header": "Idempotency-Key"}},
@@ -46,21 +44,9 @@ def changed(rows: list[dict[str, str]], numbers: tuple[int, ...], tag: str) -> l
     return out
 
 
-def night(cwd: Path, job: Path, *extra: str, env: dict[str, str] | None = None) -> CliResult:
-    result = run_cli("run", job, "--budget", "0", *extra, cwd=cwd, env=env)
-    assert result.exit_code == ExitCode.SUCCESS, result.envelope
-    return result
-
-
 def verified(cwd: Path, job: Path) -> None:
     result = run_cli("sync-state", "verify", job, cwd=cwd)
     assert result.exit_code == ExitCode.SUCCESS, result.envelope
-
-
-@pytest.fixture
-def target() -> Any:
-    with TargetProcess(KEEPS_KEYS) as running:
-        yield running
 
 
 def test_a_revert_a_b_a_reaches_a_target_that_keeps_idempotency_keys(
@@ -68,14 +54,14 @@ def test_a_revert_a_b_a_reaches_a_target_that_keeps_idempotency_keys(
 ) -> None:
     a = make_rows(ROWS)
     job = write_job(tmp_path, target.url, rows=a, **DELTA)
-    night(tmp_path, job)
+    run_night(tmp_path, job)
     b = changed(a, (3, 7, 15), "-b")
     write_csv(tmp_path / "data.csv", b)
-    night(tmp_path, job)
+    run_night(tmp_path, job)
     assert target.store() == holding(b)
 
     write_csv(tmp_path / "data.csv", a)  # night 3: back to night 1's values
-    third = night(tmp_path, job)
+    third = run_night(tmp_path, job)
 
     assert third.data["progress"]["total"] == 3
     assert target.stats()["duplicates"] == 0  # no key of night 1 came back
@@ -91,7 +77,7 @@ def test_every_attempt_of_one_delivery_keeps_its_key_and_the_next_delivery_has_a
         rows = make_rows(ROWS)
         retry = {"max_attempts": 3, "initial_backoff_seconds": 0.01, "max_backoff_seconds": 0.01}
         job = write_job(tmp_path, target.url, rows=rows, **DELTA, retry=retry)
-        night(tmp_path, job)
+        run_night(tmp_path, job)
         keys: dict[str, set[str]] = {}
         for request in target.requests():
             keys.setdefault(request["path"], set()).add(request["idempotency_key"])
@@ -99,7 +85,7 @@ def test_every_attempt_of_one_delivery_keeps_its_key_and_the_next_delivery_has_a
         assert target.stats()["requests"] == 2 * ROWS  # 503, then the retry under the same key
         assert target.stats()["effects"] == ROWS
 
-        night(tmp_path, job, "--full")  # another delivery of the same content: new keys, applied
+        run_night(tmp_path, job, "--full")  # another delivery of the same content: new keys, applied
         again = {r["idempotency_key"] for r in target.requests()[2 * ROWS :]}
         assert len(again) == ROWS and not again & set().union(*keys.values())
         assert target.store() == holding(rows)
@@ -135,14 +121,7 @@ def test_two_job_files_of_one_name_never_relay_together(tmp_path: Path) -> None:
         rows = make_rows(ROWS)
         first = write_job(tmp_path, target.url, rows=rows, job_name="a.yaml", **DELTA)
         second = write_job(tmp_path, target.url, rows=rows, job_name="b.yaml", **DELTA)
-        relaying = subprocess.Popen(
-            [sys.executable, "-m", "bulkrelay", "run", str(first), "--budget", "0"],
-            cwd=tmp_path,
-            env=cli_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        relaying = start_cli("run", first, "--budget", "0", cwd=tmp_path, output="discarded")
         try:
             _wait_for("a.yaml's run to send", lambda: target.stats()["requests"] >= 1)
             refused = run_cli("run", second, "--budget", "0", cwd=tmp_path)
@@ -157,7 +136,7 @@ def test_two_job_files_of_one_name_never_relay_together(tmp_path: Path) -> None:
         paths = [r["path"] for r in target.requests()]
         assert len(paths) == len(set(paths))  # no row went twice: b.yaml sent nothing beside a.yaml
 
-        night(tmp_path, second)  # once a.yaml's run is gone, b.yaml's run sends the rest
+        run_night(tmp_path, second)  # once a.yaml's run is gone, b.yaml's run sends the rest
         assert target.store() == holding(rows)
     verified(tmp_path, second)
 
@@ -166,15 +145,15 @@ def test_a_moved_api_base_makes_a_full_night_at_the_new_target(tmp_path: Path) -
     rows = make_rows(ROWS)
     with TargetProcess(KEEPS_KEYS) as old, TargetProcess(KEEPS_KEYS) as new:
         job = write_job(tmp_path, "${API_BASE}", rows=rows, **DELTA)
-        night(tmp_path, job, env=cli_env(API_BASE=old.url))
+        run_night(tmp_path, job, env=cli_env(API_BASE=old.url))
         assert old.store() == holding(rows)
 
-        moved = night(tmp_path, job, env=cli_env(API_BASE=new.url))
+        moved = run_night(tmp_path, job, env=cli_env(API_BASE=new.url))
         assert moved.data["progress"]["total"] == ROWS
         assert new.store() == holding(rows)
         assert old.stats()["requests"] == ROWS  # nothing more went to the old one
 
-        again = night(tmp_path, job, env=cli_env(API_BASE=new.url))  # the same target: nothing to send
+        again = run_night(tmp_path, job, env=cli_env(API_BASE=new.url))  # the same target: nothing to send
         assert again.data["progress"]["total"] == 0
         assert new.stats()["requests"] == ROWS
     verified(tmp_path, job)
@@ -193,12 +172,12 @@ def test_prune_keeps_the_runs_the_sync_state_needs_and_verify_stays_true(
 ) -> None:
     a = make_rows(ROWS)
     job = write_job(tmp_path, target.url, rows=a, **DELTA)
-    first = night(tmp_path, job)
+    first = run_night(tmp_path, job)
     write_csv(tmp_path / "data.csv", changed(a, (3, 7), "-b"))
-    second = night(tmp_path, job)
+    second = run_night(tmp_path, job)
     c = changed(a, (3, 7), "-c")  # night 3 replaces every delivery night 2 made
     write_csv(tmp_path / "data.csv", c)
-    night(tmp_path, job)
+    run_night(tmp_path, job)
 
     pruned = _prune_keep_1(tmp_path)
 
@@ -208,7 +187,7 @@ def test_prune_keeps_the_runs_the_sync_state_needs_and_verify_stays_true(
     verified(tmp_path, job)
     rebuilt = run_cli("sync-state", "rebuild", job, cwd=tmp_path)
     assert rebuilt.data["keys"] == ROWS, rebuilt.envelope
-    fourth = night(tmp_path, job)  # nothing changed: nothing is sent, whatever was pruned
+    fourth = run_night(tmp_path, job)  # nothing changed: nothing is sent, whatever was pruned
     assert fourth.data["progress"]["total"] == 0
     assert target.store() == holding(c)
     verified(tmp_path, job)
@@ -222,16 +201,16 @@ def test_after_prune_a_mirror_job_still_deletes_the_keys_gone(tmp_path: Path, ta
     }
     a = make_rows(ROWS)
     job = write_job(tmp_path, target.url, rows=a, **mirror)
-    night(tmp_path, job)
+    run_night(tmp_path, job)
     b = changed(a, (3, 7), "-b")
     write_csv(tmp_path / "data.csv", b)
-    night(tmp_path, job)
+    run_night(tmp_path, job)
     _prune_keep_1(tmp_path)
     verified(tmp_path, job)
 
     left = [row for row in b if row["id"] not in ("10", "11")]
     write_csv(tmp_path / "data.csv", left)
-    third = night(tmp_path, job)
+    third = run_night(tmp_path, job)
 
     assert third.data["mirror"]["deletions"] == 2
     assert target.store() == holding(left)
@@ -260,7 +239,7 @@ def test_an_older_night_resumed_after_a_newer_one_is_refused_and_never_writes_ol
     job = tmp_path / "job.yaml"
     b = make_rows(ROWS, tag="-b")
     write_csv(tmp_path / "data.csv", b)
-    r2 = night(tmp_path, job)  # night 2, on new input, delivers B
+    r2 = run_night(tmp_path, job)  # night 2, on new input, delivers B
     assert target.store() == holding(b)
 
     refused = run_cli("resume", r1, "--budget", "0", cwd=tmp_path)
@@ -271,10 +250,10 @@ def test_an_older_night_resumed_after_a_newer_one_is_refused_and_never_writes_ol
     assert r2.data["run_id"] in refused.envelope["error"]["message"]
     assert target.store() == holding(b)  # nothing of night 1 went over night 2
     verified(tmp_path, job)
-    assert night(tmp_path, job).data["progress"]["total"] == 0  # and the state says what the target holds
+    assert run_night(tmp_path, job).data["progress"]["total"] == 0  # and the state says what the target holds
 
     # Night 1's very command again: not a continuation of the overtaken run, a new run of old.csv.
-    again = night(tmp_path, job, "--input", "old.csv")
+    again = run_night(tmp_path, job, "--input", "old.csv")
     assert again.data["run_id"] != r1.name
     [discarded] = [w for w in again.envelope["warnings"] if w["code"] == "CHECKPOINT_DISCARDED"]
     assert discarded["context"] == {"previous_run": r1.name, "reason": "RUN_SUPERSEDED"}
@@ -294,7 +273,7 @@ def test_an_older_night_resumed_before_the_newer_one_is_followed_by_it(
 
     b = changed(a, (2, 9, 17), "-b")
     write_csv(tmp_path / "data.csv", b)
-    second = night(tmp_path, job)
+    second = run_night(tmp_path, job)
 
     assert second.data["progress"]["total"] == 3
     assert target.store() == holding(b)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import unicodedata
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +41,6 @@ def _night(cwd: Path) -> CliResult:
 
 def _sent(target: TargetProcess) -> Counter[tuple[str, str]]:
     return Counter((r["method"], r["path"].rsplit("/", 1)[-1]) for r in target.requests())
-
-
-@pytest.fixture
-def target() -> Iterator[TargetProcess]:
-    with TargetProcess() as running:
-        yield running
 
 
 def _two_nights(tmp_path: Path, target: TargetProcess, **mirror: Any) -> CliResult:

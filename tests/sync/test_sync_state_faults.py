@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,13 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.sync.state import job_identity, state_path
 from tests.clirun import cli_env, run_cli
+from tests.gatedruns import GATE, GATED_JOB, OPEN
 from tests.jobfiles import make_rows, write_csv, write_job
-from tests.ops.test_input_change import GATE, GATED_JOB, OPEN
-from tests.ops.test_resume import sent_ids
+from tests.runsteps import sent_ids
 from tests.targetproc import TargetProcess
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(OPEN)]
 
 ROWS = 20
 DELTA: dict[str, Any] = {
@@ -57,12 +56,6 @@ class _StateHolder:
         self.proc.stdin.close()
         self.proc.wait(60)
         self.proc.stdout.close()
-
-
-@pytest.fixture
-def target() -> Iterator[TargetProcess]:
-    with TargetProcess(OPEN) as running:
-        yield running
 
 
 def _night(cwd: Path) -> Any:
