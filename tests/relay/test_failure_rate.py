@@ -126,7 +126,10 @@ def test_a_run_whose_rows_all_fail_stops_after_after_rows_and_resumes(tmp_path: 
         assert "50 of 50 rows failed" in error["message"] and "HTTP 422" in error["message"]
         assert halted.data["state"] == "stopped"
         assert error["suggestion"].endswith(halted.data["continue_command"])
-        assert 50 <= sent <= 53  # the 50 judged, and at most the other three rows then in flight
+        # The 50 judged, and the rows the other workers took meanwhile: while a row at or before the
+        # 50th is still out (a busy machine can hold one for long), results after it wait their turn
+        # and the others go on taking rows, so how many is timing's; never all of them.
+        assert 50 <= sent < 200
         journal = Path(halted.data["run_dir"]) / "results.jsonl"
         journaled = [entry.row_number for entry in read_journal(journal)]
         assert len(journaled) == sent  # the rows in flight finished and were committed
