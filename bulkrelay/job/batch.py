@@ -22,8 +22,8 @@ import orjson
 
 from bulkrelay.errors import ConfigInvalid, Problem
 from bulkrelay.job.config import BatchConfig, ItemNode, JobConfig, JsonField, JsonMeta, JsonNode, JsonValue
-from bulkrelay.job.records import PreparedRequest, Record, row_identity
-from bulkrelay.job.request import RenderError, RequestRenderer, json_renderer
+from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests, json_renderer
 
 __all__ = ["BatchRenderer", "Item", "batch_key"]
 
@@ -78,8 +78,7 @@ class BatchRenderer:
         self.max_bytes = config.max_bytes
         self.encoding = config.encoding
         self._renderer = renderer
-        self._fingerprint = config_fingerprint
-        self._key_field = key_field
+        self._rows = RowRequests(renderer, config_fingerprint, key_field)  # the item id: the row's key
         nodes = [node for _, node in config.item_nodes()]
         self._lines = tuple(json_renderer(_as_json_node(node), sorted_json=sorted_json) for node in nodes)
         self._uses_meta = any(_mentions_meta(node) for node in nodes)
@@ -115,10 +114,8 @@ class BatchRenderer:
         if self._uses_meta:
             fields = {**fields, _META_FIELD: ""}
         data = self._encode(fields)
-        item_id = self._renderer.idempotency_key(
-            self._fingerprint,
-            row_identity(record, self._key_field),
-            PreparedRequest(self._base.method, self._base.url, self._base.headers, data),
+        item_id = self._rows.key(
+            record, PreparedRequest(self._base.method, self._base.url, self._base.headers, data)
         )
         if self._uses_meta:
             data = self._encode({**record.fields, _META_FIELD: item_id})

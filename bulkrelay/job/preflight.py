@@ -30,7 +30,7 @@ from bulkrelay.job.inputs import (
 from bulkrelay.job.inputs.query import QUERY_NAME, database_of
 from bulkrelay.job.keycheck import DuplicateKeyFinder
 from bulkrelay.job.records import PreparedRequest, Record
-from bulkrelay.job.request import RenderError, RequestRenderer
+from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
 from bulkrelay.job.template import resolve_secrets
 
 MAX_PROBLEMS = 20
@@ -63,6 +63,12 @@ class Preflight:
     def input_identity(self) -> InputIdentity | None:
         """The file preflight read, in the state it read it."""
         return None if self.expected_input is None else self.expected_input.identity
+
+    def row_requests(self, delivery: str | None = None) -> RowRequests:
+        """Each row's request with its idempotency key, scoped to a delta job's delivering run."""
+        return RowRequests(
+            self.renderer, self.config_fingerprint, self.job.config.input.key, delivery=delivery
+        )
 
     def kept_at(self, path: Path) -> Preflight:
         """This preflight of the same bytes, now kept at `path` (a spool its run took). A rename keeps

@@ -148,6 +148,11 @@ class RetryPolicy:
     def classify_error(error: TransportError) -> str:
         return classify_error(error)
 
+    def final(self, status: int | None) -> Decision | None:
+        """The decision `decide` gives every attempt that ends with `status`, once one was seen: a
+        success, or a failure never retried. None: not known yet, or it depends on the attempt."""
+        return None if status is None else self._finals.get(status)
+
     def decide(
         self,
         attempt: int,
