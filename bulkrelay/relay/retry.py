@@ -228,6 +228,13 @@ def quota_exhausted_for(headers: Mapping[str, str], now: float | None = None) ->
     `X-RateLimit-Remaining` / `X-RateLimit-Reset` (delay seconds, or a Unix time). None: quota left,
     or no such headers.
     """
+    get = headers.get  # nearly every response has none of these: three lookups, no further call
+    if (
+        get("RateLimit-Remaining") is None
+        and get("X-RateLimit-Remaining") is None
+        and get("RateLimit") is None
+    ):
+        return None
     remaining, reset = _quota(headers)
     if remaining is None or remaining > 0 or reset is None:
         return None

@@ -83,6 +83,7 @@ class RowSender:
         self._reader = ResponseReader(
             config.response.capture, config.response.failure_body_bytes, self._renderer.redactor
         )
+        self._captures = bool(config.response.capture)
 
     async def send(self, record: Record) -> JournalEntry | None:
         request, key = self._keyed(record)
@@ -216,10 +217,11 @@ class RowSender:
         if self._digester is not None:  # a delta job: the sync state learns from this line
             digest = self._digester.digest(request, record.fields).hex()
         if response is not None:
-            if success:
-                captured = self._reader.captured(response.body)
-            else:
+            if not success:
                 response_body = self._reader.failure_body(response.body, truncated=response.truncated)
+            elif self._captures:
+                captured = self._reader.captured(response.body)
+        duration = _monotonic() - started  # the row: waits and retries too
         return JournalEntry(
             row_number=record.row_number,
             success=success,
@@ -228,8 +230,8 @@ class RowSender:
             attempts=attempts,
             retryable=decision.retryable,
             error=None if success else self._error_text(response, tried.error),
-            duration_ms=_milliseconds(_monotonic() - started),  # the row: waits and retries too
-            latency_ms=_milliseconds(tried.latency),  # the final attempt's round trip
+            duration_ms=int(duration * 1_000_000 + 0.5) / 1000,  # _milliseconds(), inline
+            latency_ms=int(tried.latency * 1_000_000 + 0.5) / 1000,  # the final attempt's round trip
             key=record.fields.get(self._key_field) if self._key_field is not None else None,
             idempotency_key=key,
             captured=captured,
