@@ -462,11 +462,11 @@ def _one_row_cost(workdir: Path, url: str, concurrency: int, repeats: int) -> No
 # Where a row's time goes, as cumulative times of these functions (file suffix, function name). Nested
 # phases are not double counted: render and send happen inside the sender, which is "other".
 _PHASES = (
-    ("preflight", "job/preflight.py", "run_preflight"),
-    ("render", "relay/sender.py", "_prepare"),
-    ("send", "relay/transport/reqwest.py", "send"),
-    ("journal", "store/journal.py", "submit"),
-    ("commit", "store/journal.py", "_commit"),
+    ("preflight", "job/preflight.py", ("run_preflight",)),
+    ("render", "job/request.py", ("_keyed", "_unkeyed")),  # RowRequests: the sender's render (and key)
+    ("send", "relay/transport/reqwest.py", ("send",)),
+    ("journal", "store/journal.py", ("submit", "offer")),
+    ("commit", "store/journal.py", ("_commit",)),
 )
 
 _StatKey = tuple[str, int, str]
@@ -479,7 +479,10 @@ def _profile(workdir: Path, url: str, args: argparse.Namespace) -> None:
 
     rows, concurrency, top, save = args.profile_rows, args.concurrency, args.top, args.profile_save
     _write_input(workdir / "rows.csv", rows)
-    job = _write_job(workdir, url, "rows.csv", concurrency)
+    if args.profile_batch:  # (f)'s job: what a row costs when a request carries 100 of them
+        job = _write_batch_job(workdir, url, "rows.csv", min(concurrency, 8), args.batch_items)
+    else:
+        job = _write_job(workdir, url, "rows.csv", concurrency)
     argv = ["run", str(job), "--budget", "0", "--runs-dir", str(workdir / "runs-profile")]
     profiler = cProfile.Profile()
     raw = io.BytesIO()
@@ -513,8 +516,8 @@ def _where(key: _StatKey) -> str:
     return f"{short}:{line} {name}"
 
 
-def _cumulative(table: _StatTable, suffix: str, name: str) -> float:
-    return sum(v[3] for (file, _, func), v in table.items() if func == name and file.endswith(suffix))
+def _cumulative(table: _StatTable, suffix: str, names: tuple[str, ...]) -> float:
+    return sum(v[3] for (file, _, func), v in table.items() if func in names and file.endswith(suffix))
 
 
 def _print_breakdown(table: _StatTable, rows: int, total: float) -> None:
@@ -544,6 +547,7 @@ def main() -> None:
     parser.add_argument("--no-fixed-cost", action="store_true", help="skip (e), the one-row run")
     parser.add_argument("--profile", action="store_true", help="only the cProfile of one in-process run")
     parser.add_argument("--profile-rows", type=int, default=200_000)
+    parser.add_argument("--profile-batch", action="store_true", help="profile (f)'s batched job instead")
     parser.add_argument("--top", type=int, default=30, help="profile entries to print")
     parser.add_argument("--profile-save", type=Path, help="also write the profile's stats to this file")
     args = parser.parse_args()
