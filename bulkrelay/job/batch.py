@@ -124,6 +124,16 @@ class BatchRenderer:
         request = PreparedRequest(self._base.method, self._base.url, self._base.headers, data)
         return Item(record, item_id, data, request)
 
+    def item_request(self, record: Record) -> PreparedRequest:
+        """`item(record).request`, what preflight checks and a delta sync digests, without the item's id
+        (a hash a row) unless the item carries it ({meta: item_id}); raises as `item` does."""
+        if self._uses_meta:
+            return self.item(record).request
+        data = self._encode(record.fields)
+        if self.size(1, len(data)) > self.max_bytes:
+            raise RenderError(self._largest_field(record.fields), self._too_large(len(data)))
+        return PreparedRequest(self._base.method, self._base.url, self._base.headers, data)
+
     def size(self, count: int, item_bytes: int) -> int:
         """The encoded body's size for `count` items whose bytes add up to `item_bytes`."""
         return len(self._head) + len(self._tail) + item_bytes + self._separator * max(count - 1, 0)

@@ -284,7 +284,7 @@ def run_preflight(
     batcher = BatchRenderer.of_job(job.config, renderer, fingerprint_of_config)
     # A batch job's row renders as its item (refused when it alone would cross max_bytes), with the
     # batch's URL and headers: what delta sync digests and the chooser observes.
-    render = renderer.render if batcher is None else _item_request(batcher)
+    render = renderer.render if batcher is None else batcher.item_request
     presence = _FieldPresence(job, spec)
     presence_open = True  # until the fields the job needs are settled (a CSV: its first record)
     if on_rows_read is not None:
@@ -327,8 +327,3 @@ def run_preflight(
         batcher=batcher,
         shared_limit=shared_limit,
     )
-
-
-def _item_request(batcher: BatchRenderer) -> Callable[[Record], PreparedRequest]:
-    item = batcher.item
-    return lambda record: item(record).request
