@@ -11,8 +11,11 @@ Measured at each --rows size, all against the same target and the same input fil
       orjson.dumps it and POST it with pyreqwest; no journal, no validation, nothing else;
   (a') the same naive loop with aiohttp, beside it for comparison with earlier figures;
   (b) `bulkrelay run job.yaml --budget 0` as a whole process (start-up and preflight included), journal on
-      local disk: rows / wall time, and the ratio b / a (issue 15: >= 0.6, aim 0.8);
-  (c) GNU parallel + curl with --joblog on a few thousand rows, if `parallel` is installed;
+      local disk: rows / wall time, and the ratio b / a (issue 29: >= 0.8 at 200k rows, >= 0.7 at 40k);
+      (a) and (b) alternate run by run, and each run prints its CPU per row (the process's, every thread;
+      its main thread's; nginx's meanwhile), which load moves far less than rows/s;
+  (c) GNU parallel + curl with --joblog on a few thousand rows, if GNU parallel is installed (not
+      moreutils' parallel) and --parallel-rows is not 0;
   (d) peak RSS of `bulkrelay run` at each --rss-rows size; the largest over the smallest should stay <= 1.3;
   (e) the fixed cost of a one-row `bulkrelay run` (start-up, preflight, run directory, one commit), run
       first so that the modules' bytecode is cached for the rest (child processes run without
@@ -20,9 +23,9 @@ Measured at each --rows size, all against the same target and the same input fil
   (f) a batched `bulkrelay run` (request.batch, --batch-items rows a request, docs/batching.md) over the
       same rows as (a), each row still journaled: its rows/s beside the naive per-row loop's (issue 24:
       >= 1.5).
-With --profile, instead: one in-process `bulkrelay run` of --profile-rows rows under cProfile, its top
-entries by own time, and where the time goes per row (preflight, render, send, journal, commit, other)
-from the profile's cumulative times. cProfile slows Python code down (about 2x), so those microseconds
+With --profile, instead: one in-process `bulkrelay run` of --profile-rows rows (of (f)'s batched job with
+--profile-batch) under cProfile, its top entries by own time, and where the time goes per row (preflight,
+render, send, journal, commit, other) from the profile's cumulative times. cProfile slows Python code down (about 2x), so those microseconds
 are larger than in a plain run; the shares are what to steer by.
 Prints figures; asserts nothing about timing.
 """
