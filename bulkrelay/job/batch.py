@@ -90,6 +90,7 @@ class BatchRenderer:
         self._base = PreparedRequest(base.method, base.url, headers, None)
         self._head, self._tail = _frame(config, sorted_json)
         self._separator = 1 if config.encoding == "json" else 0
+        self._framing = len(self._head) + len(self._tail)  # the body's bytes around its items
 
     @classmethod
     def of_job(
@@ -136,7 +137,7 @@ class BatchRenderer:
 
     def size(self, count: int, item_bytes: int) -> int:
         """The encoded body's size for `count` items whose bytes add up to `item_bytes`."""
-        return len(self._head) + len(self._tail) + item_bytes + self._separator * max(count - 1, 0)
+        return self._framing + item_bytes + self._separator * max(count - 1, 0)
 
     def fits(self, count: int, item_bytes: int, item: Item) -> bool:
         """Whether `item` may join a batch of `count` items whose bytes add up to `item_bytes`: a batch

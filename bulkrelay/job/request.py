@@ -39,6 +39,7 @@ from bulkrelay.job.yamlload import (
 __all__ = ["RenderError", "RequestRenderer", "RowRequests", "idempotency_key", "json_renderer"]
 
 Fields = Mapping[str, Any]
+Headers = tuple[tuple[str, str], ...]
 Getter = Callable[[Fields], Any]
 
 _ABSENT = object()
@@ -290,16 +291,27 @@ class RowRequests:
         self._key_field = key_field
         self._delivery = delivery  # a delta job's delivering run: part of each row's key
         self.header = renderer.idempotency_header
+        self._redact = renderer.redactor.redact_rendered
+        self._skip = (self.header or "").lower()
+        # The last URL and headers a key was made for, with their redacted forms: most jobs (and every
+        # batch's items) repeat them row after row, so they are redacted once.
+        self._frame: tuple[str, Headers, str, list[list[str]]] | None = None
         # A job without an idempotency header sends the rendered request as it is: no key to make.
         self.keyed: Callable[[Record], tuple[PreparedRequest, str | None]] = (
             self._unkeyed if self.header is None else self._keyed
         )
 
     def key(self, record: Record, request: PreparedRequest) -> str:
-        """The row's idempotency key, `request` being what it renders to (a batch item's own request)."""
-        return self.renderer.idempotency_key(
-            self._fingerprint, row_identity(record, self._key_field), request, delivery=self._delivery
-        )
+        """The row's idempotency key, `request` being what it renders to (a batch item's own request):
+        `idempotency_key`, with the URL and headers redacted once while they repeat."""
+        frame = self._frame
+        if frame is None or frame[0] != request.url or frame[1] != request.headers:
+            url, headers = _redacted_frame(request, self._redact, self._skip)
+            frame = self._frame = (request.url, request.headers, url, headers)
+        body = request.body
+        text = None if body is None else self._redact(body.decode("utf-8", "replace"))
+        identity = row_identity(record, self._key_field)
+        return _key_of(self._fingerprint, identity, request.method, frame[2], frame[3], text, self._delivery)
 
     def _unkeyed(self, record: Record) -> tuple[PreparedRequest, str | None]:
         return self.renderer.render(record), None
@@ -334,15 +346,33 @@ def idempotency_key(
     job), the key is what it always was.
     """
     redact = redactor.redact_rendered
-    skip = (skip_header or "").lower()
-    headers = [[name, redact(value)] for name, value in request.headers if name.lower() != skip]
+    url, headers = _redacted_frame(request, redact, (skip_header or "").lower())
     body = None if request.body is None else redact(request.body.decode("utf-8", "replace"))
-    url = redact(request.url)
-    parts = [_KEY_SCHEME, config_fingerprint, row_identity, request.method, url, headers, body]
+    return _key_of(config_fingerprint, row_identity, request.method, url, headers, body, delivery)
+
+
+def _redacted_frame(
+    request: PreparedRequest, redact: Callable[[str], str], skip: str
+) -> tuple[str, list[list[str]]]:
+    """The URL and headers as the key hashes them: secrets as `***`, the idempotency header left out."""
+    headers = [[name, redact(value)] for name, value in request.headers if name.lower() != skip]
+    return redact(request.url), headers
+
+
+def _key_of(  # noqa: PLR0917 (the canonical parts, in their order)
+    config_fingerprint: str,
+    row_identity: str,
+    method: str,
+    url: str,
+    headers: list[list[str]],
+    body: str | None,
+    delivery: str | None,
+) -> str:
+    """32 hex characters of the SHA-256 of the key's canonical parts (see `idempotency_key`)."""
+    parts = [_KEY_SCHEME, config_fingerprint, row_identity, method, url, headers, body]
     if delivery is not None:
         parts.append(f"delivery:{delivery}")
-    canonical = orjson.dumps(parts)
-    return hashlib.sha256(canonical).hexdigest()[:32]
+    return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
 
 
 def _redactor(
