@@ -22,8 +22,8 @@ import orjson
 
 from bulkrelay.errors import ConfigInvalid, Problem
 from bulkrelay.job.config import BatchConfig, ItemNode, JobConfig, JsonField, JsonMeta, JsonNode, JsonValue
-from bulkrelay.job.records import PreparedRequest, Record, row_identity
-from bulkrelay.job.request import RenderError, RequestRenderer, json_renderer
+from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests, json_renderer
 
 __all__ = ["BatchRenderer", "Item", "batch_key"]
 
@@ -78,8 +78,7 @@ class BatchRenderer:
         self.max_bytes = config.max_bytes
         self.encoding = config.encoding
         self._renderer = renderer
-        self._fingerprint = config_fingerprint
-        self._key_field = key_field
+        self._rows = RowRequests(renderer, config_fingerprint, key_field)  # the item id: the row's key
         nodes = [node for _, node in config.item_nodes()]
         self._lines = tuple(json_renderer(_as_json_node(node), sorted_json=sorted_json) for node in nodes)
         self._uses_meta = any(_mentions_meta(node) for node in nodes)
@@ -91,6 +90,7 @@ class BatchRenderer:
         self._base = PreparedRequest(base.method, base.url, headers, None)
         self._head, self._tail = _frame(config, sorted_json)
         self._separator = 1 if config.encoding == "json" else 0
+        self._framing = len(self._head) + len(self._tail)  # the body's bytes around its items
 
     @classmethod
     def of_job(
@@ -115,10 +115,8 @@ class BatchRenderer:
         if self._uses_meta:
             fields = {**fields, _META_FIELD: ""}
         data = self._encode(fields)
-        item_id = self._renderer.idempotency_key(
-            self._fingerprint,
-            row_identity(record, self._key_field),
-            PreparedRequest(self._base.method, self._base.url, self._base.headers, data),
+        item_id = self._rows.key(
+            record, PreparedRequest(self._base.method, self._base.url, self._base.headers, data)
         )
         if self._uses_meta:
             data = self._encode({**record.fields, _META_FIELD: item_id})
@@ -127,9 +125,19 @@ class BatchRenderer:
         request = PreparedRequest(self._base.method, self._base.url, self._base.headers, data)
         return Item(record, item_id, data, request)
 
+    def item_request(self, record: Record) -> PreparedRequest:
+        """`item(record).request`, what preflight checks and a delta sync digests, without the item's id
+        (a hash a row) unless the item carries it ({meta: item_id}); raises as `item` does."""
+        if self._uses_meta:
+            return self.item(record).request
+        data = self._encode(record.fields)
+        if self.size(1, len(data)) > self.max_bytes:
+            raise RenderError(self._largest_field(record.fields), self._too_large(len(data)))
+        return PreparedRequest(self._base.method, self._base.url, self._base.headers, data)
+
     def size(self, count: int, item_bytes: int) -> int:
         """The encoded body's size for `count` items whose bytes add up to `item_bytes`."""
-        return len(self._head) + len(self._tail) + item_bytes + self._separator * max(count - 1, 0)
+        return self._framing + item_bytes + self._separator * max(count - 1, 0)
 
     def fits(self, count: int, item_bytes: int, item: Item) -> bool:
         """Whether `item` may join a batch of `count` items whose bytes add up to `item_bytes`: a batch

@@ -30,7 +30,7 @@ from bulkrelay.job.inputs import (
 from bulkrelay.job.inputs.query import QUERY_NAME, database_of
 from bulkrelay.job.keycheck import DuplicateKeyFinder
 from bulkrelay.job.records import PreparedRequest, Record
-from bulkrelay.job.request import RenderError, RequestRenderer
+from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
 from bulkrelay.job.template import resolve_secrets
 
 MAX_PROBLEMS = 20
@@ -63,6 +63,12 @@ class Preflight:
     def input_identity(self) -> InputIdentity | None:
         """The file preflight read, in the state it read it."""
         return None if self.expected_input is None else self.expected_input.identity
+
+    def row_requests(self, delivery: str | None = None) -> RowRequests:
+        """Each row's request with its idempotency key, scoped to a delta job's delivering run."""
+        return RowRequests(
+            self.renderer, self.config_fingerprint, self.job.config.input.key, delivery=delivery
+        )
 
     def kept_at(self, path: Path) -> Preflight:
         """This preflight of the same bytes, now kept at `path` (a spool its run took). A rename keeps
@@ -278,7 +284,7 @@ def run_preflight(
     batcher = BatchRenderer.of_job(job.config, renderer, fingerprint_of_config)
     # A batch job's row renders as its item (refused when it alone would cross max_bytes), with the
     # batch's URL and headers: what delta sync digests and the chooser observes.
-    render = renderer.render if batcher is None else _item_request(batcher)
+    render = renderer.render if batcher is None else batcher.item_request
     presence = _FieldPresence(job, spec)
     presence_open = True  # until the fields the job needs are settled (a CSV: its first record)
     if on_rows_read is not None:
@@ -321,8 +327,3 @@ def run_preflight(
         batcher=batcher,
         shared_limit=shared_limit,
     )
-
-
-def _item_request(batcher: BatchRenderer) -> Callable[[Record], PreparedRequest]:
-    item = batcher.item
-    return lambda record: item(record).request

@@ -1,4 +1,4 @@
-"""Record → `PreparedRequest`, and the idempotency key of a row.
+"""Record → `PreparedRequest`, and the idempotency key of a row (`RowRequests`: the two together).
 
 `RequestRenderer.from_config` does all the per-job work once: it parses every template, looks the
 secrets up, compiles the `json` tree into one function building the body (with a tree of small getter
@@ -21,7 +21,7 @@ import orjson
 from bulkrelay.errors import SecretInvalid
 from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
 from bulkrelay.job.oauth2 import TokenRequest, bind_token_request, oauth2_secret_names
-from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.job.records import PreparedRequest, Record, row_identity
 from bulkrelay.job.redact import Redactor, basic_credentials
 from bulkrelay.job.template import (
     BoundTemplate,
@@ -36,9 +36,10 @@ from bulkrelay.job.yamlload import (
     INT64_RANGE,  # signed 64-bit, as documented (orjson would write up to 2**64-1)
 )
 
-__all__ = ["RenderError", "RequestRenderer", "idempotency_key", "json_renderer"]
+__all__ = ["RenderError", "RequestRenderer", "RowRequests", "idempotency_key", "json_renderer"]
 
 Fields = Mapping[str, Any]
+Headers = tuple[tuple[str, str], ...]
 Getter = Callable[[Fields], Any]
 
 _ABSENT = object()
@@ -183,14 +184,18 @@ class RequestRenderer:
         url_for: Callable[[Fields], str],
         headers_for: Callable[[Fields], tuple[tuple[str, str], ...]],
     ) -> Callable[[Record], PreparedRequest] | None:
-        """One generated function for the whole happy path, in one frame: a one-field URL whose value
-        is plain letters and digits is joined in place (else `url_for`), constant headers are a
-        constant, a JSON body is a dict display handed to `orjson.dumps` (see `_json_display`). Any
-        failure re-renders the record with `reference`, which raises the exact error."""
+        """One generated function for the whole happy path, in one frame: a URL without fields is a
+        constant, a one-field URL whose value is plain letters and digits is joined in place (else
+        `url_for`), constant headers are a constant, a JSON body is a dict display handed to
+        `orjson.dumps` (see `_json_display`). Any failure re-renders the record with `reference`,
+        which raises the exact error."""
         code = _Generated()
         bound = code.bound
-        single = self._url.single_slot() if self._url_sent_as_rendered and not self._query else None
-        if single is not None:
+        as_is = self._url_sent_as_rendered and not self._query  # no per-row parse, no query to add
+        single = self._url.single_slot() if as_is else None
+        if as_is and self._url.constant is not None:  # no field in the URL: the same for every row
+            url = f"        url = {bound(self._url.constant)}\n"
+        elif single is not None:
             head, name, tail = (bound(part) for part in single)
             url = (
                 f"        url = f.get({name})\n"
@@ -269,6 +274,55 @@ class RequestRenderer:
         return PreparedRequest(request.method, request.url, headers, request.body)
 
 
+class RowRequests:
+    """A row's request with its idempotency key: the one place both are made, for the sender, `render`
+    and a batch's items. Built once per job (and per delivering run, for a delta job's keys)."""
+
+    def __init__(
+        self,
+        renderer: RequestRenderer,
+        config_fingerprint: str,
+        key_field: str | None,
+        *,
+        delivery: str | None = None,
+    ) -> None:
+        self.renderer = renderer
+        self._fingerprint = config_fingerprint
+        self._key_field = key_field
+        self._delivery = delivery  # a delta job's delivering run: part of each row's key
+        self.header = renderer.idempotency_header
+        self._redact = renderer.redactor.redact_rendered
+        self._skip = (self.header or "").lower()
+        # The last URL and headers a key was made for, with their redacted forms: most jobs (and every
+        # batch's items) repeat them row after row, so they are redacted once.
+        self._frame: tuple[str, Headers, str, list[list[str]]] | None = None
+        # A job without an idempotency header sends the rendered request as it is: no key to make.
+        self.keyed: Callable[[Record], tuple[PreparedRequest, str | None]] = (
+            self._unkeyed if self.header is None else self._keyed
+        )
+
+    def key(self, record: Record, request: PreparedRequest) -> str:
+        """The row's idempotency key, `request` being what it renders to (a batch item's own request):
+        `idempotency_key`, with the URL and headers redacted once while they repeat."""
+        frame = self._frame
+        if frame is None or frame[0] != request.url or frame[1] != request.headers:
+            url, headers = _redacted_frame(request, self._redact, self._skip)
+            frame = self._frame = (request.url, request.headers, url, headers)
+        body = request.body
+        text = None if body is None else self._redact(body.decode("utf-8", "replace"))
+        identity = row_identity(record, self._key_field)
+        return _key_of(self._fingerprint, identity, request.method, frame[2], frame[3], text, self._delivery)
+
+    def _unkeyed(self, record: Record) -> tuple[PreparedRequest, str | None]:
+        return self.renderer.render(record), None
+
+    def _keyed(self, record: Record) -> tuple[PreparedRequest, str | None]:
+        """The row's request with its key in the configured header, and the key; raises `RenderError`."""
+        request = self.renderer.render(record)
+        key = self.key(record, request)
+        return self.renderer.with_idempotency_key(request, key), key
+
+
 def idempotency_key(
     config_fingerprint: str,
     row_identity: str,
@@ -292,15 +346,33 @@ def idempotency_key(
     job), the key is what it always was.
     """
     redact = redactor.redact_rendered
-    skip = (skip_header or "").lower()
-    headers = [[name, redact(value)] for name, value in request.headers if name.lower() != skip]
+    url, headers = _redacted_frame(request, redact, (skip_header or "").lower())
     body = None if request.body is None else redact(request.body.decode("utf-8", "replace"))
-    url = redact(request.url)
-    parts = [_KEY_SCHEME, config_fingerprint, row_identity, request.method, url, headers, body]
+    return _key_of(config_fingerprint, row_identity, request.method, url, headers, body, delivery)
+
+
+def _redacted_frame(
+    request: PreparedRequest, redact: Callable[[str], str], skip: str
+) -> tuple[str, list[list[str]]]:
+    """The URL and headers as the key hashes them: secrets as `***`, the idempotency header left out."""
+    headers = [[name, redact(value)] for name, value in request.headers if name.lower() != skip]
+    return redact(request.url), headers
+
+
+def _key_of(  # noqa: PLR0917 (the canonical parts, in their order)
+    config_fingerprint: str,
+    row_identity: str,
+    method: str,
+    url: str,
+    headers: list[list[str]],
+    body: str | None,
+    delivery: str | None,
+) -> str:
+    """32 hex characters of the SHA-256 of the key's canonical parts (see `idempotency_key`)."""
+    parts = [_KEY_SCHEME, config_fingerprint, row_identity, method, url, headers, body]
     if delivery is not None:
         parts.append(f"delivery:{delivery}")
-    canonical = orjson.dumps(parts)
-    return hashlib.sha256(canonical).hexdigest()[:32]
+    return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
 
 
 def _redactor(

@@ -20,7 +20,7 @@ from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.redact import REDACTED
-from bulkrelay.job.request import RenderError, RequestRenderer
+from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
 from bulkrelay.ops.batchrender import rendered_batches
 from bulkrelay.ops.results import (
     InputFacts,
@@ -30,7 +30,6 @@ from bulkrelay.ops.results import (
 )
 from bulkrelay.relay.auth import check_token
 from bulkrelay.relay.engine import transport_settings
-from bulkrelay.relay.sender import row_identity
 from bulkrelay.relay.transport import open_transport
 
 _ROWS = re.compile(r"^\d+(-\d+)?$")
@@ -165,6 +164,7 @@ def _render_rows(
     problems: list[Problem] = []
     requests: list[RenderedRequest] = []
     batcher = BatchRenderer.of_job(job.config, renderer, config_sha256)
+    rows = RowRequests(renderer, config_sha256, job.config.input.key)
     items: list[Item] = []  # a batch job's: formed into batches at the end
     seen = 0
     with open_records(spec, problems.append) as stream:
@@ -179,7 +179,7 @@ def _render_rows(
                 if batcher is not None:
                     items.append(batcher.item(record))
                     continue
-                request = renderer.render(record)
+                request, _ = rows.keyed(record)  # with its idempotency key, as the run sends it
             except RenderError as exc:
                 problems.append(
                     Problem(
@@ -191,10 +191,6 @@ def _render_rows(
                     )
                 )
                 continue
-            if renderer.idempotency_header is not None:
-                identity = row_identity(record, job.config.input.key)
-                key = renderer.idempotency_key(config_sha256, identity, request)
-                request = renderer.with_idempotency_key(request, key)
             if renderer.token_request is not None:  # the token is fetched when the run starts
                 request = with_bearer(request, REDACTED)
             shown = renderer.redact(request)

@@ -219,8 +219,11 @@ def _pending_records(
             if positions is not None and (expected is not None or positions.records is not None)
             else open_records(preflight.input_spec, on_problem, expected)
         ) as records:
+            if done is None:  # a new run: every record (one generator less to pass through per row)
+                yield from records
+                return
             for record in records:
-                if done is None or record.row_number not in done:
+                if record.row_number not in done:
                     yield record
                 elif on_done is not None:
                     on_done(record.row_number)
@@ -442,7 +445,8 @@ async def _worker(
             for admitted in streak.admit(entry):
                 if rate is not None:
                     rate.ended(admitted)
-                await journal.submit(admitted)
+                if not journal.offer(admitted):  # queued at once, as nearly always: no await
+                    await journal.submit(admitted)
 
 
 def _no_tick(snapshot: Snapshot) -> None:

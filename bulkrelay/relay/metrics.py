@@ -71,7 +71,8 @@ class RelayStats:
         self._pause_listeners: list[Callable[[float], None]] = []
 
     def on_attempt(self, status: int | None, latency_seconds: float) -> None:
-        self.requests[status_class(status)] += 1
+        hundreds = -1 if status is None else status // 100  # status_class(), inline: once an attempt
+        self.requests[_STATUS_CLASSES[hundreds] if 0 <= hundreds < 10 else status_class(status)] += 1
         self.latency_sum += latency_seconds
         # the first bucket whose upper bound is >= the latency; past the last one, +Inf
         self.latency_counts[bisect_left(LATENCY_BUCKETS, latency_seconds)] += 1

@@ -148,6 +148,11 @@ class RetryPolicy:
     def classify_error(error: TransportError) -> str:
         return classify_error(error)
 
+    def final(self, status: int | None) -> Decision | None:
+        """The decision `decide` gives every attempt that ends with `status`, once one was seen: a
+        success, or a failure never retried. None: not known yet, or it depends on the attempt."""
+        return None if status is None else self._finals.get(status)
+
     def decide(
         self,
         attempt: int,
@@ -223,6 +228,13 @@ def quota_exhausted_for(headers: Mapping[str, str], now: float | None = None) ->
     `X-RateLimit-Remaining` / `X-RateLimit-Reset` (delay seconds, or a Unix time). None: quota left,
     or no such headers.
     """
+    get = headers.get  # nearly every response has none of these: three lookups, no further call
+    if (
+        get("RateLimit-Remaining") is None
+        and get("X-RateLimit-Remaining") is None
+        and get("RateLimit") is None
+    ):
+        return None
     remaining, reset = _quota(headers)
     if remaining is None or remaining > 0 or reset is None:
         return None

@@ -7,23 +7,29 @@ must stay pending: a halt status was seen, or a stop arrived while it waited to 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import anyio
 
 from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight
-from bulkrelay.job.records import PreparedRequest, Record, row_identity
+from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.relay.auth import Token, TokenSource
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
-from bulkrelay.relay.retry import RetryPolicy, counts_as_success, parse_retry_after, quota_exhausted_for
+from bulkrelay.relay.retry import (
+    Decision,
+    RetryPolicy,
+    counts_as_success,
+    parse_retry_after,
+    quota_exhausted_for,
+)
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
 from bulkrelay.store.journal import JournalEntry
 
-__all__ = ["RowSender", "row_identity"]
+__all__ = ["Exchange", "RowSender"]
 
 
 def _milliseconds(seconds: float) -> float:
@@ -32,16 +38,19 @@ def _milliseconds(seconds: float) -> float:
     return int(seconds * 1_000_000 + 0.5) / 1000
 
 
-@dataclass(frozen=True)
-class Exchange:
+class Exchange(NamedTuple):
     """One attempt's send: what came back (or the transport error), its round trip, when it left, and
-    the token it carried."""
+    the token it carried. A NamedTuple built with `tuple.__new__`: one is made per attempt."""
 
     response: Response | None
     error: TransportError | None
     latency: float
     sent: float
     token: Token | None
+
+
+_new_tuple = tuple.__new__  # Exchange(...) would go through a Python-level __new__
+_monotonic = time.monotonic
 
 
 class RowSender:
@@ -62,8 +71,8 @@ class RowSender:
         self._delivery = delivery  # a delta job's delivering run: part of each row's idempotency key
         self._stats = stats or RelayStats()
         self._renderer = preflight.renderer
+        self._keyed = preflight.row_requests(delivery).keyed  # the row's request and idempotency key
         self._digester = preflight.digester
-        self._config_fingerprint = preflight.config_fingerprint
         self._key_field = config.input.key
         self._transport = transport
         self._limiter = limiter
@@ -74,19 +83,11 @@ class RowSender:
         self._reader = ResponseReader(
             config.response.capture, config.response.failure_body_bytes, self._renderer.redactor
         )
-
-    def _prepare(self, record: Record) -> tuple[PreparedRequest, str | None]:
-        request = self._renderer.render(record)
-        if self._renderer.idempotency_header is None:
-            return request, None
-        key = self._renderer.idempotency_key(
-            self._config_fingerprint, row_identity(record, self._key_field), request, delivery=self._delivery
-        )
-        return self._renderer.with_idempotency_key(request, key), key
+        self._captures = bool(config.response.capture)
 
     async def send(self, record: Record) -> JournalEntry | None:
-        request, key = self._prepare(record)
-        started = time.monotonic()
+        request, key = self._keyed(record)
+        started = _monotonic()
         first_sent = 0.0  # when the row was first sent: a token younger than that was fetched for it
         attempt = 0
         while True:
@@ -96,57 +97,57 @@ class RowSender:
             tried = await self._exchange(request)
             if tried is None:
                 return None  # no token to be had: the run is stopping, the row stays pending
-            response, error, latency = tried.response, tried.error, tried.latency
+            response, error, _, sent, token = tried
             status = response.status if response is not None else None
-            first_sent = first_sent or tried.sent
-            if self._token_ran_out(tried, first_sent):
-                if await self._renewed(tried.token) is None:
+            first_sent = first_sent or sent
+            if token is not None and self._token_ran_out(tried, first_sent):
+                if await self._renewed(token) is None:
                     return None
                 self._stats.on_retry()
                 continue
-            retry_after = self._retry_after(response)
-            decision = self._policy.decide(attempt, status, error, retry_after)
+            decision, retry_after = self._decided(attempt, response, error)
             if decision.halt:
                 self.stop.request(StopReason.HALT_AUTH, status_code=status, row=record.row_number)
                 return None
-            self._slow_down(response, retry_after)
+            if response is not None and (status == 429 or self._respect_retry_after):
+                self._slow_down(response, retry_after)
             if not decision.retry:
-                break
+                return self._entry(record, key, attempt, started, tried, decision, request)
             self._stats.on_retry()
             if await self._stopped_during(decision.delay_seconds):
                 return None
-        return self._entry(
-            record,
-            key,
-            attempts=attempt,
-            started=started,
-            latency=latency,
-            response=response,
-            error=error,
-            classification=decision.classification,
-            retryable=decision.retryable,
-            request=request,
-        )
+
+    def _decided(
+        self, attempt: int, response: Response | None, error: TransportError | None
+    ) -> tuple[Decision, float | None]:
+        """The policy's decision on this attempt, and the response's Retry-After (None when the decision
+        was known already: a success, a failure never retried; a 429 is still read for its pause)."""
+        status = response.status if response is not None else None
+        final = self._policy.final(status)
+        if final is not None and status != 429:
+            return final, None
+        retry_after = self._retry_after(response)
+        return self._policy.decide(attempt, status, error, retry_after), retry_after
 
     async def _exchange(self, request: PreparedRequest) -> Exchange | None:
         """One send of `request`, with the current token when the job has request.auth; None when no
         token can be had (the run is stopping)."""
-        outgoing, token = request, None
+        token = None
         if self._auth is not None:
             token = await self._auth.current()
             if token is None:
                 return None
-            outgoing = with_bearer(request, token.value)
-        response: Response | None = None
-        error: TransportError | None = None
-        sent = time.monotonic()
+            request = with_bearer(request, token.value)
+        sent = _monotonic()
         try:
-            response = await self._transport.send(outgoing)
+            response = await self._transport.send(request)
         except TransportError as exc:
-            error = exc
-        latency = time.monotonic() - sent
-        self._stats.on_attempt(response.status if response is not None else None, latency)
-        return Exchange(response, error, latency, sent, token)
+            latency = _monotonic() - sent
+            self._stats.on_attempt(None, latency)
+            return _new_tuple(Exchange, (None, exc, latency, sent, token))
+        latency = _monotonic() - sent
+        self._stats.on_attempt(response.status, latency)
+        return _new_tuple(Exchange, (response, None, latency, sent, token))
 
     @staticmethod
     def _token_ran_out(tried: Exchange, first_sent: float) -> bool:
@@ -199,39 +200,38 @@ class RowSender:
         seconds = parse_retry_after(value) if value else None
         return None if seconds is None else min(seconds, self._max_pause)
 
-    def _entry(
+    def _entry(  # noqa: PLR0917 (the hot path: one call a row, positional)
         self,
         record: Record,
         key: str | None,
-        *,
         attempts: int,
         started: float,
-        latency: float,
-        response: Response | None,
-        error: TransportError | None,
-        classification: str,
-        retryable: bool,
+        tried: Exchange,
+        decision: Decision,
         request: PreparedRequest,
     ) -> JournalEntry:
+        response = tried.response
+        classification = decision.classification
         success = counts_as_success(classification)
         captured = response_body = digest = None
         if self._digester is not None:  # a delta job: the sync state learns from this line
             digest = self._digester.digest(request, record.fields).hex()
         if response is not None:
-            if success:
-                captured = self._reader.captured(response.body)
-            else:
+            if not success:
                 response_body = self._reader.failure_body(response.body, truncated=response.truncated)
+            elif self._captures:
+                captured = self._reader.captured(response.body)
+        duration = _monotonic() - started  # the row: waits and retries too
         return JournalEntry(
             row_number=record.row_number,
             success=success,
             classification=classification,
             status_code=response.status if response is not None else None,
             attempts=attempts,
-            retryable=retryable,
-            error=None if success else self._error_text(response, error),
-            duration_ms=_milliseconds(time.monotonic() - started),  # the row: waits and retries too
-            latency_ms=_milliseconds(latency),  # the final attempt's round trip
+            retryable=decision.retryable,
+            error=None if success else self._error_text(response, tried.error),
+            duration_ms=int(duration * 1_000_000 + 0.5) / 1000,  # _milliseconds(), inline
+            latency_ms=int(tried.latency * 1_000_000 + 0.5) / 1000,  # the final attempt's round trip
             key=record.fields.get(self._key_field) if self._key_field is not None else None,
             idempotency_key=key,
             captured=captured,

@@ -477,6 +477,7 @@ class JournalWriter:
         self._wake = anyio.Event()  # set when the committer has something to look at
         self._space = anyio.Event()  # set when a batch was committed (backpressure)
         self._stopped = anyio.Event()
+        self._ended = False  # `_stopped` as a plain flag: submit() reads it once a row
         self._started = False
         self._closing = False
         self._failure: Exception | None = None
@@ -484,12 +485,28 @@ class JournalWriter:
         self._state = state
         self._sha256 = ""
 
+    def offer(self, entry: JournalEntry) -> bool:
+        """Queue `entry` as `submit` does when that needs no wait (the common case: no backpressure, no
+        failure, nothing grouped): no coroutine to make. False: nothing queued; await `submit`."""
+        pending = self._pending
+        if len(pending) >= 4 * self._max_rows or self._failure is not None or self._ended:
+            return False
+        if self._closing or self._groups is not None:
+            return False
+        if not pending:
+            self._first_at = anyio.current_time()
+            self._wake.set()
+        pending.append(entry)
+        if len(pending) == self._max_rows:
+            self._wake.set()
+        return True
+
     async def submit(self, entry: JournalEntry) -> None:
         """Queue `entry` under the next seq; waits while too much is pending (backpressure)."""
         while len(self._pending) >= 4 * self._max_rows:
             await self._check_running()
             await self._space.wait()
-        if self._failure is not None or self._stopped.is_set():  # the common case skips an await
+        if self._failure is not None or self._ended:  # the common case skips an await
             await self._check_running()
         if self._closing:
             raise RuntimeError("journal writer is closing")
@@ -554,6 +571,7 @@ class JournalWriter:
             self._failure = exc
             raise
         finally:
+            self._ended = True
             self._stopped.set()
             self._space.set()  # wake blocked submitters so they see the stop
             if fd is not None:

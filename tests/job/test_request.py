@@ -12,7 +12,7 @@ from bulkrelay.errors import SecretMissing
 from bulkrelay.job import request as request_module
 from bulkrelay.job.config import RequestConfig, parse_job
 from bulkrelay.job.records import PreparedRequest, Record
-from bulkrelay.job.request import RenderError, RequestRenderer, idempotency_key
+from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests, idempotency_key
 from bulkrelay.job.template import Redactor
 from bulkrelay.job.wire import wire_url
 
@@ -367,6 +367,37 @@ def test_with_idempotency_key_without_a_header_is_unchanged() -> None:
     renderer = _renderer("method: DELETE\nurl: 'https://x.test/c/{id}'\n")
     request = renderer.render(_record(id="1"))
     assert renderer.with_idempotency_key(request, "k") is request
+
+
+def test_row_requests_stamp_the_rows_key_as_the_renderer_computes_it() -> None:
+    renderer = _renderer(ALPHA)
+    record = _record(**ROW)
+    request, key = RowRequests(renderer, "fp", "customer_id").keyed(record)
+    expected = renderer.idempotency_key("fp", f"key:{ROW['customer_id']}", renderer.render(record))
+    assert key == expected
+    assert request == renderer.with_idempotency_key(renderer.render(record), expected)
+    by_row, row_key = RowRequests(renderer, "fp", None).keyed(record)  # no input.key: the row number
+    assert row_key == renderer.idempotency_key("fp", "row:3", renderer.render(record)) != key
+    assert by_row.headers[-1] == ("Idempotency-Key", row_key)
+    delivered = RowRequests(renderer, "fp", "customer_id", delivery="run-1")  # a delta run's scope
+    assert delivered.keyed(record)[1] == renderer.idempotency_key(
+        "fp", f"key:{ROW['customer_id']}", renderer.render(record), delivery="run-1"
+    )
+    assert delivered.keyed(record)[1] != key
+
+
+def test_row_requests_without_an_idempotency_header_send_the_render_as_it_is() -> None:
+    renderer = _renderer("method: DELETE\nurl: 'https://x.test/c/{id}'\n")
+    record = _record(id="1")
+    rows = RowRequests(renderer, "fp", "id")
+    assert rows.keyed(record) == (renderer.render(record), None)
+    assert len(rows.key(record, renderer.render(record))) == 32  # a batch item's id all the same
+
+
+def test_a_url_without_fields_renders_as_its_constant() -> None:
+    renderer = _renderer("method: POST\nurl: 'https://x.test/v1/customers'\njson:\n  id: {from: id}\n")
+    assert renderer.render(_record(id="7")).url == "https://x.test/v1/customers"
+    assert renderer.render(_record(id="8")).body == b'{"id":"8"}'
 
 
 def test_a_dot_segment_is_refused_only_where_it_would_leave_the_path_segment() -> None:

@@ -232,6 +232,22 @@ async def test_appends_after_an_existing_journal_continuing_seq(tmp_path: Path) 
 
 
 @pytest.mark.anyio
+async def test_offer_queues_without_a_wait_and_refuses_what_submit_would_wait_or_fail_on(
+    tmp_path: Path,
+) -> None:
+    commits = Commits()
+    writer = JournalWriter(tmp_path / "j", Storage(), next_seq=1, on_commit=commits, max_rows=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        offered = [writer.offer(result(n)) for n in range(1, 10)]  # 4 x max_rows pending at most
+        assert offered == [True] * 8 + [False]  # the ninth would wait for room: submit's to do
+        await writer.submit(result(9))
+        await writer.close()
+    assert writer.offer(result(10)) is False  # closed: submit raises, offer queues nothing
+    assert [entry.row_number for entries, _ in commits.batches for entry in entries] == list(range(1, 10))
+
+
+@pytest.mark.anyio
 async def test_a_lone_entry_is_committed_after_max_delay(tmp_path: Path) -> None:
     commits = Commits()
     writer = JournalWriter(tmp_path / "j", Storage(), next_seq=1, on_commit=commits, max_delay=0.02)

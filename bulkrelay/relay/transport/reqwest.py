@@ -16,12 +16,11 @@ connect step ("client error (Connect)") means the request was never sent.
 
 from __future__ import annotations
 
-import math
 from datetime import timedelta
 
 from pyreqwest import exceptions as rq
 from pyreqwest.client import Client, ClientBuilder
-from pyreqwest.http import HeaderMap, Url
+from pyreqwest.http import Url
 from pyreqwest.proxy import ProxyBuilder
 from pyreqwest.response import Response as StreamedResponse
 
@@ -41,6 +40,7 @@ from bulkrelay.relay.transport.base import (
 )
 
 _READ_CHUNK = 64 * 1024
+_new_tuple = tuple.__new__
 
 
 class ReqwestTransport:
@@ -66,8 +66,10 @@ class ReqwestTransport:
         try:
             async with streamed as resp:
                 headers = resp.headers
-                if _declared_length(headers) <= self._whole_limit:  # one await; hyper holds it to the length
-                    return Response(resp.status, headers, bytes(await resp.bytes()), False)
+                length = headers.get("content-length")  # none when chunked or read until close
+                if length is not None and length.isdigit() and int(length) <= self._whole_limit:
+                    # one await; hyper holds the body to its length. tuple.__new__: no Python-level __new__
+                    return _new_tuple(Response, (resp.status, headers, bytes(await resp.bytes()), False))
                 body, truncated = await _read_bounded(resp, self._settings.max_body_bytes)
                 return Response(resp.status, headers, body, truncated)
         except rq.PyreqwestError as exc:
@@ -130,12 +132,6 @@ def _with_proxy(builder: ClientBuilder, proxy: str) -> ClientBuilder:
 
 def _seconds(value: float) -> timedelta:
     return timedelta(seconds=value)
-
-
-def _declared_length(headers: HeaderMap) -> float:
-    """The response's Content-Length, or infinity when it has none (chunked, or until close)."""
-    value = headers.get("content-length")
-    return int(value) if value is not None and value.isdigit() else math.inf
 
 
 async def _read_bounded(resp: StreamedResponse, limit: int) -> tuple[bytes, bool]:
