@@ -6,7 +6,8 @@ resumable one (`running` — perhaps crashed —, `stopped`, `forced`), the newe
 whose files cannot be read, and a run a delta job's sync state still needs (sync/needed_runs.py) are
 never removed. Runs are grouped by job (the job file's path in
 `run.json`). A run is removed when every rule given says so: it is not among
-the newest `keep` runs of its job, and it is older than `older_than`. Each removal takes the run's
+the newest `keep` runs of its job (a mirror night's deletion run counts with its night), and it is
+older than `older_than`. Each removal takes the run's
 lock first, so a `resume` that starts meanwhile either wins the lock (the run is kept) or finds it gone.
 """
 
