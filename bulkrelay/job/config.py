@@ -24,6 +24,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     Tag,
     ValidationError,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -267,6 +268,12 @@ class JsonField(_Model):
     def optional(self) -> bool:
         """A record may lack the field: a `default` or a `when_missing` other than `error` covers it."""
         return self.has_default or self.when_missing != "error"
+
+    @field_validator("when_missing", mode="before")
+    @classmethod
+    def _yaml_null_is_null(cls, value: object) -> object:
+        """`when_missing: null` as written reads as YAML's null, not the word: both mean send null."""
+        return "null" if value is None else value
 
     @model_validator(mode="after")
     def _pointer_and_missing(self) -> JsonField:

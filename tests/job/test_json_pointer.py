@@ -115,3 +115,22 @@ def test_preflight_needs_a_pointers_first_field_and_not_an_optional_one(tmp_path
         run_preflight(load_job(tmp_path / "job.yaml"), env={})
     problems = refused.value.problems
     assert [(p.row, p.field) for p in problems] == [(2, "/address/city")]  # row 2 only; `note` is optional
+
+
+def test_when_missing_null_as_a_user_writes_it_in_yaml_sends_null() -> None:
+    # Unquoted, YAML reads `null` as null, not the word: a job written from docs/configuration.md said
+    # "Input should be 'error', 'omit' or 'null' (got None)" (the tests above write it through safe_dump,
+    # which quotes it).
+    text = """
+version: 1
+request:
+  method: PATCH
+  url: https://a/x/{id}
+  json:
+    phone: { from: /contact/phone, when_missing: null }
+"""
+    job = parse_job(text, file="job.yaml")
+    quoted = parse_job(text.replace("when_missing: null", 'when_missing: "null"'), file="job.yaml")
+    assert config_fingerprint(job) == config_fingerprint(quoted)
+    renderer = RequestRenderer.from_config(job.request, {})
+    assert _body(renderer, {}) == {"phone": None}
