@@ -36,7 +36,7 @@ def url_spellings(value: str) -> set[str]:
         except ValueError:
             continue
         sent = sent.removeprefix(prefix)
-        forms.add(sent if candidate.endswith("/") else sent.removesuffix("/"))
+        forms.add(sent if value.endswith("/") else sent.removesuffix("/"))
     return forms - {value}
 
 

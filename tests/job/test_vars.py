@@ -135,3 +135,19 @@ def test_a_secret_stays_hidden_in_the_url_the_wire_normalizes(
     assert renderer.redactor.redact(f"error sending request for url ({sent})") == (
         "error sending request for url (***/v1/1?region=***)"
     )
+
+
+@pytest.mark.parametrize("host", ["LocalHost", "Bücher.Example"])
+def test_a_secret_host_alone_is_hidden_in_the_form_the_wire_gives_it(host: str) -> None:
+    """`http://${API_HOST}:9/...`: reqwest lower-cases (and IDNA-encodes) the host, and a connection
+    error names it beside its port (`localhost:9`): the host's own spelling must be hidden, without the
+    slash that parsing it as a URL adds."""
+    request = {"method": "POST", "url": "http://${API_HOST}:9/v1/{id}", "json": {"id": {"from": "id"}}}
+    config = parse_job(yaml.safe_dump({"version": 1, "request": request}), file="job.yaml")
+    renderer = RequestRenderer.from_config(config.request, {"API_HOST": host}, shown=())
+    wire_host = "localhost" if host == "LocalHost" else "xn--bcher-kva.example"
+    url = f"http://{wire_host}:9/v1/1"
+    said = f"ConnectError: error sending request for url ({url}): tcp connect to {wire_host}:9"
+    assert renderer.redactor.redact(said) == (
+        "ConnectError: error sending request for url (http://***:9/v1/1): tcp connect to ***:9"
+    )
