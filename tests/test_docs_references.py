@@ -27,6 +27,7 @@ _OUTSIDE = re.compile(r"\bDESIGN\b")
 # Names of files BulkRelay writes or users keep, not files of this repository.
 _NOT_REPO_FILES = {
     "results.jsonl", "run.json", "checkpoint.json", "summary.json", "input.jsonl", "report.html",
+    "batch-retries.jsonl",
     "failed.csv", "export.csv", "job.yaml", "customers.csv", "customers.jsonl", "orders.jsonl",
     "customers.parquet", "x.parquet", "old.csv", "new.csv", "stdin.jsonl", "rows.csv", "big.csv",
     "alerts.yaml", "config.yaml",

@@ -48,14 +48,18 @@ class Item:
         return self.record.row_number
 
 
-def batch_key(item_ids: Sequence[str], delivery: str | None = None) -> str:
+def batch_key(item_ids: Sequence[str], delivery: str | None = None, retry: int | None = None) -> str:
     """The idempotency key of a request carrying these items, in this order: 32 hex characters.
     A batch formed again from the same items (after a crash) carries the same key. `delivery` (a delta
     or mirror job's delivering run, as for a row's key: docs/delta.md) scopes it to one delivery, so a
-    revert A -> B -> A is sent under a key the target has not answered yet."""
+    revert A -> B -> A is sent under a key the target has not answered yet. `retry` numbers a request
+    of rows an answer left retryable (store/batchretries.py): under the first request's key, a target
+    that keeps keys would replay its answer."""
     digest = hashlib.sha256(_BATCH_KEY_SCHEME)
     if delivery is not None:
         digest.update(delivery.encode() + b"\0\0")
+    if retry is not None:
+        digest.update(b"retry %d\0\0" % retry)
     for item_id in item_ids:
         digest.update(item_id.encode())
         digest.update(b"\0")
@@ -142,18 +146,24 @@ class BatchRenderer:
     def fits(self, count: int, item_bytes: int, item: Item) -> bool:
         """Whether `item` may join a batch of `count` items whose bytes add up to `item_bytes`: a batch
         closes before the item that would take it over `max_items` or its body over `max_bytes`."""
+        return self.fits_bytes(count, item_bytes, len(item.data))
+
+    def fits_bytes(self, count: int, item_bytes: int, length: int) -> bool:
+        """`fits` for an item of `length` bytes."""
         if count == 0:
             return True
         if count >= self.max_items:
             return False
-        return self.size(count + 1, item_bytes + len(item.data)) <= self.max_bytes
+        return self.size(count + 1, item_bytes + length) <= self.max_bytes
 
-    def request(self, items: Sequence[Item], delivery: str | None = None) -> tuple[PreparedRequest, str]:
+    def request(
+        self, items: Sequence[Item], delivery: str | None = None, retry: int | None = None
+    ) -> tuple[PreparedRequest, str]:
         """The one request carrying `items`, in order, and its idempotency key (in the configured header,
-        if any), scoped to a delta job's `delivery`."""
+        if any), scoped to a delta job's `delivery` and numbered by its `retry` (batch_key)."""
         joiner = b"," if self._separator else b""
         body = self._head + joiner.join(item.data for item in items) + self._tail
-        key = batch_key([item.item_id for item in items], delivery)
+        key = batch_key([item.item_id for item in items], delivery, retry)
         base = self._base
         request = PreparedRequest(base.method, base.url, base.headers, body)
         return self._renderer.with_idempotency_key(request, key), key

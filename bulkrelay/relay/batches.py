@@ -1,22 +1,27 @@
 """Batch mode's half of the pipeline: pending rows ─► batches ─► workers ─► one journal group a request.
 
-Batches are formed by a fixed rule, so the same pending rows make the same batches after a crash:
+A batch is fixed by the input, by one rule, so that a crash can never make a batch out of other rows:
 
-    take the pending rows in input order; a batch closes before the row that would make it hold more
-    than `max_items` items or a body over `max_bytes`, and before a row that follows a row already
-    journaled (a batch never spans a committed row).
+    take the run's rows in input order, those already journaled too; a batch closes before the row that
+    would make it hold more than `max_items` items or a body over `max_bytes`. A request carries the
+    rows of one batch that are still pending, and nothing else.
 
-Since all rows of one request are committed in one journal group, the rows a crash leaves pending are
-whole batches of the run that crashed, and the rule forms exactly those batches again (same items,
-same order, same Idempotency-Key). A row whose item was answered retryably goes back and leads a later
-batch (before the next pending rows) once its backoff is over; such a batch may come out differently
-after a crash, its items keeping their ids (docs/batching.md).
+A batch's first request carries all its rows. A row whose item was answered retryably stays with its
+batch: once the backoff is over, the batch's rows still pending go again in one request of their own,
+never mixed with rows of another batch. So the rows a crash leaves pending in a batch are always the
+rows of a request that was sent (or of none yet): all rows of one request are committed in one journal
+group, and a batch's requests follow one another. Formed again after the crash, each request has the
+same items in the same order and the same Idempotency-Key, and a target that dedups by that key applies
+no item twice (docs/batching.md). A split (a whole-batch 4xx bisected) is the exception: its halves
+are answered one by one, and a crash between them leaves pending what no one request carried.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import anyio
 import anyio.abc
@@ -27,107 +32,148 @@ from bulkrelay.relay.batchsender import Batch, BatchSender, Group, PendingItem
 from bulkrelay.relay.failurerate import FailureRate
 from bulkrelay.relay.ratelimit import LimiterUnavailable
 from bulkrelay.relay.stopping import StopControl, StopReason
+from bulkrelay.store.batchretries import BatchRetries
 from bulkrelay.store.journal import JournalEntry, JournalWriter
 from bulkrelay.store.rowset import RowSet
 
 _IDLE_POLL_SECONDS = 0.25  # the longest an idle worker waits before it looks again (a stop, a retry due)
 
 
-class BatchFormer:
-    """Hands each worker its next batch: due retries first, then the pending rows by the fixed rule."""
+@dataclass(frozen=True, slots=True)
+class _Journaled:
+    """A row of the run the journal already holds: it takes its place in its batch, and is not sent."""
 
-    def __init__(self, batcher: BatchRenderer, stop: StopControl, journaled: RowSet | None = None) -> None:
+    data_length: int  # its item's bytes, which decide where its batch closes
+
+
+class BatchFormer:
+    """Hands each worker its next request: a batch's pending rows due again first, then the next batch
+    of the input by the fixed rule."""
+
+    def __init__(
+        self,
+        batcher: BatchRenderer,
+        stop: StopControl,
+        journaled: RowSet | None = None,
+        retries: BatchRetries | None = None,
+    ) -> None:
         self._batcher = batcher
         self._stop = stop
-        # The rows the journal held when the run started: a batch never spans one. (Rows outside a
-        # retry-failed or shard selection count as done too, and are passed over without a gap.)
+        self._retried = retries  # the requests sent again, durable (None: numbered in memory, for tests)
+        self._retry_count = 0
+        # The rows the journal held when the run started: they keep their places in their batches.
+        # (Rows outside a retry-failed or shard selection are no rows of the run: passed over.)
         self._journaled = journaled
         self._records: Iterator[Record] = iter(())
         self._exhausted = False
-        self._gap = False  # a journaled row was skipped since the last record read
-        self._held: tuple[PendingItem, bool] | None = None  # read, not placed: it closed the last batch
-        self._retries: list[PendingItem] = []
+        # Rows read and not yet placed, in input order: journaled ones heard of while reading the next
+        # record, and the row that closed the last batch.
+        self._queue: deque[PendingItem | _Journaled] = deque()
+        self._retries: list[Batch] = []  # batches whose pending rows go again once due
         self._in_flight = 0
         self._changed = anyio.Event()
 
     def feed(self, records: Iterator[Record]) -> None:
         self._records = records
 
-    def skipped(self, row_number: int) -> None:
+    def skipped(self, record: Record) -> None:
         """A row counted as done was passed over (the records' `on_done`)."""
-        if self._journaled is not None and row_number in self._journaled:
-            self._gap = True
+        if self._journaled is not None and record.row_number in self._journaled:
+            request = self._batcher.item_request(record)
+            self._queue.append(_Journaled(len(request.body or b"")))
 
     async def next(self) -> Batch | None:
-        """The next batch to send; None when nothing is left (or a stop was requested)."""
+        """The next request to send; None when nothing is left (or a stop was requested)."""
         while not self._stop.requested:
             now = time.monotonic()
-            due = [pending for pending in self._retries if pending.not_before <= now]
-            if due or not self._exhausted or self._held is not None:
-                batch = self._form(due)
-                if batch is not None:
-                    self._in_flight += 1
-                    return batch
+            batch = self._due(now)
+            if batch is None and (not self._exhausted or self._queue):
+                batch = self._form()
+            if batch is not None:
+                self._in_flight += 1
+                return await self._numbered(batch)
             if not self._retries and not self._in_flight:
                 return None
             await self._wait(now)
         return None
 
     def done(self, retry: list[PendingItem]) -> None:
-        """A batch came back; `retry` are its rows to send again."""
+        """A request came back; `retry` are its rows to send again, together, once due."""
         self._in_flight -= 1
-        self._retries.extend(retry)
+        if retry:
+            items = tuple(sorted(retry, key=lambda pending: pending.row_number))
+            item_bytes = sum(len(pending.item.data) for pending in items)
+            self._retries.append(Batch(items, self._batcher.size(len(items), item_bytes), again=True))
         self._changed.set()
         self._changed = anyio.Event()
 
+    async def _numbered(self, batch: Batch) -> Batch:
+        """`batch` with the number its key takes: an earlier process's for the same rows (a resumed run
+        sends that request again), a new one, made durable now, for rows an answer left retryable, and
+        none for a batch's first request."""
+        rows = [pending.row_number for pending in batch.items]
+        retries = self._retried
+        number = retries.earlier(rows) if retries is not None else None
+        if number is None and batch.again:
+            if retries is not None:
+                number = await retries.record(rows)
+            else:
+                self._retry_count += 1
+                number = self._retry_count
+        if number is None:
+            return batch
+        return Batch(batch.items, batch.size, retry=number)
+
+    def _due(self, now: float) -> Batch | None:
+        """The first batch in input order whose pending rows may go again."""
+        due = [batch for batch in self._retries if _not_before(batch) <= now]
+        if not due:
+            return None
+        batch = min(due, key=lambda batch: batch.items[0].row_number)
+        self._retries.remove(batch)
+        return batch
+
     async def _wait(self, now: float) -> None:
-        soonest = min((pending.not_before for pending in self._retries), default=now + _IDLE_POLL_SECONDS)
+        soonest = min((_not_before(batch) for batch in self._retries), default=now + _IDLE_POLL_SECONDS)
         changed = self._changed
         with anyio.move_on_after(min(max(soonest - now, 0.0), _IDLE_POLL_SECONDS)):
             await changed.wait()
 
-    def _form(self, due: list[PendingItem]) -> Batch | None:
+    def _form(self) -> Batch | None:
+        """The pending rows of the next batches of the input, up to the first that has any."""
         batcher = self._batcher
-        items: list[PendingItem] = []
-        item_bytes = 0
-        for pending in sorted(due, key=lambda p: p.row_number):
-            if not self._fits(items, item_bytes, pending):
-                break
-            self._retries.remove(pending)
-            items.append(pending)
-            item_bytes += len(pending.item.data)
-        from_input = False
-        while len(items) < batcher.max_items:
-            taken = self._take()
-            if taken is None:
-                break
-            pending, after_gap = taken
-            if items and ((after_gap and from_input) or not self._fits(items, item_bytes, pending)):
-                self._held = (pending, after_gap)
-                break
-            items.append(pending)
-            item_bytes += len(pending.item.data)
-            from_input = True
-        if not items:
-            return None
-        return Batch(tuple(items), batcher.size(len(items), item_bytes))
+        while True:
+            items: list[PendingItem] = []
+            count = item_bytes = pending_bytes = 0
+            while (member := self._take()) is not None:
+                length = member.data_length if isinstance(member, _Journaled) else len(member.item.data)
+                if not batcher.fits_bytes(count, item_bytes, length):
+                    self._queue.appendleft(member)  # it opens the next batch
+                    break
+                count += 1
+                item_bytes += length
+                if isinstance(member, PendingItem):
+                    items.append(member)
+                    pending_bytes += length
+            if items:
+                return Batch(tuple(items), batcher.size(len(items), pending_bytes))
+            if count == 0:
+                return None  # the input is exhausted
 
-    def _fits(self, items: list[PendingItem], item_bytes: int, pending: PendingItem) -> bool:
-        return self._batcher.fits(len(items), item_bytes, pending.item)
+    def _take(self) -> PendingItem | _Journaled | None:
+        """The run's next row, journaled or pending, in input order."""
+        queue = self._queue
+        if not queue and not self._exhausted:
+            record = next(self._records, None)  # the journaled rows before it join the queue first
+            if record is None:
+                self._exhausted = True
+            else:
+                queue.append(PendingItem(self._batcher.item(record)))
+        return queue.popleft() if queue else None
 
-    def _take(self) -> tuple[PendingItem, bool] | None:
-        """The next pending row and whether a journaled row came before it."""
-        if self._held is not None:
-            held, self._held = self._held, None
-            return held
-        if self._exhausted:
-            return None
-        self._gap = False
-        record = next(self._records, None)
-        if record is None:
-            self._exhausted = True
-            return None
-        return PendingItem(self._batcher.item(record)), self._gap
+
+def _not_before(batch: Batch) -> float:
+    return max(pending.not_before for pending in batch.items)
 
 
 class RequestStreak:
@@ -172,9 +218,11 @@ class BatchRelay:
         consecutive_failures: int,
         journaled: RowSet | None,
         rate: FailureRate | None = None,
+        *,
+        retries: BatchRetries | None = None,
     ) -> None:
         self.sender = sender
-        self.former = BatchFormer(sender.batcher, stop, journaled)
+        self.former = BatchFormer(sender.batcher, stop, journaled, retries)
         self.streak = RequestStreak(consecutive_failures, stop)
         self._rate = rate  # halt.failure_rate: rows counted in the order the former takes them
 

@@ -8,10 +8,11 @@ as a row (`RowSender`), then each row's outcome read from the answer (relay/item
                                                   rows, so a bad row fails alone; `fail_all` fails all.
                                                   A 413 always splits.
     a success status                              each row's outcome from the answer; a retryable item
-                                                  with attempts left goes back to be sent in a later
-                                                  batch; an answer that does not fit fails every row
-                                                  as `batch_answer_invalid` (retryable, never resent
-                                                  here: the target may have applied it)
+                                                  with attempts left goes back, to go again with its
+                                                  batch's other pending rows; an answer that does
+                                                  not fit fails every row as `batch_answer_invalid`
+                                                  (retryable, never resent here: the target may have
+                                                  applied it)
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ class PendingItem:
 class Batch:
     items: tuple[PendingItem, ...]
     size: int  # bytes of its body
+    # The number of a request of rows sent before (store/batchretries.py), part of its key; None for a
+    # batch's first request. `again`: rows an answer left retryable, numbered just before it is sent.
+    retry: int | None = None
+    again: bool = False
 
 
 @dataclass(slots=True)
@@ -100,11 +105,11 @@ class BatchSender(RowSender):
 
     async def send_batch(self, batch: Batch) -> BatchResult:
         result = BatchResult()
-        await self._send(list(batch.items), result)
+        await self._send(list(batch.items), result, batch.retry)
         return result
 
-    async def _send(self, items: list[PendingItem], result: BatchResult) -> None:
-        request, _ = self.batcher.request([pending.item for pending in items], self._delivery)
+    async def _send(self, items: list[PendingItem], result: BatchResult, retry: int | None) -> None:
+        request, _ = self.batcher.request([pending.item for pending in items], self._delivery, retry)
         answered = await self._until_decided(items, request)
         if answered is None:
             return  # stopping (a halt, a stop request, no token): every row of the batch stays pending
@@ -115,9 +120,9 @@ class BatchSender(RowSender):
             self._read_answer(items, response, latency, result)
         elif self._splits(response, len(items)):
             half = len(items) // 2
-            await self._send(items[:half], result)
+            await self._send(items[:half], result, retry)
             if not self.stop.requested:
-                await self._send(items[half:], result)
+                await self._send(items[half:], result, retry)
         else:
             error_text = self._error_text(response, error)
             body = self._failure_body(response)

@@ -35,6 +35,7 @@ from bulkrelay.relay.sender import RowSender
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import ClientCertificate, Transport, TransportSettings
+from bulkrelay.store.batchretries import RETRIES_FILE, BatchRetries
 from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
 from bulkrelay.store.journal import CommittedPrefix, JournalEntry, JournalState, JournalWriter
 from bulkrelay.store.rowset import RowSet
@@ -195,7 +196,7 @@ def _pending_records(
     preflight: Preflight,
     start: StartPoint,
     stop: StopControl,
-    on_done: Callable[[int], None] | None = None,
+    on_done: Callable[[Record], None] | None = None,
 ) -> Generator[Record, None, None]:
     """The records without a committed result, read from exactly the bytes preflight validated. If the
     input changed (or went), the records end there and the run stops at a safe point, resumable.
@@ -226,7 +227,7 @@ def _pending_records(
                 if record.row_number not in done:
                     yield record
                 elif on_done is not None:
-                    on_done(record.row_number)
+                    on_done(record)
     except (InputChanged, NotFound) as changed:
         stop.request(StopReason.INPUT_CHANGED, message=changed.message, **changed.context)
 
@@ -297,7 +298,16 @@ async def relay(
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)
     batches = _batch_relay(
-        preflight, transport, limiter, stop, stats, start=start, auth=auth, delivery=delivery, rate=rate
+        preflight,
+        transport,
+        limiter,
+        stop,
+        stats,
+        start=start,
+        auth=auth,
+        delivery=delivery,
+        rate=rate,
+        run=run,
     )
     records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
 
@@ -409,6 +419,7 @@ def _batch_relay(
     auth: TokenSource | None,
     delivery: str | None,
     rate: FailureRate | None,
+    run: RunDir,
 ) -> BatchRelay | None:
     """A batch job's workers (request.batch); None for a job sending one row per request."""
     if preflight.batcher is None:
@@ -419,7 +430,8 @@ def _batch_relay(
         preflight, transport, limiter, policy, stop, stats=stats, auth=auth, delivery=delivery
     )
     journaled = start.journal.done if start.journal is not None else None
-    return BatchRelay(sender, stop, config.halt.consecutive_failures, journaled, rate)
+    retries = BatchRetries(run.path / RETRIES_FILE, run.storage)
+    return BatchRelay(sender, stop, config.halt.consecutive_failures, journaled, rate, retries=retries)
 
 
 async def _worker(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import yaml
 
@@ -14,8 +16,11 @@ from bulkrelay.job.config import parse_job
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RequestRenderer
 from bulkrelay.relay.batches import BatchFormer
+from bulkrelay.relay.batchsender import Batch, PendingItem
 from bulkrelay.relay.stopping import StopControl
+from bulkrelay.store.batchretries import BatchRetries
 from bulkrelay.store.rowset import RowSet
+from bulkrelay.store.storage import Storage
 
 pytestmark = pytest.mark.anyio
 
@@ -44,19 +49,27 @@ def _batcher() -> BatchRenderer:
 
 
 async def _batches(journaled: RowSet | None) -> list[list[int]]:
-    former = BatchFormer(_batcher(), StopControl(), journaled)
+    return [list(rows) for rows, _ in await _formed(journaled)]
+
+
+async def _formed(
+    journaled: RowSet | None, retries: Path | None = None
+) -> list[tuple[tuple[int, ...], int | None]]:
+    """The requests a run over `journaled` forms before any answer comes back: (rows, retry number)."""
+    log = None if retries is None else BatchRetries(retries, Storage())
+    former = BatchFormer(_batcher(), StopControl(), journaled, log)
 
     def pending() -> Iterator[Record]:  # as the engine's reader: done rows passed over, told of
         for record in _records():
             if journaled is not None and record.row_number in journaled:
-                former.skipped(record.row_number)
+                former.skipped(record)
             else:
                 yield record
 
     former.feed(pending())
     formed = []
     while (batch := await former.next()) is not None:
-        formed.append([pending.row_number for pending in batch.items])
+        formed.append((tuple(pending.row_number for pending in batch.items), batch.retry))
         former.done([])
     return formed
 
@@ -91,8 +104,64 @@ async def test_rows_done_outside_a_selection_are_no_gap() -> None:
             if record.row_number in selected:
                 yield record
             else:
-                former.skipped(record.row_number)
+                former.skipped(record)
 
     former.feed(pending())
     batch = await former.next()
     assert batch is not None and [p.row_number for p in batch.items] == [3, 9, 10, 40]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+async def test_a_resumed_run_sends_again_under_the_key_it_sent_before(seed: int, tmp_path: Path) -> None:
+    """A live run whose answers leave some items retryable (an Elasticsearch item 429), three requests in
+    flight answered in random order, then a crash anywhere, with any prefix of the answers committed.
+    Every request the resumed run forms carries the rows of a request sent before, under the key of
+    the latest such request (a target that dedups by key replays its answer and applies nothing
+    twice), or rows no request carried as they are (under a key never sent). Rows an answer left
+    retryable go again in a request of their own, under a key of their own (a replayed 429 for ever,
+    else)."""
+    rng = random.Random(seed)
+    log = tmp_path / "batch-retries.jsonl"
+    former = BatchFormer(_batcher(), StopControl(), None, BatchRetries(log, Storage()))
+    former.feed(iter(_records()))
+    sent: list[tuple[tuple[int, ...], int | None]] = []
+    answers: list[set[int]] = []  # the rows each answer made final, as answered
+    crashes: list[tuple[int, bytes, int]] = []  # (answers so far, the log, requests sent so far)
+    in_flight: list[Batch] = []
+    while True:
+        while len(in_flight) < 3 and (batch := await _next_due(former)) is not None:
+            in_flight.append(batch)
+            sent.append((_rows(list(batch.items)), batch.retry))
+        crashes.append((len(answers), log.read_bytes() if log.exists() else b"", len(sent)))
+        if not in_flight:
+            break
+        batch = in_flight.pop(rng.randrange(len(in_flight)))
+        retry = [pending for pending in batch.items if pending.attempts < 2 and rng.random() < 0.3]
+        for pending in retry:
+            pending.attempts += 1
+        answers.append({p.row_number for p in batch.items} - {p.row_number for p in retry})
+        former.done(retry)
+    keys = [key for key in sent if key[1] is not None]
+    assert keys and len(set(keys)) == len(keys)  # some rows went again, each time under a new key
+    for answered, logged, sent_count in crashes:
+        committed = rng.randint(0, answered)  # the journal may lag behind the answers
+        journaled = RowSet(ROWS)
+        for finals in answers[:committed]:  # the journal commits whole requests, in the order answered
+            for row in finals:
+                journaled.add(row)
+        resumed_log = tmp_path / f"resumed-{answered}.jsonl"
+        resumed_log.write_bytes(logged)
+        latest = dict(sent[:sent_count])  # rows -> the retry number of the latest request of them
+        for rows, number in await _formed(journaled, resumed_log):
+            assert number == latest[rows] if rows in latest else number is None, (answered, rows, number)
+
+
+async def _next_due(former: BatchFormer) -> Batch | None:
+    """The former's next request without waiting: None when only requests in flight remain."""
+    with anyio.move_on_after(0.05):
+        return await former.next()
+    return None
+
+
+def _rows(items: list[PendingItem]) -> tuple[int, ...]:
+    return tuple(sorted(pending.row_number for pending in items))
