@@ -37,6 +37,7 @@ from bulkrelay.relay.transport.base import (
     TransportError,
     TransportSettings,
 )
+from tests.listeners import never_accepting
 from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.anyio
@@ -207,28 +208,8 @@ async def test_a_trickling_answer_ends_at_the_whole_exchange_deadline() -> None:
     await transport.aclose()
 
 
-@contextlib.contextmanager
-def _never_accepting() -> Iterator[str]:
-    """The URL of a listener with a full accept backlog: the kernel drops further SYNs, so connect()
-    hangs."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(0)
-        port = listener.getsockname()[1]
-        fillers = [socket.socket() for _ in range(3)]
-        try:
-            for filler in fillers:
-                filler.setblocking(False)
-                with contextlib.suppress(BlockingIOError):
-                    filler.connect(("127.0.0.1", port))
-            yield f"http://127.0.0.1:{port}/x"
-        finally:
-            for filler in fillers:
-                filler.close()
-
-
 async def test_connect_that_never_completes_is_a_connect_timeout() -> None:
-    with _never_accepting() as url:
+    with never_accepting() as url:
         transport = open_transport(_settings(connect_seconds=0.3))
         try:
             with pytest.raises(RequestTimeout) as caught:
@@ -244,7 +225,7 @@ async def test_a_connect_hang_outlasting_the_read_timeout_is_not_called_a_plain_
     """reqwest's read timer starts with the request, so with read_seconds no longer than connect_seconds
     it ends a hanging connect, and its error is the same as for a connected target that never answers:
     the message must not claim the target was reached (audit of issue 25). httpx times connects alone."""
-    with _never_accepting() as url:
+    with never_accepting() as url:
         transport = open_transport(_settings(connect_seconds=1.0, read_seconds=0.3))
         try:
             with pytest.raises(RequestTimeout) as caught:
