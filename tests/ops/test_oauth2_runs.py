@@ -120,30 +120,36 @@ def test_a_run_longer_than_many_tokens_completes_with_one_token_per_lifetime(
 ) -> None:
     rows = 10 * RATE
     job = _job(tmp_path, target, rows)
-    result = _cli(tmp_path, "run", job, "--budget", "0", "--log-file", tmp_path / "run-log.jsonl")
+    log, metrics = tmp_path / "run-log.jsonl", tmp_path / "run.prom"
+    result = _cli(tmp_path, "run", job, "--budget", "0", "--log-file", log, "--metrics-file", metrics)
     assert result.exit_code == ExitCode.SUCCESS, result.envelope
     _assert_every_row_ok_once(result.data["run_dir"], rows)
     oauth = _assert_token_requests_bounded(target)
     assert oauth["issued"] >= 2  # the run outlived its first token
     assert target.stats()["requests"] == rows + oauth["bearer_refusals"]  # a 401 sends its row once more
+    assert b"bulkrelay_" in metrics.read_bytes()  # the metrics were written, with every label they carry
     _assert_no_secret_anywhere(
-        Path(result.data["run_dir"]), tmp_path / "run-log.jsonl", texts=(result.stdout, result.stderr)
+        Path(result.data["run_dir"]), log, metrics, texts=(result.stdout, result.stderr)
     )
 
 
 def test_a_background_job_fetches_its_own_tokens(tmp_path: Path, target: TargetProcess) -> None:
     rows = 5 * RATE
     job = _job(tmp_path, target, rows)
-    front = _cli(tmp_path, "run", job, "--budget", "1s")
+    metrics = tmp_path / "job.prom"
+    front = _cli(tmp_path, "run", job, "--budget", "1s", "--metrics-file", metrics)
     assert front.exit_code == ExitCode.INCOMPLETE, front.envelope
     job_id = front.data["job_id"]
     final = _cli(tmp_path, "job", "wait", job_id, "--budget", HANG_BUDGET)
     assert final.exit_code == ExitCode.SUCCESS, final.envelope
     _assert_every_row_ok_once(final.data["run_dir"], rows)
     _assert_token_requests_bounded(target, restarts=1)  # the front's token, then the worker's
+    job_dir = tmp_path / "state" / "jobs" / job_id  # spec, status, result and the worker's log
+    assert {"spec.json", "status.json", "result.json", "log"} <= {p.name for p in job_dir.iterdir()}
     _assert_no_secret_anywhere(
         Path(final.data["run_dir"]),
-        tmp_path / "state",
+        tmp_path / "state",  # the job directory and the index
+        metrics,
         texts=(front.stdout, front.stderr, final.stdout, final.stderr),
     )
 
