@@ -37,7 +37,7 @@ RATE = 300
 
 # Every row whose email holds "7@" gets the bearer header it carried echoed back, and captured:
 # a target that leaks the token into what the journal keeps.
-TARGET_PLAN = {
+TARGET_PLAN: dict[str, Any] = {
     "oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": LIFETIME},
     "rules": [
         {
@@ -196,7 +196,8 @@ def test_a_secret_rotated_mid_run_halts_it_and_a_resume_with_the_new_one_sends_e
 
     def held_row_retried() -> bool:
         assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before the secret was rotated"
-        return target.stats()["by_status"].get("503", 0) >= 2
+        answered: int = target.stats()["by_status"].get("503", 0)
+        return answered >= 2
 
     wait_for(held_row_retried, "the held row to be answered 503 twice")
     # The secret rotated: the endpoint forgets its tokens and refuses the old secret; the held row passes.
