@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import read_journal
+from bulkrelay.store.rundir import RunDir
 from tests.clirun import CliResult, cli_env, run_cli, start_cli
+from tests.gatedruns import GATED_JOB
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_S, wait_for
@@ -34,7 +37,7 @@ RATE = 300
 
 # Every row whose email holds "7@" gets the bearer header it carried echoed back, and captured:
 # a target that leaks the token into what the journal keeps.
-TARGET_PLAN = {
+TARGET_PLAN: dict[str, Any] = {
     "oauth": {"client_id": "sync-client", "client_secret": SECRET, "lifetime_seconds": LIFETIME},
     "rules": [
         {
@@ -51,7 +54,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return cli_env(CLIENT_ID="sync-client", CLIENT_SECRET=SECRET, BULKRELAY_STATE_DIR=str(tmp_path / "state"))
 
 
-def _job(tmp_path: Path, target: TargetProcess, rows: int) -> Path:
+def _job(tmp_path: Path, target: TargetProcess, rows: int, **more: Any) -> Path:
     return write_job(
         tmp_path,
         target.url,
@@ -71,6 +74,7 @@ def _job(tmp_path: Path, target: TargetProcess, rows: int) -> Path:
         },
         response={"capture": {"seen": "/seen", "seen_b64": "/seen_b64"}},
         execution={"concurrency": 8, "rate_limit": {"requests_per_second": RATE}},
+        **more,
     )
 
 
@@ -95,18 +99,20 @@ def _assert_token_requests_bounded(target: TargetProcess, restarts: int = 0) -> 
     return oauth
 
 
-def _assert_no_secret_anywhere(*places: Path, texts: tuple[str | bytes, ...] = ()) -> None:
-    """Neither the client secret nor any token (the target's all begin `tok-`) in these files or texts."""
+def _assert_no_secret_anywhere(
+    *places: Path, texts: tuple[str | bytes, ...] = (), secrets: tuple[str, ...] = (SECRET,)
+) -> None:
+    """Neither a client secret nor any token (the target's all begin `tok-`) in these files or texts."""
+    unwanted = [secret.encode() for secret in secrets] + [b"tok-"]
     for text in texts:
         data = text.encode() if isinstance(text, str) else text
-        assert SECRET.encode() not in data and b"tok-" not in data
+        assert not [word for word in unwanted if word in data]
     for place in places:
         files = [place] if place.is_file() else [p for p in place.rglob("*") if p.is_file()]
         assert files, f"nothing to search in {place}"
         for file in files:
             data = file.read_bytes()
-            assert SECRET.encode() not in data, file
-            assert b"tok-" not in data, file
+            assert not [word for word in unwanted if word in data], file
 
 
 def test_a_run_longer_than_many_tokens_completes_with_one_token_per_lifetime(
@@ -114,30 +120,36 @@ def test_a_run_longer_than_many_tokens_completes_with_one_token_per_lifetime(
 ) -> None:
     rows = 10 * RATE
     job = _job(tmp_path, target, rows)
-    result = _cli(tmp_path, "run", job, "--budget", "0", "--log-file", tmp_path / "run-log.jsonl")
+    log, metrics = tmp_path / "run-log.jsonl", tmp_path / "run.prom"
+    result = _cli(tmp_path, "run", job, "--budget", "0", "--log-file", log, "--metrics-file", metrics)
     assert result.exit_code == ExitCode.SUCCESS, result.envelope
     _assert_every_row_ok_once(result.data["run_dir"], rows)
     oauth = _assert_token_requests_bounded(target)
     assert oauth["issued"] >= 2  # the run outlived its first token
     assert target.stats()["requests"] == rows + oauth["bearer_refusals"]  # a 401 sends its row once more
+    assert b"bulkrelay_" in metrics.read_bytes()  # the metrics were written, with every label they carry
     _assert_no_secret_anywhere(
-        Path(result.data["run_dir"]), tmp_path / "run-log.jsonl", texts=(result.stdout, result.stderr)
+        Path(result.data["run_dir"]), log, metrics, texts=(result.stdout, result.stderr)
     )
 
 
 def test_a_background_job_fetches_its_own_tokens(tmp_path: Path, target: TargetProcess) -> None:
     rows = 5 * RATE
     job = _job(tmp_path, target, rows)
-    front = _cli(tmp_path, "run", job, "--budget", "1s")
+    metrics = tmp_path / "job.prom"
+    front = _cli(tmp_path, "run", job, "--budget", "1s", "--metrics-file", metrics)
     assert front.exit_code == ExitCode.INCOMPLETE, front.envelope
     job_id = front.data["job_id"]
     final = _cli(tmp_path, "job", "wait", job_id, "--budget", HANG_BUDGET)
     assert final.exit_code == ExitCode.SUCCESS, final.envelope
     _assert_every_row_ok_once(final.data["run_dir"], rows)
     _assert_token_requests_bounded(target, restarts=1)  # the front's token, then the worker's
+    job_dir = tmp_path / "state" / "jobs" / job_id  # spec, status, result and the worker's log
+    assert {"spec.json", "status.json", "result.json", "log"} <= {p.name for p in job_dir.iterdir()}
     _assert_no_secret_anywhere(
         Path(final.data["run_dir"]),
-        tmp_path / "state",
+        tmp_path / "state",  # the job directory and the index
+        metrics,
         texts=(front.stdout, front.stderr, final.stdout, final.stderr),
     )
 
@@ -167,6 +179,53 @@ def test_a_run_killed_9_and_resumed_gets_a_new_token_and_finishes(
     _assert_every_row_ok_once(run_dir, rows)
     _assert_token_requests_bounded(target, restarts=1)
     _assert_no_secret_anywhere(run_dir, texts=(resumed.stdout, resumed.stderr))
+
+
+ROTATED = "client-secret-rotated-7b31c0"
+HELD_ROW = 20  # the target answers this row 503 until the secret is rotated: the run cannot end before
+
+
+def test_a_secret_rotated_mid_run_halts_it_and_a_resume_with_the_new_one_sends_each_row_once(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    rows = 5 * RATE
+    held = {"match": {"body_contains": f"user{HELD_ROW}@"}, "status": 503}
+    target.set_plan({**TARGET_PLAN, "rules": [held, *TARGET_PLAN["rules"]]})
+    job = _job(tmp_path, target, rows, **GATED_JOB)  # the held row is retried for longer than any wait
+    proc = start_cli("run", job, "--budget", "0", cwd=tmp_path, env=_env(tmp_path), output="stdout")
+
+    def held_row_retried() -> bool:
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before the secret was rotated"
+        answered: int = target.stats()["by_status"].get("503", 0)
+        return answered >= 2
+
+    wait_for(held_row_retried, "the held row to be answered 503 twice")
+    # The secret rotated: the endpoint forgets its tokens and refuses the old secret; the held row passes.
+    target.set_plan({**TARGET_PLAN, "oauth": {**TARGET_PLAN["oauth"], "client_secret": ROTATED}})
+    out = proc.communicate(timeout=HANG_S)[0]
+    halted = orjson.loads(out)
+    assert proc.returncode == ExitCode.AUTH_REQUIRED, halted
+    assert halted["error"]["code"] == "TARGET_AUTH_FAILED"
+    assert halted["error"]["context"]["error"] == "invalid_client"
+    run_dir = Path(halted["error"]["context"]["run_dir"])
+    run = RunDir.open(run_dir)
+    assert run.manifest.stop_reason == "token_refused" and run.state.resumable
+    done = list(read_journal(run_dir / "results.jsonl"))
+    assert all(entry.success for entry in done) and HELD_ROW not in {e.row_number for e in done}
+    assert target.stats()["oauth"]["refused"] >= 1
+
+    resumed = run_cli(
+        "resume", run_dir, "--budget", "0", cwd=tmp_path, env={**_env(tmp_path), "CLIENT_SECRET": ROTATED}
+    )
+    assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
+    _assert_every_row_ok_once(run_dir, rows)
+    delivered = Counter(r["path"] for r in target.requests() if 200 <= (r["status"] or 0) < 300)
+    assert sorted(delivered.values()) == [1] * rows  # each row taken by the target once, none twice
+    others = {r["status"] for r in target.requests() if not 200 <= (r["status"] or 0) < 300}
+    assert others <= {401, 503}  # the old token refused, the held row's answers: nothing else
+    _assert_no_secret_anywhere(
+        run_dir, texts=(out, resumed.stdout, resumed.stderr), secrets=(SECRET, ROTATED)
+    )
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "oauth2"

@@ -3,6 +3,7 @@ endpoint, then whole runs in-process against the loopback target's token endpoin
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from bulkrelay.relay.transport.mock import MockTransport
 from bulkrelay.store.journal import read_journal
 from bulkrelay.store.rundir import RunDir
 from tests.jobfiles import write_job
+from tests.listeners import never_accepting
 from tests.targetproc import TargetProcess
 
 # a real target process: outside the fast lane; one for the module, each test sets its plan first
@@ -184,7 +186,10 @@ def _oauth_plan(target: TargetProcess, rules: tuple[dict[str, Any], ...] = (), *
     target.set_plan({"oauth": oauth_plan, "rules": list(rules)})
 
 
-def _job(tmp_path: Path, target: TargetProcess, client: str, rows: int, **execution: Any) -> Path:
+def _job(
+    tmp_path: Path, target: TargetProcess, client: str, rows: int, token_url: str = "", **execution: Any
+) -> Path:
+    """Rows to the target; the token from the target's endpoint unless `token_url` names another."""
     return write_job(
         tmp_path,
         target.url,
@@ -193,7 +198,7 @@ def _job(tmp_path: Path, target: TargetProcess, client: str, rows: int, **execut
         request={
             "auth": {
                 "oauth2": {
-                    "token_url": f"{target.url}/oauth/token",
+                    "token_url": token_url or f"{target.url}/oauth/token",
                     "client_id": "${CLIENT_ID}",
                     "client_secret": "${CLIENT_SECRET}",
                 }
@@ -272,6 +277,37 @@ def test_a_hanging_token_endpoint_is_bounded_by_the_read_timeout(
     assert (result.error.context or {})["cause"] == "timeout_error"
     stats = target.stats()
     assert stats["oauth"]["token_requests"] == 3 and stats["requests"] == 0
+
+
+def _relay_or_hang(tmp_path: Path, job: Path, bound: float) -> tuple[Result, RunDir]:
+    """`_relay` in a thread, failing if it has not ended after `bound` seconds (a hang, not slowness)."""
+    ended: list[tuple[Result, RunDir]] = []
+    thread = threading.Thread(target=lambda: ended.append(_relay(tmp_path, job)), daemon=True)
+    thread.start()
+    thread.join(bound)
+    assert not thread.is_alive(), f"the run had not ended after {bound:g} s"
+    assert ended, "the run raised (see the thread's traceback above)"
+    return ended[0]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_token_endpoint_that_never_takes_the_connection_is_bounded_by_the_connect_timeout(
+    tmp_path: Path, target: TargetProcess, client: str
+) -> None:
+    # read_seconds longer than connect_seconds: on reqwest too, the connect timer is the one that ends it
+    _oauth_plan(target)
+    target.reset()
+    with never_accepting() as url:
+        timeout = {"connect_seconds": 0.5, "read_seconds": 2}
+        job = _job(tmp_path, target, client, rows=10, token_url=url, timeout=timeout)
+        result, run = _relay_or_hang(tmp_path, job, bound=60)  # 3 tries of 0.5 s; 60 s only a hang reaches
+    assert result.exit_code == ExitCode.UNAVAILABLE
+    assert result.error is not None and result.error.code == "TARGET_UNAVAILABLE"
+    context = result.error.context or {}
+    assert context["message"] == "connect timeout" and result.error.detail == "connect timeout"
+    assert context["cause"] == "timeout_error" and context["attempts"] == 3
+    assert target.stats()["requests"] == 0 and run.journal_path.read_bytes() == b""
+    assert run.manifest.stop_reason == "token_unavailable" and run.state.resumable
 
 
 def test_a_401_with_a_token_younger_than_the_row_halts_as_before(

@@ -37,6 +37,7 @@ from bulkrelay.relay.transport.base import (
     TransportError,
     TransportSettings,
 )
+from tests.listeners import never_accepting
 from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.anyio
@@ -208,25 +209,45 @@ async def test_a_trickling_answer_ends_at_the_whole_exchange_deadline() -> None:
 
 
 async def test_connect_that_never_completes_is_a_connect_timeout() -> None:
-    # A listener with a full accept backlog: the kernel drops further SYNs, so connect() hangs.
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(0)
-        port = listener.getsockname()[1]
-        fillers = [socket.socket() for _ in range(3)]
-        for filler in fillers:
-            filler.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                filler.connect(("127.0.0.1", port))
+    with never_accepting() as url:
         transport = open_transport(_settings(connect_seconds=0.3))
         try:
             with pytest.raises(RequestTimeout) as caught:
-                await transport.send(_post(f"http://127.0.0.1:{port}/x"))
-            assert caught.value.phase == "connect"
+                await transport.send(_post(url))
+            assert caught.value.phase == "connect" and str(caught.value) == "connect timeout"
         finally:
             await transport.aclose()
-            for filler in fillers:
-                filler.close()
+
+
+async def test_a_connect_hang_outlasting_the_read_timeout_is_not_called_a_plain_read_timeout(
+    client: ClientName,
+) -> None:
+    """reqwest's read timer starts with the request, so with read_seconds no longer than connect_seconds
+    it ends a hanging connect, and its error is the same as for a connected target that never answers:
+    the message must not claim the target was reached (audit of issue 25). httpx times connects alone."""
+    with never_accepting() as url:
+        transport = open_transport(_settings(connect_seconds=1.0, read_seconds=0.3))
+        try:
+            with pytest.raises(RequestTimeout) as caught:
+                await asyncio.wait_for(transport.send(_post(url)), HANG_S)
+        finally:
+            await transport.aclose()
+    if client == "httpx":
+        assert caught.value.phase == "connect" and str(caught.value) == "connect timeout"
+    else:
+        assert caught.value.phase == "read"  # the request may have gone out, as far as the error tells
+        message = str(caught.value)
+        assert message.startswith("read timeout: no answer from the target in time, or no connection")
+        assert "also runs while connecting" in message
+
+
+async def test_a_slow_answer_is_a_plain_read_timeout_when_read_outlasts_connect() -> None:
+    plan = {"rules": [{"delay_ms": 2000}]}
+    async with _setup(plan, connect_seconds=0.2, read_seconds=0.3) as (target, transport):
+        with pytest.raises(RequestTimeout) as caught:
+            await transport.send(_post(target.url + "/slow"))
+    assert caught.value.phase == "read"
+    assert str(caught.value) == "read timeout: no answer from the target in time"
 
 
 async def _close_after_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

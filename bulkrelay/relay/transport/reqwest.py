@@ -4,14 +4,21 @@ Timeout phases map onto reqwest like this:
 
     pool     waiting for one of `concurrency` request slots (pool_timeout)                  -> phase "pool"
     connect  DNS, TCP and TLS of a new connection (connect_timeout)                         -> phase "connect"
-    read     reqwest's read_timeout: from sending the request to its response headers, then the longest
-             silence between pieces of the body                                             -> phase "read"
+    read     reqwest's read_timeout: from the start of the request (connecting included) to its response
+             headers, then the longest silence between pieces of the body                   -> phase "read"
     write    reqwest has no write timer: reqwest's read timer already runs while the body is sent, and
              the whole exchange has a deadline, timeout = connect + write + read            -> phase "read"
 
 reqwest's errors say less than we need (a reset after the request went out and a refused connection are
 both a "ConnectError"), so `_translate` also reads the error's cause chain: only a failure inside hyper's
-connect step ("client error (Connect)") means the request was never sent.
+connect step ("client error (Connect)") means the request was never sent. pyreqwest's own classes do
+not help: it raises ConnectTimeoutError for any timeout before the response headers, a target that took
+the connection and never answered included.
+
+reqwest's read timer starts with the request, before its connect timer. When `read_seconds` is not longer
+than `connect_seconds`, a connect that hangs therefore ends by the read timer, with nothing in the error
+to tell it from a connected target that never answered: the message then says so, and the phase stays
+"read" (the request may have been sent, as far as anyone can tell).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ class ReqwestTransport:
         # A decoded body may be far larger than the Content-Length of its compressed bytes.
         self._whole_limit = 0 if settings.decompress else settings.max_body_bytes
         self._last_url: tuple[str, Url] | None = None
+        self._read_timeout = _read_timeout_text(settings)
 
     async def send(self, request: PreparedRequest) -> Response:
         try:
@@ -73,7 +81,7 @@ class ReqwestTransport:
                 body, truncated = await _read_bounded(resp, self._settings.max_body_bytes)
                 return Response(resp.status, headers, body, truncated)
         except rq.PyreqwestError as exc:
-            raise _translate(exc, request.url) from None
+            raise _translate(exc, request.url, self._read_timeout) from None
 
     def _parsed(self, text: str) -> Url:
         """The URL parsed once while rows keep naming the same one (a job without a URL template):
@@ -147,8 +155,23 @@ async def _read_bounded(resp: StreamedResponse, limit: int) -> tuple[bytes, bool
     return b"".join(chunks)[:limit], True
 
 
-def _translate(exc: rq.PyreqwestError, url: str) -> TransportError:
-    """The pyreqwest exception as one of our three kinds.
+_READ_TIMEOUT = "read timeout: no answer from the target in time"
+
+
+def _read_timeout_text(settings: TransportSettings) -> str:
+    """What a timeout that is not the connect timer's says: with `read_seconds` no longer than
+    `connect_seconds`, reqwest's read timer also ends connects that hang (see the module's docstring)."""
+    if settings.read_seconds > settings.connect_seconds:
+        return _READ_TIMEOUT
+    return (
+        f"{_READ_TIMEOUT}, or no connection: reqwest's read timer ({settings.read_seconds:g} s) also runs"
+        f" while connecting, and is not longer than connect_seconds ({settings.connect_seconds:g} s)"
+    )
+
+
+def _translate(exc: rq.PyreqwestError, url: str, read_timeout: str = _READ_TIMEOUT) -> TransportError:
+    """The pyreqwest exception as one of our three kinds; `read_timeout` is what a timeout outside the
+    connect step says.
 
     Messages never quote the request URL, which may carry a secret; reqwest's own texts do.
     """
@@ -158,7 +181,7 @@ def _translate(exc: rq.PyreqwestError, url: str) -> TransportError:
     if isinstance(exc, rq.RequestTimeoutError):
         if in_connect:
             return RequestTimeout("connect timeout", phase="connect")
-        return RequestTimeout("read timeout: no answer from the target in time", phase="read")
+        return RequestTimeout(read_timeout, phase="read")
     if in_connect:
         return ConnectFailed(f"cannot connect to {host_port(url)}: {_root_cause(exc)}")
     if isinstance(exc, rq.BuilderError):  # what reqwest refuses only when sending (a scheme, say)
