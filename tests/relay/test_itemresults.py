@@ -48,6 +48,16 @@ def test_a_per_item_status_is_classified_like_a_responses() -> None:
     ]
 
 
+def test_an_item_5xx_is_retryable_and_a_non_retry_status_is_final() -> None:
+    reader = _reader(mode="positional", results="/items", status="/s", message="/e")
+    answer = {"items": [{"s": 503, "e": "shard down"}, {"s": 500}, {"s": 501, "e": "nope"}]}
+    assert _read(reader, answer) == [
+        ("http_server_error", True, 503, "shard down"),  # retry.statuses holds 500, 502, 503, 504
+        ("http_server_error", True, 500, None),
+        ("http_server_error", False, 501, "nope"),  # a 5xx outside retry.statuses is final
+    ]
+
+
 @pytest.mark.parametrize(
     ("items", "answer", "reason"),
     [
