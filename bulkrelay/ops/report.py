@@ -111,12 +111,22 @@ def _missing(
     missing = []
     if not timeline.present:
         missing.append("run.log is absent: no time series, no events, no limits (a run of an early version)")
-    elif not timeline.intervals:
-        missing.append(
-            "run.log has no interval lines (a run of an earlier version): no throughput or outcomes over time"
-        )
-    elif timeline.limits is None:
-        missing.append("run.log does not record the limits in force (a run of an earlier version)")
+    else:
+        if not timeline.intervals:
+            missing.append(
+                "run.log has no interval lines (a run of an earlier version): "
+                "no throughput or outcomes over time"
+            )
+        unrecorded = [
+            name
+            for name, value in (
+                ("the limits in force", timeline.limits),
+                ("the transport", timeline.transport),
+            )
+            if value is None
+        ]
+        if unrecorded:  # the header says "not recorded" for each
+            missing.append(f"run.log does not record {' or '.join(unrecorded)} (a run of an earlier version)")
     if timeline.unreadable_lines:
         missing.append(f"{timeline.unreadable_lines} lines of run.log could not be read and were skipped")
     checkpoint = read_checkpoint(run.path)  # of a live run, newer than the journal read before it

@@ -452,3 +452,21 @@ def test_a_call_handed_to_a_background_job_keeps_its_own_exit_apart_from_the_job
     )
     calls = read_timeline(tmp_path).calls
     assert [(c.pid, c.exit_code) for c in calls] == [(100, 14), (200, 0)]
+
+
+def test_an_old_run_log_without_limits_says_so_in_missing_as_the_page_does(tmp_path: Path) -> None:
+    """A run log of an earlier version: no interval lines, and a preflight_done without limits or
+    transport. The page says "not recorded" for both; `missing` must name them too."""
+    job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=2))
+    run = RunDir.create(tmp_path / "runs", plan_for(run_preflight(job, None)))
+    start = 1_790_000_000.0
+    (run.path / "run.log").write_bytes(
+        _log_line(start, "start", command="run")
+        + _log_line(start + 0.5, "preflight_done")
+        + _log_line(start + 2, "exit", exit_code=0)
+    )
+    html, (_, _, missing) = build_report(run)
+    assert html.count('<span class="absent">not recorded</span>') == 2  # transport and limits
+    said = " ".join(missing)
+    assert "no interval lines" in said
+    assert "the limits in force" in said and "the transport" in said, missing
