@@ -14,8 +14,9 @@ from typing import Any
 
 from bulkrelay.envelope import Result, SideChannel
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
+from bulkrelay.job.inputs.spec import PARQUET_SOURCE
 from bulkrelay.ops.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
-from bulkrelay.ops.reportpage import ReportFacts, page
+from bulkrelay.ops.reportpage import QueryInput, ReportFacts, page
 from bulkrelay.ops.results import ReportResult
 from bulkrelay.ops.status import LIVE, REPORT, committed_progress, liveness
 from bulkrelay.store.atomic import read_json, write_atomic
@@ -71,6 +72,7 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
         job_path=run.plan.job_path,
         input_path=run.plan.input.path,
         input_format=run.plan.input.format + (", gzip" if run.plan.input.gzip else ""),
+        query=_query_of(run),
         state=str(run.state),
         liveness=alive,
         exit_code=last.exit_code if last is not None and alive != LIVE else None,
@@ -86,6 +88,16 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
         deletions=_deletions(run),
         missing=tuple(_missing(run, tally, timeline, summary)),
     )
+
+
+def _query_of(run: RunDir) -> QueryInput | None:
+    """A query run's query and database as run.json records them (None: the input is a file). A run of
+    an earlier version may lack the text: its configuration fingerprint has `input.query`, a digest."""
+    record = run.plan.input
+    database = record.source if record.source and not record.source.startswith(PARQUET_SOURCE) else None
+    if database is None and record.query is None and "input.query" not in (run.plan.config_sections or {}):
+        return None
+    return QueryInput(text=record.query, database=database)
 
 
 def _summary(run: RunDir) -> dict[str, Any] | None:
@@ -129,6 +141,13 @@ def _missing(
             missing.append(f"run.log does not record {' or '.join(unrecorded)} (a run of an earlier version)")
     if timeline.unreadable_lines:
         missing.append(f"{timeline.unreadable_lines} lines of run.log could not be read and were skipped")
+    query = _query_of(run)
+    if query is not None and query.text is None:
+        missing.append(
+            "run.json does not record the query's text, only its digest (a run of an earlier version)"
+        )
+    if query is not None and query.database is None:
+        missing.append("run.json does not record the query's database (a run of an earlier version)")
     checkpoint = read_checkpoint(run.path)  # of a live run, newer than the journal read before it
     if liveness(run) != LIVE and checkpoint is not None and checkpoint.rows_done > tally.done:
         missing.append(

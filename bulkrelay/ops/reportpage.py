@@ -45,6 +45,15 @@ _TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10
 
 
 @dataclass(frozen=True)
+class QueryInput:
+    """A query input as run.json records it: the text, and the database named without credentials
+    (`input.source`). None where a run of an earlier version did not record it."""
+
+    text: str | None
+    database: str | None
+
+
+@dataclass(frozen=True)
 class ReportFacts:
     """What the page shows besides the journal's and the run log's own tallies."""
 
@@ -54,6 +63,7 @@ class ReportFacts:
     job_path: str
     input_path: str
     input_format: str
+    query: QueryInput | None  # None: the input is a file
     state: str
     liveness: str
     exit_code: int | None
@@ -103,7 +113,7 @@ def _header(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> str:
     duration = "—" if facts.duration_seconds is None else _duration(facts.duration_seconds)
     rows: list[tuple[str, str]] = [
         ("job", _code(facts.job_path)),
-        ("input", f"{_code(facts.input_path)} ({escape(facts.input_format)})"),
+        ("input", _input(facts)),
         ("state", f'<span class="state {escape(facts.state)}" id="state">{escape(state)}</span>'),
         ("exit code", f'<span id="exit-code">{exit_text}</span>'),
         ("started", escape(facts.started)),
@@ -127,6 +137,24 @@ def _header(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> str:
         rows.append(("retry of", _code(facts.parent_run)))
     cells = "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
     return f'<section id="header"><table class="facts">{cells}</table></section>'
+
+
+def _input(facts: ReportFacts) -> str:
+    """The file read; for a query, the query and its database first, then the snapshot it was taken into."""
+    file = f'<code id="input-path">{escape(facts.input_path)}</code> ({escape(facts.input_format)})'
+    query = facts.query
+    if query is None:
+        return file
+    text = _recorded("input-query", query.text, ' class="query"')
+    database = _recorded("input-database", query.database)
+    return f"query {text} on {database}, taken into the snapshot {file}"
+
+
+def _recorded(element: str, value: str | None, css: str = "") -> str:
+    """`value` in a code element with this id, or "not recorded" (a run of an earlier version)."""
+    if value is None:
+        return f'<span class="absent" id="{element}">not recorded</span>'
+    return f'<code id="{element}"{css}>{escape(value)}</code>'
 
 
 def _calls(timeline: Timeline) -> str:
@@ -489,7 +517,7 @@ table.facts th{color:#556;font-weight:600;white-space:nowrap}
 table.totals td,table.totals th{border-bottom:1px solid #eef0f3}
 table.examples{width:100%;font-size:13px}table.examples td,table.examples th{border-bottom:1px solid #eef0f3}
 pre{margin:0;white-space:pre-wrap;word-break:break-all;font-size:12px;max-width:520px}
-code{font-size:13px;background:#f0f2f5;padding:1px 4px;border-radius:3px}
+code{font-size:13px;background:#f0f2f5;padding:1px 4px;border-radius:3px}code.query{white-space:pre-wrap}
 .absent{color:#8a6d1c}.good{color:#2a7a3a}.note{color:#667;font-size:12px}
 .state.completed{color:#2a7a3a}.state.completed_with_failures,.state.stopped,.state.forced{color:#b0560b}
 .legend{font-size:12px;color:#445}.key{margin-right:14px;white-space:nowrap}

@@ -8,6 +8,7 @@ import fcntl
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -470,3 +471,49 @@ def test_an_old_run_log_without_limits_says_so_in_missing_as_the_page_does(tmp_p
     said = " ".join(missing)
     assert "no interval lines" in said
     assert "the limits in force" in said and "the transport" in said, missing
+
+
+_QUERY = "SELECT id, email, name FROM customers WHERE id > :after ORDER BY id"
+
+
+@pytest.mark.slow
+def test_a_query_run_s_header_shows_its_query_and_its_database_and_an_old_one_says_what_is_missing(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, email TEXT, name TEXT)")
+        conn.executemany(
+            "INSERT INTO customers VALUES (?, ?, ?)", [(n, f"u{n}@example.com", "U") for n in (1, 2, 3)]
+        )
+    conn.close()
+    query = {
+        "file": None,
+        "query": _QUERY,
+        "database": "${DATABASE_URL}",
+        "params": {"after": 0},
+        "key": "id",
+    }
+    job = write_job(tmp_path, target.url, rows=1, input=query)
+    env = cli_env(DATABASE_URL=f"sqlite:///{db}")
+    result = run_cli("run", job, "--budget", "0", "--report", cwd=tmp_path, env=env)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    run_dir = Path(result.data["run_dir"])
+    recorded = orjson.loads((run_dir / "run.json").read_bytes())["input"]
+    assert recorded["query"] == _QUERY and recorded["source"] == f"sqlite:///{db.resolve()}"
+    shown = _elements((run_dir / REPORT).read_text()).text
+    assert shown["input-query"] == _QUERY
+    assert shown["input-database"] == recorded["source"]  # as run.json names it: no credentials
+    assert shown["input-path"] == str(run_dir / "input.jsonl")
+
+    old = tmp_path / "old" / run_dir.name  # a run of issue 26's version: the query only as a digest
+    shutil.copytree(run_dir, old)
+    manifest = orjson.loads((old / "run.json").read_bytes())
+    del manifest["input"]["query"]
+    (old / "run.json").write_bytes(orjson.dumps(manifest))
+    answer = report(old)
+    assert isinstance(answer.data, ReportResult)
+    assert any("the query's text" in text for text in answer.data.missing), answer.data.missing
+    shown = _elements((old / REPORT).read_text()).text
+    assert shown["input-query"] == "not recorded" and shown["input-database"] == recorded["source"]
+    assert _QUERY not in (old / REPORT).read_text()  # not guessed from the job file
