@@ -16,7 +16,7 @@ from bulkrelay.envelope import Result, SideChannel
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
 from bulkrelay.job.inputs.spec import PARQUET_SOURCE
 from bulkrelay.ops.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
-from bulkrelay.ops.reportpage import QueryInput, ReportFacts, page
+from bulkrelay.ops.reportpage import Deletions, QueryInput, ReportFacts, page
 from bulkrelay.ops.results import ReportResult
 from bulkrelay.ops.status import LIVE, REPORT, committed_progress, liveness
 from bulkrelay.store.atomic import read_json, write_atomic
@@ -85,7 +85,7 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
         parent_run=run.plan.parent_run,
         generated_at=utc_now(),
         sync=run.plan.sync.to_json() if run.plan.sync is not None else None,
-        deletions=_deletions(run),
+        deletions=_deletions(run, rows_total, tally.done),
         missing=tuple(_missing(run, tally, timeline, summary)),
     )
 
@@ -164,11 +164,11 @@ def _missing(
     return missing
 
 
-def _deletions(run: RunDir) -> dict[str, Any] | None:
-    """A mirror job's deletions: this run sends them, or names the run that sent them."""
+def _deletions(run: RunDir, rows_total: int, done: int) -> Deletions | None:
+    """A mirror job's deletions: this run sends them (a deletion run), or names the run that sent them."""
     plan = run.plan
     if plan.mirror_deletes:
-        return {"this run sends the deletions of the keys gone since run": plan.mirror_of}
+        return Deletions(of_night=plan.mirror_of, deletes=rows_total, sent=done)
     if plan.sync is None or plan.sync.mode != "mirror":
         return None
     for sibling in sorted(run.path.parent.iterdir()):
@@ -179,8 +179,8 @@ def _deletions(run: RunDir) -> dict[str, Any] | None:
             other = RunDir.open(sibling)
             if other.plan.mirror_of == run.run_id:
                 done = committed_progress(other).done  # a finished run keeps its summary, no checkpoint
-                return {"deletions run": other.run_id, "deletes": other.plan.input.record_count, "sent": done}
-    return {"deletions": "none sent for this run"}
+                return Deletions(run=other.run_id, deletes=other.plan.input.record_count, sent=done)
+    return Deletions()
 
 
 def _write(target: Path, data: bytes, *, explicit: bool, run: RunDir) -> None:

@@ -54,6 +54,18 @@ class QueryInput:
 
 
 @dataclass(frozen=True)
+class Deletions:
+    """A mirror job's deletions. Of a deletion run: the night whose vanished keys it deletes (`of_night`),
+    how many and how many it sent. Of a night: the deletion run that sent them (`run`), or neither: none
+    were sent for it."""
+
+    of_night: str | None = None
+    run: str | None = None
+    deletes: int = 0
+    sent: int = 0
+
+
+@dataclass(frozen=True)
 class ReportFacts:
     """What the page shows besides the journal's and the run log's own tallies."""
 
@@ -76,7 +88,7 @@ class ReportFacts:
     parent_run: str | None
     generated_at: str
     sync: dict[str, Any] | None
-    deletions: dict[str, Any] | None  # a mirror job's deletions: this run's, or the run that sent them
+    deletions: Deletions | None  # a mirror job's deletions: this run's, or the run that sent them
     missing: tuple[str, ...]
 
 
@@ -464,25 +476,38 @@ def _batches_and_delta(facts: ReportFacts, tally: JournalTally) -> str:
 
 
 def _delta(facts: ReportFacts) -> str:
-    if facts.sync is None:
+    sync, deletions = facts.sync, facts.deletions
+    if sync is None and deletions is None:
         return '<p class="absent" id="not-delta">not a delta run.</p>'
-    sync = facts.sync
-    rows = (
-        ("mode", escape(str(sync.get("mode")))),
-        ("full pass", "yes" if sync.get("full") else "no"),
-        ("rows sent (changed)", str(sync.get("selected"))),
-        (
-            "rows skipped as unchanged",
-            f'<span data-summary="skipped_unchanged">{sync.get("skipped_unchanged")}</span>',
-        ),
-    )
-    cells = "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
-    deletions = facts.deletions
+    rows: list[tuple[str, str]] = []
+    if sync is not None:
+        rows += [
+            ("mode", f'<span id="delta-mode">{escape(str(sync.get("mode")))}</span>'),
+            ("full pass", "yes" if sync.get("full") else "no"),
+            ("rows sent (changed)", str(sync.get("selected"))),
+            (
+                "rows skipped as unchanged",
+                f'<span data-summary="skipped_unchanged">{sync.get("skipped_unchanged")}</span>',
+            ),
+        ]
     if deletions is not None:
-        cells += "".join(
-            f"<tr><th>{escape(k)}</th><td>{escape(_plain(v))}</td></tr>" for k, v in deletions.items()
-        )
+        rows += _deletion_rows(deletions)
+    cells = "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
     return f'<table class="facts">{cells}</table>'
+
+
+def _deletion_rows(deletions: Deletions) -> list[tuple[str, str]]:
+    counts = [
+        ("deletes", f'<span id="deletes">{deletions.deletes}</span>'),
+        ("sent", f'<span id="sent">{deletions.sent}</span>'),
+    ]
+    if deletions.of_night is not None:
+        mode = '<span id="delta-mode">deletion run of a mirror job</span>'
+        night = f'<code id="deletions-of">{escape(deletions.of_night)}</code>'
+        return [("mode", mode), ("deletes the keys gone since run", night), *counts]
+    if deletions.run is None:
+        return [("deletions", "none sent for this run")]
+    return [("deletions run", f'<code id="deletions-run">{escape(deletions.run)}</code>'), *counts]
 
 
 # ---------------------------------------------------------------- words and numbers

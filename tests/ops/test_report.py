@@ -517,3 +517,36 @@ def test_a_query_run_s_header_shows_its_query_and_its_database_and_an_old_one_sa
     shown = _elements((old / REPORT).read_text()).text
     assert shown["input-query"] == "not recorded" and shown["input-database"] == recorded["source"]
     assert _QUERY not in (old / REPORT).read_text()  # not guessed from the job file
+
+
+def _mirror_rows(*keys: str) -> list[dict[str, str]]:
+    return [{"id": key, "email": f"{key}@example.com", "name": f"User {key}"} for key in keys]
+
+
+@pytest.mark.slow
+def test_a_mirror_night_and_its_deletion_run_each_say_what_they_are(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    mirror: dict[str, Any] = {
+        "input": {"key": "id"},
+        "request": {"method": "PUT"},
+        "execution": {"sync": "mirror"},
+        "mirror": {"url": f"{target.url}/items/{{id}}", "max_deletes": 10},
+    }
+    job = write_job(tmp_path, target.url, _mirror_rows("a", "b", "c"), **mirror)
+    assert run_cli("run", job, "--budget", "0", cwd=tmp_path).exit_code == ExitCode.SUCCESS
+    write_job(tmp_path, target.url, _mirror_rows("a"), **mirror)  # b and c are gone: deleted
+    night = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+    assert night.exit_code == ExitCode.SUCCESS, night.envelope
+    night_dir, deletions_dir = Path(night.data["run_dir"]), Path(night.data["mirror"]["run_dir"])
+
+    html, _ = build_report(RunDir.open(deletions_dir))
+    assert "not a delta run" not in html
+    shown = _elements(html).text
+    assert shown["delta-mode"] == "deletion run of a mirror job"
+    assert shown["deletions-of"] == night_dir.name  # the night whose vanished keys it deletes
+    assert (shown["deletes"], shown["sent"]) == ("2", "2")
+
+    night_page = _elements(build_report(RunDir.open(night_dir))[0]).text
+    assert night_page["delta-mode"] == "mirror" and night_page["skipped_unchanged"] == "1"
+    assert night_page["deletions-run"] == deletions_dir.name and night_page["deletes"] == "2"
