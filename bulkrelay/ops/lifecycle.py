@@ -166,15 +166,19 @@ def _time_limit(options: RunOptions, max_lifetime_seconds: float) -> tuple[float
 
 
 def plan_for(preflight: Preflight) -> RunPlan:
-    """What a new run's manifest records of a preflighted job: fingerprints, paths. Never a header
-    value or a secret. The maker adds its own part (parent, invocation, shard, ...) by `replace`."""
+    """What a new run's manifest records of a preflighted job: fingerprints, paths, a query's text.
+    Never a header value or a secret. The maker adds its own part (parent, invocation, shard, ...)
+    by `replace`."""
     job = preflight.job
     path = str(preflight.input_spec.path.resolve())
     return RunPlan(
         name=job.config.name,
         job_path=str(job.path),
         input=InputRecord(
-            path=path, source=preflight.input_spec.source, **preflight.input_fingerprint.to_dict()
+            path=path,
+            source=preflight.input_spec.source,
+            query=job.config.input.query if preflight.input_spec.query_answer else None,
+            **preflight.input_fingerprint.to_dict(),
         ),
         config_sha256=preflight.config_fingerprint,
         config_sections=config_sections(job.config),

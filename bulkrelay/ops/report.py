@@ -14,8 +14,9 @@ from typing import Any
 
 from bulkrelay.envelope import Result, SideChannel
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
+from bulkrelay.job.inputs.spec import PARQUET_SOURCE
 from bulkrelay.ops.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
-from bulkrelay.ops.reportpage import ReportFacts, page
+from bulkrelay.ops.reportpage import Deletions, QueryInput, ReportFacts, page
 from bulkrelay.ops.results import ReportResult
 from bulkrelay.ops.status import LIVE, REPORT, committed_progress, liveness
 from bulkrelay.store.atomic import read_json, write_atomic
@@ -71,6 +72,7 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
         job_path=run.plan.job_path,
         input_path=run.plan.input.path,
         input_format=run.plan.input.format + (", gzip" if run.plan.input.gzip else ""),
+        query=_query_of(run),
         state=str(run.state),
         liveness=alive,
         exit_code=last.exit_code if last is not None and alive != LIVE else None,
@@ -83,9 +85,19 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
         parent_run=run.plan.parent_run,
         generated_at=utc_now(),
         sync=run.plan.sync.to_json() if run.plan.sync is not None else None,
-        deletions=_deletions(run),
+        deletions=_deletions(run, rows_total, tally.done),
         missing=tuple(_missing(run, tally, timeline, summary)),
     )
+
+
+def _query_of(run: RunDir) -> QueryInput | None:
+    """A query run's query and database as run.json records them (None: the input is a file). A run of
+    an earlier version may lack the text: its configuration fingerprint has `input.query`, a digest."""
+    record = run.plan.input
+    database = record.source if record.source and not record.source.startswith(PARQUET_SOURCE) else None
+    if database is None and record.query is None and "input.query" not in (run.plan.config_sections or {}):
+        return None
+    return QueryInput(text=record.query, database=database)
 
 
 def _summary(run: RunDir) -> dict[str, Any] | None:
@@ -111,14 +123,31 @@ def _missing(
     missing = []
     if not timeline.present:
         missing.append("run.log is absent: no time series, no events, no limits (a run of an early version)")
-    elif not timeline.intervals:
-        missing.append(
-            "run.log has no interval lines (a run of an earlier version): no throughput or outcomes over time"
-        )
-    elif timeline.limits is None:
-        missing.append("run.log does not record the limits in force (a run of an earlier version)")
+    else:
+        if not timeline.intervals:
+            missing.append(
+                "run.log has no interval lines (a run of an earlier version): "
+                "no throughput or outcomes over time"
+            )
+        unrecorded = [
+            name
+            for name, value in (
+                ("the limits in force", timeline.limits),
+                ("the transport", timeline.transport),
+            )
+            if value is None
+        ]
+        if unrecorded:  # the header says "not recorded" for each
+            missing.append(f"run.log does not record {' or '.join(unrecorded)} (a run of an earlier version)")
     if timeline.unreadable_lines:
         missing.append(f"{timeline.unreadable_lines} lines of run.log could not be read and were skipped")
+    query = _query_of(run)
+    if query is not None and query.text is None:
+        missing.append(
+            "run.json does not record the query's text, only its digest (a run of an earlier version)"
+        )
+    if query is not None and query.database is None:
+        missing.append("run.json does not record the query's database (a run of an earlier version)")
     checkpoint = read_checkpoint(run.path)  # of a live run, newer than the journal read before it
     if liveness(run) != LIVE and checkpoint is not None and checkpoint.rows_done > tally.done:
         missing.append(
@@ -135,11 +164,11 @@ def _missing(
     return missing
 
 
-def _deletions(run: RunDir) -> dict[str, Any] | None:
-    """A mirror job's deletions: this run sends them, or names the run that sent them."""
+def _deletions(run: RunDir, rows_total: int, done: int) -> Deletions | None:
+    """A mirror job's deletions: this run sends them (a deletion run), or names the run that sent them."""
     plan = run.plan
     if plan.mirror_deletes:
-        return {"this run sends the deletions of the keys gone since run": plan.mirror_of}
+        return Deletions(of_night=plan.mirror_of, deletes=rows_total, sent=done)
     if plan.sync is None or plan.sync.mode != "mirror":
         return None
     for sibling in sorted(run.path.parent.iterdir()):
@@ -150,8 +179,8 @@ def _deletions(run: RunDir) -> dict[str, Any] | None:
             other = RunDir.open(sibling)
             if other.plan.mirror_of == run.run_id:
                 done = committed_progress(other).done  # a finished run keeps its summary, no checkpoint
-                return {"deletions run": other.run_id, "deletes": other.plan.input.record_count, "sent": done}
-    return {"deletions": "none sent for this run"}
+                return Deletions(run=other.run_id, deletes=other.plan.input.record_count, sent=done)
+    return Deletions()
 
 
 def _write(target: Path, data: bytes, *, explicit: bool, run: RunDir) -> None:

@@ -45,6 +45,27 @@ _TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10
 
 
 @dataclass(frozen=True)
+class QueryInput:
+    """A query input as run.json records it: the text, and the database named without credentials
+    (`input.source`). None where a run of an earlier version did not record it."""
+
+    text: str | None
+    database: str | None
+
+
+@dataclass(frozen=True)
+class Deletions:
+    """A mirror job's deletions. Of a deletion run: the night whose vanished keys it deletes (`of_night`),
+    how many and how many it sent. Of a night: the deletion run that sent them (`run`), or neither: none
+    were sent for it."""
+
+    of_night: str | None = None
+    run: str | None = None
+    deletes: int = 0
+    sent: int = 0
+
+
+@dataclass(frozen=True)
 class ReportFacts:
     """What the page shows besides the journal's and the run log's own tallies."""
 
@@ -54,6 +75,7 @@ class ReportFacts:
     job_path: str
     input_path: str
     input_format: str
+    query: QueryInput | None  # None: the input is a file
     state: str
     liveness: str
     exit_code: int | None
@@ -66,7 +88,7 @@ class ReportFacts:
     parent_run: str | None
     generated_at: str
     sync: dict[str, Any] | None
-    deletions: dict[str, Any] | None  # a mirror job's deletions: this run's, or the run that sent them
+    deletions: Deletions | None  # a mirror job's deletions: this run's, or the run that sent them
     missing: tuple[str, ...]
 
 
@@ -103,7 +125,7 @@ def _header(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> str:
     duration = "—" if facts.duration_seconds is None else _duration(facts.duration_seconds)
     rows: list[tuple[str, str]] = [
         ("job", _code(facts.job_path)),
-        ("input", f"{_code(facts.input_path)} ({escape(facts.input_format)})"),
+        ("input", _input(facts)),
         ("state", f'<span class="state {escape(facts.state)}" id="state">{escape(state)}</span>'),
         ("exit code", f'<span id="exit-code">{exit_text}</span>'),
         ("started", escape(facts.started)),
@@ -127,6 +149,24 @@ def _header(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> str:
         rows.append(("retry of", _code(facts.parent_run)))
     cells = "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
     return f'<section id="header"><table class="facts">{cells}</table></section>'
+
+
+def _input(facts: ReportFacts) -> str:
+    """The file read; for a query, the query and its database first, then the snapshot it was taken into."""
+    file = f'<code id="input-path">{escape(facts.input_path)}</code> ({escape(facts.input_format)})'
+    query = facts.query
+    if query is None:
+        return file
+    text = _recorded("input-query", query.text, ' class="query"')
+    database = _recorded("input-database", query.database)
+    return f"query {text} on {database}, taken into the snapshot {file}"
+
+
+def _recorded(element: str, value: str | None, css: str = "") -> str:
+    """`value` in a code element with this id, or "not recorded" (a run of an earlier version)."""
+    if value is None:
+        return f'<span class="absent" id="{element}">not recorded</span>'
+    return f'<code id="{element}"{css}>{escape(value)}</code>'
 
 
 def _calls(timeline: Timeline) -> str:
@@ -436,25 +476,38 @@ def _batches_and_delta(facts: ReportFacts, tally: JournalTally) -> str:
 
 
 def _delta(facts: ReportFacts) -> str:
-    if facts.sync is None:
+    sync, deletions = facts.sync, facts.deletions
+    if sync is None and deletions is None:
         return '<p class="absent" id="not-delta">not a delta run.</p>'
-    sync = facts.sync
-    rows = (
-        ("mode", escape(str(sync.get("mode")))),
-        ("full pass", "yes" if sync.get("full") else "no"),
-        ("rows sent (changed)", str(sync.get("selected"))),
-        (
-            "rows skipped as unchanged",
-            f'<span data-summary="skipped_unchanged">{sync.get("skipped_unchanged")}</span>',
-        ),
-    )
-    cells = "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
-    deletions = facts.deletions
+    rows: list[tuple[str, str]] = []
+    if sync is not None:
+        rows += [
+            ("mode", f'<span id="delta-mode">{escape(str(sync.get("mode")))}</span>'),
+            ("full pass", "yes" if sync.get("full") else "no"),
+            ("rows sent (changed)", str(sync.get("selected"))),
+            (
+                "rows skipped as unchanged",
+                f'<span data-summary="skipped_unchanged">{sync.get("skipped_unchanged")}</span>',
+            ),
+        ]
     if deletions is not None:
-        cells += "".join(
-            f"<tr><th>{escape(k)}</th><td>{escape(_plain(v))}</td></tr>" for k, v in deletions.items()
-        )
+        rows += _deletion_rows(deletions)
+    cells = "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
     return f'<table class="facts">{cells}</table>'
+
+
+def _deletion_rows(deletions: Deletions) -> list[tuple[str, str]]:
+    counts = [
+        ("deletes", f'<span id="deletes">{deletions.deletes}</span>'),
+        ("sent", f'<span id="sent">{deletions.sent}</span>'),
+    ]
+    if deletions.of_night is not None:
+        mode = '<span id="delta-mode">deletion run of a mirror job</span>'
+        night = f'<code id="deletions-of">{escape(deletions.of_night)}</code>'
+        return [("mode", mode), ("deletes the keys gone since run", night), *counts]
+    if deletions.run is None:
+        return [("deletions", "none sent for this run")]
+    return [("deletions run", f'<code id="deletions-run">{escape(deletions.run)}</code>'), *counts]
 
 
 # ---------------------------------------------------------------- words and numbers
@@ -489,7 +542,7 @@ table.facts th{color:#556;font-weight:600;white-space:nowrap}
 table.totals td,table.totals th{border-bottom:1px solid #eef0f3}
 table.examples{width:100%;font-size:13px}table.examples td,table.examples th{border-bottom:1px solid #eef0f3}
 pre{margin:0;white-space:pre-wrap;word-break:break-all;font-size:12px;max-width:520px}
-code{font-size:13px;background:#f0f2f5;padding:1px 4px;border-radius:3px}
+code{font-size:13px;background:#f0f2f5;padding:1px 4px;border-radius:3px}code.query{white-space:pre-wrap}
 .absent{color:#8a6d1c}.good{color:#2a7a3a}.note{color:#667;font-size:12px}
 .state.completed{color:#2a7a3a}.state.completed_with_failures,.state.stopped,.state.forced{color:#b0560b}
 .legend{font-size:12px;color:#445}.key{margin-right:14px;white-space:nowrap}

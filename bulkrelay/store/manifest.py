@@ -76,6 +76,10 @@ class InputRecord:
     # What the records were taken from, when `path` is a snapshot of it: a query's database named
     # without credentials (`postgresql://host:5432/db`, `sqlite:///path`). Absent for a file.
     source: str | None = None
+    # A query's text as the job file writes it (`input.query`: no secret goes in it, `${...}` is only
+    # for `input.database`), so the run says what it read. Absent for a file, and in runs made before
+    # it was kept (their configuration fingerprint holds only its digest).
+    query: str | None = None
 
     @classmethod
     def from_json(cls, fields: JsonFields) -> InputRecord:
@@ -87,13 +91,15 @@ class InputRecord:
             size=fields.integer("size"),
             record_count=fields.integer("record_count"),
             source=fields.optional_text("source"),
+            query=fields.optional_text("query"),
         )
 
     def fingerprint(self) -> dict[str, Any]:
-        """The fingerprint alone (no path, no source), as the input's own fingerprint spells it."""
+        """The fingerprint alone (no path, no source, no query), as the input's own fingerprint spells it."""
         data = self.to_json()
         del data["path"]
         data.pop("source", None)
+        data.pop("query", None)
         return data
 
     def to_json(self) -> dict[str, Any]:
@@ -107,6 +113,8 @@ class InputRecord:
         }
         if self.source is not None:
             data["source"] = self.source
+        if self.query is not None:
+            data["query"] = self.query
         return data
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import fcntl
 import re
+import shlex
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -28,6 +30,7 @@ from bulkrelay.ops.reportdata import MAX_POINTS, JournalTally, Timeline, read_ti
 from bulkrelay.ops.reportpage import CSP, page
 from bulkrelay.ops.results import ReportResult
 from bulkrelay.ops.status import REPORT
+from bulkrelay.ops.svgchart import BOTTOM, HEIGHT, TOP
 from bulkrelay.store.journal import JournalEntry
 from bulkrelay.store.manifest import SyncRecord
 from bulkrelay.store.rundir import RunDir
@@ -40,6 +43,7 @@ from tests.waiting import HANG_S, wait_for
 SECRET = "tk-9f3e7c1d5b2a-report"
 ROWS = 60
 REJECTED = 6  # rows whose email holds "5@": 5, 15, ..., 55
+REJECTED_ROWS = frozenset(range(5, ROWS, 10))
 
 
 def _email(row: int) -> dict[str, Any]:
@@ -99,6 +103,7 @@ def _play(tmp: Path) -> Scenario:
             tmp,
             target.url,
             rows=ROWS,
+            input={"key": "id"},  # the failure examples show each row's key: its id, the row number
             request={"headers": {"Authorization": "Bearer ${API_TOKEN}"}},
             execution={"concurrency": 2, "rate_limit": {"requests_per_second": 50}},
             retry={"max_attempts": 3, "initial_backoff_seconds": 0.05},
@@ -188,6 +193,34 @@ class _Elements(HTMLParser):
                 if name in attributes:
                     key = attributes[name]
                     self.text[key] = self.text.get(key, "") + data
+
+
+class _ExampleRows(HTMLParser):
+    """The cells' texts of each row of the failure groups' example tables."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self._in_examples = self._in_cell = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self._in_examples = ("class", "examples") in attrs
+        elif self._in_examples and tag == "tr":
+            self.rows.append([])
+        elif self._in_examples and tag == "td":
+            self._in_cell = True
+            self.rows[-1].append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td":
+            self._in_cell = False
+        elif tag == "table":
+            self._in_examples = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_cell:
+            self.rows[-1][-1] += data
 
 
 def _elements(html: str) -> _Elements:
@@ -285,6 +318,84 @@ def test_the_time_axis_marks_the_pause_the_stop_and_the_resume(scenario: Scenari
         assert mark in classes, mark
     assert "1 resumes" in _elements(html).text["events"]
     assert "configured" in [a.get("class") for t, a in _elements(html).tags if t == "polyline"]
+
+
+@pytest.mark.slow
+def test_the_failure_examples_show_each_row_s_number_key_error_and_redacted_body(scenario: Scenario) -> None:
+    html = scenario.page.read_text()
+    examples = [cells for cells in _example_rows(html) if cells]  # the header row has no td
+    assert 1 <= len(examples) <= 3  # one group (422), up to three examples
+    for row, key, attempts, error, body in examples:
+        assert int(row) in REJECTED_ROWS, examples  # which three depends on completion order: any
+        assert key == row  # input.key is the id, which write_job makes the row number
+        assert (attempts, error) == ("1", "HTTP 422")
+        body_sent = orjson.loads(body)
+        assert body_sent == {"error": "invalid email", "saw": "Bearer ***"}  # the echoed token, redacted
+    run = shlex.quote(str(scenario.run_dir))
+    assert f"bulkrelay retry-failed {run} --status 422</code>" in html
+
+
+def _example_rows(html: str) -> list[list[str]]:
+    parser = _ExampleRows()
+    parser.feed(html)
+    return parser.rows
+
+
+def _levels(html: str, css: str) -> list[float]:
+    """The y (in pixels) of each level of a throughput chart's step line, in time order."""
+    chart = html[html.index('id="chart-throughput"') :]
+    chart = chart[: chart.index("</svg>")]
+    ys = [
+        float(point.split(",")[1])
+        for points in re.findall(rf'<polyline class="{css}" points="([^"]*)"', chart)
+        for point in points.split()
+    ]
+    return ys[::2]  # each level is drawn from its stretch's start to its end: two points
+
+
+def test_the_throughput_chart_draws_the_adapted_rate_at_each_interval_s_level(tmp_path: Path) -> None:
+    job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=2))
+    run = RunDir.create(tmp_path / "runs", plan_for(run_preflight(job, None)))
+    start = 1_790_000_000.0
+    adapted = [50.0, 25.0, 27.5, 30.0, 50.0]  # a 429 halved it, then it climbed back
+    lines = [_log_line(start, "start", command="run"), _log_line(start, "preflight_done", limits={"c": 1})]
+    for i, rate in enumerate(adapted, start=1):
+        fields = {"seconds": 2.0, "committed": 40, "ok": 40, "failed": 0, "responses": {"2xx": 40}}
+        lines.append(_log_line(start + 2 * i, "interval", **fields, configured_rps=50.0, current_rps=rate))
+    (run.path / "run.log").write_bytes(b"".join(lines))
+    html, _ = build_report(run)
+    configured, current = _levels(html, "configured"), _levels(html, "current")
+    assert len(set(configured)) == 1 and len(current) == len(adapted)
+    floor = HEIGHT - BOTTOM
+    assert floor - configured[0] <= floor - TOP  # the configured line is inside the plot
+    shown = [50.0 * (floor - y) / (floor - configured[0]) for y in current]  # as rates: configured is 50
+    assert shown == pytest.approx(adapted, abs=0.05)
+
+
+@pytest.mark.slow
+def test_the_real_run_s_throughput_chart_draws_the_adapted_rate_the_run_log_recorded(
+    scenario: Scenario,
+) -> None:
+    intervals = [
+        line
+        for line in map(orjson.loads, (scenario.run_dir / "run.log").read_bytes().splitlines())
+        if line["event"] == "interval"
+    ]
+    assert intervals and all(line["configured_rps"] == 50 for line in intervals)
+    assert all(0 < line["current_rps"] <= 50 for line in intervals)  # adapted: at most the configured
+    html = scenario.page.read_text()
+    assert _levels(html, "current") and _levels(html, "configured")
+
+
+@pytest.mark.slow
+def test_run_given_as_a_run_id_or_as_latest_names_the_same_run(scenario: Scenario, tmp_path: Path) -> None:
+    runs = scenario.run_dir.parent
+    for ref in (scenario.run_dir.name, "latest"):
+        out = tmp_path / f"{ref}.html"
+        result = run_cli("report", ref, "--runs-dir", runs, "-o", out, cwd=tmp_path)
+        assert result.exit_code == ExitCode.SUCCESS, result.envelope
+        assert result.data["run_dir"] == str(scenario.run_dir) and result.data["output"] == str(out)
+        assert f"<small>{scenario.run_dir.name}</small>" in out.read_text()
 
 
 @pytest.mark.slow
@@ -452,3 +563,100 @@ def test_a_call_handed_to_a_background_job_keeps_its_own_exit_apart_from_the_job
     )
     calls = read_timeline(tmp_path).calls
     assert [(c.pid, c.exit_code) for c in calls] == [(100, 14), (200, 0)]
+
+
+def test_an_old_run_log_without_limits_says_so_in_missing_as_the_page_does(tmp_path: Path) -> None:
+    """A run log of an earlier version: no interval lines, and a preflight_done without limits or
+    transport. The page says "not recorded" for both; `missing` must name them too."""
+    job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=2))
+    run = RunDir.create(tmp_path / "runs", plan_for(run_preflight(job, None)))
+    start = 1_790_000_000.0
+    (run.path / "run.log").write_bytes(
+        _log_line(start, "start", command="run")
+        + _log_line(start + 0.5, "preflight_done")
+        + _log_line(start + 2, "exit", exit_code=0)
+    )
+    html, (_, _, missing) = build_report(run)
+    assert html.count('<span class="absent">not recorded</span>') == 2  # transport and limits
+    said = " ".join(missing)
+    assert "no interval lines" in said
+    assert "the limits in force" in said and "the transport" in said, missing
+
+
+_QUERY = "SELECT id, email, name FROM customers WHERE id > :after ORDER BY id"
+
+
+@pytest.mark.slow
+def test_a_query_run_s_header_shows_its_query_and_its_database_and_an_old_one_says_what_is_missing(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, email TEXT, name TEXT)")
+        conn.executemany(
+            "INSERT INTO customers VALUES (?, ?, ?)", [(n, f"u{n}@example.com", "U") for n in (1, 2, 3)]
+        )
+    conn.close()
+    query = {
+        "file": None,
+        "query": _QUERY,
+        "database": "${DATABASE_URL}",
+        "params": {"after": 0},
+        "key": "id",
+    }
+    job = write_job(tmp_path, target.url, rows=1, input=query)
+    env = cli_env(DATABASE_URL=f"sqlite:///{db}")
+    result = run_cli("run", job, "--budget", "0", "--report", cwd=tmp_path, env=env)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    run_dir = Path(result.data["run_dir"])
+    recorded = orjson.loads((run_dir / "run.json").read_bytes())["input"]
+    assert recorded["query"] == _QUERY and recorded["source"] == f"sqlite:///{db.resolve()}"
+    shown = _elements((run_dir / REPORT).read_text()).text
+    assert shown["input-query"] == _QUERY
+    assert shown["input-database"] == recorded["source"]  # as run.json names it: no credentials
+    assert shown["input-path"] == str(run_dir / "input.jsonl")
+
+    old = tmp_path / "old" / run_dir.name  # a run of issue 26's version: the query only as a digest
+    shutil.copytree(run_dir, old)
+    manifest = orjson.loads((old / "run.json").read_bytes())
+    del manifest["input"]["query"]
+    (old / "run.json").write_bytes(orjson.dumps(manifest))
+    answer = report(old)
+    assert isinstance(answer.data, ReportResult)
+    assert any("the query's text" in text for text in answer.data.missing), answer.data.missing
+    shown = _elements((old / REPORT).read_text()).text
+    assert shown["input-query"] == "not recorded" and shown["input-database"] == recorded["source"]
+    assert _QUERY not in (old / REPORT).read_text()  # not guessed from the job file
+
+
+def _mirror_rows(*keys: str) -> list[dict[str, str]]:
+    return [{"id": key, "email": f"{key}@example.com", "name": f"User {key}"} for key in keys]
+
+
+@pytest.mark.slow
+def test_a_mirror_night_and_its_deletion_run_each_say_what_they_are(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    mirror: dict[str, Any] = {
+        "input": {"key": "id"},
+        "request": {"method": "PUT"},
+        "execution": {"sync": "mirror"},
+        "mirror": {"url": f"{target.url}/items/{{id}}", "max_deletes": 10},
+    }
+    job = write_job(tmp_path, target.url, _mirror_rows("a", "b", "c"), **mirror)
+    assert run_cli("run", job, "--budget", "0", cwd=tmp_path).exit_code == ExitCode.SUCCESS
+    write_job(tmp_path, target.url, _mirror_rows("a"), **mirror)  # b and c are gone: deleted
+    night = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+    assert night.exit_code == ExitCode.SUCCESS, night.envelope
+    night_dir, deletions_dir = Path(night.data["run_dir"]), Path(night.data["mirror"]["run_dir"])
+
+    html, _ = build_report(RunDir.open(deletions_dir))
+    assert "not a delta run" not in html
+    shown = _elements(html).text
+    assert shown["delta-mode"] == "deletion run of a mirror job"
+    assert shown["deletions-of"] == night_dir.name  # the night whose vanished keys it deletes
+    assert (shown["deletes"], shown["sent"]) == ("2", "2")
+
+    night_page = _elements(build_report(RunDir.open(night_dir))[0]).text
+    assert night_page["delta-mode"] == "mirror" and night_page["skipped_unchanged"] == "1"
+    assert night_page["deletions-run"] == deletions_dir.name and night_page["deletes"] == "2"
