@@ -209,3 +209,38 @@ def test_a_stopped_deletion_run_resumes_and_a_newer_night_ends_it_and_latest_is_
     assert not any(r["method"] == "DELETE" for r in target.requests())  # key 4 lives
     assert _keys_in_state(tmp_path) == set(KEYS[:4])
     _in_step(tmp_path, target, _rows(*KEYS[:4]))
+
+
+def test_prune_keeps_a_deletion_run_for_the_deletions_the_state_needs_and_no_other(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """Before, `prune` kept every deletion run newer than the oldest run the sync state needs: one
+    halted by a 401 and then ended by the next night, which deleted nothing, was kept for ever
+    (KEPT_FOR_SYNC_STATE), and each such night added one more."""
+    write_job(tmp_path, target.url, _rows(*KEYS), **_mirror(target))
+    base = _night(tmp_path)  # delivers every key: needed while they stand
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:5]))
+    deleting = _night(tmp_path)  # deletes key 6, which night 1 delivered: needed
+    assert deleting.data["mirror"]["state"] == "completed", deleting.envelope
+    target.set_plan(DELETES_GET_401)
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:4]))
+    halted = _night(tmp_path)  # key 5's deletion halts: it deletes nothing
+    assert halted.exit_code == ExitCode.AUTH_REQUIRED, halted.envelope
+    target.set_plan(KEEPS_KEYS)
+    write_csv(tmp_path / "data.csv", _rows(*KEYS[:5]))  # key 5 stays after all
+    last = _night(tmp_path)
+    assert run_cli("status", halted.data["mirror"]["run_dir"], cwd=tmp_path).data["state"] == "cancelled"
+
+    pruned = run_cli("prune", "--keep", "1", cwd=tmp_path)
+
+    assert pruned.exit_code == ExitCode.SUCCESS, pruned.envelope
+    assert sorted(pruned.data["removed"]) == sorted(
+        [deleting.data["run_id"], halted.data["run_id"], halted.data["mirror"]["run_id"]]
+    )
+    [kept] = [w for w in pruned.envelope["warnings"] if w["code"] == "KEPT_FOR_SYNC_STATE"]
+    assert kept["context"]["runs"] == sorted([base.data["run_id"], deleting.data["mirror"]["run_id"]])
+    assert Path(last.data["run_dir"]).is_dir()
+    _in_step(tmp_path, target, _rows(*KEYS[:5]))
+    again = _night(tmp_path)  # the state the journals left still knows key 6 is gone, and the rest sent
+    assert again.data["progress"]["total"] == 0 and "mirror" not in again.data, again.envelope
+    _in_step(tmp_path, target, _rows(*KEYS[:5]))
