@@ -244,3 +244,14 @@ def test_prune_keeps_a_deletion_run_for_the_deletions_the_state_needs_and_no_oth
     again = _night(tmp_path)  # the state the journals left still knows key 6 is gone, and the rest sent
     assert again.data["progress"]["total"] == 0 and "mirror" not in again.data, again.envelope
     _in_step(tmp_path, target, _rows(*KEYS[:5]))
+
+    write_csv(tmp_path / "data.csv", _rows(*KEYS))  # key 6 comes back: its deletion no longer counts
+    back = _night(tmp_path)
+    assert back.data["progress"]["total"] == 1, back.envelope
+    pruned = run_cli("prune", "--keep", "1", cwd=tmp_path)
+    assert sorted(pruned.data["removed"]) == sorted(
+        [deleting.data["mirror"]["run_id"], last.data["run_id"], again.data["run_id"]]
+    ), pruned.envelope
+    [kept] = [w for w in pruned.envelope["warnings"] if w["code"] == "KEPT_FOR_SYNC_STATE"]
+    assert kept["context"]["runs"] == [base.data["run_id"]]
+    _in_step(tmp_path, target, _rows(*KEYS))
