@@ -8,6 +8,7 @@ answers `{"id": "<n>"}` with status 200 by default, and follows a *plan*, a JSON
      "dedup": false,         Idempotency-Key dedup, see below
      "dedup_header": "Idempotency-Key",
      "store": false,         a key-value store, see below
+     "store_keys": "exact",  how the store tells its keys (paths) apart: "exact", "nfc" or "casefold"
      "limit_rps": 20,        a server-side rate limit: a request beyond 20 let through in the last
                              second gets 429 (no Retry-After), before any rule
      "oauth": {...},         an OAuth2 token endpoint; other requests then need its bearer token
@@ -48,6 +49,11 @@ Store: with "store": true, each applied request (answered 2xx, not a replay) cha
 path: PUT, POST and PATCH set it to the request's body (JSON, else text), DELETE removes it. With
 dedup, a replayed key changes nothing, as a target that keeps idempotency keys does; so the store
 shows what such a target ends holding. GET /_control/store returns it, {path: body}.
+"store_keys" says which paths are one record: "exact" (the default) only equal ones; "nfc" also paths
+in another Unicode form (a target that normalizes: `Zoë` composed or decomposed), "casefold" also
+paths in another case (a case-insensitive target: `ABC` is `abc`), both compared as BulkRelay's
+`mirror.key_match` does. Such a store keeps each record under the path last written to it, so
+`PUT /items/abc` replaces `/items/ABC` and `DELETE /items/ABC` removes `/items/abc`.
 
 Control API (never recorded or counted):
 
@@ -77,11 +83,12 @@ import socket
 import struct
 import sys
 import time
+import unicodedata
 from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote, unquote
 
 import orjson
@@ -132,6 +139,7 @@ class _Plan(BaseModel):
     dedup: bool = False
     dedup_header: str = "Idempotency-Key"
     store: bool = False  # a key-value store: applied writes set the record at their path
+    store_keys: Literal["exact", "nfc", "casefold"] = "exact"  # which paths are one record
     rules: tuple[_Rule, ...] = ()
     limit_rps: int | None = Field(default=None, ge=1)  # a server-side rate limit: 429 above it
     batch: BatchOptions = BatchOptions()  # the batch endpoints' options (demo/batchtarget.py)
@@ -199,6 +207,7 @@ class TargetState:
         self.set_plan(plan)
         self.reset()
         self.records: dict[str, Any] = {}  # the store's (plan "store"): outlives `reset`
+        self._written_as: dict[str, str] = {}  # a record's path in the store's key form -> as last written
 
     def set_plan(self, plan: dict[str, Any] | None) -> None:
         self.plan = parse_plan(plan)
@@ -313,14 +322,18 @@ class TargetState:
         return answer, rule, False
 
     def _apply(self, method: str, path: str, body: bytes) -> None:
-        """An applied write changes the store's record at `path`."""
+        """An applied write changes the store's record at `path` (the one `store_keys` says it is)."""
+        if method not in ("DELETE", "PUT", "POST", "PATCH"):
+            return
+        key = _store_key(path, self.plan.store_keys)
+        self.records.pop(self._written_as.pop(key, path), None)
         if method == "DELETE":
-            self.records.pop(path, None)
-        elif method in ("PUT", "POST", "PATCH"):
-            try:
-                self.records[path] = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                self.records[path] = body.decode("utf-8", "replace")
+            return
+        self._written_as[key] = path
+        try:
+            self.records[path] = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            self.records[path] = body.decode("utf-8", "replace")
 
     def _over_limit(self, now: float) -> bool:
         """`limit_rps`: more than that many requests let through in the last second gets a 429."""
@@ -375,6 +388,14 @@ class TargetState:
         except (ValueError, TypeError) as exc:
             return _json_response({"error": str(exc)}, status=400)
         return _json_response({"ok": True})
+
+
+def _store_key(path: str, form: str) -> str:
+    """`path` as the store compares it: as written, in NFC, or in NFC and case-folded."""
+    if form == "exact":
+        return path
+    composed = unicodedata.normalize("NFC", path)
+    return composed if form == "nfc" else unicodedata.normalize("NFC", composed.casefold())
 
 
 def _matches(match: _Match, request: web.BaseRequest, body: bytes) -> bool:

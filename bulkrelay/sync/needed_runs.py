@@ -4,8 +4,10 @@ The sync state is a cache of the journals (sync/state.py): `sync-state rebuild` 
 it back from them. A run whose delivery is still some key's entry is therefore needed: without its
 journal, the rebuilt state forgets that key, `verify` fails, and the next night resends the row (at
 a million rows, the whole base) and a mirror job never deletes the key. So is a mirror's deletion
-run while a needed run older than it is kept: without it, the older run's delivery of a key it
-deleted would come back. A run every key of which a later delivery replaced is not needed.
+run newer than a needed run, if it committed a deletion that no later delivery has undone: without
+it, the older run's delivery of a key it deleted would come back. A run every key of which a later
+delivery replaced is not needed, nor a deletion run that deleted nothing (one halted by a 401 and
+ended by the next night) or whose every deleted key came back.
 """
 
 from __future__ import annotations
@@ -37,12 +39,18 @@ def runs_state_needs(runs_dir: Path, candidates: Iterable[RunDir]) -> set[str]:
         try:
             with SyncState(path, identity) as state:
                 catch_up(state, runs)  # a run that ended without recording its deliveries counts too
-                named = state.delivering_runs()
+                needed |= _needed_by(state, runs)
         except (sqlite3.Error, BulkRelayError):  # unreadable now (busy, a damaged journal): keep them all
             needed.update(run.run_id for run in runs)
-            continue
-        needed |= named
-        oldest = min((run_started(run) for run in runs if run.run_id in named), default=None)
-        if oldest is not None:
-            needed |= {r.run_id for r in runs if r.plan.mirror_deletes and run_started(r) > oldest}
     return needed
+
+
+def _needed_by(state: SyncState, runs: list[RunDir]) -> set[str]:
+    """The runs of one job (oldest first) whose journals `state` needs: those its entries name, and
+    the deletion runs after the oldest of them whose deletions it still holds to."""
+    named = state.delivering_runs()
+    oldest = min((run_started(run) for run in runs if run.run_id in named), default=None)
+    if oldest is None:
+        return named
+    deletions = (r for r in runs if r.plan.mirror_deletes and run_started(r) > oldest)
+    return named | {r.run_id for r in deletions if state.needs_deletions_of(r)}

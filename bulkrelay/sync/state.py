@@ -339,6 +339,20 @@ class SyncState:
         return {run_id for (run_id,) in self._db.execute(query)}
 
     @_guarded
+    def needs_deletions_of(self, run: RunDir) -> bool:
+        """Whether a mirror deletion run committed a deletion that this state still holds to: a key it
+        deleted that no later delivery has put back. A run that deleted nothing (halted by a 401, then
+        ended by the next night) holds to nothing, nor does one whose every key came back since."""
+        at = run_started(run)
+        for _, entry in _verified_from(run.journal_path, 0):
+            if entry.success and entry.key is not None:
+                row = self._db.execute("SELECT at FROM delivered WHERE key = ?", (key_text(entry.key),))
+                delivered = row.fetchone()
+                if delivered is None or int(delivered[0]) <= at:
+                    return True
+        return False
+
+    @_guarded
     def apply_run(self, run: RunDir) -> int:
         """Record the successful deliveries in `run`'s journal not applied yet; how many were new."""
         at = run_started(run)

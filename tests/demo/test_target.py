@@ -199,6 +199,26 @@ async def test_the_store_holds_what_was_applied_and_a_replayed_key_changes_nothi
         assert await client.control("GET", "store") == (200, {"/items/1": {"v": "B"}})
 
 
+@pytest.mark.parametrize(
+    ("store_keys", "held"),
+    [
+        ("exact", {"/items/abc": {"v": 2}, "/items/ABC": {"v": 1}, "/items/Zo\u00eb": {"v": 3}}),
+        ("nfc", {"/items/abc": {"v": 2}, "/items/ABC": {"v": 1}}),  # Zoë in either form is one record
+        ("casefold", {"/items/abc": {"v": 2}}),
+    ],
+)
+async def test_store_keys_says_which_paths_are_one_record(store_keys: str, held: dict[str, Any]) -> None:
+    """A case-insensitive store keeps a record under the path last written; a DELETE in another case
+    or Unicode form removes it."""
+    async with _target({"store": True, "store_keys": store_keys}) as client:
+        await client.post("/items/ABC", {"v": 1})
+        await client.post("/items/abc", {"v": 2})
+        await client.post("/items/Zo\u00eb", {"v": 3})  # composed
+        async with client.session.delete(client.target.url + "/items/Zoe\u0308") as resp:  # decomposed
+            assert resp.status == 200
+        assert (await client.control("GET", "store"))[1] == held
+
+
 async def test_without_dedup_every_success_is_an_effect() -> None:
     async with _target() as client:
         for _ in range(3):

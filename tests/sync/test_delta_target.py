@@ -18,12 +18,11 @@ import pytest
 from bulkrelay.errors import ExitCode
 from tests.clirun import CliResult, cli_env, run_cli, start_cli
 from tests.jobfiles import make_rows, write_csv, write_job
-from tests.sync.nights import run_night
+from tests.sync.nights import KEEPS_KEYS, holding, run_night, verified
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 
 ROWS = 20
-KEEPS_KEYS: dict[str, Any] = {"dedup": True, "store": True}
 pytestmark = [pytest.mark.slow, pytest.mark.target_plan(KEEPS_KEYS)]
 DELTA: dict[str, Any] = {
     "input": {"key": "id"},
@@ -32,21 +31,11 @@ DELTA: dict[str, Any] = {
 }
 
 
-def holding(rows: list[dict[str, str]]) -> dict[str, Any]:
-    """What the target holds once it is in step with `rows`."""
-    return {f"/items/{row['id']}": {"email": row["email"], "name": row["name"]} for row in rows}
-
-
 def changed(rows: list[dict[str, str]], numbers: tuple[int, ...], tag: str) -> list[dict[str, str]]:
     out = [dict(row) for row in rows]
     for n in numbers:
         out[n - 1]["email"] = f"user{n}{tag}@example.com"
     return out
-
-
-def verified(cwd: Path, job: Path) -> None:
-    result = run_cli("sync-state", "verify", job, cwd=cwd)
-    assert result.exit_code == ExitCode.SUCCESS, result.envelope
 
 
 def test_a_revert_a_b_a_reaches_a_target_that_keeps_idempotency_keys(

@@ -1,5 +1,8 @@
 """A delta job's sync state held by another process, or damaged: named errors, never a traceback, and
-a run that delivered everything ends `completed` whatever became of the state (issue 22.8)."""
+a run that delivered everything ends `completed` whatever became of the state (issue 22.8).
+
+The target is a key-value store that keeps idempotency keys (tests/sync/nights.py's KEEPS_KEYS): once
+the state is usable again, the target holds exactly the input and `sync-state verify` agrees."""
 
 from __future__ import annotations
 
@@ -14,17 +17,19 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.sync.state import job_identity, state_path
 from tests.clirun import cli_env, run_cli
-from tests.gatedruns import GATE, GATED_JOB, OPEN
+from tests.gatedruns import GATE, GATED_JOB
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.runsteps import sent_ids
+from tests.sync.nights import KEEPS_KEYS, holding, verified
 from tests.targetproc import TargetProcess
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.target_plan(OPEN)]
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(KEEPS_KEYS)]
 
 ROWS = 20
 DELTA: dict[str, Any] = {
     "input": {"key": "id"},
+    "request": {"method": "PUT", "idempotency_key": {"header": "Idempotency-Key"}},
     "execution": {"concurrency": 2, "sync": "delta"},
     **GATED_JOB,
 }
@@ -66,9 +71,10 @@ def test_a_state_held_by_another_process_is_sync_state_busy_exit_6(
     tmp_path: Path, target: TargetProcess
 ) -> None:
     """Before: exit 1, GENERAL_ERROR with a traceback of sqlite3's `database is locked`."""
-    write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
     assert _night(tmp_path).exit_code == ExitCode.SUCCESS
-    write_csv(tmp_path / "data.csv", make_rows(ROWS, tag="-v2"))
+    second = make_rows(ROWS, tag="-v2")
+    write_csv(tmp_path / "data.csv", second)
     target.reset()
     holder = _StateHolder(_state_file(tmp_path))
     try:
@@ -83,13 +89,16 @@ def test_a_state_held_by_another_process_is_sync_state_busy_exit_6(
     again = _night(tmp_path)  # the holder is gone: the night goes ahead
     assert again.exit_code == ExitCode.SUCCESS, again.envelope
     assert len(sent_ids(target)) == ROWS
+    assert target.store() == holding(second)
+    verified(tmp_path, job)
 
 
 def test_a_damaged_state_is_sync_state_corrupt_exit_4_and_rebuild_repairs_it(
     tmp_path: Path, target: TargetProcess
 ) -> None:
     """Before: exit 1, GENERAL_ERROR with a traceback of `file is not a database`."""
-    job = write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    rows = make_rows(ROWS)
+    job = write_job(tmp_path, target.url, rows=rows, **DELTA)
     assert _night(tmp_path).exit_code == ExitCode.SUCCESS
     state = _state_file(tmp_path)
     with state.open("r+b") as damaged:
@@ -107,6 +116,8 @@ def test_a_damaged_state_is_sync_state_corrupt_exit_4_and_rebuild_repairs_it(
     night = _night(tmp_path)
     assert night.exit_code == ExitCode.SUCCESS, night.envelope
     assert target.requests() == []  # the journals remembered every delivery
+    assert target.store() == holding(rows)
+    verified(tmp_path, job)
 
 
 def test_a_run_that_delivered_everything_ends_completed_though_the_state_is_busy_at_its_end(
@@ -115,8 +126,9 @@ def test_a_run_that_delivered_everything_ends_completed_though_the_state_is_busy
     """Before: the state's `database is locked` at the end left a fully delivered run `running`, with
     no summary, exit 1. Now it ends `completed` with a SYNC_STATE_BEHIND warning, and the next night
     catches the state up from its journal: it sends nothing again."""
-    with TargetProcess(GATE) as target:
-        write_job(tmp_path, target.url, rows=ROWS, **DELTA)
+    with TargetProcess({**KEEPS_KEYS, **GATE}) as target:
+        rows = make_rows(ROWS)
+        job = write_job(tmp_path, target.url, rows=rows, **DELTA)
         proc = subprocess.Popen(
             [sys.executable, "-m", "bulkrelay", "run", str(tmp_path / "job.yaml"), "--budget", "0"],
             cwd=tmp_path,
@@ -129,7 +141,7 @@ def test_a_run_that_delivered_everything_ends_completed_though_the_state_is_busy
             wait_for(lambda: target.stats()["requests"] >= 2, "the run's first requests (held at the gate)")
             holder = _StateHolder(_state_file(tmp_path))  # preflight is over: the relay is sending
             try:
-                target.set_plan(OPEN)
+                target.set_plan(KEEPS_KEYS)  # the gate opens
                 stdout, stderr = proc.communicate(timeout=300)
             finally:
                 holder.release()
@@ -152,3 +164,5 @@ def test_a_run_that_delivered_everything_ends_completed_though_the_state_is_busy
         assert night.exit_code == ExitCode.SUCCESS, night.envelope
         assert target.requests() == []  # caught up from the first night's journal
         assert night.data["summary"]["skipped_unchanged"] == ROWS
+        assert target.store() == holding(rows)
+    verified(tmp_path, job)
