@@ -2,7 +2,9 @@
 
 The latest result of a row is the one in the newest run of the family: the run itself, then its
 `retry-failed` children in the order they were made. Results are located by byte offset (8 bytes
-a row), and the input is streamed once, so memory stays small for millions of rows.
+a row), and the input is streamed once (twice for `--with-reasons` JSON Lines rows going straight to
+their reader: a first pass checks them all), so memory stays small for millions of rows. A file is
+written beside itself and replaces the old one at the end: a refused or failed export leaves it as it was.
 """
 
 from __future__ import annotations
@@ -11,20 +13,22 @@ import csv
 import io
 import itertools
 import os
+import stat
 import sys
 from array import array
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
 
 from bulkrelay.envelope import Result
-from bulkrelay.errors import InputChanged, OutputClosed, UsageError
+from bulkrelay.errors import InputChanged, OutputClosed, StorageFailed, UsageError
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
 from bulkrelay.ops.results import ExportResult
 from bulkrelay.ops.resume import check_committed_journal
+from bulkrelay.store.atomic import replacing
 from bulkrelay.store.journal import read_entry_at, read_journal_from
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir
@@ -140,6 +144,12 @@ def _with_reasons(
         yield {**fields, **{column: found.get(key) for column, key in _REASON_COLUMNS}}, result
 
 
+def _refuse_taken_reason_columns(rows: Iterator[tuple[dict[str, Any], dict[str, Any] | None]]) -> None:
+    """A first pass over the rows, writing nothing: what `_with_reasons` would refuse midway."""
+    for _ in _with_reasons(rows):
+        pass
+
+
 def _reason_column_taken(taken: list[str], result: dict[str, Any] | None) -> UsageError:
     row = None if result is None else result.get("row_number")
     names = ", ".join(taken)
@@ -198,9 +208,17 @@ def _result_cells(result: dict[str, Any] | None) -> list[Any]:
     return ["" if result is None else result.get(c) for c in _RESULT_COLUMNS]
 
 
+def _streamed(target: Path) -> bool:
+    """Whether the export goes straight where it is read (stdout, a FIFO, a device), not into a file
+    it can replace once the last row is written."""
+    return str(target) == STDOUT or (target.exists() and not target.is_file())
+
+
 @contextmanager
 def _opened(target: Path) -> Iterator[BinaryIO]:
-    """The export's destination: a file, or standard output for `-o -` (left open for the CLI)."""
+    """The export's destination: standard output for `-o -` (left open for the CLI); a file is
+    written beside itself and replaces the old one at the end, so a refused or failed export leaves
+    the file as it was (no half-written rows)."""
     if str(target) == STDOUT:
         try:
             yield sys.stdout.buffer
@@ -212,15 +230,33 @@ def _opened(target: Path) -> Iterator[BinaryIO]:
                 suggestion="read the whole export, or write it to a file with -o FILE",
             ) from None
         return
-    try:
-        out = target.open("wb")
-    except OSError as exc:  # the user's path, not a fault of ours: say which and why, exit 2
-        raise UsageError(
-            f"cannot write the export to {target}: {exc.strerror or exc}",
-            context={"output": str(target)},
-            suggestion="name with -o a file in a directory you can write to, or - for stdout",
-        ) from None
-    with out:
+    with ExitStack() as stack:
+        try:
+            out = stack.enter_context(_file(target))
+        except (OSError, StorageFailed) as exc:  # the user's path, not a fault of ours: say which and why
+            cause = exc.__cause__ if isinstance(exc, StorageFailed) else exc
+            reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)
+            raise UsageError(
+                f"cannot write the export to {target}: {reason}",
+                context={"output": str(target)},
+                suggestion="name with -o a file in a directory you can write to, or - for stdout",
+            ) from None
+        yield out
+
+
+@contextmanager
+def _file(target: Path) -> Iterator[BinaryIO]:
+    """A FIFO or a device is written as it is; a file (through its link, if it is one) is replaced,
+    keeping its permissions; a new one is made as `open` makes it (0666 less the umask)."""
+    if _streamed(target):
+        with target.open("wb") as out:
+            yield out
+        return
+    real = Path(os.path.realpath(target))
+    kept = stat.S_IMODE(real.stat().st_mode) if real.exists() else None
+    with replacing(real, mode=0o666 if kept is None else kept) as out:
+        if kept is not None:
+            os.fchmod(out.fileno(), kept)  # as the file had it, whatever the umask
         yield out
 
 
@@ -260,6 +296,8 @@ def export(
     rows = _joined(spec, results, failed_only, recorded, delta_selected)
     try:
         if with_reasons:
+            if fmt == "jsonl" and _streamed(target):  # rows may differ: each is checked before any is out
+                _refuse_taken_reason_columns(_joined(spec, results, failed_only, recorded, delta_selected))
             rows = _peeked(_with_reasons(rows))
         with _opened(target) as out:
             count = _write(out, fmt, rows, not failed_only)

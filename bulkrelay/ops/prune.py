@@ -14,7 +14,6 @@ lock first, so a `resume` that starts meanwhile either wins the lock (the run is
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -110,7 +109,7 @@ def _remove(run: RunDir, warnings: list[EnvelopeWarning]) -> bool:
             current = RunDir.open(run.path)
             if not current.state.final:
                 return False
-            shutil.rmtree(run.path)
+            current.remove()
     except RunLocked:
         return False
     except (BulkRelayError, OSError) as exc:

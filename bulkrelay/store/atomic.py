@@ -3,18 +3,20 @@
 The recipe: write a temp file in the same directory (a rename never crosses file systems), fsync
 it, rename it over the target, then fsync the directory so the rename itself survives a crash.
 A failure at any step leaves the previous file intact and removes the temp file.
-`move_file` moves a whole file the same way, by a plain rename when it can.
+`move_file` moves a whole file the same way, by a plain rename when it can; `replacing` gives the temp
+file to a writer that streams, for content too large to hold.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import secrets
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -52,6 +54,57 @@ def move_file(source: Path, target: Path, storage: Storage | None = None) -> Non
     storage.fsync_dir(target.parent)
 
 
+@contextlib.contextmanager
+def replacing(
+    path: Path, storage: Storage | None = None, *, mode: int = PRIVATE_FILE_MODE
+) -> Iterator[BinaryIO]:
+    """A buffered file to stream `path`'s new content into. When the block ends, what was written
+    replaces `path` durably (the recipe at the top). If the block raises, `path` stays as it was and
+    the temp file is removed. The new file is created `mode` (0600), less the umask."""
+    storage = storage or Storage()
+    temp = _temp_beside(path)
+    fd = storage.open_new(temp, mode)
+    try:
+        try:
+            with io.BufferedWriter(_StorageWriter(storage, fd), _COPY_CHUNK) as out:
+                yield out
+            storage.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(StorageFailed):
+                storage.close(fd)
+            raise
+        storage.close(fd)
+        storage.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    storage.fsync_dir(path.parent)
+
+
+class _StorageWriter(io.RawIOBase):
+    """The raw file under `replacing`'s buffer: each write goes through the storage seam."""
+
+    def __init__(self, storage: Storage, fd: int) -> None:
+        self._storage = storage
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, data: Any) -> int:
+        chunk = bytes(data)
+        self._storage.write(self._fd, chunk)
+        return len(chunk)
+
+
+def _temp_beside(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+
 def _chunks_of(path: Path) -> Iterator[bytes]:
     try:
         with open(path, "rb", opener=open_private) as stream:
@@ -65,7 +118,7 @@ def _replace_with(
     path: Path, chunks: Iterable[bytes], storage: Storage, mode: int = PRIVATE_FILE_MODE
 ) -> None:
     """Replace `path` with the concatenated `chunks`, durably (the recipe at the top)."""
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    temp = _temp_beside(path)
     fd = storage.open_new(temp, mode)
     try:
         try:

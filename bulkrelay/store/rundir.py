@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -143,6 +144,20 @@ class RunDir:
         self.save(self.manifest.ended(state, stop_reason))
         if state.final:
             remove_checkpoint(self.path, self.storage)
+
+    def remove(self) -> None:
+        """Delete the run directory, its run.json last: a removal stopped midway (a file that cannot be
+        unlinked) leaves a run that is still listed, and that the next `prune` removes, never a
+        directory without its run.json that no command sees. Raises the OSError that stopped it."""
+        for child in self.path.iterdir():
+            if child.name in (MANIFEST, LOCK):
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        (self.path / MANIFEST).unlink()
+        shutil.rmtree(self.path)  # the lock, which the remover holds, and the directory
 
     @contextmanager
     def locked(self) -> Iterator[None]:

@@ -9,7 +9,8 @@ under the line's key in the state's `delivered.line` column, which holds a line'
 the request delivered for the key is the one that line was found to render (`SyncState.keep_lines`,
 `apply_run`). A line is *known* only on that positive evidence: its digest found under its key.
 Lines the scan cannot tell apart from parts of a multi-line record (a CSV line with a quote
-character) are never known, nor lines it cannot read a key from.
+character) are never known, nor lines it cannot read a key from, nor lines longer than the readers'
+limit (`MAX_LINE_BYTES`), which it reads past without holding them.
 
 The scan reads the file on its own, on the other core: preflight's main thread is what a delta run's
 time is made of, and hashing and looking up a million lines there cost it half a `validate` again.
@@ -55,6 +56,9 @@ _VERDICTS = struct.Struct("<cqI")  # b"V", first line, count
 _END = struct.Struct("<cqq32s")  # b"E", size, lines, SHA-256 of the raw bytes
 _BOM = b"\xef\xbb\xbf"
 _QUOTE = b'"'
+# What stands for a line longer than the limit: no line holds a newline, and the quote makes it no CSV
+# line the scan reads a key from (nor a header it reads names from), as the brace-less text is no JSON.
+_TOO_LONG = b'\n"(a line longer than the limit)'
 
 
 def line_digest(salt: bytes, body: bytes) -> bytes:  # the one `_Rows.read` inlines
@@ -90,23 +94,52 @@ class _Hashing(io.RawIOBase):
         return count or 0
 
 
-def _blocks(stream: IO[bytes]) -> Iterator[list[bytes]]:
-    """The physical lines, without their newlines, a megabyte at a time (split in C: a Python
-    step per line cost the scan a third of its time); the byte order mark taken off the first."""
-    tail: list[bytes] = []  # the start of a line not ended yet (kept in parts: a line may be huge)
+def _blocks(stream: IO[bytes], limit: int, size: int = _BLOCK) -> Iterator[list[bytes]]:
+    """The physical lines, without their newlines, `size` bytes at a time (split in C: a Python
+    step per line cost the scan a third of its time); the byte order mark taken off the first.
+
+    A line longer than `limit` with its newline (the readers' `MAX_LINE_BYTES`, counted as they count
+    it) is read past and `_TOO_LONG` stands in its place: it is never held, so a gzip bomb of one line
+    costs the scan no more than the limit. Its line stays unknown, and preflight refuses it by name."""
+    tail: list[bytes] = []  # the start of a line not ended yet (kept in parts: a line may be long)
+    held = 0  # its length; -1 once it is longer than the limit, and the rest is read past
     first = True
-    while block := stream.read(_BLOCK):
-        if b"\n" not in block:
-            tail.append(block)
+    while block := stream.read(size):
+        end = block.find(b"\n")
+        if end < 0:
+            held = _hold(tail, held, block, limit)
             continue
-        lines = (b"".join(tail) + block if tail else block).split(b"\n")
-        tail = [lines.pop()]
+        if held >= 0 and held + end + 1 <= limit:
+            tail.append(block[:end])
+            head = b"".join(tail)
+        else:
+            head = _TOO_LONG
+        lines = block[end + 1 :].split(b"\n")
+        tail.clear()
+        held = _hold(tail, 0, lines.pop(), limit)
+        lines.insert(0, head)
+        if len(block) > limit:  # only a limit below the read size lets a line inside one read be too long
+            lines = [_TOO_LONG if len(line) >= limit else line for line in lines]
         if first:
             first = False
             lines[0] = lines[0].removeprefix(_BOM)
         yield lines
-    if last := b"".join(tail):  # a last line without a newline is a line
+    if held < 0:
+        yield [_TOO_LONG]
+    elif last := b"".join(tail):  # a last line without a newline is a line
         yield [last.removeprefix(_BOM) if first else last]
+
+
+def _hold(tail: list[bytes], held: int, part: bytes, limit: int) -> int:
+    """Add `part` to the unfinished line in `tail` (`held` bytes, -1 when too long); its new length."""
+    if held < 0:
+        return held
+    held += len(part)
+    if held > limit:
+        tail.clear()
+        return -1
+    tail.append(part)
+    return held
 
 
 class _Lookup:
@@ -202,7 +235,7 @@ def _scan(params: dict[str, Any], out: BinaryIO) -> None:
         stream: IO[bytes] = gzip.GzipFile(fileobj=buffered) if params["gzip"] else buffered  # type: ignore[assignment]
         rows = None if is_csv else _Rows(base, _jsonl_key_of(params["key"]))
         header_pending = is_csv
-        for block in _blocks(stream):
+        for block in _blocks(stream, params["limit"]):
             lines = block
             if header_pending:  # a CSV's header: its first line that is not blank
                 at = next((n for n, line in enumerate(block) if line not in (b"", b"\r")), None)
@@ -288,6 +321,8 @@ class LineScan:
     made up, so preflight carries on the slow way; `finish` then raises."""
 
     def __init__(self, spec: InputSpec, key_field: str, *, salt: bytes, state: Path) -> None:
+        from bulkrelay.job.inputs.lines import MAX_LINE_BYTES  # here: the scan itself never imports it
+
         params = {
             "path": str(spec.path),
             "format": spec.format,
@@ -296,6 +331,7 @@ class LineScan:
             "key": key_field,
             "salt": salt.hex(),
             "state": str(state),
+            "limit": MAX_LINE_BYTES,  # the readers' line limit: a longer line is never held
         }
         self._proc = subprocess.Popen(
             [*_COMMAND, json.dumps(params)],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import gc
 import io
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode, InputChanged
-from bulkrelay.ops.export import _write
+from bulkrelay.ops.export import _opened, _write
 from bulkrelay.store.rundir import RunDir, RunState
 from bulkrelay.store.runs import resolve_run
 from tests.clirun import cli_env, run_cli, start_cli
@@ -164,6 +165,34 @@ def test_an_export_that_fails_midway_leaves_its_output_open() -> None:
     assert out.getvalue() == b"id\r\n1\r\n"
 
 
+def test_an_export_file_is_replaced_at_the_end_through_its_link_keeping_its_permissions(
+    tmp_path: Path,
+) -> None:
+    real = tmp_path / "kept" / "failed.csv"
+    real.parent.mkdir()
+    real.write_bytes(b"yesterday\n")
+    real.chmod(0o640)
+    link = tmp_path / "failed.csv"
+    link.symlink_to(real)
+    with pytest.raises(InputChanged), _opened(link) as out:
+        out.write(b"id\n1\n")
+        raise InputChanged("the input changed since the run")
+    assert real.read_bytes() == b"yesterday\n" and os.listdir(real.parent) == ["failed.csv"]
+    with _opened(link) as out:
+        out.write(b"id\n1\n")
+    assert link.is_symlink() and real.read_bytes() == b"id\n1\n"
+    assert real.stat().st_mode & 0o777 == 0o640
+    with _opened(tmp_path / "new.csv") as out:
+        out.write(b"id\n")
+    assert (tmp_path / "new.csv").stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_with_reasons_without_failed_is_a_usage_error(tmp_path: Path) -> None:
     run_dir, _ = _run_with_failures(tmp_path, rows=5)
     answer = run_cli("export", run_dir, "--with-reasons", cwd=tmp_path)
@@ -232,3 +261,45 @@ def test_with_reasons_never_overwrites_an_input_field_of_the_same_name(tmp_path:
     plain = run_cli("export", run.data["run_dir"], "--failed", "-o", out, cwd=tmp_path)
     assert plain.exit_code == ExitCode.SUCCESS, plain.envelope
     assert b"vip" in out.read_bytes()
+
+
+@pytest.mark.slow
+def test_with_reasons_refused_at_a_later_json_lines_row_leaves_nothing_in_a_file_or_on_stdout(
+    tmp_path: Path,
+) -> None:
+    """Before, only the first failed row was checked before the output was opened: a `_status` in a
+    later JSON Lines row was refused midway, after the rows before it were written to `-o FILE` (over
+    the file that was there) or printed to stdout, where a refused export writes nothing."""
+    rows: list[dict[str, str]] = [
+        {"id": "3", "email": "u3@x.com", "name": "User 3"},
+        {"id": "5", "email": "u5@x.com", "name": "User 5"},
+        {"id": "13", "email": "u13@x.com", "name": "User 13", "_status": "vip"},
+    ]
+    with TargetProcess(PLAN) as target:
+        job = write_job(tmp_path, target.url, rows[:2], input_name="data.jsonl")
+        (tmp_path / "data.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+        run = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+    assert run.exit_code == ExitCode.PARTIAL_FAILURE, run.envelope  # rows 1 and 3 (User 3, 13) got 422
+    refused = ("export", run.data["run_dir"], "--failed", "--with-reasons")
+    out = tmp_path / "out" / "failed.jsonl"
+    out.parent.mkdir()
+    out.write_bytes(b"yesterday's export\n")
+
+    answer = run_cli(*refused, "-o", out, cwd=tmp_path)
+    assert answer.exit_code == ExitCode.ARG_ERROR and answer.error_code == "USAGE_ERROR", answer.envelope
+    assert answer.envelope["error"]["context"] == {"fields": ["_status"], "row": 3}
+    assert out.read_bytes() == b"yesterday's export\n"  # neither overwritten nor half written
+    assert os.listdir(out.parent) == ["failed.jsonl"]  # and no temporary file left beside it
+
+    printed = _export_to_stdout(tmp_path, *refused[1:], "-o", "-")
+    assert printed.returncode == ExitCode.ARG_ERROR, printed.stderr
+    assert printed.stdout == b""
+    assert orjson.loads(printed.stderr.splitlines()[-1])["error"]["context"] == {
+        "fields": ["_status"],
+        "row": 3,
+    }
+
+    plain = run_cli("export", run.data["run_dir"], "--failed", "-o", out, cwd=tmp_path)
+    assert plain.exit_code == ExitCode.SUCCESS, plain.envelope
+    assert [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()] == ["3", "13"]
+    assert os.listdir(out.parent) == ["failed.jsonl"]

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from bulkrelay.errors import JournalCorrupt, NotFound, RunNotResumable, StorageFailed
-from bulkrelay.store.atomic import move_file, read_json, write_atomic, write_json_atomic
+from bulkrelay.store.atomic import move_file, read_json, replacing, write_atomic, write_json_atomic
 from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.storage import Storage
 
@@ -41,6 +41,47 @@ def test_a_failed_write_keeps_the_old_file_and_removes_the_temp(tmp_path: Path, 
     assert target.read_bytes() == b"old"
     assert sorted(os.listdir(tmp_path)) == ["state.json"]
     assert "fsync_dir" not in spy.calls
+
+
+def test_replacing_streams_into_a_temp_file_then_replaces_in_order(tmp_path: Path) -> None:
+    target = tmp_path / "export.csv"
+    target.write_bytes(b"old")
+    spy = FaultyStorage()
+    with replacing(target, spy) as out:
+        for n in range(3):
+            out.write(b"row %d\n" % n)
+        assert target.read_bytes() == b"old"  # nothing shows until the end
+    assert target.read_bytes() == b"row 0\nrow 1\nrow 2\n"
+    assert spy.calls == ["write", "fsync", "replace", "fsync_dir"]  # buffered: one write here
+    assert sorted(os.listdir(tmp_path)) == ["export.csv"]
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_replacing_writes_a_stream_larger_than_its_buffer_through_the_seam(tmp_path: Path) -> None:
+    target = tmp_path / "big.bin"
+    spy = FaultyStorage()
+    with replacing(target, spy, mode=0o644) as out:
+        for _ in range(5):
+            out.write(b"x" * (700 << 10))
+    assert target.stat().st_size == 5 * (700 << 10)
+    assert spy.calls.count("write") >= 2 and spy.calls[-3:] == ["fsync", "replace", "fsync_dir"]
+
+
+@pytest.mark.parametrize("fault", ["raised", "fsync", "write"])
+def test_replacing_that_fails_keeps_the_old_file_and_removes_the_temp(tmp_path: Path, fault: str) -> None:
+    target = tmp_path / "export.csv"
+    target.write_bytes(b"old")
+    spy = FaultyStorage(
+        fail_fsync_at=1 if fault == "fsync" else None, fail_write_at=1 if fault == "write" else None
+    )
+    error = ValueError if fault == "raised" else StorageFailed
+    with pytest.raises(error), replacing(target, spy) as out:
+        out.write(b"half an export")
+        if fault == "raised":
+            raise ValueError("refused midway")
+    assert target.read_bytes() == b"old"
+    assert sorted(os.listdir(tmp_path)) == ["export.csv"]
+    assert "replace" not in spy.calls
 
 
 def test_write_json_atomic_writes_sorted_indented_json(tmp_path: Path) -> None:
