@@ -1,6 +1,6 @@
 """Instructions per row under callgrind: the naive pyreqwest loop against an in-process `bulkrelay run`.
 
-    uv run python benchmarks/bench_instructions.py [--rows 4000]
+    uv run python benchmarks/bench_instructions.py [--rows 4000] [--batch]
 
 Rows per second on a shared 2-core machine move by a factor of two with the neighbours' load; the
 instructions a row costs do not (valgrind counts them, whatever else runs). On a machine whose two
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 import uvloop
-from bench_run import _naive_reqwest, _write_input, _write_job
+from bench_run import _naive_reqwest, _write_batch_job, _write_input, _write_job
 from nginx import loopback_target  # benchmarks/nginx.py
 
 
@@ -46,7 +46,10 @@ def _child(side: str, rows: int) -> None:
         workdir = Path(tmp)
         path = workdir / "rows.csv"
         _write_input(path, rows)
-        job = _write_job(workdir, url, path.name, 64)
+        if side == "batch":  # issue 29 item 2: 100 items a request, as bench_run.py's (f)
+            job = _write_batch_job(workdir, url, path.name, 8, 100)
+        else:
+            job = _write_job(workdir, url, path.name, 64)
         for counted in (False, True):
             if counted:
                 _instrument(True)
@@ -86,7 +89,8 @@ def _count(side: str, rows: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4000)
-    parser.add_argument("--child", choices=("naive", "relay"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("naive", "relay", "batch"), help=argparse.SUPPRESS)
+    parser.add_argument("--batch", action="store_true", help="count a batched run (100 items a request) too")
     args = parser.parse_args()
     if args.child is not None:
         _child(args.child, args.rows)
@@ -99,6 +103,12 @@ def main() -> None:
     print(f"naive pyreqwest loop: {naive:10,.0f} instructions a row ({args.rows:,} rows)")
     print(f"bulkrelay run:        {relay:10,.0f} instructions a row (preflight, journal, fixed costs in)")
     print(f"==> ratio naive / bulkrelay: {naive / relay:.2f} (what bench_run.py's rows/s ratio tends to)")
+    if args.batch:
+        batch = _count("batch", args.rows) / args.rows
+        print(f"batched bulkrelay run: {batch:10,.0f} instructions a row (100 items a request)")
+        # Not a forecast of rows/s: a request's kernel and loopback work (a hundred times less of it in a
+        # batched run) is not counted here, while the interpreter's per-row work is.
+        print(f"==> ratio naive / batched: {naive / batch:.2f} (user-space work only; rows/s: bench_run.py)")
 
 
 if __name__ == "__main__":
