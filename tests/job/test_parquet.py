@@ -75,6 +75,21 @@ def test_a_value_with_no_json_form_is_refused_naming_row_and_column(tmp_path: Pa
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_a_column_named_twice_is_the_files_fault_as_a_csv_header_named_twice_is(tmp_path: Path) -> None:
+    """INPUT_INVALID, not CONFIG_INVALID: the names are the file's, and no job file can fix them (a
+    query's duplicate is CONFIG_INVALID: its names are written in the job file; docs/inputs.md)."""
+    path = tmp_path / "twice.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["id", "id"]), path)
+
+    with pytest.raises(InputInvalid, match="the column 'id' appears twice") as raised:
+        parquet_into(path, tmp_path / "out.jsonl")
+
+    assert raised.value.code == "INPUT_INVALID"
+    (problem,) = raised.value.problems
+    assert (problem.file, problem.field) == (str(path), "id")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 @pytest.mark.parametrize(("module", "extra"), [("psycopg", "postgres"), ("pyarrow.parquet", "parquet")])
 def test_a_missing_extra_is_named(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, module: str, extra: str
