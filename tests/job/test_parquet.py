@@ -65,6 +65,18 @@ def test_rows_are_read_by_row_group_with_nested_values_as_json(tmp_path: Path) -
     assert rows[2]["price"] == "3.00" and rows[1]["addr"] is None and rows[2]["tags"] is None
 
 
+def test_rows_come_in_file_order_across_batches_and_row_groups(tmp_path: Path) -> None:
+    """Groups of 3,000 rows read 2,000 at a time: batches end inside a group and at its end."""
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"id": list(range(1, 7501))}), path, row_group_size=3000)
+    assert pq.ParquetFile(path).num_row_groups == 3
+
+    count, _ = parquet_into(path, tmp_path / "out.jsonl")
+
+    rows = [orjson.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
+    assert count == 7500 and rows == list(range(1, 7501))
+
+
 def test_a_value_with_no_json_form_is_refused_naming_row_and_column(tmp_path: Path) -> None:
     path = _table(tmp_path / "d.parquet", id=[1, 2], wait=pa.array([None, dt.timedelta(days=1)]))
     with pytest.raises(
