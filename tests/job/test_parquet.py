@@ -6,7 +6,10 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import decimal
+import os
+import signal
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,12 @@ import yaml
 from bulkrelay.errors import InputInvalid, UsageError
 from bulkrelay.job.inputs.parquet import parquet_into, parquet_source
 from bulkrelay.job.inputs.query import QuerySpec, database_of, take_snapshot
-from tests.clirun import run_cli
+from tests.clirun import run_cli, start_cli
+from tests.runsteps import journal_rows
 from tests.targetproc import TargetProcess
+from tests.waiting import wait_for
+
+ROWS = 200
 
 
 def _table(path: Path, **columns: Any) -> Path:
@@ -58,6 +65,18 @@ def test_rows_are_read_by_row_group_with_nested_values_as_json(tmp_path: Path) -
     assert rows[2]["price"] == "3.00" and rows[1]["addr"] is None and rows[2]["tags"] is None
 
 
+def test_rows_come_in_file_order_across_batches_and_row_groups(tmp_path: Path) -> None:
+    """Groups of 3,000 rows read 2,000 at a time: batches end inside a group and at its end."""
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"id": list(range(1, 7501))}), path, row_group_size=3000)
+    assert pq.ParquetFile(path).num_row_groups == 3
+
+    count, _ = parquet_into(path, tmp_path / "out.jsonl")
+
+    rows = [orjson.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
+    assert count == 7500 and rows == list(range(1, 7501))
+
+
 def test_a_value_with_no_json_form_is_refused_naming_row_and_column(tmp_path: Path) -> None:
     path = _table(tmp_path / "d.parquet", id=[1, 2], wait=pa.array([None, dt.timedelta(days=1)]))
     with pytest.raises(
@@ -65,6 +84,21 @@ def test_a_value_with_no_json_form_is_refused_naming_row_and_column(tmp_path: Pa
     ) as raised:
         parquet_into(path, tmp_path / "out.jsonl")
     assert raised.value.problems[0].row == 2
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_column_named_twice_is_the_files_fault_as_a_csv_header_named_twice_is(tmp_path: Path) -> None:
+    """INPUT_INVALID, not CONFIG_INVALID: the names are the file's, and no job file can fix them (a
+    query's duplicate is CONFIG_INVALID: its names are written in the job file; docs/inputs.md)."""
+    path = tmp_path / "twice.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["id", "id"]), path)
+
+    with pytest.raises(InputInvalid, match="the column 'id' appears twice") as raised:
+        parquet_into(path, tmp_path / "out.jsonl")
+
+    assert raised.value.code == "INPUT_INVALID"
+    (problem,) = raised.value.problems
+    assert (problem.file, problem.field) == (str(path), "id")
     assert not (tmp_path / "out.jsonl").exists()
 
 
@@ -112,3 +146,68 @@ def test_a_parquet_run_keeps_its_snapshot_and_a_changed_file_is_a_fresh_run(tmp_
     assert manifest["input"]["path"] == str(run_dir / "input.jsonl")
     assert manifest["input"]["source"].startswith("parquet sha256:")
     assert len((run_dir / "input.jsonl").read_bytes().splitlines()) == 3
+
+
+def _emails(rows: int, tag: str = "") -> dict[str, Any]:
+    return {"id": list(range(1, rows + 1)), "email": [f"u{n}{tag}@x" for n in range(1, rows + 1)]}
+
+
+def _killed_with_20_rows_committed(tmp_path: Path, target: TargetProcess) -> Path:
+    """A run of c.parquet killed with -9 once exactly 20 rows are journaled: the target answers 20
+    requests and holds every later one, so no other row can be answered, whatever the timing."""
+    target.set_plan({"rules": [{"after": 20, "delay_ms": 120_000}]})
+    proc = start_cli("run", tmp_path / "job.yaml", "--budget", "0", cwd=tmp_path, output="discarded")
+    runs = tmp_path / ".bulkrelay" / "runs"
+    run = wait_for(
+        lambda: next(
+            (p.parent for p in runs.glob("2*/results.jsonl") if len(journal_rows(p.parent)) >= 20), None
+        ),
+        "20 rows journaled",
+    )
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    target.set_plan({"rules": []})
+    target.reset()
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("file", ["unchanged", "changed"])
+def test_an_unfinished_parquet_runs_rerun_reads_its_snapshot_unless_the_file_changed(
+    tmp_path: Path, target: TargetProcess, file: str
+) -> None:
+    """docs/inputs.md: the identical re-run of an unfinished run reads its snapshot while the file is
+    unchanged (the same run, only the rows not yet committed sent); a changed file is a new run of the
+    new file, CHECKPOINT_DISCARDED, as for any input."""
+    _table(tmp_path / "c.parquet", **_emails(ROWS))
+    job = {
+        "version": 1,
+        "input": {"file": "c.parquet", "key": "id"},
+        "request": {"method": "PUT", "url": f"{target.url}/c/{{id}}", "json": {"e": {"from": "email"}}},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    killed = _killed_with_20_rows_committed(tmp_path, target)
+    committed = set(journal_rows(killed))
+    snapshot = (killed / "input.jsonl").stat()
+    assert len(committed) == 20
+    if file == "changed":
+        _table(tmp_path / "c.parquet", **_emails(ROWS + 30, tag="-v2"))
+
+    rerun = run_cli("run", tmp_path / "job.yaml", "--budget", "0", cwd=tmp_path)
+
+    assert rerun.exit_code == 0, rerun.envelope
+    sent = Counter(int(r["path"].rsplit("/", 1)[-1]) for r in target.requests())
+    discarded = [w for w in rerun.envelope["warnings"] if w["code"] == "CHECKPOINT_DISCARDED"]
+    if file == "unchanged":
+        assert rerun.data["run_id"] == killed.name and not discarded
+        assert sent == Counter(set(range(1, ROWS + 1)) - committed)  # only the rest, each once
+        again = (killed / "input.jsonl").stat()
+        assert (again.st_ino, again.st_mtime_ns) == (snapshot.st_ino, snapshot.st_mtime_ns)  # not retaken
+    else:
+        assert rerun.data["run_id"] != killed.name
+        (warning,) = discarded
+        assert warning["context"] == {"previous_run": killed.name, "reason": "INPUT_CHANGED"}
+        assert sent == Counter(range(1, ROWS + 31))  # every row of the new file, the 20 committed too
+        assert all("-v2@x" in r["body"] for r in target.requests())
+        fresh = Path(rerun.data["run_dir"]) / "input.jsonl"
+        assert len(fresh.read_bytes().splitlines()) == ROWS + 30

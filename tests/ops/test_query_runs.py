@@ -62,12 +62,52 @@ def _runs(tmp_path: Path) -> list[Path]:
     return sorted(p for p in (tmp_path / ".bulkrelay" / "runs").iterdir() if (p / "run.json").is_file())
 
 
+class _Customers:
+    """The `customers` table (id, email) of a SQLite file or of the PostgreSQL cluster, to add and change
+    rows while a run is under way."""
+
+    def __init__(self, tmp_path: Path, postgres: PostgresServer | None) -> None:
+        self._postgres = postgres
+        if postgres is None:
+            self._db = _sqlite(tmp_path, range(0))
+            self.url = self.source = f"sqlite:///{self._db}"
+        else:
+            postgres.sql("DROP TABLE IF EXISTS customers")
+            postgres.sql("CREATE TABLE customers (id int PRIMARY KEY, email text)")
+            self.url = postgres.url()
+            self.source = f"postgresql://127.0.0.1:{postgres.port}/app"
+
+    def add(self, rows: range) -> None:
+        if self._postgres is None:
+            _sqlite(self._db.parent, rows)
+        else:
+            self._postgres.sql(
+                "INSERT INTO customers SELECT n, 'user' || n || '@example.com'"
+                " FROM generate_series(%s::int, %s::int) n",
+                (rows.start, rows.stop - 1),
+            )
+
+    def change(self, ids: list[int], email: str) -> None:
+        if self._postgres is None:
+            with sqlite3.connect(self._db) as conn:
+                conn.executemany("UPDATE customers SET email = ? WHERE id = ?", [(email, n) for n in ids])
+            conn.close()
+        else:
+            self._postgres.sql("UPDATE customers SET email = %s WHERE id = ANY(%s)", (email, ids))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def customers(request: pytest.FixtureRequest, tmp_path: Path) -> _Customers:
+    postgres = request.getfixturevalue("postgres") if request.param == "postgresql" else None
+    return _Customers(tmp_path, postgres)
+
+
 @pytest.mark.slow
 def test_a_killed_runs_rerun_sends_its_snapshot_then_the_next_night_queries_afresh(
-    tmp_path: Path, target: TargetProcess
+    tmp_path: Path, target: TargetProcess, customers: _Customers
 ) -> None:
-    db = _sqlite(tmp_path, range(1, ROWS + 1))
-    url = f"sqlite:///{db}"
+    customers.add(range(1, ROWS + 1))
+    url = customers.url
     job = _job(tmp_path, target.url, "SELECT id, email FROM customers WHERE id > :after", params={"after": 0})
     target.set_plan(
         {"rules": [{"after": 30, "delay_ms": 120_000}]}
@@ -76,10 +116,8 @@ def test_a_killed_runs_rerun_sends_its_snapshot_then_the_next_night_queries_afre
         "run", job, "--budget", "0", cwd=tmp_path, env=cli_env(DATABASE_URL=url), output="discarded"
     )
     wait_for(lambda: len(target.requests()) >= 30, "30 rows sent")
-    _sqlite(tmp_path, range(ROWS + 1, ROWS + 41))  # rows added while the run is under way
-    with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE customers SET email = 'changed@example.com' WHERE id = 1")
-    conn.close()
+    customers.add(range(ROWS + 1, ROWS + 41))  # rows added while the run is under way
+    customers.change([1], "changed@example.com")  # and a row changed
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     (killed,) = _runs(tmp_path)
@@ -94,7 +132,7 @@ def test_a_killed_runs_rerun_sends_its_snapshot_then_the_next_night_queries_afre
     assert rerun.data["run_id"] == killed.name  # the same run, continued from its own snapshot
     assert set(_sent(target)) == set(range(1, ROWS + 1))  # exactly the snapshot's rows: none added later
     manifest = orjson.loads((killed / "run.json").read_bytes())
-    assert manifest["input"]["source"] == f"sqlite:///{db}"
+    assert manifest["input"]["source"] == customers.source
     bodies = [r["body"] for r in target.requests() if r["path"].endswith("/customers/1")]
     assert all("user1@example.com" in body for body in bodies)  # as the snapshot had it, not as updated
     target.reset()
@@ -105,9 +143,7 @@ def test_a_killed_runs_rerun_sends_its_snapshot_then_the_next_night_queries_afre
     assert night.data["run_id"] != killed.name
     assert sorted(_sent(target)) == [1, *range(ROWS + 1, ROWS + 41)]  # the changed row and the new ones
     target.reset()
-    with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE customers SET email = 'again@example.com' WHERE id IN (5, 77)")
-    conn.close()
+    customers.change([5, 77], "again@example.com")
 
     delta = _run(tmp_path, job, url)
 

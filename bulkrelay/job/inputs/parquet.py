@@ -1,5 +1,6 @@
 """A Parquet file (`input.file: x.parquet`, or `--input x.parquet`), read row group by row group with
-pyarrow into a JSON Lines snapshot, as a query is: memory bounded by a row group, not the file. Nested
+pyarrow, 2,000 rows at a time, into a JSON Lines snapshot, as a query is: memory bounded by a batch of
+rows and a row group's encoded pages, not by the file nor the group's decoded rows. Nested
 structs and lists become JSON objects and lists; other values map as a query's do (docs/inputs.md).
 The file's own bytes are hashed as it is read and must not change while it is: the snapshot's source
 names them (`parquet sha256:...`)."""
@@ -21,6 +22,7 @@ from bulkrelay.private import open_private
 
 _CHUNK = 1 << 20
 _ROWS_TOLD_EVERY = 1000
+_BATCH_ROWS = 2000  # rows decoded at a time, as many as a query's server-side cursor fetches
 
 
 def _pyarrow_parquet() -> Any:
@@ -94,8 +96,11 @@ def _write(pq: Any, path: Path, out: BinaryIO, on_rows: RowsRead | None) -> int:
 
 
 def _records(parquet: Any) -> Iterator[dict[str, Any]]:
-    """The rows, one row group in memory at a time."""
+    """The rows, a row group at a time and within it `_BATCH_ROWS` at a time: a row group is never
+    decoded whole (pyarrow's default group is 1,048,576 rows, ~0.6 KiB a row once made Python dicts),
+    so memory holds a batch of rows and the group's encoded pages. A reader per group, on one thread:
+    one reader over every group grows with the file, and threads decode ahead
+    (benchmarks/bench_snapshot.py, docs/performance.md)."""
     for group in range(parquet.num_row_groups):
-        table = parquet.read_row_group(group)
-        for batch in table.to_batches():
+        for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, row_groups=[group], use_threads=False):
             yield from batch.to_pylist()
