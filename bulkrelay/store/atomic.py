@@ -118,24 +118,9 @@ def _replace_with(
     path: Path, chunks: Iterable[bytes], storage: Storage, mode: int = PRIVATE_FILE_MODE
 ) -> None:
     """Replace `path` with the concatenated `chunks`, durably (the recipe at the top)."""
-    temp = _temp_beside(path)
-    fd = storage.open_new(temp, mode)
-    try:
-        try:
-            for chunk in chunks:
-                storage.write(fd, chunk)
-            storage.fsync(fd)
-        except BaseException:
-            with contextlib.suppress(StorageFailed):
-                storage.close(fd)
-            raise
-        storage.close(fd)
-        storage.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    storage.fsync_dir(path.parent)
+    with replacing(path, storage, mode=mode) as out:
+        for chunk in chunks:
+            out.write(chunk)
 
 
 def write_json_atomic(path: Path, obj: Any, storage: Storage | None = None) -> None:
