@@ -10,12 +10,25 @@ removes a key), so a test states only what it cares about.
 from __future__ import annotations
 
 import csv
+import gzip
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 FIELDS = ("id", "email", "name")
+
+
+def write_gzip_bomb(path: Path, head: bytes, filler: int, tail: bytes) -> Path:
+    """A gzip file of `head`, `filler` bytes of `a` (a whole number of MiB) and `tail`: a few hundred
+    KB on disk that inflate to one line as long as the filler (the input limits' hostile case)."""
+    block = b"a" * (1 << 20)
+    with gzip.open(path, "wb", compresslevel=6) as out:
+        out.write(head)
+        for _ in range(filler // len(block)):
+            out.write(block)
+        out.write(tail)
+    return path
 
 
 def make_rows(count: int, *, start: int = 1, tag: str = "") -> list[dict[str, str]]:

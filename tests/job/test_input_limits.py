@@ -16,20 +16,10 @@ from bulkrelay.errors import Problem
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.inputs.lines import MAX_LINE_BYTES, TOO_LONG, line_blocks
 from tests.clirun import start_cli
-from tests.jobfiles import base_job
+from tests.jobfiles import base_job, write_gzip_bomb
 
 _BOMB_LINE = 160 << 20  # ten times the limit: held whole, it would dwarf the bound asserted below
 _BOUND = 96 << 20  # what reading the bomb may add to a small input's peak RSS: the limit and its copies
-
-
-def _write_gzip(path: Path, head: bytes, filler: int, tail: bytes) -> Path:
-    block = b"a" * (1 << 20)
-    with gzip.open(path, "wb", compresslevel=6) as out:
-        out.write(head)
-        for _ in range(filler // len(block)):
-            out.write(block)
-        out.write(tail)
-    return path
 
 
 def _validate_peak_rss(tmp_path: Path, input_name: str) -> tuple[int, dict[str, object], int]:
@@ -64,7 +54,7 @@ def test_a_gzip_bomb_of_one_line_is_refused_naming_it_in_bounded_memory(tmp_path
         tail = b'", "name": "B"}\n{"id": "3", "email": "c@example.com", "name": "C"}\n'
         good = head.split(b"\n")[0] + b"\n"
         line, row = 2, 2
-    bomb = _write_gzip(tmp_path / f"bomb.{fmt}.gz", head, _BOMB_LINE, tail)
+    bomb = write_gzip_bomb(tmp_path / f"bomb.{fmt}.gz", head, _BOMB_LINE, tail)
     assert bomb.stat().st_size < _BOMB_LINE // 200  # a bomb indeed: under 1 MB inflating to 160 MiB
 
     code, base_envelope, base_rss = _validate_peak_rss(tmp_path, _small(tmp_path, f"ok.{fmt}.gz", good))

@@ -18,7 +18,7 @@ from bulkrelay.sync import linescan
 from bulkrelay.sync.linescan import LINE_DIGEST_SIZE, NO_DIGEST, LineScan, line_digest
 from bulkrelay.sync.state import SyncState
 from tests.clirun import start_cli
-from tests.jobfiles import make_rows, write_csv, write_job
+from tests.jobfiles import make_rows, write_csv, write_gzip_bomb, write_job
 from tests.sync.nights import DELTA, run_night
 from tests.targetproc import TargetProcess
 
@@ -73,15 +73,6 @@ def test_a_line_past_the_limit_is_unknown_and_the_lines_after_it_keep_their_verd
     assert (size, lines) == (data.stat().st_size, 3)
 
 
-def _gzip_bomb(path: Path, head: bytes, filler: int, tail: bytes) -> None:
-    block = b"a" * (1 << 20)
-    with gzip.open(path, "wb", compresslevel=6) as out:
-        out.write(head)
-        for _ in range(filler // len(block)):
-            out.write(block)
-        out.write(tail)
-
-
 def _night_peak_rss(cwd: Path, job: Path) -> tuple[int, dict[str, object], int]:
     """`bulkrelay run` of one night: exit code, envelope, and the peak RSS (by wait4) of the CLI and of
     every process it waited for, the line scan among them."""
@@ -108,7 +99,7 @@ def test_a_gzip_bomb_on_a_second_delta_night_is_refused_naming_its_line_in_bound
     assert code == 0, envelope
 
     head, tail = plain.split(b"\n2,")
-    _gzip_bomb(data, head + b'\n2,"', _BOMB_LINE, b'",B\n' + tail.split(b"\n", 1)[1])
+    write_gzip_bomb(data, head + b'\n2,"', _BOMB_LINE, b'",B\n' + tail.split(b"\n", 1)[1])
     assert data.stat().st_size < _BOMB_LINE // 200  # under 1 MB inflating to 160 MiB
     code, envelope, bomb_rss = _night_peak_rss(tmp_path, job)
 
