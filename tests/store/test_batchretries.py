@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bulkrelay.errors import RunDirUnsafe
 from bulkrelay.store.batchretries import BatchRetries
 from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.storage import Storage
@@ -43,3 +44,11 @@ async def test_a_number_is_fsynced_before_it_is_given(tmp_path: Path) -> None:
     assert storage.calls == ["write", "fsync", "fsync_dir"]  # the new file's name too
     await retries.record([2])
     assert storage.calls == ["write", "fsync", "fsync_dir", "write", "fsync"]
+
+
+def test_a_link_in_its_place_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_bytes(b'{"retry":1,"rows":[3]}\n')
+    (tmp_path / "batch-retries.jsonl").symlink_to(elsewhere)
+    with pytest.raises(RunDirUnsafe):
+        BatchRetries(tmp_path / "batch-retries.jsonl", Storage())
