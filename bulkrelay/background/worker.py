@@ -108,11 +108,16 @@ class BackgroundSupervisor:
         return self.signalled is not None or self._background.cancel_requested
 
     def on_rows_read(self, rows_read: int) -> None:
-        # Written at once when preflight starts and at its first record, then at most every interval.
+        """The input read so far (a query's snapshot, preflight). Written at once when preflight starts
+        and at its first record, then at most every interval; a cancel or signal is looked for at the
+        same pace and ends the job there, before anything is sent (a 30M-row snapshot took minutes)."""
         first = self.stage != PREFLIGHT or not self.rows_read
         self.stage, self.rows_read = PREFLIGHT, rows_read
         if first or time.monotonic() - self._written_at >= STATUS_INTERVAL_SECONDS:
             self.write_status()
+            if self._stop_asked():
+                reason = StopReason.CANCELLED if self._background.cancel_requested else self.signalled
+                raise StoppedReadingInput(reason or StopReason.TERMINATED)
 
     def on_run(self, run: RunDir) -> None:
         self.run_dir = str(run.path)
@@ -200,13 +205,26 @@ def run_worker(job_id: str, execute: CommandRunner) -> Result:
 
 
 def _stopped_reading_stdin(reason: StopReason) -> Result:
+    return _stopped_before_sending(
+        reason, "while still reading standard input: nothing was sent, no run was made"
+    )
+
+
+class StoppedReadingInput(Exception):
+    """A cancel or signal while the job read its input, before a row was sent: the job ends there.
+    Raised from the reader's progress callback; the snapshot and the readers remove what they began."""
+
+    def __init__(self, reason: StopReason) -> None:
+        super().__init__(reason.name)
+        self.reason = reason
+
+
+def _stopped_before_sending(reason: StopReason, what: str) -> Result:
     return Result(
         exit_code=ExitCode.SIGINT if reason is StopReason.INTERRUPTED else ExitCode.SIGTERM,
         kind="error",
         error=ErrorInfo(
-            reason.name,
-            f"stopped ({reason}) while still reading standard input: nothing was sent, no run was made",
-            retryable=reason is not StopReason.CANCELLED,
+            reason.name, f"stopped ({reason}) {what}", retryable=reason is not StopReason.CANCELLED
         ),
     )
 
@@ -225,6 +243,8 @@ def _hold_lock(background: BackgroundJob) -> int:
 def _run_command(spec: BackgroundJobSpec, supervisor: BackgroundSupervisor, execute: CommandRunner) -> Result:
     try:
         return supervisor.finish_stdin() or execute(spec, supervisor)
+    except StoppedReadingInput as stopped:  # an unfinished run it continues is left as it was
+        return _stopped_before_sending(stopped.reason, "while reading the input: nothing was sent")
     except BulkRelayError as exc:
         return Result.from_error(exc)
     except Exception as exc:  # the worker's only catch site: any failure still becomes the job's answer
