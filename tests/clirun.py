@@ -79,6 +79,18 @@ def start_cli(
     )
 
 
+def run_cli_peak_rss(*args: str | Path, cwd: Path) -> tuple[int, dict[str, Any], int]:
+    """The CLI's exit code, envelope, and peak RSS in bytes (by wait4: of the CLI and of every process
+    it waited for, a delta night's line scan among them), for the tests of bounded memory."""
+    proc = start_cli(*args, cwd=cwd, output="stdout")
+    assert proc.stdout is not None
+    with proc.stdout:
+        out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, orjson.loads(out), usage.ru_maxrss * 1024
+
+
 def run_cli_raw(
     *args: str | Path,
     cwd: Path | None = None,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 from pathlib import Path
 
 import orjson
@@ -15,7 +14,7 @@ import yaml
 from bulkrelay.errors import Problem
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.inputs.lines import MAX_LINE_BYTES, TOO_LONG, line_blocks
-from tests.clirun import start_cli
+from tests.clirun import run_cli_peak_rss
 from tests.jobfiles import base_job, write_gzip_bomb
 
 _BOMB_LINE = 160 << 20  # ten times the limit: held whole, it would dwarf the bound asserted below
@@ -27,13 +26,7 @@ def _validate_peak_rss(tmp_path: Path, input_name: str) -> tuple[int, dict[str, 
     job = base_job("http://127.0.0.1:9", input_name)
     job_path = tmp_path / f"{input_name}.yaml"
     job_path.write_text(yaml.safe_dump(job, sort_keys=False))
-    proc = start_cli("validate", job_path, cwd=tmp_path, output="stdout")
-    assert proc.stdout is not None
-    with proc.stdout:
-        out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, orjson.loads(out), usage.ru_maxrss * 1024
+    return run_cli_peak_rss("validate", job_path, cwd=tmp_path)
 
 
 def _small(tmp_path: Path, name: str, data: bytes) -> str:

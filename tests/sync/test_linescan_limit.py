@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 from pathlib import Path
 
 import orjson
@@ -17,7 +16,7 @@ from bulkrelay.job.inputs.lines import MAX_LINE_BYTES
 from bulkrelay.sync import linescan
 from bulkrelay.sync.linescan import LINE_DIGEST_SIZE, NO_DIGEST, LineScan, line_digest
 from bulkrelay.sync.state import SyncState
-from tests.clirun import start_cli
+from tests.clirun import run_cli_peak_rss
 from tests.jobfiles import make_rows, write_csv, write_gzip_bomb, write_job
 from tests.sync.nights import DELTA, run_night
 from tests.targetproc import TargetProcess
@@ -76,13 +75,7 @@ def test_a_line_past_the_limit_is_unknown_and_the_lines_after_it_keep_their_verd
 def _night_peak_rss(cwd: Path, job: Path) -> tuple[int, dict[str, object], int]:
     """`bulkrelay run` of one night: exit code, envelope, and the peak RSS (by wait4) of the CLI and of
     every process it waited for, the line scan among them."""
-    proc = start_cli("run", job, "--budget", "0", cwd=cwd, output="stdout")
-    assert proc.stdout is not None
-    with proc.stdout:
-        out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, orjson.loads(out), usage.ru_maxrss * 1024
+    return run_cli_peak_rss("run", job, "--budget", "0", cwd=cwd)
 
 
 @pytest.mark.slow
