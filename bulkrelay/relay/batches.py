@@ -60,7 +60,7 @@ class BatchFormer:
         self._batcher = batcher
         self._stop = stop
         self._retried = retries  # the requests sent again, durable (None: numbered in memory, for tests)
-        self._retry_count = 0
+        self._numbers: dict[tuple[int, ...], int] = {}  # without `retries`: rows -> their last number
         # The rows the journal held when the run started: they keep their places in their batches.
         # (Rows outside a retry-failed or shard selection are no rows of the run: passed over.)
         self._journaled = journaled
@@ -118,8 +118,7 @@ class BatchFormer:
             if retries is not None:
                 number = await retries.record(rows)
             else:
-                self._retry_count += 1
-                number = self._retry_count
+                number = self._numbers[tuple(rows)] = self._numbers.get(tuple(rows), 0) + 1
         if number is None:
             return batch
         return Batch(batch.items, batch.size, retry=number)

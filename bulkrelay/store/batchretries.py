@@ -9,10 +9,13 @@ results only, so each is written here (and fsynced) before its request leaves:
 
     {"retry": 3, "rows": [7, 14]}
 
-`retry` numbers the run's requests sent again, from 1; `rows` are the rows the request carries, in
-order. A resumed run whose pending rows of a batch are exactly the rows of such a line sends them
-under that line's key (the latest line for those rows), so a target that dedups by key replays what it
-answered, and applies nothing twice. A line cut by a crash is passed over: its request never left.
+`retry` numbers the requests of these same rows sent again, from 1; `rows` are the rows the request
+carries, in order. A resumed run whose pending rows of a batch are exactly the rows of such a line sends
+them under that line's key (the latest line for those rows), so a target that dedups by key replays what
+it answered, and applies nothing twice. Numbered by their rows, not by the run, the requests of an
+identical re-run of the job come out under the keys its predecessor sent (a full job's keys are its
+content's, docs/resume.md), so a target that keeps keys answers them as before. A line cut by a crash
+is passed over: its request never left.
 """
 
 from __future__ import annotations
@@ -30,16 +33,15 @@ RETRIES_FILE = "batch-retries.jsonl"
 
 
 class BatchRetries:
-    """The run's requests sent again: those of earlier processes to reuse, the next number to give."""
+    """The run's requests sent again: those of earlier processes to reuse, the next number of each rows'."""
 
     def __init__(self, path: Path, storage: Storage) -> None:
         self._path = path
         self._storage = storage
         self._earlier: dict[tuple[int, ...], int] = {}  # rows -> the latest number an earlier process gave
-        self._next = 1
         for number, rows in _read(path):
             self._earlier[rows] = number
-            self._next = max(self._next, number + 1)
+        self._last = dict(self._earlier)  # rows -> the highest number given them in this run
 
     def earlier(self, rows: Sequence[int]) -> int | None:
         """The number an earlier process sent these rows under, once: this process's next request of the
@@ -47,9 +49,9 @@ class BatchRetries:
         return self._earlier.pop(tuple(rows), None)
 
     async def record(self, rows: Sequence[int]) -> int:
-        """A new number for a request of `rows`, durable before this returns (before the request leaves)."""
-        number = self._next
-        self._next += 1
+        """The next number for a request of `rows`, durable before this returns (before it leaves)."""
+        key = tuple(rows)
+        number = self._last[key] = self._last.get(key, 0) + 1
         line = orjson.dumps({"retry": number, "rows": list(rows)}) + b"\n"
         await anyio.to_thread.run_sync(self._append, line)
         return number

@@ -88,3 +88,26 @@ def test_kill_9_loop_over_a_keyed_batch_run_applies_no_item_twice(
         assert journal_ids == sent_ids
     else:
         assert any(e.attempts > 1 for e in entries)  # items answered 429 went again
+
+
+@pytest.mark.slow
+def test_the_rerun_of_a_finished_batch_job_resends_its_retries_under_the_same_keys(tmp_path: Path) -> None:
+    """A full job's keys are its content's, so the identical re-run after a completed run is answered by
+    a target that keeps keys: the requests of rows sent again too (numbered by their rows, not by the
+    run; numbered by the run, the re-run's came out under new keys and 40 of 3,000 items went twice)."""
+    names = [("busy" if n % 5 == 0 else "user") + str(n) for n in range(1, 601)]
+    with TargetProcess({"dedup": True, "batch": {"retry_times": 1}}) as target:
+        job = write_batch_job(
+            tmp_path,
+            target.url,
+            "elasticsearch",
+            names,
+            max_items=20,
+            execution={"concurrency": 8},  # retries end in an order of their own: numbered by the run,
+            retry={"max_attempts": 5, "initial_backoff_seconds": 0.01},  # they came out differently
+        )
+        runs = [run_cli("run", job, "--budget", "0", cwd=tmp_path, timeout=120) for _ in range(2)]
+        stats = target.stats()
+    assert [run.exit_code for run in runs] == [ExitCode.SUCCESS, ExitCode.SUCCESS], runs[-1].envelope
+    assert runs[0].data["run_dir"] != runs[1].data["run_dir"]  # a new run: the first one completed
+    assert stats["items_applied_twice"] == [] and stats["distinct_items_applied"] == len(names)
