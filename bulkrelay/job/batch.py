@@ -32,6 +32,7 @@ _META_FIELD = "\0item_id"
 _MARKER = "\0bulkrelay-items\0"  # where the items go in the envelope's encoding (no JSON text holds it)
 _BATCH_KEY_SCHEME = b"bulkrelay-batch-v1\0"
 _CONTENT_TYPES = {"json": "application/json", "ndjson": "application/x-ndjson"}
+_new_tuple = tuple.__new__  # PreparedRequest(...) would go through a Python-level __new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,19 +116,19 @@ class BatchRenderer:
     def item(self, record: Record) -> Item:
         """The row's item; raises `RenderError` naming the field that does not fit, or the largest field
         when the item alone would make a body over `max_bytes`."""
-        fields = record.fields
-        if self._uses_meta:
-            fields = {**fields, _META_FIELD: ""}
-        data = self._encode(fields)
-        item_id = self._rows.key(
-            record, PreparedRequest(self._base.method, self._base.url, self._base.headers, data)
-        )
-        if self._uses_meta:
-            data = self._encode({**record.fields, _META_FIELD: item_id})
+        base = self._base
+        if not self._uses_meta:  # the common case: the item's request is what its id hashes
+            data = self._encode(record.fields)
+            if self._framing + len(data) > self.max_bytes:  # size(1, len(data)), inline
+                raise RenderError(self._largest_field(record.fields), self._too_large(len(data)))
+            request = _new_tuple(PreparedRequest, (base.method, base.url, base.headers, data))
+            return Item(record, self._rows.key(record, request), data, request)
+        blank = self._encode({**record.fields, _META_FIELD: ""})
+        item_id = self._rows.key(record, PreparedRequest(base.method, base.url, base.headers, blank))
+        data = self._encode({**record.fields, _META_FIELD: item_id})
         if self.size(1, len(data)) > self.max_bytes:
             raise RenderError(self._largest_field(record.fields), self._too_large(len(data)))
-        request = PreparedRequest(self._base.method, self._base.url, self._base.headers, data)
-        return Item(record, item_id, data, request)
+        return Item(record, item_id, data, PreparedRequest(base.method, base.url, base.headers, data))
 
     def item_request(self, record: Record) -> PreparedRequest:
         """`item(record).request`, what preflight checks and a delta sync digests, without the item's id
@@ -135,9 +136,10 @@ class BatchRenderer:
         if self._uses_meta:
             return self.item(record).request
         data = self._encode(record.fields)
-        if self.size(1, len(data)) > self.max_bytes:
+        if self._framing + len(data) > self.max_bytes:  # size(1, len(data)), inline
             raise RenderError(self._largest_field(record.fields), self._too_large(len(data)))
-        return PreparedRequest(self._base.method, self._base.url, self._base.headers, data)
+        base = self._base
+        return _new_tuple(PreparedRequest, (base.method, base.url, base.headers, data))
 
     def size(self, count: int, item_bytes: int) -> int:
         """The encoded body's size for `count` items whose bytes add up to `item_bytes`."""
@@ -154,7 +156,8 @@ class BatchRenderer:
             return True
         if count >= self.max_items:
             return False
-        return self.size(count + 1, item_bytes + length) <= self.max_bytes
+        # size(count + 1, item_bytes + length), inline: this runs once a row
+        return self._framing + item_bytes + length + self._separator * count <= self.max_bytes
 
     def request(
         self, items: Sequence[Item], delivery: str | None = None, retry: int | None = None

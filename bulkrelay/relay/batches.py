@@ -162,13 +162,19 @@ class BatchFormer:
     def _take(self) -> PendingItem | _Journaled | None:
         """The run's next row, journaled or pending, in input order."""
         queue = self._queue
-        if not queue and not self._exhausted:
-            record = next(self._records, None)  # the journaled rows before it join the queue first
-            if record is None:
-                self._exhausted = True
-            else:
-                queue.append(PendingItem(self._batcher.item(record)))
-        return queue.popleft() if queue else None
+        if queue:
+            return queue.popleft()
+        if self._exhausted:
+            return None
+        record = next(self._records, None)  # the journaled rows before it join the queue first
+        if record is None:
+            self._exhausted = True
+            return queue.popleft() if queue else None
+        pending = PendingItem(self._batcher.item(record))
+        if not queue:  # the common case: no journaled row before it
+            return pending
+        queue.append(pending)
+        return queue.popleft()
 
 
 def _not_before(batch: Batch) -> float:

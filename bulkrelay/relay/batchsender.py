@@ -33,7 +33,7 @@ from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, Decision, RetryPolicy, c
 from bulkrelay.relay.sender import Exchange, RowSender, _milliseconds
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport
-from bulkrelay.store.journal import JournalEntry
+from bulkrelay.store.journal import JournalEntry, entry_of
 
 # A whole request failing so counts toward halt.consecutive_failures (per request in batch mode).
 STREAK_CLASSES = frozenset({"http_server_error", "timeout_error", "connect_error", "protocol_error"})
@@ -126,15 +126,16 @@ class BatchSender(RowSender):
         else:
             error_text = self._error_text(response, error)
             body = self._failure_body(response)
+            ended, latency_ms = time.monotonic(), _milliseconds(latency)
+            classification, retryable = decision.classification, decision.retryable
             entries = [
                 self._batch_entry(
-                    pending, index, len(items), latency, status,
-                    classification=decision.classification, retryable=decision.retryable,
-                    error=error_text, response_body=body,
+                    pending, index, len(items), latency_ms, status, classification, retryable, error_text,
+                    body, None, ended,
                 )
                 for index, pending in enumerate(items)
             ]  # fmt: skip
-            result.groups.append(Group(entries, decision.classification in STREAK_CLASSES))
+            result.groups.append(Group(entries, classification in STREAK_CLASSES))
 
     async def _until_decided(
         self, items: list[PendingItem], request: PreparedRequest
@@ -180,6 +181,7 @@ class BatchSender(RowSender):
         self, items: list[PendingItem], response: Response, latency: float, result: BatchResult
     ) -> None:
         ids = [pending.item.item_id for pending in items]
+        ended, latency_ms, size = time.monotonic(), _milliseconds(latency), len(items)
         try:
             outcomes = self._items.outcomes(response.body, ids, truncated=response.truncated)
         except AnswerInvalid as exc:
@@ -187,49 +189,45 @@ class BatchSender(RowSender):
             body = self._failure_body(response)
             entries = [
                 self._batch_entry(
-                    pending, index, len(items), latency, response.status,
-                    classification=BATCH_ANSWER_INVALID, retryable=True, error=error, response_body=body,
+                    pending, index, size, latency_ms, response.status, BATCH_ANSWER_INVALID, True, error,
+                    body, None, ended,
                 )
                 for index, pending in enumerate(items)
             ]  # fmt: skip
             result.groups.append(Group(entries))
             return
         entries = []
+        max_attempts, status = self._policy.max_attempts, response.status
         for index, (pending, outcome) in enumerate(zip(items, outcomes, strict=True)):
-            if outcome.retryable and pending.attempts < self._policy.max_attempts:
+            if outcome.retryable and pending.attempts < max_attempts:
                 pending.not_before = time.monotonic() + self._policy.delay(pending.attempts)
                 result.retry.append(pending)
                 self._stats.on_retry()
                 continue
-            entries.append(
-                self._item_entry(
-                    pending, index, len(items), latency=latency, status=response.status, outcome=outcome
-                )
-            )
+            entries.append(self._item_entry(pending, index, size, latency_ms, status, outcome, ended))
         if entries:
             result.groups.append(Group(entries))
 
-    def _item_entry(
+    def _item_entry(  # noqa: PLR0917 (the hot path: one call a row, positional)
         self,
         pending: PendingItem,
         index: int,
         size: int,
-        *,
-        latency: float,
+        latency_ms: float,
         status: int,
         outcome: ItemOutcome,
+        ended: float,
     ) -> JournalEntry:
-        error = None
-        if not outcome.success:
+        classification = outcome.classification
+        error = captured = None
+        if not counts_as_success(classification):
             named = f"item {outcome.status}" if outcome.status is not None else "item rejected"
             error = named if outcome.message is None else f"{named}: {outcome.message}"
-        captured = None
-        if outcome.success and self._capture and outcome.entry is not None:
+        elif self._capture and outcome.entry is not None:
             captured = self._reader.captured(orjson.dumps(outcome.entry))
         return self._batch_entry(
-            pending, index, size, latency, outcome.status if outcome.status is not None else status,
-            classification=outcome.classification, retryable=outcome.retryable, error=error,
-            captured=captured,
+            pending, index, size, latency_ms, outcome.status if outcome.status is not None else status,
+            classification, outcome.retryable, error, None, captured, ended,
         )  # fmt: skip
 
     def _failure_body(self, response: Response | None) -> str | None:
@@ -237,41 +235,42 @@ class BatchSender(RowSender):
             return None
         return self._reader.failure_body(response.body, truncated=response.truncated)
 
-    def _batch_entry(
+    def _batch_entry(  # noqa: PLR0917 (the hot path: one call a row, positional)
         self,
         pending: PendingItem,
         index: int,
         size: int,
-        latency: float,
+        latency_ms: float,
         status: int | None,
-        *,
         classification: str,
         retryable: bool,
         error: str | None,
-        response_body: str | None = None,
-        captured: dict[str, object] | None = None,
+        response_body: str | None,
+        captured: dict[str, object] | None,
+        ended: float,
     ) -> JournalEntry:
-        """A row's result in a batch; `batch.seq` is set when its group is journaled."""
+        """A row's result in a batch whose answer came at `ended`; `batch.seq` is set when its group is
+        journaled."""
         item = pending.item
         record = item.record
         digest = None
         if self._digester is not None:
             digest = self._digester.digest(item.request, record.fields).hex()
         success = counts_as_success(classification)
-        return JournalEntry(
-            row_number=record.row_number,
-            success=success,
-            classification=classification,
-            status_code=status,
-            attempts=pending.attempts,
-            retryable=retryable,
-            error=None if success else error,
-            duration_ms=_milliseconds(time.monotonic() - pending.started),
-            latency_ms=_milliseconds(latency),
-            key=record.fields.get(self._key_field) if self._key_field is not None else None,
-            idempotency_key=item.item_id,
-            captured=captured,
-            response_body=None if success else response_body,
-            digest=digest,
-            batch={"seq": 0, "index": index, "size": size},  # seq: set when its group is journaled
+        return entry_of(
+            record.row_number,
+            success,
+            classification,
+            status,
+            pending.attempts,
+            retryable,
+            None if success else error,
+            _milliseconds(ended - pending.started),  # duration_ms: the row, waits and retries too
+            latency_ms,
+            record.fields.get(self._key_field) if self._key_field is not None else None,
+            item.item_id,
+            captured,
+            None if success else response_body,
+            digest,
+            {"seq": 0, "index": index, "size": size},  # batch: seq set when its group is journaled
         )

@@ -27,7 +27,7 @@ from bulkrelay.relay.retry import (
 )
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
-from bulkrelay.store.journal import JournalEntry
+from bulkrelay.store.journal import JournalEntry, entry_of
 
 __all__ = ["Exchange", "RowSender"]
 
@@ -222,21 +222,22 @@ class RowSender:
             elif self._captures:
                 captured = self._reader.captured(response.body)
         duration = _monotonic() - started  # the row: waits and retries too
-        return JournalEntry(
-            row_number=record.row_number,
-            success=success,
-            classification=classification,
-            status_code=response.status if response is not None else None,
-            attempts=attempts,
-            retryable=decision.retryable,
-            error=None if success else self._error_text(response, tried.error),
-            duration_ms=int(duration * 1_000_000 + 0.5) / 1000,  # _milliseconds(), inline
-            latency_ms=int(tried.latency * 1_000_000 + 0.5) / 1000,  # the final attempt's round trip
-            key=record.fields.get(self._key_field) if self._key_field is not None else None,
-            idempotency_key=key,
-            captured=captured,
-            response_body=response_body,
-            digest=digest,
+        return entry_of(
+            record.row_number,
+            success,
+            classification,
+            response.status if response is not None else None,
+            attempts,
+            decision.retryable,
+            None if success else self._error_text(response, tried.error),
+            int(duration * 1_000_000 + 0.5) / 1000,  # duration_ms: _milliseconds(), inline
+            int(tried.latency * 1_000_000 + 0.5) / 1000,  # latency_ms: the final attempt's round trip
+            record.fields.get(self._key_field) if self._key_field is not None else None,
+            key,
+            captured,
+            response_body,
+            digest,
+            None,  # batch: a row of its own
         )
 
     def _error_text(self, response: Response | None, error: TransportError | None) -> str:

@@ -169,6 +169,51 @@ class JournalEntry:
 
 
 _set_attribute = object.__setattr__  # how a frozen dataclass sets its fields in __init__
+_new_object = object.__new__
+
+
+def entry_of(  # noqa: PLR0917 (every field, in field order: the hot paths' constructor)
+    row_number: int,
+    success: bool,
+    classification: str,
+    status_code: int | None,
+    attempts: int,
+    retryable: bool,
+    error: str | None,
+    duration_ms: float,
+    latency_ms: float | None,
+    key: Any,
+    idempotency_key: str | None,
+    captured: dict[str, Any] | None,
+    response_body: str | None,
+    digest: str | None,
+    batch: dict[str, int] | None,
+) -> JournalEntry:
+    """`JournalEntry(...)` from every field given positionally, in field order: what the senders build
+    once a row. A call with fifteen keywords costs about twice this one (1.08 against 0.58 µs)."""
+    entry: JournalEntry = _new_object(JournalEntry)
+    _set_attribute(
+        entry,
+        "__dict__",
+        {
+            "row_number": row_number,
+            "success": success,
+            "classification": classification,
+            "status_code": status_code,
+            "attempts": attempts,
+            "retryable": retryable,
+            "error": error,
+            "duration_ms": duration_ms,
+            "latency_ms": latency_ms,
+            "key": key,
+            "idempotency_key": idempotency_key,
+            "captured": captured,
+            "response_body": response_body,
+            "digest": digest,
+            "batch": batch,
+        },
+    )
+    return entry
 
 
 OnCommit = Callable[[list[JournalEntry], int], Awaitable[None] | None]

@@ -25,6 +25,7 @@ from bulkrelay.store.journal import (
     decode_marker,
     encode_batch,
     encode_line,
+    entry_of,
     entry_problem,
     is_commit_marker,
     read_journal,
@@ -486,6 +487,19 @@ def test_the_entry_constructor_sets_exactly_the_declared_fields() -> None:
     assert list(inspect.signature(JournalEntry).parameters) == names
     with pytest.raises(dataclasses.FrozenInstanceError):
         entry.success = False  # type: ignore[misc]
+
+
+def test_the_positional_constructor_builds_the_same_entry() -> None:
+    """`entry_of` is the senders' constructor: its parameters are the fields, in field order."""
+    names = [field.name for field in dataclasses.fields(JournalEntry)]
+    values = [f"v-{name}" for name in names]
+    assert list(inspect.signature(entry_of).parameters) == names
+    built = entry_of(*values)  # type: ignore[arg-type]
+    assert type(built) is JournalEntry
+    assert built == JournalEntry(**dict(zip(names, values, strict=True)))
+    assert list(vars(built)) == names
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.success = False  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
