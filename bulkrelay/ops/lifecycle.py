@@ -34,6 +34,7 @@ from bulkrelay.job.preflight import Preflight, RowsRead
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.resume import config_sections, recover_start
 from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
+from bulkrelay.relay.heap import relay_collections
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import CallbackReporter, FanOut, Reporter, Snapshot
 from bulkrelay.relay.stopping import IdleWatchdog, StopControl, StopReason, stop_at, watch_signals
@@ -247,14 +248,15 @@ def relay_locked(
         observer.run_started(run, preflight, stats)
     try:
         try:
-            outcome = anyio.run(
-                _relay_with_stops,
-                preflight,
-                run,
-                start,
-                (reporter, options, stop, stats),
-                backend_options={"use_uvloop": True},
-            )
+            with relay_collections():
+                outcome = anyio.run(
+                    _relay_with_stops,
+                    preflight,
+                    run,
+                    start,
+                    (reporter, options, stop, stats),
+                    backend_options={"use_uvloop": True},
+                )
         except BaseExceptionGroup as group:
             raise sole_error(group) from None
         finally:
