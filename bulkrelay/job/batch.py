@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -35,9 +34,9 @@ _CONTENT_TYPES = {"json": "application/json", "ndjson": "application/x-ndjson"}
 _new_tuple = tuple.__new__  # PreparedRequest(...) would go through a Python-level __new__
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
-    """One row's part of a batch."""
+class Item(NamedTuple):
+    """One row's part of a batch. A NamedTuple built with `tuple.__new__` (one is made per row: a frozen
+    dataclass cost 0.77 µs, this 0.14)."""
 
     record: Record
     item_id: str
@@ -122,7 +121,7 @@ class BatchRenderer:
             if self._framing + len(data) > self.max_bytes:  # size(1, len(data)), inline
                 raise RenderError(self._largest_field(record.fields), self._too_large(len(data)))
             request = _new_tuple(PreparedRequest, (base.method, base.url, base.headers, data))
-            return Item(record, self._rows.key(record, request), data, request)
+            return _new_tuple(Item, (record, self._rows.key(record, request), data, request))
         blank = self._encode({**record.fields, _META_FIELD: ""})
         item_id = self._rows.key(record, PreparedRequest(base.method, base.url, base.headers, blank))
         data = self._encode({**record.fields, _META_FIELD: item_id})

@@ -96,6 +96,11 @@ class Redactor:
         spans = self._spans(text, len(text))
         return _replaced(text, spans, len(text)) if spans else text
 
+    @property
+    def hides_rendered(self) -> bool:
+        """Whether `redact_rendered` can change anything (False: the job has no secrets to render)."""
+        return self._rendered is not None
+
     def redact_rendered(self, text: str) -> str:
         """Redact text BulkRelay rendered itself (a request: for `render` and the idempotency key).
 

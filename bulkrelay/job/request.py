@@ -21,7 +21,7 @@ import orjson
 from bulkrelay.errors import SecretInvalid
 from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
 from bulkrelay.job.oauth2 import TokenRequest, bind_token_request, oauth2_secret_names
-from bulkrelay.job.records import PreparedRequest, Record, row_identity
+from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.redact import Redactor, basic_credentials
 from bulkrelay.job.template import (
     BoundTemplate,
@@ -292,6 +292,7 @@ class RowRequests:
         self._delivery = delivery  # a delta job's delivering run: part of each row's key
         self.header = renderer.idempotency_header
         self._redact = renderer.redactor.redact_rendered
+        self._hides = renderer.redactor.hides_rendered  # a job without secrets: bodies are hashed as they are
         self._skip = (self.header or "").lower()
         # The last URL and headers a key was made for, with their redacted forms: most jobs (and every
         # batch's items) repeat them row after row, so they are redacted once.
@@ -309,8 +310,11 @@ class RowRequests:
             url, headers = _redacted_frame(request, self._redact, self._skip)
             frame = self._frame = (request.url, request.headers, url, headers)
         body = request.body
-        text = None if body is None else self._redact(body.decode("utf-8", "replace"))
-        identity = row_identity(record, self._key_field)
+        text = None if body is None else body.decode("utf-8", "replace")
+        if text is not None and self._hides:
+            text = self._redact(text)
+        key_field = self._key_field  # row_identity(), inline: this runs once a row
+        identity = f"row:{record.row_number}" if key_field is None else f"key:{record.fields.get(key_field)}"
         return _key_of(self._fingerprint, identity, request.method, frame[2], frame[3], text, self._delivery)
 
     def _unkeyed(self, record: Record) -> tuple[PreparedRequest, str | None]:

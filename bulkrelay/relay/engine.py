@@ -105,8 +105,7 @@ class Committed:
         self.seq += len(entries)  # the writer numbers lines without gaps
         self.offset = end_offset
         if self.counts is not None:
-            for entry in entries:
-                self.counts.add(entry)
+            self.counts.add_all(entries)
 
     def snapshot(self) -> Snapshot:
         pace = self.pace() if self.pace is not None else None

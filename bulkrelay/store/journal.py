@@ -724,16 +724,14 @@ class JournalWriter:
         sees rows of a batch that is not committed yet)."""
         if self._state is None:
             return
-        add, ok = self._state.done.add, 0
         try:
-            for entry in batch:
-                if not add(entry.row_number):
-                    raise ValueError(f"row {entry.row_number} twice")
-                ok += entry.success
-        except ValueError:
+            twice = self._state.done.add_all([entry.row_number for entry in batch])
+        except ValueError:  # a row outside the input's
+            twice = -1
+        if twice is not None:
             self._state = None  # a resume must then check every line, and will say what is wrong
             return
-        self._state.ok += ok
+        self._state.ok += [entry.success for entry in batch].count(True)
 
     async def _check_running(self, *, closing: bool = False) -> None:
         """Raise if `run()` has ended (on failure: the exception that ended it, normally StorageFailed)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 _NOT_FULL = re.compile(rb"[^\xff]")  # bytes with at least one missing row; the regex scan runs in C
 
@@ -35,6 +35,24 @@ class RowSet:
         self._bits[index] = byte | mask
         self._count += 1
         return True
+
+    def add_all(self, rows: Iterable[int]) -> int | None:
+        """Add `rows` (a committed batch's, once a batch); the first row that was in the set already
+        (the rows after it are not added), or None."""
+        bits, size, added = self._bits, self.size, 0
+        try:
+            for row in rows:
+                if not 1 <= row <= size:
+                    raise ValueError(f"row {row} is outside 1..{size}")
+                index, mask = row >> 3, 1 << (row & 7)
+                byte = bits[index]
+                if byte & mask:
+                    return row
+                bits[index] = byte | mask
+                added += 1
+        finally:
+            self._count += added
+        return None
 
     def discard(self, row: int) -> None:
         """Take `row` out of the set, if it is in it (a replay giving back an uncommitted group's rows)."""

@@ -72,3 +72,19 @@ def test_union_complement_and_bytes_round_trip() -> None:
     assert list(inverse.missing()) == [1, 5, 9, 17, 20]
     again = RowSet.from_bytes(20, merged.to_bytes())
     assert len(again) == 5 and list(again.missing()) == list(merged.missing())
+
+
+def test_add_all_adds_every_row_and_names_the_first_already_there() -> None:
+    rows = RowSet(10)
+    assert rows.add_all([3, 1, 9]) is None
+    assert [row for row in range(1, 11) if row in rows] == [1, 3, 9] and len(rows) == 3
+    assert rows.add_all([4, 9, 5]) == 9  # 4 added, stopped at 9, 5 not added
+    assert [row for row in range(1, 11) if row in rows] == [1, 3, 4, 9] and len(rows) == 4
+
+
+@pytest.mark.parametrize("row", [0, 11, -1])
+def test_add_all_refuses_a_row_out_of_range_keeping_the_count_true(row: int) -> None:
+    rows = RowSet(10)
+    with pytest.raises(ValueError, match="outside"):
+        rows.add_all([2, row])
+    assert [row for row in range(1, 11) if row in rows] == [2] and len(rows) == 1
