@@ -492,9 +492,9 @@ def test_the_entry_constructor_sets_exactly_the_declared_fields() -> None:
 def test_the_positional_constructor_builds_the_same_entry() -> None:
     """`entry_of` is the senders' constructor: its parameters are the fields, in field order."""
     names = [field.name for field in dataclasses.fields(JournalEntry)]
-    values = [f"v-{name}" for name in names]
+    values: list[Any] = [f"v-{name}" for name in names]
     assert list(inspect.signature(entry_of).parameters) == names
-    built = entry_of(*values)  # type: ignore[arg-type]
+    built = entry_of(*values)
     assert type(built) is JournalEntry
     assert built == JournalEntry(**dict(zip(names, values, strict=True)))
     assert list(vars(built)) == names
