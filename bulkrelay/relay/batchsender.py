@@ -265,7 +265,7 @@ class BatchSender(RowSender):
             pending.attempts,
             retryable,
             None if success else error,
-            _milliseconds(ended - pending.started),  # duration_ms: the row, waits and retries too
+            int((ended - pending.started) * 1_000_000 + 0.5) / 1000,  # duration_ms: _milliseconds(), inline
             latency_ms,
             record.fields.get(self._key_field) if self._key_field is not None else None,
             item.item_id,
