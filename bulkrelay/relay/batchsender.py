@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -26,14 +27,14 @@ from bulkrelay.job.batch import BatchRenderer, Item
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.auth import TokenSource
-from bulkrelay.relay.itemresults import AnswerInvalid, ItemOutcome, ItemReader
+from bulkrelay.relay.itemresults import PLAIN_SUCCESS, AnswerInvalid, ItemOutcome, ItemReader
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, Decision, RetryPolicy, counts_as_success
 from bulkrelay.relay.sender import Exchange, RowSender, _milliseconds
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport
-from bulkrelay.store.journal import JournalEntry, entry_of
+from bulkrelay.store.journal import JournalEntry, entry_fields, entry_of, entry_with
 
 # A whole request failing so counts toward halt.consecutive_failures (per request in batch mode).
 STREAK_CLASSES = frozenset({"http_server_error", "timeout_error", "connect_error", "protocol_error"})
@@ -197,14 +198,34 @@ class BatchSender(RowSender):
             result.groups.append(Group(entries))
             return
         entries = []
-        max_attempts, status = self._policy.max_attempts, response.status
+        max_attempts, status, key_field = self._policy.max_attempts, response.status, self._key_field
+        # Rows the answer calls plain successes (every row of `whole`, the common case) share all but six
+        # fields: each is a copy of one template (entry_with). A capture or a delta digest: _item_entry.
+        plain = PLAIN_SUCCESS if not self._capture and self._digester is None else None
+        template: dict[str, Any] | None = None
         for index, (pending, outcome) in enumerate(zip(items, outcomes, strict=True)):
             if outcome.retryable and pending.attempts < max_attempts:
                 pending.not_before = time.monotonic() + self._policy.delay(pending.attempts)
                 result.retry.append(pending)
                 self._stats.on_retry()
                 continue
-            entries.append(self._item_entry(pending, index, size, latency_ms, status, outcome, ended))
+            if outcome is not plain:
+                entries.append(self._item_entry(pending, index, size, latency_ms, status, outcome, ended))
+                continue
+            if template is None:
+                template = entry_fields(
+                    self._item_entry(pending, index, size, latency_ms, status, outcome, ended)
+                )
+            item = pending.item
+            record = item.record
+            fields = template.copy()  # then this row's own values, as _batch_entry sets them
+            fields["row_number"] = record.row_number
+            fields["attempts"] = pending.attempts
+            fields["duration_ms"] = int((ended - pending.started) * 1_000_000 + 0.5) / 1000
+            fields["key"] = record.fields.get(key_field) if key_field is not None else None
+            fields["idempotency_key"] = item.item_id
+            fields["batch"] = {"seq": 0, "index": index, "size": size}
+            entries.append(entry_with(fields))
         if entries:
             result.groups.append(Group(entries))
 

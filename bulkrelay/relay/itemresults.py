@@ -47,7 +47,9 @@ class ItemOutcome:
         return counts_as_success(self.classification)
 
 
-_OK = ItemOutcome(SUCCESS, False)
+# A success with nothing more to say (every item of a `whole` answer's success, an item left unlisted
+# as a success): one object, which the batch sender recognises by identity.
+PLAIN_SUCCESS = ItemOutcome(SUCCESS, False)
 
 
 class ItemReader:
@@ -66,7 +68,7 @@ class ItemReader:
         """One outcome per item, in request order, from a success answer's body."""
         mode = self.config.mode
         if mode == "whole":
-            return [_OK] * len(item_ids)
+            return [PLAIN_SUCCESS] * len(item_ids)
         if truncated:
             raise AnswerInvalid("the answer is longer than the transport reads (cut short)")
         try:
@@ -148,7 +150,7 @@ class ItemReader:
 
     def _unlisted(self) -> ItemOutcome:
         if self.config.unlisted != "failure":
-            return _OK
+            return PLAIN_SUCCESS
         return ItemOutcome(ITEM_REJECTED, False, None, "named nowhere in the answer (unlisted: failure)")
 
     def _message(self, entry: Any) -> str | None:

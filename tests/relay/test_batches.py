@@ -280,3 +280,46 @@ async def test_consecutive_failures_count_requests_not_rows(tmp_path: Path) -> N
     assert result.outcome.stop_reason is not None and result.outcome.stop_reason.value == "halt_unavailable"
     assert len(result.requests) == 2
     assert result.entries == []
+
+
+async def test_a_whole_answers_rows_are_journaled_each_with_its_own_fields(tmp_path: Path) -> None:
+    """A `whole` success builds its rows from one template (relay/batchsender.py): each line must still
+    carry the row's own number, key, item id, place and duration, and the values a single row's path
+    gives (checked against the same run with `response.capture`, which takes that path)."""
+    from bulkrelay.job.config import load_job
+    from bulkrelay.job.inputs import open_records
+    from bulkrelay.job.preflight import run_preflight
+
+    names = [f"user{n}" for n in range(1, 24)]
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "captured").mkdir()
+    target = await start_target()
+    try:
+        job = write_batch_job(tmp_path / "plain", target.url, "array", names, max_items=5)
+        plain = await run_batch_job(job, target)
+        capture = {"capture": {"x": "/x"}}
+        other_dir = tmp_path / "captured"
+        other = write_batch_job(other_dir, target.url, "array", names, max_items=5, response=capture)
+        captured = await run_batch_job(other, target)
+    finally:
+        await target.stop()
+    preflight = run_preflight(load_job(job), None)
+    assert preflight.batcher is not None
+    with open_records(preflight.input_spec, lambda problem: None) as records:
+        ids = {record.row_number: preflight.batcher.item(record).item_id for record in records}
+    entries = plain.entries
+    assert [entry.row_number for entry in entries] == list(range(1, 24))
+    assert [entry.key for entry in entries] == [str(n) for n in range(1, 24)]
+    assert [entry.idempotency_key for entry in entries] == [ids[n] for n in range(1, 24)]
+    assert [entry.batch["index"] if entry.batch else None for entry in entries] == [n % 5 for n in range(23)]
+    assert len({id(entry.batch) for entry in entries}) == 23  # each row its own: seq is set in place
+    assert all(entry.duration_ms >= entry.latency_ms for entry in entries if entry.latency_ms is not None)
+    general = {entry.row_number: vars(entry) for entry in captured.entries}
+    varying = {"duration_ms", "latency_ms", "captured", "idempotency_key", "batch"}
+
+    def alike(fields: dict[str, object]) -> dict[str, object]:
+        return {name: value for name, value in fields.items() if name not in varying}
+
+    for entry in entries:
+        assert alike(vars(entry)) == alike(general[entry.row_number])
+        assert list(vars(entry)) == list(general[entry.row_number])  # the line's key order
