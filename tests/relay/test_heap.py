@@ -40,3 +40,12 @@ def test_cycles_made_while_relaying_are_still_collected() -> None:
         del first, second
         gc.collect()
         assert gone() is None
+
+
+def test_garbage_made_before_the_relay_is_collected_not_frozen() -> None:
+    first, second = _Node(), _Node()
+    first.other, second.other = second, first
+    gone = weakref.ref(first)
+    del first, second
+    with relay_collections():
+        assert gone() is None
