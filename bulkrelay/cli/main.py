@@ -17,7 +17,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 from bulkrelay.background.call import Call, WorkerArgs
-from bulkrelay.cli.parser import Answered, exports_to_stdout, parse_call
+from bulkrelay.cli.parser import Answered, HelpText, VersionInfo, exports_to_stdout, parse_call
 from bulkrelay.envelope import ErrorInfo, Result, dumps_envelope, to_envelope
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 
@@ -181,7 +181,22 @@ def _write_result(result: Result, *, started: float, as_json: bool, on_stderr: b
     elif as_json:
         sys.stdout.buffer.write(dumps_envelope(envelope))
         sys.stdout.flush()
+    elif (plain := _plain_answer(result)) is not None:  # --help, --version: no rich to load (0.1 s bar)
+        sys.stdout.write(plain)
+        sys.stdout.flush()
     else:
         from bulkrelay.cli.human import print_human  # rich loads only when a person reads the output
 
         print_human(result, envelope)
+
+
+def _plain_answer(result: Result) -> str | None:
+    """The text of `--help` or `--version` for a person: plain text, as rich would print it."""
+    data = result.data
+    if result.warnings or result.error is not None:
+        return None
+    if isinstance(data, HelpText):
+        return data.help
+    if isinstance(data, VersionInfo):
+        return f"{data.name} {data.version}\n"
+    return None
