@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+# real processes: outside the fast lane (`-m "not slow"`)
+pytestmark = pytest.mark.slow
+
 _LOADED = """\
 import sys, runpy
 sys.argv = ["bulkrelay", *sys.argv[1:]]
