@@ -212,10 +212,11 @@ class BatchSender(RowSender):
             if outcome is not plain:
                 entries.append(self._item_entry(pending, index, size, latency_ms, status, outcome, ended))
                 continue
-            if template is None:
-                template = entry_fields(
-                    self._item_entry(pending, index, size, latency_ms, status, outcome, ended)
-                )
+            if template is None:  # the first: by the general path, and the others' template
+                first = self._item_entry(pending, index, size, latency_ms, status, outcome, ended)
+                entries.append(first)
+                template = entry_fields(first)
+                continue
             item = pending.item
             record = item.record
             fields = template.copy()  # then this row's own values, as _batch_entry sets them

@@ -191,10 +191,7 @@ def entry_of(  # noqa: PLR0917 (every field, in field order: the hot paths' cons
 ) -> JournalEntry:
     """`JournalEntry(...)` from every field given positionally, in field order: what the senders build
     once a row. A call with fifteen keywords costs about twice this one (1.08 against 0.58 µs)."""
-    entry: JournalEntry = _new_object(JournalEntry)
-    _set_attribute(
-        entry,
-        "__dict__",
+    return entry_with(
         {
             "row_number": row_number,
             "success": success,
@@ -211,9 +208,8 @@ def entry_of(  # noqa: PLR0917 (every field, in field order: the hot paths' cons
             "response_body": response_body,
             "digest": digest,
             "batch": batch,
-        },
+        }
     )
-    return entry
 
 
 OnCommit = Callable[[list[JournalEntry], int], Awaitable[None] | None]
@@ -740,10 +736,10 @@ class JournalWriter:
         if self._state is None:
             return
         try:
-            twice = self._state.done.add_all([entry.row_number for entry in batch])
+            each_once = self._state.done.add_all([entry.row_number for entry in batch]) is None
         except ValueError:  # a row outside the input's
-            twice = -1
-        if twice is not None:
+            each_once = False
+        if not each_once:
             self._state = None  # a resume must then check every line, and will say what is wrong
             return
         self._state.ok += [entry.success for entry in batch].count(True)

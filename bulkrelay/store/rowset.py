@@ -26,15 +26,7 @@ class RowSet:
 
     def add(self, row: int) -> bool:
         """Add `row`; True if it was not in the set yet."""
-        if not 1 <= row <= self.size:
-            raise ValueError(f"row {row} is outside 1..{self.size}")
-        index, mask = row >> 3, 1 << (row & 7)
-        byte = self._bits[index]
-        if byte & mask:
-            return False
-        self._bits[index] = byte | mask
-        self._count += 1
-        return True
+        return self.add_all((row,)) is None
 
     def add_all(self, rows: Iterable[int]) -> int | None:
         """Add `rows` (a committed batch's, once a batch); the first row that was in the set already
