@@ -702,6 +702,9 @@ class ExecutionConfig(_Model):
     idle_timeout_seconds: Seconds = 300.0
     max_lifetime_seconds: Seconds = 604800.0
     http2: bool = False
+    # While relaying, the process's threads share the CPU it runs on (relay/affinity.py): faster on a
+    # machine of few cores. How the rows travel, not what they say: out of the fingerprint.
+    pin_cpu: bool = True
     client: Literal["reqwest", "httpx"] = DEFAULT_CLIENT
     proxy: Annotated[str, AfterValidator(_proxy)] = DEFAULT_PROXY
     tls: TlsConfig | None = None
@@ -718,7 +721,7 @@ class ExecutionConfig(_Model):
 
 
 # How the requests travel, not what they say: changing these never blocks a resume.
-_OPERATIONAL_EXECUTION_KEYS = ("client", "proxy", "tls")
+_OPERATIONAL_EXECUTION_KEYS = ("client", "proxy", "tls", "pin_cpu")
 # Where the shared limit is kept, not what it is (the rate is semantic): moving Redis never blocks a resume.
 _OPERATIONAL_RATE_LIMIT_KEYS = ("shared", "shared_key")
 # Who asks for the token and how, not what it grants: rotating a client never blocks a resume.
@@ -986,8 +989,8 @@ def _parse_job(text: str, *, file: str) -> tuple[JobConfig, LineMap, list[Proble
 def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
     """Everything that changes what the job does, as JSON-able data: all but `name`, `input.file`,
     `retry.max_retry_after_seconds` (how long a pause may last changes no request), the transport's
-    operational settings (client, proxy, TLS identity, where a shared limit is kept) and who asks for
-    an OAuth2 token (client id and secret, how it authenticates, when it refreshes)."""
+    operational settings (client, proxy, TLS identity, CPU pinning, where a shared limit is kept) and
+    who asks for an OAuth2 token (client id and secret, how it authenticates, when it refreshes)."""
     data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
     del data["name"]
     del data["input"]["file"]

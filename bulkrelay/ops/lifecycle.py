@@ -33,6 +33,7 @@ from bulkrelay.job.inputs import spool_stdin_into
 from bulkrelay.job.preflight import Preflight, RowsRead
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.resume import config_sections, recover_start
+from bulkrelay.relay.affinity import relay_cpu
 from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.relay.heap import relay_collections
 from bulkrelay.relay.metrics import RelayStats
@@ -248,7 +249,7 @@ def relay_locked(
         observer.run_started(run, preflight, stats)
     try:
         try:
-            with relay_collections():
+            with relay_collections(), relay_cpu(preflight.job.config.execution.pin_cpu):
                 outcome = anyio.run(
                     _relay_with_stops,
                     preflight,
