@@ -75,12 +75,14 @@ def _masks() -> dict[int, set[int]]:
 
 
 def _set_all(masks: dict[int, set[int]], default: set[int]) -> bool:
-    """Every thread's CPUs: its own from `masks`, else `default`. False when the system refuses."""
+    """Every thread's CPUs: its own from `masks`, else `default`. False when the system refused any
+    (the others are set all the same: a restore gives back what it can)."""
+    refused = False
     for tid in _threads():
         try:
             os.sched_setaffinity(tid, masks.get(tid, default))
         except ProcessLookupError:  # the thread ended meanwhile
             continue
         except OSError:
-            return False
-    return True
+            refused = True
+    return not refused
