@@ -30,16 +30,15 @@ def relay_cpu(pin: bool) -> Iterator[int | None]:
     (None yielded)."""
     cpu = _current_cpu() if pin else None
     before = _masks() if cpu is not None else {}
-    own = before.get(threading.get_native_id())
-    if cpu is None or own is None or len(own) < 2:
-        yield None
-        return
-    if not _set_all({}, {cpu}):  # refused part way: as it was
-        _set_all(before, own)
+    own = before.get(threading.get_native_id(), set())
+    if cpu is None or len(own) < 2:
         yield None
         return
     try:
-        yield cpu
+        pinned = _set_all({}, {cpu})
+        if not pinned:  # refused part way: every thread as it was before the relay starts
+            _set_all(before, own)
+        yield cpu if pinned else None
     finally:
         _set_all(before, own)  # threads started while relaying get this thread's former set
 

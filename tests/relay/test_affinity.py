@@ -28,12 +28,14 @@ def _own_cpus() -> set[int]:
 def test_while_relaying_every_thread_shares_the_cpu_the_relay_started_on() -> None:
     before = _own_cpus()
     held = threading.Event()
+    looked = threading.Event()
     done = threading.Event()
     older: list[set[int]] = []
 
     def running_before() -> None:  # a thread that was there before the relay began
         held.wait()
         older.append(_own_cpus())
+        looked.set()
         done.wait()
         older.append(_own_cpus())
 
@@ -49,8 +51,7 @@ def test_while_relaying_every_thread_shares_the_cpu_the_relay_started_on() -> No
                 assert cpu in before
                 assert _own_cpus() == {cpu}
                 assert _in_thread(_own_cpus) == {cpu}  # started while relaying: inherited
-                while not older:
-                    threading.Event().wait(0.001)
+                looked.wait()
                 assert older[0] == {cpu}
     finally:
         done.set()
