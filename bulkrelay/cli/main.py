@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from bulkrelay.background.call import Call, WorkerArgs
 from bulkrelay.cli.parser import Answered, HelpText, VersionInfo, exports_to_stdout, parse_call
+from bulkrelay.cli.process_exit import exit_process
 from bulkrelay.envelope import ErrorInfo, Result, dumps_envelope, to_envelope
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 
@@ -119,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except Exception as exc:  # the one place an unexpected failure becomes an answer
         result = Result.from_unexpected(exc)
     emit(result, started=started, as_json=as_json, quiet=quiet, on_stderr=exports_to_stdout(argv))
-    sys.exit(int(result.exit_code))
+    exit_process(int(result.exit_code))
 
 
 def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Result:

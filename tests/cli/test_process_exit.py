@@ -1,0 +1,65 @@
+"""The process ends with its envelope's exit code even though pyreqwest's Tokio threads outlive it:
+no interpreter finalization for them to meet (bulkrelay/cli/process_exit.py), and still everything an
+ordinary exit does for the program itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # each case starts a Python process
+
+PROGRAM = """\
+import atexit, sys, threading, time
+{imports}
+from bulkrelay.cli.process_exit import exit_process
+
+
+class Global:
+    def __del__(self):  # runs only when the interpreter finalizes this module
+        sys.stdout.write("finalized\\n")
+        sys.stdout.flush()
+
+
+held = Global()
+atexit.register(lambda: sys.stdout.write("atexit ran\\n"))
+
+
+def late_writer():
+    time.sleep(0.2)
+    open(sys.argv[1], "w").write("written")
+
+
+threading.Thread(target=late_writer).start()
+sys.stdout.write("envelope\\n")  # still in stdout's buffer (a pipe) when exit_process is called
+exit_process(8)
+"""
+
+
+def _run(tmp_path: Path, imports: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    written = tmp_path / "thread.txt"
+    program = tmp_path / "program.py"
+    program.write_text(textwrap.dedent(PROGRAM.format(imports=imports)))
+    done = subprocess.run(
+        [sys.executable, str(program), str(written)], check=False, capture_output=True, text=True, timeout=60
+    )
+    return done, written
+
+
+def test_with_pyreqwest_loaded_the_process_skips_finalization_but_not_what_exit_does(tmp_path: Path) -> None:
+    done, written = _run(tmp_path, "import pyreqwest.client")
+    assert done.returncode == 8, done.stderr
+    assert done.stdout.splitlines() == ["envelope", "atexit ran"]  # flushed, handlers run, no teardown
+    assert written.read_text() == "written"  # the other thread was waited for
+    assert "Fatal Python error" not in done.stderr
+
+
+def test_without_pyreqwest_the_process_exits_as_python_does(tmp_path: Path) -> None:
+    done, written = _run(tmp_path, "")
+    assert done.returncode == 8, done.stderr
+    assert done.stdout.splitlines() == ["envelope", "atexit ran", "finalized"]
+    assert written.read_text() == "written"
