@@ -120,7 +120,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except Exception as exc:  # the one place an unexpected failure becomes an answer
         result = Result.from_unexpected(exc)
     emit(result, started=started, as_json=as_json, quiet=quiet, on_stderr=exports_to_stdout(argv))
-    exit_process(int(result.exit_code))
+    if argv is None:  # the program itself (`bulkrelay`, `python -m bulkrelay`): see cli/process_exit.py
+        exit_process(int(result.exit_code))
+    sys.exit(int(result.exit_code))  # called in a process that goes on (a test, a profile): SystemExit
 
 
 def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Result:

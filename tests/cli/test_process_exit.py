@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # each case starts a Python process
+from bulkrelay.cli.main import main
 
 PROGRAM = """\
 import atexit, sys, threading, time
@@ -50,6 +50,7 @@ def _run(tmp_path: Path, imports: str) -> tuple[subprocess.CompletedProcess[str]
     return done, written
 
 
+@pytest.mark.slow  # starts a Python process
 def test_with_pyreqwest_loaded_the_process_skips_finalization_but_not_what_exit_does(tmp_path: Path) -> None:
     done, written = _run(tmp_path, "import pyreqwest.client")
     assert done.returncode == 8, done.stderr
@@ -58,8 +59,21 @@ def test_with_pyreqwest_loaded_the_process_skips_finalization_but_not_what_exit_
     assert "Fatal Python error" not in done.stderr
 
 
+@pytest.mark.slow  # starts a Python process
 def test_without_pyreqwest_the_process_exits_as_python_does(tmp_path: Path) -> None:
     done, written = _run(tmp_path, "")
     assert done.returncode == 8, done.stderr
     assert done.stdout.splitlines() == ["envelope", "atexit ran", "finalized"]
     assert written.read_text() == "written"
+
+
+def test_main_called_with_arguments_raises_system_exit_even_with_pyreqwest_loaded(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A caller that goes on after main (a test, the benchmark's profile) gets SystemExit, never os._exit."""
+    import pyreqwest.client  # noqa: F401 - loaded, as after any run
+
+    with pytest.raises(SystemExit) as ended:
+        main(["--version", "--json"])
+    assert ended.value.code == 0
+    assert '"ok":true' in capsys.readouterr().out
