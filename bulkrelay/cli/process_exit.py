@@ -40,5 +40,5 @@ def _join_other_threads() -> None:
     """What the interpreter does before finalizing: wait for every non-daemon thread to end."""
     current = threading.current_thread()
     for thread in threading.enumerate():
-        if thread is not current and not thread.daemon and thread is not threading.main_thread():
+        if thread is not current and not thread.daemon:
             thread.join()
