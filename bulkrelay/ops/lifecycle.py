@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from functools import partial
@@ -92,7 +92,14 @@ _STOPS: dict[StopReason, tuple[str, ExitCode, str]] = {
 
 
 # Stops whose detail carries a `message` saying what happened, shown as the error's detail.
-_SAYS_WHY = frozenset({StopReason.INPUT_CHANGED, StopReason.TOKEN_REFUSED, StopReason.TOKEN_UNAVAILABLE})
+_SAYS_WHY = frozenset(
+    {
+        StopReason.INPUT_CHANGED,
+        StopReason.TOKEN_REFUSED,
+        StopReason.TOKEN_UNAVAILABLE,
+        StopReason.HALT_UNAVAILABLE,
+    }
+)
 
 
 class Supervisor(Protocol):
@@ -357,6 +364,8 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
             error = replace(
                 error, suggestion=f"restore the input preflight read, then: {continue_command(run)}"
             )
+        if outcome.stop_reason is StopReason.HALT_UNAVAILABLE and "message" in outcome.stop_detail:
+            error = replace(error, message=f"run {run.run_id}: {_down_message(outcome.stop_detail)}")
         if outcome.stop_reason is StopReason.TOKEN_REFUSED:
             error = replace(
                 error,
@@ -372,6 +381,13 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
             suggestion=f"see `{failures}`; fix the cause, then: {continue_command(run)}",
         )
     return Result(data=data, exit_code=exit_code, error=error)
+
+
+def _down_message(detail: Mapping[str, object]) -> str:
+    """Why the target looks down, in the words of the last failure: a refused connection, an untrusted
+    certificate and a 503 call for different fixes."""
+    count = detail.get("consecutive_failures")
+    return f"the target looks down ({count} failures in a row, the last: {detail['message']}); halted"
 
 
 # A stop's error has always said its context first, its stop detail last (the envelope is kept to the byte).

@@ -200,10 +200,12 @@ class RequestStreak:
             return [*released, group]
         self._held.append(group)
         if len(self._held) >= self._limit:
+            last = group.entries[0]
             self._stop.request(
                 StopReason.HALT_UNAVAILABLE,
                 consecutive_failures=len(self._held),
-                last_classification=group.entries[0].classification,
+                last_classification=last.classification,
+                message=last.error or last.classification,  # why it looks down: "HTTP 503", a refusal
             )
             self._held = []
         return []

@@ -181,6 +181,7 @@ class _FailureStreak:
                 StopReason.HALT_UNAVAILABLE,
                 consecutive_failures=len(self._held),
                 last_classification=entry.classification,
+                message=entry.error or entry.classification,  # why it looks down: "HTTP 503", a refusal
             )
             self._held = []
         return []

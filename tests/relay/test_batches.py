@@ -278,6 +278,7 @@ async def test_consecutive_failures_count_requests_not_rows(tmp_path: Path) -> N
         await target.stop()
     # Two requests (of four rows each) failed in a row: the run halts, their rows stay pending.
     assert result.outcome.stop_reason is not None and result.outcome.stop_reason.value == "halt_unavailable"
+    assert result.outcome.stop_detail["message"] == "HTTP 503"  # what the halt's error quotes
     assert len(result.requests) == 2
     assert result.entries == []
 

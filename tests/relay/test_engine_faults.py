@@ -7,6 +7,7 @@ journal recorded and what the target saw.
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -150,11 +151,40 @@ def test_consecutive_server_errors_halt_without_journaling_the_streak(tmp_path: 
         stats = target.stats()
     assert result.exit_code == ExitCode.UNAVAILABLE, result.envelope
     assert result.error_code == "TARGET_UNAVAILABLE"
+    error = result.envelope["error"]
+    assert error["message"].endswith(
+        "the target looks down (20 failures in a row, the last: HTTP 503); halted"
+    )
+    assert error["detail"] == error["context"]["message"] == "HTTP 503"
     assert result.data["state"] == "stopped" and "continue_command" in result.data
     assert 20 <= stats["by_status"]["503"] <= 23  # the streak, plus what was in flight
     entries = journal(result.data["run_dir"])
     assert sorted(e["row_number"] for e in entries) == list(range(1, 11))
     assert all(e["success"] for e in entries)
+
+
+def test_a_target_nobody_listens_on_halts_saying_the_connection_was_refused(tmp_path: Path) -> None:
+    # A refused connection, an untrusted certificate and a 503 call for different fixes: the halt
+    # quotes the last failure (never the URL) rather than only "the target looks down".
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    job = write_job(
+        tmp_path,
+        f"http://127.0.0.1:{port}",
+        rows=10,
+        retry={"max_attempts": 1},
+        halt={"consecutive_failures": 3},
+    )
+    result = run_job(job)
+    assert result.exit_code == ExitCode.UNAVAILABLE, result.envelope
+    error = result.envelope["error"]
+    assert error["code"] == "TARGET_UNAVAILABLE"
+    assert (
+        f"the last: ConnectFailed: cannot connect to 127.0.0.1:{port}: Connection refused" in error["message"]
+    )
+    assert "Connection refused" in error["detail"] and "/v1/items" not in error["message"]
+    assert journal(result.data["run_dir"]) == []  # the rows stay pending for a resume
 
 
 def test_a_broken_streak_records_its_failures(tmp_path: Path) -> None:
