@@ -8,9 +8,11 @@ in 6 of 150 `validate --check-auth` calls with a refused secret on a loaded two-
 job or an agent would then read a crash where the run had succeeded.
 
 So when pyreqwest is loaded, the process does what finalization would have done for it and nothing
-more: it waits for its other non-daemon threads (as the interpreter does), runs the atexit handlers,
-flushes stdout and stderr, and ends with `os._exit`, so no Tokio thread ever meets a half-torn-down
-interpreter. Without pyreqwest (the httpx client, `--help`), the ordinary `sys.exit` stays.
+more: it takes the interpreter's own first step of exiting (`threading._shutdown`: the threading
+module's exit hooks, which tell an open thread pool to end, then every non-daemon thread joined), runs
+the atexit handlers, flushes stdout and stderr, and ends with `os._exit`, so no Tokio thread ever
+meets a half-torn-down interpreter. Without pyreqwest (the httpx client, `--help`), the ordinary
+`sys.exit` stays.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from typing import NoReturn
 def exit_process(code: int) -> NoReturn:
     if "pyreqwest" not in sys.modules:
         sys.exit(code)
-    _join_other_threads()
+    # The interpreter's own first step of exiting: the threading module's exit hooks (a thread pool
+    # left open is told to end there), then every non-daemon thread joined.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -34,11 +38,3 @@ def exit_process(code: int) -> NoReturn:
         except (OSError, ValueError):  # a closed pipe or stream: what sys.exit would also have lost
             pass
     os._exit(code)
-
-
-def _join_other_threads() -> None:
-    """What the interpreter does before finalizing: wait for every non-daemon thread to end."""
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
-            thread.join()

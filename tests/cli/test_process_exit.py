@@ -14,7 +14,7 @@ import pytest
 from bulkrelay.cli.main import main
 
 PROGRAM = """\
-import atexit, sys, threading, time
+import atexit, concurrent.futures, sys, threading, time
 {imports}
 from bulkrelay.cli.process_exit import exit_process
 
@@ -35,6 +35,8 @@ def late_writer():
 
 
 threading.Thread(target=late_writer).start()
+pool = concurrent.futures.ThreadPoolExecutor(1)  # left open: its idle worker ends only when told to
+pool.submit(time.sleep, 0)
 sys.stdout.write("envelope\\n")  # still in stdout's buffer (a pipe) when exit_process is called
 exit_process(8)
 """
