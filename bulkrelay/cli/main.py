@@ -101,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     # it); the relay handles SIGINT either way, so start-up and preflight must too, or it would be lost.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _open_closed_stdout()
+    the_program = argv is None  # `bulkrelay`, `python -m bulkrelay`, not a caller that goes on
     argv = list(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
     quiet = "--quiet" in argv
@@ -120,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except Exception as exc:  # the one place an unexpected failure becomes an answer
         result = Result.from_unexpected(exc)
     emit(result, started=started, as_json=as_json, quiet=quiet, on_stderr=exports_to_stdout(argv))
-    if argv is None:  # the program itself (`bulkrelay`, `python -m bulkrelay`): see cli/process_exit.py
+    if the_program:  # see cli/process_exit.py
         exit_process(int(result.exit_code))
     sys.exit(int(result.exit_code))  # called in a process that goes on (a test, a profile): SystemExit
 

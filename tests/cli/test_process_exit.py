@@ -79,3 +79,32 @@ def test_main_called_with_arguments_raises_system_exit_even_with_pyreqwest_loade
         main(["--version", "--json"])
     assert ended.value.code == 0
     assert '"ok":true' in capsys.readouterr().out
+
+
+MAIN_PROGRAM = """\
+import sys
+import pyreqwest.client  # as after any request
+from bulkrelay.cli.main import main
+
+
+class Global:
+    def __del__(self):  # runs only when the interpreter finalizes this module
+        sys.stderr.write("finalized\\n")
+
+
+held = Global()
+sys.argv = ["bulkrelay", "--version", "--json"]
+main()  # as `bulkrelay` and `python -m bulkrelay` call it
+"""
+
+
+@pytest.mark.slow  # starts a Python process
+def test_the_program_itself_ends_through_exit_process(tmp_path: Path) -> None:
+    program = tmp_path / "program.py"
+    program.write_text(MAIN_PROGRAM)
+    done = subprocess.run(
+        [sys.executable, str(program)], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"ok":true' in done.stdout
+    assert "finalized" not in done.stderr  # os._exit: no finalization for a Tokio thread to meet
