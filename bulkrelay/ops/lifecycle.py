@@ -364,7 +364,7 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
             error = replace(
                 error, suggestion=f"restore the input preflight read, then: {continue_command(run)}"
             )
-        if outcome.stop_reason is StopReason.HALT_UNAVAILABLE and "message" in outcome.stop_detail:
+        if outcome.stop_reason is StopReason.HALT_UNAVAILABLE:
             error = replace(error, message=f"run {run.run_id}: {_down_message(outcome.stop_detail)}")
         if outcome.stop_reason is StopReason.TOKEN_REFUSED:
             error = replace(

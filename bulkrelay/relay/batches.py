@@ -201,12 +201,7 @@ class RequestStreak:
         self._held.append(group)
         if len(self._held) >= self._limit:
             last = group.entries[0]
-            self._stop.request(
-                StopReason.HALT_UNAVAILABLE,
-                consecutive_failures=len(self._held),
-                last_classification=last.classification,
-                message=last.error or last.classification,  # why it looks down: "HTTP 503", a refusal
-            )
+            self._stop.request_target_down(len(self._held), last.classification, last.error)
             self._held = []
         return []
 

@@ -177,12 +177,7 @@ class _FailureStreak:
             return [entry]  # a later row already ended otherwise: this failure belongs to no streak
         self._held.append(entry)
         if self._limit > 0 and len(self._held) >= self._limit:
-            self._stop.request(
-                StopReason.HALT_UNAVAILABLE,
-                consecutive_failures=len(self._held),
-                last_classification=entry.classification,
-                message=entry.error or entry.classification,  # why it looks down: "HTTP 503", a refusal
-            )
+            self._stop.request_target_down(len(self._held), entry.classification, entry.error)
             self._held = []
         return []
 

@@ -85,6 +85,16 @@ class StopControl:
             for scope in self._waits:
                 scope.cancel()
 
+    def request_target_down(self, failures: int, classification: str, error: str | None) -> None:
+        """halt.consecutive_failures reached (per row or per batch request): the detail names the
+        last failure, which the halt's error quotes ("HTTP 503", a refused connection, a certificate)."""
+        self.request(
+            StopReason.HALT_UNAVAILABLE,
+            consecutive_failures=failures,
+            last_classification=classification,
+            message=error or classification,
+        )
+
     @contextlib.contextmanager
     def ends_on_request(self) -> Iterator[anyio.CancelScope]:
         """A scope that a stop request cancels: for waits that must not outlive it (a start held by the
