@@ -166,17 +166,19 @@ def test_consecutive_server_errors_halt_without_journaling_the_streak(tmp_path: 
 def test_a_target_nobody_listens_on_halts_saying_the_connection_was_refused(tmp_path: Path) -> None:
     # A refused connection, an untrusted certificate and a 503 call for different fixes: the halt
     # quotes the last failure (never the URL) rather than only "the target looks down".
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
-    job = write_job(
-        tmp_path,
-        f"http://127.0.0.1:{port}",
-        rows=10,
-        retry={"max_attempts": 1},
-        halt={"consecutive_failures": 3},
-    )
-    result = run_job(job)
+    # The port stays bound, never listened on, while the run tries it: refused every time, and no
+    # other test's server can be given it meanwhile.
+    with socket.socket() as reserved:
+        reserved.bind(("127.0.0.1", 0))
+        port = reserved.getsockname()[1]
+        job = write_job(
+            tmp_path,
+            f"http://127.0.0.1:{port}",
+            rows=10,
+            retry={"max_attempts": 1},
+            halt={"consecutive_failures": 3},
+        )
+        result = run_job(job)
     assert result.exit_code == ExitCode.UNAVAILABLE, result.envelope
     error = result.envelope["error"]
     assert error["code"] == "TARGET_UNAVAILABLE"
