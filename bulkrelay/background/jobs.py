@@ -273,9 +273,10 @@ def wait_for(
     started: float | None = None,
     handed_off: Callable[[], str | None] = lambda: None,
 ) -> Result:
-    """The job's own answer if it ends within the budget (None: no limit), else INCOMPLETE."""
+    """The job's own answer if it ends within the budget, else INCOMPLETE. None or 0 (`--budget 0`
+    turns the budget off, as for every command): no limit."""
     started = time.monotonic() if started is None else started
-    deadline = None if budget_ms is None else started + budget_ms / 1000
+    deadline = None if not budget_ms else started + budget_ms / 1000
     while True:
         state = background.state()
         if state is BackgroundJobState.ENDED:

@@ -210,6 +210,20 @@ def test_pipe_reaches_eof_and_the_job_survives_its_callers_group(
     assert sorted(_bodies(target).values()) == [1] * 200
 
 
+def test_job_wait_with_budget_0_waits_for_the_end(tmp_path: Path) -> None:
+    # `--budget 0` turns the budget off (docs/jobs.md): from cron, `job wait ID --budget 0` must hold
+    # until the job ends, not answer 14 at its first look. The job is still sending when the wait
+    # starts: each of its 20 rows takes 100 ms, one at a time.
+    with TargetProcess({"rules": [{"delay_ms": 100}]}) as target:
+        job = write_job(tmp_path, target.url, rows=20, execution={"concurrency": 1})
+        started = _cli(tmp_path, "run", job, "--budget", "100ms")
+        assert started.exit_code == ExitCode.INCOMPLETE, started.envelope
+        waited = _cli(tmp_path, "job", "wait", started.data["job_id"], "--budget", "0")
+    assert waited.exit_code == ExitCode.SUCCESS, waited.envelope
+    assert waited.data["state"] == "completed" and waited.data["progress"]["ok"] == 20
+    assert waited.envelope["meta"]["budget_ms"] == 0
+
+
 def test_sigterm_to_the_front_hands_off_and_the_invocation_attaches(
     tmp_path: Path, target: TargetProcess
 ) -> None:
