@@ -56,6 +56,20 @@ def _patterns(salt: bytes) -> array[int]:
     return array("Q", patterns)
 
 
+_Filter = tuple[memoryview, "array[int]", "array[int]"]  # the words, the low and the high patterns
+
+
+def _new_filter() -> _Filter:
+    """An empty filter: `_MASK + 1` words of zero bits, and the two pattern tables."""
+    words = memoryview(bytearray(8 * (_MASK + 1))).cast("Q")
+    return words, _patterns(b"bulkrelay keycheck low"), _patterns(b"bulkrelay keycheck high")
+
+
+def _no_filter() -> _Filter:
+    """Stands for the filter while keys come in order: never read."""
+    return memoryview(b"").cast("Q"), array("Q"), array("Q")
+
+
 class DuplicateKeyFinder:
     add: Callable[[Record], Problem | None]  # note one record's key (see `_add_function`)
 
@@ -64,9 +78,6 @@ class DuplicateKeyFinder:
         self.field = field
         self._file = file
         self._spec = spec
-        self._mask = _MASK
-        self._words = memoryview(bytearray(8 * (_MASK + 1))).cast("Q")
-        self._low, self._high = _patterns(b"bulkrelay keycheck low"), _patterns(b"bulkrelay keycheck high")
         self._candidates: set[str] = set()
         self._last_candidate_row = 0
         self.add = self._add_function()
@@ -78,14 +89,15 @@ class DuplicateKeyFinder:
         Many inputs come sorted by their key (an export ordered by id). While every key is greater
         than the one before (shorter keys first, then by text: "9" < "10"), no two can be equal, so
         they need not enter the filter at all. The first key out of order puts every earlier row's
-        key into the filter (one read of those rows again) and the finder carries on as a filter."""
-        field, words, mask, low, high = self.field, self._words, self._mask, self._low, self._high
-        candidates = self._candidates
+        key into the filter (one read of those rows again) and the finder carries on as a filter.
+        The filter is made only then: a sorted input never pays its 16 MiB nor its tables."""
+        field, mask, candidates = self.field, _MASK, self._candidates
         in_order = self._spec is not None
+        words, low, high = _no_filter() if in_order else _new_filter()
         top, top_length = "", 0  # the greatest key so far, while in order
 
         def add(record: Record) -> Problem | None:
-            nonlocal in_order, top, top_length
+            nonlocal in_order, top, top_length, words, low, high
             text = record.fields.get(field)
             if type(text) is not str or not text:
                 text = _key_text(text)
@@ -97,6 +109,7 @@ class DuplicateKeyFinder:
                     top, top_length = text, length
                     return None
                 in_order = False
+                words, low, high = _new_filter()
                 self._fill_in(add, record.row_number)
             digest = hash(text)
             pattern = low[(digest >> 21) & 4095] | high[(digest >> 33) & 4095]

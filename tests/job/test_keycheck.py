@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -115,3 +116,22 @@ def test_a_repeat_right_after_itself_and_a_missing_key_in_order(tmp_path: Path) 
 def test_a_repeat_in_an_input_otherwise_in_order(tmp_path: Path) -> None:
     _, duplicates = _find(tmp_path, ["1", "2", "2", "3"], in_order=True)
     assert [(p.row, p.message) for p in duplicates] == [(3, "duplicate key value '2' (first at row 2)")]
+
+
+def _peak_bytes_of(work: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_keys_in_order_never_make_the_filter(tmp_path: Path) -> None:
+    """A sorted input (the common export ordered by id) pays neither the filter's 16 MiB nor its tables;
+    the first key out of order makes it, and repeats are still found."""
+    in_order = [str(n) for n in range(1, 2000)]
+    assert _peak_bytes_of(lambda: _find(tmp_path, in_order, in_order=True)) < 4 << 20
+    found: list[tuple[list[Problem], list[Problem]]] = []
+    assert _peak_bytes_of(lambda: found.append(_find(tmp_path, [*in_order, "7"], in_order=True))) > 16 << 20
+    assert [(p.row, p.message) for p in found[0][1]] == [(2000, "duplicate key value '7' (first at row 7)")]
