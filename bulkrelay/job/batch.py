@@ -52,7 +52,8 @@ def batch_key(item_ids: Sequence[str], delivery: str | None = None, retry: int |
     """The idempotency key of a request carrying these items, in this order: 32 hex characters.
     A batch formed again from the same items (after a crash) carries the same key. `delivery` (a delta
     or mirror job's delivering run, as for a row's key: docs/delta.md) scopes it to one delivery, so a
-    revert A -> B -> A is sent under a key the target has not answered yet. `retry` numbers a request
+    revert A -> B -> A is sent under a key the target has not answered yet; a `retry-failed` run's
+    requests are scoped to that run too (relay/engine.py `_batch_scope`). `retry` numbers a request
     of rows an answer left retryable (store/batchretries.py): under the first request's key, a target
     that keeps keys would replay its answer."""
     digest = hashlib.sha256(_BATCH_KEY_SCHEME)

@@ -12,7 +12,8 @@ settings (one connection): the same client library, proxy, trusted authorities, 
 connect/read timeouts as the rows, so a hanging token endpoint is bounded like a hanging target, and
 both clients behave alike. Its failures:
 
-    200 without a Bearer access_token     refused, like
+    200 without a Bearer access_token     refused (also one no header can carry: a control or
+                                          non-ASCII character), like
     400/401/403 and other final answers   refused: the run halts (`token_refused`, exit 8
                                           TARGET_AUTH_FAILED) with the endpoint's error and description
     408, 425, 429, 5xx, transport errors  retried with the run's backoff (Retry-After honoured), at least
@@ -23,6 +24,7 @@ Tokens are secrets: each is taught to the run's redactor as it arrives, never pu
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -42,6 +44,7 @@ from bulkrelay.relay.transport.base import Response, Transport, TransportError, 
 TOKEN_ATTEMPTS = 3  # tries of a token request at least, whatever retry.max_attempts says
 _TRANSIENT = frozenset({408, 425, 429})
 _DESCRIPTION_CHARS = 300  # of the endpoint's error_description, kept in messages
+_HEADER_VALUE = re.compile(r"[\x20-\x7e\t]+")  # what an HTTP header value may hold (visible ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,11 @@ def _token(
             True, "the token endpoint's answer holds no access_token", {**place, "error": "invalid_response"}
         )
     redactor.learn(value)  # before anything else can see it
+    if not _HEADER_VALUE.fullmatch(value):  # sent, every row would fail as a transport error
+        message = (
+            "the token endpoint's access_token cannot be sent in a header (a control or non-ASCII character)"
+        )
+        return TokenFailure(True, message, {**place, "error": "invalid_response"})
     if not isinstance(token_type, str) or token_type.lower() != "bearer":
         message = f"the token endpoint issued a {str(token_type)[:40]!r} token; only Bearer tokens are sent"
         return TokenFailure(True, redactor.redact(message), {**place, "error": "unsupported_token_type"})

@@ -380,6 +380,17 @@ def _delivery(preflight: Preflight, run: RunDir) -> str | None:
     return run.plan.delivery(run.run_id)
 
 
+def _batch_scope(run: RunDir, delivery: str | None) -> str | None:
+    """The scope of a batch run's request keys: its delivery's, and for a `retry-failed` run its own as
+    well. A batch's rows fail inside an answer the target gave with a success status (an item 429, an
+    item rejected, an answer that does not fit), which a target that keeps keys stores: under the
+    parent's keys the child's requests of the same rows would be answered from that memory and never
+    reach it again. The items keep their ids, so a target that dedups by item id applies none twice."""
+    if run.plan.parent_run is None:
+        return delivery
+    return f"{delivery or ''} retry-failed {run.run_id}"  # a run id holds no space: no clash
+
+
 def _row_sender(
     preflight: Preflight,
     transport: Transport,
@@ -422,7 +433,14 @@ def _batch_relay(
     config = preflight.job.config
     policy = RetryPolicy.from_config(config.retry, config.response, config.halt)
     sender = BatchSender(
-        preflight, transport, limiter, policy, stop, stats=stats, auth=auth, delivery=delivery
+        preflight,
+        transport,
+        limiter,
+        policy,
+        stop,
+        stats=stats,
+        auth=auth,
+        delivery=_batch_scope(run, delivery),
     )
     journaled = start.journal.done if start.journal is not None else None
     retries = BatchRetries(run.path / RETRIES_FILE, run.storage)

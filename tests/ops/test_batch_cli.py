@@ -47,6 +47,30 @@ def test_failed_rows_of_a_batch_run_are_reported_exported_and_retried_per_row(tm
 
 
 @pytest.mark.slow
+def test_retry_failed_resends_items_an_answer_failed_under_keys_of_its_own(tmp_path: Path) -> None:
+    # Every item is answered 429 the first two times its id is seen, in a 200 answer; two attempts, so
+    # the run fails all four rows (its first request and one numbered resend). Under those requests'
+    # keys a target that keeps keys would replay both answers to retry-failed, and its rows would
+    # never reach it again: retry-failed's requests carry keys of its own, its items their ids.
+    names = [f"busy{n}" for n in range(1, 5)]
+    with TargetProcess({"dedup": True, "batch": {"retry_times": 2}}) as target:
+        job = write_batch_job(tmp_path, target.url, "elasticsearch", names, retry={"max_attempts": 2})
+        first = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        assert first.exit_code == ExitCode.PARTIAL_FAILURE, first.envelope
+        first_keys = {r["idempotency_key"] for r in target.requests()}
+        retried = run_cli("retry-failed", first.data["run_dir"], "--budget", "0", cwd=tmp_path)
+        resent = target.requests()[2:]  # the target keeps its answers: no reset
+        stats = target.stats()
+    assert len(first_keys) == 2
+    assert retried.exit_code == ExitCode.SUCCESS, retried.envelope
+    assert [r["duplicate"] for r in resent] == [False]
+    assert not first_keys & {r["idempotency_key"] for r in resent}
+    assert stats["distinct_items_applied"] == 4 and stats["items_applied_twice"] == []
+    entries = list(read_journal(Path(retried.data["run_dir"]) / "results.jsonl"))
+    assert sorted(e.row_number for e in entries) == [1, 2, 3, 4] and all(e.success for e in entries)
+
+
+@pytest.mark.slow
 def test_a_delta_batch_run_sends_only_the_changed_rows(tmp_path: Path) -> None:
     names = [f"user{n}" for n in range(1, 9)]
     with TargetProcess() as target:

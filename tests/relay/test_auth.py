@@ -177,6 +177,18 @@ async def test_an_answer_without_a_bearer_token_is_a_refusal() -> None:
         assert isinstance(outcome, TokenFailure) and outcome.refused, answer
 
 
+@pytest.mark.anyio
+async def test_a_token_that_cannot_be_a_header_value_is_a_refusal_that_does_not_show_it() -> None:
+    # Sent, it would fail every row as a transport error ("invalid URL or header"), retried, journaled
+    # as connect_error, until the run halted saying the target looks down.
+    for value in ["tok\nen-1234", "tok\ren-1234", "tok\x00en-1234", "tok\u00e9en-1234", "tok\x7fen-1234"]:
+        answer = (200, {"access_token": value, "token_type": "Bearer"})
+        outcome = await fetch_token(_request(), _TokenEndpoint(answer), _NO_WAIT, Redactor([SECRET]))
+        assert isinstance(outcome, TokenFailure) and outcome.refused, value
+        assert outcome.detail["error"] == "invalid_response"
+        assert "en-1234" not in outcome.message + str(outcome.detail)
+
+
 # ------------------------------------------------------------- whole runs against the target
 
 
