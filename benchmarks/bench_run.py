@@ -10,6 +10,10 @@ Measured at each --rows size, all against the same target and the same input fil
   (a) a naive pyreqwest loop on uvloop (the baseline): `concurrency` workers read the CSV, split each line,
       orjson.dumps it and POST it with pyreqwest; no journal, no validation, nothing else;
   (a') the same naive loop with aiohttp, beside it for comparison with earlier figures;
+  (a1) with --ceiling, the same naive loop with every thread held to one CPU, as `bulkrelay run` holds its
+      own (execution.pin_cpu): what a relay doing no work of its own could reach there. It splits the
+      ratio b / a into b / a1 (the share of that ceiling our work leaves) times a1 / a (what one CPU
+      costs the client itself on this machine);
   (b) `bulkrelay run job.yaml --budget 0` as a whole process (start-up and preflight included), journal on
       local disk: rows / wall time, and the ratio b / a (issue 29: >= 0.8 at 200k rows, >= 0.7 at 40k);
       (a) and (b) alternate run by run, and each run prints its CPU per row (the process's, every thread;
@@ -54,6 +58,8 @@ import orjson
 import uvloop
 from nginx import loopback_target  # benchmarks/nginx.py
 from pyreqwest.client import ClientBuilder
+
+from bulkrelay.relay.affinity import relay_cpu
 
 # ----------------------------------------------------------------------------- inputs
 
@@ -212,7 +218,10 @@ def _best_naive(name: str, url: str, path: Path, concurrency: int, repeats: int)
     for attempt in range(repeats):
         process, thread = _process_cpu(resource.getrusage(resource.RUSAGE_SELF)), time.thread_time()
         target = _target_cpu()
-        if name == "pyreqwest":
+        if name == "pyreqwest-one-cpu":  # (a1): every thread of this process on one CPU meanwhile
+            with relay_cpu(True):
+                sent, elapsed = uvloop.run(_naive_reqwest(url, path, concurrency))
+        elif name == "pyreqwest":
             sent, elapsed = uvloop.run(_naive_reqwest(url, path, concurrency))
         else:
             sent, elapsed = asyncio.run(_naive_aiohttp(url, path, concurrency))
@@ -378,16 +387,26 @@ def _count_rows(path: Path) -> int:
 
 
 def _compare(
-    workdir: Path, url: str, rows: int, concurrency: int, repeats: int, *, with_aiohttp: bool = True
+    workdir: Path,
+    url: str,
+    rows: int,
+    concurrency: int,
+    repeats: int,
+    *,
+    with_aiohttp: bool = True,
+    ceiling: bool = False,
 ) -> None:
-    """(a), (a') and (b) over the same input file, best of `repeats` each; (a) and (b) alternate, run by
-    run, so that a change in the machine's load falls on both."""
+    """(a), (a'), (a1) and (b) over the same input file, best of `repeats` each; (a), (a1) and (b)
+    alternate, run by run, so that a change in the machine's load falls on each."""
     path = workdir / f"rows-{rows}.csv"
     _write_input(path, rows)
-    reqwest = relay = 0.0
+    reqwest = relay = one_cpu = 0.0
     for attempt in range(repeats):
         print(f"(a) naive pyreqwest loop (uvloop), {rows:,} POSTs, concurrency {concurrency}, no journal")
         reqwest = max(reqwest, _best_naive("pyreqwest", url, path, concurrency, 1))
+        if ceiling:
+            print(f"(a1) the same naive loop, every thread on one CPU, {rows:,} POSTs")
+            one_cpu = max(one_cpu, _best_naive("pyreqwest-one-cpu", url, path, concurrency, 1))
         print(f"(b) bulkrelay run, {rows:,} rows, concurrency {concurrency}, journal on disk")
         relay = max(relay, _measure_run(workdir, url, path, concurrency, 1, attempt))
     goal = 0.8 if rows >= 200_000 else 0.7
@@ -395,6 +414,11 @@ def _compare(
         f"==> {rows:,} rows, best of {repeats}: bulkrelay {relay:,.0f} rows/s; naive pyreqwest "
         f"{reqwest:,.0f} rows/s: ratio {relay / reqwest:.2f} (issue 29: >= {goal})"
     )
+    if ceiling:
+        summary += (
+            f"; on one CPU {one_cpu:,.0f} rows/s: bulkrelay / one CPU {relay / one_cpu:.2f}, "
+            f"one CPU / naive {one_cpu / reqwest:.2f}"
+        )
     if with_aiohttp:
         print(f"(a') naive aiohttp loop, {rows:,} POSTs, concurrency {concurrency}, no journal")
         aiohttp_rate = _best_naive("aiohttp", url, path, concurrency, repeats)
@@ -548,6 +572,9 @@ def main() -> None:
     parser.add_argument("--only-batch", action="store_true", help="only (f), the batched run")
     parser.add_argument("--no-aiohttp", action="store_true", help="skip (a'), the aiohttp loop")
     parser.add_argument("--no-fixed-cost", action="store_true", help="skip (e), the one-row run")
+    parser.add_argument(
+        "--ceiling", action="store_true", help="(a1): the naive loop on one CPU, alternated too"
+    )
     parser.add_argument("--profile", action="store_true", help="only the cProfile of one in-process run")
     parser.add_argument("--profile-rows", type=int, default=200_000)
     parser.add_argument("--profile-batch", action="store_true", help="profile (f)'s batched job instead")
@@ -573,7 +600,15 @@ def main() -> None:
             print("(e) fixed cost of a one-row bulkrelay run, whole process (the first run warms the cache)")
             _one_row_cost(workdir, url, args.concurrency, 0 if args.no_fixed_cost else max(args.repeats, 3))
             for rows in [int(s) for s in args.rows.split(",") if s.strip()]:
-                _compare(workdir, url, rows, args.concurrency, args.repeats, with_aiohttp=not args.no_aiohttp)
+                _compare(
+                    workdir,
+                    url,
+                    rows,
+                    args.concurrency,
+                    args.repeats,
+                    with_aiohttp=not args.no_aiohttp,
+                    ceiling=args.ceiling,
+                )
             if args.parallel_rows > 0:
                 print(f"(c) GNU parallel + curl --joblog, {args.parallel_rows:,} rows, -j {args.concurrency}")
                 print(f"    {_parallel_curl(workdir, url, args.parallel_rows, args.concurrency)}")
