@@ -126,6 +126,55 @@ def test_a_signal_during_start_up_or_preflight_gets_its_envelope_and_sends_nothi
     assert not list((tmp_path / "runs").glob(".spool/*")), "nothing from stdin outlives the command"
 
 
+RELAY_START_PROGRAM = """\
+import signal, sys
+from bulkrelay.cli.main import main
+from bulkrelay.relay.transport import reqwest
+
+building = reqwest.ReqwestTransport.__init__
+
+
+def signalled_while_building(self, settings):
+    signal.raise_signal(signal.{signal})  # the relay has begun, its own handlers not yet installed
+    building(self, settings)
+
+
+reqwest.ReqwestTransport.__init__ = signalled_while_building
+sys.argv = ["bulkrelay", "run", sys.argv[1], "--budget", "0", "--runs-dir", sys.argv[2]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "exit_code"),
+    [(signal.SIGTERM, "TERMINATED", ExitCode.SIGTERM), (signal.SIGINT, "INTERRUPTED", ExitCode.SIGINT)],
+)
+def test_a_signal_while_the_relay_starts_gets_its_envelope(
+    tmp_path: Path, signum: signal.Signals, code: str, exit_code: ExitCode
+) -> None:
+    """A signal inside the relay's task group before the relay's own handlers are in place (its HTTP
+    client being built) is raised there by the CLI's handler, and the task group wraps it: it still
+    reaches the CLI as itself, not as a traceback and exit 1."""
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=3)  # nothing is sent: the signal comes first
+    program = tmp_path / "program.py"
+    program.write_text(RELAY_START_PROGRAM.format(signal=signum.name))
+    proc = subprocess.run(
+        [sys.executable, str(program), str(job), str(tmp_path / "runs")],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=HANG_S,
+        check=False,
+    )
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == exit_code, stderr
+    envelope = orjson.loads(proc.stdout)
+    assert envelope["error"]["code"] == code
+    assert envelope["meta"]["exit_code"] == exit_code
+    assert "Traceback" not in stderr
+
+
 class _Signalled(Exception):
     """What the test's SIGUSR1 handler raises, as the CLI's raise for SIGINT and SIGTERM."""
 
