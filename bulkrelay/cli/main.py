@@ -146,20 +146,29 @@ _STDERR_WARNINGS = frozenset({"BUDGET_HANDOFF_UNATTENDED"})
 def emit(
     result: Result, *, started: float, as_json: bool, quiet: bool = False, on_stderr: bool = False
 ) -> None:
-    """Print the result; a reader that went away (EPIPE) costs the answer, never the exit code.
-    `--quiet`: nothing on success (cron mails any output). `on_stderr`: stdout carries data
+    """Print the result; a reader that went away (EPIPE) costs the answer, never the exit code, and
+    so does a signal while the answer waits on a reader that does not read (a full pipe): the work
+    is done. `--quiet`: nothing on success (cron mails any output). `on_stderr`: stdout carries data
     (`export -o -`), so the envelope goes to stderr."""
     if quiet and result.exit_code == ExitCode.SUCCESS:
         return
     try:
         _write_result(result, started=started, as_json=as_json, on_stderr=on_stderr)
     except OSError as exc:  # EPIPE, or EIO from a terminal that hung up
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)  # so the interpreter's last flush of stdout has somewhere to go
-        os.close(devnull)
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            sys.stderr.write(f"bulkrelay: the answer was not delivered: stdout: {exc.strerror or exc}\n")
-            sys.stderr.flush()
+        _not_delivered(f"stdout: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        _not_delivered("stopped by SIGINT while writing it")
+    except _Terminated as signalled:
+        _not_delivered(f"stopped by {signalled.name} while writing it")
+
+
+def _not_delivered(why: str) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # so the interpreter's last flush of stdout has somewhere to go, at once
+    os.close(devnull)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write(f"bulkrelay: the answer was not delivered: {why}\n")
+        sys.stderr.flush()
 
 
 def _write_result(result: Result, *, started: float, as_json: bool, on_stderr: bool) -> None:

@@ -1,12 +1,14 @@
 """Signals and closed output outside the happy path, with real processes.
 
 SIGHUP stops a run like SIGTERM; a signal during start-up or preflight still gets its envelope and
-sends nothing; a closed stdout or a reader that went away costs the answer, never the exit code.
+sends nothing; a closed stdout, a reader that went away or a signal while the answer waits on a full pipe
+costs the answer, never the exit code.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -340,3 +342,38 @@ def test_a_run_with_its_stdout_closed_relays_and_exits_with_its_code(tmp_path: P
     assert b"Traceback" not in proc.stderr
     assert sent == list(range(1, 21))
     assert sorted(e["row_number"] for e in journal(run_dir_of(job))) == sent
+
+
+def _writing_to_a_full_pipe(pid: int) -> bool:
+    """Whether the process's main thread sleeps in the kernel writing to a pipe with no room left."""
+    return "pipe_write" in Path(f"/proc/{pid}/wchan").read_text()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_answer_waits_on_a_full_pipe_keeps_the_exit_code(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """A reader that does not read (stdout a full pipe) and then a signal (a scheduler's timeout): the
+    work is done, so, as with a reader gone, the answer is lost but not the exit code, with no traceback."""
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=100)
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # render's envelope of 100 requests is far larger
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bulkrelay", "render", str(job), "--rows", "1-100", "--json"],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+        )
+        os.close(write_end)
+        wait_for(lambda: _writing_to_a_full_pipe(proc.pid), "the envelope filling the pipe", interval=0.02)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=HANG_S)
+    finally:
+        os.close(read_end)
+    stderr = err.decode(errors="replace")
+    assert proc.returncode == ExitCode.SUCCESS, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    assert len(stderr) < 200, stderr  # a short note at most
