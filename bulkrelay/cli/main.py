@@ -119,11 +119,27 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except _Terminated as signalled:
         result = _stopped_outside_the_relay("TERMINATED", ExitCode.SIGTERM, signalled.name)
     except Exception as exc:  # the one place an unexpected failure becomes an answer
-        result = Result.from_unexpected(exc)
+        result = _signalled_within(exc) or Result.from_unexpected(exc)
     emit(result, started=started, as_json=as_json, quiet=quiet, on_stderr=exports_to_stdout(argv))
     if the_program:  # see cli/process_exit.py
         exit_process(int(result.exit_code))
     sys.exit(int(result.exit_code))  # called in a process that goes on (a test, a profile): SystemExit
+
+
+def _signalled_within(exc: BaseException) -> Result | None:
+    """The answer to a signal whose exception Python wrapped in another (3.11 wraps one raised in a
+    `__set_name__`, as a dataclass's while start-up imports the commands, in a RuntimeError); None
+    when no signal's exception caused `exc`."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, KeyboardInterrupt):
+            return _stopped_outside_the_relay("INTERRUPTED", ExitCode.SIGINT, "SIGINT")
+        if isinstance(cause, _Terminated):
+            return _stopped_outside_the_relay("TERMINATED", ExitCode.SIGTERM, cause.name)
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Result:

@@ -177,6 +177,48 @@ def test_a_signal_while_the_relay_starts_gets_its_envelope(
     assert "Traceback" not in stderr
 
 
+WRAPPED_PROGRAM = """\
+import signal, sys
+from bulkrelay.cli import commands
+from bulkrelay.cli.main import main
+
+
+def importing(call, runtime):
+    class Field:  # a class being made, as the commands' dataclasses are while they are imported
+        def __set_name__(self, owner, name):
+            signal.raise_signal(signal.SIGTERM)
+
+    class Record:
+        started = Field()
+
+
+commands.run_call = importing
+sys.argv = ["bulkrelay", "validate", sys.argv[1]]
+main()
+"""
+
+
+def test_a_sigterm_python_wraps_in_another_error_still_answers_143(tmp_path: Path) -> None:
+    """Python 3.11 wraps an exception raised in `__set_name__` in a RuntimeError: a SIGTERM landing there
+    during start-up's imports (1 of 200 kills at random moments) became GENERAL_ERROR, exit 1."""
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=3)
+    program = tmp_path / "program.py"
+    program.write_text(WRAPPED_PROGRAM)
+    proc = subprocess.run(
+        [sys.executable, str(program), str(job)],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=HANG_S,
+        check=False,
+    )
+    envelope = orjson.loads(proc.stdout)
+    assert proc.returncode == ExitCode.SIGTERM, envelope
+    assert envelope["error"]["code"] == "TERMINATED"
+    assert "detail" not in envelope["error"]  # no traceback
+
+
 class _Signalled(Exception):
     """What the test's SIGUSR1 handler raises, as the CLI's raise for SIGINT and SIGTERM."""
 
