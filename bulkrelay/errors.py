@@ -314,8 +314,12 @@ class JobLost(BulkRelayError):
 
 def sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The BulkRelay error inside a task group's (nested) exception group, so that it reaches the CLI
-    as itself with its own code and exit code; the group itself when it holds none."""
+    as itself with its own code and exit code; else a signal's exception inside it (the CLI's SIGTERM
+    handler raises one while the relay starts, before the relay's own handlers are in place), so the
+    CLI answers 143 rather than a traceback; the group itself when it holds neither."""
     found: BaseException | None = group.split(BulkRelayError)[0]
+    if found is None:  # a BaseException that is no Exception: KeyboardInterrupt, the CLI's _Terminated
+        found = group.split(lambda exc: not isinstance(exc, Exception | BaseExceptionGroup))[0]
     while isinstance(found, BaseExceptionGroup):
         found = found.exceptions[0]
     return found if found is not None else group

@@ -488,14 +488,17 @@ def _cancel_lost_run(background: BackgroundJob) -> None:
 
 
 def _cancel_answer(background: BackgroundJob, budget_ms: int | None) -> Result:
-    """A job that has ended: `cancelled` when its run was (or a lost worker's run now is), else `ended`."""
+    """A job that has ended: `cancelled` when its run was (or a lost worker's run now is), or when the
+    cancel ended it while it still read its input (no run made), else `ended`."""
     stored = background.result()
     envelope = stored.envelope if stored else None
     run_data = envelope["data"] if envelope and isinstance(envelope["data"], dict) else {}
     run_state = run_data.get("state") if stored else RunState.CANCELLED
+    error = envelope["error"] if envelope and isinstance(envelope["error"], dict) else {}
+    cancelled = run_state == RunState.CANCELLED or error.get("code") == StopReason.CANCELLED.name
     data = BackgroundJobEnded(
         job_id=background.job_id,
-        state=BackgroundJobState.CANCELLED if run_state == RunState.CANCELLED else BackgroundJobState.ENDED,
+        state=BackgroundJobState.CANCELLED if cancelled else BackgroundJobState.ENDED,
         run_dir=run_data.get("run_dir") or background.status().run_dir,
         run_state=run_state,
         job_exit_code=stored.exit_code if stored else None,

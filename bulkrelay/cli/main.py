@@ -119,11 +119,27 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except _Terminated as signalled:
         result = _stopped_outside_the_relay("TERMINATED", ExitCode.SIGTERM, signalled.name)
     except Exception as exc:  # the one place an unexpected failure becomes an answer
-        result = Result.from_unexpected(exc)
+        result = _signalled_within(exc) or Result.from_unexpected(exc)
     emit(result, started=started, as_json=as_json, quiet=quiet, on_stderr=exports_to_stdout(argv))
     if the_program:  # see cli/process_exit.py
         exit_process(int(result.exit_code))
     sys.exit(int(result.exit_code))  # called in a process that goes on (a test, a profile): SystemExit
+
+
+def _signalled_within(exc: BaseException) -> Result | None:
+    """The answer to a signal whose exception Python wrapped in another (3.11 wraps one raised in a
+    `__set_name__`, as a dataclass's while start-up imports the commands, in a RuntimeError); None
+    when no signal's exception caused `exc`."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, KeyboardInterrupt):
+            return _stopped_outside_the_relay("INTERRUPTED", ExitCode.SIGINT, "SIGINT")
+        if isinstance(cause, _Terminated):
+            return _stopped_outside_the_relay("TERMINATED", ExitCode.SIGTERM, cause.name)
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _stopped_outside_the_relay(code: str, exit_code: ExitCode, name: str) -> Result:
@@ -146,20 +162,29 @@ _STDERR_WARNINGS = frozenset({"BUDGET_HANDOFF_UNATTENDED"})
 def emit(
     result: Result, *, started: float, as_json: bool, quiet: bool = False, on_stderr: bool = False
 ) -> None:
-    """Print the result; a reader that went away (EPIPE) costs the answer, never the exit code.
-    `--quiet`: nothing on success (cron mails any output). `on_stderr`: stdout carries data
+    """Print the result; a reader that went away (EPIPE) costs the answer, never the exit code, and
+    so does a signal while the answer waits on a reader that does not read (a full pipe): the work
+    is done. `--quiet`: nothing on success (cron mails any output). `on_stderr`: stdout carries data
     (`export -o -`), so the envelope goes to stderr."""
     if quiet and result.exit_code == ExitCode.SUCCESS:
         return
     try:
         _write_result(result, started=started, as_json=as_json, on_stderr=on_stderr)
     except OSError as exc:  # EPIPE, or EIO from a terminal that hung up
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)  # so the interpreter's last flush of stdout has somewhere to go
-        os.close(devnull)
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            sys.stderr.write(f"bulkrelay: the answer was not delivered: stdout: {exc.strerror or exc}\n")
-            sys.stderr.flush()
+        _not_delivered(f"stdout: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        _not_delivered("stopped by SIGINT while writing it")
+    except _Terminated as signalled:
+        _not_delivered(f"stopped by {signalled.name} while writing it")
+
+
+def _not_delivered(why: str) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # so the interpreter's last flush of stdout has somewhere to go, at once
+    os.close(devnull)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write(f"bulkrelay: the answer was not delivered: {why}\n")
+        sys.stderr.flush()
 
 
 def _write_result(result: Result, *, started: float, as_json: bool, on_stderr: bool) -> None:

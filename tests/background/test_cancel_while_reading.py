@@ -66,10 +66,14 @@ def test_cancel_ends_a_job_while_it_takes_its_snapshot_with_nothing_sent_or_left
     worker = worker_pid(tmp_path, job_id)
     try:
         wait_for(lambda: _rows_read(tmp_path, job_id) > 0, "the snapshot to be under way")
-        cli(tmp_path, "job", "cancel", job_id)
+        cancel = cli(tmp_path, "job", "cancel", job_id, "--budget", HANG_BUDGET)
         ended = cli(tmp_path, "job", "wait", job_id, "--budget", HANG_BUDGET)
     finally:  # a worker the cancel did not end would read for hours
         _kill_if_still_the_worker(worker, job_id)
+    # the cancel ended it, though no run was made: `cancelled`, not `ended` (ended on its own)
+    assert cancel.exit_code == ExitCode.SUCCESS, cancel.envelope
+    answer = (cancel.data["state"], cancel.data["run_state"], cancel.data["run_dir"])
+    assert answer == ("cancelled", None, None)
     assert ended.exit_code == ExitCode.SIGTERM, ended.envelope
     assert ended.error_code == "CANCELLED"
     assert "while reading the input: nothing was sent" in ended.envelope["error"]["message"]

@@ -1,12 +1,14 @@
 """Signals and closed output outside the happy path, with real processes.
 
 SIGHUP stops a run like SIGTERM; a signal during start-up or preflight still gets its envelope and
-sends nothing; a closed stdout or a reader that went away costs the answer, never the exit code.
+sends nothing; a closed stdout, a reader that went away or a signal while the answer waits on a full pipe
+costs the answer, never the exit code.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -124,6 +126,97 @@ def test_a_signal_during_start_up_or_preflight_gets_its_envelope_and_sends_nothi
     assert "Traceback" not in result.stderr
     assert not list((tmp_path / "runs").glob("2*")), "no run was created"
     assert not list((tmp_path / "runs").glob(".spool/*")), "nothing from stdin outlives the command"
+
+
+RELAY_START_PROGRAM = """\
+import signal, sys
+from bulkrelay.cli.main import main
+from bulkrelay.relay.transport import reqwest
+
+building = reqwest.ReqwestTransport.__init__
+
+
+def signalled_while_building(self, settings):
+    signal.raise_signal(signal.{signal})  # the relay has begun, its own handlers not yet installed
+    building(self, settings)
+
+
+reqwest.ReqwestTransport.__init__ = signalled_while_building
+sys.argv = ["bulkrelay", "run", sys.argv[1], "--budget", "0", "--runs-dir", sys.argv[2]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "exit_code"),
+    [(signal.SIGTERM, "TERMINATED", ExitCode.SIGTERM), (signal.SIGINT, "INTERRUPTED", ExitCode.SIGINT)],
+)
+def test_a_signal_while_the_relay_starts_gets_its_envelope(
+    tmp_path: Path, signum: signal.Signals, code: str, exit_code: ExitCode
+) -> None:
+    """A signal inside the relay's task group before the relay's own handlers are in place (its HTTP
+    client being built) is raised there by the CLI's handler, and the task group wraps it: it still
+    reaches the CLI as itself, not as a traceback and exit 1."""
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=3)  # nothing is sent: the signal comes first
+    program = tmp_path / "program.py"
+    program.write_text(RELAY_START_PROGRAM.format(signal=signum.name))
+    proc = subprocess.run(
+        [sys.executable, str(program), str(job), str(tmp_path / "runs")],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=HANG_S,
+        check=False,
+    )
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == exit_code, stderr
+    envelope = orjson.loads(proc.stdout)
+    assert envelope["error"]["code"] == code
+    assert envelope["meta"]["exit_code"] == exit_code
+    assert "Traceback" not in stderr
+
+
+WRAPPED_PROGRAM = """\
+import signal, sys
+from bulkrelay.cli import commands
+from bulkrelay.cli.main import main
+
+
+def importing(call, runtime):
+    class Field:  # a class being made, as the commands' dataclasses are while they are imported
+        def __set_name__(self, owner, name):
+            signal.raise_signal(signal.SIGTERM)
+
+    class Record:
+        started = Field()
+
+
+commands.run_call = importing
+sys.argv = ["bulkrelay", "validate", sys.argv[1]]
+main()
+"""
+
+
+def test_a_sigterm_python_wraps_in_another_error_still_answers_143(tmp_path: Path) -> None:
+    """Python 3.11 wraps an exception raised in `__set_name__` in a RuntimeError: a SIGTERM landing there
+    during start-up's imports (1 of 200 kills at random moments) became GENERAL_ERROR, exit 1."""
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=3)
+    program = tmp_path / "program.py"
+    program.write_text(WRAPPED_PROGRAM)
+    proc = subprocess.run(
+        [sys.executable, str(program), str(job)],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=HANG_S,
+        check=False,
+    )
+    envelope = orjson.loads(proc.stdout)
+    assert proc.returncode == ExitCode.SIGTERM, envelope
+    assert envelope["error"]["code"] == "TERMINATED"
+    assert "detail" not in envelope["error"]  # no traceback
 
 
 class _Signalled(Exception):
@@ -291,3 +384,38 @@ def test_a_run_with_its_stdout_closed_relays_and_exits_with_its_code(tmp_path: P
     assert b"Traceback" not in proc.stderr
     assert sent == list(range(1, 21))
     assert sorted(e["row_number"] for e in journal(run_dir_of(job))) == sent
+
+
+def _writing_to_a_full_pipe(pid: int) -> bool:
+    """Whether the process's main thread sleeps in the kernel writing to a pipe with no room left."""
+    return "pipe_write" in Path(f"/proc/{pid}/wchan").read_text()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_answer_waits_on_a_full_pipe_keeps_the_exit_code(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """A reader that does not read (stdout a full pipe) and then a signal (a scheduler's timeout): the
+    work is done, so, as with a reader gone, the answer is lost but not the exit code, with no traceback."""
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=100)
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # render's envelope of 100 requests is far larger
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bulkrelay", "render", str(job), "--rows", "1-100", "--json"],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+        )
+        os.close(write_end)
+        wait_for(lambda: _writing_to_a_full_pipe(proc.pid), "the envelope filling the pipe", interval=0.02)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=HANG_S)
+    finally:
+        os.close(read_end)
+    stderr = err.decode(errors="replace")
+    assert proc.returncode == ExitCode.SUCCESS, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    assert len(stderr) < 200, stderr  # a short note at most
