@@ -191,4 +191,31 @@ def to_envelope(result: Result, *, duration_ms: int) -> dict[str, Any]:
 
 def dumps_envelope(envelope: dict[str, Any]) -> bytes:
     # default=str keeps an unexpected Path or datetime from turning an answer into a crash.
-    return orjson.dumps(envelope, default=str) + b"\n"
+    try:
+        return orjson.dumps(envelope, default=str) + b"\n"
+    except orjson.JSONEncodeError:  # a string that is not UTF-8 (a path from a Latin-1 directory name)
+        return orjson.dumps(_utf8(envelope), default=str) + b"\n"
+
+
+def _utf8(value: Any) -> Any:
+    """`value` with every string made UTF-8: the bytes Python kept as lone surrogates (how it reads a
+    file name or variable that is not UTF-8) shown as `\\xe9`, so the answer still names them."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {_utf8(key): _utf8(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_utf8(item) for item in value]
+    return value
+
+
+def printable(text: str) -> str:
+    """`text` as UTF-8 can carry it: undecodable bytes (lone surrogates) written `\\xNN`."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        try:
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a surrogate no byte gave (`\ud800` from an escaped JSON string)
+            return text.encode("utf-8", "backslashreplace").decode()
+    return text

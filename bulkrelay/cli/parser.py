@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from bulkrelay._version import __version__
 from bulkrelay.background.call import OPTIONS, Call
-from bulkrelay.envelope import CommandData, Result
+from bulkrelay.envelope import CommandData, Result, printable
 from bulkrelay.errors import UsageError
 from bulkrelay.job.durations import parse_duration_ms, whole_number
 
@@ -411,6 +411,7 @@ def _add_job_commands(sub: Any) -> None:
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     """The parsed command line, global flags settled wherever they stood."""
+    _refuse_undecodable(argv)
     parser = build_parser()
     args, leftover = parser.parse_known_args(argv)
     if leftover:
@@ -418,6 +419,19 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"unrecognized arguments: {' '.join(leftover)}")
     _settle_globals(args)
     return args
+
+
+def _refuse_undecodable(argv: Sequence[str]) -> None:
+    """A word that is not UTF-8 (a Latin-1 file name) could not be written into the JSON that records
+    it (the envelope, `run.json`, `run.log`, a job's state): refused before anything, named readably."""
+    for word in argv:
+        shown = printable(word)
+        if shown != word:
+            raise UsageError(
+                f"argument '{shown}' is not valid UTF-8",
+                context={"argument": shown},
+                suggestion="rename it to a UTF-8 name, or pass it through a link that has one",
+            )
 
 
 def _refuse_misplaced_global(args: argparse.Namespace, leftover: list[str]) -> None:

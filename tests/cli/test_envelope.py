@@ -217,3 +217,11 @@ def test_meta_says_the_job_then_the_budget_and_the_side_channel_stays_out_of_the
         ("budget_ms", 0),
     ]
     assert b"page" not in dumps_envelope(envelope)
+
+
+def test_a_string_that_is_not_utf8_still_dumps_as_one_envelope() -> None:
+    # A path from a non-UTF-8 working directory or environment variable carries a lone surrogate.
+    envelope = to_envelope(Result(data={"run_dir": "/srv/caf\udce9/runs"}), duration_ms=1)
+    line = dumps_envelope(envelope)
+    assert line.count(b"\n") == 1
+    assert orjson.loads(line)["data"] == {"run_dir": "/srv/caf\\xe9/runs"}

@@ -14,3 +14,13 @@ def test_an_unknown_command_lists_the_commands_but_not_the_hidden_worker() -> No
     message = str(caught.value)
     assert "'validate'" in message and "'demo'" in message
     assert "_job-worker" not in message
+
+
+def test_an_argument_that_is_not_utf8_is_a_usage_error_naming_it() -> None:
+    # A file name in Latin-1 (`café.csv` as the byte E9) reaches Python as a lone surrogate, which no
+    # JSON file BulkRelay writes (envelope, run.json, run.log) can hold: refused at once, named readably.
+    with pytest.raises(UsageError) as caught:
+        parse_command_line(["validate", "job.yaml", "--input", "caf\udce9.csv"])
+    assert "caf\\xe9.csv" in str(caught.value)
+    assert caught.value.context == {"argument": "caf\\xe9.csv"}
+    assert "\udce9" not in str(caught.value)
