@@ -112,3 +112,10 @@ def test_every_exit_code_is_documented() -> None:
     documented = (DOCS / "exit-codes.md").read_text()
     for code in ExitCode:
         assert re.search(rf"^\| {int(code)} \| {code.name} \|", documented, re.MULTILINE), code.name
+
+
+def test_a_word_that_is_not_utf8_is_an_envelope_not_a_traceback() -> None:
+    result = run_cli("status", "caf\udce9")  # the byte E9 of a Latin-1 name, as Python reads argv
+    assert result.exit_code == ExitCode.ARG_ERROR
+    assert result.envelope["error"]["context"] == {"argument": "caf\\xe9"}
+    assert "Traceback" not in result.stderr
