@@ -377,7 +377,8 @@ def _resume(options: ResumeArgs, relay: _Relay) -> Result:
     input_path = Path(options.input) if options.input not in (None, "-") else None
     if options.input == "-":
         raise UsageError(
-            "resume cannot read stdin: a run that read stdin keeps its own copy",
+            "resume does not read standard input: a run that read stdin resumes from its own copy, "
+            "and one that read a file takes --input FILE when the file moved",
             suggestion=f"bulkrelay resume {options.run_dir}",
         )
     run_dir = _resolved(options.run_dir, options.runs_dir)

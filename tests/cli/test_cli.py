@@ -119,3 +119,12 @@ def test_a_word_that_is_not_utf8_is_an_envelope_not_a_traceback() -> None:
     assert result.exit_code == ExitCode.ARG_ERROR
     assert result.envelope["error"]["context"] == {"argument": "caf\\xe9"}
     assert "Traceback" not in result.stderr
+
+
+def test_resume_refuses_stdin_and_says_what_each_kind_of_run_takes_instead() -> None:
+    # A run that read a file is refused too: the message must not claim that it read stdin.
+    result = run_cli("resume", "20261002T190000Z-ab12cd34", "--input", "-", "--budget", "0")
+    assert result.exit_code == ExitCode.ARG_ERROR and result.error_code == "USAGE_ERROR"
+    message = result.envelope["error"]["message"]
+    assert "resume does not read standard input" in message
+    assert "--input FILE" in message
