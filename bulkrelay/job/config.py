@@ -948,7 +948,9 @@ def load_job(path: Path) -> Job:
     resolved = path.resolve()
     try:
         text = resolved.read_text(encoding="utf-8-sig")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    except IsADirectoryError:  # no job file there either (exit 5), but say what is
+        raise NotFound(f"job file is a directory: {path}", context={"path": str(path)}) from None
+    except (FileNotFoundError, NotADirectoryError):
         raise NotFound(f"job file not found: {path}", context={"path": str(path)}) from None
     except OSError as exc:  # permission denied, an I/O error: there, but not readable by us
         raise JobFileUnreadable(

@@ -147,6 +147,15 @@ def test_missing_job_file_is_not_found(tmp_path: Path) -> None:
     assert caught.value.exit_code == 5
 
 
+def test_a_job_file_that_is_a_directory_says_so(tmp_path: Path) -> None:
+    # Still no job file there (exit 5), but "not found" would send the user looking for a missing path.
+    (tmp_path / "job.yaml").mkdir()
+    with pytest.raises(NotFound) as caught:
+        load_job(tmp_path / "job.yaml")
+    assert caught.value.message == f"job file is a directory: {tmp_path / 'job.yaml'}"
+    assert caught.value.exit_code == 5
+
+
 def test_input_path_is_relative_to_the_job_file(tmp_path: Path) -> None:
     (tmp_path / "jobs").mkdir()
     job_file = tmp_path / "jobs" / "job.yaml"
