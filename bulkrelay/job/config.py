@@ -665,15 +665,36 @@ class TimeoutConfig(_Model):
 
 REDIS_URL = re.compile(r"^(redis|rediss|unix)://\S+$")
 WHOLE_SECRET = re.compile(r"^\$\{([A-Z_][A-Z0-9_]*)\}$")  # `shared: "${REDIS_URL}"`: read when the job runs
+# An `@` past the end of the host part (the first `/`, `?` or `#`): a password holding one of those,
+# not percent-encoded. redis-py would read part of it as the host or port (and name it in its errors),
+# and nothing could tell which part of the URL to hide.
+_AT_PAST_HOST = re.compile(r"^[^:]*://[^/?#]*[/?#].*@", re.DOTALL)
+REDIS_URL_AT_PAST_HOST = (
+    "has an '@' past the host: a user or password holding '/', '?', '#' or '@' is written"
+    " percent-encoded (%2F, %3F, %23, %40)"
+)
+
+
+def redis_url_problem(value: str) -> str | None:
+    """Why `value` is no Redis URL BulkRelay can use and name safely, or None when it is one."""
+    if not REDIS_URL.match(value):
+        return "is not a Redis URL such as redis://host:6379/0 (rediss:// for TLS, unix:// for a socket)"
+    if _AT_PAST_HOST.match(value):
+        return REDIS_URL_AT_PAST_HOST
+    return None
 
 
 def _redis_url(value: str) -> str:
-    if REDIS_URL.match(value) or WHOLE_SECRET.match(value):
+    if WHOLE_SECRET.match(value):
         return value
-    raise ValueError(
-        "must be a Redis URL such as redis://host:6379/0 (rediss:// for TLS, unix:// for a socket),"
-        " or a ${NAME} secret holding one"
-    )
+    if not REDIS_URL.match(value):
+        raise ValueError(
+            "must be a Redis URL such as redis://host:6379/0 (rediss:// for TLS, unix:// for a socket),"
+            " or a ${NAME} secret holding one"
+        )
+    if _AT_PAST_HOST.match(value):
+        raise ValueError(REDIS_URL_AT_PAST_HOST)
+    return value
 
 
 class RateLimitConfig(_Model):

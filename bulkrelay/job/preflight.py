@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, SecretInvalid, UsageError
 from bulkrelay.job.batch import BatchRenderer
-from bulkrelay.job.config import REDIS_URL, WHOLE_SECRET, Job, required_fields
+from bulkrelay.job.config import WHOLE_SECRET, Job, redis_url_problem, required_fields
 from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import (
@@ -160,9 +160,10 @@ def shared_limit_url(job: Job, env: Mapping[str, str]) -> str | None:
         return rate.shared
     name = secret.group(1)
     url = resolve_secrets([name], env)[name]
-    if not REDIS_URL.match(url):
+    problem = redis_url_problem(url)
+    if problem is not None:
         raise SecretInvalid(
-            f"${{{name}}} (execution.rate_limit.shared) is not a Redis URL such as redis://host:6379/0",
+            f"${{{name}}} (execution.rate_limit.shared) {problem}",
             context={"secret": name, "field": "execution.rate_limit.shared"},
         )
     return url

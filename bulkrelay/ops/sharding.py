@@ -20,7 +20,7 @@ from bulkrelay.job.records import Record
 from bulkrelay.store.rundir import RunDir
 
 MAX_SHARDS = 10_000
-_SPEC = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+_SPEC = re.compile(r"^\s*([0-9]+)\s*/\s*([0-9]+)\s*$")  # ASCII digits: \d takes any script's
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,10 @@ def parse_shard(text: str, source: str = "--shard") -> ShardSpec:
             f"{source} must be K/N (shard K of N, counting from 0), not {text!r}",
             suggestion="for example --shard 0/4 ... --shard 3/4",
         )
-    return _checked(int(match.group(1)), int(match.group(2)), source)
+    # whole_number, as for the variables: int() raises ValueError past 4300 digits, not a usage error
+    index, count = whole_number(match.group(1)), whole_number(match.group(2))
+    assert index is not None and count is not None  # ASCII digits, by _SPEC
+    return _checked(index, count, source)
 
 
 def _checked(index: int, count: int, source: str, count_source: str | None = None) -> ShardSpec:

@@ -257,6 +257,35 @@ def test_a_rate_beyond_a_million_per_second_is_refused() -> None:
     assert "less than or equal to 1000000" in problem.message
 
 
+def _shared_limit(url: str) -> str:
+    return f'execution:\n  rate_limit: {{ requests_per_second: 5, shared: "{url}" }}\n'
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cr#hunter2@127.0.0.1:6379/0",
+        "redis://:s3cr?hunter2@127.0.0.1:6379/0",
+        "redis://user:s3cr/hunter2@127.0.0.1:6379/0",
+        "rediss://:s3cr@x#hunter2@127.0.0.1:6379",
+    ],
+    ids=["hash", "question-mark", "slash", "at-then-hash"],
+)
+def test_a_redis_password_not_percent_encoded_is_refused_unshown(url: str) -> None:
+    # redis-py would read 's3cr' as the host's port and name it in its error, and the URL shown with its
+    # credentials hidden kept what followed the '#', '?' or '/': the password in the envelope and run.log
+    problem = _only_problem(MINIMAL + _shared_limit(url))
+    assert problem.path == "execution.rate_limit.shared" and problem.line == 8
+    assert "percent-encoded" in problem.message
+    assert "s3cr" not in problem.message and "hunter2" not in problem.message
+
+
+def test_a_percent_encoded_redis_password_is_a_redis_url() -> None:
+    url = "redis://user:pa%23ss%2F%3F%40@127.0.0.1:6379/0?db=0"
+    config = _parse(MINIMAL + _shared_limit(url))
+    assert config.execution.rate_limit is not None and config.execution.rate_limit.shared == url
+
+
 def test_missing_required_key_points_at_parent() -> None:
     problem = _only_problem("version: 1\nrequest:\n  method: GET\n")
     assert problem.path == "request.url"

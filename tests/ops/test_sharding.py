@@ -69,3 +69,17 @@ def test_a_shard_number_that_int_refuses_is_a_usage_error(environ: dict[str, str
     # str.isdigit takes "\u00b2" (superscript two) and 5000 digits; int() refuses both
     with pytest.raises(UsageError):
         resolve_shard(None, None, environ)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["0/" + "1" * 5000, "9" * 5000 + "/4", "\u0663/\u0664"],
+    ids=["count-5000-digits", "index-5000-digits", "arabic-indic-digits"],
+)
+def test_a_shard_spec_that_int_refuses_or_reads_otherwise_is_a_usage_error(text: str) -> None:
+    # K/N of --shard and BULKRELAY_SHARD: 5000 digits made int() raise ValueError past the usage error
+    # (a traceback, exit 1), and \d with int() took other scripts' digits the variables refuse
+    with pytest.raises(UsageError, match="BULKRELAY_SHARD"):
+        resolve_shard(None, None, {"BULKRELAY_SHARD": text})
+    with pytest.raises(UsageError, match="--shard"):
+        resolve_shard(text, None, {})

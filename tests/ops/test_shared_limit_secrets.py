@@ -112,3 +112,21 @@ def test_a_secret_that_is_no_redis_url_is_refused_naming_the_variable(tmp_path: 
     assert refused.error_code == "SECRET_INVALID"
     assert "REDIS_URL" in refused.envelope["error"]["message"]
     assert "hunter2-not" not in refused.stdout.decode() + refused.stderr
+
+
+@pytest.mark.parametrize("separator", ["/", "?", "#"])
+def test_a_secret_redis_url_whose_password_is_not_percent_encoded_is_refused_unshown(
+    tmp_path: Path, separator: str
+) -> None:
+    # Before: redis-py read the password's first part as the port, the halt's cause said "Port could not
+    # be cast to integer value as 's3cr'", in the envelope and run.log, behind a limiter named ${REDIS_URL}
+    url = f"redis://:s3cr{separator}hunter2@127.0.0.1:6379/0"
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=2, execution=_shared("${REDIS_URL}"))
+        refused = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env(REDIS_URL=url))
+        assert target.stats()["requests"] == 0
+    assert refused.exit_code == ExitCode.PRECONDITION, refused.envelope
+    assert refused.error_code == "SECRET_INVALID"
+    assert "REDIS_URL" in refused.envelope["error"]["message"]
+    assert "percent-encoded" in refused.envelope["error"]["message"]
+    assert _leaks(refused, None, "s3cr") == [] and _leaks(refused, None, "hunter2") == []
