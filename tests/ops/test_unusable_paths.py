@@ -201,12 +201,9 @@ def test_the_working_directory_alone_not_utf8_is_refused(tmp_path: Path, target:
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.target_plan({"rules": [tag_rule("bad", status=422)]})
-def test_a_run_whose_directory_became_not_utf8_is_not_continued(
-    tmp_path: Path, target: TargetProcess
-) -> None:
-    # A run made under a UTF-8 name whose directory was renamed since: retry-failed would make a run
-    # beside it and resume would write in it, recording paths no JSON can hold.
+def _run_then_rename(tmp_path: Path, target: TargetProcess) -> tuple[Path, str]:
+    """A run (one of its 3 rows failed) under `cafe/runs`, then `cafe` renamed to Latin-1 `caf\\xe9`:
+    the runs directory (its new path) and the run's id. The job and its input stay where they were."""
     utf8 = tmp_path / "cafe"
     utf8.mkdir()
     job = write_job(tmp_path, target.url, rows=3, tags={2: "bad"})
@@ -215,15 +212,39 @@ def test_a_run_whose_directory_became_not_utf8_is_not_continued(
     latin1 = tmp_path / os.fsdecode(b"caf\xe9")
     try:
         utf8.rename(latin1)
-    except OSError:
+    except OSError:  # a file system that takes only UTF-8 names (macOS)
         pytest.skip("this file system refuses a name that is not UTF-8")
+    return latin1 / "runs", str(first.data["run_id"])
+
+
+@pytest.mark.target_plan({"rules": [tag_rule("bad", status=422)]})
+def test_a_run_whose_directory_became_not_utf8_is_not_continued(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    # A run made under a UTF-8 name whose directory was renamed since: retry-failed would make a run
+    # beside it and resume would write in it, recording paths no JSON can hold.
+    runs, run_id = _run_then_rename(tmp_path, target)
     target.reset()
-    run_dir = f"{tmp_path}/caf\\xe9/runs/{first.data['run_id']}"
-    env = cli_env(BULKRELAY_RUNS_DIR=str(latin1 / "runs"))
+    env = cli_env(BULKRELAY_RUNS_DIR=str(runs))
     for command in ("retry-failed", "resume"):
         result = run_cli(command, "latest", "--budget", "0", cwd=tmp_path, env=env)
-        _refused(result, run_dir, "run directory")
+        _refused(result, f"{tmp_path}/caf\\xe9/runs/{run_id}", "run directory")
     assert target.stats()["requests"] == 0
-    assert [p.name for p in (latin1 / "runs").iterdir() if not p.name.startswith(".")] == [
-        first.data["run_id"]
-    ]
+    assert [p.name for p in runs.iterdir() if not p.name.startswith(".")] == [run_id]
+
+
+@pytest.mark.target_plan({"rules": [tag_rule("bad", status=422)]})
+def test_the_readers_of_a_run_whose_directory_is_not_utf8_answer(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    # Reading records nothing new: each answers, from inside the directory too; `report` once ended
+    # in a traceback encoding its page, which names the run's directory (now as \\xe9, for people).
+    runs, run_id = _run_then_rename(tmp_path, target)
+    shown = f"{tmp_path}/caf\\xe9/runs/{run_id}"
+    for args in (("status", "latest"), ("runs",), ("failures", "latest"), ("export", "latest", "--failed")):
+        result = run_cli(*args, cwd=runs.parent, env=cli_env(BULKRELAY_RUNS_DIR="runs"))
+        assert result.exit_code == ExitCode.SUCCESS, (args, result.envelope)
+    written = run_cli("report", "latest", cwd=runs.parent, env=cli_env(BULKRELAY_RUNS_DIR="runs"))
+    assert written.exit_code == ExitCode.SUCCESS, written.envelope
+    assert written.data["run_dir"] == shown  # the envelope shows it as the page does
+    assert shown in (runs / run_id / "report.html").read_text()
