@@ -41,6 +41,7 @@ from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 from bulkrelay.job.config import Job, load_job
 from bulkrelay.job.inputs import STDIN_NAME
 from bulkrelay.ops import launch, preview, status
+from bulkrelay.ops.invocation import refuse_unrecordable
 from bulkrelay.ops.lifecycle import RunObserver, RunOptions, prepared_input
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.runlog import RunLog, start_event
@@ -132,18 +133,62 @@ def _logged(call: Call, runtime: Runtime) -> Result:
 
 
 def _observed(call: Call, runtime: Runtime, run_log: RunLog) -> Result:
-    """The observers made and the shard (`--shard`, `--shards`, their variables) checked first, so a bad
-    path or a typo fails before any input is read, even under a call budget (which copies stdin before
-    the run starts); then the work, within the call budget."""
+    """The observers made, the paths the call records checked, and the shard (`--shard`, `--shards`,
+    their variables) checked first, so a bad path or a typo fails before any input is read, even under
+    a call budget (which copies stdin before the run starts); then the work, within the call budget."""
     options = call.options
     metrics_file = options.metrics_file if isinstance(options, RelayArgs) else None
     metrics_push = options.metrics_push if isinstance(options, RelayArgs) else None
     observers = _observers(run_log, metrics_file, metrics_push)
+    refuse_unrecordable(_recorded_paths(options))
     if not isinstance(options, RelayArgs):
         assert isinstance(options, DemoArgs)
         return _demo(options, observers)
     shard = resolve_shard(options.shard, options.shards, os.environ) if isinstance(options, RunArgs) else None
     return _within_budget(_Relay(call, options, runtime, observers, shard))
+
+
+def _recorded_paths(options: CommandArgs) -> list[tuple[str, Path | None]]:
+    """The paths a call that makes or continues a run records (besides the working directory): a run's
+    job file, input and runs directory; the run directory `resume` and `retry-failed` write in, and the
+    files they are pointed at. What cannot be found or loaded is the command's to report, as before."""
+    match options:
+        case RunArgs():
+            return [
+                ("job file", options.job),
+                ("input file", _input_of_run(options)),
+                (_runs_dir_named(options.runs_dir), default_runs_dir(options.runs_dir)),
+                ("runs directory (--output-dir)", options.output_dir),
+            ]
+        case ResumeArgs() | RetryFailedArgs():
+            named = options.input if isinstance(options, ResumeArgs) else None
+            try:
+                run_dir: Path | None = _resolved(options.run_dir, options.runs_dir)
+            except BulkRelayError:
+                run_dir = None
+            given = Path(named) if named not in (None, "-") else None
+            return [("run directory", run_dir), ("job file", options.config), ("input file", given)]
+        case DemoArgs():
+            return [(_runs_dir_named(options.runs_dir), default_runs_dir(options.runs_dir))]
+    return []
+
+
+def _input_of_run(options: RunArgs) -> Path | None:
+    """`--input FILE`, else the job's own input file (none for stdin or a query)."""
+    if options.input not in (None, "-"):
+        return Path(options.input)
+    if options.input == "-":
+        return None
+    try:
+        job = load_job(options.job)
+    except BulkRelayError:
+        return None
+    return None if is_query_job(job) else job.input_path
+
+
+def _runs_dir_named(explicit: Path | None) -> str:
+    from_env = explicit is None and os.environ.get("BULKRELAY_RUNS_DIR")
+    return "runs directory (BULKRELAY_RUNS_DIR)" if from_env else "runs directory"
 
 
 @dataclass(frozen=True)

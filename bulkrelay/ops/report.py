@@ -12,7 +12,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from bulkrelay.envelope import Result, SideChannel
+from bulkrelay.envelope import Result, SideChannel, printable
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
 from bulkrelay.job.inputs.spec import PARQUET_SOURCE
 from bulkrelay.ops.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
@@ -67,7 +67,7 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
     first, final = epoch(started), epoch(ended)
     return ReportFacts(
         run_id=run.run_id,
-        run_dir=str(run.path),
+        run_dir=printable(str(run.path)),  # a page for people: a Latin-1 directory name shown as \xe9
         name=run.plan.name or Path(run.plan.job_path).stem,
         job_path=run.plan.job_path,
         input_path=run.plan.input.path,

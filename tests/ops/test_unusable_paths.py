@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from bulkrelay.errors import ExitCode
-from tests.clirun import cli_env, run_cli
-from tests.taggedjobs import journal, run_job, target_ids, write_job
+from tests.clirun import CliResult, cli_env, run_cli
+from tests.taggedjobs import journal, run_job, tag_rule, target_ids, write_job
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
@@ -137,3 +137,114 @@ def test_storage_failed_names_the_run_and_the_command_that_continues(tmp_path: P
     # The run stopped short of its journal's end; how many requests had gone out by then depends on the
     # machine's load (all 300, at times), so only that some had is asserted of the target.
     assert committed_before < 300 and len(first) > 0
+
+
+def _latin1_dir(parent: Path) -> Path:
+    """`parent/café` with its é written as the single byte E9 (Latin-1): a name that is not UTF-8."""
+    made = parent / os.fsdecode(b"caf\xe9")
+    try:
+        made.mkdir()
+    except OSError:  # a file system that takes only UTF-8 names (macOS)
+        pytest.skip("this file system refuses a name that is not UTF-8")
+    return made
+
+
+def _refused(result: CliResult, shown: str, what: str) -> None:
+    """A USAGE_ERROR naming the path the way UTF-8 can show it, what it is, why, and what to do."""
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    assert result.error_code == "USAGE_ERROR"
+    error = result.envelope["error"]
+    assert error["context"] == {"path": shown, "what": what}
+    assert f"the {what} {shown} is not valid UTF-8" in error["message"]
+    assert "resume" in error["message"] and "rename" in error["suggestion"]
+    assert "Traceback" not in result.stdout.decode()
+
+
+@pytest.mark.parametrize("budget", ["0", "30s"])
+def test_a_run_from_a_directory_that_is_not_utf8_is_refused_before_anything(
+    tmp_path: Path, target: TargetProcess, budget: str
+) -> None:
+    # Everything a run records (its manifest, its invocation key, a background job's spec) would hold
+    # the lone surrogate Python reads the byte E9 as, which orjson refuses: once a GENERAL_ERROR with a
+    # traceback. Now refused at once, naming the job file as a resume would have to read it back.
+    here = _latin1_dir(tmp_path)
+    write_job(here, target.url, rows=3)
+    state = tmp_path / "state"
+    result = run_cli(
+        "run", "job.yaml", "--budget", budget, cwd=here, env=cli_env(BULKRELAY_STATE_DIR=str(state))
+    )
+    _refused(result, f"{tmp_path}/caf\\xe9/job.yaml", "job file")
+    assert target.stats()["requests"] == 0
+    assert not (here / ".bulkrelay").exists()  # no runs dir, no spool, no run
+    assert not state.exists()  # no background job either
+
+
+def test_a_runs_dir_from_the_environment_that_is_not_utf8_is_refused(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    runs = _latin1_dir(tmp_path) / "runs"
+    job = write_job(tmp_path, target.url, rows=3)
+    result = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=cli_env(BULKRELAY_RUNS_DIR=str(runs)))
+    _refused(result, f"{tmp_path}/caf\\xe9/runs", "runs directory (BULKRELAY_RUNS_DIR)")
+    assert target.stats()["requests"] == 0
+    assert not runs.exists()
+
+
+def test_the_working_directory_alone_not_utf8_is_refused(tmp_path: Path, target: TargetProcess) -> None:
+    # Job, input and runs dir all named by UTF-8 paths: the run's manifest still records the cwd.
+    here = _latin1_dir(tmp_path)
+    job = write_job(tmp_path, target.url, rows=3)
+    result = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", cwd=here)
+    _refused(result, f"{tmp_path}/caf\\xe9", "working directory")
+    assert "cd /" in result.envelope["error"]["suggestion"]
+    assert target.stats()["requests"] == 0
+    assert not (tmp_path / "runs").exists()
+
+
+def _run_then_rename(tmp_path: Path, target: TargetProcess) -> tuple[Path, str]:
+    """A run (one of its 3 rows failed) under `cafe/runs`, then `cafe` renamed to Latin-1 `caf\\xe9`:
+    the runs directory (its new path) and the run's id. The job and its input stay where they were."""
+    utf8 = tmp_path / "cafe"
+    utf8.mkdir()
+    job = write_job(tmp_path, target.url, rows=3, tags={2: "bad"})
+    first = run_cli("run", job, "--budget", "0", "--runs-dir", utf8 / "runs", cwd=tmp_path)
+    assert first.exit_code == ExitCode.PARTIAL_FAILURE, first.envelope
+    latin1 = tmp_path / os.fsdecode(b"caf\xe9")
+    try:
+        utf8.rename(latin1)
+    except OSError:  # a file system that takes only UTF-8 names (macOS)
+        pytest.skip("this file system refuses a name that is not UTF-8")
+    return latin1 / "runs", str(first.data["run_id"])
+
+
+@pytest.mark.target_plan({"rules": [tag_rule("bad", status=422)]})
+def test_a_run_whose_directory_became_not_utf8_is_not_continued(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    # A run made under a UTF-8 name whose directory was renamed since: retry-failed would make a run
+    # beside it and resume would write in it, recording paths no JSON can hold.
+    runs, run_id = _run_then_rename(tmp_path, target)
+    target.reset()
+    env = cli_env(BULKRELAY_RUNS_DIR=str(runs))
+    for command in ("retry-failed", "resume"):
+        result = run_cli(command, "latest", "--budget", "0", cwd=tmp_path, env=env)
+        _refused(result, f"{tmp_path}/caf\\xe9/runs/{run_id}", "run directory")
+    assert target.stats()["requests"] == 0
+    assert [p.name for p in runs.iterdir() if not p.name.startswith(".")] == [run_id]
+
+
+@pytest.mark.target_plan({"rules": [tag_rule("bad", status=422)]})
+def test_the_readers_of_a_run_whose_directory_is_not_utf8_answer(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    # Reading records nothing new: each answers, from inside the directory too; `report` once ended
+    # in a traceback encoding its page, which names the run's directory (now as \\xe9, for people).
+    runs, run_id = _run_then_rename(tmp_path, target)
+    shown = f"{tmp_path}/caf\\xe9/runs/{run_id}"
+    for args in (("status", "latest"), ("runs",), ("failures", "latest"), ("export", "latest", "--failed")):
+        result = run_cli(*args, cwd=runs.parent, env=cli_env(BULKRELAY_RUNS_DIR="runs"))
+        assert result.exit_code == ExitCode.SUCCESS, (args, result.envelope)
+    written = run_cli("report", "latest", cwd=runs.parent, env=cli_env(BULKRELAY_RUNS_DIR="runs"))
+    assert written.exit_code == ExitCode.SUCCESS, written.envelope
+    assert written.data["run_dir"] == shown  # the envelope shows it as the page does
+    assert shown in (runs / run_id / "report.html").read_text()
