@@ -430,7 +430,8 @@ def _refuse_undecodable(argv: Sequence[str]) -> None:
             raise UsageError(
                 f"argument '{shown}' is not valid UTF-8",
                 context={"argument": shown},
-                suggestion="rename it to a UTF-8 name, or pass it through a link that has one",
+                suggestion="rename the file or directory to a UTF-8 name (a link to it does not help: a run"
+                " records the path the link leads to)",
             )
 
 
