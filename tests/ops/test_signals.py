@@ -147,6 +147,21 @@ main()
 """
 
 
+def _run_program(tmp_path: Path, source: str, *args: Path) -> subprocess.CompletedProcess[bytes]:
+    """`source` run as a program of its own in `tmp_path` (the CLI with a step changed), to its end."""
+    program = tmp_path / "program.py"
+    program.write_text(source)
+    return subprocess.run(
+        [sys.executable, str(program), *map(str, args)],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=HANG_S,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(
     ("signum", "code", "exit_code"),
     [(signal.SIGTERM, "TERMINATED", ExitCode.SIGTERM), (signal.SIGINT, "INTERRUPTED", ExitCode.SIGINT)],
@@ -158,17 +173,7 @@ def test_a_signal_while_the_relay_starts_gets_its_envelope(
     client being built) is raised there by the CLI's handler, and the task group wraps it: it still
     reaches the CLI as itself, not as a traceback and exit 1."""
     job = write_job(tmp_path, "http://127.0.0.1:9", rows=3)  # nothing is sent: the signal comes first
-    program = tmp_path / "program.py"
-    program.write_text(RELAY_START_PROGRAM.format(signal=signum.name))
-    proc = subprocess.run(
-        [sys.executable, str(program), str(job), str(tmp_path / "runs")],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=HANG_S,
-        check=False,
-    )
+    proc = _run_program(tmp_path, RELAY_START_PROGRAM.format(signal=signum.name), job, tmp_path / "runs")
     stderr = proc.stderr.decode(errors="replace")
     assert proc.returncode == exit_code, stderr
     envelope = orjson.loads(proc.stdout)
@@ -202,17 +207,7 @@ def test_a_sigterm_python_wraps_in_another_error_still_answers_143(tmp_path: Pat
     """Python 3.11 wraps an exception raised in `__set_name__` in a RuntimeError: a SIGTERM landing there
     during start-up's imports (1 of 200 kills at random moments) became GENERAL_ERROR, exit 1."""
     job = write_job(tmp_path, "http://127.0.0.1:9", rows=3)
-    program = tmp_path / "program.py"
-    program.write_text(WRAPPED_PROGRAM)
-    proc = subprocess.run(
-        [sys.executable, str(program), str(job)],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=HANG_S,
-        check=False,
-    )
+    proc = _run_program(tmp_path, WRAPPED_PROGRAM, job)
     envelope = orjson.loads(proc.stdout)
     assert proc.returncode == ExitCode.SIGTERM, envelope
     assert envelope["error"]["code"] == "TERMINATED"
