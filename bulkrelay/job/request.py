@@ -709,11 +709,18 @@ def _to_integer(name: str, value: Any) -> int:
             return value
         raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
     if type(value) is str and _INTEGER.fullmatch(text := value.strip()):
-        number = int(text)
+        sign, digits = ("-" if text[0] == "-" else ""), text.lstrip("+-").lstrip("0") or "0"
+        if len(digits) > 19:  # past the range; and int() refuses over 4,300 digits, zeros in front too
+            raise RenderError(name, f"{_shown(value)} is out of the signed 64-bit integer range")
+        number = int(sign + digits)
         if number in INT64_RANGE:
             return number
         raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
     raise RenderError(name, f"{value!r} is not an integer")
+
+
+def _shown(value: str) -> str:
+    return repr(value) if len(value) <= 40 else repr(f"{value[:37]}...")
 
 
 def _to_number(name: str, value: Any) -> int | float:
