@@ -20,6 +20,7 @@ import orjson
 
 from bulkrelay.errors import SecretInvalid
 from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
+from bulkrelay.job.inputs.jsonl import integer_beyond_64_bits
 from bulkrelay.job.oauth2 import TokenRequest, bind_token_request, oauth2_secret_names
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.redact import Redactor, basic_credentials
@@ -753,9 +754,12 @@ def _to_json(name: str, value: Any) -> Any:
     if type(value) is not str:
         return value
     try:
-        return orjson.loads(value)
+        parsed = orjson.loads(value)
     except orjson.JSONDecodeError:
         raise RenderError(name, f"{value!r} is not valid JSON") from None
+    if (shown := integer_beyond_64_bits(value)) is not None:  # orjson made it a float: never sent rounded
+        raise RenderError(name, f"holds the integer {shown}, outside the 64-bit range (send it as a string)")
+    return parsed
 
 
 def _to_string(name: str, value: Any) -> str:
