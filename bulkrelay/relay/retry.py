@@ -208,7 +208,7 @@ def parse_retry_after(value: str, now: datetime | None = None) -> float | None:
 def _seconds_until_http_date(text: str, now: datetime | None) -> float | None:
     try:
         when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # an offset past a C int: OverflowError
         return None
     if when.tzinfo is None:  # "-0000" dates parse naive; HTTP dates are GMT
         when = when.replace(tzinfo=UTC)

@@ -183,6 +183,8 @@ _NOW = datetime(2026, 10, 2, 19, 0, 0, tzinfo=UTC)
         ("1e3", None),
         ("nan", None),
         ("10 seconds", None),
+        ("Fri, 02 Oct 2026 19:00:30 +99999999999999999999", None),  # an offset past a C int: OverflowError
+        ("Fri, 02 Oct 2026 19:00:30 +2400", None),
     ],
 )
 def test_parse_retry_after(value: str, seconds: float | None) -> None:
