@@ -53,6 +53,7 @@ DEFAULT_INITIAL_BACKOFF_SECONDS = 1.0
 DEFAULT_MAX_BACKOFF_SECONDS = 30.0
 DEFAULT_JITTER_RATIO = 0.2
 DEFAULT_RESPECT_RETRY_AFTER = True
+DEFAULT_MAX_RETRY_AFTER_SECONDS = 300.0
 DEFAULT_HALT_STATUSES = (401, 403)
 MAX_BODY_BYTES = 1 << 20  # the most of a response body the transport reads; a failure body is cut from it
 DEFAULT_CLIENT: Literal["reqwest", "httpx"] = "reqwest"
@@ -801,7 +802,7 @@ class RetryConfig(_Model):
     respect_retry_after: bool = DEFAULT_RESPECT_RETRY_AFTER
     # The longest pause a Retry-After or a quota reset may impose; a target asking for a day gets this.
     # Timing only, like the Retry-After it caps: left out of the fingerprint (`config_semantic_dict`).
-    max_retry_after_seconds: Seconds = 300.0
+    max_retry_after_seconds: Seconds = DEFAULT_MAX_RETRY_AFTER_SECONDS
 
     @model_validator(mode="after")
     def _backoff_order(self) -> RetryConfig:

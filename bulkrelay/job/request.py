@@ -20,6 +20,7 @@ import orjson
 
 from bulkrelay.errors import SecretInvalid
 from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
+from bulkrelay.job.inputs.jsonl import integer_beyond_64_bits
 from bulkrelay.job.oauth2 import TokenRequest, bind_token_request, oauth2_secret_names
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.redact import Redactor, basic_credentials
@@ -709,11 +710,18 @@ def _to_integer(name: str, value: Any) -> int:
             return value
         raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
     if type(value) is str and _INTEGER.fullmatch(text := value.strip()):
-        number = int(text)
+        sign, digits = ("-" if text[0] == "-" else ""), text.lstrip("+-").lstrip("0") or "0"
+        if len(digits) > 19:  # past the range; and int() refuses over 4,300 digits, zeros in front too
+            raise RenderError(name, f"{_shown(value)} is out of the signed 64-bit integer range")
+        number = int(sign + digits)
         if number in INT64_RANGE:
             return number
         raise RenderError(name, f"{value!r} is out of the signed 64-bit integer range")
     raise RenderError(name, f"{value!r} is not an integer")
+
+
+def _shown(value: str) -> str:
+    return repr(value) if len(value) <= 40 else repr(f"{value[:37]}...")
 
 
 def _to_number(name: str, value: Any) -> int | float:
@@ -746,9 +754,12 @@ def _to_json(name: str, value: Any) -> Any:
     if type(value) is not str:
         return value
     try:
-        return orjson.loads(value)
+        parsed = orjson.loads(value)
     except orjson.JSONDecodeError:
         raise RenderError(name, f"{value!r} is not valid JSON") from None
+    if (shown := integer_beyond_64_bits(value)) is not None:  # orjson made it a float: never sent rounded
+        raise RenderError(name, f"holds the integer {shown}, outside the 64-bit range (send it as a string)")
+    return parsed
 
 
 def _to_string(name: str, value: Any) -> str:

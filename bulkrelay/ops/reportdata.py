@@ -214,7 +214,9 @@ class Timeline:
     calls: list[Call] = field(default_factory=list)
     limits: dict[str, Any] | None = None
     transport: dict[str, Any] | None = None
-    pause_seconds: float = 0.0
+    pauses: int = 0  # 429 pauses, overlapping ones counted once (the rows in flight answered together)
+    pause_seconds: float = 0.0  # the time their union held every start
+    pause_end: float = -math.inf
     unreadable_lines: int = 0
     relayed: bool = False  # a preflight_done seen: a later call's start is a resume
 
@@ -236,6 +238,15 @@ class Timeline:
             if len(pairs) % 2:
                 merged.append(pairs[-1])
             self.intervals = merged
+
+    def add_pause(self, at: float, seconds: float) -> None:
+        """A 429 pause of `seconds` from `at`: a new pause, or part of the one in force."""
+        if at >= self.pause_end:
+            self.pauses += 1
+            self.pause_seconds += seconds
+        else:
+            self.pause_seconds += max(0.0, at + seconds - self.pause_end)
+        self.pause_end = max(self.pause_end, at + seconds)
 
     def mark(self, mark: Mark) -> None:
         self.mark_counts[mark.kind] += 1
@@ -306,7 +317,7 @@ def _read_event(timeline: Timeline, line: dict[str, Any]) -> None:
         timeline.transport = _mapping(line.get("transport")) or timeline.transport
     elif event == "pause_429":
         seconds = _number(line.get("seconds")) or 0.0
-        timeline.pause_seconds += seconds
+        timeline.add_pause(at, seconds)
         timeline.mark(Mark("pause", at, f"429 pause {seconds:g}s", seconds))
     elif event in ("halt", "stop_requested"):
         timeline.mark(Mark(str(event), at, str(line.get("reason", event))))

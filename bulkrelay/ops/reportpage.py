@@ -281,7 +281,7 @@ def _per_second(interval: Interval, count: float) -> float:
 
 def _mark_counts(timeline: Timeline) -> str:
     counts = timeline.mark_counts
-    pause = f"{counts['pause']} 429 pauses ({timeline.pause_seconds:g} s in all)"
+    pause = f"{timeline.pauses} 429 pauses ({round(timeline.pause_seconds, 3):g} s in all)"
     text = f"{pause}, {counts['halt']} halts, {counts['stop']} stops, {counts['resume']} resumes"
     return f'<p class="note" id="events">{escape(text)}</p>'
 

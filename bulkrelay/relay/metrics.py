@@ -13,6 +13,7 @@ The label is not `job`: Prometheus gives that name to the scrape job and would r
 
 from __future__ import annotations
 
+import math
 import time
 from bisect import bisect_left
 from collections import Counter
@@ -69,6 +70,7 @@ class RelayStats:
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)  # per bucket, the last one is +Inf
         self.latency_sum = 0.0
         self._pause_listeners: list[Callable[[float], None]] = []
+        self._pause_end = -math.inf  # when the pause in force ends (monotonic)
 
     def on_attempt(self, status: int | None, latency_seconds: float) -> None:
         hundreds = -1 if status is None else status // 100  # status_class(), inline: once an attempt
@@ -80,10 +82,17 @@ class RelayStats:
     def on_retry(self) -> None:
         self.retries += 1
 
-    def on_pause(self, seconds: float) -> None:
-        """A 429 with Retry-After paused every start for `seconds`."""
-        self.pauses += 1
-        self.pause_seconds += seconds
+    def on_pause(self, seconds: float, at: float) -> None:
+        """A 429 with Retry-After paused every start for `seconds` from `at` (monotonic). Pauses that
+        overlap are one pause of their union: the rows in flight answered 429 together hold the starts
+        once, so `pauses` counts the spells and `pause_seconds` the time starts were held."""
+        end = at + seconds
+        if at >= self._pause_end:
+            self.pauses += 1
+            self.pause_seconds += seconds
+        else:
+            self.pause_seconds += max(0.0, end - self._pause_end)
+        self._pause_end = max(self._pause_end, end)
         for listener in self._pause_listeners:
             listener(seconds)
 
@@ -256,10 +265,10 @@ class MetricsFile:
             ("bulkrelay_retries", "Retried attempts.", stats.retries),
             (
                 "bulkrelay_rate_limit_pauses",
-                "429 answers whose Retry-After paused every start.",
+                "Pauses of every start on a 429's Retry-After (overlapping ones count once).",
                 stats.pauses,
             ),
-            ("bulkrelay_rate_limit_pause_seconds", "Seconds of those pauses.", stats.pause_seconds),
+            ("bulkrelay_rate_limit_pause_seconds", "Seconds they held every start.", stats.pause_seconds),
         ):
             counter = CounterMetricFamily(name, text, labels=names)
             counter.add_metric(labels, value)

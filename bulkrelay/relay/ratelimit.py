@@ -286,7 +286,8 @@ class RateLimiter:
     def pause_until(self, monotonic_deadline: float) -> None:
         """Hold every start until `monotonic_deadline` (in this limiter's clock)."""
         # A timer already armed fires early, finds the head paused and re-arms for the deadline.
-        if monotonic_deadline > self._schedule.paused_until:
+        # Pauses that overlap (the rows in flight answered 429 together) are one pause, longer.
+        if monotonic_deadline > self._schedule.paused_until and self._clock() >= self._schedule.paused_until:
             self.pauses += 1
         self._schedule.pause_until(monotonic_deadline)
 

@@ -19,7 +19,8 @@ errors are always retryable (delivery is at-least-once: a timed-out request may 
 which idempotency keys make harmless). Attempt n (from 1) failing retryably is retried while
 n < max_attempts, after `min(max_backoff, initial * 2**(n-1))`, then scaled by a uniform jitter in
 [1 - jitter_ratio, 1 + jitter_ratio] (so a jittered delay may exceed max_backoff by that ratio), and never
-shorter than the response's Retry-After when `respect_retry_after` is on.
+shorter than the response's Retry-After when `respect_retry_after` is on (that, at most
+`max_retry_after_seconds`: for rows, batches and the OAuth2 token endpoint alike).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from bulkrelay.job.config import (
     DEFAULT_JITTER_RATIO,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_BACKOFF_SECONDS,
+    DEFAULT_MAX_RETRY_AFTER_SECONDS,
     DEFAULT_RESPECT_RETRY_AFTER,
     DEFAULT_RETRY_STATUSES,
 )
@@ -91,6 +93,7 @@ class RetryPolicy:
     max_backoff_seconds: float = DEFAULT_MAX_BACKOFF_SECONDS
     jitter_ratio: float = DEFAULT_JITTER_RATIO
     respect_retry_after: bool = DEFAULT_RESPECT_RETRY_AFTER
+    max_retry_after_seconds: float = DEFAULT_MAX_RETRY_AFTER_SECONDS  # caps what a Retry-After may ask
     success_statuses: Collection[int] | None = None  # None: any 2xx
     halt_statuses: Collection[int] = DEFAULT_HALT_STATUSES
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
@@ -120,6 +123,7 @@ class RetryPolicy:
             max_backoff_seconds=retry.max_backoff_seconds,
             jitter_ratio=retry.jitter_ratio,
             respect_retry_after=retry.respect_retry_after,
+            max_retry_after_seconds=retry.max_retry_after_seconds,
             success_statuses=response.success_statuses,
             halt_statuses=halt.on_statuses,
             rng=rng if rng is not None else random.Random(),
@@ -188,7 +192,7 @@ class RetryPolicy:
         jitter = self.rng.uniform(-self.jitter_ratio, self.jitter_ratio) if self.jitter_ratio else 0.0
         seconds = max(0.0, base * (1.0 + jitter))
         if self.respect_retry_after and retry_after is not None:
-            seconds = max(seconds, retry_after)
+            seconds = max(seconds, min(retry_after, self.max_retry_after_seconds))
         return seconds
 
 
@@ -208,7 +212,7 @@ def parse_retry_after(value: str, now: datetime | None = None) -> float | None:
 def _seconds_until_http_date(text: str, now: datetime | None) -> float | None:
     try:
         when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # an offset past a C int: OverflowError
         return None
     if when.tzinfo is None:  # "-0000" dates parse naive; HTTP dates are GMT
         when = when.replace(tzinfo=UTC)

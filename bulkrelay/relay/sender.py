@@ -185,8 +185,9 @@ class RowSender:
         if response.status == 429:
             self._limiter.rate_limited()  # AIMD: repeated 429s lower the rate
             if retry_after is not None:
-                self._limiter.pause_until(time.monotonic() + retry_after)
-                self._stats.on_pause(retry_after)
+                now = time.monotonic()
+                self._limiter.pause_until(now + retry_after)
+                self._stats.on_pause(retry_after, now)
         if self._respect_retry_after:
             reset = quota_exhausted_for(response.headers)  # nothing remains: wait for the reset
             if reset is not None:

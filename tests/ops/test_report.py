@@ -517,6 +517,21 @@ def test_the_timeline_marks_halts_and_keeps_its_series_bounded_and_whole(tmp_pat
     assert timeline.calls[0].exit_code == 12 and timeline.calls[0].error_code == "TARGET_UNAVAILABLE"
 
 
+def test_pauses_that_overlap_count_once_in_the_events_line(tmp_path: Path) -> None:
+    # Eight rows in flight answered 429 with Retry-After: 2 together: one pause of about 2 s, not
+    # "8 429 pauses (16 s in all)"; a later pause that runs past the first adds only what it adds.
+    start = 1_790_000_000.0
+    lines = [_log_line(start, "start", command="run"), _log_line(start + 0.5, "preflight_done")]
+    lines += [_log_line(start + 1 + i / 1000, "pause_429", seconds=2.0) for i in range(8)]
+    lines += [_log_line(start + 2.5, "pause_429", seconds=2.0)]  # runs 1.493 s past the first
+    lines += [_log_line(start + 10, "pause_429", seconds=1.0)]  # a pause of its own
+    (tmp_path / "run.log").write_bytes(b"".join(lines))
+    timeline = read_timeline(tmp_path)
+    assert timeline.pauses == 2
+    assert timeline.pause_seconds == pytest.approx(2.0 + 0.007 + 1.493 + 1.0)
+    assert timeline.mark_counts["pause"] == 10  # each is still drawn where it came
+
+
 @pytest.mark.slow
 def test_run_with_report_writes_it_after_the_call_ended(tmp_path: Path) -> None:
     with TargetProcess() as target:

@@ -112,7 +112,7 @@ def test_checkpoints_are_logged_every_interval_and_a_stop_request_when_it_comes(
     for seconds, done in ((4, 2), (7, 4), (10.5, 6), (19, 8), (21, 9)):
         now[0] = 500.0 + seconds
         log.progressed(Snapshot(total=10, done=done, ok=done, failed=0))
-    stats.on_pause(2.5)
+    stats.on_pause(2.5, 0.0)
     log.stop_requested(StopReason.TIMEOUT, {})
     log.close()
     lines = read_log(run.path / RUN_LOG)
@@ -144,7 +144,7 @@ def test_interval_lines_count_what_happened_since_the_last_and_the_end_flushes_t
     for status in (200, 200, 503, 429):
         stats.on_attempt(status, 0.01)
     stats.on_retry()
-    stats.on_pause(1.5)
+    stats.on_pause(1.5, 0.0)
     now[0] = 101.0
     log.progressed(Snapshot(total=10, done=4, ok=4, failed=0, pace=pace))  # not yet due
     now[0] = 102.5

@@ -171,6 +171,22 @@ async def test_503_and_transport_errors_are_retried_then_the_run_halts_unavailab
 
 
 @pytest.mark.anyio
+async def test_a_token_endpoints_retry_after_is_capped_by_max_retry_after_seconds() -> None:
+    # A 503 asking for a day held the run (or --check-auth) that day: the cap held only for rows.
+    answers = [Response(503, CIMultiDictProxy(CIMultiDict({"Retry-After": "86400"})), b"{}")]
+    answers.append(Response(200, _HEADERS, orjson.dumps(_issued(1)[1])))
+
+    async def answer(request: PreparedRequest) -> Response:
+        return answers.pop(0)
+
+    policy = RetryPolicy(initial_backoff_seconds=0.01, jitter_ratio=0, max_retry_after_seconds=0.01)
+    assert policy.delay(1, 86400.0) == 0.01
+    with anyio.fail_after(60):  # far beyond the cap, far short of the day asked for
+        outcome = await fetch_token(_request(), MockTransport(answer), policy, Redactor([SECRET]))
+    assert isinstance(outcome, Token) and outcome.value == "tok-1"
+
+
+@pytest.mark.anyio
 async def test_an_answer_without_a_bearer_token_is_a_refusal() -> None:
     for answer in [(200, {"token_type": "Bearer"}), (200, {"access_token": "x", "token_type": "mac"})]:
         outcome = await fetch_token(_request(), _TokenEndpoint(answer), _NO_WAIT, Redactor([SECRET]))

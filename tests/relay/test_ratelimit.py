@@ -135,6 +135,18 @@ async def test_no_one_second_window_exceeds_the_rate(rate: int, workers: int) ->
     assert most_in_window(starts, 1.0) <= rate
 
 
+def test_pauses_that_overlap_are_one_pause_in_the_limiters_state() -> None:
+    now = [100.0]
+    limiter = RateLimiter(10, clock=lambda: now[0])
+    for i in range(8):  # the rows in flight answered 429 with Retry-After: 2 together
+        now[0] = 100.0 + i / 1000
+        limiter.pause_until(now[0] + 2.0)
+    assert limiter.state().pauses == 1
+    now[0] = 105.0
+    limiter.pause_until(107.0)
+    assert limiter.state().pauses == 2
+
+
 @pytest.mark.anyio
 async def test_pause_until_holds_every_waiter() -> None:
     limiter = RateLimiter(None)

@@ -32,6 +32,20 @@ def test_requests_are_counted_by_status_class() -> None:
     assert [status_class(s) for s in (100, 302, 599, 1000)] == ["1xx", "3xx", "5xx", "10xx"]
 
 
+def test_pauses_that_overlap_count_once_with_the_seconds_they_held_starts() -> None:
+    stats = RelayStats()
+    seen: list[float] = []
+    stats.on_pauses(seen.append)
+    for i in range(8):  # the rows in flight answered 429 with Retry-After: 2 together
+        stats.on_pause(2.0, 100.0 + i / 1000)
+    assert stats.pauses == 1 and stats.pause_seconds == pytest.approx(2.007)
+    stats.on_pause(1.0, 101.0)  # inside the pause in force: holds nothing more
+    assert stats.pauses == 1 and stats.pause_seconds == pytest.approx(2.007)
+    stats.on_pause(2.0, 110.0)
+    assert stats.pauses == 2 and stats.pause_seconds == pytest.approx(4.007)
+    assert seen == [2.0] * 8 + [1.0, 2.0]  # the run log still has each 429's line
+
+
 def test_a_run_without_a_metrics_file_does_not_load_prometheus_client() -> None:
     """Its import is about a tenth of a second of every process; only MetricsFile needs it."""
     code = (

@@ -183,6 +183,8 @@ _NOW = datetime(2026, 10, 2, 19, 0, 0, tzinfo=UTC)
         ("1e3", None),
         ("nan", None),
         ("10 seconds", None),
+        ("Fri, 02 Oct 2026 19:00:30 +99999999999999999999", None),  # an offset past a C int: OverflowError
+        ("Fri, 02 Oct 2026 19:00:30 +2400", None),
     ],
 )
 def test_parse_retry_after(value: str, seconds: float | None) -> None:
@@ -219,3 +221,11 @@ def test_a_decision_says_whether_the_row_succeeded() -> None:
     assert counts_as_success("success") and not counts_as_success("http_unexpected")
     default = RetryPolicy.from_config(RetryConfig(), ResponseConfig(), HaltConfig())
     assert default.is_success(204) and default.is_success(299) and not default.is_success(301)
+
+
+def test_a_retry_after_waits_at_most_max_retry_after_seconds() -> None:
+    assert _policy(max_retry_after_seconds=5.0).delay(1, retry_after=86400.0) == 5.0
+    assert _policy(max_retry_after_seconds=5.0).delay(1, retry_after=float("inf")) == 5.0
+    assert _policy(max_retry_after_seconds=5.0).delay(1, retry_after=3.0) == 3.0
+    policy = RetryPolicy.from_config(RetryConfig(max_retry_after_seconds=7), ResponseConfig(), HaltConfig())
+    assert policy.delay(1, retry_after=86400.0) == 7.0

@@ -74,25 +74,11 @@ class JsonlReader:
 
     def _integer_out_of_range(self, raw: bytes, line: int) -> Problem | None:
         """The problem of a line holding an integer that orjson would have read as a float."""
-        if _LONG_RUN not in raw.translate(_DIGITS_AS_ZEROS):
+        shown = integer_beyond_64_bits(raw)
+        if shown is None:
             return None
-        low, high = _INTEGER_RANGE
-
-        def checked(text: str) -> int:
-            number = int(text)
-            if not low <= number <= high:
-                raise _OutOfRange(text)
-            return number
-
-        try:
-            json.loads(raw, parse_int=checked)
-        except _OutOfRange as exc:
-            shown = exc.text if len(exc.text) <= 40 else f"{exc.text[:37]}..."
-            message = f"the integer {shown} is outside the 64-bit range (send it as a string)"
-            return Problem(message, file=self._file, line=line, row=line)
-        except ValueError:  # stricter than orjson somewhere: orjson's reading stands
-            return None
-        return None
+        message = f"the integer {shown} is outside the 64-bit range (send it as a string)"
+        return Problem(message, file=self._file, line=line, row=line)
 
     def _not_an_object(self, value: object, line: int) -> Problem:
         kind = "null" if value is None else _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
@@ -104,3 +90,28 @@ class JsonlReader:
         if not raw.strip():
             return Problem("blank line", file=self._file, line=line, row=line)
         return Problem(f"invalid JSON: {exc.msg} at column {exc.colno}", file=self._file, line=line, row=line)
+
+
+def integer_beyond_64_bits(text: bytes | str) -> str | None:
+    """The first integer of the JSON `text` that orjson reads as a float (shortened to 40 characters), or
+    None: a JSON Lines line, or a `type: json` value, is checked before its value is taken."""
+    raw = text.encode() if isinstance(text, str) else text
+    if _LONG_RUN not in raw.translate(_DIGITS_AS_ZEROS):
+        return None
+    low, high = _INTEGER_RANGE
+
+    def checked(digits: str) -> int:
+        if len(digits.lstrip("-")) > 20:  # past the range (JSON has no leading zeros); int() stops at 4,300
+            raise _OutOfRange(digits)
+        number = int(digits)
+        if not low <= number <= high:
+            raise _OutOfRange(digits)
+        return number
+
+    try:
+        json.loads(raw, parse_int=checked)
+    except _OutOfRange as exc:
+        return exc.text if len(exc.text) <= 40 else f"{exc.text[:37]}..."
+    except ValueError:  # stricter than orjson somewhere: orjson's reading stands
+        return None
+    return None
