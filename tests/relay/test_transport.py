@@ -535,6 +535,24 @@ async def test_compressed_answers_are_decoded_only_when_asked(decompress: bool) 
         assert gzip.decompress(response.body) == b'{"id":"zipped"}'
 
 
+async def _answer_bad_gzip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 10\r\n\r\nnot gzip!!")
+    await writer.drain()
+
+
+async def test_an_answer_that_does_not_decode_is_protocol_failed() -> None:
+    """A body that says gzip and is not: a bad response like any other, on both clients (httpx raises
+    its DecodingError, which is not one of its TransportErrors)."""
+    transport = open_transport(_settings(decompress=True))
+    async with _raw_server(_answer_bad_gzip) as url:
+        with pytest.raises(ProtocolFailed) as caught:
+            await transport.send(_post(url + "secret-path", b"{}", ("Accept-Encoding", "gzip")))
+    await transport.aclose()
+    assert caught.value.message.startswith("bad response: ")
+    assert "secret-path" not in caught.value.message
+
+
 async def test_concurrency_must_be_positive() -> None:
     with pytest.raises(UsageError):
         open_transport(_settings(concurrency=0))

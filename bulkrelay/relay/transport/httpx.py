@@ -65,6 +65,8 @@ class HttpxTransport:
                     await streamed.aclose()
         except httpx.TransportError as exc:
             raise _translate(exc, request.url) from None
+        except httpx.DecodingError as exc:  # a body that fails to decode; not an httpx.TransportError
+            raise ProtocolFailed(f"bad response: {_cause(exc)}") from None
         except TimeoutError:  # the deadline on the whole exchange; httpx's own timeouts are TransportErrors
             raise RequestTimeout(
                 f"read timeout: the whole exchange took longer than {self._deadline:g} s", phase="read"
