@@ -11,6 +11,8 @@ import contextlib
 import gzip
 import socket
 import ssl
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -551,6 +553,38 @@ async def test_an_answer_that_does_not_decode_is_protocol_failed() -> None:
     await transport.aclose()
     assert caught.value.message.startswith("bad response: ")
     assert "secret-path" not in caught.value.message
+
+
+def _gzip_bomb(size: int) -> bytes:
+    """`size` zero bytes, gzipped: about a thousandth of that on the wire."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    zeros = bytes(1 << 20)
+    return b"".join(packer.compress(zeros) for _ in range(size >> 20)) + packer.flush()
+
+
+async def test_a_small_answer_that_inflates_hugely_is_cut_without_inflating_it_whole() -> None:
+    """256 MiB of zeros in 256 KiB of gzip: what the Python side holds stays near max_body_bytes
+    (httpx once decoded each 64 KiB it read at once, some 64 MiB). reqwest decodes in Rust, in pieces."""
+    bomb = _gzip_bomb(256 << 20)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(bomb)}\r\n\r\n"
+        writer.write(head.encode() + bomb)
+        await writer.drain()
+
+    transport = open_transport(_settings(decompress=True, max_body_bytes=64 * 1024))
+    async with _raw_server(answer) as url:
+        tracemalloc.start()
+        try:
+            response = await transport.send(_post(url, b"{}", ("Accept-Encoding", "gzip")))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    await transport.aclose()
+    assert response.truncated
+    assert response.body == bytes(64 * 1024)
+    assert peak < 8 << 20
 
 
 async def test_concurrency_must_be_positive() -> None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
@@ -65,8 +66,6 @@ class HttpxTransport:
                     await streamed.aclose()
         except httpx.TransportError as exc:
             raise _translate(exc, request.url) from None
-        except httpx.DecodingError as exc:  # a body that fails to decode; not an httpx.TransportError
-            raise ProtocolFailed(f"bad response: {_cause(exc)}") from None
         except TimeoutError:  # the deadline on the whole exchange; httpx's own timeouts are TransportErrors
             raise RequestTimeout(
                 f"read timeout: the whole exchange took longer than {self._deadline:g} s", phase="read"
@@ -76,18 +75,60 @@ class HttpxTransport:
     async def _read_bounded(self, response: httpx.Response) -> tuple[bytes, bool]:
         """The body, at most max_body_bytes of it, decoded only when the job sent Accept-Encoding."""
         limit = self._settings.max_body_bytes
-        chunks = response.aiter_bytes() if self._settings.decompress else response.aiter_raw()
+        inflater = _Inflater.for_answer(response.headers) if self._settings.decompress else None
         parts: list[bytes] = []
         size = 0
-        async for chunk in chunks:
-            parts.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                return b"".join(parts)[:limit], True
+        async for raw in response.aiter_raw():
+            pieces = (raw,) if inflater is None else inflater.pieces(raw, limit + 1 - size)
+            for piece in pieces:
+                parts.append(piece)
+                size += len(piece)
+                if size > limit:
+                    return b"".join(parts)[:limit], True
         return b"".join(parts), False
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+# The codings decoded here, with zlib's window bits for each (gzip's header, deflate's zlib header).
+_ZLIB_CODINGS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
+
+
+class _Inflater:
+    """gzip or deflate, decoded at most `most` bytes at a time.
+
+    httpx's own decoders inflate each piece read (up to 64 KiB) whole, and gzip inflates a thousandfold:
+    some 64 MiB for an answer cut at 1 MiB. Here nothing is inflated beyond what the cut keeps.
+    Like httpx, "deflate" is tried with zlib's header, then as a raw stream. Other codings (br, zstd,
+    several codings stacked) are not decoded: the body is kept as it came (docs/transport.md).
+    """
+
+    def __init__(self, coding: str) -> None:
+        self._raw_deflate_allowed = coding == "deflate"
+        self._zlib = zlib.decompressobj(_ZLIB_CODINGS[coding])
+
+    @classmethod
+    def for_answer(cls, headers: httpx.Headers) -> _Inflater | None:
+        codings = [value.strip().lower() for value in headers.get_list("content-encoding", split_commas=True)]
+        codings = [coding for coding in codings if coding not in ("", "identity")]
+        if len(codings) == 1 and codings[0] in _ZLIB_CODINGS:
+            return cls(codings[0])
+        return None
+
+    def pieces(self, data: bytes, most: int) -> Iterator[bytes]:
+        while data:
+            try:
+                piece = self._zlib.decompress(data, most)
+            except zlib.error as exc:
+                if self._raw_deflate_allowed:  # the first bytes were no zlib header: a raw deflate stream
+                    self._raw_deflate_allowed = False
+                    self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+                    continue
+                raise ProtocolFailed(f"bad response: {exc}") from None
+            self._raw_deflate_allowed = False
+            data = self._zlib.unconsumed_tail
+            yield piece
 
 
 def _sendable(url: httpx.URL) -> bool:
