@@ -517,6 +517,26 @@ async def test_http2_against_an_http1_only_target_is_a_protocol_error() -> None:
         assert target.state.stats()["requests"] == 0
 
 
+async def _answer_a_broken_http2_frame(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Takes what the client sends (its preface, then the request), then answers with a SETTINGS frame and
+    a DATA frame on stream 0, which HTTP/2 forbids (a connection error)."""
+    await reader.read(65536)
+    writer.write(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x02\x00\x00\x00\x00\x00\x00ab")
+    await writer.drain()
+
+
+async def test_a_malformed_http2_answer_is_a_protocol_error_not_an_unsent_request() -> None:
+    """The request may have gone out: httpx (httpcore) raises the LocalProtocolError it uses for a
+    request h11 refused to write, which must not be read as "not sent" over HTTP/2."""
+    transport = open_transport(_settings(http2=True))
+    async with _raw_server(_answer_a_broken_http2_frame) as url:
+        with pytest.raises(ProtocolFailed) as caught:
+            await transport.send(_post(url + "secret-path"))
+    await transport.aclose()
+    assert caught.value.classification == "protocol_error"
+    assert "secret-path" not in caught.value.message
+
+
 async def _answer_gzip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await reader.readuntil(b"\r\n\r\n")
     body = gzip.compress(b'{"id":"zipped"}')

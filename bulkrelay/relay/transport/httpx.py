@@ -200,8 +200,7 @@ def _translate(exc: httpx.TransportError, url: str) -> TransportError:
         return RequestTimeout("read timeout: no answer from the target in time", phase="read")
     if isinstance(exc, httpx.ConnectError | httpx.ProxyError):
         return ConnectFailed(f"cannot connect to {host_port(url)}: {_cause(exc)}")
-    if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
-        # LocalProtocolError: h11 refused to write the request (a header it cannot send), before any byte
+    if isinstance(exc, httpx.UnsupportedProtocol) or _refused_by_h11(exc):
         return invalid_request()
     if isinstance(exc, httpx.RemoteProtocolError) and "disconnected without sending a response" not in str(
         exc
@@ -210,15 +209,29 @@ def _translate(exc: httpx.TransportError, url: str) -> TransportError:
     return ProtocolFailed(f"connection broken: {_cause(exc)}")
 
 
+def _refused_by_h11(exc: httpx.TransportError) -> bool:
+    """A LocalProtocolError raised by h11, which refuses to write a request it cannot send (a bad header)
+    before any byte of it: nothing went out. Over HTTP/2 httpcore raises the same class for any protocol
+    error of h2's, a malformed frame from the target included, after the request may have gone out."""
+    if not isinstance(exc, httpx.LocalProtocolError):
+        return False
+    return type(_innermost(exc)).__module__.partition(".")[0] == "h11"
+
+
 def _utf8_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     """Values as UTF-8 bytes, as reqwest sends them and preflight accepts them: httpx encodes a str
     value as ASCII and would refuse `Zoë` row by row, as if the target could not be reached."""
     return [(name.encode(), value.encode()) for name, value in headers]
 
 
-def _cause(exc: BaseException) -> str:
-    """The innermost cause ("[Errno 111] Connection refused"), which names no URL."""
+def _innermost(exc: BaseException) -> BaseException:
     while exc.__cause__ is not None or exc.__context__ is not None:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return exc
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost cause ("[Errno 111] Connection refused"), which names no URL."""
+    exc = _innermost(exc)
     text = str(exc)
     return text if text and "://" not in text else type(exc).__name__
