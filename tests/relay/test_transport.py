@@ -707,3 +707,25 @@ async def test_a_client_certificate_is_presented_when_configured(
         await transport.aclose()
     assert (response.status, response.body) == (200, b"ok")
     assert any(peer and "relay-client@example.test" in str(peer) for peer in peers)
+
+
+@pytest.mark.parametrize("fault", ["key of another certificate", "not PEM", "no key"])
+async def test_a_client_certificate_that_does_not_load_is_a_usage_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """Said before any request, the same way by both clients: not "no trusted authority", no traceback."""
+    authority = trustme.CA()
+    authority.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))  # a store to trust, wherever this runs
+    identity = authority.issue_cert("relay-client@example.test")
+    identity.cert_chain_pems[0].write_to_path(str(tmp_path / "client.pem"))
+    key = authority.issue_cert("other@example.test").private_key_pem
+    key.write_to_path(str(tmp_path / "client.key"))
+    certificate = ClientCertificate(tmp_path / "client.pem", tmp_path / "client.key")
+    if fault == "not PEM":
+        (tmp_path / "client.pem").write_text("not a certificate\n")
+    elif fault == "no key":
+        certificate = ClientCertificate(tmp_path / "client.pem")
+    with pytest.raises(UsageError) as caught:
+        open_transport(_settings(client_certificate=certificate))
+    assert "client.pem" in str(caught.value)

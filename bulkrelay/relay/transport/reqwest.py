@@ -31,9 +31,11 @@ from pyreqwest.http import Url
 from pyreqwest.proxy import ProxyBuilder
 from pyreqwest.response import Response as StreamedResponse
 
+from bulkrelay.errors import UsageError
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.transport.base import (
     USER_AGENT,
+    ClientCertificate,
     ConnectFailed,
     ProtocolFailed,
     RequestTimeout,
@@ -112,12 +114,15 @@ def _build_client(settings: TransportSettings) -> Client:
         .tcp_nodelay(True)
     )
     builder = _with_proxy(builder, settings.proxy)
-    if settings.client_certificate is not None:
-        certificate = settings.client_certificate
+    certificate = settings.client_certificate
+    if certificate is not None:
         pem = read_pem(certificate.cert_file)
         if certificate.key_file is not None:
             pem = read_pem(certificate.key_file) + b"\n" + pem
-        builder = builder.identity_pem(pem)
+        try:
+            builder = builder.identity_pem(pem)
+        except ValueError:  # pyreqwest's only word for it: "builder error"
+            raise _unloadable(certificate, "no PEM certificate and private key in it") from None
     # The wire carries what the request says: no Accept-Encoding unless the job sets one, in which case
     # reqwest keeps the job's header and decodes the answer.
     decode = settings.decompress
@@ -126,8 +131,24 @@ def _build_client(settings: TransportSettings) -> Client:
     try:
         return builder.build()
     except rq.BuilderError as exc:
-        # reqwest loads the system's CA store when the client is built and refuses an empty one.
-        raise tls_unavailable(_root_cause(exc)) from None
+        # reqwest loads the system's CA store when the client is built and refuses an empty one; it also
+        # checks the client certificate then (a key that is not the certificate's).
+        cause = _root_cause(exc)
+        if certificate is not None and _NO_AUTHORITY not in cause:
+            raise _unloadable(certificate, cause) from None
+        raise tls_unavailable(cause) from None
+
+
+# rustls-native-certs' text for an empty store: "No CA certificates were loaded from the system".
+_NO_AUTHORITY = "No CA certificates"
+
+
+def _unloadable(certificate: ClientCertificate, reason: str) -> UsageError:
+    """The client certificate could not be used: said as the httpx transport says it."""
+    return UsageError(
+        f"cannot load the client certificate {certificate.cert_file}: {reason}",
+        context={"path": str(certificate.cert_file)},
+    )
 
 
 def _with_proxy(builder: ClientBuilder, proxy: str) -> ClientBuilder:
