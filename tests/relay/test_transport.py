@@ -729,3 +729,25 @@ async def test_a_client_certificate_that_does_not_load_is_a_usage_error_naming_t
     with pytest.raises(UsageError) as caught:
         open_transport(_settings(client_certificate=certificate))
     assert "client.pem" in str(caught.value)
+
+
+async def _answer_non_ascii_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Values in UTF-8, and one in Latin-1."""
+    await reader.readuntil(b"\r\n\r\n")
+    head = "HTTP/1.1 429 Too Many\r\nRetry-After: 5é\r\nRateLimit: remaining=0, reset=ü\r\n".encode()
+    writer.write(head + b"X-Note: caf\xe9\r\nContent-Length: 2\r\n\r\nok")
+    await writer.drain()
+
+
+async def test_header_values_that_are_not_ascii_read_without_raising() -> None:
+    """HTTP allows any byte above 0x7f in a value, and the engine reads Retry-After and RateLimit on
+    every response. pyreqwest refuses such a value as text (even valid UTF-8): it then reads as absent."""
+    transport = open_transport(_settings())
+    async with _raw_server(_answer_non_ascii_headers) as url:
+        response = await transport.send(_post(url))
+    await transport.aclose()
+    assert (response.status, response.body) == (429, b"ok")
+    for name in ("Retry-After", "RateLimit", "X-Note"):
+        value = response.headers.get(name)
+        assert value is None or isinstance(value, str)
+        assert (name in response.headers) == (value is not None)
