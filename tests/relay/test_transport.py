@@ -263,6 +263,13 @@ async def _answer_garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWr
     await writer.drain()
 
 
+async def _answer_switching_protocols(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """101 to a request that asked for no upgrade: HTTP forbids it, and no answer to the request follows."""
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+    await writer.drain()
+
+
 async def _answer_short_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await reader.readuntil(b"\r\n\r\n")
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc")
@@ -276,6 +283,7 @@ async def _answer_short_body(reader: asyncio.StreamReader, writer: asyncio.Strea
         (_close_after_request, "connection broken"),
         (_answer_garbage, "bad response"),
         (_answer_short_body, "bad response"),
+        (_answer_switching_protocols, "bad response"),
     ],
 )
 async def test_a_request_that_went_out_and_got_no_valid_answer_is_protocol_failed(

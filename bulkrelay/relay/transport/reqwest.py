@@ -77,6 +77,8 @@ class ReqwestTransport:
             raise invalid_request() from None
         try:
             async with streamed as resp:
+                if resp.status == 101:  # hyper hands the connection over; httpx (h11) refuses it
+                    raise ProtocolFailed("bad response: 101 Switching Protocols, no answer to the request")
                 headers = _TextHeaders(resp.headers)
                 length = headers.get("content-length")  # none when chunked or read until close
                 if length is not None and length.isdigit() and int(length) <= self._whole_limit:
