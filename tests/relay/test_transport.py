@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import trustme
+from cryptography.hazmat.primitives import serialization
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config as HypercornConfig
 
@@ -757,7 +758,7 @@ async def test_a_client_certificate_is_presented_when_configured(
     assert any(peer and "relay-client@example.test" in str(peer) for peer in peers)
 
 
-@pytest.mark.parametrize("fault", ["key of another certificate", "not PEM", "no key"])
+@pytest.mark.parametrize("fault", ["key of another certificate", "not PEM", "no key", "encrypted key"])
 async def test_a_client_certificate_that_does_not_load_is_a_usage_error_naming_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
@@ -774,9 +775,19 @@ async def test_a_client_certificate_that_does_not_load_is_a_usage_error_naming_t
         (tmp_path / "client.pem").write_text("not a certificate\n")
     elif fault == "no key":
         certificate = ClientCertificate(tmp_path / "client.pem")
+    elif fault == "encrypted key":  # OpenSSL would ask for its pass phrase on the terminal, and wait
+        plain = serialization.load_pem_private_key(identity.private_key_pem.bytes(), None)
+        (tmp_path / "client.key").write_bytes(
+            plain.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.BestAvailableEncryption(b"pass phrase"),
+            )
+        )
     with pytest.raises(UsageError) as caught:
         open_transport(_settings(client_certificate=certificate))
     assert "client.pem" in str(caught.value)
+    assert ("encrypted" in str(caught.value)) == (fault == "encrypted key")
 
 
 async def _answer_non_ascii_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -24,6 +24,7 @@ import httpx
 from bulkrelay.errors import UsageError
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.transport.base import (
+    ENCRYPTED_KEY,
     USER_AGENT,
     ConnectFailed,
     ProtocolFailed,
@@ -170,13 +171,23 @@ def _tls_context(settings: TransportSettings) -> ssl.SSLContext:
     certificate = settings.client_certificate
     if certificate is not None:
         try:
-            context.load_cert_chain(certificate.cert_file, certificate.key_file)
-        except (OSError, ssl.SSLError) as exc:
+            context.load_cert_chain(certificate.cert_file, certificate.key_file, password=_no_pass_phrase)
+        except (OSError, ssl.SSLError, _KeyEncrypted) as exc:
+            reason = ENCRYPTED_KEY if isinstance(exc, _KeyEncrypted) else str(exc)
             raise UsageError(
-                f"cannot load the client certificate {certificate.cert_file}: {exc}",
+                f"cannot load the client certificate {certificate.cert_file}: {reason}",
                 context={"path": str(certificate.cert_file)},
             ) from None
     return context
+
+
+class _KeyEncrypted(Exception):
+    pass
+
+
+def _no_pass_phrase() -> bytes:
+    """OpenSSL's default, without this, is to ask for the pass phrase on the terminal and wait."""
+    raise _KeyEncrypted
 
 
 def _trusts_nothing(context: ssl.SSLContext) -> bool:

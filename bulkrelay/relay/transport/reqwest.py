@@ -36,6 +36,7 @@ from pyreqwest.response import Response as StreamedResponse
 from bulkrelay.errors import UsageError
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.transport.base import (
+    ENCRYPTED_KEY,
     USER_AGENT,
     ClientCertificate,
     ConnectFailed,
@@ -158,7 +159,9 @@ def _build_client(settings: TransportSettings) -> Client:
         try:
             builder = builder.identity_pem(pem)
         except ValueError:  # pyreqwest's only word for it: "builder error"
-            raise _unloadable(certificate, "no PEM certificate and private key in it") from None
+            # PKCS#8 "BEGIN ENCRYPTED PRIVATE KEY", or the older "Proc-Type: 4,ENCRYPTED"
+            reason = ENCRYPTED_KEY if b"ENCRYPTED" in pem else "no PEM certificate and private key in it"
+            raise _unloadable(certificate, reason) from None
     # The wire carries what the request says: no Accept-Encoding unless the job sets one, in which case
     # reqwest keeps the job's header and decodes the answer.
     decode = settings.decompress
