@@ -35,7 +35,7 @@ from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.job.alphacompat import upgrade_alpha_spellings
 from bulkrelay.job.durations import MAX_SECONDS
 from bulkrelay.job.template import SECRET_NAME, FieldRef, SecretRef, compile_template
-from bulkrelay.job.wire import header_value_refusal, wire_url
+from bulkrelay.job.wire import header_value_refusal, proxy_refusal, wire_url
 from bulkrelay.job.yamlload import INT64_RANGE, LineMap, format_path, load_yaml
 from bulkrelay.job.yamlload import Path as YamlPath
 
@@ -707,9 +707,14 @@ class RateLimitConfig(_Model):
 
 
 def _proxy(value: str) -> str:
-    if value in ("none", "environment") or re.match(r"^(https?|socks5h?)://[^/\s]+/?$", value):
+    if value in ("none", "environment"):
         return value
-    raise ValueError("must be 'none', 'environment' or a proxy URL such as http://proxy.internal:3128")
+    if not re.match(r"^(https?|socks5h?)://[^/\s]+/?$", value):
+        raise ValueError("must be 'none', 'environment' or a proxy URL such as http://proxy.internal:3128")
+    refusal = proxy_refusal(value)
+    if refusal is not None:
+        raise ValueError(f"not a proxy URL the HTTP client can use: {refusal}")
+    return value
 
 
 class TlsConfig(_Model):

@@ -7,6 +7,8 @@ as it goes on the wire. The URL is in the WHATWG normal form, which httpx sends 
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from pyreqwest.http import HeaderMap, Url
 
 
@@ -23,6 +25,28 @@ def wire_url(url: str) -> str:
     if not sent.startswith(("http://", "https://")):
         raise ValueError("the scheme is not http or https")
     return sent
+
+
+def proxy_refusal(url: str) -> str | None:
+    """Why a client could not be built with `url` as its proxy, or None when both can.
+
+    reqwest refuses a port out of range, an empty host or one its parser rejects when the client is
+    built; httpx some of these then, the rest at every request. The reason names no part of the URL,
+    which may carry credentials."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a bracket left open, a port that is no number or out of range
+        return "its host or port does not parse (a port is a number from 1 to 65535)"
+    if not parts.hostname:
+        return "it names no host"
+    if port == 0:
+        return "its port is 0"
+    try:
+        Url(url)
+    except ValueError:
+        return "its host is not a valid name or address"
+    return None
 
 
 def url_spellings(value: str) -> set[str]:

@@ -530,3 +530,29 @@ def test_retrying_a_success_is_refused_naming_the_status(statuses: str) -> None:
     assert problem.path == "retry.statuses"
     success = next(s for s in ("200", "204") if s in statuses)
     assert f"names {success}: a 2xx is a success" in problem.message
+
+
+@pytest.mark.parametrize(
+    "proxy",
+    [
+        "http://proxy:99999",
+        "http://proxy:abc",
+        "http://u:s3cret@:3128",
+        "http://[::1",
+        "https://x:0",
+        "http://%zz",
+    ],
+)
+def test_a_proxy_url_neither_client_can_use_is_refused_at_its_line(proxy: str) -> None:
+    """The URL's shape is not enough: a client built with it raised ValueError (a traceback, exit 1)."""
+    problem = _only_problem(MINIMAL + f"execution:\n  proxy: '{proxy}'\n")
+    assert (problem.path, problem.line) == ("execution.proxy", 8)
+    assert "s3cret" not in problem.message
+
+
+@pytest.mark.parametrize(
+    "proxy",
+    ["http://proxy.internal:3128", "https://u:p%40ss@proxy:8443/", "socks5h://[::1]:1080", "http://10.0.0.1"],
+)
+def test_proxy_urls_both_clients_use_are_accepted(proxy: str) -> None:
+    assert _parse(MINIMAL + f"execution:\n  proxy: '{proxy}'\n").execution.proxy == proxy

@@ -11,6 +11,8 @@ import contextlib
 import gzip
 import socket
 import ssl
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 import trustme
+from cryptography.hazmat.primitives import serialization
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config as HypercornConfig
 
@@ -261,6 +264,13 @@ async def _answer_garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWr
     await writer.drain()
 
 
+async def _answer_switching_protocols(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """101 to a request that asked for no upgrade: HTTP forbids it, and no answer to the request follows."""
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+    await writer.drain()
+
+
 async def _answer_short_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await reader.readuntil(b"\r\n\r\n")
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc")
@@ -274,6 +284,7 @@ async def _answer_short_body(reader: asyncio.StreamReader, writer: asyncio.Strea
         (_close_after_request, "connection broken"),
         (_answer_garbage, "bad response"),
         (_answer_short_body, "bad response"),
+        (_answer_switching_protocols, "bad response"),
     ],
 )
 async def test_a_request_that_went_out_and_got_no_valid_answer_is_protocol_failed(
@@ -515,6 +526,26 @@ async def test_http2_against_an_http1_only_target_is_a_protocol_error() -> None:
         assert target.state.stats()["requests"] == 0
 
 
+async def _answer_a_broken_http2_frame(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Takes what the client sends (its preface, then the request), then answers with a SETTINGS frame and
+    a DATA frame on stream 0, which HTTP/2 forbids (a connection error)."""
+    await reader.read(65536)
+    writer.write(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x02\x00\x00\x00\x00\x00\x00ab")
+    await writer.drain()
+
+
+async def test_a_malformed_http2_answer_is_a_protocol_error_not_an_unsent_request() -> None:
+    """The request may have gone out: httpx (httpcore) raises the LocalProtocolError it uses for a
+    request h11 refused to write, which must not be read as "not sent" over HTTP/2."""
+    transport = open_transport(_settings(http2=True))
+    async with _raw_server(_answer_a_broken_http2_frame) as url:
+        with pytest.raises(ProtocolFailed) as caught:
+            await transport.send(_post(url + "secret-path"))
+    await transport.aclose()
+    assert caught.value.classification == "protocol_error"
+    assert "secret-path" not in caught.value.message
+
+
 async def _answer_gzip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await reader.readuntil(b"\r\n\r\n")
     body = gzip.compress(b'{"id":"zipped"}')
@@ -533,6 +564,56 @@ async def test_compressed_answers_are_decoded_only_when_asked(decompress: bool) 
         assert response.body == b'{"id":"zipped"}'
     else:
         assert gzip.decompress(response.body) == b'{"id":"zipped"}'
+
+
+async def _answer_bad_gzip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 10\r\n\r\nnot gzip!!")
+    await writer.drain()
+
+
+async def test_an_answer_that_does_not_decode_is_protocol_failed() -> None:
+    """A body that says gzip and is not: a bad response like any other, on both clients (httpx raises
+    its DecodingError, which is not one of its TransportErrors)."""
+    transport = open_transport(_settings(decompress=True))
+    async with _raw_server(_answer_bad_gzip) as url:
+        with pytest.raises(ProtocolFailed) as caught:
+            await transport.send(_post(url + "secret-path", b"{}", ("Accept-Encoding", "gzip")))
+    await transport.aclose()
+    assert caught.value.message.startswith("bad response: ")
+    assert "secret-path" not in caught.value.message
+
+
+def _gzip_bomb(size: int) -> bytes:
+    """`size` zero bytes, gzipped: about a thousandth of that on the wire."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    zeros = bytes(1 << 20)
+    return b"".join(packer.compress(zeros) for _ in range(size >> 20)) + packer.flush()
+
+
+async def test_a_small_answer_that_inflates_hugely_is_cut_without_inflating_it_whole() -> None:
+    """256 MiB of zeros in 256 KiB of gzip: what the Python side holds stays near max_body_bytes
+    (httpx once decoded each 64 KiB it read at once, some 64 MiB). reqwest decodes in Rust, in pieces."""
+    bomb = _gzip_bomb(256 << 20)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(bomb)}\r\n\r\n"
+        writer.write(head.encode() + bomb)
+        await writer.drain()
+
+    transport = open_transport(_settings(decompress=True, max_body_bytes=64 * 1024))
+    async with _raw_server(answer) as url:
+        tracemalloc.start()
+        try:
+            response = await transport.send(_post(url, b"{}", ("Accept-Encoding", "gzip")))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    await transport.aclose()
+    assert response.truncated
+    assert response.body == bytes(64 * 1024)
+    assert peak < 8 << 20
 
 
 async def test_concurrency_must_be_positive() -> None:
@@ -589,6 +670,46 @@ async def test_an_explicit_proxy_carries_every_request() -> None:
     assert seen == [b"POST http://target.invalid/v1/x?q=1 HTTP/1.1"]
 
 
+def _recording_socks5_proxy(
+    seen: list[tuple[int, bytes, int]],
+) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """A loopback stand-in for a SOCKS5 proxy (no authentication): it records each CONNECT's address
+    (type, address bytes, port), then answers the HTTP request that comes through the tunnel itself."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            _, methods = await reader.readexactly(2)
+            await reader.readexactly(methods)
+            writer.write(b"\x05\x00")  # no authentication
+            _, _, _, kind = await reader.readexactly(4)  # version, CONNECT, reserved, address type
+            size = {1: 4, 4: 16}.get(kind) or (await reader.readexactly(1))[0]
+            address = await reader.readexactly(size)
+            seen.append((kind, address, int.from_bytes(await reader.readexactly(2), "big")))
+            writer.write(b"\x05\x00\x00\x01\x00\x00\x00\x00\x00\x00")  # granted
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nproxied")
+            await writer.drain()
+
+    return handle
+
+
+async def test_a_socks5_proxy_carries_every_request() -> None:
+    """Both clients, as docs/configuration.md promises (httpx needs its `socks` extra for it)."""
+    seen: list[tuple[int, bytes, int]] = []
+    async with _raw_server(_recording_socks5_proxy(seen)) as proxy:
+        transport = open_transport(_settings(proxy=proxy.replace("http://", "socks5://").rstrip("/")))
+        try:
+            # nothing listens on port 9: the answer can only have come through the proxy
+            response = await transport.send(PreparedRequest("GET", "http://127.0.0.1:9/x", (), None))
+        finally:
+            await transport.aclose()
+    assert (response.status, response.body) == (200, b"proxied")
+    assert [(address.decode() if kind == 3 else address, port) for kind, address, port in seen] in (
+        [(b"\x7f\x00\x00\x01", 9)],
+        [("127.0.0.1", 9)],
+    )
+
+
 async def test_proxies_from_the_environment_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bytes] = []
     async with _raw_server(_recording_proxy(seen)) as proxy, _setup() as (target, direct):
@@ -635,3 +756,57 @@ async def test_a_client_certificate_is_presented_when_configured(
         await transport.aclose()
     assert (response.status, response.body) == (200, b"ok")
     assert any(peer and "relay-client@example.test" in str(peer) for peer in peers)
+
+
+@pytest.mark.parametrize("fault", ["key of another certificate", "not PEM", "no key", "encrypted key"])
+async def test_a_client_certificate_that_does_not_load_is_a_usage_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """Said before any request, the same way by both clients: not "no trusted authority", no traceback."""
+    authority = trustme.CA()
+    authority.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))  # a store to trust, wherever this runs
+    identity = authority.issue_cert("relay-client@example.test")
+    identity.cert_chain_pems[0].write_to_path(str(tmp_path / "client.pem"))
+    key = authority.issue_cert("other@example.test").private_key_pem
+    key.write_to_path(str(tmp_path / "client.key"))
+    certificate = ClientCertificate(tmp_path / "client.pem", tmp_path / "client.key")
+    if fault == "not PEM":
+        (tmp_path / "client.pem").write_text("not a certificate\n")
+    elif fault == "no key":
+        certificate = ClientCertificate(tmp_path / "client.pem")
+    elif fault == "encrypted key":  # OpenSSL would ask for its pass phrase on the terminal, and wait
+        plain = serialization.load_pem_private_key(identity.private_key_pem.bytes(), None)
+        (tmp_path / "client.key").write_bytes(
+            plain.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.BestAvailableEncryption(b"pass phrase"),
+            )
+        )
+    with pytest.raises(UsageError) as caught:
+        open_transport(_settings(client_certificate=certificate))
+    assert "client.pem" in str(caught.value)
+    assert ("encrypted" in str(caught.value)) == (fault == "encrypted key")
+
+
+async def _answer_non_ascii_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Values in UTF-8, and one in Latin-1."""
+    await reader.readuntil(b"\r\n\r\n")
+    head = "HTTP/1.1 429 Too Many\r\nRetry-After: 5é\r\nRateLimit: remaining=0, reset=ü\r\n".encode()
+    writer.write(head + b"X-Note: caf\xe9\r\nContent-Length: 2\r\n\r\nok")
+    await writer.drain()
+
+
+async def test_header_values_that_are_not_ascii_read_without_raising() -> None:
+    """HTTP allows any byte above 0x7f in a value, and the engine reads Retry-After and RateLimit on
+    every response. pyreqwest refuses such a value as text (even valid UTF-8): it then reads as absent."""
+    transport = open_transport(_settings())
+    async with _raw_server(_answer_non_ascii_headers) as url:
+        response = await transport.send(_post(url))
+    await transport.aclose()
+    assert (response.status, response.body) == (429, b"ok")
+    for name in ("Retry-After", "RateLimit", "X-Note"):
+        value = response.headers.get(name)
+        assert value is None or isinstance(value, str)
+        assert (name in response.headers) == (value is not None)

@@ -138,6 +138,12 @@ def tls_unavailable(cause: str) -> TlsUnavailable:
     )
 
 
+ENCRYPTED_KEY = (
+    "its private key is encrypted, and no pass phrase is ever asked for: "
+    "give a decrypted key (openssl pkey -in KEY -out PLAIN_KEY)"
+)
+
+
 def read_pem(path: Path) -> bytes:
     """A PEM file's bytes, or a usage error naming the file."""
     try:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
@@ -23,6 +24,7 @@ import httpx
 from bulkrelay.errors import UsageError
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.transport.base import (
+    ENCRYPTED_KEY,
     USER_AGENT,
     ConnectFailed,
     ProtocolFailed,
@@ -74,18 +76,60 @@ class HttpxTransport:
     async def _read_bounded(self, response: httpx.Response) -> tuple[bytes, bool]:
         """The body, at most max_body_bytes of it, decoded only when the job sent Accept-Encoding."""
         limit = self._settings.max_body_bytes
-        chunks = response.aiter_bytes() if self._settings.decompress else response.aiter_raw()
+        inflater = _Inflater.for_answer(response.headers) if self._settings.decompress else None
         parts: list[bytes] = []
         size = 0
-        async for chunk in chunks:
-            parts.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                return b"".join(parts)[:limit], True
+        async for raw in response.aiter_raw():
+            pieces = (raw,) if inflater is None else inflater.pieces(raw, limit + 1 - size)
+            for piece in pieces:
+                parts.append(piece)
+                size += len(piece)
+                if size > limit:
+                    return b"".join(parts)[:limit], True
         return b"".join(parts), False
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+# The codings decoded here, with zlib's window bits for each (gzip's header, deflate's zlib header).
+_ZLIB_CODINGS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
+
+
+class _Inflater:
+    """gzip or deflate, decoded at most `most` bytes at a time.
+
+    httpx's own decoders inflate each piece read (up to 64 KiB) whole, and gzip inflates a thousandfold:
+    some 64 MiB for an answer cut at 1 MiB. Here nothing is inflated beyond what the cut keeps.
+    Like httpx, "deflate" is tried with zlib's header, then as a raw stream. Other codings (br, zstd,
+    several codings stacked) are not decoded: the body is kept as it came (docs/transport.md).
+    """
+
+    def __init__(self, coding: str) -> None:
+        self._raw_deflate_allowed = coding == "deflate"
+        self._zlib = zlib.decompressobj(_ZLIB_CODINGS[coding])
+
+    @classmethod
+    def for_answer(cls, headers: httpx.Headers) -> _Inflater | None:
+        codings = [value.strip().lower() for value in headers.get_list("content-encoding", split_commas=True)]
+        codings = [coding for coding in codings if coding not in ("", "identity")]
+        if len(codings) == 1 and codings[0] in _ZLIB_CODINGS:
+            return cls(codings[0])
+        return None
+
+    def pieces(self, data: bytes, most: int) -> Iterator[bytes]:
+        while data:
+            try:
+                piece = self._zlib.decompress(data, most)
+            except zlib.error as exc:
+                if self._raw_deflate_allowed:  # the first bytes were no zlib header: a raw deflate stream
+                    self._raw_deflate_allowed = False
+                    self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+                    continue
+                raise ProtocolFailed(f"bad response: {exc}") from None
+            self._raw_deflate_allowed = False
+            data = self._zlib.unconsumed_tail
+            yield piece
 
 
 def _sendable(url: httpx.URL) -> bool:
@@ -127,13 +171,23 @@ def _tls_context(settings: TransportSettings) -> ssl.SSLContext:
     certificate = settings.client_certificate
     if certificate is not None:
         try:
-            context.load_cert_chain(certificate.cert_file, certificate.key_file)
-        except (OSError, ssl.SSLError) as exc:
+            context.load_cert_chain(certificate.cert_file, certificate.key_file, password=_no_pass_phrase)
+        except (OSError, ssl.SSLError, _KeyEncrypted) as exc:
+            reason = ENCRYPTED_KEY if isinstance(exc, _KeyEncrypted) else str(exc)
             raise UsageError(
-                f"cannot load the client certificate {certificate.cert_file}: {exc}",
+                f"cannot load the client certificate {certificate.cert_file}: {reason}",
                 context={"path": str(certificate.cert_file)},
             ) from None
     return context
+
+
+class _KeyEncrypted(Exception):
+    pass
+
+
+def _no_pass_phrase() -> bytes:
+    """OpenSSL's default, without this, is to ask for the pass phrase on the terminal and wait."""
+    raise _KeyEncrypted
 
 
 def _trusts_nothing(context: ssl.SSLContext) -> bool:
@@ -157,8 +211,7 @@ def _translate(exc: httpx.TransportError, url: str) -> TransportError:
         return RequestTimeout("read timeout: no answer from the target in time", phase="read")
     if isinstance(exc, httpx.ConnectError | httpx.ProxyError):
         return ConnectFailed(f"cannot connect to {host_port(url)}: {_cause(exc)}")
-    if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
-        # LocalProtocolError: h11 refused to write the request (a header it cannot send), before any byte
+    if isinstance(exc, httpx.UnsupportedProtocol) or _refused_by_h11(exc):
         return invalid_request()
     if isinstance(exc, httpx.RemoteProtocolError) and "disconnected without sending a response" not in str(
         exc
@@ -167,15 +220,29 @@ def _translate(exc: httpx.TransportError, url: str) -> TransportError:
     return ProtocolFailed(f"connection broken: {_cause(exc)}")
 
 
+def _refused_by_h11(exc: httpx.TransportError) -> bool:
+    """A LocalProtocolError raised by h11, which refuses to write a request it cannot send (a bad header)
+    before any byte of it: nothing went out. Over HTTP/2 httpcore raises the same class for any protocol
+    error of h2's, a malformed frame from the target included, after the request may have gone out."""
+    if not isinstance(exc, httpx.LocalProtocolError):
+        return False
+    return type(_innermost(exc)).__module__.partition(".")[0] == "h11"
+
+
 def _utf8_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     """Values as UTF-8 bytes, as reqwest sends them and preflight accepts them: httpx encodes a str
     value as ASCII and would refuse `Zoë` row by row, as if the target could not be reached."""
     return [(name.encode(), value.encode()) for name, value in headers]
 
 
-def _cause(exc: BaseException) -> str:
-    """The innermost cause ("[Errno 111] Connection refused"), which names no URL."""
+def _innermost(exc: BaseException) -> BaseException:
     while exc.__cause__ is not None or exc.__context__ is not None:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return exc
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost cause ("[Errno 111] Connection refused"), which names no URL."""
+    exc = _innermost(exc)
     text = str(exc)
     return text if text and "://" not in text else type(exc).__name__

@@ -23,17 +23,22 @@ to tell it from a connected target that never answered: the message then says so
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
+from typing import Any
 
 from pyreqwest import exceptions as rq
 from pyreqwest.client import Client, ClientBuilder
-from pyreqwest.http import Url
+from pyreqwest.http import HeaderMap, Url
 from pyreqwest.proxy import ProxyBuilder
 from pyreqwest.response import Response as StreamedResponse
 
+from bulkrelay.errors import UsageError
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.transport.base import (
+    ENCRYPTED_KEY,
     USER_AGENT,
+    ClientCertificate,
     ConnectFailed,
     ProtocolFailed,
     RequestTimeout,
@@ -73,7 +78,9 @@ class ReqwestTransport:
             raise invalid_request() from None
         try:
             async with streamed as resp:
-                headers = resp.headers
+                if resp.status == 101:  # hyper hands the connection over; httpx (h11) refuses it
+                    raise ProtocolFailed("bad response: 101 Switching Protocols, no answer to the request")
+                headers = _TextHeaders(resp.headers)
                 length = headers.get("content-length")  # none when chunked or read until close
                 if length is not None and length.isdigit() and int(length) <= self._whole_limit:
                     # one await; hyper holds the body to its length. tuple.__new__: no Python-level __new__
@@ -97,6 +104,38 @@ class ReqwestTransport:
         await self._client.close()
 
 
+class _TextHeaders(Mapping[str, str]):
+    """reqwest's headers as the seam promises them, a case-insensitive map of text.
+
+    pyreqwest raises ValueError for a value that is not visible ASCII (valid UTF-8 included), which HTTP
+    allows and the engine reads on every response (Retry-After, RateLimit): such a value reads as absent.
+    What BulkRelay reads from headers are numbers, which such a value could not be anyway.
+    """
+
+    __slots__ = ("_map",)
+
+    def __init__(self, headers: HeaderMap) -> None:
+        self._map = headers
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self._map.get(name, default)
+        except ValueError:
+            return default
+
+    def __getitem__(self, name: str) -> str:
+        try:
+            return self._map[name]
+        except ValueError:
+            raise KeyError(name) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+
 def _build_client(settings: TransportSettings) -> Client:
     builder = (
         ClientBuilder()
@@ -112,12 +151,17 @@ def _build_client(settings: TransportSettings) -> Client:
         .tcp_nodelay(True)
     )
     builder = _with_proxy(builder, settings.proxy)
-    if settings.client_certificate is not None:
-        certificate = settings.client_certificate
+    certificate = settings.client_certificate
+    if certificate is not None:
         pem = read_pem(certificate.cert_file)
         if certificate.key_file is not None:
             pem = read_pem(certificate.key_file) + b"\n" + pem
-        builder = builder.identity_pem(pem)
+        try:
+            builder = builder.identity_pem(pem)
+        except ValueError:  # pyreqwest's only word for it: "builder error"
+            # PKCS#8 "BEGIN ENCRYPTED PRIVATE KEY", or the older "Proc-Type: 4,ENCRYPTED"
+            reason = ENCRYPTED_KEY if b"ENCRYPTED" in pem else "no PEM certificate and private key in it"
+            raise _unloadable(certificate, reason) from None
     # The wire carries what the request says: no Accept-Encoding unless the job sets one, in which case
     # reqwest keeps the job's header and decodes the answer.
     decode = settings.decompress
@@ -126,8 +170,24 @@ def _build_client(settings: TransportSettings) -> Client:
     try:
         return builder.build()
     except rq.BuilderError as exc:
-        # reqwest loads the system's CA store when the client is built and refuses an empty one.
-        raise tls_unavailable(_root_cause(exc)) from None
+        # reqwest loads the system's CA store when the client is built and refuses an empty one; it also
+        # checks the client certificate then (a key that is not the certificate's).
+        cause = _root_cause(exc)
+        if certificate is not None and _NO_AUTHORITY not in cause:
+            raise _unloadable(certificate, cause) from None
+        raise tls_unavailable(cause) from None
+
+
+# rustls-native-certs' text for an empty store: "No CA certificates were loaded from the system".
+_NO_AUTHORITY = "No CA certificates"
+
+
+def _unloadable(certificate: ClientCertificate, reason: str) -> UsageError:
+    """The client certificate could not be used: said as the httpx transport says it."""
+    return UsageError(
+        f"cannot load the client certificate {certificate.cert_file}: {reason}",
+        context={"path": str(certificate.cert_file)},
+    )
 
 
 def _with_proxy(builder: ClientBuilder, proxy: str) -> ClientBuilder:
