@@ -37,7 +37,7 @@ from bulkrelay.errors import TargetAuthFailed, TargetUnavailable, UsageError
 from bulkrelay.job.oauth2 import TokenRequest
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.redact import Redactor
-from bulkrelay.relay.retry import RetryPolicy, parse_retry_after
+from bulkrelay.relay.retry import RetryPolicy, retry_after_of
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError, TransportSettings
 
@@ -94,7 +94,7 @@ async def fetch_token(
             outcome = _read(response, sent, request.refresh_before_seconds, redactor, place)
             if isinstance(outcome, Token) or outcome.refused:
                 return outcome
-            failure, retry_after = outcome, _retry_after(response.headers)
+            failure, retry_after = outcome, retry_after_of(response.headers)
         if attempt == attempts:
             break
         delay = policy.delay(attempt, retry_after)
@@ -166,11 +166,6 @@ def _json_object(body: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         return {}
     return document if isinstance(document, dict) else {}
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("Retry-After")
-    return parse_retry_after(value) if value else None
 
 
 async def _stopped_during(stop: StopControl, delay: float) -> bool:

@@ -201,6 +201,17 @@ def classify_error(error: TransportError) -> str:
     return error.classification
 
 
+def retry_after_of(headers: Mapping[str, str]) -> float | None:
+    """The Retry-After of a response's headers in seconds; None when there is none or it says nothing
+    readable. pyreqwest raises ValueError for a value beyond visible ASCII (which HTTP allows): such a
+    value reads as absent, as a Retry-After that is not a number or a date does."""
+    try:
+        value = headers.get("Retry-After")  # the transports' headers are case-insensitive
+    except ValueError:
+        return None
+    return parse_retry_after(value) if value else None
+
+
 def parse_retry_after(value: str, now: datetime | None = None) -> float | None:
     """Seconds to wait from a Retry-After value (delta-seconds or HTTP-date); None if it is neither."""
     text = value.strip()
@@ -233,13 +244,16 @@ def quota_exhausted_for(headers: Mapping[str, str], now: float | None = None) ->
     or no such headers.
     """
     get = headers.get  # nearly every response has none of these: three lookups, no further call
-    if (
-        get("RateLimit-Remaining") is None
-        and get("X-RateLimit-Remaining") is None
-        and get("RateLimit") is None
-    ):
+    try:
+        if (
+            get("RateLimit-Remaining") is None
+            and get("X-RateLimit-Remaining") is None
+            and get("RateLimit") is None
+        ):
+            return None
+        remaining, reset = _quota(headers)
+    except ValueError:  # a value pyreqwest cannot give as text (beyond ASCII): no number to read
         return None
-    remaining, reset = _quota(headers)
     if remaining is None or remaining > 0 or reset is None:
         return None
     if reset >= _EPOCH_SECONDS:

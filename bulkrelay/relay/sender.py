@@ -22,8 +22,8 @@ from bulkrelay.relay.retry import (
     Decision,
     RetryPolicy,
     counts_as_success,
-    parse_retry_after,
     quota_exhausted_for,
+    retry_after_of,
 )
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
@@ -197,8 +197,7 @@ class RowSender:
         """The response's Retry-After in seconds, capped at `retry.max_retry_after_seconds`."""
         if response is None or not self._respect_retry_after:
             return None
-        value = response.headers.get("Retry-After")  # the transport's headers are case-insensitive
-        seconds = parse_retry_after(value) if value else None
+        seconds = retry_after_of(response.headers)
         return None if seconds is None else min(seconds, self._max_pause)
 
     def _entry(  # noqa: PLR0917 (the hot path: one call a row, positional)

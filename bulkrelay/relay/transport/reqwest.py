@@ -23,13 +23,11 @@ to tell it from a connected target that never answered: the message then says so
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from datetime import timedelta
-from typing import Any
 
 from pyreqwest import exceptions as rq
 from pyreqwest.client import Client, ClientBuilder
-from pyreqwest.http import HeaderMap, Url
+from pyreqwest.http import Url
 from pyreqwest.proxy import ProxyBuilder
 from pyreqwest.response import Response as StreamedResponse
 
@@ -80,7 +78,7 @@ class ReqwestTransport:
             async with streamed as resp:
                 if resp.status == 101:  # hyper hands the connection over; httpx (h11) refuses it
                     raise ProtocolFailed("bad response: 101 Switching Protocols, no answer to the request")
-                headers = _TextHeaders(resp.headers)
+                headers = resp.headers
                 length = headers.get("content-length")  # none when chunked or read until close
                 if length is not None and length.isdigit() and int(length) <= self._whole_limit:
                     # one await; hyper holds the body to its length. tuple.__new__: no Python-level __new__
@@ -102,38 +100,6 @@ class ReqwestTransport:
 
     async def aclose(self) -> None:
         await self._client.close()
-
-
-class _TextHeaders(Mapping[str, str]):
-    """reqwest's headers as the seam promises them, a case-insensitive map of text.
-
-    pyreqwest raises ValueError for a value that is not visible ASCII (valid UTF-8 included), which HTTP
-    allows and the engine reads on every response (Retry-After, RateLimit): such a value reads as absent.
-    What BulkRelay reads from headers are numbers, which such a value could not be anyway.
-    """
-
-    __slots__ = ("_map",)
-
-    def __init__(self, headers: HeaderMap) -> None:
-        self._map = headers
-
-    def get(self, name: str, default: Any = None) -> Any:
-        try:
-            return self._map.get(name, default)
-        except ValueError:
-            return default
-
-    def __getitem__(self, name: str) -> str:
-        try:
-            return self._map[name]
-        except ValueError:
-            raise KeyError(name) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._map)
-
-    def __len__(self) -> int:
-        return len(self._map)
 
 
 def _build_client(settings: TransportSettings) -> Client:
