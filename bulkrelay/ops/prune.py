@@ -3,8 +3,9 @@
 Safety first, like logrotate with a lock: a run is a candidate only when it is finished
 (`completed`, `completed_with_failures`, `cancelled`) and no process holds its lock. A live run, a
 resumable one (`running` — perhaps crashed —, `stopped`, `forced`), the newest run of each job, a run
-whose files cannot be read, and a run a delta job's sync state still needs (sync/needed_runs.py) are
-never removed. Runs are grouped by job (the job file's path in
+whose files cannot be read, a run whose directory holds the input of a run that stays (a `retry-failed`
+child reads its parent's copy of stdin or of a query), and a run a delta job's sync state still needs
+(sync/needed_runs.py) are never removed. Runs are grouped by job (the job file's path in
 `run.json`). A run is removed when every rule given says so: it is not among
 the newest `keep` runs of its job (a mirror night's deletion run counts with its night), and it is
 older than `older_than`. Each removal takes the run's
@@ -140,6 +141,22 @@ def _linked(run: RunDir, warnings: list[EnvelopeWarning]) -> bool:
     return True
 
 
+def _kept_for_readers(runs: list[_Candidate], doomed: list[_Candidate]) -> list[_Candidate]:
+    """`doomed` less the runs whose directory holds the input of a run that stays: a run fed from
+    stdin or a query keeps its input there, and its `retry-failed` children read it there (to relay,
+    resume and export). Such a run goes only together with every run that reads it."""
+    going = {c.run.run_id for c in doomed}
+    inputs = {c.run.run_id: Path(os.path.realpath(c.run.plan.input.path)) for c in runs}
+    homes = {c.run.run_id: Path(os.path.realpath(c.run.path)) for c in doomed}
+    changed = True
+    while changed:
+        read = [path for run_id, path in inputs.items() if run_id not in going]
+        kept = {run_id for run_id in going if any(path.is_relative_to(homes[run_id]) for path in read)}
+        going -= kept
+        changed = bool(kept)
+    return [c for c in doomed if c.run.run_id in going]
+
+
 def _kept_for_state(
     runs_dir: Path, doomed: list[_Candidate], warnings: list[EnvelopeWarning]
 ) -> list[_Candidate]:
@@ -168,7 +185,8 @@ def prune(runs_dir: Path, retention: Retention, *, dry_run: bool = False) -> Pru
     warnings: list[EnvelopeWarning] = []
     runs = _read_runs(runs_dir, warnings)
     removed: list[str] = []
-    for candidate in _kept_for_state(runs_dir, _doomed(runs, retention, datetime.now(UTC)), warnings):
+    doomed = _kept_for_readers(runs, _doomed(runs, retention, datetime.now(UTC)))
+    for candidate in _kept_for_state(runs_dir, doomed, warnings):
         if _linked(candidate.run, warnings):
             continue
         if dry_run or _remove(candidate.run, warnings):

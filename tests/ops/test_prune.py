@@ -212,3 +212,30 @@ def test_keep_counts_a_mirror_night_with_its_deletion_run(tmp_path: Path) -> Non
 
     assert sorted(report.removed) == sorted(nights[0])
     assert _remaining(runs) == {run for night in nights[1:] for run in night}
+
+
+def test_prune_keeps_a_run_whose_directory_holds_the_input_of_a_run_that_stays(tmp_path: Path) -> None:
+    """A run fed from stdin (or a query) keeps its input in its own directory, and a `retry-failed`
+    child reads it there: removing the parent while the child runs (or may resume, or be exported)
+    removed the child's input. The parent goes only with every run that reads its input."""
+    runs = tmp_path / "runs"
+    parent = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED_WITH_FAILURES, days_old=3)
+    copy = parent.path / "input.csv"
+    reads_parent = run_plan("/jobs/a.yaml", parent_run=parent.run_id).with_input_path(copy)
+    copy.write_text("id\n1\n")
+    child = RunDir.create(runs, reads_parent)  # running: a live or crashed retry-failed
+    grandchild = RunDir.create(runs, replace(reads_parent, parent_run=child.run_id))
+    unrelated = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=2)
+
+    report = prune(runs, Retention(keep=1))
+
+    assert report.removed == [unrelated.run_id]
+    assert _remaining(runs) == {parent.run_id, child.run_id, grandchild.run_id}
+    assert copy.is_file()
+
+    for run in (child, grandchild):  # once every reader is finished and let go, the parent goes too
+        run.save(replace(run.manifest, state=RunState.COMPLETED, created_at=parent.manifest.created_at))
+    later = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=0)
+    again = prune(runs, Retention(keep=1))
+    assert sorted(again.removed) == sorted([parent.run_id, child.run_id, grandchild.run_id])
+    assert _remaining(runs) == {later.run_id}
