@@ -36,7 +36,7 @@ from bulkrelay.background.state import (
     remember_background_job,
     remove_expired,
 )
-from bulkrelay.background.worker import LOCK_FD_ENV
+from bulkrelay.background.worker import LOCK_FD_ENV, STOP_SIGNALS
 from bulkrelay.envelope import CallMeta, CommandData, EnvelopeWarning, ErrorInfo, Result, SideChannel
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
 from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS, whole_number
@@ -233,6 +233,7 @@ def _spawn(background: BackgroundJob, spool: Spool | None) -> None:
         with (
             open(background.log_path, "ab", opener=open_private) as log,
             _worker_stdin(background, spool) as stdin_file,
+            _signals_held(),
         ):
             process = subprocess.Popen(
                 [sys.executable, "-m", "bulkrelay", "_job-worker", background.job_id],
@@ -248,6 +249,19 @@ def _spawn(background: BackgroundJob, spool: Spool | None) -> None:
         process.returncode = 0  # never waited for: the worker outlives this process on purpose
     finally:
         os.close(lock_fd)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """The worker starts with the stop signals blocked (a mask is inherited), and lets them through once
+    its handlers are in place (worker.handle_stop_signals): a `job cancel` or SIGTERM that comes while it
+    is still starting waits for it, instead of killing it before it can write its result (JOB_LOST).
+    Here they are held only while the worker is made, then reach this process's own handlers."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @contextmanager

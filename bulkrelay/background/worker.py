@@ -47,6 +47,7 @@ from bulkrelay.store.rundir import RunDir
 # The job's stage in its status: the worker has not reached preflight yet, preflight, sending.
 STARTING, PREFLIGHT, RELAY = "starting", "preflight", "relay"
 LOCK_FD_ENV = "BULKRELAY_JOB_LOCK_FD"  # the job's lock, taken by the front process and inherited
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what ends a worker at a safe point
 STATUS_INTERVAL_SECONDS = 0.5
 _POLL_SECONDS = 0.1
 
@@ -189,9 +190,7 @@ def run_worker(job_id: str, execute: CommandRunner) -> Result:
         )
         sys.stderr.flush()
         supervisor = BackgroundSupervisor(background, spec)
-        signal.signal(signal.SIGTERM, supervisor.on_signal)
-        signal.signal(signal.SIGINT, supervisor.on_signal)
-        signal.signal(signal.SIGHUP, supervisor.on_signal)  # handled like SIGTERM
+        handle_stop_signals(supervisor.on_signal)
         started = time.monotonic()
         result = _run_command(spec, supervisor, execute)
         envelope = to_envelope(result, duration_ms=round((time.monotonic() - started) * 1000))
@@ -202,6 +201,14 @@ def run_worker(job_id: str, execute: CommandRunner) -> Result:
         return result
     finally:
         os.close(lock_fd)
+
+
+def handle_stop_signals(handler: Callable[[int, FrameType | None], None]) -> None:
+    """Install the worker's handlers, then let through the stop signals it was started with blocked
+    (jobs._signals_held): one sent while it started (`job cancel` right after a hand-off) arrives now."""
+    for signum in STOP_SIGNALS:  # SIGHUP is handled like SIGTERM
+        signal.signal(signum, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def _stopped_reading_stdin(reason: StopReason) -> Result:

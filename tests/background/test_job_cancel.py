@@ -89,3 +89,44 @@ def test_status_says_cancelling_until_the_worker_has_ended(tmp_path: Path, targe
     wait_for(lambda: _process_gone(worker), "the worker to exit")
     again = _cli(tmp_path, "job", "cancel", job_id)
     assert (again.exit_code, again.data["state"]) == (ExitCode.SUCCESS, "cancelled")
+
+
+# Holds a job's worker at interpreter start-up, before it has imported BulkRelay (and so before it
+# handles any signal), until the test opens the gate: the moment a cancel right after a hand-off meets.
+_STARTUP_GATE = """\
+import os, sys, time
+if "_job-worker" in sys.orig_argv:
+    here = os.path.dirname(os.path.abspath(__file__))
+    open(os.path.join(here, "reached"), "w").close()
+    deadline = time.monotonic() + {bound}
+    while not os.path.exists(os.path.join(here, "open")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
+
+
+def test_a_cancel_before_the_worker_handles_signals_still_ends_the_job_cancelled(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """`job cancel` signals the worker's process group to wake it from preflight; a worker that had not
+    reached its own signal handlers yet died of that SIGTERM without a result, so the cancel answered
+    `cancelled` with no exit code and `job wait` then said JOB_LOST (exit 1) instead of CANCELLED."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "sitecustomize.py").write_text(_STARTUP_GATE.format(bound=HANG_S))
+    job = write_job(tmp_path, target.url, rows=4)
+    started = _cli(tmp_path, "run", job, "--budget", "1ms", PYTHONPATH=str(gate))
+    assert started.exit_code == ExitCode.INCOMPLETE, started.envelope
+    job_id = started.data["job_id"]
+    wait_for((gate / "reached").exists, "the worker held at start-up")
+
+    asked = _cli(tmp_path, "job", "cancel", job_id, "--budget", "1ms")  # signals, then answers at once
+    assert asked.exit_code == ExitCode.INCOMPLETE and asked.data["state"] == "cancelling", asked.envelope
+    (gate / "open").touch()
+
+    ended = _cli(tmp_path, "job", "wait", job_id, "--budget", HANG_BUDGET)
+    assert ended.exit_code == ExitCode.SIGTERM, ended.envelope
+    assert ended.error_code == "CANCELLED", ended.envelope
+    again = _cli(tmp_path, "job", "cancel", job_id)
+    assert again.exit_code == ExitCode.SUCCESS, again.envelope
+    assert again.data["state"] == "cancelled" and again.data["job_exit_code"] == ExitCode.SIGTERM
+    assert target.stats()["requests"] == 0  # nothing was sent
