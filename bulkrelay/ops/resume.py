@@ -196,7 +196,7 @@ def _check_finished_journal(run: RunDir, scan: JournalScan) -> None:
     """A run that completed or was cancelled keeps no checkpoint. A completed run's journal is whole,
     every group committed: a torn end is damage there. (A cancelled run's worker may have died
     mid-write: its torn end is simply not committed.) Either holds the rows its summary counted."""
-    counted = summarized_outcomes(run.path)
+    counted = summarized_outcomes(run.path, required=run.state.every_row_ended)
     if scan.torn_tail is not None and run.state.every_row_ended:
         torn = scan.torn_tail
         reason = f"{torn.reason}: the run is {run.state}, so its journal must end with a whole group"

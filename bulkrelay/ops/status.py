@@ -42,7 +42,9 @@ def committed_progress(run: RunDir) -> Snapshot:
     if checkpoint is not None:
         ok, failed = checkpoint.ok, checkpoint.failed
     else:
-        ok, failed = (summarized_outcomes(run.path) if run.state.final else None) or (0, 0)
+        final = run.state.final
+        counted = summarized_outcomes(run.path, required=run.state.every_row_ended) if final else None
+        ok, failed = counted or (0, 0)
     return Snapshot(
         total=len(selection) if selection is not None else record_count,
         done=ok + failed,

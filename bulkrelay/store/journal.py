@@ -36,6 +36,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime
@@ -47,7 +48,7 @@ from typing import IO, Any
 import anyio
 import orjson
 
-from bulkrelay.errors import JournalCorrupt
+from bulkrelay.errors import JournalCorrupt, StorageFailed
 from bulkrelay.private import open_private
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.storage import Storage
@@ -1141,13 +1142,20 @@ def recover_torn_tail(path: Path, scan: JournalScan, storage: Storage) -> Path |
     aside = _aside_path(path)
     fd = storage.open_new(aside)
     try:
-        with open(path, "rb", opener=open_private) as stream:
-            stream.seek(scan.valid_end)
-            for chunk in iter(partial(stream.read, _COPY_CHUNK), b""):
-                storage.write(fd, chunk)
-        storage.fsync(fd)
-    finally:
-        storage.close(fd)
+        try:
+            with open(path, "rb", opener=open_private) as stream:
+                stream.seek(scan.valid_end)
+                for chunk in iter(partial(stream.read, _COPY_CHUNK), b""):
+                    storage.write(fd, chunk)
+            storage.fsync(fd)
+        finally:
+            storage.close(fd)
+    except StorageFailed:
+        # A full disk stops the copy midway: the journal is untouched, and the next resume copies the
+        # tail again. A half copy left beside it would pass for the torn tail without being it.
+        with suppress(OSError):
+            aside.unlink()
+        raise
     storage.fsync_dir(path.parent)  # the copy is durable before any byte of the journal goes
     fd = storage.open_append(path)
     try:

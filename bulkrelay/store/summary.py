@@ -199,14 +199,21 @@ def summarize(journal: Path, *, total_rows: int) -> RunSummary:
     return counts.report(total_rows)
 
 
-def summarized_outcomes(run_dir: Path) -> tuple[int, int] | None:
+def summarized_outcomes(run_dir: Path, *, required: bool = False) -> tuple[int, int] | None:
     """(succeeded, failed) rows as `summary.json` counted them, or None without a summary: what a run
     that completed (or was cancelled) and so keeps no checkpoint has committed. A damaged summary is
-    `JournalCorrupt` naming the file and field."""
+    `JournalCorrupt` naming the file and field; so is a missing one when `required`: a run whose every
+    row ended wrote its summary before its state, so no crash leaves it without one, and without it
+    nothing says how many rows its journal must hold."""
     path = run_dir / "summary.json"
     try:
         data = read_json(path)
     except NotFound:
+        if required:
+            raise JournalCorrupt(
+                f"{path} is missing: the run ended with every row done, so it always has one",
+                context={"path": str(path), "reason": "missing"},
+            ) from None
         return None
     outcome = JsonFields(path, data, JournalCorrupt).block("by_outcome")
     return outcome.integer("succeeded"), outcome.integer("failed")

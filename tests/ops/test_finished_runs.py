@@ -105,3 +105,30 @@ def test_a_cancelled_run_keeps_no_checkpoint(tmp_path: Path) -> None:
     assert not (run_dir / "checkpoint.json").exists()
     status = _cli(tmp_path, "status", run_dir)
     assert status.data["state"] == "cancelled" and status.data["progress"]["done"] == 4, status.data
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("journal", ["whole", "a_whole_group_gone"])
+def test_a_completed_run_without_its_summary_is_refused_not_read_as_nothing_done(
+    tmp_path: Path, journal: str
+) -> None:
+    # A completed run writes summary.json before its state and then drops its checkpoint, so no crash
+    # leaves it without both. Read anyway, status said 0 of 10 done, and export wrote the rows of a
+    # lost group as never sent.
+    with TargetProcess({}) as target:
+        job = write_job(tmp_path, target.url, rows=10, execution={"concurrency": 1})
+        finished = _cli(tmp_path, "run", job, "--budget", "0")
+    assert finished.exit_code == ExitCode.SUCCESS, finished.envelope
+    run_dir = Path(finished.data["run_dir"])
+    (run_dir / "summary.json").unlink()
+    if journal == "a_whole_group_gone":
+        lines = (run_dir / "results.jsonl").read_bytes().splitlines(keepends=True)
+        markers = [index for index, line in enumerate(lines) if is_commit_marker(line)]
+        kept = lines[: markers[-2] + 1] if len(markers) > 1 else []
+        (run_dir / "results.jsonl").write_bytes(b"".join(kept))
+    for args in (("status", run_dir), ("export", run_dir, "-o", tmp_path / "out.csv"), ("failures", run_dir)):
+        refused = _cli(tmp_path, *args)
+        assert refused.exit_code == ExitCode.PRECONDITION, refused.envelope
+        assert refused.error_code == "JOURNAL_CORRUPT", refused.envelope
+        assert "summary.json" in refused.envelope["error"]["message"]
+    assert not (tmp_path / "out.csv").exists()

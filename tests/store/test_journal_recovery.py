@@ -258,6 +258,21 @@ def test_a_failed_recovery_leaves_the_journal_untouched(tmp_path: Path) -> None:
     assert journal.path.read_bytes() == damaged
 
 
+@pytest.mark.parametrize("storage", [FaultyStorage(fail_write_at=1), FaultyStorage(fail_fsync_at=1)])
+def test_a_failed_copy_of_the_torn_tail_leaves_no_half_copy_beside_the_journal(
+    tmp_path: Path, storage: FaultyStorage
+) -> None:
+    # A full disk fails the copy midway; the next resume makes a copy of its own, so a partial one
+    # left behind would only pass for the torn tail without being it.
+    journal = Journal(tmp_path)
+    damaged = journal.data + b"torn" * 100
+    journal.write(damaged)
+    with pytest.raises(StorageFailed):
+        recover_torn_tail(journal.path, journal.scan(), storage)
+    assert journal.path.read_bytes() == damaged
+    assert sorted(path.name for path in tmp_path.iterdir()) == [journal.path.name]
+
+
 # ---------------------------------------------------------------- refused
 
 
