@@ -74,8 +74,10 @@ def test_only_runref_opens_a_runs_directory_s_entries() -> None:
 
 
 def _made_at(runs: Path, stamp: datetime, *, mirror_deletes: bool = False) -> RunDir:
+    """A completed run of no rows, made at `stamp`, with the summary every completed run has."""
     run = RunDir.create(runs, run_plan("/jobs/a.yaml", name="a", mirror_deletes=mirror_deletes))
     created = stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    (run.path / "summary.json").write_text('{"by_outcome": {"succeeded": 0, "failed": 0}}')
     run.save(replace(run.manifest, state=RunState.COMPLETED, created_at=created))
     return run
 
