@@ -688,13 +688,11 @@ def redis_url_problem(value: str) -> str | None:
 def _redis_url(value: str) -> str:
     if WHOLE_SECRET.match(value):
         return value
-    if not REDIS_URL.match(value):
-        raise ValueError(
-            "must be a Redis URL such as redis://host:6379/0 (rediss:// for TLS, unix:// for a socket),"
-            " or a ${NAME} secret holding one"
-        )
-    if _AT_PAST_HOST.match(value):
-        raise ValueError(REDIS_URL_AT_PAST_HOST)
+    problem = redis_url_problem(value)  # the same checks as a ${NAME} secret's value gets
+    if problem == REDIS_URL_AT_PAST_HOST:
+        raise ValueError(problem)
+    if problem is not None:
+        raise ValueError(f"{problem}, nor a ${{NAME}} secret holding one")
     return value
 
 
