@@ -4,6 +4,9 @@ as a row (`RowSender`), then each row's outcome read from the answer (relay/item
     a whole-request 429, 5xx or transport error   the same request again (same items, same key), after
                                                   the backoff and Retry-After; attempts count per row
     a halt status (401/403)                       the run halts; the batch's rows stay pending
+    a 409 to the batch's key sent before      still in progress (IETF Idempotency-Key draft, Stripe):
+                                                  the same request again after the backoff, at most
+                                                  IN_PROGRESS_WAITS times, never split under new keys
     a whole-batch 4xx (not 401/403/429)           `on_batch_rejected: split` bisects it down to single
                                                   rows, so a bad row fails alone; `fail_all` fails all.
                                                   A 413 always splits.
@@ -30,7 +33,13 @@ from bulkrelay.relay.auth import TokenSource
 from bulkrelay.relay.itemresults import PLAIN_SUCCESS, AnswerInvalid, ItemOutcome, ItemReader
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
-from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, Decision, RetryPolicy, counts_as_success
+from bulkrelay.relay.retry import (
+    BATCH_ANSWER_INVALID,
+    IN_PROGRESS_STATUS,
+    Decision,
+    RetryPolicy,
+    counts_as_success,
+)
 from bulkrelay.relay.sender import Exchange, RowSender, _milliseconds
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport
@@ -119,7 +128,7 @@ class BatchSender(RowSender):
         status = response.status if response is not None else None
         if response is not None and self._policy.is_success(response.status):
             self._read_answer(items, response, latency, result)
-        elif self._splits(response, len(items)):
+        elif self._splits(response, len(items)) and not (status == IN_PROGRESS_STATUS and decision.retryable):
             half = len(items) // 2
             await self._send(items[:half], result, retry)
             if not self.stop.requested:
@@ -144,6 +153,7 @@ class BatchSender(RowSender):
         """Send the batch until the policy decides (attempts counted per row, retries whole); None when
         the run stops first."""
         first_sent = 0.0
+        waits = 0  # 409s to the batch's key in progress (sent before), apart from max_attempts
         while True:
             for pending in items:
                 pending.attempts += 1
@@ -161,7 +171,12 @@ class BatchSender(RowSender):
             response = tried.response
             status = response.status if response is not None else None
             retry_after = self._retry_after(response)
-            decision = self._policy.decide(max(p.attempts for p in items), status, tried.error, retry_after)
+            if status == IN_PROGRESS_STATUS and first_sent != tried.sent:  # its key was sent before
+                decision = self._policy.in_progress(waits, retry_after)
+                waits += 1
+            else:
+                attempts = max(p.attempts for p in items) - waits
+                decision = self._policy.decide(attempts, status, tried.error, retry_after)
             if decision.halt:
                 self.stop.request(StopReason.HALT_AUTH, status_code=status, row=items[0].row_number)
                 return None

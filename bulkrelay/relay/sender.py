@@ -19,6 +19,7 @@ from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
 from bulkrelay.relay.retry import (
+    IN_PROGRESS_STATUS,
     Decision,
     RetryPolicy,
     counts_as_success,
@@ -89,7 +90,7 @@ class RowSender:
         request, key = self._keyed(record)
         started = _monotonic()
         first_sent = 0.0  # when the row was first sent: a token younger than that was fetched for it
-        attempt = 0
+        attempt = waits = 0  # waits: 409s to the row's key in progress, apart from max_attempts
         while True:
             attempt += 1
             if not self._limiter.try_start() and not await self._started():
@@ -105,7 +106,11 @@ class RowSender:
                     return None
                 self._stats.on_retry()
                 continue
-            decision, retry_after = self._decided(attempt, response, error)
+            if status == IN_PROGRESS_STATUS and key is not None and attempt > 1:  # sent before: waited out
+                decision, retry_after = self._policy.in_progress(waits, self._retry_after(response)), None
+                waits += 1
+            else:
+                decision, retry_after = self._decided(attempt - waits, response, error)
             if decision.halt:
                 self.stop.request(StopReason.HALT_AUTH, status_code=status, row=record.row_number)
                 return None

@@ -324,3 +324,47 @@ async def test_a_whole_answers_rows_are_journaled_each_with_its_own_fields(tmp_p
     for entry in entries:
         assert alike(vars(entry)) == alike(general[entry.row_number])
         assert list(vars(entry)) == list(general[entry.row_number])  # the line's key order
+
+
+async def test_a_409_to_a_key_still_in_progress_is_waited_out_under_that_key_never_split(
+    tmp_path: Path,
+) -> None:
+    """A target keeping keys (IETF Idempotency-Key draft, Stripe) answers 409 while a key's first request
+    is still being processed. The batch is slower than read_seconds: its retry meets the 409. Split
+    into halves under new keys, 40 items were applied 120 times and every row journaled as failed."""
+    plan = {"dedup": True, "in_progress_status": 409, "batch": {"delay_ms": 1200}}
+    target = await start_target(plan)
+    try:
+        job = write_batch_job(
+            tmp_path,
+            target.url,
+            "hubspot",
+            [f"user{n}" for n in range(1, 41)],
+            max_items=40,
+            retry={"max_attempts": 3, "initial_backoff_seconds": 0.3, "max_backoff_seconds": 0.6},
+            execution={"concurrency": 1, "timeout": {"read_seconds": 0.4}},
+        )
+        result = await run_batch_job(job, target)
+        stats = target.state.stats()
+    finally:
+        await target.stop()
+    assert stats["items_applied_twice"] == [] and stats["distinct_items_applied"] == 40
+    assert len({r["idempotency_key"] for r in result.requests}) == 1  # never split into new keys
+    assert 409 in {r["status"] for r in result.requests}
+    assert all(e.success for e in result.entries) and len(result.entries) == 40
+
+
+async def test_a_409_to_a_batchs_first_send_is_its_4xx_and_splits(tmp_path: Path) -> None:
+    """A key never sent before cannot be in progress: a 409 to it is the batch's refusal, bisected."""
+    plan = {"rules": [{"match": {"body_contains": "poison"}, "status": 409}]}
+    target = await start_target(plan)
+    try:
+        names = [f"user{n}" for n in range(1, 5)]
+        names[2] = "poison3"
+        job = write_batch_job(tmp_path, target.url, "array", names, max_items=4)
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    rows = result.by_row()
+    assert {n for n, e in rows.items() if not e.success} == {3}
+    assert rows[3].status_code == 409 and rows[3].attempts == 3  # the batch, its half, itself
