@@ -59,8 +59,7 @@ class BatchFormer:
     ) -> None:
         self._batcher = batcher
         self._stop = stop
-        self._retried = retries  # the requests sent again, durable (None: numbered in memory, for tests)
-        self._numbers: dict[tuple[int, ...], int] = {}  # without `retries`: rows -> their last number
+        self._retried = retries  # the requests of the same rows sent again, durable (None: for tests)
         # The rows the journal held when the run started: they keep their places in their batches.
         # (Rows outside a retry-failed or shard selection are no rows of the run: passed over.)
         self._journaled = journaled
@@ -97,31 +96,35 @@ class BatchFormer:
             await self._wait(now)
         return None
 
-    def done(self, retry: list[PendingItem]) -> None:
-        """A request came back; `retry` are its rows to send again, together, once due."""
+    def done(self, retry: list[PendingItem], sent: Batch | None = None) -> None:
+        """The request `sent` came back; `retry` are its rows to send again, together, once due. The
+        very rows of `sent` again take the next number (their key must differ from the one answered);
+        fewer rows make a request no one sent yet, keyed by their ids alone, as a crash forms it."""
         self._in_flight -= 1
         if retry:
             items = tuple(sorted(retry, key=lambda pending: pending.row_number))
-            item_bytes = sum(len(pending.item.data) for pending in items)
-            self._retries.append(Batch(items, self._batcher.size(len(items), item_bytes), again=True))
+            size = self._batcher.size(len(items), sum(len(pending.item.data) for pending in items))
+            if sent is not None and len(items) == len(sent.items):
+                self._retries.append(Batch(items, size, retry=(sent.retry or 0) + 1, again=True))
+            else:
+                self._retries.append(Batch(items, size))
         self._changed.set()
         self._changed = anyio.Event()
 
     async def _numbered(self, batch: Batch) -> Batch:
-        """`batch` with the number its key takes: an earlier process's for the same rows (a resumed run
-        sends that request again), a new one, made durable now, for rows an answer left retryable, and
-        none for a batch's first request."""
+        """`batch` with the number its key takes: the number of requests of exactly these rows sent
+        before it. A request's key so depends on its rows and the answers they got, never on which
+        process sent them: the rows of a request sent again get their new number made durable now;
+        rows formed from the input take an earlier process's number for the same rows (a resumed run
+        sends that request again), else none (no request of these rows was ever answered)."""
         rows = [pending.row_number for pending in batch.items]
         retries = self._retried
-        number = retries.earlier(rows) if retries is not None else None
-        if number is None and batch.again:
-            if retries is not None:
-                number = await retries.record(rows)
-            else:
-                number = self._numbers[tuple(rows)] = self._numbers.get(tuple(rows), 0) + 1
-        if number is None:
+        if batch.again:
+            if retries is not None and batch.retry is not None:
+                await retries.record(rows, batch.retry)
             return batch
-        return Batch(batch.items, batch.size, retry=number)
+        number = retries.earlier(rows) if retries is not None else None
+        return batch if number is None else Batch(batch.items, batch.size, retry=number)
 
     def _due(self, now: float) -> Batch | None:
         """The first batch in input order whose pending rows may go again."""
@@ -259,7 +262,7 @@ class BatchRelay:
                 sender.stop.request(StopReason.HALT_LIMIT_UNAVAILABLE, limiter=exc.url, cause=exc.cause)
                 return
             finally:
-                former.done(retry)
+                former.done(retry, batch)
             for group in result.groups:
                 for admitted in self.streak.admit(group):
                     await self._submit(journal, admitted)

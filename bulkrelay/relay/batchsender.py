@@ -68,8 +68,8 @@ class PendingItem:
 class Batch:
     items: tuple[PendingItem, ...]
     size: int  # bytes of its body
-    # The number of a request of rows sent before (store/batchretries.py), part of its key; None for a
-    # batch's first request. `again`: rows an answer left retryable, numbered just before it is sent.
+    # How many requests of exactly these rows were sent before (store/batchretries.py), part of its key;
+    # None for the first. `again`: the rows of the request before it, their number made durable first.
     retry: int | None = None
     again: bool = False
 

@@ -111,3 +111,38 @@ def test_the_rerun_of_a_finished_batch_job_resends_its_retries_under_the_same_ke
     assert [run.exit_code for run in runs] == [ExitCode.SUCCESS, ExitCode.SUCCESS], runs[-1].envelope
     assert runs[0].data["run_dir"] != runs[1].data["run_dir"]  # a new run: the first one completed
     assert stats["items_applied_twice"] == [] and stats["distinct_items_applied"] == len(names)
+
+
+@pytest.mark.slow
+def test_a_crash_during_an_item_429_backoff_then_the_next_night_applies_no_item_twice(tmp_path: Path) -> None:
+    """kill -9 while 28 items of a 40-item batch wait out their item 429: the identical re-run sends
+    them, and the next night's run, answered the first request's stored 429s, sends them again under
+    the very key the re-run used. (Keyed by the process's history, the re-run sent them under their
+    ids alone and the next night numbered them as a retry: a new key, all 28 applied again.)"""
+    names = [("busy" if n % 10 < 7 else "user") + str(n) for n in range(1, 41)]
+    runs_root = tmp_path / ".bulkrelay" / "runs"
+    with TargetProcess({"dedup": True, "batch": {"retry_times": 1}}) as target:
+        job = write_batch_job(
+            tmp_path,
+            target.url,
+            "elasticsearch",
+            names,
+            max_items=40,
+            execution={"concurrency": 1},
+            retry={
+                "max_attempts": 3,
+                "initial_backoff_seconds": 4,
+                "max_backoff_seconds": 4,
+                "jitter_ratio": 0,
+            },
+        )
+        proc = spawn_run(tmp_path, job)
+        wait_for_frontier_past(run_held_by(runs_root, proc), 0, proc)  # the 12 applied rows, committed
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert target.stats()["requests"] == 1  # killed during the 28 items' backoff
+        nights = [run_cli("run", job, "--budget", "0", cwd=tmp_path, timeout=120) for _ in range(2)]
+        stats = target.stats()
+    assert [night.exit_code for night in nights] == [ExitCode.SUCCESS] * 2, nights[-1].envelope
+    assert nights[0].data["run_dir"] != nights[1].data["run_dir"]  # the next night: a new run
+    assert stats["items_applied_twice"] == [] and stats["distinct_items_applied"] == 40
