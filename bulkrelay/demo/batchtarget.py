@@ -3,7 +3,8 @@
     POST .../batch/upsert   HubSpot: {"inputs": [...]}; 200, or 207 with `errors[]` naming the failed
                             inputs by the `objectWriteTraceId` they were sent with (context lists them)
     POST .../_bulk          Elasticsearch: NDJSON, an action line ({"index": {"_id": ...}}) and a document
-                            line per item; 200 with `items[i].index.status` in request order
+                            line per item; 200 with `items[i].index.status` in request order (an item
+                            applied answered with Elasticsearch's fields, ~190 bytes: `_shards`, ...)
     POST .../users/track    Braze: {"attributes": [...]}; 201 with `errors[]` naming failures by `index`
     POST .../batch/array    a plain JSON array; one status for all: 200, 400 when an item is poisoned
 
@@ -121,9 +122,12 @@ class BatchEndpoints:
             else:
                 self.applied[item_id] += 1
             failed = failed or error is not None
-            entry: dict[str, Any] = {"_id": item_id, "status": status}
+            entry: dict[str, Any] = {"_index": "customers", "_type": "_doc", "_id": item_id, "status": status}
             if error is not None:
                 entry["error"] = error
+            else:  # as Elasticsearch answers an item applied: some 190 bytes of JSON
+                entry |= {"_version": 1, "result": "created", "_seq_no": len(self.applied) - 1}
+                entry |= {"_shards": {"total": 2, "successful": 1, "failed": 0}, "_primary_term": 1}
             items.append({"index": entry})
         return 200, orjson.dumps({"took": 1, "errors": failed, "items": items})
 

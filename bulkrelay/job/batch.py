@@ -20,7 +20,16 @@ from typing import Any, NamedTuple
 import orjson
 
 from bulkrelay.errors import ConfigInvalid, Problem
-from bulkrelay.job.config import BatchConfig, ItemNode, JobConfig, JsonField, JsonMeta, JsonNode, JsonValue
+from bulkrelay.job.config import (
+    MAX_BODY_BYTES,
+    BatchConfig,
+    ItemNode,
+    JobConfig,
+    JsonField,
+    JsonMeta,
+    JsonNode,
+    JsonValue,
+)
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests, json_renderer
 
@@ -32,6 +41,9 @@ _MARKER = "\0bulkrelay-items\0"  # where the items go in the envelope's encoding
 _BATCH_KEY_SCHEME = b"bulkrelay-batch-v1\0"
 _CONTENT_TYPES = {"json": "application/json", "ndjson": "application/x-ndjson"}
 _new_tuple = tuple.__new__  # PreparedRequest(...) would go through a Python-level __new__
+# What the transport reads of a batch's answer: at least MAX_BODY_BYTES, and this much an item (an
+# Elasticsearch _bulk answer is ~190 bytes an item applied, ~400 an item refused with its reason).
+ANSWER_BYTES_PER_ITEM = 4096
 
 
 class Item(NamedTuple):
@@ -108,6 +120,12 @@ class BatchRenderer:
         return cls(
             config.request.batch, renderer, config_fingerprint, config.input.key, sorted_json=sorted_json
         )
+
+    @property
+    def answer_bytes(self) -> int:
+        """The most of an answer the transport reads: sized from the batch, so that the answer of a full
+        batch is read whole (a fixed 1 MiB cut an Elasticsearch answer of 5,500 items)."""
+        return max(MAX_BODY_BYTES, self.max_items * ANSWER_BYTES_PER_ITEM)
 
     @property
     def idempotency_header(self) -> str | None:

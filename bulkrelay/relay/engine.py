@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
-from bulkrelay.job.config import JobConfig
+from bulkrelay.job.config import MAX_BODY_BYTES, JobConfig
 from bulkrelay.job.inputs import open_records
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
@@ -237,6 +237,7 @@ def transport_settings(preflight: Preflight) -> TransportSettings:
         read_seconds=timeout.read_seconds,
         write_seconds=timeout.write_seconds,
         pool_seconds=timeout.pool_seconds,
+        max_body_bytes=preflight.batcher.answer_bytes if preflight.batcher else MAX_BODY_BYTES,
         http2=execution.http2,
         decompress="accept-encoding" in header_names,
         client=execution.client,

@@ -70,7 +70,10 @@ class ItemReader:
         if mode == "whole":
             return [PLAIN_SUCCESS] * len(item_ids)
         if truncated:
-            raise AnswerInvalid("the answer is longer than the transport reads (cut short)")
+            raise AnswerInvalid(
+                "the answer is longer than the transport reads for this batch (cut short): not read, and "
+                "no refusal of its items, which the target may have applied"
+            )
         try:
             document = orjson.loads(body)
         except orjson.JSONDecodeError as exc:

@@ -128,3 +128,21 @@ def test_mirror_deletes_of_a_batch_job_are_single_requests(tmp_path: Path) -> No
     assert second.exit_code == ExitCode.SUCCESS, second.envelope
     assert second.data["mirror"]["deletions"] == 1
     assert [(r["method"], r["path"]) for r in sent] == [("DELETE", "/crm/v3/objects/contacts/3")]
+
+
+@pytest.mark.slow
+def test_retry_failed_of_rows_whose_answer_was_not_read_says_they_may_have_been_applied(
+    tmp_path: Path,
+) -> None:
+    rule = {"match": {"method": "POST"}, "status": 200, "body": "x" * 1000, "repeat": 1100}  # over 1 MiB
+    with TargetProcess({"rules": [rule]}) as target:
+        job = write_batch_job(tmp_path, target.url, "braze", [f"user{n}" for n in range(1, 6)], max_items=5)
+        first = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        target.set_plan({})
+        retried = run_cli("retry-failed", first.data["run_dir"], "--budget", "0", cwd=tmp_path)
+    assert first.exit_code == ExitCode.PARTIAL_FAILURE, first.envelope
+    entries = list(read_journal(Path(first.data["run_dir"]) / "results.jsonl"))
+    assert all("the target may have applied" in (e.error or "") for e in entries)
+    assert retried.exit_code == ExitCode.SUCCESS, retried.envelope
+    [warning] = [w for w in retried.envelope["warnings"] if w["code"] == "ANSWER_UNREAD_RESENT"]
+    assert warning["context"]["rows"] == 5

@@ -368,3 +368,20 @@ async def test_a_409_to_a_batchs_first_send_is_its_4xx_and_splits(tmp_path: Path
     rows = result.by_row()
     assert {n for n, e in rows.items() if not e.success} == {3}
     assert rows[3].status_code == 409 and rows[3].attempts == 3  # the batch, its half, itself
+
+
+async def test_an_elasticsearch_answer_of_6000_items_is_read_whole(tmp_path: Path) -> None:
+    """~190 bytes an item: 6,000 items answer over 1 MiB. Read with a fixed 1 MiB cap, every row failed
+    though all were applied (and `retry-failed` applied them all again). The cap grows with the batch."""
+    target = await start_target({"batch": {"max_items": 10_000}})
+    try:
+        names = [f"user{n}" for n in range(1, 6001)]
+        job = write_batch_job(
+            tmp_path, target.url, "elasticsearch", names, max_items=6000, batch={"max_bytes": 2_000_000}
+        )
+        result = await run_batch_job(job, target)
+        stats = target.state.stats()
+    finally:
+        await target.stop()
+    assert len(result.requests) == 1 and stats["distinct_items_applied"] == 6000
+    assert all(e.success for e in result.entries) and len(result.entries) == 6000
