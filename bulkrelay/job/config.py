@@ -613,6 +613,7 @@ class ItemsConfig(_Model):
     error_id: Pointer | None = None  # by_id: where an error names its item(s); default: id
     index: Pointer | None = None  # by_index: where an error names its item's position
     status: Pointer | None = None  # a per-item status, classified like a response's status
+    success_statuses: Statuses | None = None  # an item status that is a success; None: any 2xx
     message: Pointer | None = None  # goes into the row's error
     unlisted: Literal["success", "failure"] = "success"  # by_index, by_id: an item named nowhere
 
@@ -629,10 +630,21 @@ class ItemsConfig(_Model):
             raise ValueError(f"response.items mode {self.mode} needs {' and '.join(missing)}")
         allowed = {
             "whole": set(),
-            "positional": {"results", "status", "message"},
-            "by_index": {"errors", "index", "status", "message", "unlisted"},
-            "by_id": {"results", "errors", "id", "error_id", "status", "message", "unlisted"},
+            "positional": {"results", "status", "success_statuses", "message"},
+            "by_index": {"errors", "index", "status", "success_statuses", "message", "unlisted"},
+            "by_id": {
+                "results",
+                "errors",
+                "id",
+                "error_id",
+                "status",
+                "success_statuses",
+                "message",
+                "unlisted",
+            },
         }[self.mode]
+        if self.success_statuses is not None and self.status is None:
+            raise ValueError("response.items.success_statuses judges item statuses: it needs status")
         extra = sorted((self.model_fields_set - {"mode"}) - allowed)
         if extra:
             raise ValueError(f"response.items mode {self.mode} does not read {', '.join(extra)}")

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from bulkrelay.demo.target import start_target
-from tests.relay.batchrun import run_batch_job, write_batch_job
+from tests.relay.batchrun import SHAPES, run_batch_job, write_batch_job
 
 pytestmark = pytest.mark.anyio
 
@@ -385,3 +385,25 @@ async def test_an_elasticsearch_answer_of_6000_items_is_read_whole(tmp_path: Pat
         await target.stop()
     assert len(result.requests) == 1 and stats["distinct_items_applied"] == 6000
     assert all(e.success for e in result.entries) and len(result.entries) == 6000
+
+
+async def test_item_statuses_are_judged_by_their_own_list_not_the_answers(tmp_path: Path) -> None:
+    """`success_statuses: [200]` for Elasticsearch's 200 answer failed every item created (201)."""
+    target = await start_target()
+    try:
+        names = [f"user{n}" for n in range(1, 5)]
+        names[1] = "bogus2"
+        job = write_batch_job(
+            tmp_path, target.url, "elasticsearch", names, max_items=4, response={"success_statuses": [200]}
+        )
+        default = await run_batch_job(job, target)
+        items = {**SHAPES["elasticsearch"]["response"]["items"], "success_statuses": [200]}
+        only_200 = {"success_statuses": [200], "items": items}
+        job = write_batch_job(tmp_path, target.url, "elasticsearch", names, max_items=4, response=only_200)
+        own = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    assert {n for n, e in default.by_row().items() if not e.success} == {2}  # items: any 2xx by default
+    assert all(e.status_code == 201 for n, e in default.by_row().items() if n != 2)
+    assert not any(e.success for e in own.by_row().values())  # their own list: 201 is not in it
+    assert own.by_row()[1].classification == "http_unexpected"
