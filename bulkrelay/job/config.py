@@ -652,6 +652,13 @@ class ItemsConfig(_Model):
             raise ValueError("response.items mode by_id needs results, errors or both")
         return self
 
+    @model_serializer(mode="wrap")
+    def _omit_absent_success_statuses(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.success_statuses is None:
+            data.pop("success_statuses", None)  # jobs written before it keep their fingerprint (item ids)
+        return data
+
 
 class ResponseConfig(_Model):
     success_statuses: Statuses | None = None  # None: any 2xx (applied by relay/retry's RetryPolicy)
