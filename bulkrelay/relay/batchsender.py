@@ -129,6 +129,7 @@ class BatchSender(RowSender):
         if response is not None and self._policy.is_success(response.status):
             self._read_answer(items, response, latency, result)
         elif self._splits(response, len(items)) and not (status == IN_PROGRESS_STATUS and decision.retryable):
+            self._stats.on_split()
             half = len(items) // 2
             await self._send(items[:half], result, retry)
             if not self.stop.requested:

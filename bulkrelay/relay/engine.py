@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,7 +40,7 @@ from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
 from bulkrelay.store.journal import CommittedPrefix, JournalEntry, JournalState, JournalWriter
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, utc_now
-from bulkrelay.store.summary import SummaryCounts
+from bulkrelay.store.summary import RequestCounts, SummaryCounts
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 # The first checkpoint comes sooner: a process killed soon after it starts (again and again, say)
@@ -140,6 +140,7 @@ class RelayOutcome:
     elapsed_seconds: float
     stop_detail: dict[str, object] = field(default_factory=dict)
     forced: bool = False
+    requests: RequestCounts | None = None  # what this call sent (the summary's `requests`)
 
 
 class _FailureStreak:
@@ -336,7 +337,7 @@ async def relay(
                 await auth.aclose()
     write_checkpoint(run.path, committed.checkpoint(), storage)
     reporter.update(committed.snapshot())
-    return _outcome(committed, stop, time.monotonic() - started)
+    return replace(_outcome(committed, stop, time.monotonic() - started), requests=stats.request_counts())
 
 
 def _outcome(committed: Committed, stop: StopControl, elapsed: float) -> RelayOutcome:
