@@ -11,10 +11,10 @@
 An item whose JSON holds `fail_contains` fails alone (HubSpot 207 error, Elasticsearch 400, Braze
 error); one holding `retry_contains` gets an item 429 from Elasticsearch the first `retry_times` times
 its id is seen; a plain array holding `reject_contains` is refused whole (400); more than `max_items`
-items is a 413 everywhere. Every item answered as applied counts in `items_applied` by its id (HubSpot:
-`objectWriteTraceId`; Elasticsearch: `_id`; Braze: `external_id`; array: `id`), so a test sees an item
-applied twice. The plan's `batch` object sets these options (`delay_ms`: answer each batch that late,
-after applying it).
+items, or a body over `max_body_bytes`, is a 413 everywhere. Every item answered as applied counts in
+`items_applied` by its id (HubSpot: `objectWriteTraceId`; Elasticsearch: `_id`; Braze: `external_id`;
+array: `id`), so a test sees an item applied twice. The plan's `batch` object sets these options
+(`delay_ms`: answer each batch that late, after applying it).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class BatchOptions(BaseModel):
     reject_contains: str = "poison"
     max_items: int = Field(default=1000, ge=1)
     delay_ms: int = Field(default=0, ge=0)  # answer a batch this late (after applying it)
+    max_body_bytes: int | None = Field(default=None, ge=1)  # a larger body (as sent) is a 413
 
 
 class BatchEndpoints:
@@ -53,6 +54,9 @@ class BatchEndpoints:
 
     def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
         """(status, JSON body) for a batch request to `path`."""
+        limit = self.options.max_body_bytes
+        if limit is not None and len(body) > limit:
+            return 413, orjson.dumps({"error": f"{len(body)} bytes, at most {limit}"})
         try:
             if path.endswith("/_bulk"):
                 return self._bulk(body)

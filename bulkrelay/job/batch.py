@@ -168,14 +168,15 @@ class BatchRenderer:
         closes before the item that would take it over `max_items` or its body over `max_bytes`."""
         return self.fits_bytes(count, item_bytes, len(item.data))
 
-    def fits_bytes(self, count: int, item_bytes: int, length: int) -> bool:
-        """`fits` for an item of `length` bytes."""
+    def fits_bytes(self, count: int, item_bytes: int, length: int, max_bytes: int | None = None) -> bool:
+        """`fits` for an item of `length` bytes; `max_bytes`: a body size a 413 taught, below the job's."""
         if count == 0:
             return True
         if count >= self.max_items:
             return False
         # size(count + 1, item_bytes + length), inline: this runs once a row
-        return self._framing + item_bytes + length + self._separator * count <= self.max_bytes
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        return self._framing + item_bytes + length + self._separator * count <= limit
 
     def request(
         self, items: Sequence[Item], delivery: str | None = None, retry: int | None = None

@@ -44,6 +44,7 @@ class _Journaled:
     """A row of the run the journal already holds: it takes its place in its batch, and is not sent."""
 
     data_length: int  # its item's bytes, which decide where its batch closes
+    row_number: int
 
 
 class BatchFormer:
@@ -71,6 +72,12 @@ class BatchFormer:
         self._retries: list[Batch] = []  # batches whose pending rows go again once due
         self._in_flight = 0
         self._changed = anyio.Event()
+        # Body sizes 413s taught: batches from `from_row` on hold at most `max_bytes` (durable first, so
+        # that a crash forms the same batches again); `_taught`: one learned, not yet in force.
+        self._sizes: list[tuple[int, int]] = list(retries.sizes) if retries is not None else []
+        self._taught: int | None = None
+        self._placed = 0  # the last row placed in a batch formed from the input
+        self._forming = anyio.Lock()
 
     def feed(self, records: Iterator[Record]) -> None:
         self._records = records
@@ -79,7 +86,7 @@ class BatchFormer:
         """A row counted as done was passed over (the records' `on_done`)."""
         if self._journaled is not None and record.row_number in self._journaled:
             request = self._batcher.item_request(record)
-            self._queue.append(_Journaled(len(request.body or b"")))
+            self._queue.append(_Journaled(len(request.body or b""), record.row_number))
 
     async def next(self) -> Batch | None:
         """The next request to send; None when nothing is left (or a stop was requested)."""
@@ -87,7 +94,9 @@ class BatchFormer:
             now = time.monotonic()
             batch = self._due(now)
             if batch is None and (not self._exhausted or self._queue):
-                batch = self._form()
+                async with self._forming:  # a size just taught is made durable before it forms any
+                    await self._put_taught_in_force()
+                    batch = self._form()
             if batch is not None:
                 self._in_flight += 1
                 return await self._numbered(batch)
@@ -95,6 +104,28 @@ class BatchFormer:
                 return None
             await self._wait(now)
         return None
+
+    def learn(self, max_bytes: int) -> None:
+        """A 413 taught that bodies of `max_bytes` bytes are accepted: later batches hold no more (issue
+        43: one 413 per size learned, not one a batch)."""
+        if max_bytes < self._max_bytes_from(self._placed + 1):
+            self._taught = max_bytes if self._taught is None else min(self._taught, max_bytes)
+
+    async def _put_taught_in_force(self) -> None:
+        if self._taught is None:
+            return
+        size, self._taught = self._taught, None
+        if self._retried is not None:
+            await self._retried.record_size(self._placed + 1, size)
+        self._sizes.append((self._placed + 1, size))
+
+    def _max_bytes_from(self, row: int) -> int:
+        """The body size in force for a batch whose first row is `row`."""
+        limit = self._batcher.max_bytes
+        for from_row, max_bytes in self._sizes:
+            if from_row <= row:
+                limit = min(limit, max_bytes)
+        return limit
 
     def done(self, retry: list[PendingItem], sent: Batch | None = None) -> None:
         """The request `sent` came back; `retry` are its rows to send again, together, once due. The
@@ -147,11 +178,15 @@ class BatchFormer:
         while True:
             items: list[PendingItem] = []
             count = item_bytes = pending_bytes = 0
+            limit = None
             while (member := self._take()) is not None:
                 length = member.data_length if isinstance(member, _Journaled) else len(member.item.data)
-                if not batcher.fits_bytes(count, item_bytes, length):
+                if limit is None and self._sizes:
+                    limit = self._max_bytes_from(member.row_number)  # a 413 taught it (learn)
+                if not batcher.fits_bytes(count, item_bytes, length, limit):
                     self._queue.appendleft(member)  # it opens the next batch
                     break
+                self._placed = member.row_number
                 count += 1
                 item_bytes += length
                 if isinstance(member, PendingItem):
@@ -258,6 +293,8 @@ class BatchRelay:
             try:
                 result = await sender.send_batch(batch)
                 retry = result.retry
+                if result.learned is not None:
+                    former.learn(result.learned)
             except LimiterUnavailable as exc:  # never a local fallback: that could exceed the shared limit
                 sender.stop.request(StopReason.HALT_LIMIT_UNAVAILABLE, limiter=exc.url, cause=exc.cause)
                 return

@@ -86,6 +86,13 @@ class Group:
 class BatchResult:
     groups: list[Group] = field(default_factory=list)
     retry: list[PendingItem] = field(default_factory=list)  # to send again, in a later batch
+    too_large: bool = False  # a request of it was answered 413
+    accepted_bytes: int = 0  # the largest body of it answered otherwise (the target read it)
+
+    @property
+    def learned(self) -> int | None:
+        """The body size a 413 taught: the largest of the batch's requests the target then read."""
+        return self.accepted_bytes if self.too_large and self.accepted_bytes else None
 
 
 class BatchSender(RowSender):
@@ -126,6 +133,10 @@ class BatchSender(RowSender):
         tried, decision = answered
         response, error, latency = tried.response, tried.error, tried.latency
         status = response.status if response is not None else None
+        if status == 413:
+            result.too_large = True
+        elif status is not None:
+            result.accepted_bytes = max(result.accepted_bytes, len(request.body or b""))
         if response is not None and self._policy.is_success(response.status):
             self._read_answer(items, response, latency, result)
         elif self._splits(response, len(items)) and not (status == IN_PROGRESS_STATUS and decision.retryable):

@@ -10,6 +10,12 @@ here (and fsynced) before its request leaves:
 
     {"retry": 3, "rows": [7, 14]}
 
+A second kind of line keeps the body size a 413 taught the run (issue 43): batches formed from row
+`from_row` on hold at most `max_bytes` bytes, so that the same pending rows form the same requests
+after a crash as before it:
+
+    {"max_bytes": 51234, "from_row": 4001}
+
 `rows` are the rows the request carries, in order. A resumed run whose pending rows of a batch are
 exactly the rows of such a line sends them under that line's key (the latest line for those rows), so a
 target that dedups by key replays what it answered, and applies nothing twice; pending rows of no line
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import orjson
@@ -35,15 +42,22 @@ RETRIES_FILE = "batch-retries.jsonl"
 
 
 class BatchRetries:
-    """The run's requests of the same rows sent again: earlier processes' to reuse, and this one's."""
+    """The run's requests of the same rows sent again (earlier processes' to reuse, and this one's), and
+    the batch sizes 413s taught it."""
 
     def __init__(self, path: Path, storage: Storage) -> None:
         self._path = path
         self._storage = storage
         self._earlier: dict[tuple[int, ...], int] = {}  # rows -> the latest number an earlier process gave
-        found, self._cut = _read(path)  # _cut: the file ends inside a line a crash cut
-        for number, rows in found:
-            self._earlier[rows] = number
+        self.sizes: list[tuple[int, int]] = []  # (from_row, max_bytes) a 413 taught, in order
+        lines, self._cut = _read(path)  # _cut: the file ends inside a line a crash cut
+        for entry in lines:
+            if "retry" in entry:
+                number, rows = entry["retry"], tuple(entry["rows"])
+                if isinstance(number, int) and all(isinstance(row, int) for row in rows):
+                    self._earlier[rows] = number
+            elif isinstance(entry.get("from_row"), int) and isinstance(entry.get("max_bytes"), int):
+                self.sizes.append((entry["from_row"], entry["max_bytes"]))
 
     def earlier(self, rows: Sequence[int]) -> int | None:
         """The number an earlier process sent these rows under, once: this process's next request of the
@@ -52,7 +66,15 @@ class BatchRetries:
 
     async def record(self, rows: Sequence[int], number: int) -> None:
         """`number` for a request of `rows`, durable before this returns (before it leaves)."""
-        line = orjson.dumps({"retry": number, "rows": list(rows)}) + b"\n"
+        await self._write({"retry": number, "rows": list(rows)})
+
+    async def record_size(self, from_row: int, max_bytes: int) -> None:
+        """Batches formed from `from_row` on hold at most `max_bytes`: durable before this returns (before
+        any is formed so)."""
+        await self._write({"max_bytes": max_bytes, "from_row": from_row})
+
+    async def _write(self, entry: dict[str, object]) -> None:
+        line = orjson.dumps(entry) + b"\n"
         if self._cut:  # end the cut line first, or the first new line would join it and be lost
             line, self._cut = b"\n" + line, False
         await anyio.to_thread.run_sync(self._append, line)
@@ -69,9 +91,9 @@ class BatchRetries:
             storage.fsync_dir(self._path.parent)  # the new file's name survives a power loss too
 
 
-def _read(path: Path) -> tuple[list[tuple[int, tuple[int, ...]]], bool]:
-    """The whole lines of the file, in order ((number, rows)), none when it does not exist; and whether
-    it ends inside a line."""
+def _read(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The whole lines of the file, in order, none when it does not exist; and whether it ends inside a
+    line."""
     try:
         with open(path, "rb", opener=open_private) as stream:  # a link there is refused: RUN_DIR_UNSAFE
             data = stream.read()
@@ -81,9 +103,8 @@ def _read(path: Path) -> tuple[list[tuple[int, tuple[int, ...]]], bool]:
     for line in data.split(b"\n"):
         try:
             entry = orjson.loads(line)
-            number, rows = entry["retry"], tuple(entry["rows"])
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+        except orjson.JSONDecodeError:
             continue  # the end of a line a crash cut (or an empty line): that request never left
-        if isinstance(number, int) and all(isinstance(row, int) for row in rows):
-            found.append((number, rows))
+        if isinstance(entry, dict) and (isinstance(entry.get("rows"), list) or "retry" not in entry):
+            found.append(entry)
     return found, not data.endswith(b"\n") and bool(data)
