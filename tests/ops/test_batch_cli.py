@@ -9,7 +9,10 @@ import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
+from bulkrelay.ops.report import facts_of
+from bulkrelay.ops.reportdata import read_timeline, tally_journal
 from bulkrelay.store.journal import read_journal
+from bulkrelay.store.rundir import RunDir
 from tests.clirun import run_cli
 from tests.relay.batchrun import write_batch_job
 from tests.targetproc import TargetProcess
@@ -174,3 +177,6 @@ def test_a_batched_run_at_a_byte_limit_counts_requests_splits_and_retries_apart(
     assert stored["requests"] == requests
     assert "bulkrelay_batch_splits_total{" in metrics.read_text()
     assert 'bulkrelay_batch_splits_total{job_name="job"} 1.0' in metrics.read_text()
+    run = RunDir.open(Path(result.data["run_dir"]))
+    facts = facts_of(run, tally_journal(run.journal_path), read_timeline(run.path))
+    assert facts.requests is not None and facts.requests.to_json() == requests  # the report's data
