@@ -58,6 +58,9 @@ paths in another case (a case-insensitive target: `ABC` is `abc`), both compared
 `mirror.key_match` does. Such a store keeps each record under the path last written to it, so
 `PUT /items/abc` replaces `/items/ABC` and `DELETE /items/ABC` removes `/items/abc`.
 
+A request with `Content-Encoding: gzip` (`request.compression`) is inflated first, by aiohttp's own
+parser: its recorded body is the inflated one, its Content-Length header the compressed size.
+
 Control API (never recorded or counted):
 
     POST /_control/plan      replace the plan (rule counters start over)    GET /_control/plan

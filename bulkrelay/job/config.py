@@ -542,6 +542,9 @@ class RequestConfig(_Model):
     idempotency_key: IdempotencyKeyConfig | None = None
     batch: BatchConfig | None = None
     auth: AuthConfig | None = None
+    # gzip: every body compressed (Content-Encoding: gzip), counted so against max_bytes. How the bytes
+    # travel, not what they say: out of the fingerprint, like execution.client.
+    compression: Literal["none", "gzip"] = "none"
 
     @model_validator(mode="after")
     def _coherent(self) -> RequestConfig:
@@ -564,6 +567,10 @@ class RequestConfig(_Model):
             raise ValueError("request.json is one {from: ...} value: when_missing: omit would leave no body")
         if self.auth is not None and "authorization" in names:
             raise ValueError("request.headers sets Authorization, which request.auth sends: keep one")
+        if self.compression != "none" and "content-encoding" in names:
+            raise ValueError(
+                "request.headers sets Content-Encoding, which request.compression sends: keep one"
+            )
         return self
 
     @model_serializer(mode="wrap")
@@ -573,6 +580,7 @@ class RequestConfig(_Model):
             data.pop("batch", None)
         if self.auth is None:
             data.pop("auth", None)  # the fingerprint of a job without auth stays what it was
+        data.pop("compression", None)  # operational: the fingerprint (item ids, keys) never holds it
         return data
 
 

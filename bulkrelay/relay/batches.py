@@ -45,6 +45,7 @@ class _Journaled:
 
     data_length: int  # its item's bytes, which decide where its batch closes
     row_number: int
+    data: bytes | None = None  # a gzip job's: its item, whose compressed bytes decide instead
 
 
 class BatchFormer:
@@ -86,7 +87,8 @@ class BatchFormer:
         """A row counted as done was passed over (the records' `on_done`)."""
         if self._journaled is not None and record.row_number in self._journaled:
             request = self._batcher.item_request(record)
-            self._queue.append(_Journaled(len(request.body or b""), record.row_number))
+            data = request.body or b""
+            self._queue.append(_Journaled(len(data), record.row_number, data if self._batcher.gzip else None))
 
     async def next(self) -> Batch | None:
         """The next request to send; None when nothing is left (or a stop was requested)."""
@@ -179,11 +181,17 @@ class BatchFormer:
             items: list[PendingItem] = []
             count = item_bytes = pending_bytes = 0
             limit = None
+            meter = batcher.meter()  # request.compression: gzip, counted by compressed bytes
             while (member := self._take()) is not None:
                 length = member.data_length if isinstance(member, _Journaled) else len(member.item.data)
                 if limit is None and self._sizes:
                     limit = self._max_bytes_from(member.row_number)  # a 413 taught it (learn)
-                if not batcher.fits_bytes(count, item_bytes, length, limit):
+                if meter is not None:
+                    data = member.data if isinstance(member, _Journaled) else member.item.data
+                    fits = batcher.fits_gzip(meter, count, data or b"", limit)
+                else:
+                    fits = batcher.fits_bytes(count, item_bytes, length, limit)
+                if not fits:
                     self._queue.appendleft(member)  # it opens the next batch
                     break
                 self._placed = member.row_number
@@ -193,7 +201,8 @@ class BatchFormer:
                     items.append(member)
                     pending_bytes += length
             if items:
-                return Batch(tuple(items), batcher.size(len(items), pending_bytes))
+                size = batcher.size(len(items), pending_bytes) if meter is None else meter.size()
+                return Batch(tuple(items), size)
             if count == 0:
                 return None  # the input is exhausted
 

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import anyio
 
+from bulkrelay.job.compression import gzip_request
 from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest, Record
@@ -85,9 +86,11 @@ class RowSender:
             config.response.capture, config.response.failure_body_bytes, self._renderer.redactor
         )
         self._captures = bool(config.response.capture)
+        self._gzip = config.request.compression == "gzip"
 
     async def send(self, record: Record) -> JournalEntry | None:
         request, key = self._keyed(record)
+        wire = gzip_request(request) if self._gzip else request  # request.compression; digests read request
         started = _monotonic()
         first_sent = 0.0  # when the row was first sent: a token younger than that was fetched for it
         attempt = waits = 0  # waits: 409s to the row's key in progress, apart from max_attempts
@@ -95,7 +98,7 @@ class RowSender:
             attempt += 1
             if not self._limiter.try_start() and not await self._started():
                 return None  # a stop came while the start was held: the row stays pending
-            tried = await self._exchange(request)
+            tried = await self._exchange(wire)
             if tried is None:
                 return None  # no token to be had: the run is stopping, the row stays pending
             response, error, _, sent, token = tried

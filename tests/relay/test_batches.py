@@ -407,3 +407,31 @@ async def test_item_statuses_are_judged_by_their_own_list_not_the_answers(tmp_pa
     assert all(e.status_code == 201 for n, e in default.by_row().items() if n != 2)
     assert not any(e.success for e in own.by_row().values())  # their own list: 201 is not in it
     assert own.by_row()[1].classification == "http_unexpected"
+
+
+async def test_gzip_batches_are_counted_by_their_compressed_bytes_and_inflated_by_the_target(
+    tmp_path: Path,
+) -> None:
+    names = [f"user{n}" for n in range(1, 201)]
+    target = await start_target()
+    try:
+        plain = write_batch_job(
+            tmp_path, target.url, "array", names, max_items=200, batch={"max_bytes": 1500}
+        )
+        unzipped = await run_batch_job(plain, target)
+        target.state.reset()
+        job = write_batch_job(
+            tmp_path, target.url, "array", names, max_items=200, batch={"max_bytes": 1500},
+            request={"compression": "gzip"},
+        )  # fmt: skip
+        zipped = await run_batch_job(job, target)
+        stats = target.state.stats()
+    finally:
+        await target.stop()
+    assert all(e.success for e in zipped.entries) and len(zipped.entries) == 200
+    assert stats["distinct_items_applied"] == 200 and stats["items_applied_twice"] == []
+    for request in zipped.requests:
+        headers = {name.lower(): value for name, value in request["headers"].items()}
+        assert headers["content-encoding"] == "gzip"
+        assert int(headers["content-length"]) <= 1500 < len(request["body"])  # the inflated body is larger
+    assert len(zipped.requests) < len(unzipped.requests)  # more items fit a request

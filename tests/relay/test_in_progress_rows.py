@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
 from bulkrelay.demo.target import start_target
@@ -49,3 +50,18 @@ async def test_a_rows_409_after_its_key_was_sent_is_waited_out_under_the_same_ke
     assert stats["effects"] == 3  # each row applied once
     assert sorted(e.row_number for e in entries) == [1, 2, 3]
     assert all(e.success and e.status_code == 200 for e in entries), entries
+
+
+async def test_a_rows_gzip_body_is_inflated_by_the_target(tmp_path: Path) -> None:
+    target = await start_target()
+    try:
+        job = write_job(tmp_path, target.url, rows=3, request={"compression": "gzip"})
+        preflight = run_preflight(load_job(job), None)
+        run = RunDir.create(tmp_path / "runs", plan_for(preflight))
+        await relay(preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter())
+        requests = target.state.requests()
+    finally:
+        await target.stop()
+    assert all(e.success for e in read_journal(run.journal_path))
+    assert sorted(orjson.loads(r["body"])["id"] for r in requests) == [1, 2, 3]
+    assert all(r["headers"].get("Content-Encoding") == "gzip" for r in requests)
