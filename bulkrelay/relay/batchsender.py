@@ -119,6 +119,7 @@ class BatchSender(RowSender):
         self._items = ItemReader(response.items, policy, self._renderer.redactor)
         self._split = response.on_batch_rejected != "fail_all"
         self._capture = bool(response.capture)
+        self._sends_keys = self.batcher.idempotency_header is not None  # a 409 then means "in progress"
 
     async def send_batch(self, batch: Batch) -> BatchResult:
         result = BatchResult()
@@ -183,7 +184,7 @@ class BatchSender(RowSender):
             response = tried.response
             status = response.status if response is not None else None
             retry_after = self._retry_after(response)
-            if status == IN_PROGRESS_STATUS and first_sent != tried.sent:  # its key was sent before
+            if status == IN_PROGRESS_STATUS and self._sends_keys and first_sent != tried.sent:  # sent before
                 decision = self._policy.in_progress(waits, retry_after)
                 waits += 1
             else:
