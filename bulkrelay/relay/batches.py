@@ -78,7 +78,7 @@ class BatchFormer:
         self._sizes: list[tuple[int, int]] = list(retries.sizes) if retries is not None else []
         self._taught: int | None = None
         self._placed = 0  # the last row placed in a batch formed from the input
-        self._forming = anyio.Lock()
+        self._recording: anyio.Event | None = None  # set once a taught size being written is durable
 
     def feed(self, records: Iterator[Record]) -> None:
         self._records = records
@@ -96,9 +96,8 @@ class BatchFormer:
             now = time.monotonic()
             batch = self._due(now)
             if batch is None and (not self._exhausted or self._queue):
-                async with self._forming:  # a size just taught is made durable before it forms any
-                    await self._put_taught_in_force()
-                    batch = self._form()
+                await self._put_taught_in_force()  # a size just taught is durable before it forms any
+                batch = self._form()
             if batch is not None:
                 self._in_flight += 1
                 return await self._numbered(batch)
@@ -114,12 +113,21 @@ class BatchFormer:
             self._taught = max_bytes if self._taught is None else min(self._taught, max_bytes)
 
     async def _put_taught_in_force(self) -> None:
+        """Make a taught size durable, from the next batch's first row on, before any batch is formed:
+        meanwhile other workers wait (no await at all in the common case, nothing taught)."""
+        while self._recording is not None:
+            await self._recording.wait()
         if self._taught is None:
             return
-        size, self._taught = self._taught, None
-        if self._retried is not None:
-            await self._retried.record_size(self._placed + 1, size)
-        self._sizes.append((self._placed + 1, size))
+        size, self._taught, from_row = self._taught, None, self._placed + 1
+        recording = self._recording = anyio.Event()
+        try:
+            if self._retried is not None:
+                await self._retried.record_size(from_row, size)
+            self._sizes.append((from_row, size))
+        finally:
+            self._recording = None
+            recording.set()
 
     def _max_bytes_from(self, row: int) -> int:
         """The body size in force for a batch whose first row is `row`."""
