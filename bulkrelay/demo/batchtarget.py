@@ -3,17 +3,18 @@
     POST .../batch/upsert   HubSpot: {"inputs": [...]}; 200, or 207 with `errors[]` naming the failed
                             inputs by the `objectWriteTraceId` they were sent with (context lists them)
     POST .../_bulk          Elasticsearch: NDJSON, an action line ({"index": {"_id": ...}}) and a document
-                            line per item; 200 with `items[i].index.status` in request order
+                            line per item; 200 with `items[i].index.status` in request order (an item
+                            applied answered with Elasticsearch's fields, ~190 bytes: `_shards`, ...)
     POST .../users/track    Braze: {"attributes": [...]}; 201 with `errors[]` naming failures by `index`
     POST .../batch/array    a plain JSON array; one status for all: 200, 400 when an item is poisoned
 
 An item whose JSON holds `fail_contains` fails alone (HubSpot 207 error, Elasticsearch 400, Braze
 error); one holding `retry_contains` gets an item 429 from Elasticsearch the first `retry_times` times
 its id is seen; a plain array holding `reject_contains` is refused whole (400); more than `max_items`
-items is a 413 everywhere. Every item answered as applied counts in `items_applied` by its id (HubSpot:
-`objectWriteTraceId`; Elasticsearch: `_id`; Braze: `external_id`; array: `id`), so a test sees an item
-applied twice. The plan's `batch` object sets these options (`delay_ms`: answer each batch that late,
-after applying it).
+items, or a body over `max_body_bytes`, is a 413 everywhere. Every item answered as applied counts in
+`items_applied` by its id (HubSpot: `objectWriteTraceId`; Elasticsearch: `_id`; Braze: `external_id`;
+array: `id`), so a test sees an item applied twice. The plan's `batch` object sets these options
+(`delay_ms`: answer each batch that late, after applying it).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class BatchOptions(BaseModel):
     reject_contains: str = "poison"
     max_items: int = Field(default=1000, ge=1)
     delay_ms: int = Field(default=0, ge=0)  # answer a batch this late (after applying it)
+    max_body_bytes: int | None = Field(default=None, ge=1)  # a larger body (as sent) is a 413
 
 
 class BatchEndpoints:
@@ -52,6 +54,9 @@ class BatchEndpoints:
 
     def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
         """(status, JSON body) for a batch request to `path`."""
+        limit = self.options.max_body_bytes
+        if limit is not None and len(body) > limit:
+            return 413, orjson.dumps({"error": f"{len(body)} bytes, at most {limit}"})
         try:
             if path.endswith("/_bulk"):
                 return self._bulk(body)
@@ -121,9 +126,12 @@ class BatchEndpoints:
             else:
                 self.applied[item_id] += 1
             failed = failed or error is not None
-            entry: dict[str, Any] = {"_id": item_id, "status": status}
+            entry: dict[str, Any] = {"_index": "customers", "_type": "_doc", "_id": item_id, "status": status}
             if error is not None:
                 entry["error"] = error
+            else:  # as Elasticsearch answers an item applied: some 190 bytes of JSON
+                entry |= {"_version": 1, "result": "created", "_seq_no": len(self.applied) - 1}
+                entry |= {"_shards": {"total": 2, "successful": 1, "failed": 0}, "_primary_term": 1}
             items.append({"index": entry})
         return 200, orjson.dumps({"took": 1, "errors": failed, "items": items})
 

@@ -7,6 +7,9 @@ answers `{"id": "<n>"}` with status 200 by default, and follows a *plan*, a JSON
      "record": true,         keep every request for GET /_control/requests (off for benchmarks)
      "dedup": false,         Idempotency-Key dedup, see below
      "dedup_header": "Idempotency-Key",
+     "in_progress_status": null,  with dedup: a key whose first request is still being answered (a
+                             slow rule or batch) gets this status (409: the IETF Idempotency-Key draft's
+                             and Stripe's "still in progress"), neither applied nor recorded as a replay
      "store": false,         a key-value store, see below
      "store_keys": "exact",  how the store tells its keys (paths) apart: "exact", "nfc" or "casefold"
      "limit_rps": 20,        a server-side rate limit: a request beyond 20 let through in the last
@@ -54,6 +57,9 @@ in another Unicode form (a target that normalizes: `Zoë` composed or decomposed
 paths in another case (a case-insensitive target: `ABC` is `abc`), both compared as BulkRelay's
 `mirror.key_match` does. Such a store keeps each record under the path last written to it, so
 `PUT /items/abc` replaces `/items/ABC` and `DELETE /items/ABC` removes `/items/abc`.
+
+A request with `Content-Encoding: gzip` (`request.compression`) is inflated first, by aiohttp's own
+parser: its recorded body is the inflated one, its Content-Length header the compressed size.
 
 Control API (never recorded or counted):
 
@@ -138,6 +144,7 @@ class _Plan(BaseModel):
     record: bool = True
     dedup: bool = False
     dedup_header: str = "Idempotency-Key"
+    in_progress_status: int | None = Field(default=None, ge=100, le=599)  # a key still being answered
     store: bool = False  # a key-value store: applied writes set the record at their path
     store_keys: Literal["exact", "nfc", "casefold"] = "exact"  # which paths are one record
     rules: tuple[_Rule, ...] = ()
@@ -223,6 +230,7 @@ class TargetState:
         self._records: list[_Arrival] = []
         self._by_status: Counter[int] = Counter()
         self._stored: dict[str, _Answer] = {}
+        self._in_progress: set[str] = set()  # keys whose first request is still being answered
         self.batches = BatchEndpoints(self.plan.batch)
         self.effects = 0
         self.duplicates = 0
@@ -275,10 +283,14 @@ class TargetState:
         now = time.monotonic()
         self._arrivals.append(now)
         idem = request.headers.get(self.plan.dedup_header)
-        answer, rule, duplicate = self._decide(request, body, idem)
-        delay_ms = rule.delay_ms if rule is not None else self._batch_delay_ms(request)
+        answer: _Answer | None
+        if self._still_in_progress(idem):
+            answer, rule, duplicate, delay_ms = self._in_progress_answer(), None, False, 0
+        else:
+            answer, rule, duplicate = self._decide(request, body, idem)
+            delay_ms = rule.delay_ms if rule is not None else self._batch_delay_ms(request, duplicate)
         if delay_ms:
-            await asyncio.sleep(delay_ms / 1000)
+            await self._answering(idem if self.plan.in_progress_status else None, delay_ms / 1000)
         if answer is not None and rule is not None and rule.echo_header is not None:
             answer = _echoed(answer, request.headers.get(rule.echo_header, ""))
         status = answer.status if answer is not None else None
@@ -297,6 +309,24 @@ class TargetState:
             content_type=answer.content_type,
             headers=answer.headers or None,
         )
+
+    def _in_progress_answer(self) -> _Answer:
+        assert self.plan.in_progress_status is not None
+        return _Answer(self.plan.in_progress_status, b'{"error":"in progress"}')
+
+    def _still_in_progress(self, idem: str | None) -> bool:
+        return self.plan.dedup and self.plan.in_progress_status is not None and idem in self._in_progress
+
+    async def _answering(self, idem: str | None, seconds: float) -> None:
+        """The answer's delay, during which its key is in progress (plan `in_progress_status`)."""
+        if idem is None:
+            await asyncio.sleep(seconds)
+            return
+        self._in_progress.add(idem)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._in_progress.discard(idem)
 
     def _decide(
         self, request: web.BaseRequest, body: bytes, idem: str | None
@@ -347,8 +377,9 @@ class TargetState:
         self._accepted.append(now)
         return False
 
-    def _batch_delay_ms(self, request: web.BaseRequest) -> int:
-        return self.plan.batch.delay_ms if BatchEndpoints.handles(request.path) else 0
+    def _batch_delay_ms(self, request: web.BaseRequest, replay: bool) -> int:
+        """A batch's delay (plan batch.delay_ms): applying it takes time, replaying its answer none."""
+        return self.plan.batch.delay_ms if BatchEndpoints.handles(request.path) and not replay else 0
 
     def _default_answer(self, request: web.BaseRequest, body: bytes) -> _Answer:
         if BatchEndpoints.handles(request.path):

@@ -20,7 +20,17 @@ from typing import Any, NamedTuple
 import orjson
 
 from bulkrelay.errors import ConfigInvalid, Problem
-from bulkrelay.job.config import BatchConfig, ItemNode, JobConfig, JsonField, JsonMeta, JsonNode, JsonValue
+from bulkrelay.job.compression import CONTENT_ENCODING, GzipMeter, gzip_pieces
+from bulkrelay.job.config import (
+    MAX_BODY_BYTES,
+    BatchConfig,
+    ItemNode,
+    JobConfig,
+    JsonField,
+    JsonMeta,
+    JsonNode,
+    JsonValue,
+)
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests, json_renderer
 
@@ -32,6 +42,9 @@ _MARKER = "\0bulkrelay-items\0"  # where the items go in the envelope's encoding
 _BATCH_KEY_SCHEME = b"bulkrelay-batch-v1\0"
 _CONTENT_TYPES = {"json": "application/json", "ndjson": "application/x-ndjson"}
 _new_tuple = tuple.__new__  # PreparedRequest(...) would go through a Python-level __new__
+# What the transport reads of a batch's answer: at least MAX_BODY_BYTES, and this much an item (an
+# Elasticsearch _bulk answer is ~190 bytes an item applied, ~400 an item refused with its reason).
+ANSWER_BYTES_PER_ITEM = 4096
 
 
 class Item(NamedTuple):
@@ -78,7 +91,9 @@ class BatchRenderer:
         key_field: str | None,
         *,
         sorted_json: bool = False,
+        gzip: bool = False,
     ) -> None:
+        self.gzip = gzip  # request.compression: gzip (job/compression.py)
         self.max_items = config.max_items
         self.max_bytes = config.max_bytes
         self.encoding = config.encoding
@@ -92,6 +107,8 @@ class BatchRenderer:
         headers = base.headers
         if not any(name.lower() == "content-type" for name, _ in headers):
             headers = (*headers, ("Content-Type", _CONTENT_TYPES[config.encoding]))
+        if gzip:
+            headers = (*headers, CONTENT_ENCODING)
         self._base = PreparedRequest(base.method, base.url, headers, None)
         self._head, self._tail = _frame(config, sorted_json)
         self._separator = 1 if config.encoding == "json" else 0
@@ -105,9 +122,21 @@ class BatchRenderer:
         if config.request.batch is None:
             return None
         sorted_json = config.execution.sync != "full"
+        gzip = config.request.compression == "gzip"
         return cls(
-            config.request.batch, renderer, config_fingerprint, config.input.key, sorted_json=sorted_json
+            config.request.batch,
+            renderer,
+            config_fingerprint,
+            config.input.key,
+            sorted_json=sorted_json,
+            gzip=gzip,
         )
+
+    @property
+    def answer_bytes(self) -> int:
+        """The most of an answer the transport reads: sized from the batch, so that the answer of a full
+        batch is read whole (a fixed 1 MiB cut an Elasticsearch answer of 5,500 items)."""
+        return max(MAX_BODY_BYTES, self.max_items * ANSWER_BYTES_PER_ITEM)
 
     @property
     def idempotency_header(self) -> str | None:
@@ -150,14 +179,27 @@ class BatchRenderer:
         closes before the item that would take it over `max_items` or its body over `max_bytes`."""
         return self.fits_bytes(count, item_bytes, len(item.data))
 
-    def fits_bytes(self, count: int, item_bytes: int, length: int) -> bool:
-        """`fits` for an item of `length` bytes."""
+    def fits_bytes(self, count: int, item_bytes: int, length: int, max_bytes: int | None = None) -> bool:
+        """`fits` for an item of `length` bytes; `max_bytes`: a body size a 413 taught, below the job's."""
         if count == 0:
             return True
         if count >= self.max_items:
             return False
         # size(count + 1, item_bytes + length), inline: this runs once a row
-        return self._framing + item_bytes + length + self._separator * count <= self.max_bytes
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        return self._framing + item_bytes + length + self._separator * count <= limit
+
+    def meter(self) -> GzipMeter | None:
+        """A gzip job's measure of a batch's compressed body (`fits_gzip`); None without compression."""
+        return GzipMeter(self._head, self._tail) if self.gzip else None
+
+    def fits_gzip(self, meter: GzipMeter, count: int, data: bytes, max_bytes: int | None = None) -> bool:
+        """`fits_bytes` for a gzip job, counted by compressed bytes: the item joins `meter`'s body when
+        it does (a batch's first item always does)."""
+        if count >= self.max_items and count:
+            return False
+        piece = b"," + data if count and self._separator else data
+        return meter.add_if_fits(piece, self.max_bytes if max_bytes is None else max_bytes, force=not count)
 
     def request(
         self, items: Sequence[Item], delivery: str | None = None, retry: int | None = None
@@ -165,7 +207,11 @@ class BatchRenderer:
         """The one request carrying `items`, in order, and its idempotency key (in the configured header,
         if any), scoped to a delta job's `delivery` and numbered by its `retry` (batch_key)."""
         joiner = b"," if self._separator else b""
-        body = self._head + joiner.join(item.data for item in items) + self._tail
+        if self.gzip:  # the very bytes GzipMeter measured when the batch was formed
+            pieces = (joiner + item.data if index else item.data for index, item in enumerate(items))
+            body = gzip_pieces(self._head, pieces, self._tail)
+        else:
+            body = self._head + joiner.join(item.data for item in items) + self._tail
         key = batch_key([item.item_id for item in items], delivery, retry)
         base = self._base
         request = PreparedRequest(base.method, base.url, base.headers, body)

@@ -542,6 +542,9 @@ class RequestConfig(_Model):
     idempotency_key: IdempotencyKeyConfig | None = None
     batch: BatchConfig | None = None
     auth: AuthConfig | None = None
+    # gzip: every body compressed (Content-Encoding: gzip), counted so against max_bytes. How the bytes
+    # travel, not what they say: out of the fingerprint, like execution.client.
+    compression: Literal["none", "gzip"] = "none"
 
     @model_validator(mode="after")
     def _coherent(self) -> RequestConfig:
@@ -564,6 +567,10 @@ class RequestConfig(_Model):
             raise ValueError("request.json is one {from: ...} value: when_missing: omit would leave no body")
         if self.auth is not None and "authorization" in names:
             raise ValueError("request.headers sets Authorization, which request.auth sends: keep one")
+        if self.compression != "none" and "content-encoding" in names:
+            raise ValueError(
+                "request.headers sets Content-Encoding, which request.compression sends: keep one"
+            )
         return self
 
     @model_serializer(mode="wrap")
@@ -573,6 +580,7 @@ class RequestConfig(_Model):
             data.pop("batch", None)
         if self.auth is None:
             data.pop("auth", None)  # the fingerprint of a job without auth stays what it was
+        data.pop("compression", None)  # operational: the fingerprint (item ids, keys) never holds it
         return data
 
 
@@ -613,6 +621,7 @@ class ItemsConfig(_Model):
     error_id: Pointer | None = None  # by_id: where an error names its item(s); default: id
     index: Pointer | None = None  # by_index: where an error names its item's position
     status: Pointer | None = None  # a per-item status, classified like a response's status
+    success_statuses: Statuses | None = None  # an item status that is a success; None: any 2xx
     message: Pointer | None = None  # goes into the row's error
     unlisted: Literal["success", "failure"] = "success"  # by_index, by_id: an item named nowhere
 
@@ -629,16 +638,34 @@ class ItemsConfig(_Model):
             raise ValueError(f"response.items mode {self.mode} needs {' and '.join(missing)}")
         allowed = {
             "whole": set(),
-            "positional": {"results", "status", "message"},
-            "by_index": {"errors", "index", "status", "message", "unlisted"},
-            "by_id": {"results", "errors", "id", "error_id", "status", "message", "unlisted"},
+            "positional": {"results", "status", "success_statuses", "message"},
+            "by_index": {"errors", "index", "status", "success_statuses", "message", "unlisted"},
+            "by_id": {
+                "results",
+                "errors",
+                "id",
+                "error_id",
+                "status",
+                "success_statuses",
+                "message",
+                "unlisted",
+            },
         }[self.mode]
+        if self.success_statuses is not None and self.status is None:
+            raise ValueError("response.items.success_statuses judges item statuses: it needs status")
         extra = sorted((self.model_fields_set - {"mode"}) - allowed)
         if extra:
             raise ValueError(f"response.items mode {self.mode} does not read {', '.join(extra)}")
         if self.mode == "by_id" and self.results is None and self.errors is None:
             raise ValueError("response.items mode by_id needs results, errors or both")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_success_statuses(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.success_statuses is None:
+            data.pop("success_statuses", None)  # jobs written before it keep their fingerprint (item ids)
+        return data
 
 
 class ResponseConfig(_Model):

@@ -3,6 +3,7 @@ rule of relay/batches.py, with no row journaled yet), each shown as its one requ
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Sequence
 
 from bulkrelay.job.batch import BatchRenderer, Item
@@ -13,11 +14,19 @@ def rendered_batches(batcher: BatchRenderer, items: Sequence[Item]) -> list[Rend
     """The requests carrying `items` (in input order), one a batch."""
     batches: list[list[Item]] = []
     item_bytes = 0
+    meter = None
     for item in items:
         current = batches[-1] if batches else []
-        if not batches or not batcher.fits(len(current), item_bytes, item):
+        if meter is not None:  # a gzip job: counted by compressed bytes, as the run forms batches
+            fits = bool(batches) and batcher.fits_gzip(meter, len(current), item.data)
+        else:
+            fits = bool(batches) and batcher.fits(len(current), item_bytes, item)
+        if not fits:
             batches.append([item])
             item_bytes = len(item.data)
+            meter = batcher.meter()
+            if meter is not None:
+                batcher.fits_gzip(meter, 0, item.data)
         else:
             current.append(item)
             item_bytes += len(item.data)
@@ -26,10 +35,12 @@ def rendered_batches(batcher: BatchRenderer, items: Sequence[Item]) -> list[Rend
 
 def _shown(batcher: BatchRenderer, seq: int, batch: list[Item]) -> RenderedRequest:
     request, _ = batcher.request(batch)
+    size = len(request.body or b"")  # a gzip job's: compressed, as sent; its body shown inflated
+    if batcher.gzip and request.body is not None:
+        request = request._replace(body=gzip.decompress(request.body))
     shown = batcher.redact(request)
     first = batch[0].record
     rows = [item.row_number for item in batch]
-    size = len(request.body or b"")
     return RenderedRequest(
         first.row_number,
         first.line,

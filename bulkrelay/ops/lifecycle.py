@@ -39,11 +39,11 @@ from bulkrelay.relay.heap import relay_collections
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import CallbackReporter, FanOut, Reporter, Snapshot
 from bulkrelay.relay.stopping import IdleWatchdog, StopControl, StopReason, stop_at, watch_signals
-from bulkrelay.store.atomic import move_file, write_json_atomic
+from bulkrelay.store.atomic import move_file, read_json, write_json_atomic
 from bulkrelay.store.liverun import LiveSlot
 from bulkrelay.store.manifest import InputRecord, RunPlan
 from bulkrelay.store.rundir import SUMMARY, RunDir, RunState, utc_now
-from bulkrelay.store.summary import RunSummary, ThisCall, summarize
+from bulkrelay.store.summary import RequestCounts, RunSummary, ThisCall, summarize
 from bulkrelay.sync import record_deliveries
 
 # How each stop reason ends a run: (error code, exit code, message).
@@ -432,8 +432,13 @@ def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) ->
         elapsed, committed = outcome.elapsed_seconds, outcome.committed.committed_this_run
         rate = round(committed / elapsed, 1) if elapsed else None
         this_call = ThisCall(committed, round(elapsed, 3), rate)
+    requests = outcome.requests if outcome is not None else None
+    earlier = _earlier_requests(run)  # the run's earlier calls', as its last summary counted them
+    if earlier is not None:
+        requests = earlier if requests is None else earlier.plus(requests)
     summary = replace(
         summary_counts(run, total_rows, outcome),
+        requests=requests,
         run_id=run.run_id,
         # a delta run: rows it did not send because they had not changed
         skipped_unchanged=run.plan.sync.skipped_unchanged if run.plan.sync is not None else None,
@@ -442,6 +447,13 @@ def write_summary(run: RunDir, total_rows: int, outcome: RelayOutcome | None) ->
     )
     write_json_atomic(run.path / SUMMARY, summary.to_json(), run.storage)
     return summary
+
+
+def _earlier_requests(run: RunDir) -> RequestCounts | None:
+    with suppress(BulkRelayError):
+        summary = read_json(run.path / SUMMARY)
+        return RequestCounts.from_json(summary.get("requests")) if isinstance(summary, dict) else None
+    return None
 
 
 @contextmanager

@@ -15,7 +15,14 @@ from typing import Any
 from bulkrelay.envelope import Result, SideChannel, printable
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
 from bulkrelay.job.inputs.spec import PARQUET_SOURCE
-from bulkrelay.ops.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
+from bulkrelay.ops.reportdata import (
+    JournalTally,
+    Timeline,
+    epoch,
+    read_timeline,
+    requests_sent,
+    tally_journal,
+)
 from bulkrelay.ops.reportpage import Deletions, QueryInput, ReportFacts, page
 from bulkrelay.ops.results import ReportResult
 from bulkrelay.ops.status import LIVE, REPORT, committed_progress, liveness
@@ -81,6 +88,7 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
         duration_seconds=None if first is None or final is None else final - first,
         rows_total=rows_total,
         summary=summary,
+        requests=requests_sent(summary),
         tool_version=run.manifest.tool_version,
         parent_run=run.plan.parent_run,
         generated_at=utc_now(),

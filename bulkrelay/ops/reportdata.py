@@ -28,7 +28,7 @@ from bulkrelay.ops.results import FailureGroup
 from bulkrelay.ops.runlog import RUN_LOG
 from bulkrelay.relay.metrics import status_class
 from bulkrelay.store.journal import JournalEntry, read_journal
-from bulkrelay.store.summary import LatencyHistogram
+from bulkrelay.store.summary import LatencyHistogram, RequestCounts
 
 MAX_POINTS = 400  # intervals kept for the time series; past twice this, neighbours are merged
 SHORT_SECONDS = 1.0  # an interval shorter than this joins the one just before it
@@ -140,6 +140,12 @@ def tally_journal(journal: Path) -> JournalTally:
     for entry in read_journal(journal):
         tally.add(entry)
     return tally
+
+
+def requests_sent(summary: dict[str, Any] | None) -> RequestCounts | None:
+    """The requests the run's calls sent, by status, with the retries and the splits apart (summary.json's
+    `requests`); None for a run of an earlier version or without a summary yet."""
+    return None if summary is None else RequestCounts.from_json(summary.get("requests"))
 
 
 # ---------------------------------------------------------------- the run log

@@ -38,6 +38,7 @@ from bulkrelay.ops.svgchart import (
     x_labels,
     y_axis,
 )
+from bulkrelay.store.summary import RequestCounts
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 BODY_SHOWN = 600  # characters of a failure body shown in an example
@@ -84,6 +85,7 @@ class ReportFacts:
     duration_seconds: float | None
     rows_total: int
     summary: dict[str, Any] | None
+    requests: RequestCounts | None  # sent by status, retries and splits apart (issue 43)
     tool_version: str
     parent_run: str | None
     generated_at: str

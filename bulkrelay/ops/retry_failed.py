@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from bulkrelay.envelope import Result
+from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import InputChanged, RunLocked, UsageError
 from bulkrelay.job.config import load_job
 from bulkrelay.job.durations import whole_number
@@ -21,6 +21,7 @@ from bulkrelay.ops.resume import check_committed_journal, input_differences, inp
 from bulkrelay.ops.sharding import shard_of_run
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
+from bulkrelay.relay.retry import BATCH_ANSWER_INVALID
 from bulkrelay.store.journal import read_journal
 from bulkrelay.store.liverun import live_slot
 from bulkrelay.store.manifest import RetryFilter
@@ -111,4 +112,23 @@ def retry_failed(
         )
     if isinstance(result.data, RunResult):
         result.data = replace(result.data, parent_run=parent.run_id)
+    if preflight.batcher is not None:
+        result.warnings.extend(_unread_answers_resent(parent, selection))
     return result
+
+
+def _unread_answers_resent(parent: RunDir, selection: RowSet) -> list[EnvelopeWarning]:
+    """A batch whose answer could not be read is never formed again without saying so: its items may
+    have been applied (docs/batching.md)."""
+    rows = sum(
+        1
+        for entry in read_journal(parent.journal_path)
+        if entry.classification == BATCH_ANSWER_INVALID and entry.row_number in selection
+    )
+    if not rows:
+        return []
+    message = (
+        f"{rows} rows sent again had a batch answer that could not be read: the target may have applied "
+        "them, and applies them again unless it dedups by item id"
+    )
+    return [EnvelopeWarning("ANSWER_UNREAD_RESENT", message, {"rows": rows, "parent_run": parent.run_id})]

@@ -44,6 +44,8 @@ class _Journaled:
     """A row of the run the journal already holds: it takes its place in its batch, and is not sent."""
 
     data_length: int  # its item's bytes, which decide where its batch closes
+    row_number: int
+    data: bytes | None = None  # a gzip job's: its item, whose compressed bytes decide instead
 
 
 class BatchFormer:
@@ -59,8 +61,7 @@ class BatchFormer:
     ) -> None:
         self._batcher = batcher
         self._stop = stop
-        self._retried = retries  # the requests sent again, durable (None: numbered in memory, for tests)
-        self._numbers: dict[tuple[int, ...], int] = {}  # without `retries`: rows -> their last number
+        self._retried = retries  # the requests of the same rows sent again, durable (None: for tests)
         # The rows the journal held when the run started: they keep their places in their batches.
         # (Rows outside a retry-failed or shard selection are no rows of the run: passed over.)
         self._journaled = journaled
@@ -72,6 +73,12 @@ class BatchFormer:
         self._retries: list[Batch] = []  # batches whose pending rows go again once due
         self._in_flight = 0
         self._changed = anyio.Event()
+        # Body sizes 413s taught: batches from `from_row` on hold at most `max_bytes` (durable first, so
+        # that a crash forms the same batches again); `_taught`: one learned, not yet in force.
+        self._sizes: list[tuple[int, int]] = list(retries.sizes) if retries is not None else []
+        self._taught: int | None = None
+        self._placed = 0  # the last row placed in a batch formed from the input
+        self._recording: anyio.Event | None = None  # set once a taught size being written is durable
 
     def feed(self, records: Iterator[Record]) -> None:
         self._records = records
@@ -80,7 +87,8 @@ class BatchFormer:
         """A row counted as done was passed over (the records' `on_done`)."""
         if self._journaled is not None and record.row_number in self._journaled:
             request = self._batcher.item_request(record)
-            self._queue.append(_Journaled(len(request.body or b"")))
+            data = request.body or b""
+            self._queue.append(_Journaled(len(data), record.row_number, data if self._batcher.gzip else None))
 
     async def next(self) -> Batch | None:
         """The next request to send; None when nothing is left (or a stop was requested)."""
@@ -88,6 +96,7 @@ class BatchFormer:
             now = time.monotonic()
             batch = self._due(now)
             if batch is None and (not self._exhausted or self._queue):
+                await self._put_taught_in_force()  # a size just taught is durable before it forms any
                 batch = self._form()
             if batch is not None:
                 self._in_flight += 1
@@ -97,31 +106,66 @@ class BatchFormer:
             await self._wait(now)
         return None
 
-    def done(self, retry: list[PendingItem]) -> None:
-        """A request came back; `retry` are its rows to send again, together, once due."""
+    def learn(self, max_bytes: int) -> None:
+        """A 413 taught that bodies of `max_bytes` bytes are accepted: later batches hold no more (issue
+        43: one 413 per size learned, not one a batch)."""
+        if max_bytes < self._max_bytes_from(self._placed + 1):
+            self._taught = max_bytes if self._taught is None else min(self._taught, max_bytes)
+
+    async def _put_taught_in_force(self) -> None:
+        """Make a taught size durable, from the next batch's first row on, before any batch is formed:
+        meanwhile other workers wait (no await at all in the common case, nothing taught)."""
+        while self._recording is not None:
+            await self._recording.wait()
+        if self._taught is None:
+            return
+        size, self._taught, from_row = self._taught, None, self._placed + 1
+        recording = self._recording = anyio.Event()
+        try:
+            if self._retried is not None:
+                await self._retried.record_size(from_row, size)
+            self._sizes.append((from_row, size))
+        finally:
+            self._recording = None
+            recording.set()
+
+    def _max_bytes_from(self, row: int) -> int:
+        """The body size in force for a batch whose first row is `row`."""
+        limit = self._batcher.max_bytes
+        for from_row, max_bytes in self._sizes:
+            if from_row <= row:
+                limit = min(limit, max_bytes)
+        return limit
+
+    def done(self, retry: list[PendingItem], sent: Batch | None = None) -> None:
+        """The request `sent` came back; `retry` are its rows to send again, together, once due. The
+        very rows of `sent` again take the next number (their key must differ from the one answered);
+        fewer rows make a request no one sent yet, keyed by their ids alone, as a crash forms it."""
         self._in_flight -= 1
         if retry:
             items = tuple(sorted(retry, key=lambda pending: pending.row_number))
-            item_bytes = sum(len(pending.item.data) for pending in items)
-            self._retries.append(Batch(items, self._batcher.size(len(items), item_bytes), again=True))
+            size = self._batcher.size(len(items), sum(len(pending.item.data) for pending in items))
+            if sent is not None and len(items) == len(sent.items):
+                self._retries.append(Batch(items, size, retry=(sent.retry or 0) + 1, again=True))
+            else:
+                self._retries.append(Batch(items, size))
         self._changed.set()
         self._changed = anyio.Event()
 
     async def _numbered(self, batch: Batch) -> Batch:
-        """`batch` with the number its key takes: an earlier process's for the same rows (a resumed run
-        sends that request again), a new one, made durable now, for rows an answer left retryable, and
-        none for a batch's first request."""
+        """`batch` with the number its key takes: the number of requests of exactly these rows sent
+        before it. A request's key so depends on its rows and the answers they got, never on which
+        process sent them: the rows of a request sent again get their new number made durable now;
+        rows formed from the input take an earlier process's number for the same rows (a resumed run
+        sends that request again), else none (no request of these rows was ever answered)."""
         rows = [pending.row_number for pending in batch.items]
         retries = self._retried
-        number = retries.earlier(rows) if retries is not None else None
-        if number is None and batch.again:
-            if retries is not None:
-                number = await retries.record(rows)
-            else:
-                number = self._numbers[tuple(rows)] = self._numbers.get(tuple(rows), 0) + 1
-        if number is None:
+        if batch.again:
+            if retries is not None and batch.retry is not None:
+                await retries.record(rows, batch.retry)
             return batch
-        return Batch(batch.items, batch.size, retry=number)
+        number = retries.earlier(rows) if retries is not None else None
+        return batch if number is None else Batch(batch.items, batch.size, retry=number)
 
     def _due(self, now: float) -> Batch | None:
         """The first batch in input order whose pending rows may go again."""
@@ -144,18 +188,29 @@ class BatchFormer:
         while True:
             items: list[PendingItem] = []
             count = item_bytes = pending_bytes = 0
+            limit = None
+            meter = batcher.meter()  # request.compression: gzip, counted by compressed bytes
             while (member := self._take()) is not None:
                 length = member.data_length if isinstance(member, _Journaled) else len(member.item.data)
-                if not batcher.fits_bytes(count, item_bytes, length):
+                if limit is None and self._sizes:
+                    limit = self._max_bytes_from(member.row_number)  # a 413 taught it (learn)
+                if meter is not None:
+                    data = member.data if isinstance(member, _Journaled) else member.item.data
+                    fits = batcher.fits_gzip(meter, count, data or b"", limit)
+                else:
+                    fits = batcher.fits_bytes(count, item_bytes, length, limit)
+                if not fits:
                     self._queue.appendleft(member)  # it opens the next batch
                     break
+                self._placed = member.row_number
                 count += 1
                 item_bytes += length
                 if isinstance(member, PendingItem):
                     items.append(member)
                     pending_bytes += length
             if items:
-                return Batch(tuple(items), batcher.size(len(items), pending_bytes))
+                size = batcher.size(len(items), pending_bytes) if meter is None else meter.size()
+                return Batch(tuple(items), size)
             if count == 0:
                 return None  # the input is exhausted
 
@@ -255,11 +310,13 @@ class BatchRelay:
             try:
                 result = await sender.send_batch(batch)
                 retry = result.retry
+                if result.learned is not None:
+                    former.learn(result.learned)
             except LimiterUnavailable as exc:  # never a local fallback: that could exceed the shared limit
                 sender.stop.request(StopReason.HALT_LIMIT_UNAVAILABLE, limiter=exc.url, cause=exc.cause)
                 return
             finally:
-                former.done(retry)
+                former.done(retry, batch)
             for group in result.groups:
                 for admitted in self.streak.admit(group):
                     await self._submit(journal, admitted)

@@ -4,6 +4,9 @@ as a row (`RowSender`), then each row's outcome read from the answer (relay/item
     a whole-request 429, 5xx or transport error   the same request again (same items, same key), after
                                                   the backoff and Retry-After; attempts count per row
     a halt status (401/403)                       the run halts; the batch's rows stay pending
+    a 409 to the batch's key sent before      still in progress (IETF Idempotency-Key draft, Stripe):
+                                                  the same request again after the backoff, at most
+                                                  IN_PROGRESS_WAITS times, never split under new keys
     a whole-batch 4xx (not 401/403/429)           `on_batch_rejected: split` bisects it down to single
                                                   rows, so a bad row fails alone; `fail_all` fails all.
                                                   A 413 always splits.
@@ -30,7 +33,13 @@ from bulkrelay.relay.auth import TokenSource
 from bulkrelay.relay.itemresults import PLAIN_SUCCESS, AnswerInvalid, ItemOutcome, ItemReader
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
-from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, Decision, RetryPolicy, counts_as_success
+from bulkrelay.relay.retry import (
+    BATCH_ANSWER_INVALID,
+    IN_PROGRESS_STATUS,
+    Decision,
+    RetryPolicy,
+    counts_as_success,
+)
 from bulkrelay.relay.sender import Exchange, RowSender, _milliseconds
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport
@@ -59,8 +68,8 @@ class PendingItem:
 class Batch:
     items: tuple[PendingItem, ...]
     size: int  # bytes of its body
-    # The number of a request of rows sent before (store/batchretries.py), part of its key; None for a
-    # batch's first request. `again`: rows an answer left retryable, numbered just before it is sent.
+    # How many requests of exactly these rows were sent before (store/batchretries.py), part of its key;
+    # None for the first. `again`: the rows of the request before it, their number made durable first.
     retry: int | None = None
     again: bool = False
 
@@ -77,6 +86,13 @@ class Group:
 class BatchResult:
     groups: list[Group] = field(default_factory=list)
     retry: list[PendingItem] = field(default_factory=list)  # to send again, in a later batch
+    too_large: bool = False  # a request of it was answered 413
+    accepted_bytes: int = 0  # the largest body of it answered otherwise (the target read it)
+
+    @property
+    def learned(self) -> int | None:
+        """The body size a 413 taught: the largest of the batch's requests the target then read."""
+        return self.accepted_bytes if self.too_large and self.accepted_bytes else None
 
 
 class BatchSender(RowSender):
@@ -103,6 +119,7 @@ class BatchSender(RowSender):
         self._items = ItemReader(response.items, policy, self._renderer.redactor)
         self._split = response.on_batch_rejected != "fail_all"
         self._capture = bool(response.capture)
+        self._sends_keys = self.batcher.idempotency_header is not None  # a 409 then means "in progress"
 
     async def send_batch(self, batch: Batch) -> BatchResult:
         result = BatchResult()
@@ -117,9 +134,14 @@ class BatchSender(RowSender):
         tried, decision = answered
         response, error, latency = tried.response, tried.error, tried.latency
         status = response.status if response is not None else None
+        if status == 413:
+            result.too_large = True
+        elif status is not None:
+            result.accepted_bytes = max(result.accepted_bytes, len(request.body or b""))
         if response is not None and self._policy.is_success(response.status):
             self._read_answer(items, response, latency, result)
-        elif self._splits(response, len(items)):
+        elif self._splits(response, len(items)) and not (status == IN_PROGRESS_STATUS and decision.retryable):
+            self._stats.on_split()
             half = len(items) // 2
             await self._send(items[:half], result, retry)
             if not self.stop.requested:
@@ -144,6 +166,7 @@ class BatchSender(RowSender):
         """Send the batch until the policy decides (attempts counted per row, retries whole); None when
         the run stops first."""
         first_sent = 0.0
+        waits = 0  # 409s to the batch's key in progress (sent before), apart from max_attempts
         while True:
             for pending in items:
                 pending.attempts += 1
@@ -161,7 +184,12 @@ class BatchSender(RowSender):
             response = tried.response
             status = response.status if response is not None else None
             retry_after = self._retry_after(response)
-            decision = self._policy.decide(max(p.attempts for p in items), status, tried.error, retry_after)
+            if status == IN_PROGRESS_STATUS and self._sends_keys and first_sent != tried.sent:  # sent before
+                decision = self._policy.in_progress(waits, retry_after)
+                waits += 1
+            else:
+                attempts = max(p.attempts for p in items) - waits
+                decision = self._policy.decide(attempts, status, tried.error, retry_after)
             if decision.halt:
                 self.stop.request(StopReason.HALT_AUTH, status_code=status, row=items[0].row_number)
                 return None

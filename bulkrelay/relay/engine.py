@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
-from bulkrelay.job.config import JobConfig
+from bulkrelay.job.config import MAX_BODY_BYTES, JobConfig
 from bulkrelay.job.inputs import open_records
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
@@ -40,7 +40,7 @@ from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
 from bulkrelay.store.journal import CommittedPrefix, JournalEntry, JournalState, JournalWriter
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, utc_now
-from bulkrelay.store.summary import SummaryCounts
+from bulkrelay.store.summary import RequestCounts, SummaryCounts
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 # The first checkpoint comes sooner: a process killed soon after it starts (again and again, say)
@@ -140,6 +140,7 @@ class RelayOutcome:
     elapsed_seconds: float
     stop_detail: dict[str, object] = field(default_factory=dict)
     forced: bool = False
+    requests: RequestCounts | None = None  # what this call sent (the summary's `requests`)
 
 
 class _FailureStreak:
@@ -237,6 +238,7 @@ def transport_settings(preflight: Preflight) -> TransportSettings:
         read_seconds=timeout.read_seconds,
         write_seconds=timeout.write_seconds,
         pool_seconds=timeout.pool_seconds,
+        max_body_bytes=preflight.batcher.answer_bytes if preflight.batcher else MAX_BODY_BYTES,
         http2=execution.http2,
         decompress="accept-encoding" in header_names,
         client=execution.client,
@@ -335,7 +337,7 @@ async def relay(
                 await auth.aclose()
     write_checkpoint(run.path, committed.checkpoint(), storage)
     reporter.update(committed.snapshot())
-    return _outcome(committed, stop, time.monotonic() - started)
+    return replace(_outcome(committed, stop, time.monotonic() - started), requests=stats.request_counts())
 
 
 def _outcome(committed: Committed, stop: StopControl, elapsed: float) -> RelayOutcome:

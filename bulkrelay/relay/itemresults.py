@@ -16,7 +16,7 @@ guessed from it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -57,7 +57,9 @@ class ItemReader:
 
     def __init__(self, config: ItemsConfig | None, policy: RetryPolicy, redactor: Redactor) -> None:
         self.config = config or _WHOLE
-        self._policy = policy
+        # Items are judged by their own success list (default any 2xx), never the answer's (issue 38):
+        # Elasticsearch answers 200 and creates items with 201.
+        self._policy = replace(policy, success_statuses=self.config.success_statuses)
         self._redactor = redactor
 
     @property
@@ -70,7 +72,10 @@ class ItemReader:
         if mode == "whole":
             return [PLAIN_SUCCESS] * len(item_ids)
         if truncated:
-            raise AnswerInvalid("the answer is longer than the transport reads (cut short)")
+            raise AnswerInvalid(
+                "the answer is longer than the transport reads for this batch (cut short): not read, and "
+                "no refusal of its items, which the target may have applied"
+            )
         try:
             document = orjson.loads(body)
         except orjson.JSONDecodeError as exc:

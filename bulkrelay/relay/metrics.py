@@ -29,6 +29,7 @@ from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.atomic import write_atomic
 from bulkrelay.store.rundir import RunDir, RunState
+from bulkrelay.store.summary import RequestCounts
 
 if TYPE_CHECKING:  # prometheus_client loads only when a metrics file is written (~0.1 s of every start)
     from prometheus_client import CollectorRegistry
@@ -64,7 +65,9 @@ class RelayStats:
 
     def __init__(self) -> None:
         self.requests: Counter[str] = Counter()
+        self.by_status: Counter[int | None] = Counter()  # each request's status (None: no answer)
         self.retries = 0
+        self.splits = 0  # batches bisected after a whole-batch 4xx or a 413: no retry, new requests
         self.pauses = 0
         self.pause_seconds = 0.0
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)  # per bucket, the last one is +Inf
@@ -75,12 +78,16 @@ class RelayStats:
     def on_attempt(self, status: int | None, latency_seconds: float) -> None:
         hundreds = -1 if status is None else status // 100  # status_class(), inline: once an attempt
         self.requests[_STATUS_CLASSES[hundreds] if 0 <= hundreds < 10 else status_class(status)] += 1
+        self.by_status[status] += 1
         self.latency_sum += latency_seconds
         # the first bucket whose upper bound is >= the latency; past the last one, +Inf
         self.latency_counts[bisect_left(LATENCY_BUCKETS, latency_seconds)] += 1
 
     def on_retry(self) -> None:
         self.retries += 1
+
+    def on_split(self) -> None:
+        self.splits += 1
 
     def on_pause(self, seconds: float, at: float) -> None:
         """A 429 with Retry-After paused every start for `seconds` from `at` (monotonic). Pauses that
@@ -99,6 +106,15 @@ class RelayStats:
     def on_pauses(self, listener: Callable[[float], None]) -> None:
         """Call `listener(seconds)` at every 429 pause (the run log writes one line each)."""
         self._pause_listeners.append(listener)
+
+    def request_counts(self) -> RequestCounts:
+        """This process's requests as the summary counts them."""
+        by_status = Counter(
+            {"none" if status is None else str(status): n for status, n in self.by_status.items()}
+        )
+        return RequestCounts(
+            sum(by_status.values()), dict(sorted(by_status.items())), self.retries, self.splits
+        )
 
     def cumulative_buckets(self) -> list[tuple[str, float]]:
         buckets: list[tuple[str, float]] = []
@@ -263,6 +279,11 @@ class MetricsFile:
         yield requests
         for name, text, value in (
             ("bulkrelay_retries", "Retried attempts.", stats.retries),
+            (
+                "bulkrelay_batch_splits",
+                "Batches bisected after a whole-batch 4xx or 413 (not retries).",
+                stats.splits,
+            ),
             (
                 "bulkrelay_rate_limit_pauses",
                 "Pauses of every start on a 429's Retry-After (overlapping ones count once).",

@@ -68,6 +68,12 @@ CLASSIFICATIONS = (
     BATCH_ANSWER_INVALID,
 )
 
+# A 409 to an idempotency key this process sent before means "still being processed" (the IETF
+# Idempotency-Key draft, Stripe): waited out under the same key this many times at most, apart from
+# retry.max_attempts, with the retry backoff (docs/batching.md, docs/configuration.md `retry`).
+IN_PROGRESS_STATUS = 409
+IN_PROGRESS_WAITS = 8
+
 _DELTA_SECONDS = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
 
 
@@ -185,6 +191,14 @@ class RetryPolicy:
                 self._finals[status] = decision
             return decision
         return Decision(True, self.delay(attempt, retry_after), classification, True)
+
+    def in_progress(self, waits: int, retry_after: float | None = None) -> Decision:
+        """A 409 to a key sent before, after `waits` earlier such waits: send it again under the same key
+        after the backoff, at most IN_PROGRESS_WAITS times; then the 409 is final, and retryable (the
+        request may have been applied: `retry-failed` decides)."""
+        if waits >= IN_PROGRESS_WAITS:
+            return Decision(False, 0.0, "http_client_error", True)
+        return Decision(True, self.delay(waits + 1, retry_after), "http_client_error", True)
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to wait before the attempt after `attempt`."""

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import anyio
 
+from bulkrelay.job.compression import gzip_request
 from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest, Record
@@ -19,6 +20,7 @@ from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
 from bulkrelay.relay.retry import (
+    IN_PROGRESS_STATUS,
     Decision,
     RetryPolicy,
     counts_as_success,
@@ -84,17 +86,19 @@ class RowSender:
             config.response.capture, config.response.failure_body_bytes, self._renderer.redactor
         )
         self._captures = bool(config.response.capture)
+        self._gzip = config.request.compression == "gzip"
 
     async def send(self, record: Record) -> JournalEntry | None:
         request, key = self._keyed(record)
+        wire = gzip_request(request) if self._gzip else request  # request.compression; digests read request
         started = _monotonic()
         first_sent = 0.0  # when the row was first sent: a token younger than that was fetched for it
-        attempt = 0
+        attempt = waits = 0  # waits: 409s to the row's key in progress, apart from max_attempts
         while True:
             attempt += 1
             if not self._limiter.try_start() and not await self._started():
                 return None  # a stop came while the start was held: the row stays pending
-            tried = await self._exchange(request)
+            tried = await self._exchange(wire)
             if tried is None:
                 return None  # no token to be had: the run is stopping, the row stays pending
             response, error, _, sent, token = tried
@@ -105,7 +109,11 @@ class RowSender:
                     return None
                 self._stats.on_retry()
                 continue
-            decision, retry_after = self._decided(attempt, response, error)
+            if status == IN_PROGRESS_STATUS and key is not None and attempt > 1:  # sent before: waited out
+                decision, retry_after = self._policy.in_progress(waits, self._retry_after(response)), None
+                waits += 1
+            else:
+                decision, retry_after = self._decided(attempt - waits, response, error)
             if decision.halt:
                 self.stop.request(StopReason.HALT_AUTH, status_code=status, row=record.row_number)
                 return None

@@ -71,6 +71,44 @@ class ThisCall:
 
 
 @dataclass(frozen=True)
+class RequestCounts:
+    """What went on the wire, as the run's calls counted it (a call killed with -9 leaves its own
+    uncounted): requests sent by status ("none": no answer), the retries among them, and the splits
+    (batches bisected: new requests, no retry). In a batch run a row's `attempts` count every request
+    that carried it, halves of a split too: these are the requests themselves."""
+
+    sent: int
+    by_status: dict[str, int]
+    retries: int
+    splits: int
+
+    def plus(self, other: RequestCounts) -> RequestCounts:
+        statuses = Counter(self.by_status) + Counter(other.by_status)
+        return RequestCounts(
+            self.sent + other.sent,
+            dict(sorted(statuses.items())),
+            self.retries + other.retries,
+            self.splits + other.splits,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sent": self.sent,
+            "by_status": dict(self.by_status),
+            "retries": self.retries,
+            "splits": self.splits,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> RequestCounts | None:
+        """The block again; None when it is absent or not one (a summary of an earlier version)."""
+        try:
+            return cls(int(data["sent"]), dict(data["by_status"]), int(data["retries"]), int(data["splits"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
 class RunSummary:
     """A run's summary: the counts of its journal (`summarize`, `SummaryCounts.report`) and, as
     `summary.json` holds it, the run, a delta run's unchanged rows and this call's pace (`with_run`).
@@ -88,6 +126,7 @@ class RunSummary:
     skipped_unchanged: int | None = None  # a delta run: rows not sent because they had not changed
     this_call: ThisCall | None = None
     updated_at: str | None = None
+    requests: RequestCounts | None = None  # the wire's view, across the run's calls
 
     @property
     def rows_pending(self) -> int:
@@ -117,6 +156,8 @@ class RunSummary:
             data["this_call"] = self.this_call.to_json()
         if self.updated_at is not None:
             data["updated_at"] = self.updated_at
+        if self.requests is not None:
+            data["requests"] = self.requests.to_json()
         return data
 
     @classmethod
@@ -136,6 +177,7 @@ class RunSummary:
             skipped_unchanged=data.get("skipped_unchanged"),
             this_call=None if this_call is None else ThisCall(**this_call),
             updated_at=data.get("updated_at"),
+            requests=RequestCounts.from_json(data.get("requests")),
         )
 
 

@@ -9,7 +9,10 @@ import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
+from bulkrelay.ops.report import facts_of
+from bulkrelay.ops.reportdata import read_timeline, tally_journal
 from bulkrelay.store.journal import read_journal
+from bulkrelay.store.rundir import RunDir
 from tests.clirun import run_cli
 from tests.relay.batchrun import write_batch_job
 from tests.targetproc import TargetProcess
@@ -128,3 +131,52 @@ def test_mirror_deletes_of_a_batch_job_are_single_requests(tmp_path: Path) -> No
     assert second.exit_code == ExitCode.SUCCESS, second.envelope
     assert second.data["mirror"]["deletions"] == 1
     assert [(r["method"], r["path"]) for r in sent] == [("DELETE", "/crm/v3/objects/contacts/3")]
+
+
+@pytest.mark.slow
+def test_retry_failed_of_rows_whose_answer_was_not_read_says_they_may_have_been_applied(
+    tmp_path: Path,
+) -> None:
+    rule = {"match": {"method": "POST"}, "status": 200, "body": "x" * 1000, "repeat": 1100}  # over 1 MiB
+    with TargetProcess({"rules": [rule]}) as target:
+        job = write_batch_job(tmp_path, target.url, "braze", [f"user{n}" for n in range(1, 6)], max_items=5)
+        first = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+        target.set_plan({})
+        retried = run_cli("retry-failed", first.data["run_dir"], "--budget", "0", cwd=tmp_path)
+    assert first.exit_code == ExitCode.PARTIAL_FAILURE, first.envelope
+    entries = list(read_journal(Path(first.data["run_dir"]) / "results.jsonl"))
+    assert all("the target may have applied" in (e.error or "") for e in entries)
+    assert retried.exit_code == ExitCode.SUCCESS, retried.envelope
+    [warning] = [w for w in retried.envelope["warnings"] if w["code"] == "ANSWER_UNREAD_RESENT"]
+    assert warning["context"]["rows"] == 5
+
+
+@pytest.mark.slow
+def test_a_batched_run_at_a_byte_limit_counts_requests_splits_and_retries_apart(tmp_path: Path) -> None:
+    """One 413 for the size it learns, then batches no larger than the size last accepted; the summary
+    counts requests by status, the split apart from retries (a split counted as a retry, and every batch
+    sent full size, refused and split again, before)."""
+    names = [f"user{n}" for n in range(1, 201)]
+    with TargetProcess({"batch": {"max_body_bytes": 2500}}) as target:
+        job = write_batch_job(
+            tmp_path, target.url, "array", names, max_items=50, execution={"concurrency": 1}
+        )
+        metrics = tmp_path / "run.prom"
+        result = run_cli("run", job, "--budget", "0", "--metrics-file", metrics, cwd=tmp_path)
+        statuses = [request["status"] for request in target.requests()]
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    assert statuses.count(413) == 1 and statuses[0] == 413
+    requests = result.data["summary"]["requests"]
+    assert requests == {
+        "sent": len(statuses),
+        "by_status": {"200": len(statuses) - 1, "413": 1},
+        "retries": 0,
+        "splits": 1,
+    }
+    stored = orjson.loads((Path(result.data["run_dir"]) / "summary.json").read_bytes())
+    assert stored["requests"] == requests
+    assert "bulkrelay_batch_splits_total{" in metrics.read_text()
+    assert 'bulkrelay_batch_splits_total{job_name="job"} 1.0' in metrics.read_text()
+    run = RunDir.open(Path(result.data["run_dir"]))
+    facts = facts_of(run, tally_journal(run.journal_path), read_timeline(run.path))
+    assert facts.requests is not None and facts.requests.to_json() == requests  # the report's data

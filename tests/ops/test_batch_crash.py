@@ -16,10 +16,11 @@ import pytest
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import read_journal, scan_journal
-from tests.clirun import run_cli
+from tests.clirun import run_cli, start_cli
 from tests.relay.batchrun import write_batch_job
 from tests.spawnedruns import run_held_by, spawn_run, wait_for_frontier_past
 from tests.targetproc import TargetProcess
+from tests.waiting import wait_for
 
 ROWS = 1200
 KILLS = 5
@@ -111,3 +112,60 @@ def test_the_rerun_of_a_finished_batch_job_resends_its_retries_under_the_same_ke
     assert [run.exit_code for run in runs] == [ExitCode.SUCCESS, ExitCode.SUCCESS], runs[-1].envelope
     assert runs[0].data["run_dir"] != runs[1].data["run_dir"]  # a new run: the first one completed
     assert stats["items_applied_twice"] == [] and stats["distinct_items_applied"] == len(names)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_crash_during_an_item_429_backoff_then_the_next_night_applies_no_item_twice(
+    tmp_path: Path, shards: int
+) -> None:
+    """kill -9 while 28 items of each 40-item batch wait out their item 429: the identical re-run sends
+    them, and the next night's run, answered the first request's stored 429s, sends them again under
+    the very key the re-run used. (Keyed by the process's history, the re-run sent them under their
+    ids alone and the next night numbered them as a retry: a new key, all 28 applied again.)"""
+    rows = 40 * shards
+    names = [("busy" if n % 10 < 7 else "user") + str(n) for n in range(1, rows + 1)]
+    runs_root = tmp_path / ".bulkrelay" / "runs"
+    split = [[] if shards == 1 else ["--shard", f"{k}/{shards}"] for k in range(shards)]
+    with TargetProcess({"dedup": True, "batch": {"retry_times": 1}}) as target:
+        job = write_batch_job(
+            tmp_path,
+            target.url,
+            "elasticsearch",
+            names,
+            max_items=40,
+            execution={"concurrency": 1},
+            retry={
+                "max_attempts": 3,
+                "initial_backoff_seconds": 4,
+                "max_backoff_seconds": 4,
+                "jitter_ratio": 0,
+            },
+        )
+        procs = [
+            start_cli("run", job, "--budget", "0", *args, cwd=tmp_path, output="discarded") for args in split
+        ]
+        wait_for(lambda: len(_sent_ids(target)) >= rows or None, "every row's first send")
+        for proc in procs:
+            wait_for_frontier_past(run_held_by(runs_root, proc), 0, proc)  # its applied rows, committed
+        for proc in procs:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        sent = _sent_ids(target)
+        assert len(sent) == len(set(sent)) == rows  # killed during the busy items' backoff: none resent
+        nights = [
+            run_cli("run", job, "--budget", "0", *args, cwd=tmp_path, timeout=120)
+            for _ in range(2)
+            for args in split
+        ]
+        stats = target.stats()
+    assert [night.exit_code for night in nights] == [ExitCode.SUCCESS] * 2 * shards, nights[-1].envelope
+    assert len({night.data["run_dir"] for night in nights}) == 2 * shards  # the next night: new runs
+    assert stats["items_applied_twice"] == [] and stats["distinct_items_applied"] == rows
+
+
+def _sent_ids(target: TargetProcess) -> list[str]:
+    """The ids of the items of every request the target received (Elasticsearch: action lines)."""
+    return [
+        orjson.loads(line)["index"]["_id"] for r in target.requests() for line in r["body"].splitlines()[::2]
+    ]

@@ -140,9 +140,10 @@ async def test_a_resumed_run_sends_again_under_the_key_it_sent_before(seed: int,
         for pending in retry:
             pending.attempts += 1
         answers.append({p.row_number for p in batch.items} - {p.row_number for p in retry})
-        former.done(retry)
-    keys = [key for key in sent if key[1] is not None]
-    assert keys and len(set(keys)) == len(keys)  # some rows went again, each time under a new key
+        former.done(retry, batch)
+    # No two requests under one key (rows and number); the very rows of a request sent again took a
+    # number, fewer rows none (keyed by their ids alone, as a crash forms them).
+    assert len(set(sent)) == len(sent) and any(number is not None for _, number in sent)
     for answered, logged, sent_count in crashes:
         committed = rng.randint(0, answered)  # the journal may lag behind the answers
         journaled = RowSet(ROWS)
@@ -165,3 +166,32 @@ async def _next_due(former: BatchFormer) -> Batch | None:
 
 def _rows(items: list[PendingItem]) -> tuple[int, ...]:
     return tuple(sorted(pending.row_number for pending in items))
+
+
+async def test_a_size_a_413_taught_forms_the_same_batches_after_a_crash(tmp_path: Path) -> None:
+    """The body size a 413 taught is durable from the row the next batch starts at: a run resumed after
+    a crash, its first batches journaled, forms every later batch as the live run did."""
+    log = tmp_path / "batch-retries.jsonl"
+    live = BatchFormer(_batcher(), StopControl(), None, BatchRetries(log, Storage()))
+    live.feed(iter(_records()))
+    formed: list[tuple[int, ...]] = []
+    while (batch := await live.next()) is not None:
+        formed.append(tuple(pending.row_number for pending in batch.items))
+        if len(formed) == 3:
+            live.learn(150)  # the 413 of an earlier batch taught it: bodies of 150 bytes pass
+        live.done([], batch)
+    batcher = _batcher()
+    later = formed[3:]  # the fourth batch and on were formed once the size was in force
+    assert all(
+        batcher.size(len(rows), sum(len(batcher.item(_records()[row - 1]).data) for row in rows)) <= 150
+        for rows in later
+        if len(rows) > 1
+    )
+    assert max(len(rows) for rows in later) < max(len(rows) for rows in formed[:3])
+    for crash_after in (3, 4, 6):
+        journaled = RowSet(ROWS)
+        for rows in formed[:crash_after]:
+            for row in rows:
+                journaled.add(row)
+        resumed = [rows for rows, _ in await _formed(journaled, log)]
+        assert resumed == formed[crash_after:]

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from bulkrelay.demo.target import start_target
-from tests.relay.batchrun import run_batch_job, write_batch_job
+from tests.relay.batchrun import SHAPES, run_batch_job, write_batch_job
 
 pytestmark = pytest.mark.anyio
 
@@ -324,3 +324,114 @@ async def test_a_whole_answers_rows_are_journaled_each_with_its_own_fields(tmp_p
     for entry in entries:
         assert alike(vars(entry)) == alike(general[entry.row_number])
         assert list(vars(entry)) == list(general[entry.row_number])  # the line's key order
+
+
+async def test_a_409_to_a_key_still_in_progress_is_waited_out_under_that_key_never_split(
+    tmp_path: Path,
+) -> None:
+    """A target keeping keys (IETF Idempotency-Key draft, Stripe) answers 409 while a key's first request
+    is still being processed. The batch is slower than read_seconds: its retry meets the 409. Split
+    into halves under new keys, 40 items were applied 120 times and every row journaled as failed."""
+    plan = {"dedup": True, "in_progress_status": 409, "batch": {"delay_ms": 1200}}
+    target = await start_target(plan)
+    try:
+        job = write_batch_job(
+            tmp_path,
+            target.url,
+            "hubspot",
+            [f"user{n}" for n in range(1, 41)],
+            max_items=40,
+            retry={"max_attempts": 3, "initial_backoff_seconds": 0.3, "max_backoff_seconds": 0.6},
+            execution={"concurrency": 1, "timeout": {"read_seconds": 0.4}},
+        )
+        result = await run_batch_job(job, target)
+        stats = target.state.stats()
+    finally:
+        await target.stop()
+    assert stats["items_applied_twice"] == [] and stats["distinct_items_applied"] == 40
+    assert len({r["idempotency_key"] for r in result.requests}) == 1  # never split into new keys
+    assert 409 in {r["status"] for r in result.requests}
+    assert all(e.success for e in result.entries) and len(result.entries) == 40
+
+
+async def test_a_409_to_a_batchs_first_send_is_its_4xx_and_splits(tmp_path: Path) -> None:
+    """A key never sent before cannot be in progress: a 409 to it is the batch's refusal, bisected."""
+    plan = {"rules": [{"match": {"body_contains": "poison"}, "status": 409}]}
+    target = await start_target(plan)
+    try:
+        names = [f"user{n}" for n in range(1, 5)]
+        names[2] = "poison3"
+        job = write_batch_job(tmp_path, target.url, "array", names, max_items=4)
+        result = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    rows = result.by_row()
+    assert {n for n, e in rows.items() if not e.success} == {3}
+    assert rows[3].status_code == 409 and rows[3].attempts == 3  # the batch, its half, itself
+
+
+async def test_an_elasticsearch_answer_of_6000_items_is_read_whole(tmp_path: Path) -> None:
+    """~190 bytes an item: 6,000 items answer over 1 MiB. Read with a fixed 1 MiB cap, every row failed
+    though all were applied (and `retry-failed` applied them all again). The cap grows with the batch."""
+    target = await start_target({"batch": {"max_items": 10_000}})
+    try:
+        names = [f"user{n}" for n in range(1, 6001)]
+        job = write_batch_job(
+            tmp_path, target.url, "elasticsearch", names, max_items=6000, batch={"max_bytes": 2_000_000}
+        )
+        result = await run_batch_job(job, target)
+        stats = target.state.stats()
+    finally:
+        await target.stop()
+    assert len(result.requests) == 1 and stats["distinct_items_applied"] == 6000
+    assert all(e.success for e in result.entries) and len(result.entries) == 6000
+
+
+async def test_item_statuses_are_judged_by_their_own_list_not_the_answers(tmp_path: Path) -> None:
+    """`success_statuses: [200]` for Elasticsearch's 200 answer failed every item created (201)."""
+    target = await start_target()
+    try:
+        names = [f"user{n}" for n in range(1, 5)]
+        names[1] = "bogus2"
+        job = write_batch_job(
+            tmp_path, target.url, "elasticsearch", names, max_items=4, response={"success_statuses": [200]}
+        )
+        default = await run_batch_job(job, target)
+        items = {**SHAPES["elasticsearch"]["response"]["items"], "success_statuses": [200]}
+        only_200 = {"success_statuses": [200], "items": items}
+        job = write_batch_job(tmp_path, target.url, "elasticsearch", names, max_items=4, response=only_200)
+        own = await run_batch_job(job, target)
+    finally:
+        await target.stop()
+    assert {n for n, e in default.by_row().items() if not e.success} == {2}  # items: any 2xx by default
+    assert all(e.status_code == 201 for n, e in default.by_row().items() if n != 2)
+    assert not any(e.success for e in own.by_row().values())  # their own list: 201 is not in it
+    assert own.by_row()[1].classification == "http_unexpected"
+
+
+async def test_gzip_batches_are_counted_by_their_compressed_bytes_and_inflated_by_the_target(
+    tmp_path: Path,
+) -> None:
+    names = [f"user{n}" for n in range(1, 201)]
+    target = await start_target()
+    try:
+        plain = write_batch_job(
+            tmp_path, target.url, "array", names, max_items=200, batch={"max_bytes": 1500}
+        )
+        unzipped = await run_batch_job(plain, target)
+        target.state.reset()
+        job = write_batch_job(
+            tmp_path, target.url, "array", names, max_items=200, batch={"max_bytes": 1500},
+            request={"compression": "gzip"},
+        )  # fmt: skip
+        zipped = await run_batch_job(job, target)
+        stats = target.state.stats()
+    finally:
+        await target.stop()
+    assert all(e.success for e in zipped.entries) and len(zipped.entries) == 200
+    assert stats["distinct_items_applied"] == 200 and stats["items_applied_twice"] == []
+    for request in zipped.requests:
+        headers = {name.lower(): value for name, value in request["headers"].items()}
+        assert headers["content-encoding"] == "gzip"
+        assert int(headers["content-length"]) <= 1500 < len(request["body"])  # the inflated body is larger
+    assert len(zipped.requests) < len(unzipped.requests)  # more items fit a request

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bulkrelay.store.journal import JournalEntry, encode_line
-from bulkrelay.store.summary import LatencyHistogram, summarize
+from bulkrelay.store.summary import LatencyHistogram, RequestCounts, RunSummary, summarize
 
 
 def _entry(seq: int, status: int | None, classification: str, attempts: int, ms: float) -> bytes:
@@ -77,3 +77,16 @@ def test_histogram_buckets_to_a_tenth_of_a_millisecond() -> None:
     histogram.add(1.234)
     histogram.add(1.239)
     assert histogram.percentiles((0.5,)) == {"p50": pytest.approx(1.2)}
+
+
+def test_the_requests_of_a_runs_calls_add_up_and_read_back() -> None:
+    first = RequestCounts(5, {"200": 3, "413": 1, "none": 1}, retries=1, splits=1)
+    second = RequestCounts(2, {"200": 2}, retries=0, splits=0)
+    total = first.plus(second)
+    assert total == RequestCounts(7, {"200": 5, "413": 1, "none": 1}, retries=1, splits=1)
+    summary = RunSummary(10, 10, 10, 0, {"200": 10}, {"success": 10}, 12, {"p50": 1.0}, requests=total)
+    assert RunSummary.from_json(summary.to_json()) == summary
+    earlier = summary.to_json()
+    del earlier["requests"]  # a summary of an earlier version
+    assert RunSummary.from_json(earlier).requests is None
+    assert RequestCounts.from_json({"sent": "x"}) is None

@@ -1,0 +1,67 @@
+"""A single row's 409 to its key still in progress (the IETF Idempotency-Key draft, Stripe), at the
+embedded loopback target keeping keys: waited out under the same key, never a failed row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bulkrelay.demo.target import start_target
+from bulkrelay.job.config import load_job
+from bulkrelay.job.preflight import run_preflight
+from bulkrelay.ops.lifecycle import plan_for
+from bulkrelay.relay.engine import StartPoint, relay
+from bulkrelay.relay.progress import NullReporter
+from bulkrelay.relay.stopping import StopControl
+from bulkrelay.store.journal import read_journal
+from bulkrelay.store.rundir import RunDir
+from tests.taggedjobs import write_job
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_rows_409_after_its_key_was_sent_is_waited_out_under_the_same_key(tmp_path: Path) -> None:
+    plan = {
+        "dedup": True,
+        "in_progress_status": 409,
+        "rules": [{"match": {"method": "POST"}, "delay_ms": 1200}],
+    }
+    target = await start_target(plan)
+    try:
+        job = write_job(
+            tmp_path,
+            target.url,
+            rows=3,
+            request={"idempotency_key": {"header": "Idempotency-Key"}},
+            retry={"max_attempts": 3, "initial_backoff_seconds": 0.3, "max_backoff_seconds": 0.6},
+            execution={"concurrency": 3, "timeout": {"read_seconds": 0.4}},
+        )
+        preflight = run_preflight(load_job(job), None)
+        run = RunDir.create(tmp_path / "runs", plan_for(preflight))
+        await relay(preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter())
+        stats = target.state.stats()
+        requests = target.state.requests()
+    finally:
+        await target.stop()
+    entries = list(read_journal(run.journal_path))
+    assert 409 in {r["status"] for r in requests}
+    assert stats["effects"] == 3  # each row applied once
+    assert sorted(e.row_number for e in entries) == [1, 2, 3]
+    assert all(e.success and e.status_code == 200 for e in entries), entries
+
+
+async def test_a_rows_gzip_body_is_inflated_by_the_target(tmp_path: Path) -> None:
+    target = await start_target()
+    try:
+        job = write_job(tmp_path, target.url, rows=3, request={"compression": "gzip"})
+        preflight = run_preflight(load_job(job), None)
+        run = RunDir.create(tmp_path / "runs", plan_for(preflight))
+        await relay(preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter())
+        requests = target.state.requests()
+    finally:
+        await target.stop()
+    assert all(e.success for e in read_journal(run.journal_path))
+    assert sorted(orjson.loads(r["body"])["id"] for r in requests) == [1, 2, 3]
+    assert all(r["headers"].get("Content-Encoding") == "gzip" for r in requests)
