@@ -43,7 +43,7 @@ from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS, whole_number
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import Spool, spool_stdin_into
 from bulkrelay.ops.invocation import invocation_key
-from bulkrelay.ops.status import committed_progress
+from bulkrelay.ops.status import CRASHED, RESUMABLE, committed_progress, liveness
 from bulkrelay.private import open_private
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.atomic import move_file
@@ -172,12 +172,14 @@ def _job_of_invocation(
 
 
 def _continued_run(continues: Continues, stdin: Path | None) -> RunDir | None:
-    """The run the call continues, or None; whatever is wrong with it is the worker's to report."""
+    """The run the call continues, or None; whatever is wrong with it is the worker's to report.
+    A run stopped on purpose, or a crashed one (still `running` in run.json, its lock free: killed,
+    out of memory, a lost job's): both are continued from their checkpoint (REQ-C-035)."""
     try:
         run = continues(stdin)
     except BulkRelayError:
         return None
-    return run if run is not None and run.state.resumable else None
+    return run if run is not None and liveness(run) in (CRASHED, RESUMABLE) else None
 
 
 def _start_background_job(
