@@ -12,6 +12,7 @@ import os
 import signal
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,19 @@ _COMMITTED = 48
 
 def _cli(tmp_path: Path, *args: str | Path) -> CliResult:
     return run_cli(*args, cwd=tmp_path, env=cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state")))
+
+
+def _handed_off(tmp_path: Path, call: tuple[str, Path, str], budget: str, done: int) -> dict[str, Any]:
+    """`run JOB` or `resume RUN_DIR` under `budget`: handed off (14), naming the run and its progress."""
+    command, job, run_dir = call
+    argv = ("run", job) if command == "run" else ("resume", run_dir)
+    handed_off = _cli(tmp_path, *argv, "--budget", budget)
+    assert handed_off.exit_code == ExitCode.INCOMPLETE, handed_off.envelope
+    data: dict[str, Any] = handed_off.data
+    assert data["run_dir"] == run_dir, data
+    assert data["progress"]["done"] >= done, data
+    assert data["progress"]["total"] == 100, data
+    return data
 
 
 @pytest.mark.slow
@@ -47,13 +61,7 @@ def test_a_hand_off_before_the_worker_starts_names_the_run_and_its_checkpointed_
 
         # Every answer now takes longer than a hang's bound: the job cannot end within the budget.
         target.set_plan({"rules": [{"delay_ms": int(HANG_S * 1000)}]})
-        argv = ("run", job) if command == "run" else ("resume", run_dir)
-        handed_off = _cli(tmp_path, *argv, "--budget", budget)
-        assert handed_off.exit_code == ExitCode.INCOMPLETE, handed_off.envelope
-        data = handed_off.data
-        assert data["run_dir"] == run_dir, data
-        assert data["progress"]["done"] >= _COMMITTED, data
-        assert data["progress"]["total"] == 100, data
+        data = _handed_off(tmp_path, (command, job, run_dir), budget, _COMMITTED)
 
         # `job status` says the same until the relay's own progress takes over (never lower).
         status = _cli(tmp_path, "job", "status", data["job_id"])
@@ -117,12 +125,6 @@ def test_after_a_kill_the_continuation_names_the_run_and_its_checkpointed_progre
         job = write_job(tmp_path, target.url, rows=100, execution={"concurrency": 1})
         run_dir, done = _killed_midway(tmp_path, target, job, how)
 
-        argv = ("run", job) if command == "run" else ("resume", run_dir)
-        handed_off = _cli(tmp_path, *argv, "--budget", budget)
-        assert handed_off.exit_code == ExitCode.INCOMPLETE, handed_off.envelope
-        data = handed_off.data
-        assert data["run_dir"] == run_dir, data
-        assert data["progress"]["done"] >= done, data
-        assert data["progress"]["total"] == 100, data
+        data = _handed_off(tmp_path, (command, job, run_dir), budget, done)
         cancelled = _cli(tmp_path, "job", "cancel", data["job_id"], "--budget", HANG_BUDGET)
         assert cancelled.exit_code == ExitCode.SUCCESS, cancelled.envelope
