@@ -468,7 +468,8 @@ def background_status(job_id: str) -> Result:
 
 
 def background_cancel(job_id: str, budget_flag_ms: int | None = None) -> Result:
-    """Ask the job to stop and abort its rows in flight; wait for its end up to the call budget.
+    """Ask the job to stop at a safe point (its rows in flight answered and journaled, each bounded by
+    the read timeout); wait for its end up to the call budget.
 
     The answer is the job's true state: `cancelled` once the worker has ended, else 14 with the
     job `cancelling` and the command that waits for it."""
