@@ -3,8 +3,13 @@ then send) and outlive the call that read it (a background job)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import select
 import shutil
+import stat
+import sys
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,11 +37,13 @@ def spool_stdin_into(
 ) -> Spool:
     """`spool_stdin` into a fresh private file in `folder` (made 0700 if missing); `suffix` keeps the
     extension. Once `stop()` is true the copy ends where it is, fsynced, and is not complete (a budget
-    that runs out while stdin stays open). The caller removes the copy when its command ends, unless a
-    run or job took it."""
+    that runs out while stdin stays open); but an input that has already reached its end (a file, a
+    pipe whose writer has closed it) is copied whole even then, so that no worker is handed the
+    caller's stdin for bytes that had all arrived (a budget spent by start-up alone). The caller removes
+    the copy when its command ends, unless a run or job took it."""
     make_private_dir(folder)
     dest = folder / f"stdin-{os.getpid()}-{time.time_ns()}{suffix}"
-    return Spool(dest, _spool(dest, stream, stop))
+    return Spool(dest, _spool(dest, stream, stop, finish_ended=True))
 
 
 def spool_stdin(dest: Path, stream: BinaryIO) -> Path:
@@ -56,7 +63,7 @@ def append_stdin(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool
         raise _spool_failed(dest, exc) from exc
 
 
-def _spool(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
+def _spool(dest: Path, stream: BinaryIO, stop: Callable[[], bool], *, finish_ended: bool = False) -> bool:
     try:
         out = open(dest, "xb", opener=open_private)  # noqa: SIM115 (closed below, removed on failure)
     except OSError as exc:
@@ -66,7 +73,7 @@ def _spool(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
         raise
     try:
         with out:
-            return _copy_durably(stream, out, stop)
+            return _copy_durably(stream, out, stop, finish_ended=finish_ended)
     except BaseException as exc:
         dest.unlink(missing_ok=True)
         if isinstance(exc, OSError):
@@ -74,9 +81,14 @@ def _spool(dest: Path, stream: BinaryIO, stop: Callable[[], bool]) -> bool:
         raise
 
 
-def _copy_durably(stream: BinaryIO, out: BinaryIO, stop: Callable[[], bool]) -> bool:
-    """`_copy_to_end`, then `out` flushed and fsynced: the copy on disk holds all that was read."""
+def _copy_durably(
+    stream: BinaryIO, out: BinaryIO, stop: Callable[[], bool], *, finish_ended: bool = False
+) -> bool:
+    """`_copy_to_end`, then `out` flushed and fsynced: the copy on disk holds all that was read.
+    `finish_ended`: stopped, still copy the rest of an input that has already ended (`_rest_if_ended`)."""
     complete = _copy_to_end(stream, out, stop)
+    if not complete and finish_ended:
+        complete = _rest_if_ended(stream, out)
     out.flush()
     os.fsync(out.fileno())
     return complete
@@ -104,6 +116,40 @@ def _copy_to_end(stream: BinaryIO, out: BinaryIO, stop: Callable[[], bool]) -> b
             out.write(chunk)
             out.flush()  # the copy on disk holds what was read (a chunk is a whole pipe read: no cost)
     return False
+
+
+def _rest_if_ended(stream: BinaryIO, out: BinaryIO) -> bool:
+    """The rest of `stream` when its end has already come, without waiting (True); False, having copied
+    only what was there, when its writer still holds it open. A regular file has ended by nature; a pipe
+    or socket has when, past the bytes it holds now, a read finds the end at once."""
+    fd = stream.fileno()
+    read_once: Callable[[int], bytes | None] = getattr(stream, "read1", stream.read)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        while chunk := read_once(_CHUNK):
+            out.write(chunk)
+        return True
+    queued = _bytes_queued(fd)
+    while queued > 0:
+        chunk = read_once(min(queued, _CHUNK))
+        if not chunk:
+            return chunk == b""
+        out.write(chunk)
+        queued -= len(chunk)
+    if not select.select([fd], [], [], 0)[0] or _bytes_queued(fd):
+        return False  # nothing yet, or more came: the writer is still at it
+    last = read_once(1)
+    if last:
+        out.write(last)  # arrived after the look: not the end after all
+    return last == b""
+
+
+def _bytes_queued(fd: int) -> int:
+    """The bytes waiting in a pipe, socket or terminal (FIONREAD); 0 where the question has no answer."""
+    try:
+        answer = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int.from_bytes(answer, sys.byteorder, signed=True)
 
 
 def _spool_failed(dest: Path, exc: OSError) -> StorageFailed:
