@@ -78,6 +78,11 @@ def _wait_until_spooled(tmp_path: Path, size: int) -> None:
         time.sleep(0.02)
 
 
+def _job_wait(tmp_path: Path, job_id: str) -> CliResult:
+    env = cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"))
+    return run_cli("job", "wait", job_id, "--budget", "120s", cwd=tmp_path, env=env)
+
+
 def _jobs(tmp_path: Path) -> list[str]:
     return [path.name for path in (tmp_path / "state" / "jobs").glob("run-*")]
 
@@ -121,10 +126,7 @@ def test_a_budget_that_runs_out_while_stdin_stays_open_hands_the_rest_of_stdin_t
             assert target.stats()["requests"] == 0  # the job waits for the end of its input
             _write(proc, _rows(6, 12))  # the writer goes on after the caller was released
         job_id = handed_off.data["job_id"]
-        done = run_cli(
-            "job", "wait", job_id, "--budget", "120s", cwd=tmp_path,
-            env=cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state")),
-        )  # fmt: skip
+        done = _job_wait(tmp_path, job_id)
         assert done.exit_code == ExitCode.SUCCESS, done.envelope
         assert sorted(sent_ids(target), key=int) == [str(n) for n in range(1, 13)]
     assert_each_row_once(done.data["run_dir"], 12)
@@ -165,10 +167,7 @@ def test_an_ended_stdin_is_copied_whole_when_start_up_spent_the_budget(tmp_path:
         job_id = handed_off.envelope["meta"]["job_id"]
         spec = orjson.loads((tmp_path / "state" / "jobs" / job_id / "spec.json").read_bytes())
         assert spec["stdin_rest"] is False and spec["key"], spec
-        done = run_cli(
-            "job", "wait", job_id, "--budget", "120s", cwd=tmp_path,
-            env=cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state")),
-        )  # fmt: skip
+        done = _job_wait(tmp_path, job_id)
         assert done.exit_code == ExitCode.SUCCESS, done.envelope
         assert sorted(sent_ids(target), key=int) == [str(n) for n in range(1, 41)]
     assert (tmp_path / "state" / "jobs" / job_id / "stdin").read_bytes() == HEADER + _rows(1, 40)

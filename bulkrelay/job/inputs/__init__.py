@@ -19,7 +19,14 @@ from bulkrelay.job.inputs.spec import (
     detect_format,
     input_changed,
 )
-from bulkrelay.job.inputs.spool import Spool, append_stdin, spool_stdin, spool_stdin_into
+from bulkrelay.job.inputs.spool import (
+    Spool,
+    abandoned_spools,
+    append_stdin,
+    spool_file,
+    spool_stdin,
+    spool_stdin_into,
+)
 from bulkrelay.job.inputs.stream import RecordStream, open_records
 
 __all__ = [
@@ -35,12 +42,14 @@ __all__ = [
     "RecordStream",
     "RegionDigests",
     "Spool",
+    "abandoned_spools",
     "append_stdin",
     "changed_values",
     "detect_format",
     "input_changed",
     "open_input_bytes",
     "open_records",
+    "spool_file",
     "spool_stdin",
     "spool_stdin_into",
 ]

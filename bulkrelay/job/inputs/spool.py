@@ -1,10 +1,19 @@
 """The stdin spool: standard input copied to a private, fsynced file, so it can be read twice (preflight,
-then send) and outlive the call that read it (a background job)."""
+then send) and outlive the call that read it (a background job).
+
+A spool folder also holds a query's or a Parquet file's snapshot while it is taken. Each file there is
+named for the process that makes it (`<kind>-<pid>-<ns>`), which holds a shared lock on the folder's
+`.owner-<pid>` for as long as it lives: once nobody holds it, that process is gone (kill -9, out of
+memory) and its files are abandoned (`abandoned_spools`), which the next snapshot, the end of a run
+and `prune` remove."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import fcntl
 import os
+import re
 import select
 import shutil
 import stat
@@ -22,6 +31,9 @@ from bulkrelay.job.inputs.spec import STDIN_NAME
 from bulkrelay.private import make_private_dir, open_private
 
 _CHUNK = 1 << 20
+_SPOOL_NAME = re.compile(r"^[a-z]+-(\d+)-\d+")  # <kind>-<pid>-<ns>[suffix]
+_OWNER = ".owner-{pid}"
+_owned: dict[Path, int] = {}  # spool folder -> this process's owner lock there, held to its end
 
 
 @dataclass(frozen=True)
@@ -41,9 +53,100 @@ def spool_stdin_into(
     pipe whose writer has closed it) is copied whole even then, so that no worker is handed the
     caller's stdin for bytes that had all arrived (a budget spent by start-up alone). The caller removes
     the copy when its command ends, unless a run or job took it."""
-    make_private_dir(folder)
-    dest = folder / f"stdin-{os.getpid()}-{time.time_ns()}{suffix}"
+    dest = spool_file(folder, "stdin", suffix)
     return Spool(dest, _spool(dest, stream, stop, finish_ended=True))
+
+
+def spool_file(folder: Path, kind: str, suffix: str) -> Path:
+    """A new name for this process's `kind` file in the spool `folder` (made 0700 if missing), the
+    process's owner lock there taken first: no file of a live process is ever taken as abandoned."""
+    make_private_dir(folder)
+    _hold_owner(folder)
+    return folder / f"{kind}-{os.getpid()}-{time.time_ns()}{suffix}"
+
+
+def _hold_owner(folder: Path) -> None:
+    """A shared lock on `.owner-<pid>`, kept open until the process ends (the OS then drops it). A
+    sweeper that removed the file meanwhile leaves us a lock on nothing: take a fresh one then."""
+    key = folder.resolve()
+    if key in _owned:
+        return
+    path = folder / _OWNER.format(pid=os.getpid())
+    while True:
+        fd = open_private(path, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                if not _owned:
+                    atexit.register(_let_go)
+                _owned[key] = fd
+                return
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _let_go() -> None:
+    """At a normal end, the owner files go with the process (a spool it left is then found by its pid)."""
+    for folder, fd in _owned.items():
+        with contextlib.suppress(OSError):
+            if os.stat(folder / _OWNER.format(pid=os.getpid())).st_ino == os.fstat(fd).st_ino:
+                (folder / _OWNER.format(pid=os.getpid())).unlink()
+    _owned.clear()
+
+
+def abandoned_spools(folder: Path, *, remove: bool) -> list[tuple[Path, int]]:
+    """The files of `folder` whose process has ended without removing them (a kill mid-snapshot), with
+    their sizes; removed when `remove`. A file of a process that holds its owner lock stays. A name
+    without an owner file (an earlier version's) is abandoned once no process has its pid."""
+    by_pid: dict[int, list[Path]] = {}
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        if (named := _SPOOL_NAME.match(entry.name)) is not None and entry.is_file():
+            by_pid.setdefault(int(named[1]), []).append(entry)
+    found: list[tuple[Path, int]] = []
+    for pid, files in sorted(by_pid.items()):
+        found += _abandoned_of(folder / _OWNER.format(pid=pid), pid, files, remove)
+    return found
+
+
+def _abandoned_of(owner: Path, pid: int, files: list[Path], remove: bool) -> list[tuple[Path, int]]:
+    try:
+        fd = open_private(owner, os.O_RDWR)
+    except FileNotFoundError:
+        return [] if _pid_alive(pid) else _sized(files, remove)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return []  # its process lives
+        found = _sized(files, remove)
+        if remove:
+            owner.unlink(missing_ok=True)
+        return found
+    finally:
+        os.close(fd)
+
+
+def _sized(files: list[Path], remove: bool) -> list[tuple[Path, int]]:
+    found = []
+    for path in files:
+        try:
+            found.append((path, path.stat().st_size))
+            if remove:
+                path.unlink()
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def spool_stdin(dest: Path, stream: BinaryIO) -> Path:
