@@ -41,7 +41,7 @@ from bulkrelay.envelope import CallMeta, CommandData, EnvelopeWarning, ErrorInfo
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
 from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS, whole_number
 from bulkrelay.job.fingerprint import file_sha256
-from bulkrelay.job.inputs import Spool, spool_stdin_into
+from bulkrelay.job.inputs import Spool, let_go_of_spool, spool_stdin_into
 from bulkrelay.ops.invocation import invocation_key
 from bulkrelay.ops.status import CRASHED, RESUMABLE, committed_progress, liveness
 from bulkrelay.private import open_private
@@ -108,6 +108,7 @@ def hand_off(
     finally:
         if spool is not None:
             spool.path.unlink(missing_ok=True)  # moved into the job, or no job took it
+            let_go_of_spool(spool.path.parent)
     if result.exit_code == ExitCode.INCOMPLETE and unattended(os.environ):
         result.warnings.append(_unattended_warning(background, budget_ms))
     return result

@@ -12,7 +12,7 @@ from pathlib import Path
 from bulkrelay.errors import UsageError
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
-from bulkrelay.job.inputs import abandoned_spools, detect_format, spool_file
+from bulkrelay.job.inputs import abandoned_spools, detect_format, let_go_of_spool, spool_file
 from bulkrelay.job.inputs.parquet import parquet_into, parquet_source
 from bulkrelay.job.inputs.query import QuerySpec, RowsRead, database_of, snapshot_into
 from bulkrelay.job.preflight import query_source
@@ -81,6 +81,7 @@ def passing_snapshot(job: Job, spool_dir: Path, parquet: Path | None = None) -> 
         yield path
     finally:
         path.unlink(missing_ok=True)
+        let_go_of_spool(spool_dir)
 
 
 def reusable_parquet(job: Job, previous: RunDir | None, parquet: Path) -> tuple[Path | None, str]:

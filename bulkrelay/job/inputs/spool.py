@@ -86,13 +86,35 @@ def _hold_owner(folder: Path) -> None:
         os.close(fd)
 
 
+def let_go_of_spool(folder: Path) -> None:
+    """Once none of this process's files is left in `folder` (each removed, or taken by its run), its
+    owner file there goes too: a command leaves nothing in the spool."""
+    key = folder.resolve()
+    if key not in _owned:
+        return
+    with contextlib.suppress(OSError):  # a folder gone has nothing of ours left
+        if any(_pid_of(path) == os.getpid() for path in folder.iterdir()):
+            return
+    _release(key, _owned.pop(key))
+
+
 def _let_go() -> None:
     """At a normal end, the owner files go with the process (a spool it left is then found by its pid)."""
-    for folder, fd in _owned.items():
-        with contextlib.suppress(OSError):
-            if os.stat(folder / _OWNER.format(pid=os.getpid())).st_ino == os.fstat(fd).st_ino:
-                (folder / _OWNER.format(pid=os.getpid())).unlink()
-    _owned.clear()
+    while _owned:
+        _release(*_owned.popitem())
+
+
+def _release(folder: Path, fd: int) -> None:
+    owner = folder / _OWNER.format(pid=os.getpid())
+    with contextlib.suppress(OSError):
+        if os.stat(owner).st_ino == os.fstat(fd).st_ino:
+            owner.unlink()
+    os.close(fd)
+
+
+def _pid_of(path: Path) -> int | None:
+    named = _SPOOL_NAME.match(path.name)
+    return None if named is None else int(named[1])
 
 
 def abandoned_spools(folder: Path, *, remove: bool) -> list[tuple[Path, int]]:
@@ -101,8 +123,8 @@ def abandoned_spools(folder: Path, *, remove: bool) -> list[tuple[Path, int]]:
     without an owner file (an earlier version's) is abandoned once no process has its pid."""
     by_pid: dict[int, list[Path]] = {}
     for entry in folder.iterdir() if folder.is_dir() else ():
-        if (named := _SPOOL_NAME.match(entry.name)) is not None and entry.is_file():
-            by_pid.setdefault(int(named[1]), []).append(entry)
+        if (pid := _pid_of(entry)) is not None and entry.is_file():
+            by_pid.setdefault(pid, []).append(entry)
     found: list[tuple[Path, int]] = []
     for pid, files in sorted(by_pid.items()):
         found += _abandoned_of(folder / _OWNER.format(pid=pid), pid, files, remove)
