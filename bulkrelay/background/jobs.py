@@ -41,9 +41,9 @@ from bulkrelay.envelope import CallMeta, CommandData, EnvelopeWarning, ErrorInfo
 from bulkrelay.errors import BulkRelayError, ExitCode, JobLost, UsageError
 from bulkrelay.job.durations import LONGEST_DURATION, MAX_MS, whole_number
 from bulkrelay.job.fingerprint import file_sha256
-from bulkrelay.job.inputs import Spool, spool_stdin_into
+from bulkrelay.job.inputs import Spool, let_go_of_spool, spool_stdin_into
 from bulkrelay.ops.invocation import invocation_key
-from bulkrelay.ops.status import committed_progress
+from bulkrelay.ops.status import CRASHED, RESUMABLE, committed_progress, liveness
 from bulkrelay.private import open_private
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.atomic import move_file
@@ -108,6 +108,7 @@ def hand_off(
     finally:
         if spool is not None:
             spool.path.unlink(missing_ok=True)  # moved into the job, or no job took it
+            let_go_of_spool(spool.path.parent)
     if result.exit_code == ExitCode.INCOMPLETE and unattended(os.environ):
         result.warnings.append(_unattended_warning(background, budget_ms))
     return result
@@ -172,12 +173,14 @@ def _job_of_invocation(
 
 
 def _continued_run(continues: Continues, stdin: Path | None) -> RunDir | None:
-    """The run the call continues, or None; whatever is wrong with it is the worker's to report."""
+    """The run the call continues, or None; whatever is wrong with it is the worker's to report.
+    A run stopped on purpose, or a crashed one (still `running` in run.json, its lock free: killed,
+    out of memory, a lost job's): both are continued from their checkpoint (REQ-C-035)."""
     try:
         run = continues(stdin)
     except BulkRelayError:
         return None
-    return run if run is not None and run.state.resumable else None
+    return run if run is not None and liveness(run) in (CRASHED, RESUMABLE) else None
 
 
 def _start_background_job(
@@ -466,7 +469,8 @@ def background_status(job_id: str) -> Result:
 
 
 def background_cancel(job_id: str, budget_flag_ms: int | None = None) -> Result:
-    """Ask the job to stop and abort its rows in flight; wait for its end up to the call budget.
+    """Ask the job to stop at a safe point (its rows in flight answered and journaled, each bounded by
+    the read timeout); wait for its end up to the call budget.
 
     The answer is the job's true state: `cancelled` once the worker has ended, else 14 with the
     job `cancelling` and the command that waits for it."""

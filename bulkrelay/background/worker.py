@@ -2,7 +2,8 @@
 
 It runs the call stored in the job's spec (`bulkrelay.background.call`), synchronously, with a
 `BackgroundSupervisor` that writes the job's status as committed progress arrives and requests a stop,
-honoured at a safe point, when the job is cancelled (CANCELLED: the rows in flight are aborted too) or
+honoured at a safe point, when the job is cancelled (CANCELLED: no new request starts, the ones in flight
+are answered and journaled, bounded by the read timeout) or
 terminated (TERMINATED, on SIGTERM or SIGHUP). The run itself ends a stall (STALLED) and keeps the job's
 deadline (TIMEOUT), which the supervisor hands to it. Then the worker writes the final envelope to
 `result.json`, and only then lets go of the job's lock.
@@ -152,7 +153,11 @@ class BackgroundSupervisor:
         )
 
     async def watch(self, stop: StopControl, preflight: Preflight, run: RunDir) -> None:
-        """Runs beside the relay; requests a stop when one is due. Cancelled when the relay ends."""
+        """Runs beside the relay; requests a stop when one is due. Cancelled when the relay ends.
+
+        A cancel is a stop at a safe point like any other: the requests in flight are answered (each
+        bounded by the read timeout) and journaled before the run ends `cancelled`; aborting them would
+        leave effects at the target that no journal line records (REQ-C-035)."""
         self.run_dir = str(run.path)
         self.stage = RELAY
         self.write_status()
@@ -161,16 +166,6 @@ class BackgroundSupervisor:
                 stop.request(StopReason.CANCELLED, job_id=self._background.job_id)
             elif self.signalled is not None:
                 stop.request(self.signalled)
-            await anyio.sleep(_POLL_SECONDS)
-        await self._abort_when_cancelled(stop)
-
-    async def _abort_when_cancelled(self, stop: StopControl) -> None:
-        """`job cancel` aborts the rows in flight at once: they are not journaled, and the caller waits
-        on a budget. (A stall is the run's own to force, after its grace: bulkrelay.relay.stopping.)"""
-        while not stop.forced:
-            if self._background.cancel_requested:
-                stop.force()
-                return
             await anyio.sleep(_POLL_SECONDS)
 
 

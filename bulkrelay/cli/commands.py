@@ -250,14 +250,19 @@ def _key(relay: _Relay, spooled_stdin: Path | None) -> str:
 
 
 def _continues(relay: _Relay, spooled_stdin: Path | None) -> RunDir | None:
-    """The unfinished run a budgeted call will continue (`resume RUN`, the identical `run`'s), read
-    before the hand-off; none for `retry-failed`, which makes a new run."""
+    """The unfinished run a budgeted call will continue (`resume RUN`, the identical `run`'s, the
+    identical `retry-failed`'s child), read before the hand-off."""
     options = relay.options
     if isinstance(options, ResumeArgs):
         return RunDir.open(_resolved(options.run_dir, options.runs_dir))
     if isinstance(options, RunArgs):
         named = Path(options.input) if options.input not in (None, "-") else None
         return launch.run_to_continue(_run_request(options, relay, spooled_stdin or named))
+    if isinstance(options, RetryFailedArgs):
+        from bulkrelay.ops import retry_failed as retryfailed  # loaded only for its own command
+
+        parent = _resolved(options.run_dir, options.runs_dir)
+        return retryfailed.child_to_continue(parent, options.config, options.status, options.classification)
     return None
 
 

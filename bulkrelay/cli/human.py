@@ -226,6 +226,9 @@ def _prune(pruned: PruneResult) -> None:
     _console.print(f"{verb} {len(pruned.removed)} runs, kept {pruned.kept} in {pruned.runs_dir}")
     for run_id in pruned.removed:
         _console.print(f"  {run_id}", highlight=False)
+    if pruned.spools_removed:
+        count = len(pruned.spools_removed)
+        _console.print(f"{verb} {count} abandoned spool files ({pruned.spool_bytes} bytes)", highlight=False)
 
 
 def _help(answer: HelpText) -> None:

@@ -399,7 +399,7 @@ def _add_job_commands(sub: Any) -> None:
     for action, text in (
         ("wait", "wait up to the budget for a job's result"),
         ("status", "a job's state at once"),
-        ("cancel", "stop a job, aborting its requests in flight; wait for its end up to the budget"),
+        ("cancel", "stop a job at a safe point (its requests in flight answered); wait up to the budget"),
     ):
         jp = job_sub.add_parser(action, help=text)
         jp.add_argument(

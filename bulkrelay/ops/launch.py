@@ -10,7 +10,7 @@ from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import ConfigChanged, ExitCode, InputChanged, RunSuperseded
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint, file_sha256
-from bulkrelay.job.inputs import STDIN_NAME
+from bulkrelay.job.inputs import STDIN_NAME, abandoned_spools, let_go_of_spool
 from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, start_fresh
@@ -115,6 +115,8 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
         discard(deletions[0] if deletions is not None else None)
         if request.spooled and request.input_path is not None:
             request.input_path.unlink(missing_ok=True)  # moved into its run, or no run took it
+    abandoned_spools(request.runs_dir / ".spool", remove=True)  # left by runs killed mid-snapshot
+    let_go_of_spool(request.runs_dir / ".spool")
     return result
 
 

@@ -29,7 +29,7 @@ from bulkrelay.errors import (
     SyncStateCorrupt,
     sole_error,
 )
-from bulkrelay.job.inputs import spool_stdin_into
+from bulkrelay.job.inputs import let_go_of_spool, spool_stdin_into
 from bulkrelay.job.preflight import Preflight, RowsRead
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.resume import config_sections, recover_start
@@ -470,6 +470,7 @@ def prepared_input(input_arg: str | None, spool_dir: Path, suffix: str) -> Itera
         yield spool
     finally:
         spool.unlink(missing_ok=True)
+        let_go_of_spool(spool_dir)
 
 
 def start_fresh(

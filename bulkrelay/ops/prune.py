@@ -10,6 +10,8 @@ child reads its parent's copy of stdin or of a query), and a run a delta job's s
 the newest `keep` runs of its job (a mirror night's deletion run counts with its night), and it is
 older than `older_than`. Each removal takes the run's
 lock first, so a `resume` that starts meanwhile either wins the lock (the run is kept) or finds it gone.
+The spool files of processes that ended without removing them (a run killed while it took its query's
+snapshot) go too, whatever the rule: no run reads them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import BulkRelayError, RunLocked, UsageError
+from bulkrelay.job.inputs import abandoned_spools
 from bulkrelay.ops.results import PruneResult
 from bulkrelay.ops.settings import Retention, load_settings
 from bulkrelay.store.manifest import RunManifest
@@ -41,6 +44,7 @@ class PruneReport:
     removed: list[str]
     kept: int
     warnings: list[EnvelopeWarning]
+    spools: tuple[tuple[Path, int], ...] = ()  # abandoned spool files removed (or, dry, that would go)
 
     def result(self, runs_dir: Path, retention: Retention, dry_run: bool) -> PruneResult:
         return PruneResult(
@@ -50,6 +54,8 @@ class PruneReport:
             older_than=retention.older_than,
             removed=tuple(self.removed),
             kept=self.kept,
+            spools_removed=tuple(path.name for path, _ in self.spools),
+            spool_bytes=sum(size for _, size in self.spools),
         )
 
 
@@ -191,7 +197,8 @@ def prune(runs_dir: Path, retention: Retention, *, dry_run: bool = False) -> Pru
             continue
         if dry_run or _remove(candidate.run, warnings):
             removed.append(candidate.run.run_id)
-    return PruneReport(removed, len(runs) - len(removed), warnings)
+    spools = tuple(abandoned_spools(runs_dir / ".spool", remove=not dry_run))
+    return PruneReport(removed, len(runs) - len(removed), warnings, spools)
 
 
 def prune_command(runs_dir: Path, retention: Retention, *, dry_run: bool) -> Result:

@@ -287,6 +287,9 @@ class PruneResult(CommandData):
     older_than: str | None
     removed: tuple[str, ...]
     kept: int
+    # the spool files of processes that ended without removing them (a run killed mid-snapshot)
+    spools_removed: tuple[str, ...] = ()
+    spool_bytes: int = 0
 
     def to_data(self) -> dict[str, Any]:
         return {
@@ -296,6 +299,8 @@ class PruneResult(CommandData):
             "older_than": self.older_than,
             "removed": list(self.removed),
             "kept": self.kept,
+            "spools_removed": list(self.spools_removed),
+            "spool_bytes": self.spool_bytes,
         }
 
 

@@ -3,6 +3,10 @@
 The child reads the parent's input, unchanged, and is limited to a selection of its rows, so row
 numbers (and with them idempotency keys of rows identified by number) stay those of the input.
 The job may change between parent and child: fixing the job is often why one retries.
+
+The identical `retry-failed` (same parent, job file and filters) continues its child while that child
+is unfinished (stopped, or crashed: killed, out of memory), as the identical `run` continues its run:
+a second child would send again every row the first one delivered.
 """
 
 from __future__ import annotations
@@ -11,22 +15,30 @@ from dataclasses import replace
 from pathlib import Path
 
 from bulkrelay.envelope import EnvelopeWarning, Result
-from bulkrelay.errors import InputChanged, RunLocked, UsageError
+from bulkrelay.errors import ConfigChanged, InputChanged, RunLocked, UsageError
 from bulkrelay.job.config import load_job
 from bulkrelay.job.durations import whole_number
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
-from bulkrelay.ops.lifecycle import RunOptions, plan_for, start_fresh
+from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
+from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.results import NothingToRetry, RunResult
-from bulkrelay.ops.resume import check_committed_journal, input_differences, input_path_for, job_path_for
+from bulkrelay.ops.resume import (
+    check_committed_journal,
+    input_differences,
+    input_path_for,
+    job_path_for,
+    verify_unchanged,
+)
 from bulkrelay.ops.sharding import shard_of_run
 from bulkrelay.relay import progress
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.retry import BATCH_ANSWER_INVALID
 from bulkrelay.store.journal import read_journal
-from bulkrelay.store.liverun import live_slot
-from bulkrelay.store.manifest import RetryFilter
+from bulkrelay.store.liverun import LiveSlot, live_slot
+from bulkrelay.store.manifest import Invocation, RetryFilter
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, is_locked
+from bulkrelay.store.runs import run_by_id
 from bulkrelay.store.selection import save_selection
 from bulkrelay.sync import job_of_run, refuse_superseded, shared_slot
 
@@ -70,6 +82,35 @@ def _parent_preflight(parent: RunDir, config: Path | None, on_rows_read: RowsRea
     return preflight
 
 
+def retry_key(parent: RunDir, config: Path | None, statuses: str | None, classification: str | None) -> str:
+    """The identity of a `retry-failed` invocation: its parent, job file and filters."""
+    arguments = {
+        "parent": normalized_path(parent.path),
+        "config": normalized_path(config),
+        "status": statuses,
+        "classification": classification,
+    }
+    return invocation_key("retry-failed", arguments, stdin_sha256=None, idempotency_key=None)
+
+
+def unfinished_child(parent: RunDir, key: str) -> RunDir | None:
+    """The child the identical invocation made and did not finish (stopped, or crashed), or None."""
+    child_id = last_run_id(parent.path.parent, key)
+    child = None if child_id is None else run_by_id(parent.path.parent, child_id)
+    if child is None or child.state.final or child.plan.parent_run != parent.run_id:
+        return None
+    return child
+
+
+def child_to_continue(
+    run_dir: Path, config: Path | None, statuses: str | None, classification: str | None
+) -> RunDir | None:
+    """The child the identical invocation will continue, read before a hand-off so that it can name it
+    and its committed progress at once."""
+    parent = RunDir.open(run_dir)
+    return unfinished_child(parent, retry_key(parent, config, statuses, classification))
+
+
 def retry_failed(
     run_dir: Path,
     *,
@@ -83,6 +124,34 @@ def retry_failed(
         raise RunLocked(f"run {parent.run_id} is still running", context={"run_dir": str(parent.path)})
     check_committed_journal(parent, "retry-failed")
     preflight = _parent_preflight(parent, config, options.rows_read)
+    key = retry_key(parent, config, statuses, classification)
+    shared = shared_slot(preflight.job.config)
+    with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent), shared=shared) as slot:
+        refuse_superseded(parent, preflight)  # its failed rows' content is older than that run's
+        warnings: list[EnvelopeWarning] = []
+        child = unfinished_child(parent, key)
+        if child is not None:
+            try:
+                verify_unchanged(child, preflight)
+            except (InputChanged, ConfigChanged) as changed:
+                warnings.append(_discarded(child, changed))
+                options.announce_warnings(warnings)
+            else:
+                reporter = progress.for_stderr(options.quiet)
+                return _of_parent(continue_run(child, preflight, options, reporter, slot=slot), parent)
+        result = _new_child(parent, preflight, options, slot, (key, statuses, classification))
+    result.warnings[:0] = warnings
+    return _of_parent(result, parent)
+
+
+def _new_child(
+    parent: RunDir,
+    preflight: Preflight,
+    options: RunOptions,
+    slot: LiveSlot,
+    call: tuple[str, str | None, str | None],
+) -> Result:
+    key, statuses, classification = call
     selection = failed_rows(parent, preflight.record_count, parse_statuses(statuses), classification)
     if not len(selection):
         return Result(data=NothingToRetry(parent.run_id))
@@ -90,6 +159,7 @@ def retry_failed(
         plan_for(preflight),
         parent_run=parent.run_id,
         input_explicit=True,
+        invocation=Invocation(key, None),
         retry_filter=RetryFilter(statuses, classification),
         shard=parent.plan.shard,  # a shard's failed rows: the child is of the same shard
         # a deletion run's failed deletions: the child deletes too, and its successes leave the state
@@ -97,23 +167,29 @@ def retry_failed(
         mirror_of=parent.plan.mirror_of,
         delivery_run=parent.plan.delivery(parent.run_id),  # the parent's rows: their keys stay its
     )
-    shared = shared_slot(preflight.job.config)
-    with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent), shared=shared) as slot:
-        refuse_superseded(parent, preflight)  # its failed rows' content is older than that run's
-        result = start_fresh(
-            preflight,
-            parent.path.parent,
-            options,
-            progress.for_stderr(options.quiet),
-            slot=slot,
-            plan=plan,
-            prepare=lambda child: save_selection(child.path, selection, child.storage),
-            start=StartPoint(done_rows=selection.complement(), total=len(selection)),
-        )
-    if isinstance(result.data, RunResult):
-        result.data = replace(result.data, parent_run=parent.run_id)
+
+    def prepare(child: RunDir) -> None:
+        save_selection(child.path, selection, child.storage)
+        remember(parent.path.parent, key, child.run_id)  # last: the index names only whole runs
+
+    result = start_fresh(
+        preflight,
+        parent.path.parent,
+        options,
+        progress.for_stderr(options.quiet),
+        slot=slot,
+        plan=plan,
+        prepare=prepare,
+        start=StartPoint(done_rows=selection.complement(), total=len(selection)),
+    )
     if preflight.batcher is not None:
         result.warnings.extend(_unread_answers_resent(parent, selection))
+    return result
+
+
+def _of_parent(result: Result, parent: RunDir) -> Result:
+    if isinstance(result.data, RunResult):
+        result.data = replace(result.data, parent_run=parent.run_id)
     return result
 
 
@@ -132,3 +208,11 @@ def _unread_answers_resent(parent: RunDir, selection: RowSet) -> list[EnvelopeWa
         "them, and applies them again unless it dedups by item id"
     )
     return [EnvelopeWarning("ANSWER_UNREAD_RESENT", message, {"rows": rows, "parent_run": parent.run_id})]
+
+
+def _discarded(child: RunDir, changed: InputChanged | ConfigChanged) -> EnvelopeWarning:
+    return EnvelopeWarning(
+        "CHECKPOINT_DISCARDED",
+        f"{changed.message}; a new child run retries the parent's failed rows",
+        {"previous_run": child.run_id, "reason": changed.code},
+    )

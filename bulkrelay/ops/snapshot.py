@@ -5,7 +5,6 @@ querying. `validate` and `render` take one that lives only as long as the comman
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,11 +12,10 @@ from pathlib import Path
 from bulkrelay.errors import UsageError
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
-from bulkrelay.job.inputs import detect_format
+from bulkrelay.job.inputs import abandoned_spools, detect_format, let_go_of_spool, spool_file
 from bulkrelay.job.inputs.parquet import parquet_into, parquet_source
 from bulkrelay.job.inputs.query import QuerySpec, RowsRead, database_of, snapshot_into
 from bulkrelay.job.preflight import query_source
-from bulkrelay.private import make_private_dir
 from bulkrelay.store.rundir import RunDir
 
 
@@ -56,8 +54,9 @@ def parquet_input(job: Job, input_path: Path | None) -> Path | None:
 
 
 def _spool_name(spool_dir: Path, kind: str) -> Path:
-    make_private_dir(spool_dir)
-    return spool_dir / f"{kind}-{os.getpid()}-{time.time_ns()}.jsonl"
+    """A new snapshot's file; the snapshots of runs killed while taking theirs are removed first."""
+    abandoned_spools(spool_dir, remove=True)
+    return spool_file(spool_dir, kind, ".jsonl")
 
 
 def take_snapshot(job: Job, spool_dir: Path, on_rows: RowsRead | None = None) -> Path:
@@ -82,6 +81,7 @@ def passing_snapshot(job: Job, spool_dir: Path, parquet: Path | None = None) -> 
         yield path
     finally:
         path.unlink(missing_ok=True)
+        let_go_of_spool(spool_dir)
 
 
 def reusable_parquet(job: Job, previous: RunDir | None, parquet: Path) -> tuple[Path | None, str]:

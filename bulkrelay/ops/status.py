@@ -57,6 +57,9 @@ LIVE = "live"
 CRASHED = "crashed \u2014 resumable"
 RESUMABLE = "stopped \u2014 resumable"
 FINISHED = "finished"
+# How `runs` lists a run whose run.json says `running` while nobody holds its lock: its process died
+# (kill -9, out of memory, a lost job's worker). It is resumable; it is not running.
+INTERRUPTED = "interrupted"
 
 
 def liveness(run: RunDir) -> str:
@@ -158,6 +161,8 @@ def _run_row(run: RunDir | AlphaRun) -> RunRow:
         progress = committed_progress(run)
         done, total, failed = progress.done, progress.total, progress.failed
         state, name = run.state, run.plan.name
+        if liveness(run) == CRASHED:
+            state = INTERRUPTED
     return RunRow(
         run_id=run.run_id,
         state=state,

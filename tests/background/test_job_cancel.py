@@ -1,7 +1,8 @@
 """`job cancel` with real processes: a background job whose rows hang on a slow target.
 
-The cancel answers within its own call budget with the job's true state, aborts the requests in
-flight (they are not journaled), and the worker process is gone soon after.
+The cancel stops the job at a safe point: no new request, the ones in flight answered and journaled
+(so every effect at the target has its journal line), then `cancelled`; it answers within its own call
+budget with the job's true state, and the worker process is gone soon after.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tests.taggedjobs import journal, tag_rule, write_job
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_BUDGET_MS, HANG_S, wait_for
 
-_SLOW_MS = 2 * HANG_BUDGET_MS  # rows 5 and on: they outlast every call and wait of these tests
+_SLOW_MS = 3000  # rows 5 and on: on the wire while the tests cancel, each answered within the read timeout
 HANGING = {"rules": [tag_rule("slow", delay_ms=_SLOW_MS)]}
 # real processes: outside the fast lane (`-m "not slow"`)
 pytestmark = [pytest.mark.slow, pytest.mark.target_plan(HANGING)]
@@ -42,7 +43,7 @@ def _start_hanging_job(tmp_path: Path, target: TargetProcess) -> tuple[str, int]
         target.url,
         rows=40,
         tags=tags,
-        execution={"concurrency": 4, "timeout": {"read_seconds": 3 * HANG_S}},
+        execution={"concurrency": 4, "timeout": {"read_seconds": HANG_S}},
     )
     started = _cli(tmp_path, "run", job, "--budget", "500ms")
     assert started.exit_code == ExitCode.INCOMPLETE, started.envelope
@@ -51,13 +52,14 @@ def _start_hanging_job(tmp_path: Path, target: TargetProcess) -> tuple[str, int]
     return job_id, _worker_pid(tmp_path, job_id)
 
 
-def test_cancel_aborts_requests_in_flight_and_answers_within_its_budget(
+def test_cancel_stops_at_a_safe_point_with_every_effect_journaled(
     tmp_path: Path, target: TargetProcess
 ) -> None:
+    """Issue 38 item 10: the cancel aborted the four requests in flight, which the target had applied
+    (8 effects, 4 journaled rows); it must let them be answered and journaled, and start none after."""
     job_id, worker = _start_hanging_job(tmp_path, target)
     assert _cli(tmp_path, "job", "status", job_id).data["state"] == "running"
 
-    # Answered within its budget (else exit 14, "cancelling"): the rows in flight would outlast it.
     cancel = _cli(tmp_path, "job", "cancel", job_id, AGENT_CALL_BUDGET_MS=str(HANG_BUDGET_MS))
     assert cancel.exit_code == ExitCode.SUCCESS, cancel.envelope
     assert (cancel.data["state"], cancel.data["run_state"]) == ("cancelled", "cancelled")
@@ -66,9 +68,15 @@ def test_cancel_aborts_requests_in_flight_and_answers_within_its_budget(
 
     ended = _cli(tmp_path, "job", "wait", job_id, "--budget", HANG_BUDGET)
     assert ended.error_code == "CANCELLED" and ended.data["state"] == "cancelled"
-    # The four rows that were on the wire were aborted: not journaled, nothing started after them.
-    assert sorted(e["row_number"] for e in journal(cancel.data["run_dir"])) == [1, 2, 3, 4]
-    assert target.stats()["requests"] == 8
+    rows = journal(cancel.data["run_dir"])
+    # Every request the target applied has its journal line, a success: none was cut off midway.
+    stats = target.stats()
+    assert stats["effects"] == stats["requests"] == len(rows), (stats, rows)
+    assert all(row["success"] for row in rows), rows
+    # The four on the wire when the cancel came were answered: rows 1-8 at least, and not the whole input
+    # (a cancel that came late on a loaded machine meets the next four on the wire: they end the same way).
+    assert sorted(row["row_number"] for row in rows) == list(range(1, len(rows) + 1))
+    assert 8 <= len(rows) < 40
 
 
 def test_status_says_cancelling_until_the_worker_has_ended(tmp_path: Path, target: TargetProcess) -> None:

@@ -78,6 +78,11 @@ def _wait_until_spooled(tmp_path: Path, size: int) -> None:
         time.sleep(0.02)
 
 
+def _job_wait(tmp_path: Path, job_id: str) -> CliResult:
+    env = cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state"))
+    return run_cli("job", "wait", job_id, "--budget", "120s", cwd=tmp_path, env=env)
+
+
 def _jobs(tmp_path: Path) -> list[str]:
     return [path.name for path in (tmp_path / "state" / "jobs").glob("run-*")]
 
@@ -121,10 +126,7 @@ def test_a_budget_that_runs_out_while_stdin_stays_open_hands_the_rest_of_stdin_t
             assert target.stats()["requests"] == 0  # the job waits for the end of its input
             _write(proc, _rows(6, 12))  # the writer goes on after the caller was released
         job_id = handed_off.data["job_id"]
-        done = run_cli(
-            "job", "wait", job_id, "--budget", "120s", cwd=tmp_path,
-            env=cli_env(BULKRELAY_STATE_DIR=str(tmp_path / "state")),
-        )  # fmt: skip
+        done = _job_wait(tmp_path, job_id)
         assert done.exit_code == ExitCode.SUCCESS, done.envelope
         assert sorted(sent_ids(target), key=int) == [str(n) for n in range(1, 13)]
     assert_each_row_once(done.data["run_dir"], 12)
@@ -149,3 +151,24 @@ def test_job_cancel_while_the_job_still_reads_stdin_ends_it_with_nothing_sent(tm
     assert cancelled.data["job_exit_code"] == ExitCode.SIGTERM
     assert ended.error_code == "CANCELLED"
     assert not list(tmp_path.glob(".bulkrelay/runs/2*"))  # no run was made
+
+
+def test_an_ended_stdin_is_copied_whole_when_start_up_spent_the_budget(tmp_path: Path) -> None:
+    """Issue 38 item 11: stdin had ended (the writer closed the pipe) but the budget was spent by
+    start-up alone, so the call stopped copying at once and handed the worker its own pipe to read.
+    The job must own all of stdin from the start: its spec says there is no rest, and its key is known."""
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=1)
+        with _budgeted_run(tmp_path, job, "1ms") as proc:
+            _write(proc, HEADER + _rows(1, 40))
+            assert proc.stdin is not None
+            proc.stdin.close()  # stdin has reached its end before the call reads a byte of it
+            handed_off = _answer(proc)
+        job_id = handed_off.envelope["meta"]["job_id"]
+        spec = orjson.loads((tmp_path / "state" / "jobs" / job_id / "spec.json").read_bytes())
+        assert spec["stdin_rest"] is False and spec["key"], spec
+        done = _job_wait(tmp_path, job_id)
+        assert done.exit_code == ExitCode.SUCCESS, done.envelope
+        assert sorted(sent_ids(target), key=int) == [str(n) for n in range(1, 41)]
+    assert (tmp_path / "state" / "jobs" / job_id / "stdin").read_bytes() == HEADER + _rows(1, 40)
+    assert _spools(tmp_path) == []

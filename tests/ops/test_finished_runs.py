@@ -95,7 +95,9 @@ def test_a_cancelled_run_keeps_no_checkpoint(tmp_path: Path) -> None:
     with TargetProcess(
         {"rules": [{"delay_ms": int(HANG_S * 1000), "match": {"path_contains": "/items/5"}}]}
     ) as target:
-        job = write_job(tmp_path, target.url, rows=8, execution={"concurrency": 1})
+        # Cancel waits for the request in flight (a safe point): a short read timeout answers it.
+        execution = {"concurrency": 1, "timeout": {"read_seconds": 2}}
+        job = write_job(tmp_path, target.url, rows=8, execution=execution, retry={"max_attempts": 1})
         handed_off = _cli(tmp_path, "run", job, "--budget", "1s")
         assert handed_off.exit_code == ExitCode.INCOMPLETE, handed_off.envelope
         job_id = handed_off.data["job_id"]
@@ -104,7 +106,7 @@ def test_a_cancelled_run_keeps_no_checkpoint(tmp_path: Path) -> None:
     run_dir = Path(cancelled.data["run_dir"])
     assert not (run_dir / "checkpoint.json").exists()
     status = _cli(tmp_path, "status", run_dir)
-    assert status.data["state"] == "cancelled" and status.data["progress"]["done"] == 4, status.data
+    assert status.data["state"] == "cancelled" and status.data["progress"]["done"] == 5, status.data
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ never a live or resumable one, never the newest run of a job."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bulkrelay.errors import ExitCode
+from bulkrelay.job.inputs import spool_file
 from bulkrelay.ops.prune import prune
 from bulkrelay.ops.settings import Retention
 from bulkrelay.store.rundir import RunDir, RunState
@@ -239,3 +241,33 @@ def test_prune_keeps_a_run_whose_directory_holds_the_input_of_a_run_that_stays(t
     again = prune(runs, Retention(keep=1))
     assert sorted(again.removed) == sorted([parent.run_id, child.run_id, grandchild.run_id])
     assert _remaining(runs) == {later.run_id}
+
+
+def test_prune_removes_the_spool_files_of_ended_processes_and_never_a_live_ones(tmp_path: Path) -> None:
+    """Issue 38 item 12: a run killed mid-snapshot leaves its spool file, which nothing removed. Here a
+    dead process's file is one whose `.owner-<pid>` nobody holds; this process's own stays."""
+    spool = tmp_path / "runs" / ".spool"
+    live = spool_file(spool, "query", ".jsonl")
+    live.write_bytes(b"{}\n")
+    dead_pid = _ended_pid()
+    (spool / f".owner-{dead_pid}").touch()
+    left = [spool / f"query-{dead_pid}-1.jsonl", spool / f"parquet-{dead_pid}-2.jsonl"]
+    for path in left:
+        path.write_bytes(b"x" * 10)
+    older = spool / f"stdin-{dead_pid}-3.csv"  # an earlier version's: no owner file, its pid gone
+    older.write_bytes(b"y")
+
+    dry = prune(tmp_path / "runs", Retention(keep=1), dry_run=True)
+    assert sorted(path.name for path, _ in dry.spools) == sorted(p.name for p in [*left, older])
+    assert sum(size for _, size in dry.spools) == 21 and all(p.exists() for p in [*left, older])
+
+    pruned = prune(tmp_path / "runs", Retention(keep=1))
+    assert len(pruned.spools) == 3
+    assert sorted(p.name for p in spool.iterdir()) == sorted([live.name, f".owner-{os.getpid()}"])
+
+
+def _ended_pid() -> int:
+    """The pid of a process that has ended (and been reaped): no process has it now."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid

@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import stat
 from collections import Counter
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -269,3 +270,49 @@ def test_a_parquet_file_of_no_rows_is_refused_by_validate_and_run_alike(tmp_path
         refused = run_cli(command, job, cwd=tmp_path)
         assert refused.error_code == "INPUT_INVALID", refused.envelope
         assert "input has no records" in refused.envelope["error"]["message"]
+
+
+_MANY = "WITH RECURSIVE n(id) AS (SELECT 1 UNION ALL SELECT id + 1 FROM n LIMIT 2000000) SELECT id FROM n"
+
+
+@pytest.mark.slow
+def test_the_snapshots_of_runs_killed_mid_snapshot_are_removed_by_the_next_run(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """Issue 38 item 12: every run killed while it took its query's snapshot left that file in the
+    spool for ever (9 files, 386 MB after 15 kills); `prune` saw none of them."""
+    url = f"sqlite:///{_sqlite(tmp_path, range(1, 4))}"
+    spool = tmp_path / ".bulkrelay" / "runs" / ".spool"
+    job = _job(tmp_path, target.url, _MANY)
+    first = _killed_mid_snapshot(tmp_path, job, url, spool)
+    pruned = run_cli("prune", "--keep", "1", "--dry-run", cwd=tmp_path)
+    assert pruned.data["spools_removed"] == [first] and pruned.data["spool_bytes"] > 0, pruned.envelope
+
+    second = _killed_mid_snapshot(tmp_path, job, url, spool)  # its snapshot began by removing the first's
+    assert [p.name for p in spool.glob("query-*")] == [second]
+
+    small = _job(tmp_path, target.url, "SELECT id, email FROM customers")
+    done = _run(tmp_path, small, url)
+
+    assert done.exit_code == 0, done.envelope
+    assert list(spool.iterdir()) == []  # the abandoned snapshots, and no owner file left behind
+
+
+def _killed_mid_snapshot(tmp_path: Path, job: Path, url: str, spool: Path) -> str:
+    """`run` killed with SIGKILL while it writes its query's snapshot; the name of the file it left."""
+    before = {p.name for p in spool.glob("query-*")}
+    env = cli_env(DATABASE_URL=url)
+    proc = start_cli("run", job, "--budget", "0", cwd=tmp_path, env=env, output="discarded")
+
+    def taking() -> str | None:
+        for path in spool.glob("query-*"):
+            with suppress(FileNotFoundError):  # a snapshot that ended moves into its run
+                if path.name not in before and path.stat().st_size:
+                    return path.name
+        return None
+
+    name = wait_for(taking, "the snapshot under way", interval=0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (spool / name).is_file()
+    return name

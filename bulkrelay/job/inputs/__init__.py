@@ -19,7 +19,15 @@ from bulkrelay.job.inputs.spec import (
     detect_format,
     input_changed,
 )
-from bulkrelay.job.inputs.spool import Spool, append_stdin, spool_stdin, spool_stdin_into
+from bulkrelay.job.inputs.spool import (
+    Spool,
+    abandoned_spools,
+    append_stdin,
+    let_go_of_spool,
+    spool_file,
+    spool_stdin,
+    spool_stdin_into,
+)
 from bulkrelay.job.inputs.stream import RecordStream, open_records
 
 __all__ = [
@@ -35,12 +43,15 @@ __all__ = [
     "RecordStream",
     "RegionDigests",
     "Spool",
+    "abandoned_spools",
     "append_stdin",
     "changed_values",
     "detect_format",
     "input_changed",
+    "let_go_of_spool",
     "open_input_bytes",
     "open_records",
+    "spool_file",
     "spool_stdin",
     "spool_stdin_into",
 ]
