@@ -79,6 +79,30 @@ def test_the_database_is_named_without_its_credentials(tmp_path: Path) -> None:
         database_of("mysql://x/y", {}, tmp_path)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app:s3cr@tpass@127.0.0.1:5432/app",  # libpq reads "tpass@127.0.0.1" as the host
+        "postgresql://app:12/tpass@127.0.0.1/app",  # "tpass@127.0.0.1/app" as the database
+        "postgresql://app:12?tpass@127.0.0.1/app",
+        "postgresql://app:12#tpass@127.0.0.1/app",
+        "postgresql://app:tpass@[::1:5432/app",  # an IPv6 bracket left open (was a ValueError: exit 1)
+        "postgresql://app:tpass@127.0.0.1:54x32/app",
+    ],
+)
+def test_a_database_url_that_cannot_be_read_safely_is_refused_without_echoing_it(url: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        database_of("${DATABASE_URL}", {"DATABASE_URL": url}, Path("/"))
+    error = raised.value
+    assert error.exit_code == 2 and error.context["field"] == "input.database"
+    assert "tpass" not in str(error.to_dict())
+
+
+def test_an_ipv6_host_is_named_in_brackets() -> None:
+    db = database_of("postgresql://app:pw@[fe80::1]:6543/shop", {}, Path("/"))
+    assert (db.identity, db.host) == ("postgresql://[fe80::1]:6543/shop", "[fe80::1]:6543")
+
+
 def test_sqlite_rows_are_read_in_one_read_only_transaction_with_their_types(sqlite_db: str) -> None:
     rows = _rows(_spec(sqlite_db, "SELECT id, name, price, data, ratio FROM t WHERE id >= :low", {"low": 1}))
     assert rows == [

@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 import orjson
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid, InputUnavailable, Problem, UsageError
+from bulkrelay.job.redact import host_port_shown, url_split_safely
 from bulkrelay.job.template import SecretRef, compile_template, resolve_secrets
 from bulkrelay.private import open_private
 
@@ -92,14 +93,13 @@ def database_of(text: str, env: Mapping[str, str], base_dir: Path) -> Database:
         shown = str(path.resolve())
         return Database("sqlite", f"sqlite:///{shown}", shown, url, path.resolve())
     if scheme in ("postgresql", "postgres"):
-        split = urlsplit(url)
-        host = split.hostname or "localhost"
         try:
-            port = split.port or 5432
-        except ValueError:
-            raise _bad_url("the port of input.database is not a number") from None
+            split = url_split_safely(url)
+        except ValueError as exc:
+            raise _bad_url(f"input.database {exc}") from None
+        where = host_port_shown(split.hostname or "localhost", split.port or 5432)
         name = unquote(split.path.lstrip("/")) or unquote(split.username or "")
-        return Database("postgresql", f"postgresql://{host}:{port}/{name}", f"{host}:{port}", url)
+        return Database("postgresql", f"postgresql://{where}/{name}", where, url)
     raise _bad_url("input.database must begin with postgresql:// or sqlite:///")
 
 
