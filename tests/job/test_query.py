@@ -134,6 +134,8 @@ def test_a_missing_sqlite_file_is_unavailable_naming_it(tmp_path: Path) -> None:
     with pytest.raises(InputUnavailable, match=r"app\.db: no such file") as raised:
         _rows(_spec(f"sqlite:///{tmp_path}/app.db", "SELECT 1"))
     assert raised.value.exit_code == 12
+    suggestion = raised.value.suggestion or ""
+    assert "names the SQLite file" in suggestion and "host" not in suggestion  # a file has no host
 
 
 def test_postgres_types_map_to_json_as_documented(postgres: PostgresServer) -> None:
@@ -165,16 +167,26 @@ def test_postgres_types_map_to_json_as_documented(postgres: PostgresServer) -> N
 
 
 @pytest.mark.parametrize(
-    ("query", "field"),
-    [("SELECT 1 AS id, interval '1 day' AS wait", "wait"), ("SELECT 1 AS id, 'NaN'::float8 AS r", "r")],
+    ("query", "field", "why"),
+    [
+        ("SELECT 1 AS id, interval '1 day' AS wait", "wait", "a value of type interval has no JSON form"),
+        ("SELECT 1 AS id, 'NaN'::float8 AS r", "r", "the value nan has no JSON form"),
+        ("SELECT 1 AS id, '10:00+02'::timetz AS t", "t", "a value of type timetz has no JSON form"),
+        (
+            """SELECT 1 AS id, '{"a": [1, 123456789012345678901234]}'::jsonb AS doc""",
+            "doc",
+            "the jsonb value holds an integer beyond 64 bits at $.a[1], which JSON readers round",
+        ),
+    ],
 )
-def test_a_value_with_no_json_form_is_refused_naming_row_and_column(
-    postgres: PostgresServer, query: str, field: str
+def test_a_value_with_no_json_form_is_refused_naming_row_column_and_its_sql_type(
+    postgres: PostgresServer, query: str, field: str, why: str
 ) -> None:
-    with pytest.raises(InputInvalid, match="no JSON form") as raised:
+    with pytest.raises(InputInvalid) as raised:
         _rows(_spec(postgres.url(), query))
     problem = raised.value.problems[0]
     assert (problem.row, problem.field) == (1, field)
+    assert problem.message == f"{why}; cast it in the query (for example ::text)"
 
 
 def test_a_postgres_sql_error_gives_the_servers_message_and_position(postgres: PostgresServer) -> None:

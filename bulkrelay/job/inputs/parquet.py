@@ -82,12 +82,13 @@ def _write(pq: Any, path: Path, out: BinaryIO, on_rows: RowsRead | None) -> int:
         problem = Problem(f"the column {twice[0]!r} appears twice", file=str(path), field=twice[0])
         raise InputInvalid([problem])
     count = 0
+    kinds = {field.name: str(field.type) for field in parquet.schema_arrow}  # what messages call them
     if on_rows is not None:
         on_rows(0)
     for record in _records(parquet, str(path)):
         count += 1
         try:
-            out.write(json_line(record))
+            out.write(json_line(record, kinds))
         except (TypeError, ValueError, orjson.JSONEncodeError) as exc:
             raise InputInvalid([Problem(f"{exc}", file=str(path), row=count)]) from None
         if on_rows is not None and not count % _ROWS_TOLD_EVERY:
