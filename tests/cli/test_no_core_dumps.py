@@ -1,11 +1,15 @@
 """A BulkRelay process holds secrets (the client secret, a live token, rows in flight): it writes no core
 file, whatever crashes it. Read from /proc of real processes while they relay: the CLI's own, and the
-detached worker of a background job (which runs the CLI's program too)."""
+detached worker of a background job (which runs the CLI's program too), and a delta run's line scan."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +52,25 @@ def test_the_cli_and_a_background_worker_write_no_core_file(tmp_path: Path, targ
         assert _core_limit(worker) == ("0", "0")
     finally:
         os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/limits").exists(), reason="needs Linux's /proc")
+def test_the_line_scan_writes_no_core_file(tmp_path: Path) -> None:
+    """The scan reads the input's rows; it waits here on a FIFO no one writes yet."""
+    fifo, state = tmp_path / "rows.jsonl", tmp_path / "state.db"
+    os.mkfifo(fifo)
+    sqlite3.connect(state).close()
+    params = {"path": str(fifo), "format": "jsonl", "gzip": False, "delimiter": ",", "key": "id"}
+    params |= {"salt": "00", "state": str(state), "limit": 1 << 20}
+    scan = subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay.sync.linescan", json.dumps(params)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        # Bounded: it fails when the scan never forbids core files (or ends before it does).
+        wait_for(lambda: _core_limit(scan.pid) == ("0", "0"), "the line scan to forbid core files")
+        assert scan.poll() is None  # still waiting on its input: the limit is the running scan's
+    finally:
+        scan.kill()
+        scan.wait(timeout=60)
