@@ -5,12 +5,19 @@ directory BulkRelay makes (`make_private_dir`) is created 0700. Both pass the mo
 applies the umask, so a stricter umask still wins; nothing is chmod-ed afterwards, and a directory the
 user made keeps its mode. Shared by the run directory (store), the stdin spool (job) and background
 jobs, so it sits beside `errors`, below them all.
+
+A process is kept private too (`no_core_dumps`): one that crashed would otherwise leave a core file
+holding the client secret, the live token and rows in flight.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
+import resource
+import sys
 from pathlib import Path
 
 from bulkrelay.errors import RunDirUnsafe
@@ -64,3 +71,19 @@ def link_refused(path: Path) -> RunDirUnsafe:
         context={"file": str(path), "directory": str(path.parent)},
         suggestion=f"replace the link {path} with the file itself, or start a new run",
     )
+
+
+_PR_SET_DUMPABLE = 4  # <linux/prctl.h>
+
+
+def no_core_dumps() -> None:
+    """This process (and what it starts) writes no core file, and on Linux is not dumpable: no core
+    whatever the system's core pattern (a pipe to systemd-coredump ignores the limit), and no other
+    process of the same user can attach to it or read its memory or environment (/proc/PID/environ).
+    Called once at the start of every BulkRelay process (the CLI, whose program also runs background
+    workers and shards, and the line scan). Elsewhere, or where refused, it changes what it can."""
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)

@@ -21,6 +21,7 @@ from bulkrelay.cli.parser import Answered, HelpText, VersionInfo, exports_to_std
 from bulkrelay.cli.process_exit import exit_process
 from bulkrelay.envelope import ErrorInfo, Result, dumps_envelope, to_envelope
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
+from bulkrelay.private import no_core_dumps
 
 if TYPE_CHECKING:
     from bulkrelay.background.state import BackgroundJobSpec
@@ -95,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if os.name != "posix":
         sys.stderr.write(UNSUPPORTED_PLATFORM)
         sys.exit(int(ExitCode.GENERAL_ERROR))
+    if argv is None:  # the program (not a caller in its own process): it holds secrets, so no core
+        no_core_dumps()
     for handled in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(handled, _raise_terminated)
     # Python raises KeyboardInterrupt only when SIGINT was not ignored at start (a script's `cmd &` ignores

@@ -34,6 +34,7 @@ from typing_extensions import TypeAliasType
 from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.job.alphacompat import upgrade_alpha_spellings
 from bulkrelay.job.durations import MAX_SECONDS
+from bulkrelay.job.redact import UNENCODED_CREDENTIALS, unencoded_credentials
 from bulkrelay.job.template import SECRET_NAME, FieldRef, SecretRef, compile_template
 from bulkrelay.job.wire import header_value_refusal, proxy_refusal, wire_url
 from bulkrelay.job.yamlload import INT64_RANGE, LineMap, format_path, load_yaml
@@ -693,21 +694,15 @@ class TimeoutConfig(_Model):
 
 REDIS_URL = re.compile(r"^(redis|rediss|unix)://\S+$")
 WHOLE_SECRET = re.compile(r"^\$\{([A-Z_][A-Z0-9_]*)\}$")  # `shared: "${REDIS_URL}"`: read when the job runs
-# An `@` past the end of the host part (the first `/`, `?` or `#`): a password holding one of those,
-# not percent-encoded. redis-py would read part of it as the host or port (and name it in its errors),
-# and nothing could tell which part of the URL to hide.
-_AT_PAST_HOST = re.compile(r"^[^:]*://[^/?#]*[/?#].*@", re.DOTALL)
-REDIS_URL_AT_PAST_HOST = (
-    "has an '@' past the host: a user or password holding '/', '?', '#' or '@' is written"
-    " percent-encoded (%2F, %3F, %23, %40)"
-)
+# An unencoded credential: the shared rule (job/redact.py), so every URL is read the same way.
+REDIS_URL_AT_PAST_HOST = UNENCODED_CREDENTIALS
 
 
 def redis_url_problem(value: str) -> str | None:
     """Why `value` is no Redis URL BulkRelay can use and name safely, or None when it is one."""
     if not REDIS_URL.match(value):
         return "is not a Redis URL such as redis://host:6379/0 (rediss:// for TLS, unix:// for a socket)"
-    if _AT_PAST_HOST.match(value):
+    if unencoded_credentials(value):
         return REDIS_URL_AT_PAST_HOST
     return None
 

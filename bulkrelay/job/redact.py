@@ -26,7 +26,7 @@ import base64
 import re
 from collections.abc import Collection, Iterable
 from typing import Any
-from urllib.parse import quote, quote_plus, unquote
+from urllib.parse import SplitResult, quote, quote_plus, unquote, urlsplit
 
 import orjson
 
@@ -301,3 +301,41 @@ def _redacted_option(option: str) -> str:
     if equals and unquote(name).strip().lower() in _URL_CREDENTIAL_OPTIONS:
         return f"{name}={REDACTED}"
     return option
+
+
+# An '@' past the host (in the path, query or fragment) or a second '@' before it: a user or password
+# holding '/', '?', '#' or '@' that is not percent-encoded. Clients split such a URL differently (libpq
+# takes the first '@', Python's parser the last; a '/' ends the host early), so a part of the password
+# would be read, and named in messages, as the host, the port or the database.
+_AT_PAST_HOST = re.compile(r"^[^:]*://(?:[^/?#]*[/?#].*@|[^/?#@]*@[^/?#]*@)", re.DOTALL)
+UNENCODED_CREDENTIALS = (
+    "has an '@' past the host: a user or password holding '/', '?', '#' or '@' is written"
+    " percent-encoded (%2F, %3F, %23, %40)"
+)
+
+
+def unencoded_credentials(url: str) -> bool:
+    """Whether `url` holds an '@' past its host or two before it (see `_AT_PAST_HOST`)."""
+    return _AT_PAST_HOST.match(url) is not None
+
+
+def url_split_safely(url: str) -> SplitResult:
+    """`url` split into its parts, the same way by every client; `ValueError` when it cannot be (an
+    unencoded credential, brackets left open, a port that is no number), whose message names no part of
+    the URL, which may carry credentials."""
+    if unencoded_credentials(url):
+        raise ValueError(UNENCODED_CREDENTIALS)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parsed here so that a bad one is refused here)
+    except ValueError:
+        raise ValueError(
+            "has a host or port that does not parse (an IPv6 address is written in brackets, [::1]:5432;"
+            " a port is a number from 0 to 65535)"
+        ) from None
+    return parts
+
+
+def host_port_shown(host: str, port: int) -> str:
+    """`host:port` as a URL writes it: an IPv6 address in brackets, so that its colons are not the port's."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -17,6 +17,7 @@ from bulkrelay.job.batch import BatchRenderer, Item
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
+from bulkrelay.job.inputs.spec import STDIN_NAME
 from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.redact import REDACTED
@@ -28,6 +29,7 @@ from bulkrelay.ops.results import (
     RenderResult,
     ValidateResult,
 )
+from bulkrelay.ops.snapshot import parquet_input
 from bulkrelay.relay.auth import check_token
 from bulkrelay.relay.engine import transport_settings
 from bulkrelay.relay.transport import open_transport
@@ -41,11 +43,20 @@ def validate_result(preflight: Preflight) -> ValidateResult:
     return ValidateResult(
         job=str(preflight.job.path),
         record_count=fingerprint.record_count,
-        format=fingerprint.format,
+        format=_input_kind(preflight),
         gzip=fingerprint.gzip,
         input=InputFacts(preflight.input_spec.display_name, fingerprint.sha256, fingerprint.size),
         config_sha256=preflight.config_fingerprint,
     )
+
+
+def _input_kind(preflight: Preflight) -> str:
+    """What the input is (`parquet`, `query`, or the file's format), not the JSON Lines of a snapshot."""
+    spec = preflight.input_spec
+    named = Path(spec.name) if spec.name not in (None, STDIN_NAME) else None
+    if spec.source is None and named is not None and parquet_input(preflight.job, named):
+        return "parquet"
+    return spec.shown_format
 
 
 def validate(

@@ -14,7 +14,7 @@ from typing import Any
 
 from bulkrelay.envelope import Result, SideChannel, printable
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
-from bulkrelay.job.inputs.spec import PARQUET_SOURCE
+from bulkrelay.job.inputs.spec import PARQUET_SOURCE, shown_format
 from bulkrelay.ops.reportdata import (
     JournalTally,
     Timeline,
@@ -78,7 +78,8 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
         name=run.plan.name or Path(run.plan.job_path).stem,
         job_path=run.plan.job_path,
         input_path=run.plan.input.path,
-        input_format=run.plan.input.format + (", gzip" if run.plan.input.gzip else ""),
+        input_format=shown_format(run.plan.input.format, run.plan.input.source)
+        + (", gzip" if run.plan.input.gzip else ""),
         query=_query_of(run),
         state=str(run.state),
         liveness=alive,

@@ -367,9 +367,11 @@ def open_limiter(config: JobConfig, shared_url: str | None) -> Limiter:
 
 
 def target_origin(config: JobConfig) -> str:
-    """scheme://host:port of the request URL: the default key of a shared limit (one target, one limit)."""
+    """scheme://host:port of the request URL: the default key of a shared limit (one target, one limit).
+    Credentials in the URL are left out: the key is written to Redis."""
     parts = urlsplit(config.request.url)
-    return f"{parts.scheme}://{parts.netloc}" if "{" not in parts.netloc else config.request.url
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}" if "{" not in parts.netloc else config.request.url
 
 
 def _delivery(preflight: Preflight, run: RunDir) -> str | None:

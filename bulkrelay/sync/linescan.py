@@ -43,6 +43,8 @@ from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 import orjson
 
+from bulkrelay.private import no_core_dumps
+
 if TYPE_CHECKING:  # not imported when run: the scan starts on the standard library and orjson
     from bulkrelay.job.inputs import InputSpec
 
@@ -292,6 +294,7 @@ class _Frame:
 
 
 def main() -> int:
+    no_core_dumps()  # it reads the input's rows
     params = json.loads(sys.argv[1])
     with os.fdopen(sys.stdout.fileno(), "wb", buffering=1 << 16, closefd=False) as out:
         _scan(params, out)

@@ -100,7 +100,10 @@ def _wait_until_catching_sigterm(pid: int) -> None:
         fields = dict(
             line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
         )
-        sleeping = "nanosleep" in Path(f"/proc/{pid}/wchan").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        # Not dumpable (no core file): to a reader other than root its wchan shows "0"; its state then.
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        sleeping = "nanosleep" in wchan or (wchan == "0" and state == "S")
         return bool(int(fields["SigCgt"].strip(), 16) & (1 << (signal.SIGTERM - 1))) and sleeping
 
     wait_for(catching, "the front to take over SIGTERM")

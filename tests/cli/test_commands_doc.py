@@ -20,7 +20,7 @@ _DESCRIBED_ONCE = {
     "--budget", "--timeout", "--runs-dir", "--metrics-file", "--log-file", "--metrics-push",
 }  # fmt: skip
 # Flags of other tools the page explains (`render --curl` writes curl's).
-_OTHER_TOOLS = {"--globoff", "--data-binary"}
+_OTHER_TOOLS = {"--globoff", "--data-binary", "--data-raw"}
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
 
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
@@ -47,7 +48,7 @@ def test_each_request_is_one_command_line_the_shell_reads_back_word_for_word(tmp
     assert TOKEN not in result.stdout.decode()
     words = ["curl", "--globoff", "-X", "PATCH", request["url"]]
     words += [arg for name, value in request["headers"] for arg in ("-H", f"{name}: {value}")]
-    words += ["--data-binary", request["body"]]
+    words += ["--data-raw", request["body"]]
     assert shlex.split(command) == words
     assert "Authorization: Bearer ***" in words
     # A real shell reads the same words (and runs nothing inside them): printf stands in for curl.
@@ -83,6 +84,49 @@ def test_the_command_sent_by_curl_makes_the_request_render_shows(tmp_path: Path)
     assert received["body"] == request["body"]
     assert received["headers"]["X-Note"] == dict(request["headers"])["X-Note"]
     assert received["headers"]["Authorization"] == "Bearer ***"  # the secret stays out of the ticket
+
+
+RAW_JOB = """\
+version: 1
+input: {file: notes.jsonl}
+request:
+  method: POST
+  url: "%s/notes/{id}"
+  content_type: text/plain
+  body: "{note}"
+"""
+# A body that starts with `@` (curl's "upload this file"), then bodies with a line break, a NUL, an
+# escape sequence, a bidi override, printf's own `%` and `\\`, and shell words.
+NOTES = [
+    "@/proc/self/environ",
+    "@-",
+    "two\nlines\r\n\ttab \u0000 nul \u001b]52;c;eA==\u0007 \u202eevil 100% back\\slash \\0101 é",
+    "'quoted' $(touch pwned) `id`",
+]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl (Debian package: curl)")
+def test_curl_sends_exactly_the_bytes_the_relay_sends_whatever_the_body_holds(tmp_path: Path) -> None:
+    rows = [orjson.dumps({"id": str(n), "note": note}) for n, note in enumerate(NOTES, start=1)]
+    (tmp_path / "notes.jsonl").write_bytes(b"\n".join(rows) + b"\n")
+    job = tmp_path / "job.yaml"
+    with TargetProcess() as target:
+        job.write_text(RAW_JOB % target.url)
+        run = run_cli("run", job, "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+        assert run.exit_code == ExitCode.SUCCESS, run.envelope
+        relayed = [(got["path"], got["body"]) for got in target.requests()]
+        target.reset()
+        rendered = run_cli("render", job, "--curl", "--rows", f"1-{len(NOTES)}", cwd=tmp_path)
+        for request in rendered.data["requests"]:
+            command = request["curl"]
+            assert "\n" not in command and not any(ord(c) < 32 or c == "\u202e" for c in command)
+            subprocess.run(
+                ["sh", "-c", command + " --silent --output /dev/null"], cwd=tmp_path, check=True, timeout=60
+            )
+        curled = [(got["path"], got["body"]) for got in target.requests()]
+    assert [body for _, body in sorted(relayed)] == NOTES
+    assert sorted(curled) == sorted(relayed)
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_curl_command_quotes_every_word() -> None:

@@ -80,11 +80,70 @@ def test_rows_come_in_file_order_across_batches_and_row_groups(tmp_path: Path) -
 def test_a_value_with_no_json_form_is_refused_naming_row_and_column(tmp_path: Path) -> None:
     path = _table(tmp_path / "d.parquet", id=[1, 2], wait=pa.array([None, dt.timedelta(days=1)]))
     with pytest.raises(
-        InputInvalid, match="column 'wait': a value of type timedelta has no JSON form"
+        InputInvalid, match=r"column 'wait': a value of type duration\[us\] has no JSON form"
     ) as raised:
         parquet_into(path, tmp_path / "out.jsonl")
     assert raised.value.problems[0].row == 2
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def _snapshot(path: Path, tmp_path: Path) -> list[dict[str, Any]]:
+    parquet_into(path, tmp_path / "out.jsonl")
+    return [orjson.loads(line) for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
+
+
+def test_nanoseconds_are_written_with_nine_digits_and_zoned_timestamps_in_utc(tmp_path: Path) -> None:
+    nanos = 1_700_000_000_123_456_789
+    path = _table(
+        tmp_path / "n.parquet",
+        id=[1, 2],
+        at=pa.array([nanos, 1_700_000_000_123_456_000], pa.timestamp("ns")),
+        zoned=pa.array([nanos, None], pa.timestamp("ns", tz="Europe/Paris")),
+        clock=pa.array([3_600_000_000_123, 0], pa.time64("ns")),
+        paris=pa.array([1_700_000_000_000_000] * 2, pa.timestamp("us", tz="Europe/Paris")),
+        nested=pa.array(
+            [{"at": 1_700_000_000_000}] * 2, pa.struct([("at", pa.timestamp("ms", tz="+05:30"))])
+        ),
+    )
+    assert _snapshot(path, tmp_path) == [
+        {
+            "id": 1,
+            "at": "2023-11-14T22:13:20.123456789",
+            "zoned": "2023-11-14T22:13:20.123456789+00:00",
+            "clock": "01:00:00.000000123",
+            "paris": "2023-11-14T22:13:20+00:00",  # the instant in UTC, as a query's timestamptz
+            "nested": {"at": "2023-11-14T22:13:20+00:00"},
+        },
+        {
+            "id": 2,
+            "at": "2023-11-14T22:13:20.123456",  # no nanoseconds: six digits, as Python writes it
+            "zoned": None,
+            "clock": "00:00:00",
+            "paris": "2023-11-14T22:13:20+00:00",
+            "nested": {"at": "2023-11-14T22:13:20+00:00"},
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pa.array([0, 253_402_300_800_000_000], pa.timestamp("us")),  # year 10000
+        pa.array([0, -62_135_596_801_000], pa.timestamp("ms", tz="UTC")),  # before year 1
+        pa.array([0, 2_932_897 + 10], pa.date32()),
+        pa.array([0, 253_402_300_800_000], pa.date64()),
+    ],
+    ids=["timestamp-after-9999", "timestamp-before-1", "date32", "date64"],
+)
+def test_a_date_outside_iso_8601s_years_is_refused_naming_file_row_and_column(
+    tmp_path: Path, column: Any
+) -> None:
+    path = _table(tmp_path / "far.parquet", id=[1, 2], when=column)
+    with pytest.raises(InputInvalid, match="column 'when': a date outside the years 1 to 9999") as raised:
+        parquet_into(path, tmp_path / "out.jsonl")
+    problem = raised.value.problems[0]
+    assert (problem.file, problem.row) == (str(path), 2)
+    assert raised.value.exit_code == 2 and not (tmp_path / "out.jsonl").exists()
 
 
 def test_a_column_named_twice_is_the_files_fault_as_a_csv_header_named_twice_is(tmp_path: Path) -> None:

@@ -79,6 +79,30 @@ def test_the_database_is_named_without_its_credentials(tmp_path: Path) -> None:
         database_of("mysql://x/y", {}, tmp_path)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app:s3cr@tpass@127.0.0.1:5432/app",  # libpq reads "tpass@127.0.0.1" as the host
+        "postgresql://app:12/tpass@127.0.0.1/app",  # "tpass@127.0.0.1/app" as the database
+        "postgresql://app:12?tpass@127.0.0.1/app",
+        "postgresql://app:12#tpass@127.0.0.1/app",
+        "postgresql://app:tpass@[::1:5432/app",  # an IPv6 bracket left open (was a ValueError: exit 1)
+        "postgresql://app:tpass@127.0.0.1:54x32/app",
+    ],
+)
+def test_a_database_url_that_cannot_be_read_safely_is_refused_without_echoing_it(url: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        database_of("${DATABASE_URL}", {"DATABASE_URL": url}, Path("/"))
+    error = raised.value
+    assert error.exit_code == 2 and error.context["field"] == "input.database"
+    assert "tpass" not in str(error.to_dict())
+
+
+def test_an_ipv6_host_is_named_in_brackets() -> None:
+    db = database_of("postgresql://app:pw@[fe80::1]:6543/shop", {}, Path("/"))
+    assert (db.identity, db.host) == ("postgresql://[fe80::1]:6543/shop", "[fe80::1]:6543")
+
+
 def test_sqlite_rows_are_read_in_one_read_only_transaction_with_their_types(sqlite_db: str) -> None:
     rows = _rows(_spec(sqlite_db, "SELECT id, name, price, data, ratio FROM t WHERE id >= :low", {"low": 1}))
     assert rows == [
@@ -110,6 +134,8 @@ def test_a_missing_sqlite_file_is_unavailable_naming_it(tmp_path: Path) -> None:
     with pytest.raises(InputUnavailable, match=r"app\.db: no such file") as raised:
         _rows(_spec(f"sqlite:///{tmp_path}/app.db", "SELECT 1"))
     assert raised.value.exit_code == 12
+    suggestion = raised.value.suggestion or ""
+    assert "names the SQLite file" in suggestion and "host" not in suggestion  # a file has no host
 
 
 def test_postgres_types_map_to_json_as_documented(postgres: PostgresServer) -> None:
@@ -141,16 +167,26 @@ def test_postgres_types_map_to_json_as_documented(postgres: PostgresServer) -> N
 
 
 @pytest.mark.parametrize(
-    ("query", "field"),
-    [("SELECT 1 AS id, interval '1 day' AS wait", "wait"), ("SELECT 1 AS id, 'NaN'::float8 AS r", "r")],
+    ("query", "field", "why"),
+    [
+        ("SELECT 1 AS id, interval '1 day' AS wait", "wait", "a value of type interval has no JSON form"),
+        ("SELECT 1 AS id, 'NaN'::float8 AS r", "r", "the value nan has no JSON form"),
+        ("SELECT 1 AS id, '10:00+02'::timetz AS t", "t", "a value of type timetz has no JSON form"),
+        (
+            """SELECT 1 AS id, '{"a": [1, 123456789012345678901234]}'::jsonb AS doc""",
+            "doc",
+            "the jsonb value holds an integer beyond 64 bits at $.a[1], which JSON readers round",
+        ),
+    ],
 )
-def test_a_value_with_no_json_form_is_refused_naming_row_and_column(
-    postgres: PostgresServer, query: str, field: str
+def test_a_value_with_no_json_form_is_refused_naming_row_column_and_its_sql_type(
+    postgres: PostgresServer, query: str, field: str, why: str
 ) -> None:
-    with pytest.raises(InputInvalid, match="no JSON form") as raised:
+    with pytest.raises(InputInvalid) as raised:
         _rows(_spec(postgres.url(), query))
     problem = raised.value.problems[0]
     assert (problem.row, problem.field) == (1, field)
+    assert problem.message == f"{why}; cast it in the query (for example ::text)"
 
 
 def test_a_postgres_sql_error_gives_the_servers_message_and_position(postgres: PostgresServer) -> None:

@@ -17,7 +17,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.clirun import CliResult, cli_env, run_cli, start_cli
+from tests.clirun import CliResult, cli_env, run_cli, run_cli_raw, start_cli
 from tests.pgserver import PASSWORD, PostgresServer
 from tests.targetproc import TargetProcess
 from tests.waiting import wait_for
@@ -239,6 +239,7 @@ def test_a_quiet_night_with_no_changed_rows_is_a_run_of_no_rows(
     busy = _run(tmp_path, job, url)
 
     assert checked.exit_code == 0 and checked.data["record_count"] == 0, checked.envelope
+    assert checked.data["format"] == "query"  # not the JSON Lines of its snapshot
     assert quiet.exit_code == 0, quiet.envelope
     assert quiet.data["state"] == "completed" and quiet.data["progress"]["total"] == 0
     assert busy.exit_code == 0 and busy.data["progress"]["total"] == 2, busy.envelope
@@ -316,3 +317,20 @@ def _killed_mid_snapshot(tmp_path: Path, job: Path, url: str, spool: Path) -> st
     proc.wait()
     assert (spool / name).is_file()
     return name
+
+
+@pytest.mark.slow
+def test_validate_names_a_parquet_input_parquet_not_the_json_lines_of_its_snapshot(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64())}), tmp_path / "people.parquet")
+    job = tmp_path / "job.yaml"
+    request = {"method": "PUT", "url": "http://127.0.0.1:9/c/{id}", "json": {"id": {"from": "id"}}}
+    job.write_text(yaml.safe_dump({"version": 1, "input": {"file": "people.parquet"}, "request": request}))
+
+    checked = run_cli("validate", job, cwd=tmp_path)
+    shown = run_cli_raw("validate", job, "--human", cwd=tmp_path)
+
+    assert checked.data["format"] == "parquet", checked.envelope
+    assert b"2 records (parquet) from " in shown.stdout

@@ -15,7 +15,14 @@ from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.ops.lifecycle import plan_for
-from bulkrelay.relay.engine import RelayOutcome, StartPoint, _FailureStreak, relay, transport_settings
+from bulkrelay.relay.engine import (
+    RelayOutcome,
+    StartPoint,
+    _FailureStreak,
+    relay,
+    target_origin,
+    transport_settings,
+)
 from bulkrelay.relay.progress import NullReporter, Snapshot
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, TransportSettings
@@ -205,3 +212,8 @@ async def test_a_failure_followed_in_row_order_by_another_outcome_is_final() -> 
     assert streak.admit(_finished(5, "http_server_error")) == []
     assert [e.row_number for e in streak.release()] == [4, 5]  # no halt: they are real results
     assert stop.reason is None
+
+
+def test_the_default_key_of_a_shared_limit_is_the_targets_origin_without_credentials(tmp_path: Path) -> None:
+    job_path = write_job(tmp_path, "http://app:s3cret@127.0.0.1:9")
+    assert target_origin(load_job(job_path).config) == "http://127.0.0.1:9"

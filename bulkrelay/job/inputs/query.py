@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
+from datetime import time, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -26,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 import orjson
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid, InputUnavailable, Problem, UsageError
+from bulkrelay.job.redact import host_port_shown, url_split_safely
 from bulkrelay.job.template import SecretRef, compile_template, resolve_secrets
 from bulkrelay.private import open_private
 
@@ -92,14 +94,13 @@ def database_of(text: str, env: Mapping[str, str], base_dir: Path) -> Database:
         shown = str(path.resolve())
         return Database("sqlite", f"sqlite:///{shown}", shown, url, path.resolve())
     if scheme in ("postgresql", "postgres"):
-        split = urlsplit(url)
-        host = split.hostname or "localhost"
         try:
-            port = split.port or 5432
-        except ValueError:
-            raise _bad_url("the port of input.database is not a number") from None
+            split = url_split_safely(url)
+        except ValueError as exc:
+            raise _bad_url(f"input.database {exc}") from None
+        where = host_port_shown(split.hostname or "localhost", split.port or 5432)
         name = unquote(split.path.lstrip("/")) or unquote(split.username or "")
-        return Database("postgresql", f"postgresql://{host}:{port}/{name}", f"{host}:{port}", url)
+        return Database("postgresql", f"postgresql://{where}/{name}", where, url)
     raise _bad_url("input.database must begin with postgresql:// or sqlite:///")
 
 
@@ -112,9 +113,9 @@ def take_snapshot(spec: QuerySpec, out: BinaryIO, on_rows: RowsRead | None = Non
     """Run the query once and write its rows to `out` as JSON Lines; the row count."""
     refuse_writing(spec)
     check_params(spec)
-    with _rows_of(spec) as (columns, rows):
+    with _rows_of(spec) as (columns, kinds, rows):
         _refuse_duplicates(spec, columns)
-        return _write_rows(spec, columns, rows, out, on_rows)
+        return _write_rows(spec, (columns, kinds, rows), out, on_rows)
 
 
 def snapshot_into(spec: QuerySpec, dest: Path, on_rows: RowsRead | None = None) -> int:
@@ -187,13 +188,8 @@ def _refuse_duplicates(spec: QuerySpec, columns: Sequence[str]) -> None:
         raise ConfigInvalid([_query_problem(spec, message)])
 
 
-def _write_rows(
-    spec: QuerySpec,
-    columns: Sequence[str],
-    rows: Iterable[Sequence[Any]],
-    out: BinaryIO,
-    on_rows: RowsRead | None,
-) -> int:
+def _write_rows(spec: QuerySpec, answer: Rows, out: BinaryIO, on_rows: RowsRead | None) -> int:
+    columns, kinds, rows = answer
     count = 0
     dumps, default, finite = orjson.dumps, _json_default, _finite
     if on_rows is not None:
@@ -204,7 +200,7 @@ def _write_rows(
                 finite(row)
             line = dumps(dict(zip(columns, row, strict=True)), default=default)
         except (TypeError, ValueError) as exc:
-            raise _no_json_form(spec, columns, row, count, exc) from None
+            raise _no_json_form(spec, (columns, kinds), row, count, exc) from None
         out.write(line)
         out.write(b"\n")
         if on_rows is not None and not count % _ROWS_TOLD_EVERY:
@@ -214,16 +210,17 @@ def _write_rows(
     return count
 
 
-def json_line(record: Mapping[str, Any]) -> bytes:
+def json_line(record: Mapping[str, Any], kinds: Mapping[str, str] | None = None) -> bytes:
     """One record as a JSON Lines line, its values mapped as docs/inputs.md tables them; ValueError
-    naming the column whose value has no JSON form."""
+    naming the column whose value has no JSON form (and its type, as `kinds` names the columns')."""
     try:
         if any(type(value) is float for value in record.values()):
             _finite(list(record.values()))
         return orjson.dumps(record, default=_json_default) + b"\n"
     except (TypeError, ValueError):
         column = next((name for name, value in record.items() if not _writable(value)), None)
-        reason = "a value has no JSON form" if column is None else _no_form(record[column])
+        kind = None if column is None or kinds is None else kinds.get(column)
+        reason = "a value has no JSON form" if column is None else _no_form(record[column], kind)
         raise ValueError(f"column {column!r}: {reason}") from None
 
 
@@ -250,21 +247,53 @@ def _json_default(value: Any) -> Any:
 
 
 def _no_json_form(
-    spec: QuerySpec, columns: Sequence[str], row: Sequence[Any], number: int, exc: Exception
+    spec: QuerySpec,
+    header: tuple[Sequence[str], Sequence[str | None]],
+    row: Sequence[Any],
+    number: int,
+    exc: Exception,
 ) -> InputInvalid:
+    columns, kinds = header
     culprit = next(
-        ((name, value) for name, value in zip(columns, row, strict=True) if not _writable(value)), None
+        (
+            (name, kind, value)
+            for name, kind, value in zip(columns, kinds, row, strict=True)
+            if not _writable(value)
+        ),
+        None,
     )
     column = None if culprit is None else culprit[0]
-    reason = str(exc) if culprit is None else _no_form(culprit[1])
+    reason = str(exc) if culprit is None else _no_form(culprit[2], culprit[1])
     message = f"{reason}; cast it in the query (for example ::text)"
     return InputInvalid([Problem(message, file=QUERY_NAME, row=number, field=column)], phase="snapshot")
 
 
-def _no_form(value: Any) -> str:
+def _no_form(value: Any, kind: str | None = None) -> str:
+    """Why `value` (of the source's type `kind`, when it says) has no JSON form, in the source's words."""
     if isinstance(value, float | Decimal):
         return f"the value {value} has no JSON form"
-    return f"a value of type {type(value).__name__} has no JSON form"
+    named = kind or _PYTHON_KINDS.get(type(value), type(value).__name__)
+    at = _integer_beyond_64_bits(value)
+    if at is not None:
+        return f"the {named} value holds an integer beyond 64 bits at {at}, which JSON readers round"
+    return f"a value of type {named} has no JSON form"
+
+
+# What the Python values a driver gives are called in SQL when the source does not name its type.
+_PYTHON_KINDS = {timedelta: "interval", time: "time with a time zone"}
+
+
+def _integer_beyond_64_bits(value: Any, at: str = "$") -> str | None:
+    """The JSON path of the first integer in `value` outside 64 bits, or None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return at if not -(2**63) <= value < 2**64 else None
+    if isinstance(value, dict):
+        items: Iterable[tuple[str, Any]] = ((f"{at}.{key}", item) for key, item in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{at}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    return next((found for path, item in items if (found := _integer_beyond_64_bits(item, path))), None)
 
 
 def _writable(value: Any) -> bool:
@@ -279,7 +308,8 @@ def _writable(value: Any) -> bool:
 
 # --- the two databases ------------------------------------------------------------------------
 
-Rows = tuple[list[str], Iterator[Sequence[Any]]]
+# The columns' names, their types as the database names them (None: it does not say), and the rows.
+Rows = tuple[list[str], list[str | None], Iterator[Sequence[Any]]]
 
 
 def _rows_of(spec: QuerySpec) -> AbstractContextManager[Rows]:
@@ -310,7 +340,7 @@ def _sqlite_rows(spec: QuerySpec) -> Iterator[Rows]:
                 raise _unavailable(spec, str(exc)) from None
             raise _query_failed(spec, str(exc), None) from None
         columns = [str(d[0]) for d in cursor.description or ()]
-        yield columns, _sqlite_stream(spec, cursor)
+        yield columns, [None] * len(columns), _sqlite_stream(spec, cursor)
         conn.execute("ROLLBACK")
     finally:
         conn.close()
@@ -350,7 +380,8 @@ def _postgres_rows(spec: QuerySpec) -> Iterator[Rows]:
             except pg.Error as exc:
                 raise _pg_failed(pg, spec, exc) from None
             columns = [column.name for column in cursor.description or ()]
-            yield columns, _pg_stream(pg, spec, cursor)
+            kinds: list[str | None] = [column.type_display for column in cursor.description or ()]
+            yield columns, kinds, _pg_stream(pg, spec, cursor)
         finally:
             with suppress(pg.Error):
                 cursor.close()
@@ -395,10 +426,17 @@ def _pg_message(exc: Exception, database: Database) -> str:
 
 def _unavailable(spec: QuerySpec, reason: str) -> InputUnavailable:
     where = spec.database.host
+    if spec.database.kind == "sqlite":
+        suggestion = (
+            "check that input.database names the SQLite file (sqlite:///path relative to the job file's"
+            " directory, sqlite:////absolute/path) and that no other program holds it locked"
+        )
+    else:
+        suggestion = "check that the database is up and input.database (its host, port, user) is right"
     return InputUnavailable(
         f"cannot read the database at {where}: {reason}",
         context={"database": spec.database.identity, "host": where},
-        suggestion="check that the database is up and input.database (its host, port, user) is right",
+        suggestion=suggestion,
     )
 
 

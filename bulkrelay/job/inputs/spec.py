@@ -95,6 +95,11 @@ class InputSpec:
         return self.source is not None and not self.source.startswith(PARQUET_SOURCE)
 
     @property
+    def shown_format(self) -> str:
+        """What the input is, as `validate` and the report name it (see `shown_format`)."""
+        return shown_format(self.format, self.source)
+
+    @property
     def display_name(self) -> str:
         return self.name if self.name is not None else str(self.path)
 
@@ -215,3 +220,11 @@ def input_changed(file: str, when: str, changed: Mapping[str, Any]) -> InputChan
 def no_records(file: str) -> Problem:
     """The problem of an input that holds no record at all."""
     return Problem("input has no records", file=file)
+
+
+def shown_format(format: str, source: str | None) -> str:
+    """What an input is, for people: `parquet` or `query` for a snapshot's rows (read as JSON Lines,
+    which `format` says), else the file's own format."""
+    if source is None:
+        return format
+    return "parquet" if source.startswith(PARQUET_SOURCE) else "query"
