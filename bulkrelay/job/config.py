@@ -506,7 +506,7 @@ SharedText = Annotated[
 
 class OAuth2Config(_Model):
     """`request.auth.oauth2`: a client-credentials token, fetched before the first request and sent as
-    `Authorization: Bearer` (relay/auth.py). What it grants (URL, scope, params) is the job's meaning;
+    `Authorization: Bearer` (relay/auth/oauth2.py). What it grants (URL, scope, params) is the job's meaning;
     who asks (client id and secret) and how it authenticates are not (`config_semantic_dict`)."""
 
     token_url: Annotated[str, AfterValidator(_template), AfterValidator(_token_url)]

@@ -1,7 +1,7 @@
 """The token request of `request.auth.oauth2` (RFC 6749 §4.4, client credentials), its secrets bound.
 
 Built once per job, beside the request renderer and from the same environment: what the relay posts
-to the token endpoint (relay/auth.py sends it and keeps the token), and the `Authorization: Bearer`
+to the token endpoint (relay/auth/oauth2.py sends it and keeps the token), and the `Authorization: Bearer`
 header every row's request then carries. The client authenticates in the form body (`client_auth:
 body`, the default) or with HTTP Basic (`basic`, RFC 6749 §2.3.1: id and secret form-encoded first).
 """
