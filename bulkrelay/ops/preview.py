@@ -17,9 +17,7 @@ from bulkrelay.job.batch import BatchRenderer, Item
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
-from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
-from bulkrelay.job.redact import REDACTED
 from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
 from bulkrelay.ops.batchrender import rendered_batches
 from bulkrelay.ops.results import (
@@ -28,7 +26,7 @@ from bulkrelay.ops.results import (
     RenderResult,
     ValidateResult,
 )
-from bulkrelay.relay.auth import check_token
+from bulkrelay.relay.auth import check_auth, shown_with_auth
 from bulkrelay.relay.engine import transport_settings
 from bulkrelay.relay.transport import open_transport
 
@@ -60,11 +58,7 @@ def validate(
 
 
 def _checked_auth(preflight: Preflight) -> dict[str, Any]:
-    token = anyio.run(check_token, preflight, open_transport, transport_settings(preflight))
-    request = preflight.renderer.token_request
-    assert request is not None  # check_token refuses a job without one
-    shown = preflight.renderer.redactor.redact(request.token_url)
-    return {"accepted": True, "token_url": shown, "expires_in": token.expires_in}
+    return anyio.run(check_auth, preflight, open_transport, transport_settings(preflight))
 
 
 @dataclass(frozen=True)
@@ -159,6 +153,7 @@ def _render_rows(
         os.environ,
         sorted_json=job.config.execution.sync != "full",
         shown=job.config.vars,
+        base_dir=job.base_dir,
     )
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []
@@ -191,8 +186,8 @@ def _render_rows(
                     )
                 )
                 continue
-            if renderer.token_request is not None:  # the token is fetched when the run starts
-                request = with_bearer(request, REDACTED)
+            # the token is fetched, the signatures made, when the run sends it: shown as ***
+            request = shown_with_auth(job.config.request.auth, request)
             shown = renderer.redact(request)
             requests.append(
                 RenderedRequest(

@@ -26,13 +26,13 @@ import orjson
 from bulkrelay.job.batch import BatchRenderer, Item
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest
-from bulkrelay.relay.auth import TokenSource
+from bulkrelay.relay.auth import Authenticator
 from bulkrelay.relay.itemresults import PLAIN_SUCCESS, AnswerInvalid, ItemOutcome, ItemReader
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, Decision, RetryPolicy, counts_as_success
 from bulkrelay.relay.sender import Exchange, RowSender, _milliseconds
-from bulkrelay.relay.stopping import StopControl, StopReason
+from bulkrelay.relay.stopping import StopControl
 from bulkrelay.relay.transport.base import Response, Transport
 from bulkrelay.store.journal import JournalEntry, entry_fields, entry_of, entry_with
 
@@ -91,7 +91,7 @@ class BatchSender(RowSender):
         stop: StopControl,
         *,
         stats: RelayStats | None = None,
-        auth: TokenSource | None = None,
+        auth: Authenticator | None = None,
         delivery: str | None = None,
     ) -> None:
         super().__init__(
@@ -163,7 +163,7 @@ class BatchSender(RowSender):
             retry_after = self._retry_after(response)
             decision = self._policy.decide(max(p.attempts for p in items), status, tried.error, retry_after)
             if decision.halt:
-                self.stop.request(StopReason.HALT_AUTH, status_code=status, row=items[0].row_number)
+                self._halt(response, items[0].row_number)
                 return None
             self._slow_down(response, retry_after)
             if not decision.retry:
