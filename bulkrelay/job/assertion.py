@@ -60,16 +60,20 @@ def load_key(pem: str, where: str, key: str) -> AssertionKey:
     except TypeError:  # a passphrase is needed
         message = "the private key is encrypted (a passphrase is needed); give it unencrypted"
         raise _refused(message, where, key) from None
-    except (ValueError, UnsupportedAlgorithm) as exc:
-        reason = "not a PEM private key" if "BEGIN" not in pem else f"not a usable PEM private key ({exc})"
-        raise _refused(reason, where, key) from None
+    except (ValueError, UnsupportedAlgorithm):  # its words may quote the text: not repeated
+        usable = "PRIVATE KEY-----" in pem
+        raise _refused("not a usable PEM private key" if usable else "not a PEM private key", where, key) from None
     if isinstance(loaded, rsa.RSAPrivateKey):
         return AssertionKey(loaded, "RS256", pem)
     if isinstance(loaded, ec.EllipticCurvePrivateKey) and isinstance(loaded.curve, ec.SECP256R1):
         return AssertionKey(loaded, "ES256", pem)
-    kind = type(loaded).__name__.removeprefix("_").replace("PrivateKey", "")
-    curve = f" on {loaded.curve.name}" if isinstance(loaded, ec.EllipticCurvePrivateKey) else ""
-    raise _refused(f"the private key is {kind}{curve}: RS256 needs RSA, ES256 EC P-256", where, key)
+    kind = f"EC on {loaded.curve.name}" if isinstance(loaded, ec.EllipticCurvePrivateKey) else _kind(loaded)
+    raise _refused(f"the private key is {kind}: RS256 needs RSA, ES256 EC P-256", where, key)
+
+
+def _kind(loaded: object) -> str:
+    names = [cls.__name__ for cls in type(loaded).__mro__ if cls.__name__.endswith("PrivateKey")]
+    return (names[-1] if names else type(loaded).__name__).removesuffix("PrivateKey")
 
 
 def _refused(message: str, where: str, key: str) -> ConfigInvalid:
