@@ -35,7 +35,7 @@ from urllib.parse import unquote_to_bytes
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-_UNSIGNED_OK = frozenset({"accept", "accept-encoding", "content-length", "connection"})
+_UNSIGNED_OK = frozenset({"accept", "accept-encoding", "content-length", "connection", "authorization"})
 _AUTH = re.compile(r"AWS4-HMAC-SHA256 Credential=([^,]+), ?SignedHeaders=([^,]+), ?Signature=([0-9a-f]{64})$")
 _MISMATCH = (
     "The request signature we calculated does not match the signature you provided. Check your AWS "

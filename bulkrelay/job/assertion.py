@@ -61,8 +61,8 @@ def load_key(pem: str, where: str, key: str) -> AssertionKey:
         message = "the private key is encrypted (a passphrase is needed); give it unencrypted"
         raise _refused(message, where, key) from None
     except (ValueError, UnsupportedAlgorithm):  # its words may quote the text: not repeated
-        usable = "PRIVATE KEY-----" in pem
-        raise _refused("not a usable PEM private key" if usable else "not a PEM private key", where, key) from None
+        said = "not a usable PEM private key" if "PRIVATE KEY-----" in pem else "not a PEM private key"
+        raise _refused(said, where, key) from None
     if isinstance(loaded, rsa.RSAPrivateKey):
         return AssertionKey(loaded, "RS256", pem)
     if isinstance(loaded, ec.EllipticCurvePrivateKey) and isinstance(loaded.curve, ec.SECP256R1):

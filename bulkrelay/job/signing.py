@@ -3,9 +3,9 @@
 SigV4 signs with botocore, an optional extra: a job that asks for it without botocore installed is
 refused (exit 2) naming `bulkrelay[aws]`.
 
-The keys of `request.auth.hmac` are read from its `${NAME}` secrets.
-A Standard Webhooks secret is written `whsec_<base64>`: its key is the decoded bytes (a value that is
-not base64 after the prefix is refused, naming the variable, before any row). Any other secret is used
+The keys of `request.auth.hmac` are read from its `${NAME}` secrets. A Standard Webhooks secret is
+written `whsec_<base64>`: for that scheme its key is the decoded bytes (a value that is not base64 after
+the prefix is refused, naming the variable, before any row). Any other secret is used
 as its UTF-8 bytes (GitHub's and most in-house schemes). A list of secrets (a rotation) gives a list
 of keys, each signing every attempt.
 """
@@ -26,13 +26,14 @@ _WEBHOOK_PREFIX = "whsec_"
 
 def hmac_keys(config: HmacConfig, secrets: Mapping[str, str]) -> tuple[bytes, ...]:
     """One key per secret, in the order the job lists them."""
-    return tuple(_key(text, secrets) for text in config.secrets)
+    webhooks = config.scheme == "standard_webhooks"
+    return tuple(_key(text, secrets, webhooks) for text in config.secrets)
 
 
-def _key(text: str, secrets: Mapping[str, str]) -> bytes:
+def _key(text: str, secrets: Mapping[str, str], webhooks: bool) -> bytes:
     value = compile_template(text).bind(secrets).constant
     assert value is not None  # a ${NAME} alone: the job file refuses a {field} here
-    if not value.startswith(_WEBHOOK_PREFIX):
+    if not (webhooks and value.startswith(_WEBHOOK_PREFIX)):
         return value.encode()
     try:
         return base64.b64decode(value.removeprefix(_WEBHOOK_PREFIX), validate=True)

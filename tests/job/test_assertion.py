@@ -59,8 +59,13 @@ request:
 def test_jwt_bearer_with_private_key_jwt_posts_two_fresh_assertions_the_endpoint_accepts(
     key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey, algorithm: str
 ) -> None:
-    text = _oauth2(grant="jwt_bearer", client_auth="private_key_jwt", private_key="${KEY}",
-                   subject="integration@example.com", audience="https://login.example.com")  # fmt: skip
+    text = _oauth2(
+        grant="jwt_bearer",
+        client_auth="private_key_jwt",
+        private_key="${KEY}",
+        subject="integration@example.com",
+        audience="https://login.example.com",
+    )
     config = parse_job(text, file="job.yaml").request.auth
     assert config is not None and config.oauth2 is not None
     request = bind_token_request(config.oauth2, {"CID": "client-7", "KEY": _pem(key)})

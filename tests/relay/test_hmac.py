@@ -22,8 +22,14 @@ OLD, NEW = (
     "whsec_" + base64.b64encode(b"new-key").decode(),
 )
 BODY = '{"email":"a@example.com","name":"Zoë"}'.encode()
-CUSTOM = {"header": "X-Signature", "algorithm": "sha512", "encoding": "base64", "prefix": "v=",
-          "signed": "{timestamp}.{method}.{path}.{body}", "timestamp_header": "X-Timestamp"}  # fmt: skip
+CUSTOM = {
+    "header": "X-Signature",
+    "algorithm": "sha512",
+    "encoding": "base64",
+    "prefix": "v=",
+    "signed": "{timestamp}.{method}.{path}.{body}",
+    "timestamp_header": "X-Timestamp",
+}
 
 
 def _signer(scheme: str, secrets: list[str], **custom: Any) -> HmacSigner:

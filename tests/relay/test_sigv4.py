@@ -81,8 +81,16 @@ def test_a_signed_request_signs_every_header_and_the_exact_body() -> None:
     assert headers["X-Amz-Content-SHA256"] == hashlib.sha256(body).hexdigest()
     assert headers["User-Agent"] == USER_AGENT
     names = headers["Authorization"].split("SignedHeaders=")[1].split(",")[0].split(";")
-    assert set(names) >= {"content-type", "idempotency-key", "x-tenant", "user-agent", "host",
-                          "x-amz-content-sha256", "x-amz-date", "x-amz-security-token"}  # fmt: skip
+    assert set(names) >= {
+        "content-type",
+        "idempotency-key",
+        "x-tenant",
+        "user-agent",
+        "host",
+        "x-amz-content-sha256",
+        "x-amz-date",
+        "x-amz-security-token",
+    }
     canonical = canonical_request("POST", "/items/a%20b/_doc?refresh=true&b=%2F", headers, names, body)
     expected = sigv4_signature("secret/key+1", headers["X-Amz-Date"], "eu-west-1", "es", canonical)
     assert headers["Authorization"].endswith(f"Signature={expected}")
