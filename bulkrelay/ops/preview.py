@@ -200,5 +200,5 @@ def _render_rows(
                 )
             )
     if batcher is not None:
-        requests = rendered_batches(batcher, items)
+        requests = rendered_batches(batcher, items, job.config.request.auth)
     return requests, problems, seen if seen < wanted.last else None

@@ -142,6 +142,8 @@ def test_a_batched_sigv4_run_signs_each_batch_over_its_exact_bytes(
     )
     result = _run(tmp_path, job, _creds(tmp_path))
     assert result.exit_code == 0, result.envelope
+    rendered = run_cli("--json", "render", job, "--rows", "1-3", "--curl", cwd=tmp_path, env=_creds(tmp_path))
+    assert rendered.exit_code == 0 and "Authorization: ***" in rendered.stdout.decode()
     entries = list(read_journal(Path(result.data["run_dir"]) / "results.jsonl"))
     assert len(entries) == ROWS and all(entry.success for entry in entries)
     assert target.stats()["signed"] == {
