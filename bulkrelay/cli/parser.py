@@ -337,7 +337,7 @@ def _add_preflight_commands(sub: Any) -> None:
     p.add_argument(
         "--check-auth",
         action="store_true",
-        help="then fetch one token from request.auth.oauth2's endpoint and say whether it accepts the client",
+        help="then prove request.auth's credentials load (OAuth2: fetch one token) without sending a row",
     )
 
     p = sub.add_parser("render", help="show the exact requests some rows would send, secrets redacted")

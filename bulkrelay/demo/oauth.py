@@ -8,7 +8,15 @@ every other request then passes. For the demo's example (examples/oauth2/) and t
               "expires_in": true,              say expires_in (the lifetime) in the answer; false: omit it
               "unavailable_first": 0,          the first N token requests get 503
               "hang": false,                   token requests are never answered
-              "revoke_first_after": null}      the first token stops working after N requests it passed
+              "revoke_first_after": null,      the first token stops working after N requests it passed
+              "public_key": null,              PEM: JWT assertions verified with it (RS256 or ES256): the
+                                               jwt_bearer grant and private_key_jwt client authentication
+              "subject": null,                 the jwt_bearer assertion's sub
+              "audience": "https://login.example.com"}   every assertion's aud
+
+An assertion is checked by this module's own code (`cryptography`, not PyJWT): its signature, `iss`
+the client id, `sub`, `aud`, `exp` in the future and at most 180 s after `iat`, a `jti` never seen
+before; a bad one gets 400 `invalid_grant` (the grant) or 401 `invalid_client` (client authentication).
 
 A wrong client gets 401 `invalid_client`. A request without a live token gets 401 `invalid_token`.
 The client may authenticate with HTTP Basic or in the form body. `stats()["oauth"]` counts what happened:
@@ -27,6 +35,11 @@ from urllib.parse import parse_qsl, unquote_plus
 
 import orjson
 from aiohttp import web
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -42,6 +55,9 @@ class OAuthPlan(BaseModel):
     unavailable_first: int = Field(default=0, ge=0)
     hang: bool = False
     revoke_first_after: int | None = Field(default=None, ge=0)
+    public_key: str | None = None
+    subject: str | None = None
+    audience: str = "https://login.example.com"
 
 
 class OAuthState:
@@ -55,9 +71,17 @@ class OAuthState:
         self.counts = {"token_requests": 0, "issued": 0, "refused": 0, "unavailable": 0, "bearer_refusals": 0}
         self.client_auth = {"basic": 0, "body": 0}
         self.token_times: list[float] = []
+        self.jtis: set[str] = set()  # every assertion's jti seen: one used twice is refused
+        self.assertion_refusals: list[str] = []
 
     def stats(self) -> dict[str, Any]:
-        return {**self.counts, "client_auth": dict(self.client_auth), "token_times": list(self.token_times)}
+        return {
+            **self.counts,
+            "client_auth": dict(self.client_auth),
+            "token_times": list(self.token_times),
+            "assertions": len(self.jtis),
+            "assertion_refusals": list(self.assertion_refusals),
+        }
 
     def is_token_request(self, request: web.BaseRequest) -> bool:
         return request.path == self.plan.token_path
@@ -85,8 +109,20 @@ class OAuthState:
         return _json(answer, 200)
 
     def _refusal(self, request: web.BaseRequest, form: dict[str, str]) -> web.Response | None:
-        if form.get("grant_type") != "client_credentials":
+        grant = form.get("grant_type")
+        if grant == _JWT_BEARER and self.plan.public_key is not None:
+            why = self._assertion_problem(form.get("assertion", ""), self.plan.subject)
+            if why is not None:
+                return _json({"error": "invalid_grant", "error_description": why}, 400)
+            if "client_assertion" not in form and "client_secret" not in form:
+                return None  # the assertion alone authenticates (Salesforce, Google)
+        elif grant != "client_credentials":
             return _json({"error": "unsupported_grant_type"}, 400)
+        if form.get("client_assertion_type") == _CLIENT_ASSERTION and self.plan.public_key is not None:
+            why = self._assertion_problem(form.get("client_assertion", ""), self.plan.client_id)
+            if why is not None or form.get("client_id", self.plan.client_id) != self.plan.client_id:
+                return _json({"error": "invalid_client", "error_description": why or "unknown client"}, 401)
+            return None
         client = self._client(request, form)
         if client != (self.plan.client_id, self.plan.client_secret):
             return _json(
@@ -114,6 +150,20 @@ class OAuthState:
             return None
         return form["client_id"], form["client_secret"]
 
+    def _assertion_problem(self, assertion: str, subject: str | None) -> str | None:
+        """Why the JWT assertion is refused (None: it is good); its jti is then spent."""
+        assert self.plan.public_key is not None
+        why = assertion_problem(
+            assertion, self.plan.public_key, self.plan.client_id, subject, self.plan.audience
+        )
+        if why is None:
+            jti = _claims(assertion)["jti"]
+            why = f"jti {jti} was used before" if jti in self.jtis else None
+            self.jtis.add(jti)
+        if why is not None:
+            self.assertion_refusals.append(why)
+        return why
+
     def bearer_refusal(self, request: web.BaseRequest) -> bytes | None:
         """The body of a 401 when the request carries no live token; None when it may pass."""
         header = request.headers.get("Authorization", "")
@@ -131,3 +181,57 @@ class OAuthState:
 
 def _json(data: dict[str, Any], status: int) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+
+
+_JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+_CLIENT_ASSERTION = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+_LONGEST_ASSERTION = 180  # seconds from iat to exp
+
+
+def assertion_problem(
+    assertion: str, public_pem: str, issuer: str, subject: str | None, audience: str
+) -> str | None:
+    """Why a JWT assertion is not good (RFC 7523 §3), checked with `cryptography` alone; None when good."""
+    try:
+        head_b64, claims_b64, signature_b64 = assertion.split(".")
+        header = orjson.loads(_unb64(head_b64))
+        claims = orjson.loads(_unb64(claims_b64))
+        signature = _unb64(signature_b64)
+    except (ValueError, binascii.Error, orjson.JSONDecodeError):
+        return "not a JWT"
+    public = load_pem_public_key(public_pem.encode())
+    signed = f"{head_b64}.{claims_b64}".encode()
+    try:
+        if header.get("alg") == "RS256" and isinstance(public, rsa.RSAPublicKey):
+            public.verify(signature, signed, padding.PKCS1v15(), hashes.SHA256())
+        elif (
+            header.get("alg") == "ES256"
+            and isinstance(public, ec.EllipticCurvePublicKey)
+            and len(signature) == 64
+        ):
+            der = encode_dss_signature(int.from_bytes(signature[:32]), int.from_bytes(signature[32:]))
+            public.verify(der, signed, ec.ECDSA(hashes.SHA256()))
+        else:
+            return f"alg {header.get('alg')!r} does not fit the key"
+    except InvalidSignature:
+        return "bad signature"
+    now = time.time()
+    expected = {"iss": issuer, "sub": subject or issuer, "aud": audience}
+    wrong = [name for name, value in expected.items() if claims.get(name) != value]
+    if wrong:
+        return f"claim {wrong[0]} is {claims.get(wrong[0])!r}"
+    iat, exp = claims.get("iat"), claims.get("exp")
+    if not (
+        isinstance(iat, int) and isinstance(exp, int) and iat - 60 <= now < exp <= iat + _LONGEST_ASSERTION
+    ):
+        return "iat/exp missing, expired, or exp more than 3 minutes after iat"
+    return None if isinstance(claims.get("jti"), str) and claims["jti"] else "no jti"
+
+
+def _claims(assertion: str) -> dict[str, Any]:
+    claims: dict[str, Any] = orjson.loads(_unb64(assertion.split(".")[1]))
+    return claims
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

@@ -16,6 +16,8 @@ answers `{"id": "<n>"}` with status 200 by default, and follows a *plan*, a JSON
                              second gets 429 (no Retry-After), before any rule
      "oauth": {...},         an OAuth2 token endpoint; other requests then need its bearer token
                              (bulkrelay/demo/oauth.py), checked after limit_rps, before any rule
+     "signed": {...},        every request's signature verified (SigV4 or HMAC: bulkrelay/demo/signatures.py),
+                             after the bearer check, before any rule
      "rules": [RULE, ...]}   tried in order; the first rule that fires decides the answer
 
 A RULE selects requests with `match` (all conditions must hold, all optional):
@@ -103,6 +105,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bulkrelay.demo.batchtarget import BatchEndpoints, BatchOptions
 from bulkrelay.demo.oauth import OAuthPlan, OAuthState
+from bulkrelay.demo.signatures import SignatureCheck, SignedPlan
 from bulkrelay.relay.ratelimit import most_in_window
 
 _CONTROL_PREFIX = "/_control/"
@@ -151,6 +154,7 @@ class _Plan(BaseModel):
     limit_rps: int | None = Field(default=None, ge=1)  # a server-side rate limit: 429 above it
     batch: BatchOptions = BatchOptions()  # the batch endpoints' options (demo/batchtarget.py)
     oauth: OAuthPlan | None = None  # a token endpoint, and a bearer token every other request needs
+    signed: SignedPlan | None = None  # each request's signature verified
 
 
 def parse_plan(plan: dict[str, Any] | None) -> _Plan:
@@ -223,6 +227,7 @@ class TargetState:
         self._needs_key = self.plan.dedup or any(r.first_attempts is not None for r in self.plan.rules)
         self.batches = BatchEndpoints(self.plan.batch)
         self.oauth = OAuthState(self.plan.oauth) if self.plan.oauth is not None else None
+        self.signatures = SignatureCheck(self.plan.signed) if self.plan.signed is not None else None
 
     def reset(self) -> None:
         self._rules = [_RuleState(rule) for rule in self.plan.rules]
@@ -239,6 +244,8 @@ class TargetState:
 
     def stats(self) -> dict[str, Any]:
         oauth = {} if self.oauth is None else {"oauth": self.oauth.stats()}
+        if self.signatures is not None:
+            oauth["signed"] = self.signatures.stats()
         return {
             **oauth,
             "requests": len(self._arrivals),
@@ -339,6 +346,8 @@ class TargetState:
             return _Answer(429, b'{"error":"rate limited"}'), None, False
         if self.oauth is not None and (refusal := self.oauth.bearer_refusal(request)) is not None:
             return _Answer(401, refusal, headers=(("WWW-Authenticate", "Bearer"),)), None, False
+        if self.signatures is not None and (refused := self.signatures.refusal(request, body)) is not None:
+            return _Answer(*refused), None, False
         rule = self._firing_rule(request, body, idem) if self._rules else None
         if rule is not None and rule.reset:
             return None, rule, False

@@ -34,7 +34,7 @@ from typing_extensions import TypeAliasType
 from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.job.alphacompat import upgrade_alpha_spellings
 from bulkrelay.job.durations import MAX_SECONDS
-from bulkrelay.job.redact import UNENCODED_CREDENTIALS, unencoded_credentials
+from bulkrelay.job.redact import UNENCODED_CREDENTIALS, unencoded_credentials, url_unsafe
 from bulkrelay.job.template import SECRET_NAME, FieldRef, SecretRef, compile_template
 from bulkrelay.job.wire import header_value_refusal, proxy_refusal, wire_url
 from bulkrelay.job.yamlload import INT64_RANGE, LineMap, format_path, load_yaml
@@ -496,6 +496,9 @@ def _token_url(text: str) -> str:
     first = (compile_template(text).parts or ("",))[0]
     if not (isinstance(first, SecretRef) or (isinstance(first, str) and first.lower().startswith(_SCHEMES))):
         raise ValueError("the token URL must begin with http:// or https:// (or a ${NAME} holding one)")
+    unsafe = url_unsafe(text) if not compile_template(text).secrets else None
+    if unsafe is not None:  # never echoed: it may hold a password
+        raise ValueError(f"the token URL cannot be parsed safely ({unsafe}); it is not shown here")
     return text
 
 
@@ -507,28 +510,130 @@ SharedText = Annotated[
 
 class OAuth2Config(_Model):
     """`request.auth.oauth2`: a client-credentials token, fetched before the first request and sent as
-    `Authorization: Bearer` (relay/auth.py). What it grants (URL, scope, params) is the job's meaning;
+    `Authorization: Bearer` (relay/auth/oauth2.py). What it grants (URL, scope, params) is the job's meaning;
     who asks (client id and secret) and how it authenticates are not (`config_semantic_dict`)."""
 
     token_url: Annotated[str, AfterValidator(_template), AfterValidator(_token_url)]
     client_id: Annotated[SharedText, AfterValidator(_non_empty)]
-    client_secret: Annotated[SharedText, AfterValidator(_secret_reference)]
+    client_secret: Annotated[SharedText, AfterValidator(_secret_reference)] | None = None
     scope: SharedText | None = None
     params: dict[NonEmpty, SharedText] = Field(default_factory=dict)
-    client_auth: Literal["body", "basic"] = "body"
+    client_auth: Literal["body", "basic", "private_key_jwt"] = "body"
     # Refresh this long before `expires_in` runs out (at half the lifetime when that is shorter).
     refresh_before_seconds: PauseSeconds = 60.0
+    # RFC 7523: the JWT bearer grant and private_key_jwt client authentication (job/assertion.py).
+    grant: Literal["client_credentials", "jwt_bearer"] = "client_credentials"
+    private_key: Annotated[SharedText, AfterValidator(_secret_reference)] | None = None
+    private_key_file: NonEmpty | None = None
+    subject: SharedText | None = None
+    audience: SharedText | None = None
+    default_expires_in_seconds: Annotated[float, Field(gt=0, le=MAX_SECONDS)] | None = None
 
     @model_validator(mode="after")
     def _reserved_params(self) -> OAuth2Config:
-        reserved = {"grant_type", "client_id", "client_secret", "scope"} & set(self.params)
+        reserved = {"grant_type", "client_id", "client_secret", "scope", "assertion"} & set(self.params)
         if reserved:
             raise ValueError(f"params cannot set {', '.join(sorted(reserved))}: auth.oauth2 sets it")
+        signs = self.grant == "jwt_bearer" or self.client_auth == "private_key_jwt"
+        if signs and (self.private_key is None) == (self.private_key_file is None):
+            raise ValueError(
+                "grant jwt_bearer and client_auth private_key_jwt sign with a key: "
+                "give private_key (a ${NAME}) or private_key_file, one of them"
+            )
+        if not signs and (self.private_key, self.private_key_file) != (None, None):
+            raise ValueError("a private key signs only for grant: jwt_bearer or client_auth: private_key_jwt")
+        if self.client_auth in ("body", "basic") and self.client_secret is None and not signs:
+            raise ValueError(f"client_auth: {self.client_auth} needs client_secret")
+        if self.grant == "jwt_bearer" and self.subject is None:
+            raise ValueError("grant: jwt_bearer needs subject (the user the token acts for)")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unused_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("grant", "subject", "audience"):  # a client-credentials job keeps its fingerprint
+            if data.get(key) in (None, "client_credentials"):
+                data.pop(key, None)
+        return data
+
+
+class AwsSigV4Config(_Model):
+    """`request.auth.aws_sigv4`: each attempt signed with AWS Signature Version 4 (relay/auth/sigv4.py)."""
+
+    service: NonEmpty
+    region: NonEmpty
+
+
+HmacSecrets = Annotated[
+    tuple[Annotated[SharedText, AfterValidator(_secret_reference)], ...], BeforeValidator(_list_as_tuple)
+]
+
+
+class HmacConfig(_Model):
+    """`request.auth.hmac`: an HMAC of each attempt's final bytes in a header (relay/auth/hmac.py)."""
+
+    scheme: Literal["standard_webhooks", "github", "custom"]
+    secret: Annotated[SharedText, AfterValidator(_secret_reference)] | HmacSecrets
+    header: HeaderName | None = None  # custom:
+    algorithm: Literal["sha256", "sha512"] = "sha256"
+    encoding: Literal["hex", "base64"] = "hex"
+    prefix: str = ""
+    signed: str = "{body}"
+    timestamp_header: HeaderName | None = None
+
+    @model_validator(mode="after")
+    def _scheme_keys(self) -> HmacConfig:
+        custom = {"header", "algorithm", "encoding", "prefix", "signed", "timestamp_header"}
+        given = sorted(custom & self.model_fields_set)
+        if self.scheme != "custom" and given:
+            raise ValueError(f"{given[0]} belongs to scheme: custom; {self.scheme} fixes its own")
+        if self.scheme == "custom" and self.header is None:
+            raise ValueError("scheme: custom needs header (where the signature goes)")
+        unknown = set(re.findall(r"{([^}]*)}", self.signed)) - {"timestamp", "body", "method", "path"}
+        if unknown:
+            raise ValueError(
+                f"signed knows {{timestamp}} {{body}} {{method}} {{path}}, not {{{min(unknown)}}}"
+            )
+        if isinstance(self.secret, tuple) and not self.secret:
+            raise ValueError("secret: a list of at least one ${NAME}")
+        return self
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return self.secret if isinstance(self.secret, tuple) else (self.secret,)
 
 
 class AuthConfig(_Model):
-    oauth2: OAuth2Config
+    """`request.auth`: one kind (docs/auth.md)."""
+
+    oauth2: OAuth2Config | None = None
+    aws_sigv4: AwsSigV4Config | None = None
+    hmac: HmacConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> AuthConfig:
+        given = [name for name in ("oauth2", "aws_sigv4", "hmac") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"request.auth takes one of oauth2, aws_sigv4, hmac (given: {', '.join(given) or 'none'})"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_kinds(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {name: value for name, value in data.items() if value is not None}
+
+    def texts(self) -> list[str]:
+        """Every text of it that may name a `${NAME}`."""
+        if self.hmac is not None:
+            return list(self.hmac.secrets)
+        oauth2 = self.oauth2
+        if oauth2 is None:
+            return []
+        texts = [oauth2.token_url, oauth2.client_id, oauth2.client_secret, oauth2.scope, oauth2.private_key]
+        texts += [oauth2.subject, oauth2.audience, *oauth2.params.values()]
+        return [text for text in texts if text is not None]
 
 
 class RequestConfig(_Model):
@@ -572,6 +677,8 @@ class RequestConfig(_Model):
             raise ValueError(
                 "request.headers sets Content-Encoding, which request.compression sends: keep one"
             )
+        if self.auth is not None and self.auth.hmac is not None:
+            _hmac_headers_free(self.auth.hmac, names)
         return self
 
     @model_serializer(mode="wrap")
@@ -583,6 +690,22 @@ class RequestConfig(_Model):
             data.pop("auth", None)  # the fingerprint of a job without auth stays what it was
         data.pop("compression", None)  # operational: the fingerprint (item ids, keys) never holds it
         return data
+
+
+def _hmac_headers_free(hmac: HmacConfig, names: list[str]) -> None:
+    """The headers request.auth.hmac sends are its own."""
+    own = _HMAC_HEADERS.get(hmac.scheme) or tuple(
+        h.lower() for h in (hmac.header, hmac.timestamp_header) if h
+    )
+    taken = sorted(set(own) & set(names))
+    if taken:
+        raise ValueError(f"request.headers sets {taken[0]}, which request.auth.hmac sends: keep one")
+
+
+_HMAC_HEADERS = {
+    "standard_webhooks": ("webhook-id", "webhook-timestamp", "webhook-signature"),
+    "github": ("x-hub-signature-256",),
+}
 
 
 def _batch_request_is_constant(req: RequestConfig, bodies: list[str]) -> None:
@@ -772,7 +895,13 @@ _OPERATIONAL_EXECUTION_KEYS = ("client", "proxy", "tls", "pin_cpu")
 # Where the shared limit is kept, not what it is (the rate is semantic): moving Redis never blocks a resume.
 _OPERATIONAL_RATE_LIMIT_KEYS = ("shared", "shared_key")
 # Who asks for the token and how, not what it grants: rotating a client never blocks a resume.
-_OPERATIONAL_OAUTH2_KEYS = ("client_id", "client_secret", "client_auth", "refresh_before_seconds")
+_OPERATIONAL_OAUTH2_KEYS: tuple[str, ...] = (
+    "client_id",
+    "client_secret",
+    "client_auth",
+    "refresh_before_seconds",
+)
+_OPERATIONAL_OAUTH2_KEYS += ("private_key", "private_key_file", "default_expires_in_seconds")
 
 DEFAULT_GONE_STATUSES = (404, 410)
 _PERCENT = re.compile(r"(100|[0-9]{1,2})(\.[0-9]+)?%")
@@ -897,9 +1026,8 @@ class JobConfig(_Model):
         unused = sorted(set(self.vars) - environment_names(self))
         if unused:
             raise ValueError(f"vars names {', '.join(unused)}, which no ${{NAME}} of the job uses")
-        auth = self.request.auth
-        if auth is not None and set(self.vars) & compile_template(auth.oauth2.client_secret).secrets:
-            raise ValueError("vars names the client_secret's variable: a client secret is never shown")
+        if self.request.auth is not None:
+            _vars_not_secret(self.request.auth, self.vars)
         return self
 
     @model_serializer(mode="wrap")
@@ -912,6 +1040,17 @@ class JobConfig(_Model):
         return data
 
 
+def _vars_not_secret(auth: AuthConfig, names: tuple[str, ...]) -> None:
+    """`vars` are shown: none may name a client secret, a key or an HMAC secret."""
+    oauth2 = auth.oauth2
+    kept = [("client_secret", "client secret", oauth2.client_secret if oauth2 else None)]
+    kept.append(("private_key", "private key", oauth2.private_key if oauth2 else None))
+    kept += [("secret", "HMAC secret", text) for text in (auth.hmac.secrets if auth.hmac else ())]
+    for key, what, text in kept:
+        if text is not None and set(names) & compile_template(text).secrets:
+            raise ValueError(f"vars names the {key}'s variable: a {what} is never shown")
+
+
 def environment_names(config: JobConfig) -> set[str]:
     """Every `${NAME}` the job reads from the environment (secrets and vars)."""
     req = config.request
@@ -920,9 +1059,7 @@ def environment_names(config: JobConfig) -> set[str]:
     if config.mirror is not None:
         texts.append(config.mirror.url)
     if req.auth is not None:
-        oauth2 = req.auth.oauth2
-        texts += [oauth2.token_url, oauth2.client_id, oauth2.client_secret, oauth2.scope or ""]
-        texts += oauth2.params.values()
+        texts += req.auth.texts()
     return {name for text in texts for name in compile_template(text).secrets}
 
 
@@ -1051,7 +1188,7 @@ def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
             del data["execution"]["rate_limit"][key]
     oauth2 = data["request"].get("auth", {}).get("oauth2")
     for key in _OPERATIONAL_OAUTH2_KEYS if oauth2 is not None else ():
-        del oauth2[key]
+        oauth2.pop(key, None)
     return data
 
 
@@ -1160,6 +1297,7 @@ _LEVELS: dict[type[BaseModel], str] = {
     BatchConfig: "request.batch", JsonMeta: "a request.batch.item {meta: ...} leaf",
     ItemsConfig: "response.items",
     AuthConfig: "request.auth", OAuth2Config: "request.auth.oauth2",
+    AwsSigV4Config: "request.auth.aws_sigv4", HmacConfig: "request.auth.hmac",
     ResponseConfig: "response", ExecutionConfig: "execution", TimeoutConfig: "execution.timeout",
     RateLimitConfig: "execution.rate_limit", RetryConfig: "retry", HaltConfig: "halt",
 }  # fmt: skip

@@ -140,7 +140,9 @@ def _renderer_and_digester(
 ) -> tuple[RequestRenderer, RequestDigester | None]:
     """The job's renderer, and for a delta job the digester its journal lines and state compare."""
     delta = job.config.execution.sync != "full"
-    renderer = RequestRenderer.from_config(job.config.request, env, sorted_json=delta, shown=job.config.vars)
+    renderer = RequestRenderer.from_config(
+        job.config.request, env, sorted_json=delta, shown=job.config.vars, base_dir=job.base_dir
+    )
     if not delta:
         return renderer, None
     sorted_json = renderer.sorted_json

@@ -339,3 +339,45 @@ def url_split_safely(url: str) -> SplitResult:
 def host_port_shown(host: str, port: int) -> str:
     """`host:port` as a URL writes it: an IPv6 address in brackets, so that its colons are not the port's."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+UNSHOWN_URL = "(a URL that cannot be parsed safely: not shown)"
+
+
+def url_unsafe(url: str) -> str | None:
+    """Why `url` cannot be shown safely (None: it can): a part of it might be a credential that a parser
+    would show as host or path (see `unencoded_credentials`), or it
+    does not parse (a bad port or bracket, a space or control character)."""
+    if any(ord(char) <= 0x20 or char in "\\\x7f" for char in url):
+        return "it holds a space, a backslash or a control character"
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # ValueError: a port that is no number, an unclosed IPv6 bracket
+    except ValueError:
+        return "it does not parse as a URL"
+    if not parts.scheme or not parts.hostname:
+        return "it names no scheme and host"
+    if unencoded_credentials(url):
+        return "an @ follows its host, or two precede it (a password with an unencoded / ? # or @?)"
+    return None
+
+
+def url_for_display(url: str, redactor: Redactor | None = None) -> str:
+    """`url` as messages show it: credentials in it `***` (user information, credential options), the
+    run's secrets hidden; a URL that cannot be parsed safely is not echoed at all."""
+    if url_unsafe(url) is not None:
+        return UNSHOWN_URL
+    shown = redact_url_credentials(url)
+    return shown if redactor is None else redactor.redact(shown)
+
+
+def url_credentials(url: str) -> list[str]:
+    """The password in `url`'s user information, alone and as `user:password` (encoded and decoded): a
+    secret even when written in the job file, hidden wherever a message might echo it."""
+    if url_unsafe(url) is not None:
+        return []
+    userinfo = urlsplit(url).netloc.rpartition("@")[0]
+    user, colon, password = userinfo.partition(":")
+    if not (colon and password):
+        return []
+    return [password, unquote(password), userinfo, f"{unquote(user)}:{unquote(password)}"]

@@ -13,6 +13,7 @@ import hashlib
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -21,9 +22,10 @@ import orjson
 from bulkrelay.errors import SecretInvalid
 from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
 from bulkrelay.job.inputs.jsonl import integer_beyond_64_bits
-from bulkrelay.job.oauth2 import TokenRequest, bind_token_request, oauth2_secret_names
+from bulkrelay.job.oauth2 import TokenRequest, bind_token_request
 from bulkrelay.job.records import PreparedRequest, Record
-from bulkrelay.job.redact import Redactor, basic_credentials
+from bulkrelay.job.redact import Redactor, basic_credentials, url_credentials
+from bulkrelay.job.signing import hmac_keys, require_botocore
 from bulkrelay.job.template import (
     BoundTemplate,
     FieldRef,
@@ -71,9 +73,11 @@ class RequestRenderer:
         sorted_json: bool = False,
         json: tuple[JsonNode, int] | None = None,
         token_request: TokenRequest | None = None,
+        hmac_keys: tuple[bytes, ...] = (),
     ) -> None:
         self.method = method
         self.token_request = token_request  # request.auth.oauth2: the relay fetches the token with it
+        self.hmac_keys = hmac_keys  # request.auth.hmac: what relay/auth/hmac.py signs with
         self._json = json  # the json tree and its orjson option, compiled into `render`
         self._url = url
         self._query = query
@@ -100,9 +104,11 @@ class RequestRenderer:
         *,
         sorted_json: bool = False,
         shown: Collection[str] = (),
+        base_dir: Path | None = None,
     ) -> RequestRenderer:
         """Compile the request config. Raises `SecretMissing` naming every unset `${NAME}`.
-        `shown`: the job's `vars`, read like secrets but never hidden.
+        `shown`: the job's `vars`, read like secrets but never hidden. `base_dir`: where a key file
+        named relative to the job file is.
 
         `sorted_json` writes a JSON body with its keys sorted at every level (a delta job: the
         canonical form is then what goes on the wire, and what `render` shows)."""
@@ -111,11 +117,14 @@ class RequestRenderer:
             texts.append(req.body)
         form_texts = [v for v in (req.form or {}).values() if isinstance(v, str)]
         templates = [compile_template(text) for text in texts + form_texts]
-        oauth2 = req.auth.oauth2 if req.auth is not None else None
-        auth_names = oauth2_secret_names(oauth2) if oauth2 is not None else set()
+        auth_texts = req.auth.texts() if req.auth is not None else []
+        auth_names = {name for text in auth_texts for name in compile_template(text).secrets}
         secrets = resolve_secrets([*(name for t in templates for name in t.secrets), *auth_names], env)
         _refuse_unsendable_secrets(req, secrets)
-        token_request = bind_token_request(oauth2, secrets) if oauth2 is not None else None
+        oauth2, hmac = (req.auth.oauth2, req.auth.hmac) if req.auth is not None else (None, None)
+        token_request = None if oauth2 is None else bind_token_request(oauth2, secrets, base_dir)
+        if req.auth is not None and req.auth.aws_sigv4 is not None:
+            require_botocore()
 
         def bind(text: str, *, url: bool = False) -> BoundTemplate:
             return compile_template(text).bind(secrets, url=url)
@@ -138,6 +147,7 @@ class RequestRenderer:
             idempotency_header=req.idempotency_key.header if req.idempotency_key else None,
             redactor=_redactor(req.url, secrets, token_request, shown),
             token_request=token_request,
+            hmac_keys=() if hmac is None else hmac_keys(hmac, secrets),
             sorted_json=sorted_json and req.json_ is not None,
             json=None if req.json_ is None else (req.json_, _json_option(sorted_json)),
         )
@@ -389,6 +399,8 @@ def _redactor(
     derived = basic_credentials(_url_head(url, values), hidden)
     if token_request is not None:
         derived.append(token_request.basic_credentials)
+        derived += [token_request.key.pem.strip()] if token_request.key is not None else []
+        derived += url_credentials(token_request.token_url)
     return Redactor(hidden, derived=derived)
 
 

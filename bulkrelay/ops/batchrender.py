@@ -7,11 +7,15 @@ import gzip
 from collections.abc import Sequence
 
 from bulkrelay.job.batch import BatchRenderer, Item
+from bulkrelay.job.config import AuthConfig
 from bulkrelay.ops.results import RenderedRequest
+from bulkrelay.relay.auth import shown_with_auth
 
 
-def rendered_batches(batcher: BatchRenderer, items: Sequence[Item]) -> list[RenderedRequest]:
-    """The requests carrying `items` (in input order), one a batch."""
+def rendered_batches(
+    batcher: BatchRenderer, items: Sequence[Item], auth: AuthConfig | None = None
+) -> list[RenderedRequest]:
+    """The requests carrying `items` (in input order), one a batch, with `auth`'s headers as `***`."""
     batches: list[list[Item]] = []
     item_bytes = 0
     meter = None
@@ -30,15 +34,15 @@ def rendered_batches(batcher: BatchRenderer, items: Sequence[Item]) -> list[Rend
         else:
             current.append(item)
             item_bytes += len(item.data)
-    return [_shown(batcher, seq, batch) for seq, batch in enumerate(batches, start=1)]
+    return [_shown(batcher, seq, batch, auth) for seq, batch in enumerate(batches, start=1)]
 
 
-def _shown(batcher: BatchRenderer, seq: int, batch: list[Item]) -> RenderedRequest:
+def _shown(batcher: BatchRenderer, seq: int, batch: list[Item], auth: AuthConfig | None) -> RenderedRequest:
     request, _ = batcher.request(batch)
     size = len(request.body or b"")  # a gzip job's: compressed, as sent; its body shown inflated
     if batcher.gzip and request.body is not None:
         request = request._replace(body=gzip.decompress(request.body))
-    shown = batcher.redact(request)
+    shown = batcher.redact(shown_with_auth(auth, request))
     first = batch[0].record
     rows = [item.row_number for item in batch]
     return RenderedRequest(

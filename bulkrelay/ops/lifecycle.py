@@ -77,6 +77,16 @@ _STOPS: dict[StopReason, tuple[str, ExitCode, str]] = {
         ExitCode.UNAVAILABLE,
         "no OAuth2 token could be had from the token endpoint; halted",
     ),
+    StopReason.AUTH_UNUSABLE: (
+        "TARGET_AUTH_FAILED",
+        ExitCode.AUTH_REQUIRED,
+        "request.auth has no credentials to sign with; halted",
+    ),
+    StopReason.SIGNATURE_REFUSED: (
+        "TARGET_AUTH_FAILED",
+        ExitCode.AUTH_REQUIRED,
+        "the target refused the request's signature; halted",
+    ),
     StopReason.HALT_FAILURE_RATE: (
         "FAILURE_RATE_EXCEEDED",
         ExitCode.PARTIAL_FAILURE,
@@ -98,6 +108,8 @@ _SAYS_WHY = frozenset(
         StopReason.TOKEN_REFUSED,
         StopReason.TOKEN_UNAVAILABLE,
         StopReason.HALT_UNAVAILABLE,
+        StopReason.AUTH_UNUSABLE,
+        StopReason.SIGNATURE_REFUSED,
     }
 )
 
@@ -366,6 +378,13 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
             )
         if outcome.stop_reason is StopReason.HALT_UNAVAILABLE:
             error = replace(error, message=f"run {run.run_id}: {_down_message(outcome.stop_detail)}")
+        if outcome.stop_reason in (StopReason.AUTH_UNUSABLE, StopReason.SIGNATURE_REFUSED):
+            error = replace(
+                error,
+                message=f"run {run.run_id}: {outcome.stop_detail.get('message')}; halted",
+                suggestion="fix request.auth or its credentials (bulkrelay validate --check-auth JOB checks "
+                f"them alone), then: {continue_command(run)}",
+            )
         if outcome.stop_reason is StopReason.TOKEN_REFUSED:
             error = replace(
                 error,

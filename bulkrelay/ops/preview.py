@@ -18,9 +18,7 @@ from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.inputs.spec import STDIN_NAME
-from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
-from bulkrelay.job.redact import REDACTED
 from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
 from bulkrelay.ops.batchrender import rendered_batches
 from bulkrelay.ops.results import (
@@ -30,7 +28,7 @@ from bulkrelay.ops.results import (
     ValidateResult,
 )
 from bulkrelay.ops.snapshot import parquet_input
-from bulkrelay.relay.auth import check_token
+from bulkrelay.relay.auth import check_auth, shown_with_auth
 from bulkrelay.relay.engine import transport_settings
 from bulkrelay.relay.transport import open_transport
 
@@ -71,11 +69,7 @@ def validate(
 
 
 def _checked_auth(preflight: Preflight) -> dict[str, Any]:
-    token = anyio.run(check_token, preflight, open_transport, transport_settings(preflight))
-    request = preflight.renderer.token_request
-    assert request is not None  # check_token refuses a job without one
-    shown = preflight.renderer.redactor.redact(request.token_url)
-    return {"accepted": True, "token_url": shown, "expires_in": token.expires_in}
+    return anyio.run(check_auth, preflight, open_transport, transport_settings(preflight))
 
 
 @dataclass(frozen=True)
@@ -170,6 +164,7 @@ def _render_rows(
         os.environ,
         sorted_json=job.config.execution.sync != "full",
         shown=job.config.vars,
+        base_dir=job.base_dir,
     )
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []
@@ -202,8 +197,8 @@ def _render_rows(
                     )
                 )
                 continue
-            if renderer.token_request is not None:  # the token is fetched when the run starts
-                request = with_bearer(request, REDACTED)
+            # the token is fetched, the signatures made, when the run sends it: shown as ***
+            request = shown_with_auth(job.config.request.auth, request)
             shown = renderer.redact(request)
             requests.append(
                 RenderedRequest(
@@ -216,5 +211,5 @@ def _render_rows(
                 )
             )
     if batcher is not None:
-        requests = rendered_batches(batcher, items)
+        requests = rendered_batches(batcher, items, job.config.request.auth)
     return requests, problems, seen if seen < wanted.last else None

@@ -29,7 +29,7 @@ import orjson
 from bulkrelay.job.batch import BatchRenderer, Item
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest
-from bulkrelay.relay.auth import TokenSource
+from bulkrelay.relay.auth import Authenticator
 from bulkrelay.relay.itemresults import PLAIN_SUCCESS, AnswerInvalid, ItemOutcome, ItemReader
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
@@ -41,7 +41,7 @@ from bulkrelay.relay.retry import (
     counts_as_success,
 )
 from bulkrelay.relay.sender import Exchange, RowSender, _milliseconds
-from bulkrelay.relay.stopping import StopControl, StopReason
+from bulkrelay.relay.stopping import StopControl
 from bulkrelay.relay.transport.base import Response, Transport
 from bulkrelay.store.journal import JournalEntry, entry_fields, entry_of, entry_with
 
@@ -107,7 +107,7 @@ class BatchSender(RowSender):
         stop: StopControl,
         *,
         stats: RelayStats | None = None,
-        auth: TokenSource | None = None,
+        auth: Authenticator | None = None,
         delivery: str | None = None,
     ) -> None:
         super().__init__(
@@ -191,7 +191,7 @@ class BatchSender(RowSender):
                 attempts = max(p.attempts for p in items) - waits
                 decision = self._policy.decide(attempts, status, tried.error, retry_after)
             if decision.halt:
-                self.stop.request(StopReason.HALT_AUTH, status_code=status, row=items[0].row_number)
+                self._halt(response, items[0].row_number)
                 return None
             self._slow_down(response, retry_after)
             if not decision.retry:

@@ -23,7 +23,7 @@ from bulkrelay.job.inputs import open_records
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
-from bulkrelay.relay.auth import TokenSource, open_token_source
+from bulkrelay.relay.auth import Authenticator, open_authenticator
 from bulkrelay.relay.batches import BatchRelay
 from bulkrelay.relay.batchsender import BatchSender
 from bulkrelay.relay.failurerate import FailureRate
@@ -285,7 +285,7 @@ async def relay(
         run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit, state=state
     )
     transport = transport_factory(transport_settings(preflight))
-    auth = open_token_source(preflight, transport_factory, transport_settings(preflight), stop)
+    auth = open_authenticator(preflight, transport_factory, transport_settings(preflight), stop)
     limiter = open_limiter(config, preflight.shared_limit)
     stats = stats or RelayStats()
     delivery = _delivery(preflight, run)
@@ -402,7 +402,7 @@ def _row_sender(
     stop: StopControl,
     stats: RelayStats,
     *,
-    auth: TokenSource | None,
+    auth: Authenticator | None,
     delivery: str | None,
 ) -> RowSender:
     config = preflight.job.config
@@ -426,7 +426,7 @@ def _batch_relay(
     stats: RelayStats,
     *,
     start: StartPoint,
-    auth: TokenSource | None,
+    auth: Authenticator | None,
     delivery: str | None,
     rate: FailureRate | None,
     run: RunDir,

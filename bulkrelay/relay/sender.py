@@ -12,10 +12,9 @@ from typing import NamedTuple
 import anyio
 
 from bulkrelay.job.compression import gzip_request
-from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest, Record
-from bulkrelay.relay.auth import Token, TokenSource
+from bulkrelay.relay.auth import Authenticator, Token
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
@@ -65,11 +64,11 @@ class RowSender:
         stop: StopControl,
         *,
         stats: RelayStats | None = None,
-        auth: TokenSource | None = None,
+        auth: Authenticator | None = None,
         delivery: str | None = None,
     ) -> None:
         config = preflight.job.config
-        self._auth = auth  # request.auth.oauth2: the token each attempt carries
+        self._auth = auth  # request.auth: each attempt's token or signature (relay/auth/base.py)
         self._delivery = delivery  # a delta job's delivering run: part of each row's idempotency key
         self._stats = stats or RelayStats()
         self._renderer = preflight.renderer
@@ -115,7 +114,7 @@ class RowSender:
             else:
                 decision, retry_after = self._decided(attempt - waits, response, error)
             if decision.halt:
-                self.stop.request(StopReason.HALT_AUTH, status_code=status, row=record.row_number)
+                self._halt(response, record.row_number)
                 return None
             if response is not None and (status == 429 or self._respect_retry_after):
                 self._slow_down(response, retry_after)
@@ -137,15 +136,24 @@ class RowSender:
         retry_after = self._retry_after(response)
         return self._policy.decide(attempt, status, error, retry_after), retry_after
 
+    def _halt(self, response: Response | None, row: int) -> None:
+        """A halt status: the run stops, with the reason request.auth can read from the answer."""
+        status = response.status if response is not None else None
+        why = self._auth.refusal(response) if self._auth is not None and response is not None else None
+        if why is not None:
+            self.stop.request(StopReason.SIGNATURE_REFUSED, message=why, status_code=status, row=row)
+        else:
+            self.stop.request(StopReason.HALT_AUTH, status_code=status, row=row)
+
     async def _exchange(self, request: PreparedRequest) -> Exchange | None:
-        """One send of `request`, with the current token when the job has request.auth; None when no
-        token can be had (the run is stopping)."""
+        """One send of `request`, authorized for this attempt when the job has request.auth (a token, a
+        signature over its final bytes); None when it cannot be (the run is stopping)."""
         token = None
         if self._auth is not None:
-            token = await self._auth.current()
-            if token is None:
+            authorized = await self._auth.authorize(request)
+            if authorized is None:
                 return None
-            request = with_bearer(request, token.value)
+            request, token = authorized
         sent = _monotonic()
         try:
             response = await self._transport.send(request)

@@ -30,6 +30,8 @@ class StopReason(enum.StrEnum):
     HALT_LIMIT_UNAVAILABLE = "halt_limit_unavailable"  # the shared rate limit (Redis) cannot be reached
     TOKEN_REFUSED = "token_refused"  # the OAuth2 token endpoint refused the client (relay/auth)
     TOKEN_UNAVAILABLE = "token_unavailable"  # no OAuth2 token could be had: the endpoint is down
+    AUTH_UNUSABLE = "auth_unusable"  # request.auth cannot sign: no AWS credentials found (relay/auth)
+    SIGNATURE_REFUSED = "signature_refused"  # a 403 saying the signature or the clock is wrong
     HALT_FAILURE_RATE = "halt_failure_rate"  # halt.failure_rate: too many of this call's rows failed
     CANCELLED = "cancelled"  # job cancel
     STALLED = "stalled"  # no progress for idle_timeout_seconds
@@ -57,6 +59,8 @@ _HALTS = frozenset(
         StopReason.HALT_LIMIT_UNAVAILABLE,
         StopReason.TOKEN_REFUSED,
         StopReason.TOKEN_UNAVAILABLE,
+        StopReason.AUTH_UNUSABLE,
+        StopReason.SIGNATURE_REFUSED,
         StopReason.HALT_FAILURE_RATE,
     }
 )

@@ -58,6 +58,7 @@ def test_a_complete_oauth2_section_loads_with_its_defaults() -> None:
     config = parse_job(_job_text(_oauth2(params={"audience": "https://api.example.com"})), file="job.yaml")
     assert config.request.auth is not None
     oauth2 = config.request.auth.oauth2
+    assert oauth2 is not None
     assert (oauth2.client_auth, oauth2.refresh_before_seconds) == ("body", 60.0)
     assert oauth2.params == {"audience": "https://api.example.com"}
 

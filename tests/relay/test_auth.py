@@ -1,4 +1,4 @@
-"""OAuth2 client credentials while relaying (relay/auth.py): the token source alone with a fake token
+"""OAuth2 client credentials while relaying (relay/auth/oauth2.py): the token source alone with a fake token
 endpoint, then whole runs in-process against the loopback target's token endpoint, on both clients."""
 
 from __future__ import annotations

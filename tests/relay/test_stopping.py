@@ -21,6 +21,8 @@ VALUES = {
     StopReason.HALT_LIMIT_UNAVAILABLE: "halt_limit_unavailable",
     StopReason.TOKEN_REFUSED: "token_refused",
     StopReason.TOKEN_UNAVAILABLE: "token_unavailable",
+    StopReason.AUTH_UNUSABLE: "auth_unusable",
+    StopReason.SIGNATURE_REFUSED: "signature_refused",
     StopReason.HALT_FAILURE_RATE: "halt_failure_rate",
     StopReason.CANCELLED: "cancelled",
     StopReason.STALLED: "stalled",
@@ -48,6 +50,8 @@ def test_only_the_halt_rules_halt() -> None:
         StopReason.HALT_LIMIT_UNAVAILABLE,
         StopReason.TOKEN_REFUSED,  # the OAuth2 token endpoint: a halt of its own kind
         StopReason.TOKEN_UNAVAILABLE,
+        StopReason.AUTH_UNUSABLE,
+        StopReason.SIGNATURE_REFUSED,
         StopReason.HALT_FAILURE_RATE,
     }
 
@@ -61,6 +65,8 @@ def test_halts_and_a_changed_input_are_the_outcome_even_when_every_row_ended() -
         StopReason.HALT_LIMIT_UNAVAILABLE,
         StopReason.TOKEN_REFUSED,
         StopReason.TOKEN_UNAVAILABLE,
+        StopReason.AUTH_UNUSABLE,
+        StopReason.SIGNATURE_REFUSED,
         StopReason.INPUT_CHANGED,
     }
 

@@ -24,19 +24,22 @@ Tokens are secrets: each is taught to the run's redactor as it arrives, never pu
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 import orjson
 
 from bulkrelay.errors import TargetAuthFailed, TargetUnavailable, UsageError
-from bulkrelay.job.oauth2 import TokenRequest
+from bulkrelay.job.oauth2 import TokenRequest, with_bearer
 from bulkrelay.job.preflight import Preflight
-from bulkrelay.job.redact import Redactor
+from bulkrelay.job.records import PreparedRequest
+from bulkrelay.job.redact import Redactor, url_for_display
+from bulkrelay.relay.auth.base import Authorized, Token
 from bulkrelay.relay.retry import RetryPolicy, retry_after_of
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError, TransportSettings
@@ -44,21 +47,8 @@ from bulkrelay.relay.transport.base import Response, Transport, TransportError, 
 TOKEN_ATTEMPTS = 3  # tries of a token request at least, whatever retry.max_attempts says
 _TRANSIENT = frozenset({408, 425, 429})
 _DESCRIPTION_CHARS = 300  # of the endpoint's error_description, kept in messages
+_LONGEST_LIFETIME = 366 * 86400.0  # an expires_in beyond it is treated as none said
 _HEADER_VALUE = re.compile(r"[\x20-\x7e\t]+")  # what an HTTP header value may hold (visible ASCII)
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """An access token. `obtained`: when it came back; `refresh_at`: when to replace it (None: until a
-    401). Both on the monotonic clock."""
-
-    value: str = field(repr=False)
-    obtained: float
-    refresh_at: float | None
-    expires_in: float | None = None
-
-    def due(self, now: float) -> bool:
-        return self.refresh_at is not None and now >= self.refresh_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +68,10 @@ async def fetch_token(
     stop: StopControl | None = None,
 ) -> Token | TokenFailure:
     """One token from the endpoint, retrying what a retry can fix; a stop ends the waits."""
-    prepared = request.prepared()
     attempts = max(policy.max_attempts, TOKEN_ATTEMPTS)
-    place = {"token_url": redactor.redact(request.token_url)}
+    place = {"token_url": url_for_display(request.token_url, redactor)}
     for attempt in range(1, attempts + 1):
+        prepared = request.prepared(redactor.learn)  # an assertion is never sent twice (its jti)
         sent = time.monotonic()
         try:
             response = await transport.send(prepared)
@@ -91,7 +81,7 @@ async def fetch_token(
             )
             retry_after = None
         else:
-            outcome = _read(response, sent, request.refresh_before_seconds, redactor, place)
+            outcome = _read(response, sent, request, redactor, place)
             if isinstance(outcome, Token) or outcome.refused:
                 return outcome
             failure, retry_after = outcome, retry_after_of(response.headers)
@@ -106,12 +96,12 @@ async def fetch_token(
 
 
 def _read(
-    response: Response, sent: float, refresh_before: float, redactor: Redactor, place: dict[str, Any]
+    response: Response, sent: float, request: TokenRequest, redactor: Redactor, place: dict[str, Any]
 ) -> Token | TokenFailure:
     status = response.status
     document = _json_object(response.body)
     if status == 200:  # RFC 6749 §5.1: a token comes with 200 OK; the job's success rule is for rows
-        return _token(document, sent, refresh_before, redactor, place)
+        return _token(document, sent, request, redactor, place)
     detail = {**place, "status": status}
     if status in _TRANSIENT or status >= 500:
         return TokenFailure(False, f"the token endpoint answered {status}", detail)
@@ -126,14 +116,14 @@ def _read(
 
 
 def _token(
-    document: Mapping[str, Any], sent: float, refresh_before: float, redactor: Redactor, place: dict[str, Any]
+    document: Mapping[str, Any], sent: float, request: TokenRequest, redactor: Redactor, place: dict[str, Any]
 ) -> Token | TokenFailure:
     value = document.get("access_token")
     token_type = document.get("token_type", "Bearer")
     if not isinstance(value, str) or not value:
-        return TokenFailure(
-            True, "the token endpoint's answer holds no access_token", {**place, "error": "invalid_response"}
-        )
+        what = "holds no access_token" if document else "is not a JSON object"
+        detail = {**place, "error": "invalid_response"}
+        return TokenFailure(True, f"the token endpoint's answer {what}", detail)
     redactor.learn(value)  # before anything else can see it
     if not _HEADER_VALUE.fullmatch(value):  # sent, every row would fail as a transport error
         message = (
@@ -144,6 +134,11 @@ def _token(
         message = f"the token endpoint issued a {str(token_type)[:40]!r} token; only Bearer tokens are sent"
         return TokenFailure(True, redactor.redact(message), {**place, "error": "unsupported_token_type"})
     expires_in = _seconds(document.get("expires_in"))
+    if expires_in == 0:  # the endpoint's doing, not the client's: say so rather than blame our credentials
+        message = "the token endpoint issued a token that has already expired (expires_in: 0)"
+        return TokenFailure(True, message, {**place, "error": "invalid_response"})
+    expires_in = expires_in or request.default_expires_in
+    refresh_before = request.refresh_before_seconds
     refresh_at = None
     if expires_in is not None:
         margin = refresh_before if refresh_before < expires_in else expires_in / 2
@@ -152,19 +147,25 @@ def _token(
 
 
 def _seconds(value: Any) -> float | None:
-    """`expires_in`: a number of seconds (some endpoints send it as a string); else unknown."""
+    """`expires_in`: a number of seconds (some endpoints send it as a string); 0 when it says so; None
+    when unknown, or beyond any lifetime (a year: 1e400, 2**70), which is no reason to refuse a token."""
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= _LONGEST_LIFETIME:
         return float(value)
     return None
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
+    """The answer as a JSON object ({} when it is none). The standard library reads what orjson refuses
+    and a token endpoint may still send: integers beyond 64 bits, a number beyond a float (infinity)."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return {}
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError):
+            return {}
     return document if isinstance(document, dict) else {}
 
 
@@ -227,6 +228,14 @@ class TokenSource:
                 return None
             self._token = outcome
             return outcome
+
+    async def authorize(self, request: PreparedRequest) -> Authorized | None:
+        """`request` with the current token (relay/auth/base.py); None when none can be had."""
+        token = await self.current()
+        return None if token is None else Authorized(with_bearer(request, token.value), token)
+
+    def refusal(self, response: Response) -> str | None:
+        return None  # a 401 renews the token once (the senders), then halt.on_statuses decides
 
     async def aclose(self) -> None:
         await self._transport.aclose()
