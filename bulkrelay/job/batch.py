@@ -20,7 +20,16 @@ from typing import Any, NamedTuple
 import orjson
 
 from bulkrelay.errors import ConfigInvalid, Problem
-from bulkrelay.job.config import BatchConfig, ItemNode, JobConfig, JsonField, JsonMeta, JsonNode, JsonValue
+from bulkrelay.job.config import (
+    BatchConfig,
+    ItemNode,
+    JobConfig,
+    JsonField,
+    JsonMeta,
+    JsonNode,
+    JsonValue,
+    Nulls,
+)
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests, json_renderer
 
@@ -78,6 +87,7 @@ class BatchRenderer:
         key_field: str | None,
         *,
         sorted_json: bool = False,
+        nulls: Nulls | None = None,
     ) -> None:
         self.max_items = config.max_items
         self.max_bytes = config.max_bytes
@@ -85,7 +95,9 @@ class BatchRenderer:
         self._renderer = renderer
         self._rows = RowRequests(renderer, config_fingerprint, key_field)  # the item id: the row's key
         nodes = [node for _, node in config.item_nodes()]
-        self._lines = tuple(json_renderer(_as_json_node(node), sorted_json=sorted_json) for node in nodes)
+        self._lines = tuple(
+            json_renderer(_as_json_node(node), sorted_json=sorted_json, nulls=nulls) for node in nodes
+        )
         self._uses_meta = any(_mentions_meta(node) for node in nodes)
         self._fields = sorted({name for node in nodes for name in _fields_of(node)})
         base = renderer.render(Record(0, 0, {}))  # the URL and headers hold no field in batch mode
@@ -106,7 +118,12 @@ class BatchRenderer:
             return None
         sorted_json = config.execution.sync != "full"
         return cls(
-            config.request.batch, renderer, config_fingerprint, config.input.key, sorted_json=sorted_json
+            config.request.batch,
+            renderer,
+            config_fingerprint,
+            config.input.key,
+            sorted_json=sorted_json,
+            nulls=config.request.nulls,
         )
 
     @property

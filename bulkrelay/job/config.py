@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     AfterValidator,
@@ -34,13 +35,16 @@ from typing_extensions import TypeAliasType
 from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.job.alphacompat import upgrade_alpha_spellings
 from bulkrelay.job.durations import MAX_SECONDS
+from bulkrelay.job.liquidtext import LiquidError, compile_liquid, liquid_message
 from bulkrelay.job.template import SECRET_NAME, FieldRef, SecretRef, compile_template
 from bulkrelay.job.wire import header_value_refusal, proxy_refusal, wire_url
 from bulkrelay.job.yamlload import INT64_RANGE, LineMap, format_path, load_yaml
 from bulkrelay.job.yamlload import Path as YamlPath
 
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
-FieldType = Literal["integer", "number", "boolean", "json", "string"]
+FieldType = Literal["integer", "number", "boolean", "json", "string", "datetime", "decimal"]
+Transform = Literal["trim", "lower", "upper", "sha256", "md5", "base64"]
+Nulls = Literal["omit", "send", "fail"]  # what a present null does (docs/configuration.md, "Nulls")
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _JSON_POINTER = re.compile(r"(/([^~/]|~[01])*)*")
@@ -237,7 +241,36 @@ class InputConfig(_Model):
 _TYPE_CHECKS: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "boolean": bool}
 
 
-class JsonField(_Model):
+_TYPED_KEYS = ("transform", "nulls", "in_format", "timezone", "to")
+
+
+class _Typed(_Model):
+    """What every leaf may do to the value it makes (job/values.py): `transform` it, in order, then give it
+    a `type` (`datetime` reads `in_format` and `timezone` and writes `to`), and decide what a null does."""
+
+    type: FieldType | None = None
+    transform: Annotated[tuple[Transform, ...], BeforeValidator(_list_as_tuple)] = ()
+    nulls: Nulls | None = None  # None: request.nulls, else as before (see docs/configuration.md)
+    in_format: NonEmpty | None = None  # a strptime format, or iso8601 (the default), epoch_s, epoch_ms
+    timezone: NonEmpty | None = None  # the IANA zone of a time without offset, and of the text written
+    to: NonEmpty | None = None  # iso8601 (the default), epoch_s, epoch_ms, date, or a strftime format
+
+    @model_validator(mode="after")
+    def _datetime_options(self) -> _Typed:
+        given = [key for key in ("in_format", "timezone", "to") if getattr(self, key) is not None]
+        if given and self.type != "datetime":
+            raise ValueError(f"{given[0]} is for type: datetime")
+        if self.timezone is not None:
+            try:
+                ZoneInfo(self.timezone)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValueError(
+                    f"timezone {self.timezone!r} is not an IANA time zone (like Europe/Paris)"
+                ) from None
+        return self
+
+
+class JsonField(_Typed):
     """`{from: field, type?: ..., default?: ..., when_missing?: ...}`: a value taken from the record.
     A `from` beginning with `/` is a JSON pointer into the record (`/address/city`)."""
 
@@ -286,7 +319,7 @@ class JsonField(_Model):
 
     @model_validator(mode="after")
     def _default_fits_type(self) -> JsonField:
-        if not self.has_default or self.default is None or self.type in (None, "json"):
+        if not self.has_default or self.default is None or self.type in (None, "json", "datetime", "decimal"):
             return self
         expected = str if self.type == "string" else _TYPE_CHECKS[self.type]
         if (isinstance(self.default, bool) and self.type != "boolean") or not isinstance(
@@ -304,7 +337,13 @@ class JsonField(_Model):
             data.pop("default", None)
         if self.when_missing == "error":
             data.pop("when_missing", None)  # jobs written before it keep their fingerprint
+        for key in _TYPED_KEYS:
+            if key not in self.model_fields_set:
+                data.pop(key, None)
         return data
+
+
+_LITERAL_JSON = "json values are literal; ${NAME} secrets work in url, query, headers, form and body"
 
 
 class JsonValue(_Model):
@@ -315,9 +354,7 @@ class JsonValue(_Model):
     @model_validator(mode="after")
     def _no_secret_references(self) -> JsonValue:
         if _mentions_secret(self.value):
-            raise ValueError(
-                "json values are literal; ${NAME} secrets work in url, query, headers, form and body"
-            )
+            raise ValueError(_LITERAL_JSON)
         return self
 
 
@@ -331,10 +368,82 @@ def _mentions_secret(value: Any) -> bool:
     return False
 
 
+class FormatLeaf(_Typed):
+    """`{format: "{first_name} {last_name}"}`: record fields placed into a text (no `${NAME}` secrets)."""
+
+    format: TemplateText
+
+    @field_validator("format")
+    @classmethod
+    def _no_secrets(cls, text: str) -> str:
+        if compile_template(text).secrets:
+            raise ValueError(_LITERAL_JSON)
+        return text
+
+
+class CoalesceLeaf(_Typed):
+    """`{coalesce: [LEAF, ...]}`: the first value present, non-null, non-empty (else `default`, or null)."""
+
+    coalesce: Annotated[tuple[JsonNode, ...], BeforeValidator(_list_as_tuple), Field(min_length=1)]
+    default: Any = None
+
+
+class Condition(_Model):
+    """`when:`'s test of one record field: exactly one of equals, in, present, above, below."""
+
+    field: NonEmpty
+    equals: Any = None
+    in_: Annotated[tuple[Any, ...], BeforeValidator(_list_as_tuple)] | None = Field(default=None, alias="in")
+    present: bool | None = None
+    above: int | float | None = None
+    below: int | float | None = None
+
+    @model_validator(mode="after")
+    def _one_test(self) -> Condition:
+        tests = set(self.model_fields_set) - {"field"}
+        if len(tests) != 1:
+            raise ValueError("when: takes a field and exactly one of equals, in, present, above, below")
+        return self
+
+
+class WhenLeaf(_Typed):
+    """`{when: {field: F, above: 1000}, then: LEAF, else: LEAF}`: a value chosen by a test (no else: null)."""
+
+    when: Condition
+    then: JsonNode
+    else_: JsonNode | None = Field(default=None, alias="else")
+
+
+class LiquidLeaf(_Typed):
+    """`{liquid: "{{ first_name | capitalize }}"}`: a Liquid template's text (job/liquidtext.py)."""
+
+    liquid: NonEmpty
+
+    @field_validator("liquid")
+    @classmethod
+    def _parses(cls, text: str) -> str:
+        try:
+            compile_liquid(text)
+        except LiquidError as exc:
+            raise ValueError(f"Liquid does not parse: {liquid_message(exc)}") from None
+        return text
+
+
+# The kinds of leaf beside `from` and `value`, by the key that names them: a new kind is one more entry
+# here and one more tagged case in JsonNode below (job/values.py renders each).
+_LEAF_KINDS: dict[str, type[_Typed]] = {
+    "format": FormatLeaf, "coalesce": CoalesceLeaf, "when": WhenLeaf, "liquid": LiquidLeaf,
+}  # fmt: skip
+
+
 def _json_node_kind(value: Any) -> str | None:
-    """A mapping is a leaf when it has a string `from`, or is exactly `{value: ...}`; else an object."""
+    """A mapping is a leaf when it has a string `from`, is exactly `{value: ...}`, or has a key of
+    `_LEAF_KINDS`; else an object."""
     if isinstance(value, JsonField | JsonValue):
         return "~from" if isinstance(value, JsonField) else "~value"
+    for key, model in _LEAF_KINDS.items():
+        if isinstance(value, model) or (isinstance(value, dict) and key in value):
+            return f"~{key}"
     if isinstance(value, dict):
         if isinstance(value.get("from"), str):
             return "~from"
@@ -344,22 +453,34 @@ def _json_node_kind(value: Any) -> str | None:
 
 # mypy reads the plain recursive alias; pydantic validates the tagged union, which gives one clear
 # error per bad node instead of one per union member.
+KindLeaf = FormatLeaf | CoalesceLeaf | WhenLeaf | LiquidLeaf  # the kinds of `_LEAF_KINDS`
 if TYPE_CHECKING:
-    JsonNode = JsonField | JsonValue | dict[str, "JsonNode"]
+    JsonNode = JsonField | JsonValue | KindLeaf | dict[str, "JsonNode"]
 else:
     JsonNode = TypeAliasType(
         "JsonNode",
         Annotated[
             Annotated[JsonField, Tag("~from")]
             | Annotated[JsonValue, Tag("~value")]
+            | Annotated[FormatLeaf, Tag("~format")]
+            | Annotated[CoalesceLeaf, Tag("~coalesce")]
+            | Annotated[WhenLeaf, Tag("~when")]
+            | Annotated[LiquidLeaf, Tag("~liquid")]
             | Annotated[dict[str, "JsonNode"], Tag("~object")],
             Discriminator(
                 _json_node_kind,
                 custom_error_type="json_node",
-                custom_error_message="expected {from: FIELD}, {value: LITERAL} or a mapping of those",
+                custom_error_message=(
+                    "expected {from: FIELD}, {value: LITERAL}, {format: ...}, {coalesce: [...]}, "
+                    "{when: ..., then: ...}, {liquid: ...} or a mapping of those"
+                ),
             ),
         ],
     )
+
+
+for _leaf in (CoalesceLeaf, WhenLeaf):  # they hold leaves: built once JsonNode is defined
+    _leaf.model_rebuild()
 
 
 # --- request: form, idempotency, the request itself -----------------------------------------
@@ -405,7 +526,7 @@ def _item_node_kind(value: Any) -> str | None:
 
 
 if TYPE_CHECKING:
-    ItemNode = JsonField | JsonValue | JsonMeta | dict[str, "ItemNode"]
+    ItemNode = JsonField | JsonValue | JsonMeta | KindLeaf | dict[str, "ItemNode"]
 else:
     ItemNode = TypeAliasType(
         "ItemNode",
@@ -413,6 +534,10 @@ else:
             Annotated[JsonField, Tag("~from")]
             | Annotated[JsonValue, Tag("~value")]
             | Annotated[JsonMeta, Tag("~meta")]
+            | Annotated[FormatLeaf, Tag("~format")]
+            | Annotated[CoalesceLeaf, Tag("~coalesce")]
+            | Annotated[WhenLeaf, Tag("~when")]
+            | Annotated[LiquidLeaf, Tag("~liquid")]
             | Annotated[dict[str, "ItemNode"], Tag("~object")],
             Discriminator(
                 _item_node_kind,
@@ -427,7 +552,7 @@ else:
 
 def item_leaves(
     node: ItemNode, path: YamlPath
-) -> Iterator[tuple[YamlPath, JsonField | JsonValue | JsonMeta]]:
+) -> Iterator[tuple[YamlPath, JsonField | JsonValue | JsonMeta | KindLeaf]]:
     """Every leaf of a batch item (or envelope) tree, with its YAML path."""
     if isinstance(node, dict):
         for key, child in node.items():
@@ -542,6 +667,7 @@ class RequestConfig(_Model):
     idempotency_key: IdempotencyKeyConfig | None = None
     batch: BatchConfig | None = None
     auth: AuthConfig | None = None
+    nulls: Nulls | None = None  # every leaf's `nulls` unless it sets its own (None: as before, like send)
 
     @model_validator(mode="after")
     def _coherent(self) -> RequestConfig:
@@ -573,6 +699,8 @@ class RequestConfig(_Model):
             data.pop("batch", None)
         if self.auth is None:
             data.pop("auth", None)  # the fingerprint of a job without auth stays what it was
+        if self.nulls is None:
+            data.pop("nulls", None)
         return data
 
 
@@ -1136,7 +1264,8 @@ _LEVELS: dict[type[BaseModel], str] = {
     JsonField: "a request.json {from: ...} leaf", JsonValue: "a request.json {value: ...} leaf",
     FormField: "a request.form {from: ...} value", IdempotencyKeyConfig: "request.idempotency_key",
     BatchConfig: "request.batch", JsonMeta: "a request.batch.item {meta: ...} leaf",
-    ItemsConfig: "response.items",
+    ItemsConfig: "response.items", FormatLeaf: "a {format: ...} leaf", CoalesceLeaf: "a {coalesce: ...} leaf",
+    WhenLeaf: "a {when: ...} leaf", Condition: "a when: test", LiquidLeaf: "a {liquid: ...} leaf",
     AuthConfig: "request.auth", OAuth2Config: "request.auth.oauth2",
     ResponseConfig: "response", ExecutionConfig: "execution", TimeoutConfig: "execution.timeout",
     RateLimitConfig: "execution.rate_limit", RetryConfig: "retry", HaltConfig: "halt",

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 import orjson
 
 from bulkrelay.errors import SecretInvalid
-from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
+from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, Nulls, RequestConfig
 from bulkrelay.job.inputs.jsonl import integer_beyond_64_bits
 from bulkrelay.job.oauth2 import TokenRequest, bind_token_request, oauth2_secret_names
 from bulkrelay.job.records import PreparedRequest, Record
@@ -32,6 +32,7 @@ from bulkrelay.job.template import (
     resolve_secrets,
     value_text,
 )
+from bulkrelay.job.values import OMIT, LeafParts, is_plain, leaf_getter, may_omit, with_nulls
 from bulkrelay.job.wire import header_value_refusal, wire_url
 from bulkrelay.job.yamlload import (
     INT64_RANGE,  # signed 64-bit, as documented (orjson would write up to 2**64-1)
@@ -44,7 +45,7 @@ Headers = tuple[tuple[str, str], ...]
 Getter = Callable[[Fields], Any]
 
 _ABSENT = object()
-_OMIT = object()  # a `when_missing: omit` value: its key is left out of the object
+_OMIT = OMIT  # a `when_missing: omit` (or `nulls: omit`) value: its key is left out of the object
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -139,7 +140,7 @@ class RequestRenderer:
             redactor=_redactor(req.url, secrets, token_request, shown),
             token_request=token_request,
             sorted_json=sorted_json and req.json_ is not None,
-            json=None if req.json_ is None else (req.json_, _json_option(sorted_json)),
+            json=None if req.json_ is None else (with_nulls(req.json_, req.nulls), _json_option(sorted_json)),
         )
 
     def _render_function(self) -> Callable[[Record], PreparedRequest]:
@@ -488,7 +489,7 @@ def _body_fields(req: RequestConfig) -> set[str]:
     return fields
 
 
-def _json_leaves(node: JsonNode) -> Iterable[JsonField | JsonValue]:
+def _json_leaves(node: JsonNode) -> Iterable[JsonNode]:
     if isinstance(node, dict):
         for child in node.values():
             yield from _json_leaves(child)
@@ -500,7 +501,7 @@ def _body_renderer(
     req: RequestConfig, bind: Callable[[str], BoundTemplate], sorted_json: bool = False
 ) -> Callable[[Fields], bytes] | None:
     if req.json_ is not None:
-        return _json_body(req.json_, _json_option(sorted_json))
+        return _json_body(with_nulls(req.json_, req.nulls), _json_option(sorted_json))
     if req.form is not None:
         return _form_body(req.form, bind)
     if req.body is not None:
@@ -509,9 +510,11 @@ def _body_renderer(
     return None
 
 
-def json_renderer(node: JsonNode, *, sorted_json: bool = False) -> Callable[[Fields], bytes]:
+def json_renderer(
+    node: JsonNode, *, sorted_json: bool = False, nulls: Nulls | None = None
+) -> Callable[[Fields], bytes]:
     """The bytes of a `json` tree for a record's fields, as `render` writes a body (a batch item's too)."""
-    return _json_body(node, _json_option(sorted_json))
+    return _json_body(with_nulls(node, nulls), _json_option(sorted_json))
 
 
 def _json_option(sorted_json: bool) -> int:
@@ -549,6 +552,8 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
     succeeds, and their exact error is found by asking them again."""
     if isinstance(node, JsonValue):
         return code.bound(node.value)
+    if not is_plain(node):
+        return f"{code.bound(leaf_getter(node, _LEAF_PARTS))}(f)"  # job/values.py's leaves
     if isinstance(node, JsonField):
         if node.optional or node.pointer is not None:
             return f"{code.bound(_field_getter(node))}(f)"  # absence is no error, or a path to follow
@@ -562,7 +567,7 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
                 f" and v.isascii() else {coerce}({field}, v))"
             )
         return f"{coerce}({field}, f[{field}])"
-    if any(isinstance(child, JsonField) and child.when_missing == "omit" for child in node.values()):
+    if any(may_omit(child) for child in node.values()):
         return f"{code.bound(_json_getter(node))}(f)"  # a key may be left out: no dict display
     items = (f"{code.bound(key)}: {_json_display(child, code)}" for key, child in node.items())
     return "{" + ", ".join(items) + "}"
@@ -636,6 +641,8 @@ def _json_getter(node: JsonNode) -> Getter:
     if isinstance(node, JsonValue):
         literal = node.value
         return lambda fields: literal
+    if not is_plain(node):
+        return leaf_getter(node, _LEAF_PARTS)
     if isinstance(node, JsonField):
         return _field_getter(node)
     items = tuple((key, _json_getter(child)) for key, child in node.items())
@@ -773,3 +780,4 @@ _COERCERS: dict[str, Callable[[str, Any], Any]] = {
     "json": _to_json,
     "string": _to_string,
 }
+_LEAF_PARTS = LeafParts(read=_field_getter, coercers=_COERCERS, node=_json_getter)
