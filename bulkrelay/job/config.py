@@ -486,24 +486,38 @@ for _leaf in (CoalesceLeaf, WhenLeaf):  # they hold leaves: built once JsonNode 
 # --- request: form, idempotency, the request itself -----------------------------------------
 
 
-class FormField(_Model):
-    """`{from: field}` in a form: the record value as text."""
+class FormField(_Typed):
+    """`{from: field}` in a form: the record value as text (a json leaf's options apply, then the text)."""
 
     from_: NonEmpty = Field(alias="from")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("type", *_TYPED_KEYS):  # jobs written before them keep their fingerprint
+            if key not in self.model_fields_set:
+                data.pop(key, None)
+        return data
 
 
 def _form_value_kind(value: Any) -> str | None:
     if isinstance(value, str | int) and not isinstance(value, bool):
         return "~text"
-    return "~from" if isinstance(value, dict | FormField) else None
+    kind = "~from" if isinstance(value, FormField) else _json_node_kind(value)
+    return kind if kind in ("~from", *(f"~{key}" for key in _LEAF_KINDS)) else None
 
 
 FormValue = Annotated[
-    Annotated[TemplateText, Tag("~text")] | Annotated[FormField, Tag("~from")],
+    Annotated[TemplateText, Tag("~text")]
+    | Annotated[FormField, Tag("~from")]
+    | Annotated[FormatLeaf, Tag("~format")]
+    | Annotated[CoalesceLeaf, Tag("~coalesce")]
+    | Annotated[WhenLeaf, Tag("~when")]
+    | Annotated[LiquidLeaf, Tag("~liquid")],
     Discriminator(
         _form_value_kind,
         custom_error_type="form_value",
-        custom_error_message="expected a template string or {from: FIELD}",
+        custom_error_message="expected a template string, {from: FIELD} or another leaf (not {value: ...})",
     ),
 ]
 

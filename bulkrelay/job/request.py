@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 import orjson
 
 from bulkrelay.errors import SecretInvalid
-from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, Nulls, RequestConfig
+from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, KindLeaf, Nulls, RequestConfig
 from bulkrelay.job.inputs.jsonl import integer_beyond_64_bits
 from bulkrelay.job.oauth2 import TokenRequest, bind_token_request, oauth2_secret_names
 from bulkrelay.job.records import PreparedRequest, Record
@@ -32,7 +32,7 @@ from bulkrelay.job.template import (
     resolve_secrets,
     value_text,
 )
-from bulkrelay.job.values import OMIT, LeafParts, is_plain, leaf_getter, may_omit, with_nulls
+from bulkrelay.job.values import OMIT, LeafParts, form_getter, is_plain, leaf_getter, may_omit, with_nulls
 from bulkrelay.job.wire import header_value_refusal, wire_url
 from bulkrelay.job.yamlload import (
     INT64_RANGE,  # signed 64-bit, as documented (orjson would write up to 2**64-1)
@@ -503,7 +503,7 @@ def _body_renderer(
     if req.json_ is not None:
         return _json_body(with_nulls(req.json_, req.nulls), _json_option(sorted_json))
     if req.form is not None:
-        return _form_body(req.form, bind)
+        return _form_body(req.form, bind, req.nulls)
     if req.body is not None:
         template = bind(req.body)
         return lambda fields: template.render(fields).encode()
@@ -613,17 +613,27 @@ def _not_json(exc: orjson.JSONEncodeError) -> RenderError:
 
 
 def _form_body(
-    form: Mapping[str, str | FormField], bind: Callable[[str], BoundTemplate]
+    form: Mapping[str, str | FormField | KindLeaf],
+    bind: Callable[[str], BoundTemplate],
+    nulls: Nulls | None = None,
 ) -> Callable[[Fields], bytes]:
-    getters = tuple(
-        (name, _text_getter(value.from_) if isinstance(value, FormField) else bind(value).render)
-        for name, value in form.items()
-    )
+    getters = tuple((name, _form_getter(value, bind, nulls)) for name, value in form.items())
 
     def render(fields: Fields) -> bytes:
-        return urlencode([(name, get(fields)) for name, get in getters]).encode("ascii")
+        pairs = [(name, value) for name, get in getters if (value := get(fields)) is not _OMIT]
+        return urlencode(pairs).encode("ascii")
 
     return render
+
+
+def _form_getter(
+    value: str | FormField | KindLeaf, bind: Callable[[str], BoundTemplate], nulls: Nulls | None
+) -> Callable[[Fields], str]:
+    if isinstance(value, str):
+        return bind(value).render
+    if isinstance(value, FormField) and value.model_fields_set == {"from_"} and nulls is None:
+        return _text_getter(value.from_)
+    return form_getter(value, nulls, _LEAF_PARTS)  # job/values.py's leaves, their value as text
 
 
 def _text_getter(name: str) -> Callable[[Fields], str]:

@@ -32,9 +32,11 @@ from bulkrelay.job.config import (
     CoalesceLeaf,
     Condition,
     FormatLeaf,
+    FormField,
     JsonField,
     JsonNode,
     JsonValue,
+    KindLeaf,
     LiquidLeaf,
     Nulls,
     WhenLeaf,
@@ -43,7 +45,7 @@ from bulkrelay.job.config import (
 from bulkrelay.job.liquidtext import LiquidError, compile_liquid, liquid_message, render_liquid
 from bulkrelay.job.template import RenderError, compile_template, value_text
 
-__all__ = ["OMIT", "LeafParts", "is_plain", "leaf_getter", "may_omit", "with_nulls"]
+__all__ = ["OMIT", "LeafParts", "form_getter", "is_plain", "leaf_getter", "may_omit", "with_nulls"]
 
 Fields = Mapping[str, Any]
 Getter = Callable[[Fields], Any]
@@ -115,6 +117,25 @@ def leaf_getter(leaf: JsonNode, parts: LeafParts) -> Getter:
         return value if value is OMIT else finish(value)
 
     return get
+
+
+def form_getter(leaf: FormField | KindLeaf, nulls: Nulls | None, parts: LeafParts) -> Callable[[Fields], Any]:
+    """A form value's getter: the leaf's value as text, or `OMIT`; a `null` cannot be sent in a form."""
+    as_json = (
+        JsonField.model_validate(leaf.model_dump(by_alias=True)) if isinstance(leaf, FormField) else leaf
+    )
+    get = leaf_getter(with_nulls(as_json, nulls), parts)
+    name = leaf.from_ if isinstance(leaf, FormField) else "form"
+
+    def text(fields: Fields) -> Any:
+        value = get(fields)
+        if value is OMIT or type(value) is str:
+            return value
+        if value is None:
+            raise RenderError(name, "is null, which a form cannot send (nulls: omit leaves it out)")
+        return value_text(name, value)  # a decimal's Fragment too: its JSON text is its digits
+
+    return text
 
 
 # --- sources ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from bulkrelay.errors import ConfigInvalid
-from bulkrelay.job.config import RequestConfig, parse_job
+from bulkrelay.job.config import JobConfig, RequestConfig, parse_job
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RenderError, RequestRenderer, json_renderer
 
@@ -211,20 +211,18 @@ def test_an_object_whose_every_key_is_omitted_is_sent_as_an_empty_object() -> No
     assert _body(dropped, {"city": None}, nulls="omit") == {}
 
 
+def _omitting_post(rest: str) -> JobConfig:
+    """A POST job with `nulls: omit` and `rest` (YAML under `request:`)."""
+    head = "version: 1\nrequest:\n  method: POST\n  url: http://127.0.0.1/x\n  nulls: omit\n"
+    return parse_job(head + "\n".join("  " + line for line in dedent(rest).splitlines()), file="job.yaml")
+
+
 def test_a_batch_item_takes_the_same_leaves_and_the_jobs_nulls() -> None:
-    config = parse_job(
-        dedent("""\
-        version: 1
-        request:
-          method: POST
-          url: http://127.0.0.1/bulk
-          nulls: omit
-          batch:
-            max_items: 10
-            item: { email: { from: email, transform: [lower] }, note: { from: note } }
-        """),
-        file="job.yaml",
-    )
+    config = _omitting_post("""\
+        batch:
+          max_items: 10
+          item: { email: { from: email, transform: [lower] }, note: { from: note } }
+        """)
     assert config.request.batch is not None and config.request.batch.item is not None
     render = json_renderer(config.request.batch.item, nulls=config.request.nulls)  # type: ignore[arg-type]
     assert orjson.loads(render({"email": "A@B", "note": None})) == {"email": "a@b"}
@@ -257,3 +255,27 @@ def test_a_bad_leaf_is_refused_when_the_job_is_loaded(leaf: str, message: str) -
 def test_liquid_loops_are_bounded() -> None:
     error = _error('t: { liquid: "{% for i in (1..1000000) %}{% endfor %}" }', {})
     assert "loop iteration limit reached" in error.message
+
+
+def test_a_form_takes_the_same_leaves_as_text() -> None:
+    config = _omitting_post("""\
+        form:
+          email: { from: email, transform: [trim, lower] }
+          name: { format: "{first} {last}" }
+          price: { from: price, type: decimal }
+          day: { from: at, type: datetime, to: date }
+          note: { from: note }
+          plain: { from: first }
+        """)
+    renderer = RequestRenderer.from_config(config.request, {})
+    row = {
+        "email": " A@B.C ",
+        "first": "Ada",
+        "last": "L",
+        "price": "1.50",
+        "at": "2024-03-01T10:00Z",
+        "note": None,
+    }
+    body = renderer.render(Record(1, 2, row)).body
+    assert body == b"email=a%40b.c&name=Ada+L&price=1.50&day=2024-03-01&plain=Ada"
+    assert config.model_dump(by_alias=True)["request"]["form"]["plain"] == {"from": "first"}
