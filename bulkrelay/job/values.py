@@ -337,6 +337,7 @@ def _datetime_coercer(leaf: _Typed, name: str) -> Callable[[Any], Any]:
 
 def _datetime_reader(in_format: str, zone: ZoneInfo, name: str) -> Callable[[Any], datetime]:
     described = "ISO 8601" if in_format == "iso8601" else f"in_format {in_format!r}"
+    numeric = _numeric_format(in_format)
 
     def parse(text: str) -> datetime:
         if in_format in ("epoch_s", "epoch_ms"):
@@ -344,6 +345,8 @@ def _datetime_reader(in_format: str, zone: ZoneInfo, name: str) -> Callable[[Any
             return _EPOCH + timedelta(microseconds=int(micro))
         if in_format == "iso8601":
             return datetime.fromisoformat(text)
+        if numeric is not None:
+            return numeric(text)
         return datetime.strptime(text, in_format)
 
     def read(value: Any) -> datetime:
@@ -356,6 +359,55 @@ def _datetime_reader(in_format: str, zone: ZoneInfo, name: str) -> Callable[[Any
         return moment.replace(tzinfo=zone) if moment.tzinfo is None else moment
 
     return read
+
+
+_NUMERIC_DIRECTIVES = {"Y": r"(\d{4})", "m": r"(\d{1,2})", "d": r"(\d{1,2})", "H": r"(\d{1,2})"}
+_NUMERIC_DIRECTIVES |= {"M": r"(\d{1,2})", "S": r"(\d{1,2})"}
+_DIRECTIVE = re.compile(r"%(.)")
+_ISO_SHAPED = {
+    "%Y-%m-%d %H:%M:%S": re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", re.ASCII),
+    "%Y-%m-%dT%H:%M:%S": re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", re.ASCII),
+    "%Y-%m-%d": re.compile(r"\d{4}-\d\d-\d\d", re.ASCII),
+}
+
+
+def _numeric_format(in_format: str) -> Callable[[str], datetime] | None:
+    """A reader for a format of numeric fields only (`%Y-%m-%d %H:%M:%S`, `%d/%m/%Y`): a regular
+    expression and `datetime(...)` read what strptime reads, at a fifth of its cost (strptime parses its
+    format again on every call). None for any other directive: strptime reads those."""
+    parts: list[str] = []
+    order: list[str] = []
+    pos = 0
+    for match in _DIRECTIVE.finditer(in_format):
+        if match[1] not in _NUMERIC_DIRECTIVES or match[1] in order:
+            return None
+        parts.append(_literal(in_format[pos : match.start()]))
+        parts.append(_NUMERIC_DIRECTIVES[match[1]])
+        order.append(match[1])
+        pos = match.end()
+    parts.append(_literal(in_format[pos:]))
+    if not {"Y", "m", "d"} <= set(order):
+        return None
+    pattern = re.compile("".join(parts), re.ASCII)
+    slots = tuple(order.index(key) if key in order else None for key in "YmdHMS")
+    iso = _ISO_SHAPED.get(in_format)  # zero-padded text in this format is ISO 8601, read faster still
+
+    def read(text: str) -> datetime:
+        if iso is not None and iso.fullmatch(text):
+            return datetime.fromisoformat(text)
+        match = pattern.fullmatch(text)
+        if match is None:
+            raise ValueError(text)
+        found = match.groups()
+        year, month, day, hour, minute, second = (0 if at is None else int(found[at]) for at in slots)
+        return datetime(year, month, day, hour, minute, second)
+
+    return read
+
+
+def _literal(text: str) -> str:
+    # strptime: "%%" is a "%", and whitespace in the format matches any run of whitespace.
+    return r"\s+".join(re.escape(word.replace("%%", "%")) for word in re.split(r"\s+", text))
 
 
 def _datetime_writer(to: str, zone: ZoneInfo) -> Callable[[datetime], Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from datetime import UTC, datetime
 from textwrap import dedent
 from typing import Any
 
@@ -279,3 +280,37 @@ def test_a_form_takes_the_same_leaves_as_text() -> None:
     body = renderer.render(Record(1, 2, row)).body
     assert body == b"email=a%40b.c&name=Ada+L&price=1.50&day=2024-03-01&plain=Ada"
     assert config.model_dump(by_alias=True)["request"]["form"]["plain"] == {"from": "first"}
+
+
+@pytest.mark.parametrize(
+    ("in_format", "texts"),
+    [
+        (
+            "%Y-%m-%d %H:%M:%S",
+            ["2024-03-01 10:00:00", "2024-3-1 1:2:3", "2024-03-01  10:00:00", "2024-02-30 10:00:00"],
+        ),
+        (
+            "%Y-%m-%dT%H:%M:%S",
+            ["2024-03-01T10:00:00", "2024-03-01 10:00:00", "2024-W09-5T10:00:00", "2024-03-01T10:00:00Z"],
+        ),
+        (
+            "%Y-%m-%d",
+            ["2024-03-01", "2024-W09-5", "20240301", "2024-3-01"],
+        ),
+        ("%d/%m/%Y", ["05/01/2024", "5/1/2024", "31/04/2024", "05-01-2024", "05/01/2024 "]),
+        ("%Y%m%d", ["20240105", "2024015", "2024-01-05"]),
+        ("100%% %Y.%m.%d", ["100% 2024.01.05", "100%% 2024.01.05"]),
+    ],
+)
+def test_a_numeric_in_format_reads_as_strptime_does(in_format: str, texts: list[str]) -> None:
+    """Such formats take a faster reader than strptime (job/values.py): the same dates, the same refusals."""
+    tree = f"at: {{ from: at, type: datetime, in_format: {orjson.dumps(in_format).decode()} }}"
+    for text in texts:
+        try:
+            expected: Any = datetime.strptime(text.strip(), in_format).replace(tzinfo=UTC).isoformat()
+        except ValueError:
+            expected = None
+        if expected is None:
+            assert "is not a date and time" in _error(tree, {"at": text}).message
+        else:
+            assert _body(tree, {"at": text}) == {"at": expected}, text

@@ -64,7 +64,8 @@ def _row(n: int) -> dict[str, Any]:
     }
 
 
-BAD = {  # row -> (what breaks it, the field blamed, words of the message)
+# row -> (what breaks it, the field blamed, words of the message)
+BAD: dict[int, tuple[dict[str, Any], str, str]] = {
     5: ({"created_at": "2024-02-30 10:00:00"}, "created_at", "'2024-02-30 10:00:00' is not a date and time"),
     9: ({"first_name": ...}, "first_name", "missing from the record"),
     12: ({"balance": None}, "balance", "is null (nulls: fail)"),
