@@ -157,3 +157,21 @@ def test_a_patch_with_nulls_omit_never_sends_a_null(tmp_path: Path) -> None:
         assert None not in body.values(), body
         row = rows[int(request["path"].rsplit("/", 1)[1]) - 1]
         assert ("notes" in body, "email" in body) == (row["notes"] is not None, row["email"] is not None)
+
+
+def test_the_values_example_validates_and_renders_each_leaf() -> None:
+    job = Path(__file__).resolve().parents[2] / "examples" / "values" / "job.yaml"
+    checked = run_cli("validate", job)
+    assert checked.exit_code == ExitCode.SUCCESS, checked.envelope
+    assert checked.data["record_count"] == 10
+    shown = run_cli("render", job, "--rows", "1-10")
+    assert shown.exit_code == ExitCode.SUCCESS, shown.envelope
+    bodies = [request["body"] for request in shown.data["requests"]]
+    first = orjson.loads(bodies[0])
+    assert first["email"] == "ada1@example.com"
+    assert first["email_sha256"] == hashlib.sha256(b"ada1@example.com").hexdigest()
+    assert (first["signup_ms"], first["last_seen"]) == (1705278600000, "2024-11-01T14:45:00-04:00")
+    assert (first["tier"], first["notes"], first["label"]) == ("standard", None, "Ada from London")
+    assert '"balance":7.010,' in bodies[0]  # the decimal's digits, as written
+    assert "email" not in orjson.loads(bodies[3])  # a null email, omitted
+    assert orjson.loads(bodies[4])["address"] == {}  # every key omitted: the object stays
