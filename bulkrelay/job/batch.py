@@ -79,6 +79,8 @@ def batch_key(item_ids: Sequence[str], delivery: str | None = None, retry: int |
 class BatchRenderer:
     """Renders rows into batch items and items into requests, for one job."""
 
+    splits = True  # a whole-batch 4xx may bisect it (job/groups.py's groups never are)
+
     def __init__(
         self,
         config: BatchConfig,
@@ -125,6 +127,10 @@ class BatchRenderer:
             sorted_json=sorted_json,
             nulls=config.request.nulls,
         )
+
+    def group_of(self, record: Record) -> bytes | None:
+        """The value whose change closes a batch (a grouped job's, job/groups.py); None: size alone."""
+        return None
 
     @property
     def idempotency_header(self) -> str | None:

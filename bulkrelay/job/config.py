@@ -429,20 +429,39 @@ class LiquidLeaf(_Typed):
         return text
 
 
+class RowsLeaf(_Model):
+    """`{rows: NODE}` in a grouped job (request.group): a list with one NODE a row of the group."""
+
+    rows: JsonNode
+
+
 # The kinds of leaf beside `from` and `value`, by the key that names them: a new kind is one more entry
 # here and one more tagged case in JsonNode below (job/values.py renders each).
-_LEAF_KINDS: dict[str, type[_Typed]] = {
-    "format": FormatLeaf, "coalesce": CoalesceLeaf, "when": WhenLeaf, "liquid": LiquidLeaf,
+_LEAF_KINDS: dict[str, type[_Model]] = {
+    "format": FormatLeaf, "coalesce": CoalesceLeaf, "when": WhenLeaf, "liquid": LiquidLeaf, "rows": RowsLeaf,
 }  # fmt: skip
+
+
+# What makes a mapping a leaf of each kind, as `from` must be a string: a body key that happens to be called
+# `format` or `when` (`format: { value: pdf }`) stays a key of an object.
+_KIND_SHAPES: dict[str, Any] = {
+    "format": lambda m: isinstance(m["format"], str),
+    "liquid": lambda m: isinstance(m["liquid"], str),
+    "coalesce": lambda m: isinstance(m["coalesce"], list),
+    "when": lambda m: isinstance(m["when"], dict) and "then" in m,
+    "rows": lambda m: set(m) == {"rows"} and isinstance(m["rows"], dict),
+}
 
 
 def _json_node_kind(value: Any) -> str | None:
     """A mapping is a leaf when it has a string `from`, is exactly `{value: ...}`, or has a key of
-    `_LEAF_KINDS`; else an object."""
+    `_LEAF_KINDS` in the shape `_KIND_SHAPES` asks; else an object."""
     if isinstance(value, JsonField | JsonValue):
         return "~from" if isinstance(value, JsonField) else "~value"
     for key, model in _LEAF_KINDS.items():
-        if isinstance(value, model) or (isinstance(value, dict) and key in value):
+        if isinstance(value, model) or (
+            isinstance(value, dict) and key in value and _KIND_SHAPES[key](value)
+        ):
             return f"~{key}"
     if isinstance(value, dict):
         if isinstance(value.get("from"), str):
@@ -453,7 +472,7 @@ def _json_node_kind(value: Any) -> str | None:
 
 # mypy reads the plain recursive alias; pydantic validates the tagged union, which gives one clear
 # error per bad node instead of one per union member.
-KindLeaf = FormatLeaf | CoalesceLeaf | WhenLeaf | LiquidLeaf  # the kinds of `_LEAF_KINDS`
+KindLeaf = FormatLeaf | CoalesceLeaf | WhenLeaf | LiquidLeaf | RowsLeaf  # the kinds of `_LEAF_KINDS`
 if TYPE_CHECKING:
     JsonNode = JsonField | JsonValue | KindLeaf | dict[str, "JsonNode"]
 else:
@@ -466,6 +485,7 @@ else:
             | Annotated[CoalesceLeaf, Tag("~coalesce")]
             | Annotated[WhenLeaf, Tag("~when")]
             | Annotated[LiquidLeaf, Tag("~liquid")]
+            | Annotated[RowsLeaf, Tag("~rows")]
             | Annotated[dict[str, "JsonNode"], Tag("~object")],
             Discriminator(
                 _json_node_kind,
@@ -479,7 +499,7 @@ else:
     )
 
 
-for _leaf in (CoalesceLeaf, WhenLeaf):  # they hold leaves: built once JsonNode is defined
+for _leaf in (CoalesceLeaf, WhenLeaf, RowsLeaf):  # they hold leaves: built once JsonNode is defined
     _leaf.model_rebuild()
 
 
@@ -504,7 +524,7 @@ def _form_value_kind(value: Any) -> str | None:
     if isinstance(value, str | int) and not isinstance(value, bool):
         return "~text"
     kind = "~from" if isinstance(value, FormField) else _json_node_kind(value)
-    return kind if kind in ("~from", *(f"~{key}" for key in _LEAF_KINDS)) else None
+    return kind if kind in ("~from", *(f"~{key}" for key in _LEAF_KINDS if key != "rows")) else None
 
 
 FormValue = Annotated[
@@ -552,6 +572,7 @@ else:
             | Annotated[CoalesceLeaf, Tag("~coalesce")]
             | Annotated[WhenLeaf, Tag("~when")]
             | Annotated[LiquidLeaf, Tag("~liquid")]
+            | Annotated[RowsLeaf, Tag("~rows")]
             | Annotated[dict[str, "ItemNode"], Tag("~object")],
             Discriminator(
                 _item_node_kind,
@@ -665,6 +686,13 @@ class OAuth2Config(_Model):
         return self
 
 
+class GroupConfig(_Model):
+    """`request.group`: consecutive rows with the same `by` value make one request (job/groups.py)."""
+
+    by: NonEmpty
+    max_group_rows: Annotated[int, Field(ge=1, le=10_000)] = 10_000
+
+
 class AuthConfig(_Model):
     oauth2: OAuth2Config
 
@@ -682,6 +710,7 @@ class RequestConfig(_Model):
     batch: BatchConfig | None = None
     auth: AuthConfig | None = None
     nulls: Nulls | None = None  # every leaf's `nulls` unless it sets its own (None: as before, like send)
+    group: GroupConfig | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> RequestConfig:
@@ -702,6 +731,7 @@ class RequestConfig(_Model):
             _batch_request_is_constant(self, given)
         if isinstance(self.json_, JsonField) and self.json_.when_missing == "omit":
             raise ValueError("request.json is one {from: ...} value: when_missing: omit would leave no body")
+        _rows_where_grouped(self)
         if self.auth is not None and "authorization" in names:
             raise ValueError("request.headers sets Authorization, which request.auth sends: keep one")
         return self
@@ -715,7 +745,35 @@ class RequestConfig(_Model):
             data.pop("auth", None)  # the fingerprint of a job without auth stays what it was
         if self.nulls is None:
             data.pop("nulls", None)
+        if self.group is None:
+            data.pop("group", None)
         return data
+
+
+def _rows_where_grouped(req: RequestConfig) -> None:
+    """`{rows: ...}` leaves: one, in request.json, of a grouped job, and none inside another."""
+    found = list(_rows_leaves(req.json_)) if req.json_ is not None else []
+    if req.group is None:
+        if found:
+            raise ValueError("a {rows: ...} leaf needs request.group: the rows of a group it lists")
+        return
+    if req.batch is not None or req.json_ is None:
+        raise ValueError("request.group goes with request.json (not with batch, form or body)")
+    if len(found) > 1 or any(inner for inner in found):
+        raise ValueError("request.json holds at most one {rows: ...} leaf, and none inside it")
+
+
+def _rows_leaves(node: Any) -> Iterator[bool]:
+    """For each {rows: ...} leaf in the tree: whether another one sits inside it."""
+    if isinstance(node, RowsLeaf):
+        yield any(True for _ in _rows_leaves(node.rows))
+    elif isinstance(node, dict):
+        for child in node.values():
+            yield from _rows_leaves(child)
+    elif isinstance(node, WhenLeaf | CoalesceLeaf):
+        children = (node.then, node.else_) if isinstance(node, WhenLeaf) else node.coalesce
+        for child in children:
+            yield from _rows_leaves(child)
 
 
 def _batch_request_is_constant(req: RequestConfig, bodies: list[str]) -> None:
@@ -1280,6 +1338,7 @@ _LEVELS: dict[type[BaseModel], str] = {
     BatchConfig: "request.batch", JsonMeta: "a request.batch.item {meta: ...} leaf",
     ItemsConfig: "response.items", FormatLeaf: "a {format: ...} leaf", CoalesceLeaf: "a {coalesce: ...} leaf",
     WhenLeaf: "a {when: ...} leaf", Condition: "a when: test", LiquidLeaf: "a {liquid: ...} leaf",
+    RowsLeaf: "a {rows: ...} leaf", GroupConfig: "request.group",
     AuthConfig: "request.auth", OAuth2Config: "request.auth.oauth2",
     ResponseConfig: "response", ExecutionConfig: "execution", TimeoutConfig: "execution.timeout",
     RateLimitConfig: "execution.rate_limit", RetryConfig: "retry", HaltConfig: "halt",

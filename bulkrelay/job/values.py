@@ -39,19 +39,31 @@ from bulkrelay.job.config import (
     KindLeaf,
     LiquidLeaf,
     Nulls,
+    RowsLeaf,
     WhenLeaf,
     _Typed,
 )
 from bulkrelay.job.liquidtext import LiquidError, compile_liquid, liquid_message, render_liquid
 from bulkrelay.job.template import RenderError, compile_template, value_text
 
-__all__ = ["OMIT", "LeafParts", "form_getter", "is_plain", "leaf_getter", "may_omit", "with_nulls"]
+__all__ = [
+    "OMIT",
+    "ROWS_MARKER",
+    "LeafParts",
+    "form_getter",
+    "is_plain",
+    "leaf_getter",
+    "may_omit",
+    "with_nulls",
+]
 
 Fields = Mapping[str, Any]
 Getter = Callable[[Fields], Any]
 Coercer = Callable[[str, Any], Any]
 
 OMIT: Any = object()  # a leaf that sends nothing: its key is left out of its object
+# Where a grouped job's `{rows: ...}` list goes in a row's body: job/groups.py puts the group's entries there.
+ROWS_MARKER = "\0bulkrelay-rows\0"
 _ABSENT = object()
 _NULLISH_TYPES = frozenset({"integer", "number", "boolean", "datetime", "decimal"})  # "" is no value
 _DECIMAL = re.compile(r"([+-]?)0*([0-9]*)(?:\.([0-9]*))?([eE][+-]?[0-9]+)?")
@@ -96,6 +108,8 @@ def with_nulls(node: JsonNode, nulls: Nulls | None) -> JsonNode:
         return node
     if isinstance(node, dict):
         return {key: with_nulls(child, nulls) for key, child in node.items()}
+    if isinstance(node, RowsLeaf):
+        return node.model_copy(update={"rows": with_nulls(node.rows, nulls)})
     update: dict[str, Any] = {"nulls": nulls} if node.nulls is None else {}
     if isinstance(node, WhenLeaf):
         update["then"] = with_nulls(node.then, nulls)
@@ -107,7 +121,9 @@ def with_nulls(node: JsonNode, nulls: Nulls | None) -> JsonNode:
 
 def leaf_getter(leaf: JsonNode, parts: LeafParts) -> Getter:
     """The leaf's getter (a node `is_plain` refuses): its source, then what a null does, then its
-    transforms and type."""
+    transforms and type. A `{rows: ...}` stands in as `ROWS_MARKER`."""
+    if isinstance(leaf, RowsLeaf):
+        return lambda fields: ROWS_MARKER
     assert isinstance(leaf, _Typed), leaf
     source, name = _SOURCES[type(leaf)](leaf, parts)
     finish = _finisher(leaf, name, parts)

@@ -15,7 +15,11 @@ def rendered_batches(batcher: BatchRenderer, items: Sequence[Item]) -> list[Rend
     item_bytes = 0
     for item in items:
         current = batches[-1] if batches else []
-        if not batches or not batcher.fits(len(current), item_bytes, item):
+        if (
+            not batches
+            or not batcher.fits(len(current), item_bytes, item)
+            or batcher.group_of(item.record) != batcher.group_of(current[0].record)
+        ):
             batches.append([item])
             item_bytes = len(item.data)
         else:

@@ -44,6 +44,7 @@ class _Journaled:
     """A row of the run the journal already holds: it takes its place in its batch, and is not sent."""
 
     data_length: int  # its item's bytes, which decide where its batch closes
+    group: bytes | None = None  # a grouped job's value (job/groups.py), which closes a batch too
 
 
 class BatchFormer:
@@ -80,7 +81,7 @@ class BatchFormer:
         """A row counted as done was passed over (the records' `on_done`)."""
         if self._journaled is not None and record.row_number in self._journaled:
             request = self._batcher.item_request(record)
-            self._queue.append(_Journaled(len(request.body or b"")))
+            self._queue.append(_Journaled(len(request.body or b""), self._batcher.group_of(record)))
 
     async def next(self) -> Batch | None:
         """The next request to send; None when nothing is left (or a stop was requested)."""
@@ -144,12 +145,17 @@ class BatchFormer:
         while True:
             items: list[PendingItem] = []
             count = item_bytes = pending_bytes = 0
+            group: bytes | None = None
             while (member := self._take()) is not None:
                 length = member.data_length if isinstance(member, _Journaled) else len(member.item.data)
-                if not batcher.fits_bytes(count, item_bytes, length):
+                joins = (
+                    member.group if isinstance(member, _Journaled) else batcher.group_of(member.item.record)
+                )
+                if (count and joins != group) or not batcher.fits_bytes(count, item_bytes, length):
                     self._queue.appendleft(member)  # it opens the next batch
                     break
                 count += 1
+                group = joins
                 item_bytes += length
                 if isinstance(member, PendingItem):
                     items.append(member)

@@ -175,3 +175,14 @@ def test_the_values_example_validates_and_renders_each_leaf() -> None:
     assert '"balance":7.010,' in bodies[0]  # the decimal's digits, as written
     assert "email" not in orjson.loads(bodies[3])  # a null email, omitted
     assert orjson.loads(bodies[4])["address"] == {}  # every key omitted: the object stays
+
+
+def test_the_grouped_example_renders_one_request_per_order() -> None:
+    job = Path(__file__).resolve().parents[2] / "examples" / "values" / "orders.yaml"
+    assert run_cli("validate", job).exit_code == ExitCode.SUCCESS
+    shown = run_cli("render", job, "--rows", "1-7")
+    assert shown.exit_code == ExitCode.SUCCESS, shown.envelope
+    requests = shown.data["requests"]
+    assert [request["batch"]["rows"] for request in requests] == [[1, 2], [3], [4, 5, 6], [7]]
+    assert requests[0]["url"].endswith("/v1/orders/O-1001")
+    assert '"lines":[{"sku":"ABC-1","qty":2,"unit_price":19.90},{"sku":"ABC-2",' in requests[0]["body"]
