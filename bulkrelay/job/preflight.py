@@ -326,7 +326,11 @@ def run_preflight(
                 except RenderError as exc:
                     collector.add(
                         Problem(
-                            exc.message, file=file, line=record.line, row=record.row_number, field=exc.field
+                            renderer.redactor.redact(exc.message),  # it may quote the row's value
+                            file=file,
+                            line=record.line,
+                            row=record.row_number,
+                            field=exc.field,
                         )
                     )
             if row_check is not None:

@@ -6,14 +6,16 @@ from __future__ import annotations
 import base64
 import hashlib
 from datetime import UTC, datetime
+from pathlib import Path
 from textwrap import dedent
 from typing import Any
 
 import orjson
 import pytest
 
-from bulkrelay.errors import ConfigInvalid
-from bulkrelay.job.config import JobConfig, RequestConfig, parse_job
+from bulkrelay.errors import ConfigInvalid, InputInvalid
+from bulkrelay.job.config import JobConfig, RequestConfig, load_job, parse_job
+from bulkrelay.job.preflight import run_preflight
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RenderError, RequestRenderer, json_renderer
 
@@ -314,3 +316,18 @@ def test_a_numeric_in_format_reads_as_strptime_does(in_format: str, texts: list[
             assert "is not a date and time" in _error(tree, {"at": text}).message
         else:
             assert _body(tree, {"at": text}) == {"at": expected}, text
+
+
+def test_a_bad_value_that_holds_a_secret_is_named_redacted(tmp_path: Path) -> None:
+    (tmp_path / "rows.jsonl").write_text('{"id": 1, "at": "tok-5ecr3t-value"}\n')
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "version: 1\ninput: { file: rows.jsonl }\nrequest:\n  method: POST\n  url: http://127.0.0.1/x\n"
+        '  headers: { Authorization: "Bearer ${API_TOKEN}" }\n'
+        "  json: { at: { from: at, type: datetime } }\n"
+    )
+    with pytest.raises(InputInvalid) as caught:
+        run_preflight(load_job(job), env={"API_TOKEN": "tok-5ecr3t-value"})
+    (problem,) = caught.value.problems
+    assert (problem.row, problem.field) == (1, "at")
+    assert problem.message == "'***' is not a date and time (ISO 8601)"

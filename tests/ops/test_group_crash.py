@@ -93,3 +93,16 @@ def test_retry_failed_sends_a_failed_group_again_whole(tmp_path: Path) -> None:
     assert again.exit_code == ExitCode.SUCCESS, again.envelope
     assert [r["path"] for r in requests] == ["/orders/O0003"]  # the failed group alone, once
     assert len(orjson.loads(requests[0]["body"])["lines"]) == sizes["O0003"]  # with all its rows
+
+
+def test_the_shards_of_a_grouped_run_own_whole_groups(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job, sizes = _write(tmp_path, target.url)
+        for shard in ("0/2", "1/2"):
+            result = run_cli("run", job, "--shard", shard, "--budget", "0", cwd=tmp_path, timeout=120)
+            assert result.exit_code == ExitCode.SUCCESS, result.envelope
+        requests = target.requests()
+    sent = Counter(request["path"] for request in requests)
+    assert sent == Counter({f"/orders/{order}": 1 for order in sizes})  # each group once, by one shard
+    for request in requests:
+        assert len(orjson.loads(request["body"])["lines"]) == sizes[request["path"].rsplit("/", 1)[1]]
