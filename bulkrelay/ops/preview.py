@@ -184,7 +184,7 @@ def _render_rows(
             except RenderError as exc:
                 problems.append(
                     Problem(
-                        exc.message,
+                        renderer.redactor.redact(exc.message),
                         file=spec.display_name,
                         line=record.line,
                         row=record.row_number,

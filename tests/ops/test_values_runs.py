@@ -186,3 +186,21 @@ def test_the_grouped_example_renders_one_request_per_order() -> None:
     assert [request["batch"]["rows"] for request in requests] == [[1, 2], [3], [4, 5, 6], [7]]
     assert requests[0]["url"].endswith("/v1/orders/O-1001")
     assert '"lines":[{"sku":"ABC-1","qty":2,"unit_price":19.90},{"sku":"ABC-2",' in requests[0]["body"]
+
+
+def test_validate_names_a_group_too_large_and_a_value_that_comes_back(tmp_path: Path) -> None:
+    rows = [{"line": n, "order": "A", "sku": f"s{n}"} for n in range(1, 10_002)]  # one row too many
+    rows += [{"line": 10_002, "order": "B", "sku": "b"}, {"line": 10_003, "order": "A", "sku": "late"}]
+    (tmp_path / "lines.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "version: 1\ninput: { file: lines.jsonl, key: line }\nrequest:\n  method: PUT\n"
+        '  url: "http://127.0.0.1:9/orders/{order}"\n  group: { by: order }\n'
+        "  json: { order: { from: order }, lines: { rows: { sku: { from: sku } } } }\n"
+    )
+    refused = run_cli("validate", job, cwd=tmp_path)
+    assert refused.exit_code == ExitCode.ARG_ERROR, refused.envelope
+    problems = refused.envelope["error"]["context"]["problems"]
+    assert [(p["row"], p["field"]) for p in problems] == [(10_001, "order"), (10_003, "order")]
+    assert "more than request.group.max_group_rows (10000) rows" in problems[0]["message"]
+    assert "its group was rows 1-10001, and row 10003 is not next to them" in problems[1]["message"]
