@@ -1064,6 +1064,8 @@ class JobConfig(_Model):
         sync = self.execution.sync
         if sync != "full" and self.input.key is None:
             raise ValueError(f"execution.sync: {sync} needs input.key to name each record")
+        if sync != "full" and self.request.group is not None:
+            raise ValueError(f"execution.sync: {sync} sends the rows that changed, request.group whole ones")
         if (sync == "mirror") != (self.mirror is not None):
             raise ValueError("execution.sync: mirror and the mirror section (url, max_deletes) go together")
         if self.mirror is not None and not compile_template(self.mirror.url).fields <= {self.input.key}:

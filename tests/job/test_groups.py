@@ -114,6 +114,7 @@ def test_preflight_refuses_a_group_over_max_group_rows_once_and_a_row_without_th
             "at most one {rows: ...} leaf",
         ),
         (("  group: { by: order_id }\n", "  group: { by: order_id, max_group_rows: 0 }\n"), "greater than"),
+        ((JOB, JOB + "execution: { sync: delta }\n"), "sync: delta sends the rows that changed"),
     ],
 )
 def test_the_job_file_rules_of_groups(change: tuple[str, str], message: str) -> None:
