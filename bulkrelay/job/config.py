@@ -1158,6 +1158,8 @@ def required_fields(config: JobConfig) -> dict[str, YamlPath]:
                 found.setdefault(item_leaf.field, (*path, "from"))
     if config.input.key is not None:
         found.setdefault(config.input.key, ("input", "key"))
+    if req.group is not None:
+        found.setdefault(req.group.by, ("request", "group", "by"))
     return found
 
 

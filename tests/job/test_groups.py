@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from textwrap import dedent
 from typing import Any
 
@@ -10,8 +11,9 @@ import pytest
 
 from bulkrelay.errors import ConfigInvalid
 from bulkrelay.job.batch import batch_key
-from bulkrelay.job.config import GroupConfig, JobConfig, parse_job
+from bulkrelay.job.config import GroupConfig, JobConfig, load_job, parse_job
 from bulkrelay.job.groups import GroupCheck, GroupRenderer, batch_renderer
+from bulkrelay.job.preflight import run_preflight
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RenderError, RequestRenderer
 
@@ -133,3 +135,14 @@ def test_a_body_key_named_like_a_leaf_kind_stays_a_key() -> None:
     renderer = RequestRenderer.from_config(config.request, {})
     body = renderer.render(_record(1, order_id="A", customer="c", sku="s")).body
     assert orjson.loads(body or b"") == {"order": "A", "customer": "c", "format": "pdf", "when": {"at": "s"}}
+
+
+def test_a_group_field_no_column_has_is_a_job_file_error_at_group_by(tmp_path: Path) -> None:
+    (tmp_path / "lines.csv").write_text("line_id,order,customer,sku,qty\n1,A,ann,s1,1\n")
+    text = JOB.replace("{order_id}", "x").replace("order: { from: order_id }", "order: { from: order }")
+    (tmp_path / "job.yaml").write_text(text)
+    with pytest.raises(ConfigInvalid) as caught:
+        run_preflight(load_job(tmp_path / "job.yaml"), env={})
+    (problem,) = caught.value.problems
+    assert (problem.path, problem.field) == ("request.group.by", "order_id")
+    assert "did you mean 'order'?" in problem.message
