@@ -13,6 +13,8 @@ for a test that kills it; `run_held_by` names the run directory it locked.
 
 from __future__ import annotations
 
+import random
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -90,3 +92,20 @@ def wait_for_lock(run_dir: Path, proc: subprocess.Popen[bytes], timeout: float =
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the resume never took the lock"
         time.sleep(0.01)
+
+
+def kill_9_loop(cwd: Path, job: Path, kills: int, rng: random.Random) -> None:
+    """Start `bulkrelay run JOB` `kills` times, each killed with SIGKILL a moment (0-150 ms, drawn from
+    `rng`) after its checkpoint moved past the last one's: each run got somewhere before it died."""
+    runs_root = cwd / ".bulkrelay" / "runs"
+    frontier = 0
+    for kill in range(kills):
+        proc = spawn_run(cwd, job)
+        run_dir = run_held_by(runs_root, proc)
+        wait_for_frontier_past(run_dir, frontier, proc)
+        time.sleep(rng.uniform(0.0, 0.15))
+        assert proc.poll() is None, f"kill {kill}: the run ended on its own (exit {proc.returncode})"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        checkpoint = read_checkpoint(run_dir)
+        frontier = checkpoint.offset if checkpoint is not None else 0

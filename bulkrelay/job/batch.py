@@ -30,6 +30,7 @@ from bulkrelay.job.config import (
     JsonMeta,
     JsonNode,
     JsonValue,
+    Nulls,
 )
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests, json_renderer
@@ -83,6 +84,8 @@ def batch_key(item_ids: Sequence[str], delivery: str | None = None, retry: int |
 class BatchRenderer:
     """Renders rows into batch items and items into requests, for one job."""
 
+    splits = True  # a whole-batch 4xx may bisect it (job/groups.py's groups never are)
+
     def __init__(
         self,
         config: BatchConfig,
@@ -92,6 +95,7 @@ class BatchRenderer:
         *,
         sorted_json: bool = False,
         gzip: bool = False,
+        nulls: Nulls | None = None,
     ) -> None:
         self.gzip = gzip  # request.compression: gzip (job/compression.py)
         self.max_items = config.max_items
@@ -100,7 +104,9 @@ class BatchRenderer:
         self._renderer = renderer
         self._rows = RowRequests(renderer, config_fingerprint, key_field)  # the item id: the row's key
         nodes = [node for _, node in config.item_nodes()]
-        self._lines = tuple(json_renderer(_as_json_node(node), sorted_json=sorted_json) for node in nodes)
+        self._lines = tuple(
+            json_renderer(_as_json_node(node), sorted_json=sorted_json, nulls=nulls) for node in nodes
+        )
         self._uses_meta = any(_mentions_meta(node) for node in nodes)
         self._fields = sorted({name for node in nodes for name in _fields_of(node)})
         base = renderer.render(Record(0, 0, {}))  # the URL and headers hold no field in batch mode
@@ -130,7 +136,12 @@ class BatchRenderer:
             config.input.key,
             sorted_json=sorted_json,
             gzip=gzip,
+            nulls=config.request.nulls,
         )
+
+    def group_of(self, record: Record) -> bytes | None:
+        """The value whose change closes a batch (a grouped job's, job/groups.py); None: size alone."""
+        return None
 
     @property
     def answer_bytes(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     AfterValidator,
@@ -34,6 +35,7 @@ from typing_extensions import TypeAliasType
 from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
 from bulkrelay.job.alphacompat import upgrade_alpha_spellings
 from bulkrelay.job.durations import MAX_SECONDS
+from bulkrelay.job.liquidtext import LiquidError, compile_liquid, liquid_message
 from bulkrelay.job.redact import UNENCODED_CREDENTIALS, unencoded_credentials, url_unsafe
 from bulkrelay.job.template import SECRET_NAME, FieldRef, SecretRef, compile_template
 from bulkrelay.job.wire import header_value_refusal, proxy_refusal, wire_url
@@ -41,7 +43,9 @@ from bulkrelay.job.yamlload import INT64_RANGE, LineMap, format_path, load_yaml
 from bulkrelay.job.yamlload import Path as YamlPath
 
 Method = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
-FieldType = Literal["integer", "number", "boolean", "json", "string"]
+FieldType = Literal["integer", "number", "boolean", "json", "string", "datetime", "decimal"]
+Transform = Literal["trim", "lower", "upper", "sha256", "md5", "base64"]
+Nulls = Literal["omit", "send", "fail"]  # what a present null does (docs/configuration.md, "Nulls")
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _JSON_POINTER = re.compile(r"(/([^~/]|~[01])*)*")
@@ -238,7 +242,36 @@ class InputConfig(_Model):
 _TYPE_CHECKS: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "boolean": bool}
 
 
-class JsonField(_Model):
+_TYPED_KEYS = ("transform", "nulls", "in_format", "timezone", "to")
+
+
+class _Typed(_Model):
+    """What every leaf may do to the value it makes (job/values.py): `transform` it, in order, then give it
+    a `type` (`datetime` reads `in_format` and `timezone` and writes `to`), and decide what a null does."""
+
+    type: FieldType | None = None
+    transform: Annotated[tuple[Transform, ...], BeforeValidator(_list_as_tuple)] = ()
+    nulls: Nulls | None = None  # None: request.nulls, else as before (see docs/configuration.md)
+    in_format: NonEmpty | None = None  # a strptime format, or iso8601 (the default), epoch_s, epoch_ms
+    timezone: NonEmpty | None = None  # the IANA zone of a time without offset, and of the text written
+    to: NonEmpty | None = None  # iso8601 (the default), epoch_s, epoch_ms, date, or a strftime format
+
+    @model_validator(mode="after")
+    def _datetime_options(self) -> _Typed:
+        given = [key for key in ("in_format", "timezone", "to") if getattr(self, key) is not None]
+        if given and self.type != "datetime":
+            raise ValueError(f"{given[0]} is for type: datetime")
+        if self.timezone is not None:
+            try:
+                ZoneInfo(self.timezone)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValueError(
+                    f"timezone {self.timezone!r} is not an IANA time zone (like Europe/Paris)"
+                ) from None
+        return self
+
+
+class JsonField(_Typed):
     """`{from: field, type?: ..., default?: ..., when_missing?: ...}`: a value taken from the record.
     A `from` beginning with `/` is a JSON pointer into the record (`/address/city`)."""
 
@@ -287,7 +320,7 @@ class JsonField(_Model):
 
     @model_validator(mode="after")
     def _default_fits_type(self) -> JsonField:
-        if not self.has_default or self.default is None or self.type in (None, "json"):
+        if not self.has_default or self.default is None or self.type in (None, "json", "datetime", "decimal"):
             return self
         expected = str if self.type == "string" else _TYPE_CHECKS[self.type]
         if (isinstance(self.default, bool) and self.type != "boolean") or not isinstance(
@@ -305,7 +338,13 @@ class JsonField(_Model):
             data.pop("default", None)
         if self.when_missing == "error":
             data.pop("when_missing", None)  # jobs written before it keep their fingerprint
+        for key in _TYPED_KEYS:
+            if key not in self.model_fields_set:
+                data.pop(key, None)
         return data
+
+
+_LITERAL_JSON = "json values are literal; ${NAME} secrets work in url, query, headers, form and body"
 
 
 class JsonValue(_Model):
@@ -316,9 +355,7 @@ class JsonValue(_Model):
     @model_validator(mode="after")
     def _no_secret_references(self) -> JsonValue:
         if _mentions_secret(self.value):
-            raise ValueError(
-                "json values are literal; ${NAME} secrets work in url, query, headers, form and body"
-            )
+            raise ValueError(_LITERAL_JSON)
         return self
 
 
@@ -332,10 +369,101 @@ def _mentions_secret(value: Any) -> bool:
     return False
 
 
+class FormatLeaf(_Typed):
+    """`{format: "{first_name} {last_name}"}`: record fields placed into a text (no `${NAME}` secrets)."""
+
+    format: TemplateText
+
+    @field_validator("format")
+    @classmethod
+    def _no_secrets(cls, text: str) -> str:
+        if compile_template(text).secrets:
+            raise ValueError(_LITERAL_JSON)
+        return text
+
+
+class CoalesceLeaf(_Typed):
+    """`{coalesce: [LEAF, ...]}`: the first value present, non-null, non-empty (else `default`, or null)."""
+
+    coalesce: Annotated[tuple[JsonNode, ...], BeforeValidator(_list_as_tuple), Field(min_length=1)]
+    default: Any = None
+
+
+class Condition(_Model):
+    """`when:`'s test of one record field: exactly one of equals, in, present, above, below."""
+
+    field: NonEmpty
+    equals: Any = None
+    in_: Annotated[tuple[Any, ...], BeforeValidator(_list_as_tuple)] | None = Field(default=None, alias="in")
+    present: bool | None = None
+    above: int | float | None = None
+    below: int | float | None = None
+
+    @model_validator(mode="after")
+    def _one_test(self) -> Condition:
+        tests = set(self.model_fields_set) - {"field"}
+        if len(tests) != 1:
+            raise ValueError("when: takes a field and exactly one of equals, in, present, above, below")
+        return self
+
+
+class WhenLeaf(_Typed):
+    """`{when: {field: F, above: 1000}, then: LEAF, else: LEAF}`: a value chosen by a test (no else: null)."""
+
+    when: Condition
+    then: JsonNode
+    else_: JsonNode | None = Field(default=None, alias="else")
+
+
+class LiquidLeaf(_Typed):
+    """`{liquid: "{{ first_name | capitalize }}"}`: a Liquid template's text (job/liquidtext.py)."""
+
+    liquid: NonEmpty
+
+    @field_validator("liquid")
+    @classmethod
+    def _parses(cls, text: str) -> str:
+        try:
+            compile_liquid(text)
+        except LiquidError as exc:
+            raise ValueError(f"Liquid does not parse: {liquid_message(exc)}") from None
+        return text
+
+
+class RowsLeaf(_Model):
+    """`{rows: NODE}` in a grouped job (request.group): a list with one NODE a row of the group."""
+
+    rows: JsonNode
+
+
+# The kinds of leaf beside `from` and `value`, by the key that names them: a new kind is one more entry
+# here and one more tagged case in JsonNode below (job/values.py renders each).
+_LEAF_KINDS: dict[str, type[_Model]] = {
+    "format": FormatLeaf, "coalesce": CoalesceLeaf, "when": WhenLeaf, "liquid": LiquidLeaf, "rows": RowsLeaf,
+}  # fmt: skip
+
+
+# What makes a mapping a leaf of each kind, as `from` must be a string: a body key that happens to be called
+# `format` or `when` (`format: { value: pdf }`) stays a key of an object.
+_KIND_SHAPES: dict[str, Any] = {
+    "format": lambda m: isinstance(m["format"], str),
+    "liquid": lambda m: isinstance(m["liquid"], str),
+    "coalesce": lambda m: isinstance(m["coalesce"], list),
+    "when": lambda m: isinstance(m["when"], dict) and "then" in m,
+    "rows": lambda m: set(m) == {"rows"} and isinstance(m["rows"], dict),
+}
+
+
 def _json_node_kind(value: Any) -> str | None:
-    """A mapping is a leaf when it has a string `from`, or is exactly `{value: ...}`; else an object."""
+    """A mapping is a leaf when it has a string `from`, is exactly `{value: ...}`, or has a key of
+    `_LEAF_KINDS` in the shape `_KIND_SHAPES` asks; else an object."""
     if isinstance(value, JsonField | JsonValue):
         return "~from" if isinstance(value, JsonField) else "~value"
+    for key, model in _LEAF_KINDS.items():
+        if isinstance(value, model) or (
+            isinstance(value, dict) and key in value and _KIND_SHAPES[key](value)
+        ):
+            return f"~{key}"
     if isinstance(value, dict):
         if isinstance(value.get("from"), str):
             return "~from"
@@ -345,45 +473,72 @@ def _json_node_kind(value: Any) -> str | None:
 
 # mypy reads the plain recursive alias; pydantic validates the tagged union, which gives one clear
 # error per bad node instead of one per union member.
+KindLeaf = FormatLeaf | CoalesceLeaf | WhenLeaf | LiquidLeaf | RowsLeaf  # the kinds of `_LEAF_KINDS`
 if TYPE_CHECKING:
-    JsonNode = JsonField | JsonValue | dict[str, "JsonNode"]
+    JsonNode = JsonField | JsonValue | KindLeaf | dict[str, "JsonNode"]
 else:
     JsonNode = TypeAliasType(
         "JsonNode",
         Annotated[
             Annotated[JsonField, Tag("~from")]
             | Annotated[JsonValue, Tag("~value")]
+            | Annotated[FormatLeaf, Tag("~format")]
+            | Annotated[CoalesceLeaf, Tag("~coalesce")]
+            | Annotated[WhenLeaf, Tag("~when")]
+            | Annotated[LiquidLeaf, Tag("~liquid")]
+            | Annotated[RowsLeaf, Tag("~rows")]
             | Annotated[dict[str, "JsonNode"], Tag("~object")],
             Discriminator(
                 _json_node_kind,
                 custom_error_type="json_node",
-                custom_error_message="expected {from: FIELD}, {value: LITERAL} or a mapping of those",
+                custom_error_message=(
+                    "expected {from: FIELD}, {value: LITERAL}, {format: ...}, {coalesce: [...]}, "
+                    "{when: ..., then: ...}, {liquid: ...} or a mapping of those"
+                ),
             ),
         ],
     )
 
 
+for _leaf in (CoalesceLeaf, WhenLeaf, RowsLeaf):  # they hold leaves: built once JsonNode is defined
+    _leaf.model_rebuild()
+
+
 # --- request: form, idempotency, the request itself -----------------------------------------
 
 
-class FormField(_Model):
-    """`{from: field}` in a form: the record value as text."""
+class FormField(_Typed):
+    """`{from: field}` in a form: the record value as text (a json leaf's options apply, then the text)."""
 
     from_: NonEmpty = Field(alias="from")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("type", *_TYPED_KEYS):  # jobs written before them keep their fingerprint
+            if key not in self.model_fields_set:
+                data.pop(key, None)
+        return data
 
 
 def _form_value_kind(value: Any) -> str | None:
     if isinstance(value, str | int) and not isinstance(value, bool):
         return "~text"
-    return "~from" if isinstance(value, dict | FormField) else None
+    kind = "~from" if isinstance(value, FormField) else _json_node_kind(value)
+    return kind if kind in ("~from", *(f"~{key}" for key in _LEAF_KINDS if key != "rows")) else None
 
 
 FormValue = Annotated[
-    Annotated[TemplateText, Tag("~text")] | Annotated[FormField, Tag("~from")],
+    Annotated[TemplateText, Tag("~text")]
+    | Annotated[FormField, Tag("~from")]
+    | Annotated[FormatLeaf, Tag("~format")]
+    | Annotated[CoalesceLeaf, Tag("~coalesce")]
+    | Annotated[WhenLeaf, Tag("~when")]
+    | Annotated[LiquidLeaf, Tag("~liquid")],
     Discriminator(
         _form_value_kind,
         custom_error_type="form_value",
-        custom_error_message="expected a template string or {from: FIELD}",
+        custom_error_message="expected a template string, {from: FIELD} or another leaf (not {value: ...})",
     ),
 ]
 
@@ -406,7 +561,7 @@ def _item_node_kind(value: Any) -> str | None:
 
 
 if TYPE_CHECKING:
-    ItemNode = JsonField | JsonValue | JsonMeta | dict[str, "ItemNode"]
+    ItemNode = JsonField | JsonValue | JsonMeta | KindLeaf | dict[str, "ItemNode"]
 else:
     ItemNode = TypeAliasType(
         "ItemNode",
@@ -414,6 +569,11 @@ else:
             Annotated[JsonField, Tag("~from")]
             | Annotated[JsonValue, Tag("~value")]
             | Annotated[JsonMeta, Tag("~meta")]
+            | Annotated[FormatLeaf, Tag("~format")]
+            | Annotated[CoalesceLeaf, Tag("~coalesce")]
+            | Annotated[WhenLeaf, Tag("~when")]
+            | Annotated[LiquidLeaf, Tag("~liquid")]
+            | Annotated[RowsLeaf, Tag("~rows")]
             | Annotated[dict[str, "ItemNode"], Tag("~object")],
             Discriminator(
                 _item_node_kind,
@@ -428,7 +588,7 @@ else:
 
 def item_leaves(
     node: ItemNode, path: YamlPath
-) -> Iterator[tuple[YamlPath, JsonField | JsonValue | JsonMeta]]:
+) -> Iterator[tuple[YamlPath, JsonField | JsonValue | JsonMeta | KindLeaf]]:
     """Every leaf of a batch item (or envelope) tree, with its YAML path."""
     if isinstance(node, dict):
         for key, child in node.items():
@@ -603,6 +763,13 @@ class HmacConfig(_Model):
         return self.secret if isinstance(self.secret, tuple) else (self.secret,)
 
 
+class GroupConfig(_Model):
+    """`request.group`: consecutive rows with the same `by` value make one request (job/groups.py)."""
+
+    by: NonEmpty
+    max_group_rows: Annotated[int, Field(ge=1, le=10_000)] = 10_000
+
+
 class AuthConfig(_Model):
     """`request.auth`: one kind (docs/auth.md)."""
 
@@ -651,6 +818,8 @@ class RequestConfig(_Model):
     # gzip: every body compressed (Content-Encoding: gzip), counted so against max_bytes. How the bytes
     # travel, not what they say: out of the fingerprint, like execution.client.
     compression: Literal["none", "gzip"] = "none"
+    nulls: Nulls | None = None  # every leaf's `nulls` unless it sets its own (None: as before, like send)
+    group: GroupConfig | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> RequestConfig:
@@ -671,6 +840,7 @@ class RequestConfig(_Model):
             _batch_request_is_constant(self, given)
         if isinstance(self.json_, JsonField) and self.json_.when_missing == "omit":
             raise ValueError("request.json is one {from: ...} value: when_missing: omit would leave no body")
+        _rows_where_grouped(self)
         if self.auth is not None and "authorization" in names:
             raise ValueError("request.headers sets Authorization, which request.auth sends: keep one")
         if self.compression != "none" and "content-encoding" in names:
@@ -689,6 +859,10 @@ class RequestConfig(_Model):
         if self.auth is None:
             data.pop("auth", None)  # the fingerprint of a job without auth stays what it was
         data.pop("compression", None)  # operational: the fingerprint (item ids, keys) never holds it
+        if self.nulls is None:
+            data.pop("nulls", None)
+        if self.group is None:
+            data.pop("group", None)
         return data
 
 
@@ -706,6 +880,32 @@ _HMAC_HEADERS = {
     "standard_webhooks": ("webhook-id", "webhook-timestamp", "webhook-signature"),
     "github": ("x-hub-signature-256",),
 }
+
+
+def _rows_where_grouped(req: RequestConfig) -> None:
+    """`{rows: ...}` leaves: one, in request.json, of a grouped job, and none inside another."""
+    found = list(_rows_leaves(req.json_)) if req.json_ is not None else []
+    if req.group is None:
+        if found:
+            raise ValueError("a {rows: ...} leaf needs request.group: the rows of a group it lists")
+        return
+    if req.batch is not None or req.json_ is None:
+        raise ValueError("request.group goes with request.json (not with batch, form or body)")
+    if len(found) > 1 or any(inner for inner in found):
+        raise ValueError("request.json holds at most one {rows: ...} leaf, and none inside it")
+
+
+def _rows_leaves(node: Any) -> Iterator[bool]:
+    """For each {rows: ...} leaf in the tree: whether another one sits inside it."""
+    if isinstance(node, RowsLeaf):
+        yield any(True for _ in _rows_leaves(node.rows))
+    elif isinstance(node, dict):
+        for child in node.values():
+            yield from _rows_leaves(child)
+    elif isinstance(node, WhenLeaf | CoalesceLeaf):
+        children = (node.then, node.else_) if isinstance(node, WhenLeaf) else node.coalesce
+        for child in children:
+            yield from _rows_leaves(child)
 
 
 def _batch_request_is_constant(req: RequestConfig, bodies: list[str]) -> None:
@@ -1015,6 +1215,8 @@ class JobConfig(_Model):
         sync = self.execution.sync
         if sync != "full" and self.input.key is None:
             raise ValueError(f"execution.sync: {sync} needs input.key to name each record")
+        if sync != "full" and self.request.group is not None:
+            raise ValueError(f"execution.sync: {sync} sends the rows that changed, request.group whole ones")
         if (sync == "mirror") != (self.mirror is not None):
             raise ValueError("execution.sync: mirror and the mirror section (url, max_deletes) go together")
         if self.mirror is not None and not compile_template(self.mirror.url).fields <= {self.input.key}:
@@ -1115,6 +1317,8 @@ def required_fields(config: JobConfig) -> dict[str, YamlPath]:
                 found.setdefault(item_leaf.field, (*path, "from"))
     if config.input.key is not None:
         found.setdefault(config.input.key, ("input", "key"))
+    if req.group is not None:
+        found.setdefault(req.group.by, ("request", "group", "by"))
     return found
 
 
@@ -1295,7 +1499,9 @@ _LEVELS: dict[type[BaseModel], str] = {
     JsonField: "a request.json {from: ...} leaf", JsonValue: "a request.json {value: ...} leaf",
     FormField: "a request.form {from: ...} value", IdempotencyKeyConfig: "request.idempotency_key",
     BatchConfig: "request.batch", JsonMeta: "a request.batch.item {meta: ...} leaf",
-    ItemsConfig: "response.items",
+    ItemsConfig: "response.items", FormatLeaf: "a {format: ...} leaf", CoalesceLeaf: "a {coalesce: ...} leaf",
+    WhenLeaf: "a {when: ...} leaf", Condition: "a when: test", LiquidLeaf: "a {liquid: ...} leaf",
+    RowsLeaf: "a {rows: ...} leaf", GroupConfig: "request.group",
     AuthConfig: "request.auth", OAuth2Config: "request.auth.oauth2",
     AwsSigV4Config: "request.auth.aws_sigv4", HmacConfig: "request.auth.hmac",
     ResponseConfig: "response", ExecutionConfig: "execution", TimeoutConfig: "execution.timeout",

@@ -19,6 +19,7 @@ from bulkrelay.job.batch import BatchRenderer
 from bulkrelay.job.config import WHOLE_SECRET, Job, redis_url_problem, required_fields
 from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.fingerprint import config_fingerprint
+from bulkrelay.job.groups import GroupCheck, batch_renderer
 from bulkrelay.job.inputs import (
     ExpectedInput,
     InputFingerprint,
@@ -254,6 +255,27 @@ def _shares_words(wanted: set[str], offered: set[str]) -> bool:
     return bool(wanted and offered) and (wanted <= offered or offered <= wanted)
 
 
+RowCheck = Callable[[Record, Callable[[Problem], None]], None]
+
+
+def _row_check(keys: DuplicateKeyFinder | None, job: Job, file: str) -> RowCheck | None:
+    """Each record's checks beside its render (a duplicate key, a group out of place), reporting what
+    they find; None when the job has none."""
+    checks = [] if keys is None else [keys.add]
+    group = job.config.request.group
+    if group is not None:
+        checks.append(GroupCheck(group, file).add)
+    if not checks:
+        return None
+
+    def check(record: Record, report: Callable[[Problem], None]) -> None:
+        for one in checks:
+            if (problem := one(record)) is not None:
+                report(problem)
+
+    return check
+
+
 def run_preflight(
     job: Job,
     input_override: Path | None = None,
@@ -282,9 +304,9 @@ def run_preflight(
     key_field = job.config.input.key
     file = spec.display_name
     keys = DuplicateKeyFinder(key_field, file, spec) if key_field else None
-    add_key = None if keys is None else keys.add
+    row_check = _row_check(keys, job, file)
     fingerprint_of_config = config_fingerprint(job.config)
-    batcher = BatchRenderer.of_job(job.config, renderer, fingerprint_of_config)
+    batcher = batch_renderer(job.config, renderer, fingerprint_of_config)  # a batch or grouped job's
     # A batch job's row renders as its item (refused when it alone would cross max_bytes), with the
     # batch's URL and headers: what delta sync digests and the chooser observes.
     render = renderer.render if batcher is None else batcher.item_request
@@ -306,11 +328,15 @@ def run_preflight(
                 except RenderError as exc:
                     collector.add(
                         Problem(
-                            exc.message, file=file, line=record.line, row=record.row_number, field=exc.field
+                            renderer.redactor.redact(exc.message),  # it may quote the row's value
+                            file=file,
+                            line=record.line,
+                            row=record.row_number,
+                            field=exc.field,
                         )
                     )
-            if add_key is not None and (problem := add_key(record)) is not None:
-                collector.add(problem)
+            if row_check is not None:
+                row_check(record, collector.add)
         fingerprint = stream.fingerprint()
         expected = ExpectedInput(fingerprint, stream.identity(), stream.regions())
     presence.check()

@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 import orjson
 
 from bulkrelay.errors import SecretInvalid
-from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, RequestConfig
+from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, KindLeaf, Nulls, RequestConfig
 from bulkrelay.job.inputs.jsonl import integer_beyond_64_bits
 from bulkrelay.job.oauth2 import TokenRequest, bind_token_request
 from bulkrelay.job.records import PreparedRequest, Record
@@ -34,6 +34,7 @@ from bulkrelay.job.template import (
     resolve_secrets,
     value_text,
 )
+from bulkrelay.job.values import OMIT, LeafParts, form_getter, is_plain, leaf_getter, may_omit, with_nulls
 from bulkrelay.job.wire import header_value_refusal, wire_url
 from bulkrelay.job.yamlload import (
     INT64_RANGE,  # signed 64-bit, as documented (orjson would write up to 2**64-1)
@@ -46,7 +47,7 @@ Headers = tuple[tuple[str, str], ...]
 Getter = Callable[[Fields], Any]
 
 _ABSENT = object()
-_OMIT = object()  # a `when_missing: omit` value: its key is left out of the object
+_OMIT = OMIT  # a `when_missing: omit` (or `nulls: omit`) value: its key is left out of the object
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -149,7 +150,7 @@ class RequestRenderer:
             token_request=token_request,
             hmac_keys=() if hmac is None else hmac_keys(hmac, secrets),
             sorted_json=sorted_json and req.json_ is not None,
-            json=None if req.json_ is None else (req.json_, _json_option(sorted_json)),
+            json=None if req.json_ is None else (with_nulls(req.json_, req.nulls), _json_option(sorted_json)),
         )
 
     def _render_function(self) -> Callable[[Record], PreparedRequest]:
@@ -500,7 +501,7 @@ def _body_fields(req: RequestConfig) -> set[str]:
     return fields
 
 
-def _json_leaves(node: JsonNode) -> Iterable[JsonField | JsonValue]:
+def _json_leaves(node: JsonNode) -> Iterable[JsonNode]:
     if isinstance(node, dict):
         for child in node.values():
             yield from _json_leaves(child)
@@ -512,18 +513,20 @@ def _body_renderer(
     req: RequestConfig, bind: Callable[[str], BoundTemplate], sorted_json: bool = False
 ) -> Callable[[Fields], bytes] | None:
     if req.json_ is not None:
-        return _json_body(req.json_, _json_option(sorted_json))
+        return _json_body(with_nulls(req.json_, req.nulls), _json_option(sorted_json))
     if req.form is not None:
-        return _form_body(req.form, bind)
+        return _form_body(req.form, bind, req.nulls)
     if req.body is not None:
         template = bind(req.body)
         return lambda fields: template.render(fields).encode()
     return None
 
 
-def json_renderer(node: JsonNode, *, sorted_json: bool = False) -> Callable[[Fields], bytes]:
+def json_renderer(
+    node: JsonNode, *, sorted_json: bool = False, nulls: Nulls | None = None
+) -> Callable[[Fields], bytes]:
     """The bytes of a `json` tree for a record's fields, as `render` writes a body (a batch item's too)."""
-    return _json_body(node, _json_option(sorted_json))
+    return _json_body(with_nulls(node, nulls), _json_option(sorted_json))
 
 
 def _json_option(sorted_json: bool) -> int:
@@ -561,6 +564,8 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
     succeeds, and their exact error is found by asking them again."""
     if isinstance(node, JsonValue):
         return code.bound(node.value)
+    if not is_plain(node):
+        return f"{code.bound(leaf_getter(node, _LEAF_PARTS))}(f)"  # job/values.py's leaves
     if isinstance(node, JsonField):
         if node.optional or node.pointer is not None:
             return f"{code.bound(_field_getter(node))}(f)"  # absence is no error, or a path to follow
@@ -574,7 +579,7 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
                 f" and v.isascii() else {coerce}({field}, v))"
             )
         return f"{coerce}({field}, f[{field}])"
-    if any(isinstance(child, JsonField) and child.when_missing == "omit" for child in node.values()):
+    if any(may_omit(child) for child in node.values()):
         return f"{code.bound(_json_getter(node))}(f)"  # a key may be left out: no dict display
     items = (f"{code.bound(key)}: {_json_display(child, code)}" for key, child in node.items())
     return "{" + ", ".join(items) + "}"
@@ -620,17 +625,27 @@ def _not_json(exc: orjson.JSONEncodeError) -> RenderError:
 
 
 def _form_body(
-    form: Mapping[str, str | FormField], bind: Callable[[str], BoundTemplate]
+    form: Mapping[str, str | FormField | KindLeaf],
+    bind: Callable[[str], BoundTemplate],
+    nulls: Nulls | None = None,
 ) -> Callable[[Fields], bytes]:
-    getters = tuple(
-        (name, _text_getter(value.from_) if isinstance(value, FormField) else bind(value).render)
-        for name, value in form.items()
-    )
+    getters = tuple((name, _form_getter(value, bind, nulls)) for name, value in form.items())
 
     def render(fields: Fields) -> bytes:
-        return urlencode([(name, get(fields)) for name, get in getters]).encode("ascii")
+        pairs = [(name, value) for name, get in getters if (value := get(fields)) is not _OMIT]
+        return urlencode(pairs).encode("ascii")
 
     return render
+
+
+def _form_getter(
+    value: str | FormField | KindLeaf, bind: Callable[[str], BoundTemplate], nulls: Nulls | None
+) -> Callable[[Fields], str]:
+    if isinstance(value, str):
+        return bind(value).render
+    if isinstance(value, FormField) and value.model_fields_set == {"from_"} and nulls is None:
+        return _text_getter(value.from_)
+    return form_getter(value, nulls, _LEAF_PARTS)  # job/values.py's leaves, their value as text
 
 
 def _text_getter(name: str) -> Callable[[Fields], str]:
@@ -648,6 +663,8 @@ def _json_getter(node: JsonNode) -> Getter:
     if isinstance(node, JsonValue):
         literal = node.value
         return lambda fields: literal
+    if not is_plain(node):
+        return leaf_getter(node, _LEAF_PARTS)
     if isinstance(node, JsonField):
         return _field_getter(node)
     items = tuple((key, _json_getter(child)) for key, child in node.items())
@@ -785,3 +802,4 @@ _COERCERS: dict[str, Callable[[str, Any], Any]] = {
     "json": _to_json,
     "string": _to_string,
 }
+_LEAF_PARTS = LeafParts(read=_field_getter, coercers=_COERCERS, node=_json_getter)

@@ -25,7 +25,7 @@ def rendered_batches(
             fits = bool(batches) and batcher.fits_gzip(meter, len(current), item.data)
         else:
             fits = bool(batches) and batcher.fits(len(current), item_bytes, item)
-        if not fits:
+        if not fits or batcher.group_of(item.record) != batcher.group_of(current[0].record):
             batches.append([item])
             item_bytes = len(item.data)
             meter = batcher.meter()

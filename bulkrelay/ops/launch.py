@@ -247,7 +247,10 @@ def _preflight_once(
     delta = open_night(
         request.job, request.runs_dir, full=request.full, sharded=sharded, scan_lines=scan_lines
     )
-    choice = RowChoice(delta, request.shard, request.job.config.input.key)
+    group = (
+        request.job.config.request.group
+    )  # a grouped job's shards own whole groups (docs/configuration.md)
+    choice = RowChoice(delta, request.shard, request.job.config.input.key if group is None else group.by)
     try:
         preflight = run_preflight(
             request.job,

@@ -13,9 +13,10 @@ import anyio
 
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
 from bulkrelay.errors import InputInvalid, Problem, UsageError
-from bulkrelay.job.batch import BatchRenderer, Item
+from bulkrelay.job.batch import Item
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
+from bulkrelay.job.groups import batch_renderer
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.inputs.spec import STDIN_NAME
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
@@ -169,7 +170,7 @@ def _render_rows(
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []
     requests: list[RenderedRequest] = []
-    batcher = BatchRenderer.of_job(job.config, renderer, config_sha256)
+    batcher = batch_renderer(job.config, renderer, config_sha256)  # a batch or grouped job's
     rows = RowRequests(renderer, config_sha256, job.config.input.key)
     items: list[Item] = []  # a batch job's: formed into batches at the end
     seen = 0
@@ -189,7 +190,7 @@ def _render_rows(
             except RenderError as exc:
                 problems.append(
                     Problem(
-                        exc.message,
+                        renderer.redactor.redact(exc.message),
                         file=spec.display_name,
                         line=record.line,
                         row=record.row_number,

@@ -46,6 +46,7 @@ class _Journaled:
     data_length: int  # its item's bytes, which decide where its batch closes
     row_number: int
     data: bytes | None = None  # a gzip job's: its item, whose compressed bytes decide instead
+    group: bytes | None = None  # a grouped job's value (job/groups.py), which closes a batch too
 
 
 class BatchFormer:
@@ -88,7 +89,9 @@ class BatchFormer:
         if self._journaled is not None and record.row_number in self._journaled:
             request = self._batcher.item_request(record)
             data = request.body or b""
-            self._queue.append(_Journaled(len(data), record.row_number, data if self._batcher.gzip else None))
+            kept = data if self._batcher.gzip else None
+            group = self._batcher.group_of(record)
+            self._queue.append(_Journaled(len(data), record.row_number, kept, group))
 
     async def next(self) -> Batch | None:
         """The next request to send; None when nothing is left (or a stop was requested)."""
@@ -189,21 +192,26 @@ class BatchFormer:
             items: list[PendingItem] = []
             count = item_bytes = pending_bytes = 0
             limit = None
+            group: bytes | None = None
             meter = batcher.meter()  # request.compression: gzip, counted by compressed bytes
             while (member := self._take()) is not None:
                 length = member.data_length if isinstance(member, _Journaled) else len(member.item.data)
                 if limit is None and self._sizes:
                     limit = self._max_bytes_from(member.row_number)  # a 413 taught it (learn)
+                joins = (
+                    member.group if isinstance(member, _Journaled) else batcher.group_of(member.item.record)
+                )
                 if meter is not None:
                     data = member.data if isinstance(member, _Journaled) else member.item.data
                     fits = batcher.fits_gzip(meter, count, data or b"", limit)
                 else:
                     fits = batcher.fits_bytes(count, item_bytes, length, limit)
-                if not fits:
+                if (count and joins != group) or not fits:
                     self._queue.appendleft(member)  # it opens the next batch
                     break
                 self._placed = member.row_number
                 count += 1
+                group = joins
                 item_bytes += length
                 if isinstance(member, PendingItem):
                     items.append(member)

@@ -201,7 +201,7 @@ class BatchSender(RowSender):
                 return None
 
     def _splits(self, response: Response | None, count: int) -> bool:
-        if response is None or count < 2:
+        if response is None or count < 2 or not self.batcher.splits:
             return False
         status = response.status
         return status == 413 or (self._split and 400 <= status < 500 and status not in _NOT_SPLIT)
