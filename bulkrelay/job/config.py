@@ -845,6 +845,30 @@ def _var_names(names: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?")
+_SINK_SCHEMES = ("sqlite:", "postgresql:", "postgres:")
+
+
+class ResultsConfig(_Model):
+    """`results: {to, table}`: where each row's latest outcome is upserted (docs/chains.md)."""
+
+    to: NonEmpty  # sqlite:///results.db, postgresql://... ("${DATABASE_URL}"), results.csv, results.jsonl
+    table: str = "bulkrelay_results"
+
+    @model_validator(mode="after")
+    def _known_sink(self) -> ResultsConfig:
+        to = self.to.lower()
+        if not to.startswith((*_SINK_SCHEMES, "${")) and not to.endswith((".csv", ".jsonl")):
+            raise ValueError(
+                "results.to is sqlite:///FILE, postgresql://..., or a file ending .csv or .jsonl"
+            )
+        if not _TABLE_NAME.fullmatch(self.table):
+            raise ValueError(
+                f"results.table {self.table!r} is not a table name (letters, digits, _; schema.table)"
+            )
+        return self
+
+
 class JobConfig(_Model):
     version: Literal[1]
     name: str | None = None
@@ -858,6 +882,7 @@ class JobConfig(_Model):
     retry: RetryConfig = Field(default_factory=RetryConfig)
     halt: HaltConfig = Field(default_factory=HaltConfig)
     mirror: MirrorConfig | None = None
+    results: ResultsConfig | None = None  # operational: never in the fingerprint
 
     @model_validator(mode="after")
     def _sync_settings(self) -> JobConfig:
@@ -887,6 +912,8 @@ class JobConfig(_Model):
             data.pop("mirror", None)
         if not self.vars:
             data.pop("vars", None)  # a job without vars keeps the fingerprint it had
+        if self.results is None:
+            data.pop("results", None)
         return data
 
 
@@ -1020,6 +1047,7 @@ def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
     who asks for an OAuth2 token (client id and secret, how it authenticates, when it refreshes)."""
     data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
     del data["name"]
+    data.pop("results", None)  # where results are kept changes no request
     del data["input"]["file"]
     del data["retry"]["max_retry_after_seconds"]
     for key in _OPERATIONAL_EXECUTION_KEYS:

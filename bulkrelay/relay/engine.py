@@ -78,9 +78,15 @@ class Committed:
     # The summary's counts of every committed line, kept while the journal was written from its start:
     # the run's summary then needs no second read of the journal (None after a resume).
     counts: SummaryCounts | None = None
+    heard_by: Callable[[list[JournalEntry], int], None] | None = None  # each committed group (results sink)
 
     @classmethod
-    def at(cls, start: StartPoint, record_count: int) -> Committed:
+    def at(
+        cls,
+        start: StartPoint,
+        record_count: int,
+        heard_by: Callable[[list[JournalEntry], int], None] | None = None,
+    ) -> Committed:
         """The counters where the journal stands before this process sends anything."""
         total = start.total if start.total is not None else record_count
         counts = SummaryCounts() if start.offset == 0 else None
@@ -91,6 +97,7 @@ class Committed:
             ok=start.ok,
             failed=start.failed,
             counts=counts,
+            heard_by=heard_by,
         )
 
     @property
@@ -106,6 +113,8 @@ class Committed:
         self.offset = end_offset
         if self.counts is not None:
             self.counts.add_all(entries)
+        if self.heard_by is not None:
+            self.heard_by(entries, end_offset)
 
     def snapshot(self) -> Snapshot:
         pace = self.pace() if self.pace is not None else None
@@ -264,13 +273,15 @@ async def relay(
     transport_factory: Callable[[TransportSettings], Transport] = open_transport,
     stats: RelayStats | None = None,
     on_tick: Callable[[Snapshot], None] | None = None,
+    on_committed: Callable[[list[JournalEntry], int], None] | None = None,
 ) -> RelayOutcome:
     """Send every pending row, commit every final result, and say why it ended.
 
     `stats` counts what goes on the wire; `on_tick` hears the committed progress about once a second
-    (the metrics file and the run log), whether or not rows were committed meanwhile."""
+    (the metrics file and the run log), whether or not rows were committed meanwhile; `on_committed`
+    hears each committed group (the results sink), and must not block."""
     config = preflight.job.config
-    committed = Committed.at(start, preflight.record_count)
+    committed = Committed.at(start, preflight.record_count, on_committed)
     started = time.monotonic()
     storage = run.storage
 
