@@ -198,6 +198,21 @@ class InputConfig(_Model):
     query: NonEmpty | None = None  # read from `database` into the run's snapshot (docs/inputs.md)
     database: NonEmpty | None = None  # postgresql://... or sqlite:///path, usually "${DATABASE_URL}"
     params: dict[str, QueryParam] = Field(default_factory=dict)  # bound as :name
+    results_of: NonEmpty | None = None  # another job's results, by its name: (docs/chains.md)
+    where: Literal["success", "failed", "all"] | None = None  # with results_of; None: success
+
+    @model_validator(mode="after")
+    def _results_of_alone(self) -> InputConfig:
+        if self.results_of is None:
+            if self.where is not None:
+                raise ValueError("input.where goes with input.results_of")
+            return self
+        clash = [k for k in ("file", "format", "delimiter", "query") if k in self.model_fields_set]
+        if clash:
+            raise ValueError(
+                f"input.results_of reads another job's results: input.{clash[0]} does not go with it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _delimiter_is_for_csv(self) -> InputConfig:
@@ -229,6 +244,9 @@ class InputConfig(_Model):
         if self.query is None:
             for key in _QUERY_KEYS:
                 data.pop(key, None)
+        if self.results_of is None:
+            data.pop("results_of", None)
+            data.pop("where", None)
         return data
 
 

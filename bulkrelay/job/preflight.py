@@ -107,7 +107,9 @@ def resolve_input(
 
 
 def query_source(job: Job, env: Mapping[str, str]) -> str | None:
-    """A query job's database, named without credentials; None for a file job."""
+    """A query job's database, named without credentials (a chained job's parent); None for a file job."""
+    if job.config.input.results_of is not None:
+        return f"results_of:{job.config.input.results_of}"
     database = job.config.input.database
     if job.config.input.query is None or database is None:
         return None

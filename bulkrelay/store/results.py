@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from bulkrelay.errors import NotFound, RunLocked
 from bulkrelay.private import open_private
 from bulkrelay.store.atomic import read_json, write_atomic, write_json_atomic
 from bulkrelay.store.journal import (
@@ -43,6 +44,7 @@ from bulkrelay.store.journal import (
     decode_marker,
     is_commit_marker,
 )
+from bulkrelay.store.manifest import RunState
 from bulkrelay.store.rundir import RunDir, is_locked
 from bulkrelay.store.runs import runs_in
 
@@ -68,6 +70,7 @@ _PROGRESS_EVERY_SECONDS = 1.0
 _MARKER_TAIL = 256  # bytes before a group's end that hold its commit marker (about 90 of them)
 
 Row = tuple[Any, ...]  # one value per column, in COLUMNS order
+_FINISHED = (RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES)
 
 
 class SinkUnavailable(Exception):
@@ -546,3 +549,43 @@ class SinkFeeder:
             self.problem = exc
             return
         self._offset = groups[-1][1]
+
+
+# ---------------------------------------------------------------- another job's results, read back
+
+
+def finished_runs_of(runs_dir: Path, job: str) -> list[RunDir]:
+    """The runs of the job named `job` (its `name:`) that completed, with or without failures, oldest
+    first: what a chained job or a lookup reads. A run of it still alive is RUN_LOCKED (exit 6: its
+    results are not final); none completed is NOT_FOUND (exit 5)."""
+    runs = [run for run in runs_in(runs_dir) if run.plan.name == job]
+    live = [run for run in runs if is_locked(run.path)]
+    if live:
+        raise RunLocked(
+            f"job {job} is running (run {live[0].run_id}): its results are not final yet",
+            context={"job": job, "run_id": live[0].run_id, "run_dir": str(live[0].path)},
+            suggestion=f"wait for job {job} to end, then run this one again",
+        )
+    done = [run for run in runs if run.state in _FINISHED]
+    if not done:
+        raise NotFound(
+            f"job {job} has no finished run in {runs_dir}",
+            context={"job": job, "runs_dir": str(runs_dir)},
+            suggestion=f"run the job whose name: is {job} first, with the same runs directory",
+        )
+    return done
+
+
+def latest_outcomes(runs: Iterable[RunDir]) -> dict[str, Row]:
+    """Each key's newest outcome in the runs' journals (as the sink would hold it), by key."""
+    latest: dict[str, Row] = {}
+    for run in runs:
+        job = sink_job_name(run)
+        for entries, t, _ in journal_groups(run.journal_path, 0):
+            at = iso_time(t)
+            for entry in entries:
+                row = row_of(job, run.run_id, entry, at)
+                known = latest.get(row[1])
+                if known is None or at >= known[-1]:
+                    latest[row[1]] = row
+    return latest
