@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
@@ -339,6 +339,20 @@ class JsonValue(_Model):
         return self
 
 
+class JsonLookup(_Model):
+    """`{lookup: NAME, key: {from: FIELD}, on_miss: fail | skip | null}`: the value the lookup map
+    NAME holds for the record's key (docs/chains.md#lookups)."""
+
+    lookup: NonEmpty
+    key: JsonField
+    on_miss: Literal["fail", "skip", "null"] = "fail"
+
+    @field_validator("on_miss", mode="before")
+    @classmethod
+    def _yaml_null_is_null(cls, value: object) -> object:
+        return "null" if value is None else value
+
+
 def _mentions_secret(value: Any) -> bool:
     if isinstance(value, str):
         return _SECRET_REFERENCE.search(value) is not None
@@ -353,6 +367,8 @@ def _json_node_kind(value: Any) -> str | None:
     """A mapping is a leaf when it has a string `from`, or is exactly `{value: ...}`; else an object."""
     if isinstance(value, JsonField | JsonValue):
         return "~from" if isinstance(value, JsonField) else "~value"
+    if isinstance(value, JsonLookup) or (isinstance(value, dict) and isinstance(value.get("lookup"), str)):
+        return "~lookup"
     if isinstance(value, dict):
         if isinstance(value.get("from"), str):
             return "~from"
@@ -363,13 +379,14 @@ def _json_node_kind(value: Any) -> str | None:
 # mypy reads the plain recursive alias; pydantic validates the tagged union, which gives one clear
 # error per bad node instead of one per union member.
 if TYPE_CHECKING:
-    JsonNode = JsonField | JsonValue | dict[str, "JsonNode"]
+    JsonNode = JsonField | JsonValue | JsonLookup | dict[str, "JsonNode"]
 else:
     JsonNode = TypeAliasType(
         "JsonNode",
         Annotated[
             Annotated[JsonField, Tag("~from")]
             | Annotated[JsonValue, Tag("~value")]
+            | Annotated[JsonLookup, Tag("~lookup")]
             | Annotated[dict[str, "JsonNode"], Tag("~object")],
             Discriminator(
                 _json_node_kind,
@@ -887,6 +904,25 @@ class ResultsConfig(_Model):
         return self
 
 
+class LookupConfig(_Model):
+    """One of `lookups:`: a key -> value map built once per run (docs/chains.md#lookups)."""
+
+    results_of: NonEmpty | None = None  # another job's successful rows, by its name:
+    value: Annotated[str, AfterValidator(_json_pointer)] | None = None  # with results_of: /captured/id
+    query: NonEmpty | None = None  # first column the key, second the value
+    database: NonEmpty | None = None  # with query: postgresql://... or sqlite:///path, "${DATABASE_URL}"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LookupConfig:
+        if (self.results_of is None) == (self.query is None):
+            raise ValueError("a lookup reads results_of (another job's results) or a query, one of them")
+        if self.results_of is not None and (self.value is None or self.database is not None):
+            raise ValueError("a results_of lookup names its value (a pointer: /captured/id), no database")
+        if self.query is not None and (self.database is None or self.value is not None):
+            raise ValueError("a query lookup needs database (its first column the key, its second the value)")
+        return self
+
+
 class JobConfig(_Model):
     version: Literal[1]
     name: str | None = None
@@ -901,6 +937,7 @@ class JobConfig(_Model):
     halt: HaltConfig = Field(default_factory=HaltConfig)
     mirror: MirrorConfig | None = None
     results: ResultsConfig | None = None  # operational: never in the fingerprint
+    lookups: dict[NonEmpty, LookupConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _sync_settings(self) -> JobConfig:
@@ -918,6 +955,9 @@ class JobConfig(_Model):
         unused = sorted(set(self.vars) - environment_names(self))
         if unused:
             raise ValueError(f"vars names {', '.join(unused)}, which no ${{NAME}} of the job uses")
+        named = {leaf.lookup for _, leaf in _lookup_leaves(self.request.json_, ("request", "json"))}
+        if unknown := sorted(named - set(self.lookups)):
+            raise ValueError(f"request.json reads lookup {unknown[0]}, which lookups: does not define")
         auth = self.request.auth
         if auth is not None and set(self.vars) & compile_template(auth.oauth2.client_secret).secrets:
             raise ValueError("vars names the client_secret's variable: a client secret is never shown")
@@ -932,6 +972,8 @@ class JobConfig(_Model):
             data.pop("vars", None)  # a job without vars keeps the fingerprint it had
         if self.results is None:
             data.pop("results", None)
+        if not self.lookups:
+            data.pop("lookups", None)
         return data
 
 
@@ -961,6 +1003,8 @@ class Job:
     base_dir: Path
     deprecations: tuple[Problem, ...] = ()  # the public alpha's spellings it used, with their new ones
     lines: LineMap = field(default_factory=LineMap)  # the line of every YAML path, for later problems
+    # The `lookups:` maps, built (or read frozen) by the caller before preflight: name -> key -> value.
+    lookups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def input_path(self) -> Path | None:
@@ -1004,7 +1048,18 @@ def required_fields(config: JobConfig) -> dict[str, YamlPath]:
     return found
 
 
+def _lookup_leaves(node: JsonNode | None, path: YamlPath) -> Iterator[tuple[YamlPath, JsonLookup]]:
+    if isinstance(node, JsonLookup):
+        yield path, node
+    elif isinstance(node, dict):
+        for key, child in node.items():
+            yield from _lookup_leaves(child, (*path, key))
+
+
 def _json_fields(node: JsonNode, path: YamlPath) -> Iterator[tuple[YamlPath, JsonField]]:
+    if isinstance(node, JsonLookup):
+        node = node.key
+        path = (*path, "key")
     if isinstance(node, JsonField):
         if not node.optional:
             yield path, node

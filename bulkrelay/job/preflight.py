@@ -27,6 +27,7 @@ from bulkrelay.job.inputs import (
     detect_format,
     open_records,
 )
+from bulkrelay.job.inputs.lookups import LookupMissed
 from bulkrelay.job.inputs.query import QUERY_NAME, database_of
 from bulkrelay.job.keycheck import DuplicateKeyFinder
 from bulkrelay.job.records import PreparedRequest, Record
@@ -142,7 +143,9 @@ def _renderer_and_digester(
 ) -> tuple[RequestRenderer, RequestDigester | None]:
     """The job's renderer, and for a delta job the digester its journal lines and state compare."""
     delta = job.config.execution.sync != "full"
-    renderer = RequestRenderer.from_config(job.config.request, env, sorted_json=delta, shown=job.config.vars)
+    renderer = RequestRenderer.from_config(
+        job.config.request, env, sorted_json=delta, shown=job.config.vars, lookups=job.lookups
+    )
     if not delta:
         return renderer, None
     sorted_json = renderer.sorted_json
@@ -254,6 +257,25 @@ def _shares_words(wanted: set[str], offered: set[str]) -> bool:
     return bool(wanted and offered) and (wanted <= offered or offered <= wanted)
 
 
+def _render_row(
+    render: Callable[[Record], PreparedRequest],
+    observe: RowObserver | None,
+    record: Record,
+    collector: _ProblemCollector,
+    file: str,
+) -> None:
+    """Render one row (and tell the row chooser); a row that does not render is a problem of it."""
+    try:
+        request = render(record)
+        if observe is not None:
+            observe(record, request)
+    except LookupMissed:
+        pass  # on_miss: skip: the relay journals it unsent (`lookup_miss`)
+    except RenderError as exc:
+        row, line = record.row_number, record.line
+        collector.add(Problem(exc.message, file=file, line=line, row=row, field=exc.field))
+
+
 def run_preflight(
     job: Job,
     input_override: Path | None = None,
@@ -299,16 +321,7 @@ def run_preflight(
             if on_rows_read is not None:
                 on_rows_read(record.row_number)
             if settled is None or not settled(record):
-                try:
-                    request = render(record)
-                    if observe is not None:
-                        observe(record, request)
-                except RenderError as exc:
-                    collector.add(
-                        Problem(
-                            exc.message, file=file, line=record.line, row=record.row_number, field=exc.field
-                        )
-                    )
+                _render_row(render, observe, record, collector, file)
             if add_key is not None and (problem := add_key(record)) is not None:
                 collector.add(problem)
         fingerprint = stream.fingerprint()

@@ -22,6 +22,7 @@ from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.redact import REDACTED
 from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
 from bulkrelay.ops.batchrender import rendered_batches
+from bulkrelay.ops.lookups import built_lookups, with_lookups
 from bulkrelay.ops.results import (
     InputFacts,
     RenderedRequest,
@@ -31,6 +32,7 @@ from bulkrelay.ops.results import (
 from bulkrelay.relay.auth import check_token
 from bulkrelay.relay.engine import transport_settings
 from bulkrelay.relay.transport import open_transport
+from bulkrelay.store.runs import default_runs_dir
 
 _ROWS = re.compile(r"^\d+(-\d+)?$")
 DEFAULT_ROWS = "1-5"  # `render` without --rows: the first five rows, however many there are
@@ -52,7 +54,7 @@ def validate(
     job: Job, input_path: Path | None, input_name: str | None = None, *, check_auth: bool = False
 ) -> Result:
     """Preflight; with `check_auth`, then one token from `request.auth.oauth2`'s endpoint (no row sent)."""
-    preflight = run_preflight(job, input_path, input_name=input_name)
+    preflight = run_preflight(_looked_up(job), input_path, input_name=input_name)
     result = validate_result(preflight)
     if check_auth:
         result = replace(result, auth=_checked_auth(preflight))
@@ -114,6 +116,13 @@ def parse_rows(spec: str) -> RowRanges:
     return RowRanges(spec, tuple(merged))
 
 
+def _looked_up(job: Job) -> Job:
+    """The job with its lookup maps built now (for this command only: nothing is frozen)."""
+    if not job.config.lookups:
+        return job
+    return with_lookups(job, built_lookups(job, default_runs_dir(None)))
+
+
 def render(
     job: Job,
     input_path: Path | None,
@@ -127,6 +136,7 @@ def render(
 
     Rows past the end of the input are a warning; when none of the named rows exist, a usage error."""
     wanted = parse_rows(rows_spec or DEFAULT_ROWS)
+    job = _looked_up(job)
     spec = resolve_input(job, input_path, input_name)
     requests, problems, record_count = _render_rows(job, spec, wanted)
     problems = [p for p in problems if p.row is None or p.row in wanted]
@@ -159,6 +169,7 @@ def _render_rows(
         os.environ,
         sorted_json=job.config.execution.sync != "full",
         shown=job.config.vars,
+        lookups=job.lookups,
     )
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []

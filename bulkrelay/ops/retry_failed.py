@@ -12,10 +12,11 @@ from pathlib import Path
 
 from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, RunLocked, UsageError
-from bulkrelay.job.config import load_job
+from bulkrelay.job.config import Job, load_job
 from bulkrelay.job.durations import whole_number
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.lifecycle import RunOptions, plan_for, start_fresh
+from bulkrelay.ops.lookups import built_lookups, freeze_all, keep_frozen, with_lookups
 from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import check_committed_journal, input_differences, input_path_for, job_path_for
 from bulkrelay.ops.sharding import shard_of_run
@@ -59,6 +60,8 @@ def failed_rows(
 
 def _parent_preflight(parent: RunDir, config: Path | None, on_rows_read: RowsRead | None) -> Preflight:
     job = job_of_run(parent, load_job(job_path_for(parent, config)))
+    if job.config.lookups:  # built afresh: a row the parent's maps missed may be found now
+        job = with_lookups(job, built_lookups(job, parent.path.parent))
     preflight = run_preflight(job, input_path_for(parent, None), on_rows_read=on_rows_read)
     changed = input_differences(parent.plan.input.fingerprint(), preflight.input_fingerprint.to_dict())
     if changed:
@@ -67,6 +70,12 @@ def _parent_preflight(parent: RunDir, config: Path | None, on_rows_read: RowsRea
             context={"run_dir": str(parent.path), "changed": changed},
         )
     return preflight
+
+
+def _prepare_child(child: RunDir, selection: RowSet, job: Job) -> None:
+    save_selection(child.path, selection, child.storage)
+    if job.config.lookups:  # the maps the child reads, frozen in it for its resume
+        keep_frozen(freeze_all(job.lookups, child.path), child)
 
 
 def retry_failed(
@@ -106,7 +115,7 @@ def retry_failed(
             progress.for_stderr(options.quiet),
             slot=slot,
             plan=plan,
-            prepare=lambda child: save_selection(child.path, selection, child.storage),
+            prepare=lambda child: _prepare_child(child, selection, preflight.job),
             start=StartPoint(done_rows=selection.complement(), total=len(selection)),
         )
     if isinstance(result.data, RunResult):

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import anyio
 
+from bulkrelay.job.inputs.lookups import LookupMissed
 from bulkrelay.job.oauth2 import with_bearer
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest, Record
@@ -86,7 +87,10 @@ class RowSender:
         self._captures = bool(config.response.capture)
 
     async def send(self, record: Record) -> JournalEntry | None:
-        request, key = self._keyed(record)
+        try:
+            request, key = self._keyed(record)
+        except LookupMissed as missed:  # on_miss: skip: journaled unsent, retry-failed takes it later
+            return self._not_sent(record, missed)
         started = _monotonic()
         first_sent = 0.0  # when the row was first sent: a token younger than that was fetched for it
         attempt = 0
@@ -199,6 +203,20 @@ class RowSender:
             return None
         seconds = retry_after_of(response.headers)
         return None if seconds is None else min(seconds, self._max_pause)
+
+    def _not_sent(self, record: Record, missed: LookupMissed) -> JournalEntry:
+        key = record.fields.get(self._key_field) if self._key_field is not None else None
+        return JournalEntry(
+            row_number=record.row_number,
+            success=False,
+            classification="lookup_miss",
+            status_code=None,
+            attempts=0,
+            retryable=False,
+            error=missed.message,
+            duration_ms=0.0,
+            key=key,
+        )
 
     def _entry(  # noqa: PLR0917 (the hot path: one call a row, positional)
         self,

@@ -1,0 +1,151 @@
+"""`lookups:` through the real CLI: a map from another job's results and one from a query, read by
+`{lookup: NAME, key: ..., on_miss: ...}` leaves; misses named by preflight (fail), journaled unsent
+(skip) or sent as null; the map frozen in the run, which the identical re-run of a stopped run reads
+again (never the newer values), and built afresh after a completed run; a key with two values refused."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.store.journal import read_journal
+from tests.jobfiles import write_csv, write_job
+from tests.runsteps import run_job, stop_midway
+from tests.targetproc import TargetProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.shared_target]  # real processes
+
+ACCOUNTS = 30
+
+
+def _accounts(tmp_path: Path, target: TargetProcess) -> Path:
+    return write_job(
+        tmp_path,
+        target.url,
+        ACCOUNTS,
+        job_name="accounts.yaml",
+        input_name="accounts.csv",
+        name="accounts",
+        input={"file": "accounts.csv", "key": "id"},
+        response={"capture": {"id": "/id"}},
+    )
+
+
+def _contacts(
+    tmp_path: Path, target: TargetProcess, refs: list[str], on_miss: str = "fail", **extra: Any
+) -> Path:
+    write_csv(tmp_path / "contacts.csv", [{"id": f"c{n}", "account": ref} for n, ref in enumerate(refs, 1)])
+    lookup = {"lookup": "account_ids", "key": {"from": "account"}, "on_miss": on_miss}
+    job = {
+        "version": 1,
+        "name": "contacts",
+        "input": {"file": "contacts.csv", "key": "id"},
+        "lookups": {"account_ids": {"results_of": "accounts", "value": "/captured/id"}},
+        "request": {"method": "POST", "url": f"{target.url}/contacts/{{id}}", "json": {"accountId": lookup}},
+        "execution": {"concurrency": 4},
+        **extra,
+    }
+    path = tmp_path / "contacts.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def _sent(target: TargetProcess) -> dict[str, Any]:
+    return {
+        r["path"].rsplit("/", 1)[-1]: orjson.loads(r["body"])["accountId"]
+        for r in target.requests()
+        if r["path"].startswith("/contacts/")
+    }
+
+
+def _captured_ids(tmp_path: Path, run_dir: str) -> dict[str, str]:
+    return {str(e.key): e.captured["id"] for e in read_journal(Path(run_dir) / "results.jsonl") if e.captured}
+
+
+def test_a_lookup_of_another_jobs_results_sends_each_rows_captured_id(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    target.reset()
+    accounts = run_job(tmp_path, _accounts(tmp_path, target))
+    ids = _captured_ids(tmp_path, accounts.data["run_dir"])
+    target.reset()
+    result = run_job(tmp_path, _contacts(tmp_path, target, ["3", "1", "30"]))
+    assert result.exit_code == 0, result.envelope
+    assert _sent(target) == {"c1": ids["3"], "c2": ids["1"], "c3": ids["30"]}
+
+
+def test_misses_fail_in_preflight_naming_rows_and_keys_or_are_skipped_or_null(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    target.reset()
+    run_job(tmp_path, _accounts(tmp_path, target))
+    target.reset()
+    failed = run_job(tmp_path, _contacts(tmp_path, target, ["1", "nope", "2", "gone"]))
+    assert failed.exit_code == ExitCode.ARG_ERROR
+    problems = failed.envelope["error"]["context"]["problems"]
+    assert [(p["row"], "nope" in p["message"] or "gone" in p["message"]) for p in problems] == [
+        (2, True),
+        (4, True),
+    ]
+    assert _sent(target) == {}  # nothing sent
+    skipped = run_job(tmp_path, _contacts(tmp_path, target, ["1", "nope"], on_miss="skip"))
+    assert skipped.exit_code == ExitCode.PARTIAL_FAILURE
+    assert set(_sent(target)) == {"c1"}  # the miss was not sent
+    entries = {e.row_number: e for e in read_journal(Path(skipped.data["run_dir"]) / "results.jsonl")}
+    assert entries[2].classification == "lookup_miss" and not entries[2].success and entries[2].attempts == 0
+    target.reset()
+    nulls = run_job(
+        tmp_path, _contacts(tmp_path, target, ["1", "nope"], on_miss="null", name="contacts-null")
+    )
+    assert nulls.exit_code == 0 and _sent(target)["c2"] is None
+
+
+def test_a_stopped_runs_identical_rerun_reads_its_frozen_map_and_a_completed_ones_builds_afresh(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    target.set_plan({"rules": [{"match": {"path_contains": "/contacts/"}, "delay_ms": 60}]})
+    accounts = _accounts(tmp_path, target)
+    old = _captured_ids(tmp_path, run_job(tmp_path, accounts).data["run_dir"])
+    refs = [str(n) for n in range(1, ACCOUNTS + 1)]
+    contacts = _contacts(tmp_path, target, refs)
+    first = stop_midway(tmp_path, contacts)
+    assert (Path(first.data["run_dir"]) / "lookups" / "account_ids.jsonl").stat().st_mode & 0o777 == 0o600
+    new = _captured_ids(tmp_path, run_job(tmp_path, accounts).data["run_dir"])  # the source changes
+    assert set(old.values()).isdisjoint(new.values())
+    target.reset()
+    again = run_job(tmp_path, contacts)
+    assert again.exit_code == 0 and again.data["run_id"] == first.data["run_id"]
+    assert set(_sent(target).values()) <= set(old.values())  # the frozen map: never the new values
+    target.reset()
+    fresh = run_job(tmp_path, contacts)
+    assert fresh.data["run_id"] != first.data["run_id"]
+    assert set(_sent(target).values()) == set(new.values())
+
+
+def test_a_query_lookup_and_a_key_with_two_values(tmp_path: Path, target: TargetProcess) -> None:
+    target.reset()
+    with sqlite3.connect(tmp_path / "crm.db") as db:
+        db.execute("CREATE TABLE owners (email TEXT, id INTEGER)")
+        db.executemany("INSERT INTO owners VALUES (?, ?)", [("a@x.io", 11), ("b@x.io", 12)])
+    db.close()
+    job = _contacts(tmp_path, target, ["a@x.io", "b@x.io"])
+    data = yaml.safe_load(job.read_text())
+    data["lookups"] = {
+        "account_ids": {"query": "SELECT email, id FROM owners", "database": "sqlite:///crm.db"}
+    }
+    job.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert run_job(tmp_path, job).exit_code == 0
+    assert _sent(target) == {"c1": 11, "c2": 12}
+    with sqlite3.connect(tmp_path / "crm.db") as db:
+        db.execute("INSERT INTO owners VALUES ('a@x.io', 99)")
+    db.close()
+    twice = run_job(tmp_path, job)
+    assert twice.exit_code == ExitCode.ARG_ERROR
+    message = twice.envelope["error"]["context"]["problems"][0]["message"]
+    assert "a@x.io" in message and "11" in message and "99" in message
