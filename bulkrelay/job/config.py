@@ -911,11 +911,22 @@ class LookupConfig(_Model):
     value: Annotated[str, AfterValidator(_json_pointer)] | None = None  # with results_of: /captured/id
     query: NonEmpty | None = None  # first column the key, second the value
     database: NonEmpty | None = None  # with query: postgresql://... or sqlite:///path, "${DATABASE_URL}"
+    get: Annotated[str, AfterValidator(_url)] | None = None  # a paginated GET (docs/chains.md#lookups)
+    items: Annotated[str, AfterValidator(_json_pointer)] = (
+        ""  # with get: the list in each page ("": the page)
+    )
+    key: Annotated[str, AfterValidator(_json_pointer)] | None = None  # with get: in each item
+    next: Annotated[str, AfterValidator(_json_pointer)] | None = None  # with get; None: the Link header
+    max_pages: Annotated[int, Field(ge=1, le=100_000)] = 100
 
     @model_validator(mode="after")
     def _one_source(self) -> LookupConfig:
-        if (self.results_of is None) == (self.query is None):
-            raise ValueError("a lookup reads results_of (another job's results) or a query, one of them")
+        if [self.results_of, self.query, self.get].count(None) != 2:
+            raise ValueError("a lookup reads one of results_of (another job's results), query, get")
+        if self.get is not None:
+            if self.key is None or self.value is None or self.database is not None:
+                raise ValueError("a get lookup names key and value (pointers into each item), no database")
+            return self
         if self.results_of is not None and (self.value is None or self.database is not None):
             raise ValueError("a results_of lookup names its value (a pointer: /captured/id), no database")
         if self.query is not None and (self.database is None or self.value is not None):

@@ -19,6 +19,7 @@ from bulkrelay.errors import NotFound
 from bulkrelay.job.config import Job, LookupConfig
 from bulkrelay.job.inputs.lookups import build_map, freeze, read_frozen
 from bulkrelay.job.inputs.query import QuerySpec, database_of, snapshot_into
+from bulkrelay.ops.lookupget import get_pairs
 from bulkrelay.private import make_private_dir
 from bulkrelay.store.results import finished_runs_of, latest_outcomes
 from bulkrelay.store.rundir import RunDir
@@ -77,6 +78,8 @@ def _built(job: Job, name: str, given: LookupConfig, runs_dir: Path) -> dict[str
         assert given.value is not None  # the config requires it
         pairs = _results_pairs(given.results_of, given.value, runs_dir)
         return build_map(name, pairs, f"the results of job {given.results_of}")
+    if given.get is not None:
+        return build_map(name, get_pairs(job, name, given, os.environ), f"{job.path}: lookups.{name}.get")
     return build_map(name, _query_pairs(job, name, given, runs_dir / ".spool"), f"{job.path}: lookups.{name}")
 
 

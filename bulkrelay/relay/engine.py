@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
-from bulkrelay.job.config import JobConfig
+from bulkrelay.job.config import Job, JobConfig
 from bulkrelay.job.inputs import open_records
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
@@ -237,9 +237,14 @@ def _pending_records(
 
 
 def transport_settings(preflight: Preflight) -> TransportSettings:
-    execution = preflight.job.config.execution
+    return job_transport_settings(preflight.job)
+
+
+def job_transport_settings(job: Job) -> TransportSettings:
+    """The job's client settings (timeouts, HTTP/2, proxy, TLS identity): its relay's, a lookup's GET's."""
+    execution = job.config.execution
     timeout = execution.timeout
-    header_names = {name.lower() for name in preflight.job.config.request.headers}
+    header_names = {name.lower() for name in job.config.request.headers}
     return TransportSettings(
         concurrency=execution.concurrency,
         connect_seconds=timeout.connect_seconds,
@@ -250,15 +255,15 @@ def transport_settings(preflight: Preflight) -> TransportSettings:
         decompress="accept-encoding" in header_names,
         client=execution.client,
         proxy=execution.proxy,
-        client_certificate=_client_certificate(preflight),
+        client_certificate=_client_certificate(job),
     )
 
 
-def _client_certificate(preflight: Preflight) -> ClientCertificate | None:
-    tls = preflight.job.config.execution.tls
+def _client_certificate(job: Job) -> ClientCertificate | None:
+    tls = job.config.execution.tls
     if tls is None:
         return None
-    base = preflight.job.base_dir
+    base = job.base_dir
     key = None if tls.client_key is None else base / tls.client_key
     return ClientCertificate(base / tls.client_cert, key)
 

@@ -149,3 +149,73 @@ def test_a_query_lookup_and_a_key_with_two_values(tmp_path: Path, target: Target
     assert twice.exit_code == ExitCode.ARG_ERROR
     message = twice.envelope["error"]["context"]["problems"][0]["message"]
     assert "a@x.io" in message and "11" in message and "99" in message
+
+
+def _page(path: str, items: list[tuple[str, int]], next_path: str | None) -> dict[str, Any]:
+    body = {"data": [{"code": c, "id": i} for c, i in items], "paging": {"next": next_path}}
+    return {"match": {"method": "GET", "path_contains": path}, "status": 200, "body": body}
+
+
+_PAGES = [
+    _page("/countries/p3", [("IT", 5)], None),
+    _page("/countries/p2", [("DE", 3), ("ES", 4)], "/countries/p3"),
+    _page("/countries", [("FR", 1), ("BE", 2)], "/countries/p2"),
+]
+
+
+def _countries_job(tmp_path: Path, target: TargetProcess, **retry: Any) -> Path:
+    job = _contacts(tmp_path, target, ["FR", "IT", "ES"])
+    data = yaml.safe_load(job.read_text())
+    data["lookups"] = {
+        "account_ids": {
+            "get": f"{target.url}/countries",
+            "items": "/data",
+            "key": "/code",
+            "value": "/id",
+            "next": "/paging/next",
+            "max_pages": 10,
+        }
+    }
+    data["retry"] = {"max_attempts": 2, "initial_backoff_seconds": 0.01, **retry}
+    job.write_text(yaml.safe_dump(data, sort_keys=False))
+    return job
+
+
+def test_a_paginated_get_lookup_of_three_pages_retried_after_a_500(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    first_fails = {"match": {"method": "GET", "path_contains": "/countries"}, "status": 500, "times": 1}
+    target.set_plan({"rules": [first_fails, *_PAGES]})
+    target.reset()
+    result = run_job(tmp_path, _countries_job(tmp_path, target))
+    assert result.exit_code == 0, result.envelope
+    assert _sent(target) == {"c1": 1, "c2": 5, "c3": 4}
+
+
+@pytest.mark.parametrize(
+    ("rules", "exit_code", "words"),
+    [
+        ([_page("/countries", [("FR", 1)], "/countries")], ExitCode.ARG_ERROR, "the pages loop"),
+        (
+            [{"match": {"method": "GET", "path_contains": "/countries"}, "status": 200, "body": "<html>"}],
+            ExitCode.ARG_ERROR,
+            "page 1 is not JSON",
+        ),
+        (
+            [{"match": {"method": "GET", "path_contains": "/countries"}, "status": 503}],
+            ExitCode.UNAVAILABLE,
+            "503",
+        ),
+    ],
+    ids=["loop", "not-json", "down"],
+)
+def test_a_hostile_get_lookup_fails_clearly_and_sends_nothing(
+    tmp_path: Path, target: TargetProcess, rules: list[dict[str, Any]], exit_code: int, words: str
+) -> None:
+    target.set_plan({"rules": rules})
+    target.reset()
+    result = run_job(tmp_path, _countries_job(tmp_path, target))
+    assert result.exit_code == exit_code, result.envelope
+    assert words in orjson.dumps(result.envelope["error"]).decode()
+    assert _sent(target) == {}
+    assert not list((tmp_path / ".bulkrelay" / "runs").glob("*/run.json"))  # no run was started
