@@ -41,6 +41,9 @@ Batch endpoints (demo/batchtarget.py): `.../batch/upsert` (HubSpot), `.../_bulk`
 `.../users/track` (Braze) and `.../batch/array` answer each item like those APIs when no rule fires;
 the plan's "batch" object sets which items fail or are retried; stats count items applied by id.
 
+CRM endpoints (demo/crmtarget.py): `.../crm/accounts`, `.../crm/contacts`, `.../crm/deals` issue ids
+and refuse (422) a record naming an account or contact id never issued; stats count creations.
+
 Dedup: with "dedup": true, a request whose Idempotency-Key was already applied (answered 2xx) gets the
 stored answer again and counts as a duplicate. `effects` counts applied operations: every 2xx answer
 without dedup, each distinct key (or keyless request) with it.
@@ -96,6 +99,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bulkrelay.demo.batchtarget import BatchEndpoints, BatchOptions
+from bulkrelay.demo.crmtarget import CrmEndpoints
 from bulkrelay.demo.oauth import OAuthPlan, OAuthState
 from bulkrelay.relay.ratelimit import most_in_window
 
@@ -224,6 +228,7 @@ class TargetState:
         self._by_status: Counter[int] = Counter()
         self._stored: dict[str, _Answer] = {}
         self.batches = BatchEndpoints(self.plan.batch)
+        self.crm = CrmEndpoints()
         self.effects = 0
         self.duplicates = 0
         self.resets = 0
@@ -241,6 +246,7 @@ class TargetState:
             "arrivals_per_second": _per_second(self._arrivals),
             "max_arrivals_in_any_second": most_in_window(self._arrivals, 1.0),
             **self.batches.stats(),
+            **self.crm.stats(),
         }
 
     def requests(self) -> list[dict[str, Any]]:
@@ -354,6 +360,8 @@ class TargetState:
         if BatchEndpoints.handles(request.path):
             status, answer = self.batches.answer(request.path, body)
             return _Answer(status, answer)
+        if CrmEndpoints.handles(request.path):  # demo/crmtarget.py: ids the target issues
+            return _Answer(*self.crm.answer(request.path, body))
         self._seq += 1
         return _Answer(self.plan.status, b'{"id":"%d"}' % self._seq)
 
