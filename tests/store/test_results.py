@@ -56,9 +56,9 @@ def _sqlite(tmp_path: Path) -> SinkTarget:
     return SinkTarget("sqlite", f"sqlite:///{path}", f"sqlite:///{path}", "bulkrelay_results", path)
 
 
-def _table(target: SinkTarget) -> dict[str, dict[str, object]]:
-    assert target.path is not None
-    with sqlite3.connect(target.path) as db:
+def _table(sink: SinkTarget) -> dict[str, dict[str, object]]:
+    assert sink.path is not None
+    with sqlite3.connect(sink.path) as db:
         rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM bulkrelay_results").fetchall()
     db.close()
     return {row[1]: dict(zip(COLUMNS, row, strict=True)) for row in rows}
@@ -67,19 +67,19 @@ def _table(target: SinkTarget) -> dict[str, dict[str, object]]:
 def test_catch_up_upserts_each_row_keyed_by_key_or_row_number_with_its_commit_time(tmp_path: Path) -> None:
     run = _run(tmp_path / "runs")
     _append_group(run, [delivered_entry(1, key="A-1", captured={"id": 7}), _failed(2)], 1, 1_764_000_000.5)
-    target = _sqlite(tmp_path)
-    writer = open_writer(target)
-    assert catch_up(writer, target, run) == 2
-    table = _table(target)
+    sink = _sqlite(tmp_path)
+    writer = open_writer(sink)
+    assert catch_up(writer, sink, run) == 2
+    table = _table(sink)
     assert set(table) == {"A-1", "2"}  # a row without a key: its row number
     assert table["A-1"]["captured"] == '{"id":7}' and table["A-1"]["success"] == 1
     assert table["A-1"]["job"] == "accounts" and table["A-1"]["run_id"] == run.run_id
     assert table["2"]["error"] == "422 Unprocessable" and table["2"]["status_code"] == 422
     assert table["2"]["updated_at"] == "2025-11-24T16:00:00.500000Z"
-    assert fed_offset(run, target) == run.journal_path.stat().st_size
-    assert catch_up(writer, target, run) == 0  # nothing past the progress
+    assert fed_offset(run, sink) == run.journal_path.stat().st_size
+    assert catch_up(writer, sink, run) == 0  # nothing past the progress
     (run.path / PROGRESS_FILE).unlink()
-    assert catch_up(writer, target, run) == 2 and _table(target) == table  # twice: the same table
+    assert catch_up(writer, sink, run) == 2 and _table(sink) == table  # twice: the same table
     writer.close()
 
 
@@ -88,12 +88,12 @@ def test_an_older_outcome_never_overwrites_a_newer_one(tmp_path: Path) -> None:
     old, new = _run(runs), _run(runs)
     _append_group(old, [_failed(1, key="A-1")], 1, 1_000.0)
     _append_group(new, [delivered_entry(1, key="A-1", captured={"id": 9})], 1, 2_000.0)
-    target = _sqlite(tmp_path)
-    writer = open_writer(target)
-    catch_up(writer, target, new)
-    catch_up(writer, target, old)  # caught up later, but older
-    assert _table(target)["A-1"]["run_id"] == new.run_id
-    assert _table(target)["A-1"]["success"] == 1
+    sink = _sqlite(tmp_path)
+    writer = open_writer(sink)
+    catch_up(writer, sink, new)
+    catch_up(writer, sink, old)  # caught up later, but older
+    assert _table(sink)["A-1"]["run_id"] == new.run_id
+    assert _table(sink)["A-1"]["success"] == 1
     writer.close()
 
 
@@ -107,19 +107,19 @@ def test_a_group_without_its_marker_is_not_published(tmp_path: Path) -> None:
 def test_a_locked_table_is_unavailable_and_a_later_catch_up_completes_it(tmp_path: Path) -> None:
     run = _run(tmp_path / "runs")
     _append_group(run, [delivered_entry(n) for n in (1, 2, 3)], 1, 1_000.0)
-    target = _sqlite(tmp_path)
-    open_writer(target).close()  # the table exists
-    assert target.path is not None
-    other = sqlite3.connect(target.path, isolation_level=None)
+    sink = _sqlite(tmp_path)
+    open_writer(sink).close()  # the table exists
+    assert sink.path is not None
+    other = sqlite3.connect(sink.path, isolation_level=None)
     other.execute("BEGIN EXCLUSIVE")  # another writer holds the table
-    writer = open_writer(target, wait=0.1)
+    writer = open_writer(sink, wait=0.1)
     with pytest.raises(SinkUnavailable, match="locked"):
-        catch_up(writer, target, run)
-    assert fed_offset(run, target) == 0  # nothing claimed
+        catch_up(writer, sink, run)
+    assert fed_offset(run, sink) == 0  # nothing claimed
     other.execute("ROLLBACK")
     other.close()
-    assert catch_up(writer, target, run) == 3
-    assert set(_table(target)) == {"1", "2", "3"}
+    assert catch_up(writer, sink, run) == 3
+    assert set(_table(sink)) == {"1", "2", "3"}
     writer.close()
 
 
@@ -128,24 +128,24 @@ def test_lagging_runs_are_the_jobs_runs_the_sink_lacks(tmp_path: Path) -> None:
     fed, behind, other_job = _run(runs), _run(runs), _run(runs, "deals")
     for run in (fed, behind, other_job):
         _append_group(run, [delivered_entry(1)], 1, 1_000.0)
-    target = _sqlite(tmp_path)
-    writer = open_writer(target)
-    catch_up(writer, target, fed)
-    assert [run.run_id for run in lagging_runs(runs, "accounts", target)] == [behind.run_id]
+    sink = _sqlite(tmp_path)
+    writer = open_writer(sink)
+    catch_up(writer, sink, fed)
+    assert [run.run_id for run in lagging_runs(runs, "accounts", sink)] == [behind.run_id]
     writer.close()
 
 
 def test_the_feeder_upserts_committed_groups_and_records_its_progress(tmp_path: Path) -> None:
     run = _run(tmp_path / "runs")
-    target = _sqlite(tmp_path)
-    writer = open_writer(target)
-    feeder = SinkFeeder(writer, target, run, 0)
+    sink = _sqlite(tmp_path)
+    writer = open_writer(sink)
+    feeder = SinkFeeder(writer, sink, run, 0)
     feeder.on_commit([delivered_entry(1, key="a"), _failed(2, key="b")], 500)
     feeder.on_commit([delivered_entry(3, key="c")], 800)
-    wait_for(lambda: len(_table(target)) == 3, what="three rows in the sink")
+    wait_for(lambda: len(_table(sink)) == 3, what="three rows in the sink")
     feeder.close()
     assert feeder.problem is None
-    assert fed_offset(run, target) == 800
+    assert fed_offset(run, sink) == 800
     writer.close()
 
 
@@ -156,10 +156,10 @@ def test_a_file_sink_is_appended_then_compacted_to_one_line_a_key(tmp_path: Path
     _append_group(first, [_failed(1, key="k1"), delivered_entry(2, key="k2")], 1, 1_000.0)
     _append_group(second, [delivered_entry(1, key="k1", captured={"id": "x,y"})], 1, 2_000.0)
     path = tmp_path / f"results.{kind}"
-    target = SinkTarget(kind, str(path), str(path), "bulkrelay_results", path)  # type: ignore[arg-type]
-    writer = open_writer(target)
-    catch_up(writer, target, first)
-    catch_up(writer, target, second)
+    sink = SinkTarget(kind, str(path), str(path), "bulkrelay_results", path)  # type: ignore[arg-type]
+    writer = open_writer(sink)
+    catch_up(writer, sink, first)
+    catch_up(writer, sink, second)
     assert len(list(read_file_rows(path, kind))) == 3  # appended
     writer.finish()
     rows = {row[1]: row for row in read_file_rows(path, kind)}
