@@ -55,6 +55,7 @@ class Preflight:
     digester: RequestDigester | None = None  # a delta job: journal lines carry each row's digest
     batcher: BatchRenderer | None = None  # a batch job (request.batch): each row's item, many a request
     shared_limit: str | None = None  # the Redis URL of a shared rate limit, its ${NAME} resolved
+    lookup_misses: int = 0  # rows whose key a lookup with `on_miss: skip` lacks: journaled unsent
 
     @property
     def record_count(self) -> int:
@@ -263,17 +264,19 @@ def _render_row(
     record: Record,
     collector: _ProblemCollector,
     file: str,
-) -> None:
-    """Render one row (and tell the row chooser); a row that does not render is a problem of it."""
+) -> bool:
+    """Render one row (and tell the row chooser); a row that does not render is a problem of it.
+    True: a lookup with `on_miss: skip` lacks the row's key (the relay journals it unsent)."""
     try:
         request = render(record)
         if observe is not None:
             observe(record, request)
     except LookupMissed:
-        pass  # on_miss: skip: the relay journals it unsent (`lookup_miss`)
+        return True
     except RenderError as exc:
         row, line = record.row_number, record.line
         collector.add(Problem(exc.message, file=file, line=line, row=row, field=exc.field))
+    return False
 
 
 def run_preflight(
@@ -312,6 +315,7 @@ def run_preflight(
     render = renderer.render if batcher is None else batcher.item_request
     presence = _FieldPresence(job, spec)
     presence_open = True  # until the fields the job needs are settled (a CSV: its first record)
+    misses = 0
     if on_rows_read is not None:
         on_rows_read(0)
     with open_records(spec, collector.add) as stream:
@@ -321,7 +325,7 @@ def run_preflight(
             if on_rows_read is not None:
                 on_rows_read(record.row_number)
             if settled is None or not settled(record):
-                _render_row(render, observe, record, collector, file)
+                misses += _render_row(render, observe, record, collector, file)
             if add_key is not None and (problem := add_key(record)) is not None:
                 collector.add(problem)
         fingerprint = stream.fingerprint()
@@ -342,4 +346,5 @@ def run_preflight(
         digester=digester,
         batcher=batcher,
         shared_limit=shared_limit,
+        lookup_misses=misses,
     )

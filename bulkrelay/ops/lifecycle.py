@@ -288,7 +288,7 @@ def relay_locked(
         if preflight.digester is not None or run.plan.mirror_deletes:
             behind = _record_deliveries(run)
         result = _conclude(preflight, run, outcome)
-        result.warnings.extend(w for w in (behind, sink_behind) if w is not None)
+        result.warnings.extend(w for w in (behind, sink_behind, _skipped(preflight)) if w is not None)
     except BulkRelayError as exc:
         if isinstance(exc, StorageFailed):
             _say_how_to_continue(exc, run)
@@ -297,6 +297,19 @@ def relay_locked(
     result.warnings[:0] = deprecation_warnings(preflight.job.deprecations)
     _notify_finished(options.observers, run, result)
     return result
+
+
+def _skipped(preflight: Preflight) -> EnvelopeWarning | None:
+    """LOOKUP_MISSES_SKIPPED: rows a lookup with `on_miss: skip` lacked, journaled unsent."""
+    misses = preflight.lookup_misses
+    if not misses:
+        return None
+    return EnvelopeWarning(
+        "LOOKUP_MISSES_SKIPPED",
+        f"{misses} row(s) had a key their lookup lacks (on_miss: skip): journaled unsent as lookup_miss; "
+        "`bulkrelay retry-failed RUN --classification lookup_miss` sends them once their keys exist",
+        {"rows": misses},
+    )
 
 
 def _record_deliveries(run: RunDir) -> EnvelopeWarning | None:

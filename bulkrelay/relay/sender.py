@@ -20,6 +20,7 @@ from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
 from bulkrelay.relay.retry import (
+    LOOKUP_MISS,
     Decision,
     RetryPolicy,
     counts_as_success,
@@ -209,7 +210,7 @@ class RowSender:
         return JournalEntry(
             row_number=record.row_number,
             success=False,
-            classification="lookup_miss",
+            classification=LOOKUP_MISS,
             status_code=None,
             attempts=0,
             retryable=False,

@@ -96,6 +96,8 @@ def test_misses_fail_in_preflight_naming_rows_and_keys_or_are_skipped_or_null(
     assert _sent(target) == {}  # nothing sent
     skipped = run_job(tmp_path, _contacts(tmp_path, target, ["1", "nope"], on_miss="skip"))
     assert skipped.exit_code == ExitCode.PARTIAL_FAILURE
+    warned = [w for w in skipped.envelope["warnings"] if w["code"] == "LOOKUP_MISSES_SKIPPED"]
+    assert [w["context"]["rows"] for w in warned] == [1]  # preflight counted the miss
     assert set(_sent(target)) == {"c1"}  # the miss was not sent
     entries = {e.row_number: e for e in read_journal(Path(skipped.data["run_dir"]) / "results.jsonl")}
     assert entries[2].classification == "lookup_miss" and not entries[2].success and entries[2].attempts == 0
