@@ -15,6 +15,7 @@ import yaml
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.journal import read_journal
+from tests.clirun import run_cli
 from tests.jobfiles import write_csv, write_job
 from tests.runsteps import run_job, stop_midway
 from tests.targetproc import TargetProcess
@@ -221,3 +222,29 @@ def test_a_hostile_get_lookup_fails_clearly_and_sends_nothing(
     assert words in orjson.dumps(result.envelope["error"]).decode()
     assert _sent(target) == {}
     assert not list((tmp_path / ".bulkrelay" / "runs").glob("*/run.json"))  # no run was started
+
+
+def test_retry_failed_sends_a_skipped_row_once_its_key_exists(tmp_path: Path, target: TargetProcess) -> None:
+    target.set_plan({})
+    target.reset()
+    accounts = _accounts(tmp_path, target)
+    run_job(tmp_path, accounts)
+    contacts = _contacts(tmp_path, target, ["1", "31"], on_miss="skip")  # account 31 does not exist yet
+    first = run_job(tmp_path, contacts)
+    assert first.exit_code == ExitCode.PARTIAL_FAILURE
+    write_csv(
+        tmp_path / "accounts.csv", [{"id": str(n), "email": f"u{n}@x.io", "name": "n"} for n in range(1, 32)]
+    )
+    ids = _captured_ids(tmp_path, run_job(tmp_path, accounts).data["run_dir"])
+    target.reset()
+    retried = run_cli(
+        "retry-failed",
+        first.data["run_dir"],
+        "--classification",
+        "lookup_miss",
+        "--budget",
+        "0",
+        cwd=tmp_path,
+    )
+    assert retried.exit_code == 0, retried.envelope
+    assert _sent(target) == {"c2": ids["31"]}  # the maps built afresh: the new account's id
