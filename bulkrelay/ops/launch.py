@@ -24,6 +24,7 @@ from bulkrelay.ops.lookups import (
     with_lookups,
 )
 from bulkrelay.ops.results import MirrorDeletions, RunResult
+from bulkrelay.ops.resultsink import sink_target
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.rowchoice import ChosenRows, RowChoice
 from bulkrelay.ops.sharding import ShardSpec, shard_of_run
@@ -112,6 +113,7 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     is alive, a second caller gets RUN_LOCKED naming it, whatever its input, and never relays beside it."""
     reporter = reporter or progress.for_stderr(request.options.quiet)
     deletions = None
+    sink_target(request.job)  # a results.to that cannot be resolved refuses before anything starts
     try:
         if is_query_job(request.job):
             request = _query_input(request)

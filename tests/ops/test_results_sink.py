@@ -120,3 +120,18 @@ def test_a_postgresql_sink_is_upserted(
     rows = postgres.sql("SELECT key, success, run_id FROM bulkrelay_results ORDER BY row_number")
     assert len(rows) == ROWS and rows[6][1] is False
     assert {row[2] for row in rows} == {result.data["run_id"]}
+
+
+def test_a_sink_whose_secret_is_unset_refuses_before_any_run_starts(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    target.set_plan(_ALL_OK)
+    target.reset()
+    job = _job(tmp_path, target, "${RESULTS_DATABASE_URL}")
+    result = run_cli("run", job, cwd=tmp_path)
+    assert (
+        result.error_code == "SECRET_MISSING"
+        and "RESULTS_DATABASE_URL" in result.envelope["error"]["message"]
+    )
+    assert target.stats()["requests"] == 0
+    assert not list((tmp_path / ".bulkrelay" / "runs").glob("*/run.json"))
