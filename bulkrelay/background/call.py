@@ -136,6 +136,7 @@ class ExportArgs(CommandArgs):
     with_reasons: bool = False
     format: str | None = None
     output: Path | None = None  # `-`: stdout
+    results: bool = False  # the results sink's columns (stdout unless `output`)
 
 
 @dataclass(frozen=True, kw_only=True)

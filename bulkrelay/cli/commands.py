@@ -456,6 +456,11 @@ def _retry_failed(options: RetryFailedArgs, relay: _Relay) -> Result:
 def _export(options: ExportArgs) -> Result:
     from bulkrelay.ops import export  # loaded only for its own command
 
+    if options.results:
+        if options.failed or options.with_reasons or options.shard_runs:
+            raise UsageError("--results writes every row: --failed, --with-reasons, shards do not apply")
+        run_dir = _resolved(options.run_dir, options.runs_dir)
+        return export.export_results(run_dir, fmt=options.format, output=options.output)
     return export.export(
         _resolved(options.run_dir, options.runs_dir),
         failed_only=options.failed,

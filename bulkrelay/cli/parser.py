@@ -259,6 +259,11 @@ def _add_export_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--format", choices=["csv", "jsonl"], help="output format (default: the input's)")
     parser.add_argument(
+        "--results",
+        action="store_true",
+        help="each row's latest outcome in the results sink's columns (default: stdout, CSV)",
+    )
+    parser.add_argument(
         "-o",
         "--output",
         type=Path,
@@ -469,7 +474,9 @@ def exports_to_stdout(argv: Sequence[str]) -> bool:
     if "export" not in argv and "report" not in argv:
         return False
     given = any(flag in ("-o", "--output") and value == "-" for flag, value in pairwise(argv))
-    return given or "--output=-" in argv or "-o-" in argv
+    output_named = any(word in ("-o", "--output") or word.startswith(("-o", "--output=")) for word in argv)
+    results = "export" in argv and "--results" in argv and not output_named  # stdout by default
+    return given or results or "--output=-" in argv or "-o-" in argv
 
 
 def parse_call(argv: Sequence[str]) -> Call:

@@ -46,6 +46,9 @@ Batch endpoints (demo/batchtarget.py): `.../batch/upsert` (HubSpot), `.../_bulk`
 `.../users/track` (Braze) and `.../batch/array` answer each item like those APIs when no rule fires;
 the plan's "batch" object sets which items fail or are retried; stats count items applied by id.
 
+CRM endpoints (demo/crmtarget.py): `.../crm/accounts`, `.../crm/contacts`, `.../crm/deals` issue ids
+and refuse (422) a record naming an account or contact id never issued; stats count creations.
+
 Dedup: with "dedup": true, a request whose Idempotency-Key was already applied (answered 2xx) gets the
 stored answer again and counts as a duplicate. `effects` counts applied operations: every 2xx answer
 without dedup, each distinct key (or keyless request) with it.
@@ -104,6 +107,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bulkrelay.demo.batchtarget import BatchEndpoints, BatchOptions
+from bulkrelay.demo.crmtarget import CrmEndpoints
 from bulkrelay.demo.oauth import OAuthPlan, OAuthState
 from bulkrelay.demo.signatures import SignatureCheck, SignedPlan
 from bulkrelay.relay.ratelimit import most_in_window
@@ -237,6 +241,7 @@ class TargetState:
         self._stored: dict[str, _Answer] = {}
         self._in_progress: set[str] = set()  # keys whose first request is still being answered
         self.batches = BatchEndpoints(self.plan.batch)
+        self.crm = CrmEndpoints()
         self.effects = 0
         self.duplicates = 0
         self.resets = 0
@@ -256,6 +261,7 @@ class TargetState:
             "arrivals_per_second": _per_second(self._arrivals),
             "max_arrivals_in_any_second": most_in_window(self._arrivals, 1.0),
             **self.batches.stats(),
+            **self.crm.stats(),
         }
 
     def requests(self) -> list[dict[str, Any]]:
@@ -394,6 +400,8 @@ class TargetState:
         if BatchEndpoints.handles(request.path):
             status, answer = self.batches.answer(request.path, body)
             return _Answer(status, answer)
+        if CrmEndpoints.handles(request.path):  # demo/crmtarget.py: ids the target issues
+            return _Answer(*self.crm.answer(request.path, body))
         self._seq += 1
         return _Answer(self.plan.status, b'{"id":"%d"}' % self._seq)
 

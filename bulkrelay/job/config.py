@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
@@ -203,6 +203,21 @@ class InputConfig(_Model):
     query: NonEmpty | None = None  # read from `database` into the run's snapshot (docs/inputs.md)
     database: NonEmpty | None = None  # postgresql://... or sqlite:///path, usually "${DATABASE_URL}"
     params: dict[str, QueryParam] = Field(default_factory=dict)  # bound as :name
+    results_of: NonEmpty | None = None  # another job's results, by its name: (docs/chains.md)
+    where: Literal["success", "failed", "all"] | None = None  # with results_of; None: success
+
+    @model_validator(mode="after")
+    def _results_of_alone(self) -> InputConfig:
+        if self.results_of is None:
+            if self.where is not None:
+                raise ValueError("input.where goes with input.results_of")
+            return self
+        clash = [k for k in ("file", "format", "delimiter", "query") if k in self.model_fields_set]
+        if clash:
+            raise ValueError(
+                f"input.results_of reads another job's results: input.{clash[0]} does not go with it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _delimiter_is_for_csv(self) -> InputConfig:
@@ -234,6 +249,9 @@ class InputConfig(_Model):
         if self.query is None:
             for key in _QUERY_KEYS:
                 data.pop(key, None)
+        if self.results_of is None:
+            data.pop("results_of", None)
+            data.pop("where", None)
         return data
 
 
@@ -359,6 +377,20 @@ class JsonValue(_Model):
         return self
 
 
+class JsonLookup(_Model):
+    """`{lookup: NAME, key: {from: FIELD}, on_miss: fail | skip | null}`: the value the lookup map
+    NAME holds for the record's key (docs/chains.md#lookups)."""
+
+    lookup: NonEmpty
+    key: JsonField
+    on_miss: Literal["fail", "skip", "null"] = "fail"
+
+    @field_validator("on_miss", mode="before")
+    @classmethod
+    def _yaml_null_is_null(cls, value: object) -> object:
+        return "null" if value is None else value
+
+
 def _mentions_secret(value: Any) -> bool:
     if isinstance(value, str):
         return _SECRET_REFERENCE.search(value) is not None
@@ -459,6 +491,8 @@ def _json_node_kind(value: Any) -> str | None:
     `_LEAF_KINDS` in the shape `_KIND_SHAPES` asks; else an object."""
     if isinstance(value, JsonField | JsonValue):
         return "~from" if isinstance(value, JsonField) else "~value"
+    if isinstance(value, JsonLookup) or (isinstance(value, dict) and isinstance(value.get("lookup"), str)):
+        return "~lookup"
     for key, model in _LEAF_KINDS.items():
         if isinstance(value, model) or (
             isinstance(value, dict) and key in value and _KIND_SHAPES[key](value)
@@ -475,13 +509,14 @@ def _json_node_kind(value: Any) -> str | None:
 # error per bad node instead of one per union member.
 KindLeaf = FormatLeaf | CoalesceLeaf | WhenLeaf | LiquidLeaf | RowsLeaf  # the kinds of `_LEAF_KINDS`
 if TYPE_CHECKING:
-    JsonNode = JsonField | JsonValue | KindLeaf | dict[str, "JsonNode"]
+    JsonNode = JsonField | JsonValue | JsonLookup | KindLeaf | dict[str, "JsonNode"]
 else:
     JsonNode = TypeAliasType(
         "JsonNode",
         Annotated[
             Annotated[JsonField, Tag("~from")]
             | Annotated[JsonValue, Tag("~value")]
+            | Annotated[JsonLookup, Tag("~lookup")]
             | Annotated[FormatLeaf, Tag("~format")]
             | Annotated[CoalesceLeaf, Tag("~coalesce")]
             | Annotated[WhenLeaf, Tag("~when")]
@@ -1196,6 +1231,60 @@ def _var_names(names: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?")
+_SINK_SCHEMES = ("sqlite:", "postgresql:", "postgres:")
+
+
+class ResultsConfig(_Model):
+    """`results: {to, table}`: where each row's latest outcome is upserted (docs/chains.md)."""
+
+    to: NonEmpty  # sqlite:///results.db, postgresql://... ("${DATABASE_URL}"), results.csv, results.jsonl
+    table: str = "bulkrelay_results"
+
+    @model_validator(mode="after")
+    def _known_sink(self) -> ResultsConfig:
+        to = self.to.lower()
+        if not to.startswith((*_SINK_SCHEMES, "${")) and not to.endswith((".csv", ".jsonl")):
+            raise ValueError(
+                "results.to is sqlite:///FILE, postgresql://..., or a file ending .csv or .jsonl"
+            )
+        if not _TABLE_NAME.fullmatch(self.table):
+            raise ValueError(
+                f"results.table {self.table!r} is not a table name (letters, digits, _; schema.table)"
+            )
+        return self
+
+
+class LookupConfig(_Model):
+    """One of `lookups:`: a key -> value map built once per run (docs/chains.md#lookups)."""
+
+    results_of: NonEmpty | None = None  # another job's successful rows, by its name:
+    value: Annotated[str, AfterValidator(_json_pointer)] | None = None  # with results_of: /captured/id
+    query: NonEmpty | None = None  # first column the key, second the value
+    database: NonEmpty | None = None  # with query: postgresql://... or sqlite:///path, "${DATABASE_URL}"
+    get: Annotated[str, AfterValidator(_url)] | None = None  # a paginated GET (docs/chains.md#lookups)
+    items: Annotated[str, AfterValidator(_json_pointer)] = (
+        ""  # with get: the list in each page ("": the page)
+    )
+    key: Annotated[str, AfterValidator(_json_pointer)] | None = None  # with get: in each item
+    next: Annotated[str, AfterValidator(_json_pointer)] | None = None  # with get; None: the Link header
+    max_pages: Annotated[int, Field(ge=1, le=100_000)] = 100
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LookupConfig:
+        if [self.results_of, self.query, self.get].count(None) != 2:
+            raise ValueError("a lookup reads one of results_of (another job's results), query, get")
+        if self.get is not None:
+            if self.key is None or self.value is None or self.database is not None:
+                raise ValueError("a get lookup names key and value (pointers into each item), no database")
+            return self
+        if self.results_of is not None and (self.value is None or self.database is not None):
+            raise ValueError("a results_of lookup names its value (a pointer: /captured/id), no database")
+        if self.query is not None and (self.database is None or self.value is not None):
+            raise ValueError("a query lookup needs database (its first column the key, its second the value)")
+        return self
+
+
 class JobConfig(_Model):
     version: Literal[1]
     name: str | None = None
@@ -1209,6 +1298,8 @@ class JobConfig(_Model):
     retry: RetryConfig = Field(default_factory=RetryConfig)
     halt: HaltConfig = Field(default_factory=HaltConfig)
     mirror: MirrorConfig | None = None
+    results: ResultsConfig | None = None  # operational: never in the fingerprint
+    lookups: dict[NonEmpty, LookupConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _sync_settings(self) -> JobConfig:
@@ -1230,6 +1321,9 @@ class JobConfig(_Model):
             raise ValueError(f"vars names {', '.join(unused)}, which no ${{NAME}} of the job uses")
         if self.request.auth is not None:
             _vars_not_secret(self.request.auth, self.vars)
+        named = {leaf.lookup for _, leaf in _lookup_leaves(self.request.json_, ("request", "json"))}
+        if unknown := sorted(named - set(self.lookups)):
+            raise ValueError(f"request.json reads lookup {unknown[0]}, which lookups: does not define")
         return self
 
     @model_serializer(mode="wrap")
@@ -1239,6 +1333,10 @@ class JobConfig(_Model):
             data.pop("mirror", None)
         if not self.vars:
             data.pop("vars", None)  # a job without vars keeps the fingerprint it had
+        if self.results is None:
+            data.pop("results", None)
+        if not self.lookups:
+            data.pop("lookups", None)
         return data
 
 
@@ -1277,6 +1375,8 @@ class Job:
     base_dir: Path
     deprecations: tuple[Problem, ...] = ()  # the public alpha's spellings it used, with their new ones
     lines: LineMap = field(default_factory=LineMap)  # the line of every YAML path, for later problems
+    # The `lookups:` maps, built (or read frozen) by the caller before preflight: name -> key -> value.
+    lookups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def input_path(self) -> Path | None:
@@ -1322,7 +1422,31 @@ def required_fields(config: JobConfig) -> dict[str, YamlPath]:
     return found
 
 
+def _lookup_leaves(node: JsonNode | None, path: YamlPath) -> Iterator[tuple[YamlPath, JsonLookup]]:
+    if isinstance(node, JsonLookup):
+        yield path, node
+    for key, child in _children(node):
+        yield from _lookup_leaves(child, (*path, key))
+
+
+def _children(node: JsonNode | None) -> Iterator[tuple[str | int, JsonNode]]:
+    """The nodes inside `node`: an object's values, a when's branches, a coalesce's choices, a rows' row."""
+    if isinstance(node, dict):
+        yield from node.items()
+    elif isinstance(node, WhenLeaf):
+        yield "then", node.then
+        if node.else_ is not None:
+            yield "else", node.else_
+    elif isinstance(node, CoalesceLeaf):
+        yield from enumerate(node.coalesce)
+    elif isinstance(node, RowsLeaf):
+        yield "rows", node.rows
+
+
 def _json_fields(node: JsonNode, path: YamlPath) -> Iterator[tuple[YamlPath, JsonField]]:
+    if isinstance(node, JsonLookup):
+        node = node.key
+        path = (*path, "key")
     if isinstance(node, JsonField):
         if not node.optional:
             yield path, node
@@ -1383,6 +1507,7 @@ def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
     who asks for an OAuth2 token (client id and secret, how it authenticates, when it refreshes)."""
     data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
     del data["name"]
+    data.pop("results", None)  # where results are kept changes no request
     del data["input"]["file"]
     del data["retry"]["max_retry_after_seconds"]
     for key in _OPERATIONAL_EXECUTION_KEYS:

@@ -28,9 +28,11 @@ from bulkrelay.job.inputs import (
     detect_format,
     open_records,
 )
+from bulkrelay.job.inputs.lookups import LookupMissed
 from bulkrelay.job.inputs.query import QUERY_NAME, database_of
 from bulkrelay.job.keycheck import DuplicateKeyFinder
 from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.job.redact import Redactor
 from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
 from bulkrelay.job.template import resolve_secrets
 
@@ -55,6 +57,7 @@ class Preflight:
     digester: RequestDigester | None = None  # a delta job: journal lines carry each row's digest
     batcher: BatchRenderer | None = None  # a batch job (request.batch): each row's item, many a request
     shared_limit: str | None = None  # the Redis URL of a shared rate limit, its ${NAME} resolved
+    lookup_misses: int = 0  # rows whose key a lookup with `on_miss: skip` lacks: journaled unsent
 
     @property
     def record_count(self) -> int:
@@ -108,7 +111,9 @@ def resolve_input(
 
 
 def query_source(job: Job, env: Mapping[str, str]) -> str | None:
-    """A query job's database, named without credentials; None for a file job."""
+    """A query job's database, named without credentials (a chained job's parent); None for a file job."""
+    if job.config.input.results_of is not None:
+        return f"results_of:{job.config.input.results_of}"
     database = job.config.input.database
     if job.config.input.query is None or database is None:
         return None
@@ -142,7 +147,12 @@ def _renderer_and_digester(
     """The job's renderer, and for a delta job the digester its journal lines and state compare."""
     delta = job.config.execution.sync != "full"
     renderer = RequestRenderer.from_config(
-        job.config.request, env, sorted_json=delta, shown=job.config.vars, base_dir=job.base_dir
+        job.config.request,
+        env,
+        sorted_json=delta,
+        shown=job.config.vars,
+        base_dir=job.base_dir,
+        lookups=job.lookups,
     )
     if not delta:
         return renderer, None
@@ -276,6 +286,30 @@ def _row_check(keys: DuplicateKeyFinder | None, job: Job, file: str) -> RowCheck
     return check
 
 
+def _render_row(
+    render: Callable[[Record], PreparedRequest],
+    redactor: Redactor,
+    observe: RowObserver | None,
+    record: Record,
+    collector: _ProblemCollector,
+    *,
+    file: str,
+) -> bool:
+    """Render one row (and tell the row chooser); a row that does not render is a problem of it.
+    True: a lookup with `on_miss: skip` lacks the row's key (the relay journals it unsent)."""
+    try:
+        request = render(record)
+        if observe is not None:
+            observe(record, request)
+    except LookupMissed:
+        return True
+    except RenderError as exc:
+        row, line = record.row_number, record.line
+        message = redactor.redact(exc.message)  # it may quote the row's value
+        collector.add(Problem(message, file=file, line=line, row=row, field=exc.field))
+    return False
+
+
 def run_preflight(
     job: Job,
     input_override: Path | None = None,
@@ -312,6 +346,7 @@ def run_preflight(
     render = renderer.render if batcher is None else batcher.item_request
     presence = _FieldPresence(job, spec)
     presence_open = True  # until the fields the job needs are settled (a CSV: its first record)
+    misses = 0
     if on_rows_read is not None:
         on_rows_read(0)
     with open_records(spec, collector.add) as stream:
@@ -321,20 +356,7 @@ def run_preflight(
             if on_rows_read is not None:
                 on_rows_read(record.row_number)
             if settled is None or not settled(record):
-                try:
-                    request = render(record)
-                    if observe is not None:
-                        observe(record, request)
-                except RenderError as exc:
-                    collector.add(
-                        Problem(
-                            renderer.redactor.redact(exc.message),  # it may quote the row's value
-                            file=file,
-                            line=record.line,
-                            row=record.row_number,
-                            field=exc.field,
-                        )
-                    )
+                misses += _render_row(render, renderer.redactor, observe, record, collector, file=file)
             if row_check is not None:
                 row_check(record, collector.add)
         fingerprint = stream.fingerprint()
@@ -355,4 +377,5 @@ def run_preflight(
         digester=digester,
         batcher=batcher,
         shared_limit=shared_limit,
+        lookup_misses=misses,
     )

@@ -20,8 +20,18 @@ from urllib.parse import urlencode
 import orjson
 
 from bulkrelay.errors import SecretInvalid
-from bulkrelay.job.config import FormField, JsonField, JsonNode, JsonValue, KindLeaf, Nulls, RequestConfig
+from bulkrelay.job.config import (
+    FormField,
+    JsonField,
+    JsonLookup,
+    JsonNode,
+    JsonValue,
+    KindLeaf,
+    Nulls,
+    RequestConfig,
+)
 from bulkrelay.job.inputs.jsonl import integer_beyond_64_bits
+from bulkrelay.job.inputs.lookups import LookupMap, lookup_getter
 from bulkrelay.job.oauth2 import TokenRequest, bind_token_request
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.redact import Redactor, basic_credentials, url_credentials
@@ -75,7 +85,9 @@ class RequestRenderer:
         json: tuple[JsonNode, int] | None = None,
         token_request: TokenRequest | None = None,
         hmac_keys: tuple[bytes, ...] = (),
+        lookups: Mapping[str, LookupMap] | None = None,
     ) -> None:
+        self._lookups = lookups  # the `lookups:` maps the json tree's lookup leaves read
         self.method = method
         self.token_request = token_request  # request.auth.oauth2: the relay fetches the token with it
         self.hmac_keys = hmac_keys  # request.auth.hmac: what relay/auth/hmac.py signs with
@@ -106,6 +118,7 @@ class RequestRenderer:
         sorted_json: bool = False,
         shown: Collection[str] = (),
         base_dir: Path | None = None,
+        lookups: Mapping[str, LookupMap] | None = None,
     ) -> RequestRenderer:
         """Compile the request config. Raises `SecretMissing` naming every unset `${NAME}`.
         `shown`: the job's `vars`, read like secrets but never hidden. `base_dir`: where a key file
@@ -143,7 +156,7 @@ class RequestRenderer:
             url=url,
             query=tuple((name, bind(value)) for name, value in req.query.items()),
             headers=tuple(headers),
-            body=_body_renderer(req, bind, sorted_json),
+            body=_body_renderer(req, bind, sorted_json, lookups),
             fields_used=frozenset(fields),
             idempotency_header=req.idempotency_key.header if req.idempotency_key else None,
             redactor=_redactor(req.url, secrets, token_request, shown),
@@ -151,6 +164,7 @@ class RequestRenderer:
             hmac_keys=() if hmac is None else hmac_keys(hmac, secrets),
             sorted_json=sorted_json and req.json_ is not None,
             json=None if req.json_ is None else (with_nulls(req.json_, req.nulls), _json_option(sorted_json)),
+            lookups=lookups,
         )
 
     def _render_function(self) -> Callable[[Record], PreparedRequest]:
@@ -224,7 +238,7 @@ class RequestRenderer:
         if self._json is not None:
             node, option = self._json
             try:
-                display = _json_display(node, code)
+                display = _json_display(node, code, self._lookups)
             except RecursionError:
                 return None
             body = f"{bound(orjson.dumps)}({display}, option={bound(option)})"
@@ -506,14 +520,17 @@ def _json_leaves(node: JsonNode) -> Iterable[JsonNode]:
         for child in node.values():
             yield from _json_leaves(child)
     else:
-        yield node
+        yield node.key if isinstance(node, JsonLookup) else node
 
 
 def _body_renderer(
-    req: RequestConfig, bind: Callable[[str], BoundTemplate], sorted_json: bool = False
+    req: RequestConfig,
+    bind: Callable[[str], BoundTemplate],
+    sorted_json: bool = False,
+    lookups: Mapping[str, LookupMap] | None = None,
 ) -> Callable[[Fields], bytes] | None:
     if req.json_ is not None:
-        return _json_body(with_nulls(req.json_, req.nulls), _json_option(sorted_json))
+        return _json_body(with_nulls(req.json_, req.nulls), _json_option(sorted_json), lookups)
     if req.form is not None:
         return _form_body(req.form, bind, req.nulls)
     if req.body is not None:
@@ -556,7 +573,7 @@ class _Generated:
         return self.namespace[name]
 
 
-def _json_display(node: JsonNode, code: _Generated) -> str:
+def _json_display(node: JsonNode, code: _Generated, lookups: Mapping[str, LookupMap] | None = None) -> str:
     """The `json` tree as one expression over the fields `f`: a dict display such as
     `{_0: f[_1], _2: _3(_4, f[_4]), _5: _6}`, the fastest way Python builds a dict (a tree of small
     getters costs a call per leaf and a comprehension per object). A missing field surfaces as
@@ -564,8 +581,10 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
     succeeds, and their exact error is found by asking them again."""
     if isinstance(node, JsonValue):
         return code.bound(node.value)
+    if isinstance(node, JsonLookup):
+        return f"{code.bound(_json_getter(node, lookups))}(f)"
     if not is_plain(node):
-        return f"{code.bound(leaf_getter(node, _LEAF_PARTS))}(f)"  # job/values.py's leaves
+        return f"{code.bound(leaf_getter(node, _leaf_parts(lookups)))}(f)"  # job/values.py's leaves
     if isinstance(node, JsonField):
         if node.optional or node.pointer is not None:
             return f"{code.bound(_field_getter(node))}(f)"  # absence is no error, or a path to follow
@@ -580,20 +599,22 @@ def _json_display(node: JsonNode, code: _Generated) -> str:
             )
         return f"{coerce}({field}, f[{field}])"
     if any(may_omit(child) for child in node.values()):
-        return f"{code.bound(_json_getter(node))}(f)"  # a key may be left out: no dict display
-    items = (f"{code.bound(key)}: {_json_display(child, code)}" for key, child in node.items())
+        return f"{code.bound(_json_getter(node, lookups))}(f)"  # a key may be left out: no dict display
+    items = (f"{code.bound(key)}: {_json_display(child, code, lookups)}" for key, child in node.items())
     return "{" + ", ".join(items) + "}"
 
 
-def _json_body(node: JsonNode, option: int = 0) -> Callable[[Fields], bytes]:
+def _json_body(
+    node: JsonNode, option: int = 0, lookups: Mapping[str, LookupMap] | None = None
+) -> Callable[[Fields], bytes]:
     """The body of a `json` request: `_json_display` handed to `orjson.dumps`, in one generated
     function; when the display fails, the reference getters build the value again and raise exactly
     the error they name. A tree too deep to compile is rendered by the getters alone."""
-    reference = _json_getter(node)
+    reference = _json_getter(node, lookups)
     encode = _json_encoder(option)
     code = _Generated()
     try:
-        display = _json_display(node, code)
+        display = _json_display(node, code, lookups)
     except RecursionError:
         display = None
     body = None
@@ -659,15 +680,17 @@ def _text_getter(name: str) -> Callable[[Fields], str]:
     return get
 
 
-def _json_getter(node: JsonNode) -> Getter:
+def _json_getter(node: JsonNode, lookups: Mapping[str, LookupMap] | None = None) -> Getter:
     if isinstance(node, JsonValue):
         literal = node.value
         return lambda fields: literal
+    if isinstance(node, JsonLookup):
+        return lookup_getter(node, lookups or {}, _field_getter(node.key))
     if not is_plain(node):
-        return leaf_getter(node, _LEAF_PARTS)
+        return leaf_getter(node, _leaf_parts(lookups))
     if isinstance(node, JsonField):
         return _field_getter(node)
-    items = tuple((key, _json_getter(child)) for key, child in node.items())
+    items = tuple((key, _json_getter(child, lookups)) for key, child in node.items())
     return lambda fields: {key: value for key, get in items if (value := get(fields)) is not _OMIT}
 
 
@@ -803,3 +826,11 @@ _COERCERS: dict[str, Callable[[str, Any], Any]] = {
     "string": _to_string,
 }
 _LEAF_PARTS = LeafParts(read=_field_getter, coercers=_COERCERS, node=_json_getter)
+
+
+def _leaf_parts(lookups: Mapping[str, LookupMap] | None) -> LeafParts:
+    """What job/values.py's leaves are lent: a tree inside one (a when's branch, a coalesce's choice) may
+    read the job's lookups too."""
+    if not lookups:
+        return _LEAF_PARTS
+    return _LEAF_PARTS._replace(node=lambda node: _json_getter(node, lookups))

@@ -34,6 +34,7 @@ from bulkrelay.job.config import (
     FormatLeaf,
     FormField,
     JsonField,
+    JsonLookup,
     JsonNode,
     JsonValue,
     KindLeaf,
@@ -104,7 +105,7 @@ def may_omit(node: JsonNode) -> bool:
 
 def with_nulls(node: JsonNode, nulls: Nulls | None) -> JsonNode:
     """The tree with `request.nulls` given to every leaf that does not set its own."""
-    if nulls is None or isinstance(node, JsonValue):
+    if nulls is None or isinstance(node, JsonValue | JsonLookup):  # a lookup's miss is its on_miss
         return node
     if isinstance(node, dict):
         return {key: with_nulls(child, nulls) for key, child in node.items()}

@@ -30,6 +30,7 @@ from bulkrelay.ops.results import ExportResult
 from bulkrelay.ops.resume import check_committed_journal
 from bulkrelay.store.atomic import replacing
 from bulkrelay.store.journal import read_entry_at, read_journal_from
+from bulkrelay.store.results import Row, iso_time, journal_groups, row_of, sink_job_name, write_rows
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.runs import runs_in
@@ -314,6 +315,40 @@ def export(
         skipped_unchanged=sync.skipped_unchanged if sync is not None else None,
     )
     return Result(data=data)
+
+
+def export_results(run_dir: Path, *, fmt: str | None, output: Path | None) -> Result:
+    """`export --results`: each row's latest outcome in the results sink's columns (store/results.py),
+    to stdout unless `output` names a file. A run's rows stream from its journal; a run with
+    `retry-failed` children keeps one row a row number in memory, the newest."""
+    run = RunDir.open(run_dir)
+    family = _family(run)
+    for member in family:
+        check_committed_journal(member, "export")
+    fmt = fmt or "csv"
+    target = output or Path(STDOUT)
+    rows = _result_rows(family)
+    with _opened(target) as out:
+        count = write_rows(out, rows, fmt)
+    runs = tuple(r.run_id for r in family)
+    return Result(data=ExportResult(run.run_id, str(target), fmt, count, failed_only=False, runs=runs))
+
+
+def _result_rows(family: list[RunDir]) -> Iterator[Row]:
+    def rows_of(member: RunDir) -> Iterator[Row]:
+        job = sink_job_name(member)
+        for entries, t, _ in journal_groups(member.journal_path, 0):
+            at = iso_time(t)
+            for entry in entries:
+                yield row_of(job, member.run_id, entry, at)
+
+    if len(family) == 1:
+        yield from rows_of(family[0])
+        return
+    latest: dict[int, Row] = {}
+    for member in family:  # oldest first: a child's outcome replaces its parent's
+        latest.update((row[2], row) for row in rows_of(member))
+    yield from (latest[number] for number in sorted(latest))
 
 
 def _check_flags(spec: InputSpec, fmt: str, *, failed_only: bool, with_reasons: bool) -> None:

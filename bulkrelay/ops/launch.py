@@ -14,7 +14,17 @@ from bulkrelay.job.inputs import STDIN_NAME, abandoned_spools, let_go_of_spool
 from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, start_fresh
+from bulkrelay.ops.lookups import (
+    FROZEN_DIR,
+    built_lookups,
+    discard_frozen,
+    freeze_all,
+    frozen_lookups,
+    keep_frozen,
+    with_lookups,
+)
 from bulkrelay.ops.results import MirrorDeletions, RunResult
+from bulkrelay.ops.resultsink import sink_target
 from bulkrelay.ops.resume import check_resumable, preflight_for_resume, verify_unchanged
 from bulkrelay.ops.rowchoice import ChosenRows, RowChoice
 from bulkrelay.ops.sharding import ShardSpec, shard_of_run
@@ -63,6 +73,7 @@ class RunRequest:
     snapshot: bool = False  # input_path is the snapshot (of the query, the Parquet file) this call took
     # A Parquet input read through its snapshot: the file named (None: the job's), the snapshot's source.
     parquet: tuple[Path | None, str] | None = None
+    frozen_lookups: Path | None = None  # the `lookups:` maps this call built, frozen, for the run it starts
 
     @property
     def spooled(self) -> bool:
@@ -102,17 +113,21 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     is alive, a second caller gets RUN_LOCKED naming it, whatever its input, and never relays beside it."""
     reporter = reporter or progress.for_stderr(request.options.quiet)
     deletions = None
+    sink_target(request.job)  # a results.to that cannot be resolved refuses before anything starts
     try:
         if is_query_job(request.job):
             request = _query_input(request)
         elif (parquet := parquet_input(request.job, request.input_path)) is not None:
             request = _parquet_input(request, parquet)
+        if request.job.config.lookups:
+            request = _lookups_input(request)
         preflight, chosen, deletions = _preflight(request)
         result = _run_in_slot(request, preflight, chosen, reporter)
         if deletions is not None:
             result = _send_deletions(request, result, deletions)
     finally:
         discard(deletions[0] if deletions is not None else None)
+        discard_frozen(request.frozen_lookups)  # moved into its run, or no run took it
         if request.spooled and request.input_path is not None:
             request.input_path.unlink(missing_ok=True)  # moved into its run, or no run took it
     abandoned_spools(request.runs_dir / ".spool", remove=True)  # left by runs killed mid-snapshot
@@ -134,6 +149,22 @@ def _query_input(request: RunRequest) -> RunRequest:
         return replace(request, input_path=kept)
     spool = take_snapshot(request.job, request.runs_dir / ".spool", request.options.rows_read)
     return replace(request, input_path=spool, snapshot=True)
+
+
+def _lookups_input(request: RunRequest) -> RunRequest:
+    """The job's lookup maps: the unfinished identical run's frozen ones (never built again), else
+    built now and frozen for the run this call starts."""
+    job = request.job
+    previous = _unfinished_run(request.runs_dir, request.key())
+    if (
+        previous is not None
+        and previous.plan.config_sha256 == config_fingerprint(job.config)
+        and (previous.path / FROZEN_DIR).is_dir()
+    ):
+        return replace(request, job=with_lookups(job, frozen_lookups(job, previous)))
+    maps = built_lookups(job, request.runs_dir)
+    frozen = freeze_all(maps, request.runs_dir / ".spool")
+    return replace(request, job=with_lookups(job, maps), frozen_lookups=frozen)
 
 
 def _parquet_input(request: RunRequest, parquet: Path) -> RunRequest:
@@ -208,6 +239,8 @@ def _start_fresh(
     def prepare(run: RunDir) -> None:
         if selection is not None:
             save_selection(run.path, selection, run.storage)
+        if request.job.config.lookups:  # the maps this run reads, frozen in it
+            keep_frozen(request.frozen_lookups or freeze_all(request.job.lookups, run.path), run)
         remember(request.runs_dir, key, run.run_id)  # last: the index names only whole runs
 
     return start_fresh(

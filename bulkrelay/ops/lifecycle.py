@@ -32,6 +32,7 @@ from bulkrelay.errors import (
 from bulkrelay.job.inputs import let_go_of_spool, spool_stdin_into
 from bulkrelay.job.preflight import Preflight, RowsRead
 from bulkrelay.ops.results import RunResult
+from bulkrelay.ops.resultsink import RunSink, close_sink, open_sink, sink_target
 from bulkrelay.ops.resume import config_sections, recover_start
 from bulkrelay.relay.affinity import relay_cpu
 from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
@@ -216,6 +217,7 @@ async def _relay_with_stops(
     run: RunDir,
     start: StartPoint,
     context: tuple[Reporter, RunOptions, StopControl | None, RelayStats],
+    sink: RunSink | None = None,
 ) -> RelayOutcome:
     reporter, options, given_stop, stats = context
     stop = given_stop or StopControl()  # made here: anyio primitives need the running loop
@@ -236,8 +238,16 @@ async def _relay_with_stops(
             for observer in options.observers:
                 observer.progressed(snapshot)
 
+        on_committed = None if sink is None else sink.on_commit
         outcome = await relay(
-            preflight, run, start, stop=stop, reporter=reporter, stats=stats, on_tick=on_tick
+            preflight,
+            run,
+            start,
+            stop=stop,
+            reporter=reporter,
+            stats=stats,
+            on_tick=on_tick,
+            on_committed=on_committed,
         )
         watchers.cancel_scope.cancel()
     return outcome
@@ -260,12 +270,15 @@ def relay_locked(
     stop: StopControl | None = None,
 ) -> Result:
     """Relay with the run's lock already held and turn the outcome into the command's result."""
+    target = sink_target(preflight.job)
     run.mark_running(os.getpid())
     if options.supervisor is not None:
         reporter = FanOut(reporter, CallbackReporter(options.supervisor.on_progress))
     stats = RelayStats()
     for observer in options.observers:
         observer.run_started(run, preflight, stats)
+    sink = None if target is None else open_sink(target, run)
+    sink_behind = None
     try:
         try:
             with relay_collections(), relay_cpu(preflight.job.config.execution.pin_cpu):
@@ -275,18 +288,19 @@ def relay_locked(
                     run,
                     start,
                     (reporter, options, stop, stats),
+                    sink,
                     backend_options={"use_uvloop": True},
                 )
         except BaseExceptionGroup as group:
             raise sole_error(group) from None
         finally:
             reporter.close()
+            sink_behind = None if sink is None else close_sink(sink)
         behind = None
         if preflight.digester is not None or run.plan.mirror_deletes:
             behind = _record_deliveries(run)
         result = _conclude(preflight, run, outcome)
-        if behind is not None:
-            result.warnings.append(behind)
+        result.warnings.extend(w for w in (behind, sink_behind, _skipped(preflight)) if w is not None)
     except BulkRelayError as exc:
         if isinstance(exc, StorageFailed):
             _say_how_to_continue(exc, run)
@@ -295,6 +309,19 @@ def relay_locked(
     result.warnings[:0] = deprecation_warnings(preflight.job.deprecations)
     _notify_finished(options.observers, run, result)
     return result
+
+
+def _skipped(preflight: Preflight) -> EnvelopeWarning | None:
+    """LOOKUP_MISSES_SKIPPED: rows a lookup with `on_miss: skip` lacked, journaled unsent."""
+    misses = preflight.lookup_misses
+    if not misses:
+        return None
+    return EnvelopeWarning(
+        "LOOKUP_MISSES_SKIPPED",
+        f"{misses} row(s) had a key their lookup lacks (on_miss: skip): journaled unsent as lookup_miss; "
+        "`bulkrelay retry-failed RUN --classification lookup_miss` sends them once their keys exist",
+        {"rows": misses},
+    )
 
 
 def _record_deliveries(run: RunDir) -> EnvelopeWarning | None:

@@ -22,6 +22,7 @@ from bulkrelay.job.inputs.spec import STDIN_NAME
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
 from bulkrelay.ops.batchrender import rendered_batches
+from bulkrelay.ops.lookups import built_lookups, with_lookups
 from bulkrelay.ops.results import (
     InputFacts,
     RenderedRequest,
@@ -32,6 +33,7 @@ from bulkrelay.ops.snapshot import parquet_input
 from bulkrelay.relay.auth import check_auth, shown_with_auth
 from bulkrelay.relay.engine import transport_settings
 from bulkrelay.relay.transport import open_transport
+from bulkrelay.store.runs import default_runs_dir
 
 _ROWS = re.compile(r"^\d+(-\d+)?$")
 DEFAULT_ROWS = "1-5"  # `render` without --rows: the first five rows, however many there are
@@ -62,7 +64,7 @@ def validate(
     job: Job, input_path: Path | None, input_name: str | None = None, *, check_auth: bool = False
 ) -> Result:
     """Preflight; with `check_auth`, then one token from `request.auth.oauth2`'s endpoint (no row sent)."""
-    preflight = run_preflight(job, input_path, input_name=input_name)
+    preflight = run_preflight(_looked_up(job), input_path, input_name=input_name)
     result = validate_result(preflight)
     if check_auth:
         result = replace(result, auth=_checked_auth(preflight))
@@ -120,6 +122,13 @@ def parse_rows(spec: str) -> RowRanges:
     return RowRanges(spec, tuple(merged))
 
 
+def _looked_up(job: Job) -> Job:
+    """The job with its lookup maps built now (for this command only: nothing is frozen)."""
+    if not job.config.lookups:
+        return job
+    return with_lookups(job, built_lookups(job, default_runs_dir(None)))
+
+
 def render(
     job: Job,
     input_path: Path | None,
@@ -133,6 +142,7 @@ def render(
 
     Rows past the end of the input are a warning; when none of the named rows exist, a usage error."""
     wanted = parse_rows(rows_spec or DEFAULT_ROWS)
+    job = _looked_up(job)
     spec = resolve_input(job, input_path, input_name)
     requests, problems, record_count = _render_rows(job, spec, wanted)
     problems = [p for p in problems if p.row is None or p.row in wanted]
@@ -166,6 +176,7 @@ def _render_rows(
         sorted_json=job.config.execution.sync != "full",
         shown=job.config.vars,
         base_dir=job.base_dir,
+        lookups=job.lookups,
     )
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []

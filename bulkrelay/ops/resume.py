@@ -18,6 +18,7 @@ from bulkrelay.job.config import JobConfig, config_semantic_dict, load_job
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.damage import Command, advice_on_damage
+from bulkrelay.ops.lookups import frozen_lookups, with_lookups
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.journal import JournalScan, recover_torn_tail, scan_journal
@@ -145,6 +146,8 @@ def preflight_for_resume(
 ) -> Preflight:
     check_resumable(run)
     job = job_of_run(run, load_job(job_path_for(run, config_override)))
+    if job.config.lookups:  # the maps the run froze when it started: never built again
+        job = with_lookups(job, frozen_lookups(job, run))
     input_path = input_path_for(run, input_override)
     require_input(run, input_path or job.input_path, given=input_override is not None)
     # A snapshot's source (a query's database, a Parquet file's bytes) as the run recorded it: resume

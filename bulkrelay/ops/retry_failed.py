@@ -16,11 +16,12 @@ from pathlib import Path
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import ConfigChanged, InputChanged, RunLocked, UsageError
-from bulkrelay.job.config import load_job
+from bulkrelay.job.config import Job, load_job
 from bulkrelay.job.durations import whole_number
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, start_fresh
+from bulkrelay.ops.lookups import built_lookups, freeze_all, frozen_lookups, keep_frozen, with_lookups
 from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import (
     check_committed_journal,
@@ -70,8 +71,15 @@ def failed_rows(
     return rows
 
 
-def _parent_preflight(parent: RunDir, config: Path | None, on_rows_read: RowsRead | None) -> Preflight:
+def _parent_preflight(
+    parent: RunDir, config: Path | None, on_rows_read: RowsRead | None, child: RunDir | None
+) -> Preflight:
+    """The parent's job preflighted; its lookups built afresh (a row the parent's maps missed may be
+    found now), or for the `child` it continues, the maps that child froze."""
     job = job_of_run(parent, load_job(job_path_for(parent, config)))
+    if job.config.lookups:
+        maps = frozen_lookups(job, child) if child is not None else built_lookups(job, parent.path.parent)
+        job = with_lookups(job, maps)
     preflight = run_preflight(job, input_path_for(parent, None), on_rows_read=on_rows_read)
     changed = input_differences(parent.plan.input.fingerprint(), preflight.input_fingerprint.to_dict())
     if changed:
@@ -111,6 +119,12 @@ def child_to_continue(
     return unfinished_child(parent, retry_key(parent, config, statuses, classification))
 
 
+def _prepare_child(child: RunDir, selection: RowSet, job: Job) -> None:
+    save_selection(child.path, selection, child.storage)
+    if job.config.lookups:  # the maps the child reads, frozen in it for its resume
+        keep_frozen(freeze_all(job.lookups, child.path), child)
+
+
 def retry_failed(
     run_dir: Path,
     *,
@@ -123,8 +137,8 @@ def retry_failed(
     if is_locked(parent.path):
         raise RunLocked(f"run {parent.run_id} is still running", context={"run_dir": str(parent.path)})
     check_committed_journal(parent, "retry-failed")
-    preflight = _parent_preflight(parent, config, options.rows_read)
     key = retry_key(parent, config, statuses, classification)
+    preflight = _parent_preflight(parent, config, options.rows_read, unfinished_child(parent, key))
     shared = shared_slot(preflight.job.config)
     with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent), shared=shared) as slot:
         refuse_superseded(parent, preflight)  # its failed rows' content is older than that run's
@@ -169,7 +183,7 @@ def _new_child(
     )
 
     def prepare(child: RunDir) -> None:
-        save_selection(child.path, selection, child.storage)
+        _prepare_child(child, selection, preflight.job)
         remember(parent.path.parent, key, child.run_id)  # last: the index names only whole runs
 
     result = start_fresh(

@@ -16,11 +16,14 @@ from bulkrelay.job.inputs import abandoned_spools, detect_format, let_go_of_spoo
 from bulkrelay.job.inputs.parquet import parquet_into, parquet_source
 from bulkrelay.job.inputs.query import QuerySpec, RowsRead, database_of, snapshot_into
 from bulkrelay.job.preflight import query_source
+from bulkrelay.ops.chain import take_chain_snapshot
 from bulkrelay.store.rundir import RunDir
 
 
 def is_query_job(job: Job) -> bool:
-    return job.config.input.query is not None
+    """Whether the job's records are a snapshot taken when it runs: of a query, or of another job's
+    results (`input.results_of`, ops/chain.py)."""
+    return job.config.input.query is not None or job.config.input.results_of is not None
 
 
 def query_spec(job: Job, env: Mapping[str, str] | None = None) -> QuerySpec:
@@ -60,7 +63,12 @@ def _spool_name(spool_dir: Path, kind: str) -> Path:
 
 
 def take_snapshot(job: Job, spool_dir: Path, on_rows: RowsRead | None = None) -> Path:
-    """Run the job's query once into a new private `.jsonl` file in `spool_dir` (fsynced)."""
+    """Run the job's query once (or read its parent's results) into a new private `.jsonl` file in
+    `spool_dir` (fsynced). The spool is in the runs directory, where a parent's runs are."""
+    if job.config.input.results_of is not None:
+        dest = _spool_name(spool_dir, "results-of")
+        take_chain_snapshot(job, spool_dir.parent, dest)
+        return dest
     dest = _spool_name(spool_dir, "query")
     snapshot_into(query_spec(job), dest, on_rows)
     return dest

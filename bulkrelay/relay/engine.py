@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
-from bulkrelay.job.config import MAX_BODY_BYTES, JobConfig
+from bulkrelay.job.config import MAX_BODY_BYTES, Job, JobConfig
 from bulkrelay.job.inputs import open_records
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
@@ -78,9 +78,15 @@ class Committed:
     # The summary's counts of every committed line, kept while the journal was written from its start:
     # the run's summary then needs no second read of the journal (None after a resume).
     counts: SummaryCounts | None = None
+    heard_by: Callable[[list[JournalEntry], int], None] | None = None  # each committed group (results sink)
 
     @classmethod
-    def at(cls, start: StartPoint, record_count: int) -> Committed:
+    def at(
+        cls,
+        start: StartPoint,
+        record_count: int,
+        heard_by: Callable[[list[JournalEntry], int], None] | None = None,
+    ) -> Committed:
         """The counters where the journal stands before this process sends anything."""
         total = start.total if start.total is not None else record_count
         counts = SummaryCounts() if start.offset == 0 else None
@@ -91,6 +97,7 @@ class Committed:
             ok=start.ok,
             failed=start.failed,
             counts=counts,
+            heard_by=heard_by,
         )
 
     @property
@@ -106,6 +113,8 @@ class Committed:
         self.offset = end_offset
         if self.counts is not None:
             self.counts.add_all(entries)
+        if self.heard_by is not None:
+            self.heard_by(entries, end_offset)
 
     def snapshot(self) -> Snapshot:
         pace = self.pace() if self.pace is not None else None
@@ -229,29 +238,38 @@ def _pending_records(
 
 
 def transport_settings(preflight: Preflight) -> TransportSettings:
-    execution = preflight.job.config.execution
+    """The relay's client settings: the job's, reading a batch's whole answer (`answer_bytes`)."""
+    settings = job_transport_settings(preflight.job)
+    if preflight.batcher is None:
+        return settings
+    return replace(settings, max_body_bytes=preflight.batcher.answer_bytes)
+
+
+def job_transport_settings(job: Job) -> TransportSettings:
+    """The job's client settings (timeouts, HTTP/2, proxy, TLS identity): its relay's, a lookup's GET's."""
+    execution = job.config.execution
     timeout = execution.timeout
-    header_names = {name.lower() for name in preflight.job.config.request.headers}
+    header_names = {name.lower() for name in job.config.request.headers}
     return TransportSettings(
         concurrency=execution.concurrency,
         connect_seconds=timeout.connect_seconds,
         read_seconds=timeout.read_seconds,
         write_seconds=timeout.write_seconds,
         pool_seconds=timeout.pool_seconds,
-        max_body_bytes=preflight.batcher.answer_bytes if preflight.batcher else MAX_BODY_BYTES,
+        max_body_bytes=MAX_BODY_BYTES,
         http2=execution.http2,
         decompress="accept-encoding" in header_names,
         client=execution.client,
         proxy=execution.proxy,
-        client_certificate=_client_certificate(preflight),
+        client_certificate=_client_certificate(job),
     )
 
 
-def _client_certificate(preflight: Preflight) -> ClientCertificate | None:
-    tls = preflight.job.config.execution.tls
+def _client_certificate(job: Job) -> ClientCertificate | None:
+    tls = job.config.execution.tls
     if tls is None:
         return None
-    base = preflight.job.base_dir
+    base = job.base_dir
     key = None if tls.client_key is None else base / tls.client_key
     return ClientCertificate(base / tls.client_cert, key)
 
@@ -266,13 +284,15 @@ async def relay(
     transport_factory: Callable[[TransportSettings], Transport] = open_transport,
     stats: RelayStats | None = None,
     on_tick: Callable[[Snapshot], None] | None = None,
+    on_committed: Callable[[list[JournalEntry], int], None] | None = None,
 ) -> RelayOutcome:
     """Send every pending row, commit every final result, and say why it ended.
 
     `stats` counts what goes on the wire; `on_tick` hears the committed progress about once a second
-    (the metrics file and the run log), whether or not rows were committed meanwhile."""
+    (the metrics file and the run log), whether or not rows were committed meanwhile; `on_committed`
+    hears each committed group (the results sink), and must not block."""
     config = preflight.job.config
-    committed = Committed.at(start, preflight.record_count)
+    committed = Committed.at(start, preflight.record_count, on_committed)
     started = time.monotonic()
     storage = run.storage
 

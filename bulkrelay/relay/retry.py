@@ -13,6 +13,7 @@ Classifications (the `classification` of a journal line):
     protocol_error        reset, disconnect, malformed response
     item_rejected         batch mode: the answer named the row's item as failed, without a status
     batch_answer_invalid  batch mode: the answer did not fit response.items (docs/batching.md)
+    lookup_miss           not sent: a lookup with `on_miss: skip` lacked the row's key (docs/chains.md)
 
 A status outcome is retryable when its status is in `retry.statuses` and not a halt status; transport
 errors are always retryable (delivery is at-least-once: a timed-out request may have been applied,
@@ -53,6 +54,7 @@ SUCCESS = "success"
 # Batch mode's own (docs/batching.md): read from the answer by relay/itemresults.py, relay/batchsender.py.
 ITEM_REJECTED = "item_rejected"
 BATCH_ANSWER_INVALID = "batch_answer_invalid"
+LOOKUP_MISS = "lookup_miss"  # not sent: a lookup with `on_miss: skip` lacked its key (job/inputs/lookups.py)
 # Every classification a journal line can carry, in the order of the docstring above.
 CLASSIFICATIONS = (
     SUCCESS,
@@ -66,6 +68,7 @@ CLASSIFICATIONS = (
     "protocol_error",
     ITEM_REJECTED,
     BATCH_ANSWER_INVALID,
+    LOOKUP_MISS,
 )
 
 # A 409 to an idempotency key this process sent before means "still being processed" (the IETF

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import anyio
 
 from bulkrelay.job.compression import gzip_request
+from bulkrelay.job.inputs.lookups import LookupMissed
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.relay.auth import Authenticator, Token
@@ -20,6 +21,7 @@ from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
 from bulkrelay.relay.retry import (
     IN_PROGRESS_STATUS,
+    LOOKUP_MISS,
     Decision,
     RetryPolicy,
     counts_as_success,
@@ -88,7 +90,10 @@ class RowSender:
         self._gzip = config.request.compression == "gzip"
 
     async def send(self, record: Record) -> JournalEntry | None:
-        request, key = self._keyed(record)
+        try:
+            request, key = self._keyed(record)
+        except LookupMissed as missed:  # on_miss: skip: journaled unsent, retry-failed takes it later
+            return self._not_sent(record, missed)
         wire = gzip_request(request) if self._gzip else request  # request.compression; digests read request
         started = _monotonic()
         first_sent = 0.0  # when the row was first sent: a token younger than that was fetched for it
@@ -215,6 +220,20 @@ class RowSender:
             return None
         seconds = retry_after_of(response.headers)
         return None if seconds is None else min(seconds, self._max_pause)
+
+    def _not_sent(self, record: Record, missed: LookupMissed) -> JournalEntry:
+        key = record.fields.get(self._key_field) if self._key_field is not None else None
+        return JournalEntry(
+            row_number=record.row_number,
+            success=False,
+            classification=LOOKUP_MISS,
+            status_code=None,
+            attempts=0,
+            retryable=False,
+            error=missed.message,
+            duration_ms=0.0,
+            key=key,
+        )
 
     def _entry(  # noqa: PLR0917 (the hot path: one call a row, positional)
         self,

@@ -121,9 +121,15 @@ def take_snapshot(spec: QuerySpec, out: BinaryIO, on_rows: RowsRead | None = Non
 def snapshot_into(spec: QuerySpec, dest: Path, on_rows: RowsRead | None = None) -> int:
     """`take_snapshot` into a new private (0600) file `dest`, fsynced before the count is returned; a
     failed snapshot is removed."""
+    return write_private(dest, lambda out: take_snapshot(spec, out, on_rows))
+
+
+def write_private(dest: Path, write: Callable[[BinaryIO], int]) -> int:
+    """`write` into a new private (0600) file `dest`, fsynced before its count is returned; a file not
+    written whole is removed."""
     try:
         with open(dest, "xb", opener=open_private) as out:
-            count = take_snapshot(spec, out, on_rows)
+            count = write(out)
             out.flush()
             os.fsync(out.fileno())
     except BaseException:

@@ -1,7 +1,8 @@
 """The stdin spool: standard input copied to a private, fsynced file, so it can be read twice (preflight,
 then send) and outlive the call that read it (a background job).
 
-A spool folder also holds a query's or a Parquet file's snapshot while it is taken. Each file there is
+A spool folder also holds a query's or a Parquet file's snapshot while it is taken, and the lookup maps a
+run starting freezes (a directory). Each file there is
 named for the process that makes it (`<kind>-<pid>-<ns>`), which holds a shared lock on the folder's
 `.owner-<pid>` for as long as it lives: once nobody holds it, that process is gone (kill -9, out of
 memory) and its files are abandoned (`abandoned_spools`), which the next snapshot, the end of a run
@@ -123,7 +124,7 @@ def abandoned_spools(folder: Path, *, remove: bool) -> list[tuple[Path, int]]:
     without an owner file (an earlier version's) is abandoned once no process has its pid."""
     by_pid: dict[int, list[Path]] = {}
     for entry in folder.iterdir() if folder.is_dir() else ():
-        if (pid := _pid_of(entry)) is not None and entry.is_file():
+        if (pid := _pid_of(entry)) is not None and (entry.is_file() or entry.is_dir()):
             by_pid.setdefault(pid, []).append(entry)
     found: list[tuple[Path, int]] = []
     for pid, files in sorted(by_pid.items()):
@@ -153,6 +154,11 @@ def _sized(files: list[Path], remove: bool) -> list[tuple[Path, int]]:
     found = []
     for path in files:
         try:
+            if path.is_dir():  # a directory of frozen lookup maps (ops/lookups.py)
+                found.append((path, sum(f.stat().st_size for f in path.iterdir())))
+                if remove:
+                    shutil.rmtree(path)
+                continue
             found.append((path, path.stat().st_size))
             if remove:
                 path.unlink()

@@ -1,0 +1,119 @@
+"""A run's `lookups:` maps: built before preflight (another job's results from its journals, a query
+read once), frozen into the run directory (one JSON Lines file a lookup, named after it, in its
+`lookups` folder, 0600), and read back from there by `resume` and by the identical re-run of a run
+that did not complete, which never build them again."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bulkrelay.errors import NotFound
+from bulkrelay.job.config import Job, LookupConfig
+from bulkrelay.job.inputs import spool_file
+from bulkrelay.job.inputs.lookups import build_map, freeze, read_frozen
+from bulkrelay.job.inputs.query import QuerySpec, database_of, snapshot_into
+from bulkrelay.ops.lookupget import get_pairs
+from bulkrelay.private import make_private_dir
+from bulkrelay.store.results import finished_runs_of, latest_outcomes
+from bulkrelay.store.rundir import RunDir
+
+FROZEN_DIR = "lookups"  # in the run directory: one NAME.jsonl a lookup
+_ABSENT = object()
+
+
+def built_lookups(job: Job, runs_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every map of the job, built now from its source."""
+    return {name: _built(job, name, given, runs_dir) for name, given in job.config.lookups.items()}
+
+
+def with_lookups(job: Job, maps: Mapping[str, Mapping[str, Any]]) -> Job:
+    return replace(job, lookups=maps)
+
+
+def freeze_all(maps: Mapping[str, Mapping[str, Any]], spool_dir: Path) -> Path:
+    """The maps frozen into a new private directory in `spool_dir` (moved into the run it starts)."""
+    frozen = spool_file(spool_dir, "lookups", "")  # named under this process's owner lock there
+    make_private_dir(frozen)
+    for name, table in maps.items():
+        freeze(frozen / f"{name}.jsonl", table)
+    return frozen
+
+
+def keep_frozen(frozen: Path, run: RunDir) -> None:
+    """Move this call's frozen maps into the run being built (same runs directory: a rename)."""
+    os.replace(frozen, run.path / FROZEN_DIR)
+    run.storage.fsync_dir(run.path)
+
+
+def discard_frozen(frozen: Path | None) -> None:
+    if frozen is not None:
+        shutil.rmtree(frozen, ignore_errors=True)
+
+
+def frozen_lookups(job: Job, run: RunDir) -> dict[str, dict[str, Any]]:
+    """The maps `run` froze when it started: what its resume and identical re-run read."""
+    maps = {}
+    for name in job.config.lookups:
+        path = run.path / FROZEN_DIR / f"{name}.jsonl"
+        if not path.is_file():
+            raise NotFound(
+                f"run {run.run_id} has no frozen map of lookup {name} ({path})",
+                context={"run_dir": str(run.path), "lookup": name},
+                suggestion="run the job afresh (its lookups are then built again)",
+            )
+        maps[name] = read_frozen(path)
+    return maps
+
+
+def _built(job: Job, name: str, given: LookupConfig, runs_dir: Path) -> dict[str, Any]:
+    if given.results_of is not None:
+        assert given.value is not None  # the config requires it
+        pairs = _results_pairs(given.results_of, given.value, runs_dir)
+        return build_map(name, pairs, f"the results of job {given.results_of}")
+    if given.get is not None:
+        return build_map(name, get_pairs(job, name, given, os.environ), f"{job.path}: lookups.{name}.get")
+    return build_map(name, _query_pairs(job, name, given, runs_dir / ".spool"), f"{job.path}: lookups.{name}")
+
+
+def _results_pairs(parent: str, pointer: str, runs_dir: Path) -> Iterator[tuple[str, Any]]:
+    """(key, the value the pointer names) of the parent job's rows that succeeded; a row whose outcome
+    holds nothing there gives no pair (its key is a miss)."""
+    tokens = [token.replace("~1", "/").replace("~0", "~") for token in pointer[1:].split("/")]
+    for row in latest_outcomes(finished_runs_of(runs_dir, parent)).values():
+        if not row[4]:
+            continue
+        node: Any = {"key": row[1], "row_number": row[2], "captured": orjson.loads(row[9] or "{}")}
+        for token in tokens:
+            node = node.get(token, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:
+            yield row[1], node
+
+
+def _query_pairs(job: Job, name: str, given: LookupConfig, spool_dir: Path) -> Iterator[tuple[Any, Any]]:
+    """(first column, second column) of each row of the lookup's query, read once through a spool."""
+    assert given.query is not None and given.database is not None  # a query lookup
+    spec = QuerySpec(
+        query=given.query,
+        params={},
+        database=database_of(given.database, os.environ, job.base_dir),
+        job_file=str(job.path),
+        query_line=job.lines.line(("lookups", name, "query")),
+    )
+    make_private_dir(spool_dir)
+    spool = spool_dir / f"lookup-{os.getpid()}-{time.time_ns()}.jsonl"
+    snapshot_into(spec, spool)
+    try:
+        with spool.open("rb") as stream:
+            for line in stream:
+                values = list(orjson.loads(line).values())
+                yield values[0], values[1] if len(values) > 1 else None
+    finally:
+        spool.unlink(missing_ok=True)

@@ -1,0 +1,81 @@
+"""Lookup maps and leaves (job/inputs/lookups.py, job/config.py): a key with two values refused naming
+both, a frozen map read back as it was, each `on_miss`, and a leaf naming an undefined lookup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bulkrelay.errors import ConfigInvalid, InputInvalid
+from bulkrelay.job.config import JsonLookup, parse_job
+from bulkrelay.job.inputs.lookups import LookupMissed, build_map, freeze, lookup_getter, read_frozen
+from bulkrelay.job.records import Record
+from bulkrelay.job.request import RequestRenderer
+from bulkrelay.job.template import RenderError
+
+
+def _leaf(on_miss: str) -> JsonLookup:
+    return JsonLookup.model_validate({"lookup": "ids", "key": {"from": "ref"}, "on_miss": on_miss})
+
+
+def test_a_key_given_twice_with_two_values_is_refused_naming_both() -> None:
+    assert build_map("ids", [("a", 1), ("a", 1), (7, 2)], "q") == {"a": 1, "7": 2}  # the same twice: fine
+    with pytest.raises(InputInvalid, match=r"ids: key 'a' has two values, 1 and 3"):
+        build_map("ids", [("a", 1), ("a", 3)], "q")
+
+
+def test_a_frozen_map_reads_back_as_it_was(tmp_path: Path) -> None:
+    table = {"a": {"id": 1}, "b": None, "c": "x"}
+    assert freeze(tmp_path / "ids.jsonl", table) == 3
+    assert (tmp_path / "ids.jsonl").stat().st_mode & 0o777 == 0o600
+    assert read_frozen(tmp_path / "ids.jsonl") == table
+
+
+def test_each_on_miss() -> None:
+    assert lookup_getter(_leaf("fail"), {"ids": {"7": 2}}, lambda f: f["ref"])({"ref": 7}) == 2  # 7 as text
+    assert lookup_getter(_leaf("null"), {"ids": {}}, lambda f: f["ref"])({"ref": "z"}) is None
+    with pytest.raises(LookupMissed):
+        lookup_getter(_leaf("skip"), {"ids": {}}, lambda f: f["ref"])({"ref": "z"})
+    with pytest.raises(RenderError, match="lookup ids has no key 'z'") as failed:
+        lookup_getter(_leaf("fail"), {"ids": {}}, lambda f: f["ref"])({"ref": "z"})
+    assert not isinstance(failed.value, LookupMissed)
+
+
+def test_a_leaf_naming_an_undefined_lookup_is_refused() -> None:
+    text = """
+version: 1
+lookups: { ids: { results_of: accounts, value: /captured/id } }
+request:
+  url: https://example.com/c
+  json: { accountId: { lookup: owners, key: { from: ref } } }
+"""
+    with pytest.raises(ConfigInvalid, match="lookup owners, which lookups: does not define"):
+        parse_job(text, file="job.yaml")
+    assert parse_job(text.replace("owners", "ids"), file="job.yaml").lookups["ids"].results_of == "accounts"
+
+
+def test_a_lookup_inside_a_value_leaf_reads_the_maps_and_is_checked() -> None:
+    """A lookup leaf may be a `coalesce` choice or a `when` branch (job/values.py): it reads the job's maps
+    there too, a `request.nulls` leaves it alone, and one naming an undefined lookup is refused there too."""
+    text = """
+version: 1
+lookups: { ids: { results_of: accounts, value: /captured/id } }
+request:
+  url: https://example.com/c
+  nulls: omit
+  json:
+    accountId: { coalesce: [ { lookup: ids, key: { from: ref }, on_miss: "null" }, { value: none } ] }
+    owner: { when: { field: kind, equals: vip }, then: { lookup: ids, key: { from: boss } } }
+"""
+    config = parse_job(text, file="job.yaml")
+    renderer = RequestRenderer.from_config(config.request, {}, lookups={"ids": {"a": 1, "b": 2}})
+    body = orjson.loads(renderer.render(Record(1, 2, {"ref": "a", "kind": "vip", "boss": "b"})).body or b"")
+    assert body == {"accountId": 1, "owner": 2}
+    body = orjson.loads(renderer.render(Record(2, 3, {"ref": "z", "kind": "no", "boss": "b"})).body or b"")
+    assert body == {"accountId": "none"}
+    with pytest.raises(ConfigInvalid, match="lookup owners, which lookups: does not define"):
+        parse_job(
+            text.replace("lookup: ids, key: { from: boss }", "lookup: owners, key: { from: boss }"), file="j"
+        )

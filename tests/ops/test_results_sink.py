@@ -1,0 +1,137 @@
+"""`results:` through the real CLI: every row's outcome lands in the SQLite table, a CSV file or
+PostgreSQL, once a (job, key); a table locked by another writer is a SINK_UNAVAILABLE warning and the
+run goes on, and the next run of the job catches the table up from the journal; `export --results`
+writes the same columns to stdout."""
+
+from __future__ import annotations
+
+import csv
+import io
+import sqlite3
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bulkrelay.store.results import COLUMNS
+from tests.clirun import cli_env, run_cli, run_cli_raw
+from tests.jobfiles import write_job
+from tests.pgserver import PASSWORD, PostgresServer
+from tests.targetproc import TargetProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.shared_target]  # real processes
+
+ROWS = 30
+_ANSWER_OK = {"status": 200, "body": {"ok": True}}
+_ALL_OK = {"rules": [_ANSWER_OK]}
+_FAIL_ROW_7 = {"rules": [{"match": {"path_contains": "/items/7"}, "status": 422}, _ANSWER_OK]}
+
+
+def _job(tmp_path: Path, target: TargetProcess, to: str, name: str = "test-job") -> Path:
+    return write_job(
+        tmp_path,
+        target.url,
+        ROWS,
+        name=name,
+        input={"key": "id"},
+        response={"capture": {"ok": "/ok"}},
+        results={"to": to},
+    )
+
+
+def _table(path: Path) -> list[dict[str, object]]:
+    with sqlite3.connect(path) as db:
+        rows = db.execute(
+            f"SELECT {', '.join(COLUMNS)} FROM bulkrelay_results ORDER BY row_number"
+        ).fetchall()
+    db.close()
+    return [dict(zip(COLUMNS, row, strict=True)) for row in rows]
+
+
+def test_each_rows_outcome_is_in_the_sqlite_table_and_in_export_results(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    target.set_plan(_FAIL_ROW_7)
+    job = _job(tmp_path, target, "sqlite:///results.db")
+    result = run_cli("run", job, cwd=tmp_path)
+    assert result.exit_code == 3, result.stderr  # row 7 failed
+    table = _table(tmp_path / "results.db")
+    assert [row["key"] for row in table] == [str(n) for n in range(1, ROWS + 1)]
+    assert {row["job"] for row in table} == {"test-job"}
+    failed = table[6]
+    assert failed["success"] == 0 and failed["status_code"] == 422 and failed["classification"]
+    assert orjson.loads(str(table[0]["captured"])) == {"ok": True}
+    exported = run_cli_raw("export", "latest", "--results", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert orjson.loads(exported.stderr)["data"]["rows"] == ROWS  # the envelope: on stderr
+    lines = sorted(csv.DictReader(io.StringIO(exported.stdout.decode())), key=lambda line: int(line["key"]))
+    assert [line["key"] for line in lines] == [str(n) for n in range(1, ROWS + 1)]  # in journal order
+    assert lines[6]["success"] == "false"
+    assert [line["updated_at"] for line in lines] == [row["updated_at"] for row in table]
+    as_jsonl = run_cli_raw("export", "latest", "--results", "--format", "jsonl", cwd=tmp_path)
+    records = sorted(map(orjson.loads, as_jsonl.stdout.splitlines()), key=lambda r: r["row_number"])
+    assert records[0]["captured"] == {"ok": True} and records[6]["success"] is False
+
+
+def test_a_locked_table_is_a_warning_and_the_next_run_catches_it_up(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    target.set_plan(_ALL_OK)
+    job = _job(tmp_path, target, "sqlite:///results.db")
+    db = tmp_path / "results.db"
+    run_cli("run", job, cwd=tmp_path)  # makes the table
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another writer holds it for the whole second run
+    try:
+        locked = run_cli("run", job, cwd=tmp_path)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert locked.exit_code == 0, locked.stderr  # the run went on
+    warnings = [w for w in locked.envelope["warnings"] if w["code"] == "SINK_UNAVAILABLE"]
+    assert len(warnings) == 1 and str(db.resolve()) in warnings[0]["message"]
+    second = locked.data["run_id"]
+    assert {row["run_id"] for row in _table(db)} != {second}  # the table lags
+    third = run_cli("run", job, cwd=tmp_path)
+    assert third.exit_code == 0 and not third.envelope["warnings"]
+    table = _table(db)
+    assert len(table) == ROWS and {row["run_id"] for row in table} == {third.data["run_id"]}
+
+
+def test_a_csv_sink_holds_one_line_a_key_after_two_runs(tmp_path: Path, target: TargetProcess) -> None:
+    target.set_plan(_ALL_OK)
+    job = _job(tmp_path, target, "results.csv")
+    for _ in range(2):
+        assert run_cli("run", job, cwd=tmp_path).exit_code == 0
+    lines = list(csv.DictReader(io.StringIO((tmp_path / "results.csv").read_text())))
+    assert sorted(int(line["key"]) for line in lines) == list(range(1, ROWS + 1))
+
+
+def test_a_postgresql_sink_is_upserted(
+    tmp_path: Path, target: TargetProcess, postgres: PostgresServer
+) -> None:
+    target.set_plan(_FAIL_ROW_7)
+    job = _job(tmp_path, target, "${DATABASE_URL}")
+    env = cli_env(DATABASE_URL=postgres.url())
+    for _ in range(2):
+        result = run_cli("run", job, cwd=tmp_path, env=env)
+        assert result.exit_code == 3, result.stderr
+        assert PASSWORD not in result.stderr
+    rows = postgres.sql("SELECT key, success, run_id FROM bulkrelay_results ORDER BY row_number")
+    assert len(rows) == ROWS and rows[6][1] is False
+    assert {row[2] for row in rows} == {result.data["run_id"]}
+
+
+def test_a_sink_whose_secret_is_unset_refuses_before_any_run_starts(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    target.set_plan(_ALL_OK)
+    target.reset()
+    job = _job(tmp_path, target, "${RESULTS_DATABASE_URL}")
+    result = run_cli("run", job, cwd=tmp_path)
+    assert (
+        result.error_code == "SECRET_MISSING"
+        and "RESULTS_DATABASE_URL" in result.envelope["error"]["message"]
+    )
+    assert target.stats()["requests"] == 0
+    assert not list((tmp_path / ".bulkrelay" / "runs").glob("*/run.json"))

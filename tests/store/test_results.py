@@ -1,0 +1,170 @@
+"""The results sink (store/results.py): rows upserted by (job, key) from committed journal groups, an
+older outcome never over a newer one, writing twice changes nothing, a torn group is not published,
+a locked table is `SinkUnavailable` and a later catch-up completes it; CSV and JSON Lines files too."""
+
+from __future__ import annotations
+
+import sqlite3
+import zlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bulkrelay.store.journal import JournalEntry, encode_batch, encode_marker
+from bulkrelay.store.results import (
+    COLUMNS,
+    PROGRESS_FILE,
+    SinkFeeder,
+    SinkTarget,
+    SinkUnavailable,
+    catch_up,
+    fed_offset,
+    journal_groups,
+    lagging_runs,
+    open_writer,
+    read_file_rows,
+)
+from bulkrelay.store.rundir import RunDir
+from tests.runplans import delivered_entry, run_plan
+from tests.waiting import wait_for
+
+
+def _failed(row: int, **changes: Any) -> JournalEntry:
+    entry = replace(delivered_entry(row), success=False, classification="http_client_error", status_code=422)
+    return replace(entry, error="422 Unprocessable", **changes)
+
+
+def _append_group(
+    run: RunDir, entries: list[JournalEntry], first_seq: int, t: float, *, marked: bool = True
+) -> None:
+    group = b"".join(encode_batch(first_seq, entries))
+    last = first_seq + len(entries) - 1
+    marker = encode_marker(last, len(entries), t, zlib.crc32(group)) if marked else b""
+    with run.journal_path.open("ab") as out:
+        out.write(group + marker)
+
+
+def _run(runs: Path, name: str = "accounts") -> RunDir:
+    return RunDir.create(runs, run_plan(name=name))
+
+
+def _sqlite(tmp_path: Path) -> SinkTarget:
+    path = tmp_path / "results.db"
+    return SinkTarget("sqlite", f"sqlite:///{path}", f"sqlite:///{path}", "bulkrelay_results", path)
+
+
+def _table(sink: SinkTarget) -> dict[str, dict[str, object]]:
+    assert sink.path is not None
+    with sqlite3.connect(sink.path) as db:
+        rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM bulkrelay_results").fetchall()
+    db.close()
+    return {row[1]: dict(zip(COLUMNS, row, strict=True)) for row in rows}
+
+
+def test_catch_up_upserts_each_row_keyed_by_key_or_row_number_with_its_commit_time(tmp_path: Path) -> None:
+    run = _run(tmp_path / "runs")
+    _append_group(run, [delivered_entry(1, key="A-1", captured={"id": 7}), _failed(2)], 1, 1_764_000_000.5)
+    sink = _sqlite(tmp_path)
+    writer = open_writer(sink)
+    assert catch_up(writer, sink, run) == 2
+    table = _table(sink)
+    assert set(table) == {"A-1", "2"}  # a row without a key: its row number
+    assert table["A-1"]["captured"] == '{"id":7}' and table["A-1"]["success"] == 1
+    assert table["A-1"]["job"] == "accounts" and table["A-1"]["run_id"] == run.run_id
+    assert table["2"]["error"] == "422 Unprocessable" and table["2"]["status_code"] == 422
+    assert table["2"]["updated_at"] == "2025-11-24T16:00:00.500000Z"
+    assert fed_offset(run, sink) == run.journal_path.stat().st_size
+    assert catch_up(writer, sink, run) == 0  # nothing past the progress
+    (run.path / PROGRESS_FILE).unlink()
+    assert catch_up(writer, sink, run) == 2 and _table(sink) == table  # twice: the same table
+    writer.close()
+
+
+def test_an_older_outcome_never_overwrites_a_newer_one(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    old, new = _run(runs), _run(runs)
+    _append_group(old, [_failed(1, key="A-1")], 1, 1_000.0)
+    _append_group(new, [delivered_entry(1, key="A-1", captured={"id": 9})], 1, 2_000.0)
+    sink = _sqlite(tmp_path)
+    writer = open_writer(sink)
+    catch_up(writer, sink, new)
+    catch_up(writer, sink, old)  # caught up later, but older
+    assert _table(sink)["A-1"]["run_id"] == new.run_id
+    assert _table(sink)["A-1"]["success"] == 1
+    writer.close()
+
+
+def test_a_group_without_its_marker_is_not_published(tmp_path: Path) -> None:
+    run = _run(tmp_path / "runs")
+    _append_group(run, [delivered_entry(1)], 1, 1_000.0)
+    _append_group(run, [delivered_entry(2)], 2, 1_001.0, marked=False)  # a torn tail
+    assert [[e.row_number for e in entries] for entries, _, _ in journal_groups(run.journal_path, 0)] == [[1]]
+
+
+def test_a_locked_table_is_unavailable_and_a_later_catch_up_completes_it(tmp_path: Path) -> None:
+    run = _run(tmp_path / "runs")
+    _append_group(run, [delivered_entry(n) for n in (1, 2, 3)], 1, 1_000.0)
+    sink = _sqlite(tmp_path)
+    open_writer(sink).close()  # the table exists
+    assert sink.path is not None
+    other = sqlite3.connect(sink.path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another writer holds the table
+    writer = open_writer(sink, wait=0.1)
+    with pytest.raises(SinkUnavailable, match="locked"):
+        catch_up(writer, sink, run)
+    assert fed_offset(run, sink) == 0  # nothing claimed
+    other.execute("ROLLBACK")
+    other.close()
+    assert catch_up(writer, sink, run) == 3
+    assert set(_table(sink)) == {"1", "2", "3"}
+    writer.close()
+
+
+def test_lagging_runs_are_the_jobs_runs_the_sink_lacks(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    fed, behind, other_job = _run(runs), _run(runs), _run(runs, "deals")
+    for run in (fed, behind, other_job):
+        _append_group(run, [delivered_entry(1)], 1, 1_000.0)
+    sink = _sqlite(tmp_path)
+    writer = open_writer(sink)
+    catch_up(writer, sink, fed)
+    assert [run.run_id for run in lagging_runs(runs, "accounts", sink)] == [behind.run_id]
+    writer.close()
+
+
+def test_the_feeder_upserts_committed_groups_and_records_its_progress(tmp_path: Path) -> None:
+    run = _run(tmp_path / "runs")
+    sink = _sqlite(tmp_path)
+    writer = open_writer(sink)
+    feeder = SinkFeeder(writer, sink, run, 0)
+    feeder.on_commit([delivered_entry(1, key="a"), _failed(2, key="b")], 500)
+    feeder.on_commit([delivered_entry(3, key="c")], 800)
+    wait_for(lambda: len(_table(sink)) == 3, what="three rows in the sink")
+    feeder.close()
+    assert feeder.problem is None
+    assert fed_offset(run, sink) == 800
+    writer.close()
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_a_file_sink_is_appended_then_compacted_to_one_line_a_key(tmp_path: Path, kind: str) -> None:
+    runs = tmp_path / "runs"
+    first, second = _run(runs), _run(runs)
+    _append_group(first, [_failed(1, key="k1"), delivered_entry(2, key="k2")], 1, 1_000.0)
+    _append_group(second, [delivered_entry(1, key="k1", captured={"id": "x,y"})], 1, 2_000.0)
+    path = tmp_path / f"results.{kind}"
+    sink = SinkTarget(kind, str(path), str(path), "bulkrelay_results", path)  # type: ignore[arg-type]
+    writer = open_writer(sink)
+    catch_up(writer, sink, first)
+    catch_up(writer, sink, second)
+    assert len(list(read_file_rows(path, kind))) == 3  # appended
+    writer.finish()
+    rows = {row[1]: row for row in read_file_rows(path, kind)}
+    assert set(rows) == {"k1", "k2"}
+    assert rows["k1"][3] == second.run_id and rows["k1"][4] is True
+    assert orjson.loads(rows["k1"][9]) == {"id": "x,y"}
+    assert rows["k2"][6] == 200 and rows["k2"][8] is None
+    writer.close()
