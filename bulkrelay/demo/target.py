@@ -41,6 +41,9 @@ Batch endpoints (demo/batchtarget.py): `.../batch/upsert` (HubSpot), `.../_bulk`
 `.../users/track` (Braze) and `.../batch/array` answer each item like those APIs when no rule fires;
 the plan's "batch" object sets which items fail or are retried; stats count items applied by id.
 
+Bulk jobs (demo/bulktarget.py): `.../jobs/ingest` answers like Salesforce Bulk API 2.0 ingest jobs
+when no rule fires; the plan's "bulk" object sets which rows fail or stay unprocessed, and which jobs fail.
+
 Dedup: with "dedup": true, a request whose Idempotency-Key was already applied (answered 2xx) gets the
 stored answer again and counts as a duplicate. `effects` counts applied operations: every 2xx answer
 without dedup, each distinct key (or keyless request) with it.
@@ -96,6 +99,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bulkrelay.demo.batchtarget import BatchEndpoints, BatchOptions
+from bulkrelay.demo.bulktarget import BulkIngest, BulkOptions
 from bulkrelay.demo.oauth import OAuthPlan, OAuthState
 from bulkrelay.relay.ratelimit import most_in_window
 
@@ -143,6 +147,7 @@ class _Plan(BaseModel):
     rules: tuple[_Rule, ...] = ()
     limit_rps: int | None = Field(default=None, ge=1)  # a server-side rate limit: 429 above it
     batch: BatchOptions = BatchOptions()  # the batch endpoints' options (demo/batchtarget.py)
+    bulk: BulkOptions = BulkOptions()  # the ingest API's options (demo/bulktarget.py)
     oauth: OAuthPlan | None = None  # a token endpoint, and a bearer token every other request needs
 
 
@@ -215,6 +220,7 @@ class TargetState:
         self._rules = [_RuleState(rule) for rule in self.plan.rules]
         self._needs_key = self.plan.dedup or any(r.first_attempts is not None for r in self.plan.rules)
         self.batches = BatchEndpoints(self.plan.batch)
+        self.bulk = BulkIngest(self.plan.bulk)
         self.oauth = OAuthState(self.plan.oauth) if self.plan.oauth is not None else None
 
     def reset(self) -> None:
@@ -224,6 +230,7 @@ class TargetState:
         self._by_status: Counter[int] = Counter()
         self._stored: dict[str, _Answer] = {}
         self.batches = BatchEndpoints(self.plan.batch)
+        self.bulk = BulkIngest(self.plan.bulk)
         self.effects = 0
         self.duplicates = 0
         self.resets = 0
@@ -241,6 +248,7 @@ class TargetState:
             "arrivals_per_second": _per_second(self._arrivals),
             "max_arrivals_in_any_second": most_in_window(self._arrivals, 1.0),
             **self.batches.stats(),
+            **self.bulk.stats(),
         }
 
     def requests(self) -> list[dict[str, Any]]:
@@ -351,6 +359,8 @@ class TargetState:
         return self.plan.batch.delay_ms if BatchEndpoints.handles(request.path) else 0
 
     def _default_answer(self, request: web.BaseRequest, body: bytes) -> _Answer:
+        if BulkIngest.handles(request.path):
+            return _Answer(*self.bulk.answer(request.method, request.path, body))
         if BatchEndpoints.handles(request.path):
             status, answer = self.batches.answer(request.path, body)
             return _Answer(status, answer)

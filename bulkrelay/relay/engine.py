@@ -26,6 +26,7 @@ from bulkrelay.job.records import Record
 from bulkrelay.relay.auth import TokenSource, open_token_source
 from bulkrelay.relay.batches import BatchRelay
 from bulkrelay.relay.batchsender import BatchSender
+from bulkrelay.relay.bulkjobs import open_bulk_relay
 from bulkrelay.relay.failurerate import FailureRate
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Reporter, Snapshot
@@ -254,7 +255,7 @@ def _client_certificate(preflight: Preflight) -> ClientCertificate | None:
     return ClientCertificate(base / tls.client_cert, key)
 
 
-async def relay(
+async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, batches or jobs)
     preflight: Preflight,
     run: RunDir,
     start: StartPoint,
@@ -305,6 +306,8 @@ async def relay(
         run=run,
     )
     records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
+    journaled = start.journal.done if start.journal is not None else None
+    bulk = open_bulk_relay(preflight, transport, stop, run.journal_path, journaled)  # request.bulk_job
 
     reporter.update(committed.snapshot())
     try:
@@ -313,7 +316,9 @@ async def relay(
             background.start_soon(_checkpointer, run, committed, on_tick or _no_tick)
             async with anyio.create_task_group() as workers:
                 background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
-                if batches is not None:  # request.batch: many rows a request (relay/batches.py)
+                if bulk is not None:  # request.bulk_job: many rows a job (relay/bulkjobs/)
+                    workers.start_soon(bulk.run, records, journal)
+                elif batches is not None:  # request.batch: many rows a request (relay/batches.py)
                     batches.start(workers, records, journal, config.execution.concurrency)
                 else:
                     for _ in range(config.execution.concurrency):

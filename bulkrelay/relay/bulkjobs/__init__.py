@@ -1,0 +1,33 @@
+"""Asynchronous bulk jobs (`request.bulk_job`, docs/bulk-jobs.md): one module per kind, and the driver
+that forms jobs from pending rows and journals each row's result (`jobs.py`). `open_bulk_relay` is what
+the engine calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bulkrelay.job.preflight import Preflight
+from bulkrelay.job.records import Record
+from bulkrelay.relay.bulkjobs.jobs import BulkJobRelay
+from bulkrelay.relay.bulkjobs.salesforce_bulk2 import SalesforceBulk2
+from bulkrelay.relay.stopping import StopControl
+from bulkrelay.relay.transport.base import Transport
+from bulkrelay.store.journal.jobrecords import job_ledgers
+from bulkrelay.store.rowset import RowSet
+
+__all__ = ["BulkJobRelay", "open_bulk_relay"]
+
+
+def open_bulk_relay(
+    preflight: Preflight, transport: Transport, stop: StopControl, journal: Path, journaled: RowSet | None
+) -> BulkJobRelay | None:
+    """The job's bulk relay, attached to the jobs its journal names; None when it sends no bulk jobs."""
+    bulk = preflight.bulk
+    if bulk is None:
+        return None
+    headers = preflight.renderer.render(Record(0, 0, {})).headers  # the job's headers, secrets bound
+    api = SalesforceBulk2(bulk, transport, headers, lambda: stop.requested)
+    attempts = preflight.job.config.retry.max_attempts
+    return BulkJobRelay(
+        bulk, api, stop, ledgers=job_ledgers(journal), journaled=journaled, max_attempts=attempts
+    )
