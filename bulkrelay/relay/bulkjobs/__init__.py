@@ -25,9 +25,11 @@ def open_bulk_relay(
     bulk = preflight.bulk
     if bulk is None:
         return None
-    headers = preflight.renderer.render(Record(0, 0, {})).headers  # the job's headers, secrets bound
-    api = SalesforceBulk2(bulk, transport, headers, lambda: stop.requested)
+    base = preflight.renderer.render(Record(0, 0, {}))  # the base URL and headers, secrets bound
     attempts = preflight.job.config.retry.max_attempts
+    api = SalesforceBulk2(
+        bulk, transport, base.headers, lambda: stop.requested, base_url=base.url, attempts=attempts
+    )
     return BulkJobRelay(
         bulk, api, stop, ledgers=job_ledgers(journal), journaled=journaled, max_attempts=attempts
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,15 +131,19 @@ class BulkJobRelay:
             row.jobs += 1
         error: StepRefused | None = None
         for _ in range(self._max_attempts):
-            number, remote = await self._created(rows, journal)
+            try:
+                number, remote = await self._created(rows, journal)
+            except StepRefused as refused:
+                error = refused
+                break
             try:
                 await self._api.upload(remote, body)
-            except StepRefused as refused:  # never sent twice: this job goes, another is made
+                await journal.commit_record(encode_job_record(number, "uploaded"))
+                await self._api.close(remote)
+            except StepRefused as refused:  # an upload is never sent twice: this job goes, another is made
                 error = refused
                 await self._abort(number, remote, journal)
                 continue
-            await journal.commit_record(encode_job_record(number, "uploaded"))
-            await self._api.close(remote)
             await journal.commit_record(encode_job_record(number, "closed"))
             await self._finish(number, remote, rows, journal, started, {row.text for row in rows})
             return
@@ -158,7 +163,9 @@ class BulkJobRelay:
         return number, remote
 
     async def _abort(self, number: int, remote: str, journal: JournalWriter) -> None:
-        await self._api.abort(remote)
+        """Abort a job never closed; one the target will not abort stays Open, so it never runs either."""
+        with suppress(StepRefused):
+            await self._api.abort(remote)
         await journal.commit_record(encode_job_record(number, "aborted"))
 
     async def _attach(self, ledger: JobLedger, journal: JournalWriter) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,13 +80,17 @@ class SalesforceBulk2:
         transport: Transport,
         headers: tuple[tuple[str, str], ...],
         stopped: Callable[[], bool],
+        *,
+        base_url: str,
+        attempts: int,
     ) -> None:
         self._bulk = bulk
         self._config = bulk.config
         self._transport = transport
         self._headers = tuple((k, v) for k, v in headers if k.lower() != "content-type")
         self._stopped = stopped
-        self._jobs = f"{self._config.base_url.rstrip('/')}/jobs/ingest"
+        self._jobs = f"{base_url.rstrip('/')}/jobs/ingest"  # as rendered: its ${NAME}s bound
+        self._attempts = attempts  # a step but a poll gives up after this many
         self.deadline = float("inf")  # monotonic: the call's poll.max_wait, set by the driver
         self.requests = 0
         self.polls = 0
@@ -114,7 +119,13 @@ class SalesforceBulk2:
             raise StepRefused("upload", answer.status, _text(answer))
 
     async def close(self, remote: str) -> None:
-        await self._set_state(remote, UPLOAD_COMPLETE)
+        """Close the job; a refusal after an earlier try whose answer was lost is no refusal when the
+        job is closed already."""
+        try:
+            await self._set_state(remote, UPLOAD_COMPLETE)
+        except StepRefused:
+            if (await self.state(remote))[0] == OPEN:
+                raise
 
     async def abort(self, remote: str) -> None:
         await self._set_state(remote, ABORTED)
@@ -174,7 +185,7 @@ class SalesforceBulk2:
         """The step's 2xx answer, asked again after a 5xx, 429 or transport error until the deadline."""
         request = self._request(method, url, body, content_type)
         delay = self._config.poll.first_seconds
-        while True:
+        for attempt in itertools.count(1):
             if not poll:
                 self.requests += 1
             wait = delay
@@ -191,8 +202,11 @@ class SalesforceBulk2:
                     raise StepRefused(step, answer.status, _text(answer))
                 retry_after = retry_after_of(answer.headers)
                 wait = max(delay, retry_after) if retry_after is not None else delay
+            if not poll and attempt >= self._attempts:
+                raise StepRefused(step, None, f"no answer but errors after {attempt} attempts")
             await self.pause(wait)
             delay = min(delay * 2, self._config.poll.max_seconds)
+        raise AssertionError("unreachable")  # itertools.count never ends
 
     async def pause(self, seconds: float) -> None:
         """Wait `seconds`, in slices; StepStopped when a stop is requested or the deadline passes first."""
