@@ -12,7 +12,8 @@ The plan's `bulk` object sets the options: a row whose key cell holds `fail_cont
 one holding `unprocessed_contains` is left unprocessed the first `unprocessed_times` times its key is
 sent; every `fail_job_every`-th closed job is Failed with an errorMessage; `stuck` keeps jobs InProgress;
 `forget_jobs` answers 404 for every job's state; `hostile_results` spoils the successful results
-(`unknown_key`: a row with a key never sent; `truncated`: the file cut mid-row). The key column is
+(`unknown_key`: a row with a key never sent; `truncated`: the file cut mid-row); `delay_ms` answers each
+request that late, after acting on it (a kill lands between the two). The key column is
 `key_column` (else the first). Polls answering 503 or 429 with Retry-After are the plan's rules, as for
 any path (`match: {method: GET, path_contains: /jobs/ingest/}`). Stats count jobs by fate and
 `bulk_rows_in_two_jobs`: keys processed by more than one job that ran (a relay that submitted twice).
@@ -46,6 +47,7 @@ class BulkOptions(BaseModel):
     stuck: bool = False
     forget_jobs: bool = False
     hostile_results: Literal["unknown_key", "truncated"] | None = None
+    delay_ms: int = Field(default=0, ge=0)  # answer every ingest request this late (after acting on it)
 
 
 @dataclass(slots=True)

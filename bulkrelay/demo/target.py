@@ -356,6 +356,8 @@ class TargetState:
         return False
 
     def _batch_delay_ms(self, request: web.BaseRequest) -> int:
+        if BulkIngest.handles(request.path):
+            return self.plan.bulk.delay_ms
         return self.plan.batch.delay_ms if BatchEndpoints.handles(request.path) else 0
 
     def _default_answer(self, request: web.BaseRequest, body: bytes) -> _Answer:

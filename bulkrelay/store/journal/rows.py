@@ -766,15 +766,18 @@ class JournalWriter:
         with anyio.CancelScope(shield=True):
             async with self._io:
                 await self._check_running()
-                await anyio.to_thread.run_sync(self._write_record, fd, line)
+                sha256 = await anyio.to_thread.run_sync(self._write_record, fd, line)
+                # offset and digest change together, on the loop: `prefix()` never pairs one with the other
                 self._offset += len(line)
+                self._sha256 = sha256
 
-    def _write_record(self, fd: int, line: bytes) -> None:
+    def _write_record(self, fd: int, line: bytes) -> str:
         self._storage.write(fd, line)
         self._storage.fsync(fd)
-        if self._state is not None:
-            self._state.hasher.update(line)
-            self._sha256 = self._state.hasher.hexdigest()
+        if self._state is None:
+            return ""
+        self._state.hasher.update(line)
+        return str(self._state.hasher.hexdigest())
 
     async def _check_running(self, *, closing: bool = False) -> None:
         """Raise if `run()` has ended (on failure: the exception that ended it, normally StorageFailed)."""
