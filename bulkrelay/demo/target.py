@@ -220,7 +220,10 @@ class TargetState:
         self._rules = [_RuleState(rule) for rule in self.plan.rules]
         self._needs_key = self.plan.dedup or any(r.first_attempts is not None for r in self.plan.rules)
         self.batches = BatchEndpoints(self.plan.batch)
-        self.bulk = BulkIngest(self.plan.bulk)
+        bulk: BulkIngest | None = getattr(self, "bulk", None)
+        if bulk is not None:  # a new plan: the jobs the target holds go on under its options
+            bulk.options = self.plan.bulk
+        self.bulk = bulk or BulkIngest(self.plan.bulk)
         self.oauth = OAuthState(self.plan.oauth) if self.plan.oauth is not None else None
 
     def reset(self) -> None:
