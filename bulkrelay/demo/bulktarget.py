@@ -70,6 +70,7 @@ class BulkIngest:
         self._seen: Counter[str] = Counter()  # keys sent in a closed job (unprocessed_times)
         self.processed: Counter[str] = Counter()  # keys processed, by jobs that ran
         self.fates: Counter[str] = Counter()
+        self._ids = 0  # the sf__Id of the last record created
 
     @staticmethod
     def handles(path: str) -> bool:
@@ -149,7 +150,8 @@ class BulkIngest:
             if self.options.fail_contains in cell:
                 failed.append(["", f"INVALID_FIELD:bad value in {cell}", *(row.get(n, "") for n in header)])
             else:
-                ok.append([f"003{self.processed.total():015d}", "true", *(row.get(n, "") for n in header)])
+                self._ids += 1
+                ok.append([f"003{self._ids:015d}", "true", *(row.get(n, "") for n in header)])
         if self.options.hostile_results == "unknown_key" and ok:
             ok.append(["003000000000000999", "true", *("never-sent" if n == key else "" for n in header)])
         shuffle = random.Random(job.id).shuffle
