@@ -930,8 +930,8 @@ class JobConfig(_Model):
             given = [k for k in ("items", "on_batch_rejected") if getattr(self.response, k) is not None]
             if given:
                 raise ValueError(f"response.{given[0]} reads a batch's answer: it needs request.batch")
-        if self.request.bulk_job is not None and self.input.key is None:
-            raise ValueError("request.bulk_job needs input.key: each row's result is matched by its key")
+        if self.request.bulk_job is not None:
+            _bulk_job_fits(self)
         unused = sorted(set(self.vars) - environment_names(self))
         if unused:
             raise ValueError(f"vars names {', '.join(unused)}, which no ${{NAME}} of the job uses")
@@ -948,6 +948,16 @@ class JobConfig(_Model):
         if not self.vars:
             data.pop("vars", None)  # a job without vars keeps the fingerprint it had
         return data
+
+
+def _bulk_job_fits(config: JobConfig) -> None:
+    """What a bulk job needs of the rest of the job file, and what it does not do (yet)."""
+    if config.input.key is None:
+        raise ValueError("request.bulk_job needs input.key: each row's result is matched by its key")
+    if config.execution.sync != "full":
+        raise ValueError("request.bulk_job works with execution.sync: full only (delta and mirror: not yet)")
+    if config.request.auth is not None:
+        raise ValueError("request.bulk_job takes its token from request.headers (request.auth: not yet)")
 
 
 def environment_names(config: JobConfig) -> set[str]:

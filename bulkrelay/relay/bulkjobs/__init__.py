@@ -10,6 +10,7 @@ from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
 from bulkrelay.relay.bulkjobs.jobs import BulkJobRelay
 from bulkrelay.relay.bulkjobs.salesforce_bulk2 import SalesforceBulk2
+from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.stopping import StopControl
 from bulkrelay.relay.transport.base import Transport
 from bulkrelay.store.journal.jobrecords import job_ledgers
@@ -19,7 +20,13 @@ __all__ = ["BulkJobRelay", "open_bulk_relay"]
 
 
 def open_bulk_relay(
-    preflight: Preflight, transport: Transport, stop: StopControl, journal: Path, journaled: RowSet | None
+    preflight: Preflight,
+    transport: Transport,
+    limiter: Limiter,
+    stop: StopControl,
+    *,
+    journal: Path,
+    journaled: RowSet | None,
 ) -> BulkJobRelay | None:
     """The job's bulk relay, attached to the jobs its journal names; None when it sends no bulk jobs."""
     bulk = preflight.bulk
@@ -28,7 +35,13 @@ def open_bulk_relay(
     base = preflight.renderer.render(Record(0, 0, {}))  # the base URL and headers, secrets bound
     attempts = preflight.job.config.retry.max_attempts
     api = SalesforceBulk2(
-        bulk, transport, base.headers, lambda: stop.requested, base_url=base.url, attempts=attempts
+        bulk,
+        transport,
+        base.headers,
+        lambda: stop.requested,
+        base_url=base.url,
+        attempts=attempts,
+        limiter=limiter,
     )
     return BulkJobRelay(
         bulk, api, stop, ledgers=job_ledgers(journal), journaled=journaled, max_attempts=attempts

@@ -32,6 +32,7 @@ import orjson
 
 from bulkrelay.job.bulkcsv import BulkCsv
 from bulkrelay.job.records import PreparedRequest
+from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.retry import retry_after_of
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
 
@@ -83,6 +84,7 @@ class SalesforceBulk2:
         *,
         base_url: str,
         attempts: int,
+        limiter: Limiter,
     ) -> None:
         self._bulk = bulk
         self._config = bulk.config
@@ -91,6 +93,7 @@ class SalesforceBulk2:
         self._stopped = stopped
         self._jobs = f"{base_url.rstrip('/')}/jobs/ingest"  # as rendered: its ${NAME}s bound
         self._attempts = attempts  # a step but a poll gives up after this many
+        self._limiter = limiter  # execution.rate_limit: every step but a poll
         self.deadline = float("inf")  # monotonic: the call's poll.max_wait, set by the driver
         self.requests = 0
         self.polls = 0
@@ -111,6 +114,7 @@ class SalesforceBulk2:
         """The job's CSV, once: a transport error or any answer but 2xx is StepRefused (abort the job)."""
         request = self._request("PUT", f"{self._jobs}/{remote}/batches", body, "text/csv")
         self.requests += 1
+        await self._limiter.acquire()
         try:
             answer = await self._transport.send(request)
         except TransportError as exc:
@@ -186,8 +190,9 @@ class SalesforceBulk2:
         request = self._request(method, url, body, content_type)
         delay = self._config.poll.first_seconds
         for attempt in itertools.count(1):
-            if not poll:
+            if not poll:  # polls are counted apart, never against requests_per_second
                 self.requests += 1
+                await self._limiter.acquire()
             wait = delay
             try:
                 answer = await self._transport.send(request)
