@@ -33,7 +33,7 @@ import orjson
 from bulkrelay.job.bulkcsv import BulkCsv
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.ratelimit import Limiter
-from bulkrelay.relay.retry import retry_after_of
+from bulkrelay.relay.retry import RetryPolicy, retry_after_of
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
 
 OPEN, UPLOAD_COMPLETE, JOB_COMPLETE, FAILED, ABORTED = (
@@ -44,6 +44,7 @@ OPEN, UPLOAD_COMPLETE, JOB_COMPLETE, FAILED, ABORTED = (
     "Aborted",
 )
 TERMINAL = frozenset({JOB_COMPLETE, FAILED, ABORTED})
+_API = RetryPolicy()  # the API's own success rule (any 2xx), not the job's response.success_statuses
 _STEP_SLICE = 0.25  # seconds: a wait is cut in slices this long, so a stop is heard soon
 
 
@@ -119,7 +120,7 @@ class SalesforceBulk2:
             answer = await self._transport.send(request)
         except TransportError as exc:
             raise StepRefused("upload", None, str(exc)) from None
-        if not 200 <= answer.status < 300:
+        if not _API.is_success(answer.status):
             raise StepRefused("upload", answer.status, _text(answer))
 
     async def close(self, remote: str) -> None:
@@ -199,7 +200,7 @@ class SalesforceBulk2:
             except TransportError:
                 pass
             else:
-                if 200 <= answer.status < 300:
+                if _API.is_success(answer.status):
                     return answer
                 if answer.status == 404 and step == "poll":
                     raise JobForgotten(step, 404, f"the target does not know job {url.rsplit('/', 1)[-1]}")
