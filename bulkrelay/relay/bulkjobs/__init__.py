@@ -4,6 +4,7 @@ the engine calls."""
 
 from __future__ import annotations
 
+from collections.abc import Container
 from pathlib import Path
 
 from bulkrelay.job.preflight import Preflight
@@ -13,8 +14,8 @@ from bulkrelay.relay.bulkjobs.salesforce_bulk2 import SalesforceBulk2
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.stopping import StopControl
 from bulkrelay.relay.transport.base import Transport
+from bulkrelay.store.journal import read_journal
 from bulkrelay.store.journal.jobrecords import job_ledgers
-from bulkrelay.store.rowset import RowSet
 
 __all__ = ["BulkJobRelay", "open_bulk_relay"]
 
@@ -26,7 +27,7 @@ def open_bulk_relay(
     stop: StopControl,
     *,
     journal: Path,
-    journaled: RowSet | None,
+    journaled: Container[int] | None,
 ) -> BulkJobRelay | None:
     """The job's bulk relay, attached to the jobs its journal names; None when it sends no bulk jobs."""
     bulk = preflight.bulk
@@ -43,6 +44,7 @@ def open_bulk_relay(
         attempts=attempts,
         limiter=limiter,
     )
-    return BulkJobRelay(
-        bulk, api, stop, ledgers=job_ledgers(journal), journaled=journaled, max_attempts=attempts
-    )
+    ledgers = job_ledgers(journal)
+    if ledgers and journaled is None:  # a start that did not replay the journal: its rows read here
+        journaled = {entry.row_number for entry in read_journal(journal)}
+    return BulkJobRelay(bulk, api, stop, ledgers=ledgers, journaled=journaled, max_attempts=attempts)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +41,6 @@ from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, ITEM_REJECTED, SUCCESS
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.store.journal import JournalEntry, JournalWriter, entry_of
 from bulkrelay.store.journal.jobrecords import JobLedger, encode_job_record, row_ranges
-from bulkrelay.store.rowset import RowSet
 
 BULK_JOB_FAILED = "http_client_error"  # a job Failed, Aborted or forgotten: its rows fail with its error
 
@@ -68,7 +67,7 @@ class BulkJobRelay:
         stop: StopControl,
         *,
         ledgers: dict[int, JobLedger],
-        journaled: RowSet | None,
+        journaled: Container[int] | None,
         max_attempts: int,
     ) -> None:
         self._bulk = bulk
