@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bulkrelay.errors import JournalCorrupt
+from bulkrelay.errors import JournalCorrupt, StorageFailed
 from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.journal import (
     JournalState,
@@ -113,3 +113,16 @@ def test_a_record_line_is_checked_and_ranges_round_trip() -> None:
     assert row_ranges([1, 2, 3, 7]) == [[1, 3], [7, 7]]
     with pytest.raises(ValueError, match="unknown"):
         encode_job_record(1, "exploded")
+
+
+async def test_a_record_whose_fsync_fails_raises_to_its_writer(tmp_path: Path) -> None:
+    """The job's data is uploaded only once its record is durable: a failed fsync says so at once."""
+    path = tmp_path / "results.jsonl"
+    writer = JournalWriter(path, FaultyStorage(fail_fsync_at=2), next_seq=1, on_commit=lambda e, o: None)
+    record = encode_job_record(1, "created", remote="J1", rows=[[2, 2]], keys=["b"])
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer.run)
+        await writer.submit(delivered_entry(1))  # the first fsync: its group's
+        with pytest.raises(StorageFailed, match="fsync failed"):
+            await writer.commit_record(record)
+        group.cancel_scope.cancel()
