@@ -59,9 +59,13 @@ def write_bulk_job(tmp_path: Path, target_url: str, names: list[str], **bulk: An
     return path
 
 
-async def run_bulk_job(job_path: Path, target: RunningTarget, *, run: RunDir | None = None) -> BatchRun:
-    """Preflight and relay the job in-process into a new run directory (or `run`, from its start)."""
-    preflight = run_preflight(load_job(job_path), None, env={"SF_TOKEN": "tok-secret"})
-    run = run or RunDir.create(job_path.parent / "runs", plan_for(preflight))
+async def run_bulk_job(
+    job_path: Path, target: RunningTarget, *, run: RunDir | None = None, runs: Path | None = None
+) -> BatchRun:
+    """Preflight and relay the job in-process into a new run directory (in `runs`, else beside the job;
+    or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target)."""
+    env = {"SF_TOKEN": "tok-secret", "SF_INSTANCE": target.url}
+    preflight = run_preflight(load_job(job_path), None, env=env)
+    run = run or RunDir.create(runs or job_path.parent / "runs", plan_for(preflight))
     outcome = await relay(preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter())
     return BatchRun(outcome, list(read_journal(run.journal_path)), target.state.requests(), run)

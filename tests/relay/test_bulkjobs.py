@@ -155,3 +155,16 @@ async def test_the_journals_unfinished_job_is_attached_to_before_any_new_one(
     assert stats["bulk_jobs"].get("aborted", 0) == (0 if closed else 1)
     new_rows = sorted(row for ledger in list(ledgers.values())[1:] for row in ledger.rows)
     assert new_rows == ([5, 6] if closed else [1, 2, 3, 4, 5, 6])
+
+
+async def test_the_example_runs_against_the_demo_target(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "bulk-jobs" / "salesforce.yaml"
+    target = await start_target({})
+    try:
+        result = await run_bulk_job(example, target, runs=tmp_path / "runs")
+    finally:
+        await target.stop()
+    failed = {entry.key: entry.error for entry in result.entries if not entry.success}
+    assert len(result.entries) == 12 and failed == {
+        "C-0006-bogus-fay": "INVALID_FIELD:bad value in C-0006-bogus-fay"
+    }
