@@ -49,6 +49,8 @@ def kill_loop(tmp_path: Path, kills: int, seed: int) -> Counter[str]:
                 break  # the run ended before this kill
             proc.send_signal(signal.SIGKILL)
             proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()  # its pipe, left open, warns (an error under -W error) later
             records = list(read_job_records(run_dir / "results.jsonl"))
             phases[records[-1]["event"] if records else "before the first job"] += 1
         final = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=ENV, timeout=120)
