@@ -492,8 +492,8 @@ _PHASES = (
     ("preflight", "job/preflight.py", ("run_preflight",)),
     ("render", "job/request.py", ("_keyed", "_unkeyed")),  # RowRequests: the sender's render (and key)
     ("send", "relay/transport/reqwest.py", ("send",)),
-    ("journal", "store/journal.py", ("submit", "offer")),
-    ("commit", "store/journal.py", ("_commit",)),
+    ("journal", "store/journal/rows.py", ("submit", "offer")),
+    ("commit", "store/journal/rows.py", ("_commit",)),
 )
 
 _StatKey = tuple[str, int, str]

@@ -49,6 +49,9 @@ the plan's "batch" object sets which items fail or are retried; stats count item
 CRM endpoints (demo/crmtarget.py): `.../crm/accounts`, `.../crm/contacts`, `.../crm/deals` issue ids
 and refuse (422) a record naming an account or contact id never issued; stats count creations.
 
+Bulk jobs (demo/bulktarget.py): `.../jobs/ingest` answers like Salesforce Bulk API 2.0 ingest jobs
+when no rule fires; the plan's "bulk" object sets which rows fail or stay unprocessed, and which jobs fail.
+
 Dedup: with "dedup": true, a request whose Idempotency-Key was already applied (answered 2xx) gets the
 stored answer again and counts as a duplicate. `effects` counts applied operations: every 2xx answer
 without dedup, each distinct key (or keyless request) with it.
@@ -107,6 +110,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bulkrelay.demo.batchtarget import BatchEndpoints, BatchOptions
+from bulkrelay.demo.bulktarget import BulkIngest, BulkOptions
 from bulkrelay.demo.crmtarget import CrmEndpoints
 from bulkrelay.demo.oauth import OAuthPlan, OAuthState
 from bulkrelay.demo.signatures import SignatureCheck, SignedPlan
@@ -157,6 +161,7 @@ class _Plan(BaseModel):
     rules: tuple[_Rule, ...] = ()
     limit_rps: int | None = Field(default=None, ge=1)  # a server-side rate limit: 429 above it
     batch: BatchOptions = BatchOptions()  # the batch endpoints' options (demo/batchtarget.py)
+    bulk: BulkOptions = BulkOptions()  # the ingest API's options (demo/bulktarget.py)
     oauth: OAuthPlan | None = None  # a token endpoint, and a bearer token every other request needs
     signed: SignedPlan | None = None  # each request's signature verified
 
@@ -230,6 +235,10 @@ class TargetState:
         self._rules = [_RuleState(rule) for rule in self.plan.rules]
         self._needs_key = self.plan.dedup or any(r.first_attempts is not None for r in self.plan.rules)
         self.batches = BatchEndpoints(self.plan.batch)
+        bulk: BulkIngest | None = getattr(self, "bulk", None)
+        if bulk is not None:  # a new plan: the jobs the target holds go on under its options
+            bulk.options = self.plan.bulk
+        self.bulk = bulk or BulkIngest(self.plan.bulk)
         self.oauth = OAuthState(self.plan.oauth) if self.plan.oauth is not None else None
         self.signatures = SignatureCheck(self.plan.signed) if self.plan.signed is not None else None
 
@@ -242,6 +251,7 @@ class TargetState:
         self._in_progress: set[str] = set()  # keys whose first request is still being answered
         self.batches = BatchEndpoints(self.plan.batch)
         self.crm = CrmEndpoints()
+        self.bulk = BulkIngest(self.plan.bulk)
         self.effects = 0
         self.duplicates = 0
         self.resets = 0
@@ -262,6 +272,7 @@ class TargetState:
             "max_arrivals_in_any_second": most_in_window(self._arrivals, 1.0),
             **self.batches.stats(),
             **self.crm.stats(),
+            **self.bulk.stats(),
         }
 
     def requests(self) -> list[dict[str, Any]]:
@@ -393,10 +404,15 @@ class TargetState:
         return False
 
     def _batch_delay_ms(self, request: web.BaseRequest, replay: bool) -> int:
-        """A batch's delay (plan batch.delay_ms): applying it takes time, replaying its answer none."""
+        """A batch's delay (plan batch.delay_ms, bulk.delay_ms): applying it takes time, replaying its
+        answer none."""
+        if BulkIngest.handles(request.path):
+            return self.plan.bulk.delay_ms
         return self.plan.batch.delay_ms if BatchEndpoints.handles(request.path) and not replay else 0
 
     def _default_answer(self, request: web.BaseRequest, body: bytes) -> _Answer:
+        if BulkIngest.handles(request.path):
+            return _Answer(*self.bulk.answer(request.method, request.path, body))
         if BatchEndpoints.handles(request.path):
             status, answer = self.batches.answer(request.path, body)
             return _Answer(status, answer)

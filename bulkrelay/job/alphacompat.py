@@ -28,7 +28,7 @@ def upgrade_alpha_spellings(
         return raw, []
     notes: list[Problem] = []
     upgraded = dict(request)
-    if "method" not in upgraded:
+    if "method" not in upgraded and "bulk_job" not in upgraded:  # a bulk job names its own methods
         upgraded["method"] = "POST"
         notes.append(
             _note(

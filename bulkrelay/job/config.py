@@ -32,9 +32,9 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 from typing_extensions import TypeAliasType
 
-from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem
+from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem, UsageError
 from bulkrelay.job.alphacompat import upgrade_alpha_spellings
-from bulkrelay.job.durations import MAX_SECONDS
+from bulkrelay.job.durations import MAX_SECONDS, parse_duration_ms
 from bulkrelay.job.liquidtext import LiquidError, compile_liquid, liquid_message
 from bulkrelay.job.redact import UNENCODED_CREDENTIALS, unencoded_credentials, url_unsafe
 from bulkrelay.job.template import SECRET_NAME, FieldRef, SecretRef, compile_template
@@ -838,6 +838,51 @@ class AuthConfig(_Model):
         return [text for text in texts if text is not None]
 
 
+def _wait_seconds(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return parse_duration_ms(value, what="poll.max_wait") / 1000
+    except UsageError as exc:
+        raise ValueError(exc.message) from None
+
+
+class BulkPollConfig(_Model):
+    """`request.bulk_job.poll`: a job's state asked again from `first_seconds`, doubling to `max_seconds`."""
+
+    first_seconds: PauseSeconds = 2.0
+    max_seconds: Seconds = 60.0
+    max_wait: Annotated[Seconds, BeforeValidator(_wait_seconds)] = 6 * 3600.0  # then stop, resumable
+
+
+class BulkJobConfig(_Model):
+    """`request.bulk_job`: rows sent as asynchronous bulk jobs (docs/bulk-jobs.md)."""
+
+    kind: Literal["salesforce_bulk2"]
+    base_url: Annotated[str, AfterValidator(_url)]
+    object: NonEmpty
+    operation: Literal["insert", "update", "upsert", "delete"] = "insert"
+    external_id_field: NonEmpty | None = None
+    line_ending: Literal["LF", "CRLF"] = "LF"
+    columns: dict[NonEmpty, JsonField | JsonValue] = Field(min_length=1)
+    # A job's record holds its rows' keys on one journal line (under 16 MiB): rows a job are bounded.
+    max_rows: Annotated[int, Field(ge=1, le=150_000)] = 10_000
+    max_bytes: Annotated[int, Field(ge=64, le=150_000_000)] = 100_000_000
+    poll: BulkPollConfig = Field(default_factory=BulkPollConfig)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> BulkJobConfig:
+        if (self.operation == "upsert") != (self.external_id_field is not None):
+            raise ValueError("request.bulk_job.external_id_field goes with operation: upsert (and only it)")
+        if self.external_id_field is not None and self.external_id_field not in self.columns:
+            raise ValueError(
+                f"request.bulk_job.columns must hold the external id field {self.external_id_field}"
+            )
+        if compile_template(self.base_url).fields:
+            raise ValueError("request.bulk_job.base_url cannot use a {field}: one URL serves every job")
+        return self
+
+
 class RequestConfig(_Model):
     method: Annotated[Method, BeforeValidator(_upper)]
     url: Annotated[str, AfterValidator(_url)]
@@ -855,6 +900,15 @@ class RequestConfig(_Model):
     compression: Literal["none", "gzip"] = "none"
     nulls: Nulls | None = None  # every leaf's `nulls` unless it sets its own (None: as before, like send)
     group: GroupConfig | None = None
+    bulk_job: BulkJobConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bulk_job_url(cls, data: Any) -> Any:
+        """A bulk job names its endpoints under bulk_job: its base URL stands for request.url."""
+        if isinstance(data, dict) and isinstance(job := data.get("bulk_job"), dict) and "url" not in data:
+            return {"method": "POST", "url": job.get("base_url", ""), **data}
+        return data
 
     @model_validator(mode="after")
     def _coherent(self) -> RequestConfig:
@@ -873,6 +927,8 @@ class RequestConfig(_Model):
             raise ValueError("request.headers also sets the idempotency_key header")
         if self.batch is not None:
             _batch_request_is_constant(self, given)
+        if self.bulk_job is not None and (given or self.batch is not None):
+            raise ValueError("request.bulk_job sends its rows as CSV columns: no json, form, body or batch")
         if isinstance(self.json_, JsonField) and self.json_.when_missing == "omit":
             raise ValueError("request.json is one {from: ...} value: when_missing: omit would leave no body")
         _rows_where_grouped(self)
@@ -891,6 +947,8 @@ class RequestConfig(_Model):
         data: dict[str, Any] = handler(self)
         if self.batch is None:
             data.pop("batch", None)
+        if self.bulk_job is None:
+            data.pop("bulk_job", None)
         if self.auth is None:
             data.pop("auth", None)  # the fingerprint of a job without auth stays what it was
         data.pop("compression", None)  # operational: the fingerprint (item ids, keys) never holds it
@@ -1316,6 +1374,8 @@ class JobConfig(_Model):
             given = [k for k in ("items", "on_batch_rejected") if getattr(self.response, k) is not None]
             if given:
                 raise ValueError(f"response.{given[0]} reads a batch's answer: it needs request.batch")
+        if self.request.bulk_job is not None:
+            _bulk_job_fits(self)
         unused = sorted(set(self.vars) - environment_names(self))
         if unused:
             raise ValueError(f"vars names {', '.join(unused)}, which no ${{NAME}} of the job uses")
@@ -1349,6 +1409,18 @@ def _vars_not_secret(auth: AuthConfig, names: tuple[str, ...]) -> None:
     for key, what, text in kept:
         if text is not None and set(names) & compile_template(text).secrets:
             raise ValueError(f"vars names the {key}'s variable: a {what} is never shown")
+
+
+def _bulk_job_fits(config: JobConfig) -> None:
+    """What a bulk job needs of the rest of the job file, and what it does not do (yet)."""
+    if config.input.key is None:
+        raise ValueError("request.bulk_job needs input.key: each row's result is matched by its key")
+    if config.execution.sync != "full":
+        raise ValueError("request.bulk_job works with execution.sync: full only (delta and mirror: not yet)")
+    if config.request.auth is not None:
+        raise ValueError("request.bulk_job takes its token from request.headers (request.auth: not yet)")
+    if config.request.compression != "none":
+        raise ValueError("request.bulk_job uploads its CSV as it is (request.compression: not yet)")
 
 
 def environment_names(config: JobConfig) -> set[str]:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, SecretInvalid, UsageError
 from bulkrelay.job.batch import BatchRenderer
+from bulkrelay.job.bulkcsv import BulkCsv
 from bulkrelay.job.config import WHOLE_SECRET, Job, redis_url_problem, required_fields
 from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.fingerprint import config_fingerprint
@@ -56,6 +57,7 @@ class Preflight:
     expected_input: ExpectedInput | None = None
     digester: RequestDigester | None = None  # a delta job: journal lines carry each row's digest
     batcher: BatchRenderer | None = None  # a batch job (request.batch): each row's item, many a request
+    bulk: BulkCsv | None = None  # a bulk job (request.bulk_job): each row's CSV line, many a job
     shared_limit: str | None = None  # the Redis URL of a shared rate limit, its ${NAME} resolved
     lookup_misses: int = 0  # rows whose key a lookup with `on_miss: skip` lacks: journaled unsent
 
@@ -344,6 +346,8 @@ def run_preflight(
     # A batch job's row renders as its item (refused when it alone would cross max_bytes), with the
     # batch's URL and headers: what delta sync digests and the chooser observes.
     render = renderer.render if batcher is None else batcher.item_request
+    bulk = BulkCsv.of_job(job.config)  # a bulk job's row renders as its CSV line, its key cell required
+    render = render if bulk is None else bulk.item_request
     presence = _FieldPresence(job, spec)
     presence_open = True  # until the fields the job needs are settled (a CSV: its first record)
     misses = 0
@@ -376,6 +380,7 @@ def run_preflight(
         expected_input=expected,
         digester=digester,
         batcher=batcher,
+        bulk=bulk,
         shared_limit=shared_limit,
         lookup_misses=misses,
     )

@@ -50,7 +50,14 @@ from bulkrelay.job.yamlload import (
     INT64_RANGE,  # signed 64-bit, as documented (orjson would write up to 2**64-1)
 )
 
-__all__ = ["RenderError", "RequestRenderer", "RowRequests", "idempotency_key", "json_renderer"]
+__all__ = [
+    "RenderError",
+    "RequestRenderer",
+    "RowRequests",
+    "idempotency_key",
+    "json_renderer",
+    "value_getter",
+]
 
 Fields = Mapping[str, Any]
 Headers = tuple[tuple[str, str], ...]
@@ -544,6 +551,12 @@ def json_renderer(
 ) -> Callable[[Fields], bytes]:
     """The bytes of a `json` tree for a record's fields, as `render` writes a body (a batch item's too)."""
     return _json_body(with_nulls(node, nulls), _json_option(sorted_json))
+
+
+def value_getter(node: JsonNode) -> Callable[[Fields], Any]:
+    """The value a request.json tree takes for a record's fields, as a body would hold it (a bulk job's
+    CSV column); raises `RenderError` as rendering does."""
+    return _json_getter(node)
 
 
 def _json_option(sorted_json: bool) -> int:

@@ -14,14 +14,17 @@ import anyio
 from bulkrelay.envelope import EnvelopeWarning, Result, deprecation_warnings
 from bulkrelay.errors import InputInvalid, Problem, UsageError
 from bulkrelay.job.batch import Item
+from bulkrelay.job.bulkcsv import BulkCsv
 from bulkrelay.job.config import Job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.groups import batch_renderer
 from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.inputs.spec import STDIN_NAME
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
+from bulkrelay.job.records import Record
 from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
 from bulkrelay.ops.batchrender import rendered_batches
+from bulkrelay.ops.bulkrender import rendered_jobs
 from bulkrelay.ops.lookups import built_lookups, with_lookups
 from bulkrelay.ops.results import (
     InputFacts,
@@ -184,6 +187,8 @@ def _render_rows(
     batcher = batch_renderer(job.config, renderer, config_sha256)  # a batch or grouped job's
     rows = RowRequests(renderer, config_sha256, job.config.input.key)
     items: list[Item] = []  # a batch job's: formed into batches at the end
+    bulk = BulkCsv.of_job(job.config)
+    lines: list[tuple[Record, bytes]] = []  # a bulk job's: formed into jobs at the end
     seen = 0
     with open_records(spec, problems.append) as stream:
         for record in stream:
@@ -196,6 +201,9 @@ def _render_rows(
             try:
                 if batcher is not None:
                     items.append(batcher.item(record))
+                    continue
+                if bulk is not None:
+                    lines.append((record, bulk.item_request(record).body or b""))
                     continue
                 request, _ = rows.keyed(record)  # with its idempotency key, as the run sends it
             except RenderError as exc:
@@ -224,4 +232,6 @@ def _render_rows(
             )
     if batcher is not None:
         requests = rendered_batches(batcher, items, job.config.request.auth)
+    if bulk is not None:
+        requests = rendered_jobs(bulk, renderer, lines)
     return requests, problems, seen if seen < wanted.last else None

@@ -26,6 +26,7 @@ from bulkrelay.job.records import Record
 from bulkrelay.relay.auth import Authenticator, open_authenticator
 from bulkrelay.relay.batches import BatchRelay
 from bulkrelay.relay.batchsender import BatchSender
+from bulkrelay.relay.bulkjobs import open_bulk_relay
 from bulkrelay.relay.failurerate import FailureRate
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Reporter, Snapshot
@@ -274,7 +275,7 @@ def _client_certificate(job: Job) -> ClientCertificate | None:
     return ClientCertificate(base / tls.client_cert, key)
 
 
-async def relay(
+async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, batches or jobs)
     preflight: Preflight,
     run: RunDir,
     start: StartPoint,
@@ -327,6 +328,8 @@ async def relay(
         run=run,
     )
     records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
+    journaled = start.journal.done if start.journal is not None else None  # for request.bulk_job's jobs
+    bulk = open_bulk_relay(preflight, transport, limiter, stop, journal=run.journal_path, journaled=journaled)
 
     reporter.update(committed.snapshot())
     try:
@@ -335,7 +338,9 @@ async def relay(
             background.start_soon(_checkpointer, run, committed, on_tick or _no_tick)
             async with anyio.create_task_group() as workers:
                 background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
-                if batches is not None:  # request.batch: many rows a request (relay/batches.py)
+                if bulk is not None:  # request.bulk_job: many rows a job (relay/bulkjobs/)
+                    workers.start_soon(bulk.run, records, journal)
+                elif batches is not None:  # request.batch: many rows a request (relay/batches.py)
                     batches.start(workers, records, journal, config.execution.concurrency)
                 else:
                     for _ in range(config.execution.concurrency):

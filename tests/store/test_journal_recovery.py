@@ -16,7 +16,6 @@ import anyio
 import pytest
 
 from bulkrelay.errors import JournalCorrupt, StorageFailed
-from bulkrelay.store import journal as journal_module
 from bulkrelay.store.checkpoint import CHECKPOINT_FILE, read_checkpoint
 from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.journal import (
@@ -33,6 +32,7 @@ from bulkrelay.store.journal import (
     recover_torn_tail,
     scan_journal,
 )
+from bulkrelay.store.journal import rows as journal_module
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.storage import Storage
 from tests.waiting import wait_for

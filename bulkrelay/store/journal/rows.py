@@ -50,6 +50,7 @@ import orjson
 
 from bulkrelay.errors import JournalCorrupt, StorageFailed
 from bulkrelay.private import open_private
+from bulkrelay.store.journal.jobrecords import is_job_record
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.storage import Storage
 
@@ -306,6 +307,11 @@ def is_commit_marker(line: bytes) -> bool:
     return line.startswith(_MARKER_HEAD) and decode_marker(line) is not None
 
 
+def _holds_no_row(line: bytes) -> bool:
+    """A whole line of a kind other than a row's: a commit marker or a bulk-job record (jobrecords.py)."""
+    return is_commit_marker(line) or is_job_record(line)
+
+
 def decode_line(line: bytes) -> tuple[int, JournalEntry]:
     """The seq and entry of a verified line; ValueError naming the reason otherwise."""
     fields = _verified_fields(line)
@@ -417,7 +423,7 @@ def read_journal(path: Path) -> Iterator[JournalEntry]:
             try:
                 fields = _verified_fields(line)
             except ValueError:
-                if is_commit_marker(line):  # a group's commit marker: no row of its own
+                if _holds_no_row(line):  # a group's commit marker, a bulk job's record
                     continue
                 return
             del fields["seq"]
@@ -435,7 +441,7 @@ def read_journal_from(path: Path, offset: int) -> Iterator[tuple[int, int, Journ
             try:
                 _, entry = decode_line(line)
             except ValueError:
-                if not is_commit_marker(line):
+                if not _holds_no_row(line):
                     return
             else:
                 yield offset, offset + len(line), entry
@@ -541,6 +547,8 @@ class JournalWriter:
         self._offset = 0
         self._state = state
         self._sha256 = ""
+        self._fd: int | None = None
+        self._io = anyio.Lock()  # one write at a time: a group's, or a record's (commit_record)
 
     def offer(self, entry: JournalEntry) -> bool:
         """Queue `entry` as `submit` does when that needs no wait (the common case: no backpressure, no
@@ -621,7 +629,7 @@ class JournalWriter:
         self._started = True
         fd: int | None = None
         try:
-            fd = await anyio.to_thread.run_sync(self._open)
+            fd = self._fd = await anyio.to_thread.run_sync(self._open)
             while await self._wait_for_batch():
                 await self._commit(fd)
         except Exception as exc:  # StorageFailed, or an error raised by on_commit
@@ -687,7 +695,8 @@ class JournalWriter:
         # Shielded: once the bytes may be on disk, finish the fsync and report the commit, so a
         # cancellation cannot separate what is durable from what the engine counts.
         with anyio.CancelScope(shield=True):
-            count, size, sha256 = await anyio.to_thread.run_sync(self._write_batch, fd, batch, ends)
+            async with self._io:
+                count, size, sha256 = await anyio.to_thread.run_sync(self._write_batch, fd, batch, ends)
             del self._pending[:count], batch[count:]
             if self._groups is not None and ends is not None:
                 for _ in range(ends.index(count) + 1):
@@ -744,6 +753,31 @@ class JournalWriter:
             self._state = None  # a resume must then check every line, and will say what is wrong
             return
         self._state.ok += [entry.success for entry in batch].count(True)
+
+    async def commit_record(self, line: bytes) -> None:
+        """Append `line`, a line with no row (a bulk job's record), after every entry queued before the
+        call, in a write and fsync of its own between groups; returns once it is durable."""
+        target = self._committed_seq + len(self._pending)
+        while self._committed_seq < target or self._fd is None:
+            await self._check_running()
+            with anyio.move_on_after(_FAILURE_GRACE):
+                await self._space.wait()
+        fd = self._fd
+        with anyio.CancelScope(shield=True):
+            async with self._io:
+                await self._check_running()
+                sha256 = await anyio.to_thread.run_sync(self._write_record, fd, line)
+                # offset and digest change together, on the loop: `prefix()` never pairs one with the other
+                self._offset += len(line)
+                self._sha256 = sha256
+
+    def _write_record(self, fd: int, line: bytes) -> str:
+        self._storage.write(fd, line)
+        self._storage.fsync(fd)
+        if self._state is None:
+            return ""
+        self._state.hasher.update(line)
+        return str(self._state.hasher.hexdigest())
 
     async def _check_running(self, *, closing: bool = False) -> None:
         """Raise if `run()` has ended (on failure: the exception that ended it, normally StorageFailed)."""
@@ -824,12 +858,12 @@ class _Replay:
                 entry = verified(line)
             except ValueError as bad:
                 marker = decode_marker(line) if line.startswith(_MARKER_HEAD) else None
-                if marker is None:
+                if marker is None and not is_job_record(line):
                     reason = str(bad)
                     break
                 self.last_seq, self.offset, self.ok = last_seq, offset, ok
                 self.group_crc, self.group_lines = group_crc, group_lines
-                reason = self.take_marker(marker, len(line))
+                reason = self.take_marker(marker, len(line)) if marker else self.take_record(len(line))
                 if reason is not None:
                     break
                 offset, group_crc, group_lines = self.offset, 0, 0
@@ -860,6 +894,16 @@ class _Replay:
         problem = _marker_problem(marker, self.last_seq, self.group_lines, self.group_crc, self.marked)
         if problem is not None:
             return problem
+        self.offset += length
+        self.mark(self.offset)
+        if self.markers is not None:
+            self.markers += 1
+        return None
+
+    def take_record(self, length: int) -> str | None:
+        """Take a bulk job's record: the writer puts one between groups, so it closes the one before."""
+        if self.group_lines:
+            return f"a bulk-job record after {self.group_lines} lines without their commit marker"
         self.offset += length
         self.mark(self.offset)
         if self.markers is not None:
@@ -1109,7 +1153,7 @@ def _refuse_unless_at_end(path: Path, lines: Iterator[bytes], replay: _Replay, r
         try:
             _verified_fields(line)
         except ValueError:
-            if not is_commit_marker(line):
+            if not _holds_no_row(line):
                 continue
         raise _corrupt(
             path,

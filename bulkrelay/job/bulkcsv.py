@@ -1,0 +1,103 @@
+"""A bulk job's CSV (`request.bulk_job`, docs/bulk-jobs.md): the header, each row's line, each row's key.
+
+Built once per job. Each column is one `{from: ...}` or `{value: ...}` leaf, rendered as a request.json
+leaf is, then written as CSV text (RFC 4180: a value holding a comma, quote, CR or LF is quoted, its
+quotes doubled; null is empty; booleans `true`/`false`). The key column is the one that reads
+`input.key`: results come back in an order of the target's own and are matched to rows by its text,
+so every row's key cell must be non-empty (refused in preflight otherwise).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bulkrelay.errors import ConfigInvalid, Problem
+from bulkrelay.job.config import BulkJobConfig, JobConfig, JsonField
+from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.job.request import RenderError, value_getter
+
+__all__ = ["BulkCsv", "csv_cell"]
+
+_NEEDS_QUOTES = frozenset(',"\r\n')
+
+
+def csv_cell(name: str, value: Any) -> str:
+    """A value as one CSV cell's text; RenderError for an object or a list (no CSV column holds one)."""
+    if value is None:
+        return ""
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        raise RenderError(
+            name, f"is a JSON {type(value).__name__}: a CSV column holds text, numbers or booleans"
+        )
+    text = value if isinstance(value, str) else str(value)
+    if _NEEDS_QUOTES.isdisjoint(text):
+        return text
+    return '"' + text.replace('"', '""') + '"'
+
+
+class BulkCsv:
+    """Renders rows into a bulk job's CSV lines, for one job."""
+
+    def __init__(self, config: BulkJobConfig, key_field: str) -> None:
+        self.config = config
+        self.columns = tuple(config.columns)
+        self._getters = tuple((name, value_getter(leaf)) for name, leaf in config.columns.items())
+        keyed = [name for name, leaf in config.columns.items() if _reads(leaf, key_field)]
+        if not keyed:
+            raise ConfigInvalid(
+                [
+                    Problem(
+                        f"request.bulk_job.columns has no column that reads the key {{from: {key_field}}}: "
+                        "results are matched to rows by it",
+                        path="request.bulk_job.columns",
+                    )
+                ]
+            )
+        self.key_column = keyed[0]
+        self._key_index = self.columns.index(self.key_column)
+        self.newline = b"\r\n" if config.line_ending == "CRLF" else b"\n"
+        self.header = ",".join(csv_cell(name, name) for name in self.columns).encode() + self.newline
+        self._url = config.base_url
+        self.key_field = key_field
+        self._key_getter = self._getters[self._key_index][1]
+
+    @classmethod
+    def of_job(cls, config: JobConfig) -> BulkCsv | None:
+        """The job's CSV renderer; None when the job sends no bulk jobs."""
+        job = config.request.bulk_job
+        if job is None or config.input.key is None:
+            return None
+        return cls(job, config.input.key)
+
+    def line(self, record: Record) -> tuple[str, bytes]:
+        """The row's key text and its CSV line (newline included); RenderError naming the column."""
+        cells = [csv_cell(name, get(record.fields)) for name, get in self._getters]
+        key = cells[self._key_index]
+        if key.startswith('"'):  # matched against the results' parsed cells: the text, unquoted
+            key = key[1:-1].replace('""', '"')
+        if not key:
+            raise RenderError(self.key_column, "is empty: each row's result is matched by its key column")
+        return key, ",".join(cells).encode() + self.newline
+
+    def key_text(self, key: Any) -> str:
+        """The key column's text for a row whose `input.key` is `key` (what the results name it by)."""
+        cell = csv_cell(self.key_column, self._key_getter({self.key_field: key}))
+        return cell[1:-1].replace('""', '"') if cell.startswith('"') else cell
+
+    def item_request(self, record: Record) -> PreparedRequest:
+        """The row's part of a job as preflight checks it and a delta sync digests it: its CSV line,
+        refused when with the header alone it would cross max_bytes."""
+        line = self.line(record)[1]
+        if len(self.header) + len(line) > self.config.max_bytes:
+            raise RenderError(
+                self.key_column,
+                f"makes a CSV line of {len(line)} bytes: with the header over request.bulk_job.max_bytes "
+                f"{self.config.max_bytes}",
+            )
+        return PreparedRequest("PUT", self._url, (("Content-Type", "text/csv"),), line)
+
+
+def _reads(leaf: Any, key_field: str) -> bool:
+    return isinstance(leaf, JsonField) and leaf.from_ == key_field

@@ -1,0 +1,48 @@
+"""`render` for a bulk job: the named rows formed into jobs as a fresh run forms them (relay/bulkjobs/jobs.py:
+input order, a job closing before the row that would take it past max_rows or max_bytes), each shown as
+its one upload, the job's CSV, secrets `***` (the job's id is the target's, so `{job}` stands for it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bulkrelay.job.bulkcsv import BulkCsv
+from bulkrelay.job.records import PreparedRequest, Record
+from bulkrelay.job.request import RequestRenderer
+from bulkrelay.ops.results import RenderedRequest
+
+
+def rendered_jobs(
+    bulk: BulkCsv, renderer: RequestRenderer, rows: Sequence[tuple[Record, bytes]]
+) -> list[RenderedRequest]:
+    """The uploads carrying `rows` (each a record and its CSV line, in input order), one a job."""
+    jobs: list[list[tuple[Record, bytes]]] = []
+    size = 0
+    for row in rows:
+        if not jobs or len(jobs[-1]) >= bulk.config.max_rows or size + len(row[1]) > bulk.config.max_bytes:
+            jobs.append([])
+            size = len(bulk.header)
+        jobs[-1].append(row)
+        size += len(row[1])
+    base = renderer.render(Record(0, 0, {}))
+    return [_shown(bulk, renderer, base, seq, job) for seq, job in enumerate(jobs, start=1)]
+
+
+def _shown(
+    bulk: BulkCsv, renderer: RequestRenderer, base: PreparedRequest, seq: int, job: list[tuple[Record, bytes]]
+) -> RenderedRequest:
+    body = bulk.header + b"".join(line for _, line in job)
+    url = f"{base.url.rstrip('/')}/jobs/ingest/{{job}}/batches"
+    headers = (*base.headers, ("Content-Type", "text/csv"))
+    shown = renderer.redact(PreparedRequest("PUT", url, headers, body))
+    first = job[0][0]
+    rows = [record.row_number for record, _ in job]
+    return RenderedRequest(
+        first.row_number,
+        first.line,
+        shown["method"],
+        shown["url"],
+        tuple((name, value) for name, value in shown["headers"]),
+        shown["body"],
+        batch={"seq": seq, "rows": rows, "size": len(job), "bytes": len(body)},
+    )

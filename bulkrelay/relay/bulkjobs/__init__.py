@@ -1,0 +1,50 @@
+"""Asynchronous bulk jobs (`request.bulk_job`, docs/bulk-jobs.md): one module per kind, and the driver
+that forms jobs from pending rows and journals each row's result (`jobs.py`). `open_bulk_relay` is what
+the engine calls."""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from pathlib import Path
+
+from bulkrelay.job.preflight import Preflight
+from bulkrelay.job.records import Record
+from bulkrelay.relay.bulkjobs.jobs import BulkJobRelay
+from bulkrelay.relay.bulkjobs.salesforce_bulk2 import SalesforceBulk2
+from bulkrelay.relay.ratelimit import Limiter
+from bulkrelay.relay.stopping import StopControl
+from bulkrelay.relay.transport.base import Transport
+from bulkrelay.store.journal import read_journal
+from bulkrelay.store.journal.jobrecords import job_ledgers
+
+__all__ = ["BulkJobRelay", "open_bulk_relay"]
+
+
+def open_bulk_relay(
+    preflight: Preflight,
+    transport: Transport,
+    limiter: Limiter,
+    stop: StopControl,
+    *,
+    journal: Path,
+    journaled: Container[int] | None,
+) -> BulkJobRelay | None:
+    """The job's bulk relay, attached to the jobs its journal names; None when it sends no bulk jobs."""
+    bulk = preflight.bulk
+    if bulk is None:
+        return None
+    base = preflight.renderer.render(Record(0, 0, {}))  # the base URL and headers, secrets bound
+    attempts = preflight.job.config.retry.max_attempts
+    api = SalesforceBulk2(
+        bulk,
+        transport,
+        base.headers,
+        lambda: stop.requested,
+        base_url=base.url,
+        attempts=attempts,
+        limiter=limiter,
+    )
+    ledgers = job_ledgers(journal)
+    if ledgers and journaled is None:  # a start that did not replay the journal: its rows read here
+        journaled = {entry.row_number for entry in read_journal(journal)}
+    return BulkJobRelay(bulk, api, stop, ledgers=ledgers, journaled=journaled, max_attempts=attempts)

@@ -1,0 +1,287 @@
+"""Bulk mode's half of the pipeline: pending rows ─► jobs ─► each row's result, one journal group a job.
+
+A job takes the run's pending rows in input order (rows an earlier job left unprocessed first) and
+closes before the row that would take its CSV past `max_bytes` or its rows past `max_rows`, as a batch
+does. Its life, each step journaled (store/journal/jobrecords.py) and fsynced before the next begins:
+
+    create ─► record `created` (the target's job id, its rows and their keys) ─► upload the CSV ─►
+    `uploaded` ─► close ─► `closed` ─► poll ─► `state` ─► fetch the results ─► the rows' lines ─► `results`
+
+So the job id is durable before any byte of its data leaves, and a crash anywhere leaves a journal that
+says what to do. Before sending anything new, the driver attaches to every job the journal names whose
+results are not journaled: it asks the target for the job's state (a close may have landed though its
+answer was lost); a job still `Open` is aborted (its rows go in the next job formed), one closed or later
+is polled and its results fetched, never submitted again. Rows count as done only when their result line
+is committed; rows a job left unprocessed go in a later job, at most `retry.max_attempts` jobs in all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Container, Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+from bulkrelay.job.bulkcsv import BulkCsv
+from bulkrelay.job.records import Record
+from bulkrelay.relay.bulkjobs.salesforce_bulk2 import (
+    ABORTED,
+    FAILED,
+    OPEN,
+    TERMINAL,
+    JobForgotten,
+    JobResults,
+    SalesforceBulk2,
+    StepRefused,
+    StepStopped,
+)
+from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, ITEM_REJECTED, SUCCESS
+from bulkrelay.relay.stopping import StopControl, StopReason
+from bulkrelay.store.journal import JournalEntry, JournalWriter, entry_of
+from bulkrelay.store.journal.jobrecords import JobLedger, encode_job_record, row_ranges
+
+BULK_JOB_FAILED = "http_client_error"  # a job Failed, Aborted or forgotten: its rows fail with its error
+
+
+@dataclass(slots=True)
+class BulkRow:
+    """One pending row of a bulk job: its number, key (as the input holds it, and as the CSV cell
+    the results name it by) and CSV line; `jobs`: the jobs of this call it went in."""
+
+    row: int
+    key: Any
+    text: str
+    line: bytes = b""
+    jobs: int = 0
+
+
+class BulkJobRelay:
+    """The bulk jobs of one relay: attach to the journal's unfinished ones, then form and run new ones."""
+
+    def __init__(
+        self,
+        bulk: BulkCsv,
+        api: SalesforceBulk2,
+        stop: StopControl,
+        *,
+        ledgers: dict[int, JobLedger],
+        journaled: Container[int] | None,
+        max_attempts: int,
+    ) -> None:
+        self._bulk = bulk
+        self._api = api
+        self._stop = stop
+        self._ledgers = ledgers
+        self._journaled = journaled
+        self._max_attempts = max_attempts
+        self._next_number = max(ledgers, default=0) + 1
+        self._done_now: set[int] = set()  # rows journaled by this process
+        self._carried: deque[BulkRow] = deque()  # rows a job left unprocessed, for the next one
+
+    async def run(self, records: Iterator[Record], journal: JournalWriter) -> None:
+        self._api.deadline = time.monotonic() + self._bulk.config.poll.max_wait
+        try:
+            for ledger in list(self._ledgers.values()):
+                if not ledger.ended and not self._stop.requested:
+                    await self._attach(ledger, journal)
+            while not self._stop.requested and (rows := self._take(records)):
+                await self._run_job(rows, journal)
+        except StepStopped:
+            if not self._stop.requested:  # the deadline: stop where a resume polls on
+                wait = self._bulk.config.poll.max_wait
+                self._stop.request(StopReason.TIMEOUT, limit="request.bulk_job.poll.max_wait", seconds=wait)
+
+    # ------------------------------------------------------------ forming jobs
+
+    def _take(self, records: Iterator[Record]) -> list[BulkRow]:
+        """The next job's rows: carried rows first, then the input's, up to max_rows and max_bytes."""
+        config, bulk = self._bulk.config, self._bulk
+        rows: list[BulkRow] = []
+        size = len(bulk.header)
+        while len(rows) < config.max_rows:
+            row = self._carried.popleft() if self._carried else self._next_row(records)
+            if row is None:
+                break
+            if rows and size + len(row.line) > config.max_bytes:
+                self._carried.appendleft(row)  # it opens the next job
+                break
+            rows.append(row)
+            size += len(row.line)
+        return rows
+
+    def _next_row(self, records: Iterator[Record]) -> BulkRow | None:
+        key_field = self._bulk.key_field
+        for record in records:
+            if record.row_number in self._done_now:
+                continue  # journaled while attaching to an earlier process's job
+            text, line = self._bulk.line(record)
+            return BulkRow(record.row_number, record.fields.get(key_field), text, line)
+        return None
+
+    # ------------------------------------------------------------ one job's life
+
+    async def _run_job(self, rows: list[BulkRow], journal: JournalWriter) -> None:
+        rows.sort(key=lambda row: row.row)
+        body = self._bulk.header + b"".join(row.line for row in rows)
+        started = time.monotonic()
+        for row in rows:
+            row.jobs += 1
+        error: StepRefused | None = None
+        for _ in range(self._max_attempts):
+            try:
+                number, remote = await self._created(rows, journal)
+            except StepRefused as refused:
+                error = refused
+                break
+            try:
+                await self._api.upload(remote, body)
+                await journal.commit_record(encode_job_record(number, "uploaded"))
+                await self._api.close(remote)
+            except StepRefused as refused:  # an upload is never sent twice: this job goes, another is made
+                error = refused
+                await self._abort(number, remote, journal)
+                continue
+            await journal.commit_record(encode_job_record(number, "closed"))
+            await self._finish(number, remote, rows, journal, started, {row.text for row in rows})
+            return
+        await self._fail(rows, journal, str(error), started, BULK_JOB_FAILED, error.status if error else None)
+
+    async def _created(self, rows: list[BulkRow], journal: JournalWriter) -> tuple[int, str]:
+        remote = await self._api.create()
+        number, self._next_number = self._next_number, self._next_number + 1
+        record = encode_job_record(
+            number,
+            "created",
+            remote=remote,
+            rows=row_ranges([r.row for r in rows]),
+            keys=[r.key for r in rows],
+        )
+        await journal.commit_record(record)  # durable before any byte of the job's data leaves
+        return number, remote
+
+    async def _abort(self, number: int, remote: str, journal: JournalWriter) -> None:
+        """Abort a job never closed; one the target will not abort stays Open, so it never runs either."""
+        with suppress(StepRefused):
+            await self._api.abort(remote)
+        await journal.commit_record(encode_job_record(number, "aborted"))
+
+    async def _attach(self, ledger: JobLedger, journal: JournalWriter) -> None:
+        """An earlier process's job whose results are not journaled: asked first, never sent again."""
+        done = self._journaled
+        rows = [
+            BulkRow(row, key, self._bulk.key_text(key))
+            for row, key in zip(ledger.rows, ledger.keys, strict=False)
+            if done is None or row not in done
+        ]
+        if not rows:  # its rows' lines are committed; only its last record was lost
+            await journal.commit_record(encode_job_record(ledger.job, "results"))
+            return
+        started = time.monotonic()
+        try:
+            state, _ = await self._api.state(ledger.remote)
+        except JobForgotten as forgotten:
+            if not ledger.closed:  # never closed: it never ran, and never will
+                await journal.commit_record(encode_job_record(ledger.job, "aborted"))
+                return
+            await self._fail(rows, journal, str(forgotten), started, BULK_JOB_FAILED, 404, ledger.job)
+            return
+        if state == OPEN:
+            await self._abort(ledger.job, ledger.remote, journal)  # its rows go in the next job formed
+            return
+        sent = {self._bulk.key_text(key) for key in ledger.keys}  # its rows already journaled too
+        await self._finish(ledger.job, ledger.remote, rows, journal, started, sent)
+
+    async def _finish(  # noqa: PLR0917 (the job, its rows and the keys it was sent)
+        self,
+        number: int,
+        remote: str,
+        rows: list[BulkRow],
+        journal: JournalWriter,
+        started: float,
+        sent: set[str],
+    ) -> None:
+        """Poll the closed job to its end, then journal each row's result (unprocessed rows carried)."""
+        try:
+            state, error = await self._polled(remote)
+        except JobForgotten as forgotten:
+            await self._fail(rows, journal, str(forgotten), started, BULK_JOB_FAILED, 404, number)
+            return
+        await journal.commit_record(encode_job_record(number, "state", state=state, error=error))
+        if state in (FAILED, ABORTED):
+            message = f"bulk job {remote} {state}: {error or 'no errorMessage'}"
+            await self._fail(rows, journal, message, started, BULK_JOB_FAILED, None, number)
+            return
+        try:
+            results = await self._api.results(remote, sent)
+        except StepRefused as refused:
+            await self._fail(rows, journal, str(refused), started, BATCH_ANSWER_INVALID, None, number)
+            return
+        entries = self._entries(rows, results, started)
+        if entries:
+            await journal.submit_group(lambda first_seq: entries)
+        self._done_now.update(entry.row_number for entry in entries)
+        await journal.commit_record(encode_job_record(number, "results"))
+
+    async def _polled(self, remote: str) -> tuple[str, str | None]:
+        delay = self._bulk.config.poll.first_seconds
+        while True:
+            state, error = await self._api.state(remote)
+            if state in TERMINAL:
+                return state, error
+            await self._api.pause(delay)
+            delay = min(delay * 2, self._bulk.config.poll.max_seconds)
+
+    def _entries(self, rows: list[BulkRow], results: JobResults, started: float) -> list[JournalEntry]:
+        duration = (time.monotonic() - started) * 1000
+        entries = []
+        for row in rows:
+            captured = results.succeeded.get(row.text)
+            if captured is not None:
+                entries.append(_entry(row, True, SUCCESS, None, duration, captured))
+            elif (error := results.failed.get(row.text)) is not None:
+                entries.append(_entry(row, False, ITEM_REJECTED, error, duration))
+            elif not row.line:
+                continue  # unprocessed by an earlier process's job: the input yields it again, pending
+            elif row.jobs >= self._max_attempts:
+                error = f"unprocessed by {row.jobs} bulk jobs"
+                entries.append(_entry(row, False, ITEM_REJECTED, error, duration, retryable=True))
+            else:
+                self._carried.append(row)  # it goes in the next job
+        return entries
+
+    async def _fail(  # noqa: PLR0917 (the failure's parts)
+        self,
+        rows: list[BulkRow],
+        journal: JournalWriter,
+        error: str,
+        started: float,
+        classification: str,
+        status: int | None,
+        number: int | None = None,
+    ) -> None:
+        duration = (time.monotonic() - started) * 1000
+        entries = [_entry(row, False, classification, error, duration, status=status) for row in rows]
+        await journal.submit_group(lambda first_seq: entries)
+        self._done_now.update(row.row for row in rows)
+        if number is not None:
+            await journal.commit_record(encode_job_record(number, "results"))
+
+
+def _entry(  # noqa: PLR0917
+    row: BulkRow,
+    success: bool,
+    classification: str,
+    error: str | None,
+    duration_ms: float,
+    captured: dict[str, Any] | None = None,
+    *,
+    retryable: bool = False,
+    status: int | None = None,
+) -> JournalEntry:
+    code = status if status is not None else 200
+    return entry_of(
+        row.row, success, classification, code, row.jobs or 1, retryable, error, duration_ms,
+        None, row.key, None, captured, None, None, None,
+    )  # fmt: skip

@@ -1,0 +1,81 @@
+"""`request.bulk_job` as the job file gives it: refused when it cannot work, and each row's CSV line,
+with preflight refusing a row whose key cell is empty or whose value no CSV cell holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bulkrelay.errors import ConfigInvalid, InputInvalid
+from bulkrelay.job.bulkcsv import csv_cell
+from bulkrelay.job.config import load_job
+from bulkrelay.job.preflight import run_preflight
+from bulkrelay.job.records import Record
+from tests.relay.bulkrun import bulk_job_spec
+
+
+def _job(tmp_path: Path, spec: dict[str, Any], rows: str = "id,email\nk1,a@x\n") -> Path:
+    (tmp_path / "rows.csv").write_text(rows)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda s: s["request"]["bulk_job"].pop("external_id_field"),
+            "external_id_field goes with operation",
+        ),
+        (lambda s: s["request"]["bulk_job"]["columns"].pop("External_Id__c"), "must hold the external id"),
+        (lambda s: s["input"].pop("key"), "needs input.key"),
+        (lambda s: s.setdefault("execution", {}).update(sync="delta"), "execution.sync: full only"),
+        (lambda s: s["request"]["bulk_job"].update(kind="mailchimp"), "kind"),
+        (lambda s: s["request"]["bulk_job"]["poll"].update(max_wait="soon"), "is not a duration"),
+    ],
+)
+def test_a_bulk_job_that_cannot_work_is_refused_when_loaded(
+    tmp_path: Path, change: Any, message: str
+) -> None:
+    spec = bulk_job_spec("http://127.0.0.1:9")
+    change(spec)
+    with pytest.raises(ConfigInvalid) as refused:
+        load_job(_job(tmp_path, spec))
+    assert message in str(refused.value.problems)
+
+
+def test_columns_without_the_key_are_refused(tmp_path: Path) -> None:
+    spec = bulk_job_spec("http://127.0.0.1:9", operation="insert")
+    del spec["request"]["bulk_job"]["external_id_field"]
+    spec["request"]["bulk_job"]["columns"] = {"Email": {"from": "email"}}
+    with pytest.raises(ConfigInvalid, match="no column that reads the key"):
+        run_preflight(load_job(_job(tmp_path, spec)), None, env={"SF_TOKEN": "sf-token-1"})
+
+
+def test_preflight_renders_every_row_and_names_the_bad_ones(tmp_path: Path) -> None:
+    spec = bulk_job_spec("http://127.0.0.1:9")
+    spec["input"]["file"] = "rows.jsonl"
+    (tmp_path / "rows.jsonl").write_text(
+        '{"id":"k1","email":"a@x"}\n{"id":"","email":"b@x"}\n{"id":"k3","email":{"a":1}}\n'
+    )
+    with pytest.raises(InputInvalid) as refused:
+        run_preflight(load_job(_job(tmp_path, spec)), None, env={"SF_TOKEN": "sf-token-1"})
+    problems = {(p.row, p.field): p.message for p in refused.value.problems}
+    assert {(2, "External_Id__c"), (3, "Email")} <= set(problems)  # (and input.key's own check of row 2)
+    assert "is empty" in problems[2, "External_Id__c"] and "JSON dict" in problems[3, "Email"]
+
+
+def test_a_rows_line_is_csv_and_its_key_the_cells_text(tmp_path: Path) -> None:
+    preflight = run_preflight(
+        load_job(_job(tmp_path, bulk_job_spec("http://127.0.0.1:9"))), None, env={"SF_TOKEN": "sf-token-1"}
+    )
+    bulk = preflight.bulk
+    assert bulk is not None and bulk.header == b"External_Id__c,Email\n"
+    key, line = bulk.line(Record(1, 2, {"id": 'a,"b"', "email": "x\ny"}))
+    assert (key, line) == ('a,"b"', b'"a,""b""","x\ny"\n')
+    assert bulk.key_text('a,"b"') == key
+    assert [csv_cell("c", v) for v in (None, True, 3, 1.5, "plain")] == ["", "true", "3", "1.5", "plain"]

@@ -1,0 +1,71 @@
+"""Bulk jobs for tests: a CSV and a `request.bulk_job` job file against the embedded target's Salesforce-
+like ingest API (demo/bulktarget.py), and a run of it in-process."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bulkrelay.demo.target import RunningTarget
+from bulkrelay.job.config import load_job
+from bulkrelay.job.preflight import run_preflight
+from bulkrelay.ops.lifecycle import plan_for
+from bulkrelay.relay.engine import StartPoint, relay
+from bulkrelay.relay.progress import NullReporter
+from bulkrelay.relay.stopping import StopControl
+from bulkrelay.store.journal import read_journal
+from bulkrelay.store.rundir import RunDir
+from tests.relay.batchrun import BatchRun
+
+FAST_POLL = {"first_seconds": 0.01, "max_seconds": 0.05}
+
+
+def bulk_job_spec(target_url: str, **bulk: Any) -> dict[str, Any]:
+    """A job upserting rows.csv's rows as Contacts, keyed by `id` (the External_Id__c column)."""
+    return {
+        "version": 1,
+        "input": {"file": "rows.csv", "key": "id"},
+        "request": {
+            "headers": {"Authorization": "Bearer ${SF_TOKEN}"},
+            "bulk_job": {
+                "kind": "salesforce_bulk2",
+                "base_url": f"{target_url}/services/data/v62.0",
+                "object": "Contact",
+                "operation": "upsert",
+                "external_id_field": "External_Id__c",
+                "columns": {"External_Id__c": {"from": "id"}, "Email": {"from": "email"}},
+                "max_rows": 4,
+                "poll": dict(FAST_POLL),
+                **bulk,
+            },
+        },
+        "retry": {"max_attempts": 3},
+    }
+
+
+def write_bulk_job(tmp_path: Path, target_url: str, names: list[str], **bulk: Any) -> Path:
+    """rows.csv: one row per name (id `k<n>-<name>`, so a name holding `bogus` or `later` steers the
+    target), and job.yaml."""
+    with (tmp_path / "rows.csv").open("w", newline="") as out:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["id", "email"])
+        for n, name in enumerate(names, start=1):
+            writer.writerow([f"k{n}-{name}", f"{name}@example.com"])
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(bulk_job_spec(target_url, **bulk), sort_keys=False))
+    return path
+
+
+async def run_bulk_job(
+    job_path: Path, target: RunningTarget, *, run: RunDir | None = None, runs: Path | None = None
+) -> BatchRun:
+    """Preflight and relay the job in-process into a new run directory (in `runs`, else beside the job;
+    or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target)."""
+    env = {"SF_TOKEN": "tok-secret", "SF_INSTANCE": target.url}
+    preflight = run_preflight(load_job(job_path), None, env=env)
+    run = run or RunDir.create(runs or job_path.parent / "runs", plan_for(preflight))
+    outcome = await relay(preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter())
+    return BatchRun(outcome, list(read_journal(run.journal_path)), target.state.requests(), run)
