@@ -15,10 +15,10 @@ from typing import Any
 from bulkrelay.envelope import Result, SideChannel, printable
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
 from bulkrelay.job.inputs.spec import PARQUET_SOURCE
-from bulkrelay.ops.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
-from bulkrelay.ops.reportpage import Deletions, QueryInput, ReportFacts, page
 from bulkrelay.ops.results import ReportResult
 from bulkrelay.ops.status import LIVE, REPORT, committed_progress, liveness
+from bulkrelay.report.reportdata import JournalTally, Timeline, epoch, read_timeline, tally_journal
+from bulkrelay.report.reportpage import Deletions, QueryInput, ReportFacts, page
 from bulkrelay.store.atomic import read_json, write_atomic
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.rundir import SUMMARY, RunDir, utc_now

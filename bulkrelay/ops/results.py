@@ -15,6 +15,7 @@ from typing import Any
 from bulkrelay.envelope import CommandData
 from bulkrelay.ops.curl import curl_command
 from bulkrelay.relay.progress import Snapshot
+from bulkrelay.report.failuregroups import FailureGroup
 from bulkrelay.store.rundir import RunState
 from bulkrelay.store.summary import RunSummary
 
@@ -215,46 +216,6 @@ class RunsResult(CommandData):
 
     def to_data(self) -> dict[str, Any]:
         return {"runs_dir": self.runs_dir, "runs": [run.to_data() for run in self.runs]}
-
-
-@dataclass(frozen=True)
-class FailureExample:
-    """One failed row; `key` (its `input.key` value) appears in the envelope only when the job has one."""
-
-    row_number: int
-    attempts: int
-    error: str | None
-    body: str | None
-    key: Any = None
-
-    def to_data(self) -> dict[str, Any]:
-        data = {
-            "row_number": self.row_number,
-            "attempts": self.attempts,
-            "error": self.error,
-            "body": self.body,
-        }
-        if self.key is not None:
-            data["key"] = self.key
-        return data
-
-
-@dataclass(frozen=True)
-class FailureGroup:
-    """The failed rows of one (status, classification), with a few examples."""
-
-    status_code: int | None
-    classification: str
-    count: int
-    examples: tuple[FailureExample, ...]
-
-    def to_data(self) -> dict[str, Any]:
-        return {
-            "status_code": self.status_code,
-            "classification": self.classification,
-            "count": self.count,
-            "examples": [example.to_data() for example in self.examples],
-        }
 
 
 @dataclass(frozen=True)

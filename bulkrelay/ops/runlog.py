@@ -45,9 +45,8 @@ from bulkrelay.job.preflight import Preflight
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.stopping import StopReason
-from bulkrelay.store.rundir import RunDir, utc_now
+from bulkrelay.store.rundir import RUN_LOG, RunDir, utc_now
 
-RUN_LOG = "run.log"
 CHECKPOINT_LOG_SECONDS = 10.0
 INTERVAL_LOG_SECONDS = 2.0
 _FILE_MODE = 0o600  # like every file of a run: it names paths and row counts, nobody else's business
