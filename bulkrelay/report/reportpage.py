@@ -16,7 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from bulkrelay.report import words
 from bulkrelay.report.failuregroups import FailureGroup
+from bulkrelay.report.nights import Comparison
 from bulkrelay.report.reportdata import (
     LATENCY_EDGES,
     STATUS_CLASSES,
@@ -93,6 +95,39 @@ class ReportFacts:
     sync: dict[str, Any] | None
     deletions: Deletions | None  # a mirror job's deletions: this run's, or the run that sent them
     missing: tuple[str, ...]
+    stop_reason: str | None = None
+    skipped: int = 0  # a delta run's rows not sent because they had not changed
+    comparisons: tuple[Comparison, ...] = ()  # this night against the job's nights before it
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The answer the page leads with: the result in words and its numbers."""
+
+    verdict: str
+    tone: str  # good, bad or live: the headline's colour
+    sent: int
+    failed: int
+    skipped: int
+    percent_failed: str
+    duration: str
+    rate: str
+
+
+def headline(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> Headline:
+    live = facts.liveness == "live"
+    bad = tally.failed > 0 or facts.state not in ("completed", "running")
+    seconds = timeline.relaying_seconds if timeline.intervals else facts.duration_seconds
+    return Headline(
+        verdict=words.verdict(facts.state, facts.stop_reason, live, tally.failed),
+        tone="live" if live else "bad" if bad else "good",
+        sent=tally.done,
+        failed=tally.failed,
+        skipped=facts.skipped,
+        percent_failed=words.percent(tally.failed, tally.done),
+        duration=words.duration(facts.duration_seconds),
+        rate=words.rate(tally.done, seconds),
+    )
 
 
 @dataclass(frozen=True)
@@ -111,6 +146,7 @@ def page(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> str:
         "report.html.j2",
         csp=CSP,
         facts=facts,
+        headline=headline(facts, tally, timeline),
         tally=tally,
         timeline=timeline,
         status_class=class_of,

@@ -81,11 +81,54 @@ def value(item: Any, name: str = "") -> str:
         return ", ".join(value(v) for v in item) or "none"
     if isinstance(item, float) and item.is_integer():
         item = int(item)
-    if name.endswith(_SECONDS_SUFFIX) or name in ("connect", "read", "write", "pool", "total"):
-        return f"{item} s"
+    if isinstance(item, int | float) and name.endswith(_SECONDS_SUFFIX):
+        return seconds(item)
     return str(item)
+
+
+_UNITS = ((86_400, "day"), (3_600, "hour"), (60, "minute"))
+
+
+def seconds(amount: float) -> str:
+    """A setting in seconds as it would be written: `10 s`, `5 minutes`, `7 days`."""
+    for size, unit in _UNITS:
+        if amount >= size and amount % size == 0:
+            whole = int(amount // size)
+            return f"{whole} {unit}{'s' if whole > 1 else ''}"
+    return f"{amount:g} s"
 
 
 def label(name: str) -> str:
     """A setting's key as words: `max_lifetime_seconds` -> `max lifetime`, `http2` stays."""
     return name.removesuffix(_SECONDS_SUFFIX).replace("_", " ")
+
+
+_STOPS = {
+    "interrupted": "stopped by Ctrl+C (SIGINT)",
+    "terminated": "stopped by SIGTERM",
+    "timeout": "stopped at its time limit",
+    "halt_auth": "halted: the target answered a status in halt.on_statuses",
+    "halt_unavailable": "halted: too many failures in a row (halt.consecutive_failures)",
+    "halt_limit_unavailable": "halted: the shared rate limit could not be reached",
+    "token_refused": "halted: the token endpoint refused the client",
+    "token_unavailable": "halted: no token could be had",
+    "halt_failure_rate": "halted: too many rows failed (halt.failure_rate)",
+    "cancelled": "cancelled",
+    "stalled": "stopped: no progress for too long",
+    "input_changed": "stopped: the input changed while it was read",
+    "limit": "stopped after its --limit of rows (a canary)",
+}
+
+
+def verdict(state: str, stop_reason: str | None, live: bool, failed: int) -> str:
+    """The night's result in words, the report's first line."""
+    if state == "running":
+        return "Running now" if live else "Interrupted: its process is gone (resume continues it)"
+    if state == "completed":
+        return "Completed: every row succeeded"
+    if state == "completed_with_failures":
+        return f"Completed with failures: {count(failed)} rows failed"
+    if state == "cancelled":
+        return "Cancelled"
+    why = _STOPS.get(stop_reason or "", f"stopped ({stop_reason})" if stop_reason else "stopped")
+    return why[0].upper() + why[1:] + " before every row was sent"
