@@ -508,8 +508,16 @@ def _failures(options: FailuresArgs) -> Result:
 
 
 def _report(options: ReportArgs) -> Result:
+    if options.history is not None:
+        from bulkrelay.ops.history import history  # loaded only for its own command
+
+        if options.run_dir is not None:
+            raise UsageError("report takes a RUN or --history JOB_NAME, not both")
+        return history(options.history, default_runs_dir(options.runs_dir), options.output, options.nights)
     from bulkrelay.ops import report  # loaded only for its own command
 
+    if options.run_dir is None:
+        raise UsageError("report needs a RUN (a run directory, a run id or `latest`) or --history JOB_NAME")
     return report.report(_resolved(options.run_dir, options.runs_dir), options.output)
 
 

@@ -18,6 +18,7 @@ from bulkrelay.envelope import CommandData, ErrorInfo, Result
 from bulkrelay.ops.results import (
     DemoResult,
     FailuresResult,
+    HistoryResult,
     PruneResult,
     RenderResult,
     ReportResult,
@@ -157,6 +158,15 @@ def _run(run: RunResult) -> None:
         _console.print(f"report: {run.report}", highlight=False)
 
 
+def _history(written: HistoryResult) -> None:
+    bad = f", {len(written.bad_nights)} bad" if written.bad_nights else ""
+    _console.print(
+        f"history of {written.job} ({written.nights} nights{bad}): {written.output}",
+        markup=False,
+        highlight=False,
+    )
+
+
 def _report(written: ReportResult) -> None:
     if written.output == "-":
         return  # the page itself went to stdout
@@ -247,6 +257,7 @@ _VIEWS: dict[type, Callable[[Any], None]] = {
     FailuresResult: _failures,
     PruneResult: _prune,
     ReportResult: _report,
+    HistoryResult: _history,
     RunResult: _run,
     DemoResult: _demo,
 }

@@ -219,6 +219,28 @@ class RunsResult(CommandData):
 
 
 @dataclass(frozen=True)
+class HistoryResult(CommandData):
+    """`report --history`: the page of a job's last nights, and which of them were bad."""
+
+    kind = "history"
+
+    job: str
+    runs_dir: str
+    output: str
+    nights: int
+    bad_nights: tuple[str, ...]
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "runs_dir": self.runs_dir,
+            "output": self.output,
+            "nights": self.nights,
+            "bad_nights": list(self.bad_nights),
+        }
+
+
+@dataclass(frozen=True)
 class FailuresResult(CommandData):
     kind = "failures"
 

@@ -42,6 +42,11 @@ def when(moment: str | float | None) -> str:
     return text
 
 
+def day(at: float | None) -> str:
+    """A night's date on a chart's axis: `12-05` (UTC)."""
+    return "?" if at is None else time.strftime("%m-%d", time.gmtime(at))
+
+
 def ms(value: float | None) -> str:
     return "—" if value is None else f"{value:g}"
 
