@@ -129,7 +129,26 @@ def _logged(call: Call, runtime: Runtime) -> Result:
     run_log.close()
     if isinstance(options, RelayArgs) and options.report:  # after the exit line: the report has the code
         _write_report(result)
+    _notify(result)
     return result
+
+
+def _notify(result: Result) -> None:
+    """The job's `notify:` messages once its call has ended (with the report's path, when written);
+    one not delivered is a warning, never a change to the exit code."""
+    data = result.data
+    if not isinstance(data, RunResult):
+        return
+    try:
+        run = RunDir.open(Path(data.run_dir))
+        job = load_job(Path(run.plan.job_path))
+    except BulkRelayError:
+        return  # the job file moved since: nothing to read its notify entries from
+    if not job.config.notify:
+        return
+    from bulkrelay.ops.notify import notify  # loaded only for a job that notifies
+
+    result.warnings.extend(notify(job.config, data, run.manifest.stop_reason))
 
 
 def _observed(call: Call, runtime: Runtime, run_log: RunLog) -> Result:

@@ -845,6 +845,24 @@ def _var_names(names: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
+class NotifyConfig(_Model):
+    """`notify:` one message when a run ends as named (docs/configuration.md#notify); operational: never
+    in the fingerprint. The webhook is usually a secret (`${SLACK_WEBHOOK_URL}`), read when it is sent."""
+
+    on: Annotated[
+        tuple[Literal["success", "failure", "halt"], ...],
+        BeforeValidator(lambda v: (v,) if isinstance(v, str) else _list_as_tuple(v)),
+    ]
+    webhook: str
+    format: Literal["slack", "json"] = "json"
+
+    @model_validator(mode="after")
+    def _no_row_field(self) -> NotifyConfig:
+        if compile_template(self.webhook).fields:
+            raise ValueError("notify.webhook is sent once a run: ${NAME} secrets only, no {field} of a row")
+        return self
+
+
 class JobConfig(_Model):
     version: Literal[1]
     name: str | None = None
@@ -858,6 +876,7 @@ class JobConfig(_Model):
     retry: RetryConfig = Field(default_factory=RetryConfig)
     halt: HaltConfig = Field(default_factory=HaltConfig)
     mirror: MirrorConfig | None = None
+    notify: Annotated[tuple[NotifyConfig, ...], BeforeValidator(_list_as_tuple)] = ()
 
     @model_validator(mode="after")
     def _sync_settings(self) -> JobConfig:
@@ -887,6 +906,8 @@ class JobConfig(_Model):
             data.pop("mirror", None)
         if not self.vars:
             data.pop("vars", None)  # a job without vars keeps the fingerprint it had
+        if not self.notify:
+            data.pop("notify", None)
         return data
 
 
@@ -1020,6 +1041,7 @@ def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
     who asks for an OAuth2 token (client id and secret, how it authenticates, when it refreshes)."""
     data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
     del data["name"]
+    data.pop("notify", None)  # whom a night's end is told: operational, never the job's identity
     del data["input"]["file"]
     del data["retry"]["max_retry_after_seconds"]
     for key in _OPERATIONAL_EXECUTION_KEYS:
