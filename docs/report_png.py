@@ -31,7 +31,7 @@ from PIL import Image, ImageChops
 ROWS = 300
 STOP_AFTER = 120  # committed rows when the SIGINT is sent
 WIDTH, TALL = 1200, 9000  # the window; the page is cropped to its own height
-BACKGROUND = (0xF6, 0xF7, 0xF9)  # the page's body background (bulkrelay/ops/reportpage.py)
+BACKGROUND = (0xF6, 0xF7, 0xF9)  # the page's body background (bulkrelay.report.reportpage.py)
 MARGIN = 16  # pixels of background kept below the footer
 COLOURS = 96  # the palette: the page's flat colours and the text's anti-aliasing
 TOKEN = "tk-docs-screenshot"

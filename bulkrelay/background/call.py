@@ -141,9 +141,11 @@ class ExportArgs(CommandArgs):
 
 @dataclass(frozen=True, kw_only=True)
 class ReportArgs(CommandArgs):
-    run_dir: str
+    run_dir: str | None = None  # None with --history
     runs_dir: Path | None = None
     output: Path | None = None
+    history: str | None = None  # a job's name: its last nights instead of one run
+    nights: int = 30
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -129,7 +129,26 @@ def _logged(call: Call, runtime: Runtime) -> Result:
     run_log.close()
     if isinstance(options, RelayArgs) and options.report:  # after the exit line: the report has the code
         _write_report(result)
+    _notify(result)
     return result
+
+
+def _notify(result: Result) -> None:
+    """The job's `notify:` messages once its call has ended (with the report's path, when written);
+    one not delivered is a warning, never a change to the exit code."""
+    data = result.data
+    if not isinstance(data, RunResult):
+        return
+    try:
+        run = RunDir.open(Path(data.run_dir))
+        job = load_job(Path(run.plan.job_path))
+    except BulkRelayError:
+        return  # the job file moved since: nothing to read its notify entries from
+    if not job.config.notify:
+        return
+    from bulkrelay.ops.notify import notify  # loaded only for a job that notifies
+
+    result.warnings.extend(notify(job.config, data, run.manifest.stop_reason))
 
 
 def _observed(call: Call, runtime: Runtime, run_log: RunLog) -> Result:
@@ -518,8 +537,16 @@ def _failures(options: FailuresArgs) -> Result:
 
 
 def _report(options: ReportArgs) -> Result:
+    if options.history is not None:
+        from bulkrelay.ops.history import history  # loaded only for its own command
+
+        if options.run_dir is not None:
+            raise UsageError("report takes a RUN or --history JOB_NAME, not both")
+        return history(options.history, default_runs_dir(options.runs_dir), options.output, options.nights)
     from bulkrelay.ops import report  # loaded only for its own command
 
+    if options.run_dir is None:
+        raise UsageError("report needs a RUN (a run directory, a run id or `latest`) or --history JOB_NAME")
     return report.report(_resolved(options.run_dir, options.runs_dir), options.output)
 
 

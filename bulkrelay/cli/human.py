@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.rule import Rule
 from rich.table import Table
 
@@ -18,6 +19,7 @@ from bulkrelay.envelope import CommandData, ErrorInfo, Result
 from bulkrelay.ops.results import (
     DemoResult,
     FailuresResult,
+    HistoryResult,
     PruneResult,
     RenderResult,
     ReportResult,
@@ -28,6 +30,7 @@ from bulkrelay.ops.results import (
 )
 from bulkrelay.relay.progress import pace_text
 from bulkrelay.relay.ratelimit import Pace
+from bulkrelay.safetext import isolated, visible
 from bulkrelay.store.summary import RunSummary
 
 
@@ -39,6 +42,25 @@ class _Console(Console):
         self.quiet = True  # nothing more for a reader that has gone
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
+    def print(self, *objects: Any, **options: Any) -> None:
+        """Text as it is, never markup (`bulkrelay[postgres]`, `user[email]` stay), its control and
+        bidi formatting characters shown as escapes (an ESC from a row never reaches the terminal).
+        A line styled on purpose says `markup=True` and passes its values through `_value`."""
+        if options.setdefault("markup", False):  # its values came through _value: shown already
+            super().print(*objects, **options)
+            return
+        super().print(*(visible(o) if isinstance(o, str) else o for o in objects), **options)
+
+
+def _value(value: object) -> str:
+    """A value for a line printed with `markup=True`: its brackets escaped, right-to-left text isolated."""
+    return escape(isolated(str(value)))
+
+
+def _cells(*cells: object) -> list[str]:
+    """A table's cells: no markup read in them (the console's setting), control characters shown."""
+    return [visible("" if cell is None else str(cell)) for cell in cells]
+
 
 # Off a terminal (cron mail, `--human | cat`) rich would wrap at 80 columns and break a command, a hint or
 # a JSON body in two: there the lines are as long as their text, and tables as wide as their cells.
@@ -47,10 +69,10 @@ _RULE_WIDTH = 80  # a rule spans the terminal, or this off one
 
 
 def _console_for(*, stderr: bool = False) -> _Console:
-    console = _Console(stderr=stderr)
+    console = _Console(stderr=stderr, markup=False)
     if console.is_terminal:
         return console
-    return _Console(stderr=stderr, width=_UNWRAPPED, soft_wrap=True)
+    return _Console(stderr=stderr, width=_UNWRAPPED, soft_wrap=True, markup=False)
 
 
 _console = _console_for()
@@ -59,7 +81,7 @@ _err = _console_for(stderr=True)
 
 def print_human(result: Result, envelope: dict[str, Any]) -> None:
     for warning in envelope["warnings"]:
-        _err.print(f"[yellow]warning[/] {warning['code']}: {warning['message']}")
+        _err.print(f"[yellow]warning[/] {_value(warning['code'])}: {_value(warning['message'])}", markup=True)
     data = result.data
     if isinstance(data, dict) and result.kind in _STORED:  # a background job's result, read back
         data = _STORED[result.kind](data)
@@ -73,24 +95,27 @@ def print_human(result: Result, envelope: dict[str, Any]) -> None:
 
 
 def _print_error(error: ErrorInfo) -> None:
-    _err.print(f"[bold red]error[/] {error.code}: {error.message}", highlight=False)
+    _err.print(f"[bold red]error[/] {error.code}: {_value(error.message)}", markup=True, highlight=False)
     for problem in (error.context or {}).get("problems", [])[1:]:
         where = ", ".join(f"{k} {v}" for k, v in problem.items() if k != "message")
         _err.print(f"  {where}: {problem['message']}", highlight=False)
     if error.suggestion:
-        _err.print(f"[dim]hint:[/] {error.suggestion}", highlight=False)
+        _err.print(f"[dim]hint:[/] {_value(error.suggestion)}", markup=True, highlight=False)
 
 
 def _validate(valid: ValidateResult) -> None:
     _console.print(
-        f"[green]valid[/] {valid.job}: {valid.record_count} records ({valid.format}"
-        f"{', gzip' if valid.gzip else ''}) from {valid.input.path}",
+        f"[green]valid[/] {_value(valid.job)}: {valid.record_count} records ({valid.format}"
+        f"{', gzip' if valid.gzip else ''}) from {_value(valid.input.path)}",
+        markup=True,
         highlight=False,
     )
     _console.print(f"input sha256 {valid.input.sha256}  config sha256 {valid.config_sha256}")
     if valid.auth is not None:
         _console.print(
-            f"[green]token endpoint accepts the client[/] ({valid.auth['token_url']})", highlight=False
+            f"[green]token endpoint accepts the client[/] ({_value(valid.auth['token_url'])})",
+            markup=True,
+            highlight=False,
         )
 
 
@@ -106,7 +131,7 @@ def _render(rendered: RenderResult) -> None:
         else:
             title = f"row {request.row_number} (line {request.line})"
         _console.print(Rule(title), width=_console.width if _console.is_terminal else _RULE_WIDTH)
-        _console.print(f"[bold]{request.method}[/] {request.url}", highlight=False)
+        _console.print(f"[bold]{request.method}[/] {_value(request.url)}", markup=True, highlight=False)
         for name, value in request.headers:
             _console.print(f"{name}: {value}", highlight=False)
         if request.body is not None:
@@ -157,6 +182,15 @@ def _run(run: RunResult) -> None:
         _console.print(f"report: {run.report}", highlight=False)
 
 
+def _history(written: HistoryResult) -> None:
+    bad = f", {len(written.bad_nights)} bad" if written.bad_nights else ""
+    _console.print(
+        f"history of {written.job} ({written.nights} nights{bad}): {written.output}",
+        markup=False,
+        highlight=False,
+    )
+
+
 def _report(written: ReportResult) -> None:
     if written.output == "-":
         return  # the page itself went to stdout
@@ -175,7 +209,7 @@ def _run_lines(
     """A run's summary table, its state and where it lives, and how to continue it."""
     if summary:
         _console.print(_summary_table(summary))
-    _console.print(f"run {run_id}: [bold]{state}[/]  ({run_dir})", highlight=False)
+    _console.print(f"run {run_id}: [bold]{state}[/]  ({_value(run_dir)})", markup=True, highlight=False)
     if continue_command:
         _console.print(f"continue with: {continue_command}", highlight=False)
 
@@ -188,7 +222,7 @@ def _runs(listed: RunsResult) -> None:
         table.add_column(column, no_wrap=column != "name", min_width=6 if column == "name" else None)
     for run in listed.runs:
         cells = (run.run_id, run.state, run.done, run.total, run.failed, run.name)
-        table.add_row(*("" if cell is None else str(cell) for cell in cells))
+        table.add_row(*_cells(*cells))
     _console.print(table)
 
 
@@ -217,7 +251,7 @@ def _failures(found: FailuresResult) -> None:
             f"{e.row_number}: {e.error}" + (f", {e.body[:120]}" if e.body else "") for e in group.examples
         )
         status = "-" if group.status_code is None else str(group.status_code)
-        table.add_row(str(group.count), status, group.classification, examples)
+        table.add_row(*_cells(group.count, status, group.classification, examples))
     _console.print(table)
 
 
@@ -250,6 +284,7 @@ _VIEWS: dict[type, Callable[[Any], None]] = {
     FailuresResult: _failures,
     PruneResult: _prune,
     ReportResult: _report,
+    HistoryResult: _history,
     RunResult: _run,
     DemoResult: _demo,
 }

@@ -170,6 +170,7 @@ def emit(
     is done. `--quiet`: nothing on success (cron mails any output). `on_stderr`: stdout carries data
     (`export -o -`), so the envelope goes to stderr."""
     if quiet and result.exit_code == ExitCode.SUCCESS:
+        _loud_warnings(result)
         return
     try:
         _write_result(result, started=started, as_json=as_json, on_stderr=on_stderr)
@@ -179,6 +180,19 @@ def emit(
         _not_delivered("stopped by SIGINT while writing it")
     except _Terminated as signalled:
         _not_delivered(f"stopped by {signalled.name} while writing it")
+
+
+# What nobody would learn in time otherwise: a night's message that was not sent, the metrics an alert
+# reads that were not written. `--quiet` still prints these (cron mails them).
+_LOUD_WARNINGS = frozenset({"NOTIFY_FAILED", "METRICS_WRITE_FAILED", "METRICS_PUSH_FAILED"})
+
+
+def _loud_warnings(result: Result) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        for warning in result.warnings:
+            if warning.code in _LOUD_WARNINGS:
+                sys.stderr.write(f"bulkrelay: warning {warning.code}: {warning.message}\n")
+        sys.stderr.flush()
 
 
 def _not_delivered(why: str) -> None:

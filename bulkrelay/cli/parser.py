@@ -283,14 +283,25 @@ def _add_operations(sub: Any) -> None:
     p = sub.add_parser("failures", help="a run's failed rows grouped by status and classification")
     _add_run_ref(p)
 
-    p = sub.add_parser("report", help="write a run's report: one self-contained HTML page with charts")
-    _add_run_ref(p)
+    p = sub.add_parser("report", help="write a run's report (or a job's history): a self-contained HTML page")
+    p.add_argument("run_dir", metavar="RUN", nargs="?", help="a run directory, a run id, or `latest`")
+    _add_runs_dir(p)
     p.add_argument(
         "-o",
         "--output",
         type=Path,
         metavar="FILE",
         help="write here; - for stdout (the envelope then goes to stderr); default: report.html in the run",
+    )
+    p.add_argument(
+        "--history", metavar="JOB_NAME", help="the job's last nights on one page, instead of a run"
+    )
+    p.add_argument(
+        "--nights",
+        type=_count("--nights", most=100_000),
+        default=30,
+        metavar="N",
+        help="with --history: how many nights (default 30)",
     )
 
     p = sub.add_parser("prune", help="remove finished runs that retention no longer keeps")

@@ -1343,6 +1343,24 @@ class LookupConfig(_Model):
         return self
 
 
+class NotifyConfig(_Model):
+    """`notify:` one message when a run ends as named (docs/configuration.md#notify); operational: never
+    in the fingerprint. The webhook is usually a secret (`${SLACK_WEBHOOK_URL}`), read when it is sent."""
+
+    on: Annotated[
+        tuple[Literal["success", "failure", "halt"], ...],
+        BeforeValidator(lambda v: (v,) if isinstance(v, str) else _list_as_tuple(v)),
+    ]
+    webhook: str
+    format: Literal["slack", "json"] = "json"
+
+    @model_validator(mode="after")
+    def _no_row_field(self) -> NotifyConfig:
+        if compile_template(self.webhook).fields:
+            raise ValueError("notify.webhook is sent once a run: ${NAME} secrets only, no {field} of a row")
+        return self
+
+
 class JobConfig(_Model):
     version: Literal[1]
     name: str | None = None
@@ -1358,6 +1376,7 @@ class JobConfig(_Model):
     mirror: MirrorConfig | None = None
     results: ResultsConfig | None = None  # operational: never in the fingerprint
     lookups: dict[NonEmpty, LookupConfig] = Field(default_factory=dict)
+    notify: Annotated[tuple[NotifyConfig, ...], BeforeValidator(_list_as_tuple)] = ()
 
     @model_validator(mode="after")
     def _sync_settings(self) -> JobConfig:
@@ -1397,6 +1416,8 @@ class JobConfig(_Model):
             data.pop("results", None)
         if not self.lookups:
             data.pop("lookups", None)
+        if not self.notify:
+            data.pop("notify", None)
         return data
 
 
@@ -1580,6 +1601,7 @@ def config_semantic_dict(config: JobConfig) -> dict[str, Any]:
     data: dict[str, Any] = config.model_dump(mode="json", by_alias=True)
     del data["name"]
     data.pop("results", None)  # where results are kept changes no request
+    data.pop("notify", None)  # whom a night's end is told: operational, never the job's identity
     del data["input"]["file"]
     del data["retry"]["max_retry_after_seconds"]
     for key in _OPERATIONAL_EXECUTION_KEYS:

@@ -116,6 +116,11 @@ class RequestRenderer:
         )
         self.render = self._render_function()
 
+    @property
+    def url(self) -> BoundTemplate:
+        """The URL template, its secrets in place (the run log shows the origin it resolves to)."""
+        return self._url
+
     @classmethod
     def from_config(
         cls,

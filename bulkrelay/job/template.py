@@ -124,6 +124,11 @@ class BoundTemplate:
         before = (head, *(tail for _, tail in slots[:-1])) if slots else ()
         self.completes_escape = any(_ESCAPE_BEGUN.search(text) for text in before)
 
+    @property
+    def head(self) -> str:
+        """The text before the first field, secrets in place (a URL's origin, when no field is in it)."""
+        return self._head
+
     def single_slot(self) -> tuple[str, str, str] | None:
         """(head, field, tail) when the template holds exactly one field, else None."""
         return None if self._single is None else (self._head, *self._single)

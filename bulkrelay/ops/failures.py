@@ -7,48 +7,15 @@ so nothing here can show a secret. The journal is streamed once; memory grows wi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 from bulkrelay.envelope import Result
-from bulkrelay.ops.results import FailureExample, FailureGroup, FailuresResult
+from bulkrelay.ops.results import FailuresResult
 from bulkrelay.ops.resume import check_committed_journal
+from bulkrelay.report.failuregroups import FailureTally, largest_first
 from bulkrelay.store.journal import JournalEntry, read_journal
 from bulkrelay.store.rundir import RunDir
-
-EXAMPLES = 3
-
-
-@dataclass
-class FailureTally:
-    """A group as the journal is read: counted, with its first examples (`failures`, the run report)."""
-
-    status_code: int | None
-    classification: str
-    count: int = 0
-    examples: list[FailureExample] = field(default_factory=list)
-
-    def add(self, entry: JournalEntry) -> None:
-        self.count += 1
-        if len(self.examples) < EXAMPLES:
-            self.examples.append(
-                FailureExample(
-                    row_number=entry.row_number,
-                    attempts=entry.attempts,
-                    error=entry.error,
-                    body=entry.response_body,
-                    key=entry.key,
-                )
-            )
-
-    def result(self) -> FailureGroup:
-        return FailureGroup(self.status_code, self.classification, self.count, tuple(self.examples))
-
-
-def largest_first(groups: Iterable[FailureTally]) -> tuple[FailureGroup, ...]:
-    ordered = sorted(groups, key=lambda g: (-g.count, str(g.status_code), g.classification))
-    return tuple(group.result() for group in ordered)
 
 
 def _failed_entries(journal: Path) -> Iterator[JournalEntry]:

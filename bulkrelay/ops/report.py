@@ -15,7 +15,10 @@ from typing import Any
 from bulkrelay.envelope import Result, SideChannel, printable
 from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
 from bulkrelay.job.inputs.spec import PARQUET_SOURCE, shown_format
-from bulkrelay.ops.reportdata import (
+from bulkrelay.ops.results import ReportResult
+from bulkrelay.ops.status import LIVE, REPORT, committed_progress, liveness
+from bulkrelay.report.nights import Comparison, compare, job_name, night_of, nights_of
+from bulkrelay.report.reportdata import (
     JournalTally,
     Timeline,
     epoch,
@@ -23,9 +26,7 @@ from bulkrelay.ops.reportdata import (
     requests_sent,
     tally_journal,
 )
-from bulkrelay.ops.reportpage import Deletions, QueryInput, ReportFacts, page
-from bulkrelay.ops.results import ReportResult
-from bulkrelay.ops.status import LIVE, REPORT, committed_progress, liveness
+from bulkrelay.report.reportpage import Deletions, QueryInput, ReportFacts, page
 from bulkrelay.store.atomic import read_json, write_atomic
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.rundir import SUMMARY, RunDir, utc_now
@@ -74,8 +75,8 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
     first, final = epoch(started), epoch(ended)
     return ReportFacts(
         run_id=run.run_id,
-        run_dir=printable(str(run.path)),  # a page for people: a Latin-1 directory name shown as \xe9
-        name=run.plan.name or Path(run.plan.job_path).stem,
+        run_dir=printable(str(run.path.absolute())),  # a Latin-1 directory name shown as \xe9
+        name=job_name(run),
         job_path=run.plan.job_path,
         input_path=run.plan.input.path,
         input_format=shown_format(run.plan.input.format, run.plan.input.source)
@@ -96,7 +97,24 @@ def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFact
         sync=run.plan.sync.to_json() if run.plan.sync is not None else None,
         deletions=_deletions(run, rows_total, tally.done),
         missing=tuple(_missing(run, tally, timeline, summary)),
+        stop_reason=run.manifest.stop_reason,
+        skipped=_skipped(summary),
+        comparisons=tuple(_comparisons(run)),
     )
+
+
+def _skipped(summary: dict[str, Any] | None) -> int:
+    skipped = (summary or {}).get("skipped_unchanged")
+    return skipped if isinstance(skipped, int) else 0
+
+
+def _comparisons(run: RunDir) -> list[Comparison]:
+    """This night against the job's nights before it in the same runs directory."""
+    if run.plan.parent_run or run.plan.mirror_deletes:
+        return []  # a retry or a deletion run is part of a night, not a night
+    night = night_of(run)
+    before = [n for n in nights_of(run.path.parent, night.name) if (n.started or 0) < (night.started or 0)]
+    return compare(night, before)
 
 
 def _query_of(run: RunDir) -> QueryInput | None:

@@ -15,6 +15,7 @@ from typing import Any
 from bulkrelay.envelope import CommandData
 from bulkrelay.ops.curl import curl_command
 from bulkrelay.relay.progress import Snapshot
+from bulkrelay.report.failuregroups import FailureGroup
 from bulkrelay.store.rundir import RunState
 from bulkrelay.store.summary import RunSummary
 
@@ -218,42 +219,24 @@ class RunsResult(CommandData):
 
 
 @dataclass(frozen=True)
-class FailureExample:
-    """One failed row; `key` (its `input.key` value) appears in the envelope only when the job has one."""
+class HistoryResult(CommandData):
+    """`report --history`: the page of a job's last nights, and which of them were bad."""
 
-    row_number: int
-    attempts: int
-    error: str | None
-    body: str | None
-    key: Any = None
+    kind = "history"
 
-    def to_data(self) -> dict[str, Any]:
-        data = {
-            "row_number": self.row_number,
-            "attempts": self.attempts,
-            "error": self.error,
-            "body": self.body,
-        }
-        if self.key is not None:
-            data["key"] = self.key
-        return data
-
-
-@dataclass(frozen=True)
-class FailureGroup:
-    """The failed rows of one (status, classification), with a few examples."""
-
-    status_code: int | None
-    classification: str
-    count: int
-    examples: tuple[FailureExample, ...]
+    job: str
+    runs_dir: str
+    output: str
+    nights: int
+    bad_nights: tuple[str, ...]
 
     def to_data(self) -> dict[str, Any]:
         return {
-            "status_code": self.status_code,
-            "classification": self.classification,
-            "count": self.count,
-            "examples": [example.to_data() for example in self.examples],
+            "job": self.job,
+            "runs_dir": self.runs_dir,
+            "output": self.output,
+            "nights": self.nights,
+            "bad_nights": list(self.bad_nights),
         }
 
 

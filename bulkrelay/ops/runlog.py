@@ -42,12 +42,12 @@ from bulkrelay.envelope import Result
 from bulkrelay.errors import UsageError
 from bulkrelay.job.config import JobConfig
 from bulkrelay.job.preflight import Preflight
+from bulkrelay.job.request import RequestRenderer
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.stopping import StopReason
-from bulkrelay.store.rundir import RunDir, utc_now
+from bulkrelay.store.rundir import RUN_LOG, RunDir, utc_now
 
-RUN_LOG = "run.log"
 CHECKPOINT_LOG_SECONDS = 10.0
 INTERVAL_LOG_SECONDS = 2.0
 _FILE_MODE = 0o600  # like every file of a run: it names paths and row counts, nobody else's business
@@ -133,7 +133,7 @@ class RunLog:
             input_sha256=preflight.input_fingerprint.sha256,
             config_sha256=preflight.config_fingerprint,
             limits=limits_of(preflight.job.config),
-            transport=transport_of(preflight.job.config),
+            transport=transport_of(preflight.job.config, preflight.renderer),
         )
         stats.on_pauses(lambda seconds: self.event("pause_429", seconds=round(seconds, 3)))
         self._logged_at = self._started = self._clock()
@@ -260,18 +260,29 @@ def limits_of(config: JobConfig) -> dict[str, Any]:
     }
 
 
-def transport_of(config: JobConfig) -> dict[str, Any]:
+def transport_of(config: JobConfig, renderer: RequestRenderer | None = None) -> dict[str, Any]:
     """The HTTP client and what it sends to: the method and the target's scheme and host, no path, no
-    credentials (a `{field}` in the host is left as written)."""
-    parts = urlsplit(config.request.url)
-    host = parts.netloc.rpartition("@")[2]
+    credentials. A URL that starts with `${API_BASE}` shows the origin it resolved to (a secret's
+    value redacted, a `vars` one shown); a `{field}` in the host is left as written."""
+    written = config.request.url
+    head = renderer.url.head if renderer is not None else ""
+    whole_host = renderer is not None and (
+        renderer.url.constant is not None or "/" in head.partition("://")[2]
+    )
+    target = (_origin(head) if whole_host else None) or _origin(written) or written
     return {
         "client": config.execution.client,
         "http2": config.execution.http2,
         "method": config.request.method,
-        "target": f"{parts.scheme}://{host}",
+        "target": renderer.redactor.redact(target) if renderer is not None else target,
         "sync": config.execution.sync,
     }
+
+
+def _origin(url: str) -> str | None:
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}" if parts.scheme and host else None
 
 
 def _write(fd: int, line: bytes) -> None:

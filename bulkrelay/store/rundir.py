@@ -39,6 +39,7 @@ MANIFEST = "run.json"
 CHECKPOINT = "checkpoint.json"
 JOURNAL = "results.jsonl"
 SUMMARY = "summary.json"
+RUN_LOG = "run.log"  # written by ops/runlog.py, read by the reports
 LOCK = "lock"
 
 

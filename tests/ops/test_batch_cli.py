@@ -10,7 +10,7 @@ import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.ops.report import facts_of
-from bulkrelay.ops.reportdata import read_timeline, tally_journal
+from bulkrelay.report.reportdata import read_timeline, tally_journal
 from bulkrelay.store.journal import read_journal
 from bulkrelay.store.rundir import RunDir
 from tests.clirun import run_cli

@@ -26,11 +26,11 @@ from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.ops.report import build_report, facts_of, report
-from bulkrelay.ops.reportdata import MAX_POINTS, JournalTally, Timeline, read_timeline
-from bulkrelay.ops.reportpage import CSP, page
 from bulkrelay.ops.results import ReportResult
 from bulkrelay.ops.status import REPORT
-from bulkrelay.ops.svgchart import BOTTOM, HEIGHT, TOP
+from bulkrelay.report.reportdata import MAX_POINTS, JournalTally, Timeline, read_timeline
+from bulkrelay.report.reportpage import CSP, page
+from bulkrelay.report.svgchart import BOTTOM, HEIGHT, TOP
 from bulkrelay.store.journal import JournalEntry
 from bulkrelay.store.manifest import SyncRecord
 from bulkrelay.store.rundir import RunDir

@@ -13,12 +13,12 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.ops.lifecycle import plan_for
-from bulkrelay.ops.runlog import RUN_LOG, RunLog
+from bulkrelay.ops.runlog import RunLog
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.ratelimit import Pace
 from bulkrelay.relay.stopping import StopReason
-from bulkrelay.store.rundir import RunDir
+from bulkrelay.store.rundir import RUN_LOG, RunDir
 from tests.clirun import run_cli
 from tests.jobfiles import write_job
 from tests.runfiles import read_log

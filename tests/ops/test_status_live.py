@@ -18,8 +18,9 @@ from rich.console import Console
 from bulkrelay.cli import human
 from bulkrelay.envelope import Result, to_envelope
 from bulkrelay.errors import ExitCode
-from bulkrelay.ops.results import FailureExample, FailureGroup, FailuresResult, PruneResult, StatusResult
+from bulkrelay.ops.results import FailuresResult, PruneResult, StatusResult
 from bulkrelay.relay.progress import Snapshot
+from bulkrelay.report.failuregroups import FailureExample, FailureGroup
 from bulkrelay.store.rundir import RunState
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job

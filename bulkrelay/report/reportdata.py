@@ -23,11 +23,10 @@ from typing import Any
 
 import orjson
 
-from bulkrelay.ops.failures import FailureTally, largest_first
-from bulkrelay.ops.results import FailureGroup
-from bulkrelay.ops.runlog import RUN_LOG
 from bulkrelay.relay.metrics import status_class
+from bulkrelay.report.failuregroups import FailureGroup, FailureTally, largest_first
 from bulkrelay.store.journal import JournalEntry, read_journal
+from bulkrelay.store.rundir import RUN_LOG
 from bulkrelay.store.summary import LatencyHistogram, RequestCounts
 
 MAX_POINTS = 400  # intervals kept for the time series; past twice this, neighbours are merged

@@ -1,0 +1,39 @@
+"""`report --history JOB_NAME [-o FILE] [--nights N]`: the job's last nights on one page (`report/`).
+
+Read from the runs directory alone: each night's `run.json` and `summary.json`, no journal."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from bulkrelay.envelope import Result
+from bulkrelay.errors import StorageFailed, UsageError
+from bulkrelay.ops.results import HistoryResult
+from bulkrelay.report.historypage import history_page
+from bulkrelay.report.nights import nights_of
+from bulkrelay.store.atomic import write_atomic
+from bulkrelay.store.rundir import utc_now
+
+DEFAULT_NIGHTS = 30
+
+
+def history(name: str, runs_dir: Path, output: Path | None = None, nights: int = DEFAULT_NIGHTS) -> Result:
+    """Write the page of job `name`'s last `nights` nights (default: `history-<name>.html` in the runs
+    directory)."""
+    shown = nights_of(runs_dir, name)[-nights:]
+    html = history_page(name, runs_dir, shown, utc_now())
+    target = (
+        output if output is not None else runs_dir / f"history-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.html"
+    )
+    try:
+        write_atomic(target, html.encode())
+    except StorageFailed as exc:
+        raise UsageError(
+            f"cannot write the history page to {target}: {exc.message}",
+            context={"output": str(target)},
+            suggestion="name with -o a file in a directory you can write to",
+        ) from None
+    bad = tuple(night.run_id for night in shown if night.bad)
+    data = HistoryResult(name, str(runs_dir.absolute()), str(target.absolute()), len(shown), bad)
+    return Result(data=data)

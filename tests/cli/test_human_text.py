@@ -1,0 +1,35 @@
+"""Human output shows a row's text as text: control characters (an OSC 52 clipboard write, NUL) and
+bidi overrides escaped, square brackets kept (rich would read `[email]` as markup and drop it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.clirun import run_cli_raw
+from tests.jobfiles import write_job
+
+OSC52 = "\x1b]52;c;ZWNobyBwd25lZA==\x07"
+
+
+@pytest.mark.slow
+def test_render_human_shows_a_row_s_control_characters_escaped(tmp_path: Path) -> None:
+    rows = [{"id": "1", "email": f"a{OSC52}@example.com", "name": "\u202egpj.exe [email] nul\x01"}]
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=rows)
+    proc = run_cli_raw("render", job, "--rows", "1", "--human", cwd=tmp_path)
+    shown = proc.stdout.decode()
+    assert proc.returncode == 0, proc.stderr
+    for raw in ("\x1b", "\x07", "\x01", "\u202e"):
+        assert raw not in shown, repr(raw)
+    assert "\\u001b]52;c;" in shown and "\\u202egpj.exe" in shown  # the JSON body's escapes, and ours
+    assert "[email]" in shown
+
+
+@pytest.mark.slow
+def test_square_brackets_in_a_message_never_vanish(tmp_path: Path) -> None:
+    job = write_job(
+        tmp_path, "http://127.0.0.1:9", rows=1, request={"url": "http://127.0.0.1:9/{user[email]}"}
+    )
+    proc = run_cli_raw("validate", job, "--human", cwd=tmp_path)
+    assert "user[email]" in proc.stderr.decode() + proc.stdout.decode(), proc.stderr
