@@ -7,6 +7,7 @@ signature is in any file the run wrote nor in its output."""
 from __future__ import annotations
 
 import base64
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,11 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.journal import read_journal
-from tests.clirun import CliResult, cli_env, run_cli
+from tests.clirun import CliResult, cli_env, run_cli, start_cli
 from tests.jobfiles import write_job
 from tests.relay.batchrun import RETRY_FAST, write_batch_job
 from tests.targetproc import TargetProcess
-from tests.waiting import HANG_S
+from tests.waiting import HANG_S, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_target]
 
@@ -312,3 +313,21 @@ def test_a_jwt_bearer_run_is_granted_tokens_by_assertion_and_a_wrong_key_halts(
     assert (halted.exit_code, halted.error_code) == (ExitCode.AUTH_REQUIRED, "TARGET_AUTH_FAILED")
     assert "bad signature" in halted.envelope["error"]["message"]
     assert target.stats()["requests"] == 0
+
+
+def test_ps_shows_no_secret_while_a_signed_run_is_under_way(tmp_path: Path, target: TargetProcess) -> None:
+    """Secrets reach the run through its environment, never its command line: what `ps` shows of every
+    process, read while a request is in flight, holds none of them nor any signature sent so far."""
+    hung = [{"delay_ms": int(HANG_S * 1000), "match": {"path_contains": "/items/3"}}]
+    _fresh(target, {"signed": SIGV4_PLAN, "rules": hung})
+    request = {"auth": {"aws_sigv4": {"service": "es", "region": "eu-west-1"}}}
+    job = write_job(tmp_path, target.url, rows=ROWS, request=request, execution={"concurrency": 1})
+    proc = start_cli("--json", "run", job, cwd=tmp_path, env=_creds(tmp_path), output="discarded")
+    try:
+        wait_for(lambda: target.stats()["requests"] >= 3, "the third request to be in flight")
+        shown = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, check=True).stdout
+    finally:
+        proc.kill()
+        proc.wait()
+    assert b"-m bulkrelay --json run" in shown  # the run was there to be seen
+    assert not [word for word in (SECRET_KEY, SESSION, *_signatures(target)) if word.encode() in shown]
