@@ -13,7 +13,7 @@ from bulkrelay.store.journal import is_commit_marker
 from tests.clirun import CliResult, cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.targetproc import TargetProcess
-from tests.waiting import HANG_BUDGET, HANG_S
+from tests.waiting import HANG_BUDGET, HANG_S, wait_for
 
 _FAILING = {"rules": [{"match": {"path_contains": f"/items/{row}"}, "status": 422} for row in (3, 7)]}
 
@@ -95,12 +95,15 @@ def test_a_cancelled_run_keeps_no_checkpoint(tmp_path: Path) -> None:
     with TargetProcess(
         {"rules": [{"delay_ms": int(HANG_S * 1000), "match": {"path_contains": "/items/5"}}]}
     ) as target:
-        # Cancel waits for the request in flight (a safe point): a short read timeout answers it.
-        execution = {"concurrency": 1, "timeout": {"read_seconds": 2}}
+        # Cancel waits for the request in flight (a safe point): the read timeout answers it. The
+        # cancel is sent once row 5 is in flight, and the timeout is long enough for a loaded machine
+        # to start `job cancel` before it runs out (with 2 s, the run sometimes ended first).
+        execution = {"concurrency": 1, "timeout": {"read_seconds": 8}}
         job = write_job(tmp_path, target.url, rows=8, execution=execution, retry={"max_attempts": 1})
         handed_off = _cli(tmp_path, "run", job, "--budget", "1s")
         assert handed_off.exit_code == ExitCode.INCOMPLETE, handed_off.envelope
         job_id = handed_off.data["job_id"]
+        wait_for(lambda: target.stats()["requests"] >= 5, "row 5 in flight")  # arrivals, answered or not
         cancelled = _cli(tmp_path, "job", "cancel", job_id, "--budget", HANG_BUDGET)
         assert cancelled.data["run_state"] == "cancelled", cancelled.envelope
     run_dir = Path(cancelled.data["run_dir"])
