@@ -3,6 +3,7 @@ both, a frozen map read back as it was, each `on_miss`, and a leaf naming an und
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import orjson
@@ -10,7 +11,14 @@ import pytest
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid
 from bulkrelay.job.config import JsonLookup, parse_job
-from bulkrelay.job.inputs.lookups import LookupMissed, build_map, freeze, lookup_getter, read_frozen
+from bulkrelay.job.inputs.lookups import (
+    LookupMissed,
+    build_map,
+    freeze,
+    lookup_getter,
+    map_record,
+    read_frozen,
+)
 from bulkrelay.job.records import Record
 from bulkrelay.job.request import RequestRenderer
 from bulkrelay.job.template import RenderError
@@ -31,6 +39,9 @@ def test_a_frozen_map_reads_back_as_it_was(tmp_path: Path) -> None:
     assert freeze(tmp_path / "ids.jsonl", table) == 3
     assert (tmp_path / "ids.jsonl").stat().st_mode & 0o777 == 0o600
     assert read_frozen(tmp_path / "ids.jsonl") == table
+    digest = hashlib.sha256((tmp_path / "ids.jsonl").read_bytes()).hexdigest()
+    assert map_record(table) == {"sha256": digest, "entries": 3}  # what a run's plan records of it
+    assert map_record(read_frozen(tmp_path / "ids.jsonl")) == map_record(table)
 
 
 def test_each_on_miss() -> None:

@@ -7,7 +7,8 @@ JSON Lines into the run directory (`{"key": ..., "value": ...}` a line) and read
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import orjson
 from bulkrelay.errors import InputInvalid, Problem
 from bulkrelay.job.config import JsonLookup
 from bulkrelay.job.digest import key_text
+from bulkrelay.job.inputs.query import json_line
 from bulkrelay.job.inputs.results_of import write_frozen
 from bulkrelay.job.template import RenderError
 
@@ -43,7 +45,20 @@ def build_map(name: str, pairs: Iterable[tuple[Any, Any]], source: str) -> dict[
 
 def freeze(path: Path, table: Mapping[str, Any]) -> int:
     """`table` as JSON Lines in a new private file `path`, fsynced; its size in entries."""
-    return write_frozen(path, ({"key": key, "value": value} for key, value in table.items()))
+    return write_frozen(path, _entries(table))
+
+
+def map_record(table: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run's plan records of a map (docs/chains.md): the sha256 of the bytes `freeze` writes of
+    it (the frozen file's own digest) and its size in entries."""
+    digest = hashlib.sha256()
+    for entry in _entries(table):
+        digest.update(json_line(entry))
+    return {"sha256": digest.hexdigest(), "entries": len(table)}
+
+
+def _entries(table: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    return ({"key": key, "value": value} for key, value in table.items())
 
 
 def read_frozen(path: Path) -> dict[str, Any]:
