@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid
-from bulkrelay.job.config import JsonLookup, parse_job
+from bulkrelay.job.batch import BatchRenderer
+from bulkrelay.job.config import JsonLookup, parse_job, required_fields
 from bulkrelay.job.inputs.lookups import (
     LookupMissed,
     build_map,
@@ -90,3 +91,45 @@ request:
         parse_job(
             text.replace("lookup: ids, key: { from: boss }", "lookup: owners, key: { from: boss }"), file="j"
         )
+
+
+_BATCH = """
+version: 1
+input: { file: c.csv, key: id }
+lookups: { ids: { results_of: accounts, value: /captured/id } }
+request:
+  url: https://example.com/c
+  batch:
+    max_items: 10
+    item: { id: { from: id }, accountId: { lookup: ids, key: { from: ref }, on_miss: MISS } }
+"""
+
+
+def test_a_lookup_leaf_in_a_batch_item_reads_the_maps() -> None:
+    """A batch item's lookup leaf reads the job's maps as request.json's do; a miss fails the row (its
+    field named) or sends null; `skip` is refused when the job is loaded: a batch cannot leave a row out."""
+    maps = {"ids": {"a": "001A"}}
+    for on_miss in ("fail", "null"):
+        config = parse_job(_BATCH.replace("MISS", on_miss), file="job.yaml")
+        assert required_fields(config)["ref"] == ("request", "batch", "item", "accountId", "key", "from")
+        renderer = RequestRenderer.from_config(config.request, {}, lookups=maps)
+        batcher = BatchRenderer.of_job(config, renderer, "f" * 64)
+        assert batcher is not None
+        assert orjson.loads(batcher.item(Record(1, 2, {"id": "1", "ref": "a"})).data) == {
+            "id": "1",
+            "accountId": "001A",
+        }
+        missed = Record(2, 3, {"id": "2", "ref": "z"})
+        if on_miss == "null":
+            assert orjson.loads(batcher.item(missed).data)["accountId"] is None
+        else:
+            with pytest.raises(RenderError, match="lookup ids has no key 'z'"):
+                batcher.item(missed)
+    with pytest.raises(
+        ConfigInvalid, match=r"request.batch.item.accountId: on_miss: skip cannot leave a row"
+    ):
+        parse_job(_BATCH.replace("MISS", "skip"), file="job.yaml")
+    with pytest.raises(
+        ConfigInvalid, match=r"request.batch.item.accountId reads lookup owners, which lookups"
+    ):
+        parse_job(_BATCH.replace("MISS", "fail").replace("lookup: ids", "lookup: owners"), file="job.yaml")

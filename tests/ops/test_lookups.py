@@ -259,3 +259,32 @@ def test_retry_failed_sends_a_skipped_row_once_its_key_exists(tmp_path: Path, ta
     )
     assert retried.exit_code == 0, retried.envelope
     assert _sent(target) == {"c2": ids["31"]}  # the maps built afresh: the new account's id
+
+
+def test_a_batch_jobs_items_read_a_lookup(tmp_path: Path, target: TargetProcess) -> None:
+    """A lookup leaf in request.batch.item: each item carries its account's captured id; a miss with
+    `on_miss: fail` is named by preflight with its row, and nothing is sent."""
+    target.reset()
+    ids = _captured_ids(tmp_path, run_job(tmp_path, _accounts(tmp_path, target)).data["run_dir"])
+    contacts = _contacts(tmp_path, target, ["2", "5", "7"])
+    job = yaml.safe_load(contacts.read_text())
+    lookup = job["request"].pop("json")["accountId"]
+    job["request"] |= {"url": f"{target.url}/v1/batch/array", "batch": {"max_items": 10}}
+    job["request"]["batch"]["item"] = {"id": {"from": "id"}, "accountId": lookup}
+    contacts.write_text(yaml.safe_dump(job, sort_keys=False))
+    target.reset()
+    sent = run_job(tmp_path, contacts)
+    assert sent.exit_code == 0, sent.envelope
+    [request] = [orjson.loads(r["body"]) for r in target.requests() if r["path"] == "/v1/batch/array"]
+    assert request == [
+        {"id": "c1", "accountId": ids["2"]},
+        {"id": "c2", "accountId": ids["5"]},
+        {"id": "c3", "accountId": ids["7"]},
+    ]
+    write_csv(tmp_path / "contacts.csv", [{"id": "c1", "account": "1"}, {"id": "c2", "account": "nope"}])
+    target.reset()
+    failed = run_job(tmp_path, contacts)
+    assert failed.exit_code == ExitCode.ARG_ERROR
+    [problem] = failed.envelope["error"]["context"]["problems"]
+    assert problem["row"] == 2 and "lookup account_ids has no key 'nope'" in problem["message"]
+    assert target.requests() == []
