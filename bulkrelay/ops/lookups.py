@@ -19,7 +19,7 @@ from bulkrelay.errors import InputChanged, NotFound
 from bulkrelay.job.config import Job, LookupConfig
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import spool_file
-from bulkrelay.job.inputs.lookups import build_map, freeze, read_frozen
+from bulkrelay.job.inputs.lookups import LookupMap, build_map, freeze, read_frozen
 from bulkrelay.job.inputs.query import QuerySpec, database_of, snapshot_into
 from bulkrelay.ops.lookupget import get_pairs
 from bulkrelay.private import make_private_dir
@@ -30,7 +30,7 @@ FROZEN_DIR = "lookups"  # in the run directory: one NAME.jsonl a lookup
 _ABSENT = object()
 
 
-def built_lookups(job: Job, runs_dir: Path) -> dict[str, dict[str, Any]]:
+def built_lookups(job: Job, runs_dir: Path) -> dict[str, LookupMap]:
     """Every map of the job, built now from its source."""
     return {name: _built(job, name, given, runs_dir) for name, given in job.config.lookups.items()}
 
@@ -59,7 +59,7 @@ def discard_frozen(frozen: Path | None) -> None:
         shutil.rmtree(frozen, ignore_errors=True)
 
 
-def frozen_lookups(job: Job, run: RunDir) -> dict[str, dict[str, Any]]:
+def frozen_lookups(job: Job, run: RunDir) -> dict[str, LookupMap]:
     """The maps `run` froze when it started: what its resume and identical re-run read. A frozen file
     whose digest is not the one the run's plan recorded is INPUT_CHANGED naming it: the run's rows
     were sent with the map it held, and never with another."""
@@ -96,7 +96,7 @@ def _check_digest(run: RunDir, name: str, path: Path) -> None:
         )
 
 
-def _built(job: Job, name: str, given: LookupConfig, runs_dir: Path) -> dict[str, Any]:
+def _built(job: Job, name: str, given: LookupConfig, runs_dir: Path) -> LookupMap:
     if given.results_of is not None:
         assert given.value is not None  # the config requires it
         pairs = _results_pairs(given.results_of, given.value, runs_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from unittest.mock import patch
 
 import orjson
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from bulkrelay.errors import ConfigInvalid, InputInvalid
 from bulkrelay.job.batch import BatchRenderer
 from bulkrelay.job.config import JsonLookup, parse_job, required_fields
+from bulkrelay.job.inputs.lookupmap import CompactMap, held
 from bulkrelay.job.inputs.lookups import (
     LookupMissed,
     build_map,
@@ -133,3 +135,25 @@ def test_a_lookup_leaf_in_a_batch_item_reads_the_maps() -> None:
         ConfigInvalid, match=r"request.batch.item.accountId reads lookup owners, which lookups"
     ):
         parse_job(_BATCH.replace("MISS", "fail").replace("lookup: ids", "lookup: owners"), file="job.yaml")
+
+
+def test_a_compact_map_reads_as_a_dict_would() -> None:
+    """Every key found with its value (many keys: probes that collide), misses absent, keys in the order
+    first given, a key given twice holding its first value, and a fresh value each read; a map of more
+    than COMPACT_ABOVE entries is held compact, a smaller one as a dict."""
+    table = {f"k{n}": {"id": n, "tags": [n]} for n in range(5000)} | {"é✓": None, "": 0}
+    compact = CompactMap(table.items())
+    assert len(compact) == len(table) and list(compact) == list(table)
+    assert all(compact[key] == value for key, value in table.items()) and compact == table
+    assert compact.get("k5000", "absent") == "absent" and "k5000" not in compact and "k1" in compact
+    assert compact.get(7, "absent") == "absent"  # type: ignore[arg-type]  # keys are text, never a number
+    compact["k1"]["id"] = 99
+    assert compact["k1"] == {"id": 1, "tags": [1]}  # a row cannot change what the next one reads
+    twice = CompactMap([("a", 1), ("b", 2), ("a", 1)])
+    assert dict(twice.pairs()) == {"a": 1, "b": 2} and len(twice) == 2 and list(twice) == ["a", "b"]
+    with pytest.raises(KeyError):
+        compact["absent"]
+    assert type(held(compact)) is dict and held(compact) == table
+    with patch("bulkrelay.job.inputs.lookupmap.COMPACT_ABOVE", 100):
+        assert held(compact) is compact
+        assert isinstance(build_map("ids", table.items(), "q"), CompactMap)
