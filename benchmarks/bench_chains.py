@@ -118,10 +118,11 @@ def _map_memory(keys: int, workdir: Path) -> None:
 
 def _leaf_cost(keys: int) -> None:
     from bulkrelay.job.config import RequestConfig
+    from bulkrelay.job.inputs.lookupmap import CompactMap
     from bulkrelay.job.records import Record
     from bulkrelay.job.request import RequestRenderer
 
-    table = _table(keys)
+    table = CompactMap(_table(keys).items())  # as a run holds it (job/inputs/lookupmap.py)
     records = [Record(n, n, {"ref": f"acct-{n:08d}", "id": str(n)}) for n in range(keys)]
     plain = {
         "method": "POST",

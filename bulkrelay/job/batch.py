@@ -105,7 +105,8 @@ class BatchRenderer:
         self._rows = RowRequests(renderer, config_fingerprint, key_field)  # the item id: the row's key
         nodes = [node for _, node in config.item_nodes()]
         self._lines = tuple(
-            json_renderer(_as_json_node(node), sorted_json=sorted_json, nulls=nulls) for node in nodes
+            json_renderer(_as_json_node(node), sorted_json=sorted_json, nulls=nulls, lookups=renderer.lookups)
+            for node in nodes
         )
         self._uses_meta = any(_mentions_meta(node) for node in nodes)
         self._fields = sorted({name for node in nodes for name in _fields_of(node)})

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, cast, get_args, get_origin
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -596,7 +596,7 @@ def _item_node_kind(value: Any) -> str | None:
 
 
 if TYPE_CHECKING:
-    ItemNode = JsonField | JsonValue | JsonMeta | KindLeaf | dict[str, "ItemNode"]
+    ItemNode = JsonField | JsonValue | JsonMeta | JsonLookup | KindLeaf | dict[str, "ItemNode"]
 else:
     ItemNode = TypeAliasType(
         "ItemNode",
@@ -604,6 +604,7 @@ else:
             Annotated[JsonField, Tag("~from")]
             | Annotated[JsonValue, Tag("~value")]
             | Annotated[JsonMeta, Tag("~meta")]
+            | Annotated[JsonLookup, Tag("~lookup")]
             | Annotated[FormatLeaf, Tag("~format")]
             | Annotated[CoalesceLeaf, Tag("~coalesce")]
             | Annotated[WhenLeaf, Tag("~when")]
@@ -623,7 +624,7 @@ else:
 
 def item_leaves(
     node: ItemNode, path: YamlPath
-) -> Iterator[tuple[YamlPath, JsonField | JsonValue | JsonMeta | KindLeaf]]:
+) -> Iterator[tuple[YamlPath, JsonField | JsonValue | JsonMeta | JsonLookup | KindLeaf]]:
     """Every leaf of a batch item (or envelope) tree, with its YAML path."""
     if isinstance(node, dict):
         for key, child in node.items():
@@ -1400,9 +1401,7 @@ class JobConfig(_Model):
             raise ValueError(f"vars names {', '.join(unused)}, which no ${{NAME}} of the job uses")
         if self.request.auth is not None:
             _vars_not_secret(self.request.auth, self.vars)
-        named = {leaf.lookup for _, leaf in _lookup_leaves(self.request.json_, ("request", "json"))}
-        if unknown := sorted(named - set(self.lookups)):
-            raise ValueError(f"request.json reads lookup {unknown[0]}, which lookups: does not define")
+        _lookups_defined(self)
         return self
 
     @model_serializer(mode="wrap")
@@ -1504,15 +1503,42 @@ def required_fields(config: JobConfig) -> dict[str, YamlPath]:
     if req.json_ is not None:
         for path, json_leaf in _json_fields(req.json_, ("request", "json")):
             found.setdefault(json_leaf.field, (*path, "from"))
-    for item_path, node in req.batch.item_nodes() if req.batch is not None else ():
-        for path, item_leaf in item_leaves(node, item_path):
-            if isinstance(item_leaf, JsonField) and not item_leaf.has_default:
-                found.setdefault(item_leaf.field, (*path, "from"))
+    for name, path in _item_fields(req.batch):
+        found.setdefault(name, path)
     if config.input.key is not None:
         found.setdefault(config.input.key, ("input", "key"))
     if req.group is not None:
         found.setdefault(req.group.by, ("request", "group", "by"))
     return found
+
+
+def _item_fields(batch: BatchConfig | None) -> Iterator[tuple[str, YamlPath]]:
+    """The fields a batch item cannot do without (a lookup's key among them), with their YAML paths."""
+    for item_path, node in batch.item_nodes() if batch is not None else ():
+        for path, leaf in item_leaves(node, item_path):
+            if isinstance(leaf, JsonField) and not leaf.has_default:
+                yield leaf.field, (*path, "from")
+            elif isinstance(leaf, JsonLookup) and not leaf.key.optional:
+                yield leaf.key.field, (*path, "key", "from")
+
+
+def _lookups_defined(config: JobConfig) -> None:
+    """Each lookup leaf names a lookup of `lookups:`; one in a batch item misses with fail or null: a
+    batch's rows go together, so none can be left unsent as `skip` would (docs/chains.md)."""
+    req = config.request
+    leaves = list(_lookup_leaves(req.json_, ("request", "json")))
+    for item_path, node in req.batch.item_nodes() if req.batch is not None else ():
+        for path, leaf in _lookup_leaves(cast("JsonNode", node), item_path):
+            if leaf.on_miss == "skip":
+                raise ValueError(
+                    f"{format_path(path)}: on_miss: skip cannot leave a row out of a batch (its rows are "
+                    "sent together); use on_miss: fail (preflight names each miss) or null"
+                )
+            leaves.append((path, leaf))
+    for path, leaf in leaves:
+        if leaf.lookup not in config.lookups:
+            where = format_path(path[:2]) if path[:2] == ("request", "json") else format_path(path)
+            raise ValueError(f"{where} reads lookup {leaf.lookup}, which lookups: does not define")
 
 
 def _lookup_leaves(node: JsonNode | None, path: YamlPath) -> Iterator[tuple[YamlPath, JsonLookup]]:

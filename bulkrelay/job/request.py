@@ -117,6 +117,11 @@ class RequestRenderer:
         self.render = self._render_function()
 
     @property
+    def lookups(self) -> Mapping[str, LookupMap] | None:
+        """The `lookups:` maps its lookup leaves read (a batch item's leaves read them too)."""
+        return self._lookups
+
+    @property
     def url(self) -> BoundTemplate:
         """The URL template, its secrets in place (the run log shows the origin it resolves to)."""
         return self._url
@@ -552,10 +557,14 @@ def _body_renderer(
 
 
 def json_renderer(
-    node: JsonNode, *, sorted_json: bool = False, nulls: Nulls | None = None
+    node: JsonNode,
+    *,
+    sorted_json: bool = False,
+    nulls: Nulls | None = None,
+    lookups: Mapping[str, LookupMap] | None = None,
 ) -> Callable[[Fields], bytes]:
     """The bytes of a `json` tree for a record's fields, as `render` writes a body (a batch item's too)."""
-    return _json_body(with_nulls(node, nulls), _json_option(sorted_json))
+    return _json_body(with_nulls(node, nulls), _json_option(sorted_json), lookups)
 
 
 def value_getter(node: JsonNode) -> Callable[[Fields], Any]:

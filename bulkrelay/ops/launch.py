@@ -15,11 +15,11 @@ from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.lookups import (
-    FROZEN_DIR,
     built_lookups,
     discard_frozen,
     freeze_all,
     frozen_lookups,
+    has_frozen,
     keep_frozen,
     with_lookups,
 )
@@ -159,7 +159,7 @@ def _lookups_input(request: RunRequest) -> RunRequest:
     if (
         previous is not None
         and previous.plan.config_sha256 == config_fingerprint(job.config)
-        and (previous.path / FROZEN_DIR).is_dir()
+        and has_frozen(previous)
     ):
         return replace(request, job=with_lookups(job, frozen_lookups(job, previous)))
     maps = built_lookups(job, request.runs_dir)

@@ -30,6 +30,7 @@ from bulkrelay.errors import (
     sole_error,
 )
 from bulkrelay.job.inputs import let_go_of_spool, spool_stdin_into
+from bulkrelay.job.inputs.lookups import map_record
 from bulkrelay.job.preflight import Preflight, RowsRead
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.resultsink import RunSink, close_sink, open_sink, sink_target
@@ -205,6 +206,7 @@ def plan_for(preflight: Preflight) -> RunPlan:
         config_sha256=preflight.config_fingerprint,
         config_sections=config_sections(job.config),
         cwd=os.getcwd(),
+        lookups={name: map_record(table) for name, table in job.lookups.items()} or None,
     )
 
 

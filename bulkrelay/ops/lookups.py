@@ -15,10 +15,11 @@ from typing import Any
 
 import orjson
 
-from bulkrelay.errors import NotFound
+from bulkrelay.errors import InputChanged, NotFound
 from bulkrelay.job.config import Job, LookupConfig
+from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import spool_file
-from bulkrelay.job.inputs.lookups import build_map, freeze, read_frozen
+from bulkrelay.job.inputs.lookups import LookupMap, build_map, freeze, read_frozen
 from bulkrelay.job.inputs.query import QuerySpec, database_of, snapshot_into
 from bulkrelay.ops.lookupget import get_pairs
 from bulkrelay.private import make_private_dir
@@ -29,7 +30,7 @@ FROZEN_DIR = "lookups"  # in the run directory: one NAME.jsonl a lookup
 _ABSENT = object()
 
 
-def built_lookups(job: Job, runs_dir: Path) -> dict[str, dict[str, Any]]:
+def built_lookups(job: Job, runs_dir: Path) -> dict[str, LookupMap]:
     """Every map of the job, built now from its source."""
     return {name: _built(job, name, given, runs_dir) for name, given in job.config.lookups.items()}
 
@@ -58,8 +59,10 @@ def discard_frozen(frozen: Path | None) -> None:
         shutil.rmtree(frozen, ignore_errors=True)
 
 
-def frozen_lookups(job: Job, run: RunDir) -> dict[str, dict[str, Any]]:
-    """The maps `run` froze when it started: what its resume and identical re-run read."""
+def frozen_lookups(job: Job, run: RunDir) -> dict[str, LookupMap]:
+    """The maps `run` froze when it started: what its resume and identical re-run read. A frozen file
+    whose digest is not the one the run's plan recorded is INPUT_CHANGED naming it: the run's rows
+    were sent with the map it held, and never with another."""
     maps = {}
     for name in job.config.lookups:
         path = run.path / FROZEN_DIR / f"{name}.jsonl"
@@ -69,11 +72,31 @@ def frozen_lookups(job: Job, run: RunDir) -> dict[str, dict[str, Any]]:
                 context={"run_dir": str(run.path), "lookup": name},
                 suggestion="run the job afresh (its lookups are then built again)",
             )
+        _check_digest(run, name, path)
         maps[name] = read_frozen(path)
     return maps
 
 
-def _built(job: Job, name: str, given: LookupConfig, runs_dir: Path) -> dict[str, Any]:
+def has_frozen(run: RunDir) -> bool:
+    """Whether `run` froze lookup maps (a run made before their digests were recorded: its folder)."""
+    return bool(run.plan.lookups) or (run.path / FROZEN_DIR).is_dir()
+
+
+def _check_digest(run: RunDir, name: str, path: Path) -> None:
+    recorded = (run.plan.lookups or {}).get(name)
+    if recorded is None:
+        return  # a run made before the digests were recorded
+    now = file_sha256(path)
+    if now != recorded.get("sha256"):
+        raise InputChanged(
+            f"the frozen map of lookup {name} changed since run {run.run_id} started "
+            f"(sha256 {str(recorded.get('sha256'))[:12]} -> {now[:12]}): {path}",
+            context={"run_dir": str(run.path), "lookup": name, "path": str(path)},
+            suggestion="restore the file, or set the run aside and run the job afresh (its maps built anew)",
+        )
+
+
+def _built(job: Job, name: str, given: LookupConfig, runs_dir: Path) -> LookupMap:
     if given.results_of is not None:
         assert given.value is not None  # the config requires it
         pairs = _results_pairs(given.results_of, given.value, runs_dir)

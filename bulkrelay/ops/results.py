@@ -9,6 +9,7 @@ version's files show as they are.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +127,7 @@ class StatusResult(CommandData):
     sync: dict[str, Any] | None = None
     continue_command: str | None = None
     report: str | None = None  # the run's report.html, when one was written
+    lookups: Mapping[str, Mapping[str, Any]] | None = None  # the frozen maps: name -> sha256, entries
 
     def to_data(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -150,6 +152,8 @@ class StatusResult(CommandData):
             data["continue_command"] = self.continue_command
         if self.report is not None:
             data["report"] = self.report
+        if self.lookups:
+            data["lookups"] = {name: dict(record) for name, record in self.lookups.items()}
         return data
 
 

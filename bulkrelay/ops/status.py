@@ -119,6 +119,7 @@ def status(run_dir: Path) -> Result:
             summary=summary,
             # a delta run: its mode, rows selected and rows skipped unchanged
             sync=run.plan.sync.to_json() if run.plan.sync is not None else None,
+            lookups=run.plan.lookups,  # each frozen map's sha256 and entries
             continue_command=f"bulkrelay resume {shlex.quote(str(run.path))}" if resumable else None,
             report=str(report) if (report := run.path / REPORT).is_file() else None,
         )

@@ -190,6 +190,8 @@ class RunPlan:
     # A retry-failed run of a delta job delivers its parent's rows: the run they belong to, whose id
     # keeps their idempotency keys the parent's (None: the run's own delivery; docs/delta.md).
     delivery_run: str | None = None
+    # The `lookups:` maps frozen in the run: name -> {sha256 of the frozen file, entries} (docs/chains.md).
+    lookups: Mapping[str, Mapping[str, Any]] | None = None
 
     def delivery(self, run_id: str) -> str:
         """The run whose delivery this run's rows are: their idempotency keys' scope."""
@@ -216,6 +218,7 @@ class RunPlan:
             mirror_of=fields.optional_text("mirror_of"),
             mirror_deletes=fields.has("mirror_deletes") and fields.flag("mirror_deletes"),
             delivery_run=fields.optional_text("delivery_run"),
+            lookups=fields.raw_object("lookups", optional=True),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -245,6 +248,8 @@ class RunPlan:
             data["mirror_of"] = self.mirror_of
         if self.delivery_run is not None:
             data["delivery_run"] = self.delivery_run
+        if self.lookups:
+            data["lookups"] = {name: dict(record) for name, record in self.lookups.items()}
         return data
 
 

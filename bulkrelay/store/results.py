@@ -179,11 +179,21 @@ def _quoted(table: str) -> str:
 
 
 def _upsert_sql(table: str, mark: str) -> str:
-    names = ", ".join(COLUMNS)
-    marks = ", ".join([mark] * len(COLUMNS))
+    return _upsert_of(table, f"VALUES ({', '.join([mark] * len(COLUMNS))})")
+
+
+def _json_upsert_sql(table: str) -> str:
+    """`_upsert_sql` of rows given as one JSON array of arrays (SQLite's `json_each`): the statement
+    runs as one step, so the sink's thread takes the GIL back once a group, not once a row (with
+    `executemany` a relay busy on the main thread starved it of the GIL, row after row)."""
+    values = ", ".join(f"json_extract(value, '$[{n}]')" for n in range(len(COLUMNS)))
+    return _upsert_of(table, f"SELECT {values} FROM json_each(?) WHERE true")  # `true`: SQLite's grammar
+
+
+def _upsert_of(table: str, rows: str) -> str:
     updates = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
     return (
-        f"INSERT INTO {_quoted(table)} ({names}) VALUES ({marks}) ON CONFLICT (job, key) DO UPDATE SET "
+        f"INSERT INTO {_quoted(table)} ({', '.join(COLUMNS)}) {rows} ON CONFLICT (job, key) DO UPDATE SET "
         f"{updates} WHERE excluded.updated_at >= {_quoted(table)}.updated_at"
     )
 
@@ -216,13 +226,13 @@ class _SqliteWriter:
             self._db.execute(create)
         except sqlite3.Error as exc:
             raise SinkUnavailable(target.identity, str(exc)) from None
-        self._sql = _upsert_sql(target.table, "?")
+        self._sql = _json_upsert_sql(target.table)
 
     def upsert(self, rows: Sequence[Row]) -> None:
         try:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany(self._sql, rows)
+                self._db.execute(self._sql, (orjson.dumps(rows),))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

@@ -5,6 +5,7 @@ again (never the newer values), and built afresh after a completed run; a key wi
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.store.journal import read_journal
 from tests.clirun import run_cli
 from tests.jobfiles import write_csv, write_job
-from tests.runsteps import run_job, stop_midway
+from tests.runsteps import resume, run_job, stop_midway
 from tests.targetproc import TargetProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_target]  # real processes
@@ -118,9 +119,19 @@ def test_a_stopped_runs_identical_rerun_reads_its_frozen_map_and_a_completed_one
     refs = [str(n) for n in range(1, ACCOUNTS + 1)]
     contacts = _contacts(tmp_path, target, refs)
     first = stop_midway(tmp_path, contacts)
-    assert (Path(first.data["run_dir"]) / "lookups" / "account_ids.jsonl").stat().st_mode & 0o777 == 0o600
+    frozen = Path(first.data["run_dir"]) / "lookups" / "account_ids.jsonl"
+    assert frozen.stat().st_mode & 0o777 == 0o600
+    recorded = {"sha256": hashlib.sha256(frozen.read_bytes()).hexdigest(), "entries": ACCOUNTS}
+    status = run_cli("status", first.data["run_dir"], cwd=tmp_path)
+    assert status.data["lookups"] == {"account_ids": recorded}  # the run's record names its map
     new = _captured_ids(tmp_path, run_job(tmp_path, accounts).data["run_dir"])  # the source changes
     assert set(old.values()).isdisjoint(new.values())
+    kept = frozen.read_bytes()
+    frozen.write_bytes(kept.replace(b'"value":"', b'"value":"x', 1))  # not the map the run sent with
+    for refused in (run_job(tmp_path, contacts), resume(tmp_path, first.data["run_dir"])):
+        assert refused.error_code == "INPUT_CHANGED", refused.envelope
+        assert "lookup account_ids" in refused.envelope["error"]["message"]
+    frozen.write_bytes(kept)
     target.reset()
     again = run_job(tmp_path, contacts)
     assert again.exit_code == 0 and again.data["run_id"] == first.data["run_id"]
@@ -248,3 +259,32 @@ def test_retry_failed_sends_a_skipped_row_once_its_key_exists(tmp_path: Path, ta
     )
     assert retried.exit_code == 0, retried.envelope
     assert _sent(target) == {"c2": ids["31"]}  # the maps built afresh: the new account's id
+
+
+def test_a_batch_jobs_items_read_a_lookup(tmp_path: Path, target: TargetProcess) -> None:
+    """A lookup leaf in request.batch.item: each item carries its account's captured id; a miss with
+    `on_miss: fail` is named by preflight with its row, and nothing is sent."""
+    target.reset()
+    ids = _captured_ids(tmp_path, run_job(tmp_path, _accounts(tmp_path, target)).data["run_dir"])
+    contacts = _contacts(tmp_path, target, ["2", "5", "7"])
+    job = yaml.safe_load(contacts.read_text())
+    lookup = job["request"].pop("json")["accountId"]
+    job["request"] |= {"url": f"{target.url}/v1/batch/array", "batch": {"max_items": 10}}
+    job["request"]["batch"]["item"] = {"id": {"from": "id"}, "accountId": lookup}
+    contacts.write_text(yaml.safe_dump(job, sort_keys=False))
+    target.reset()
+    sent = run_job(tmp_path, contacts)
+    assert sent.exit_code == 0, sent.envelope
+    [request] = [orjson.loads(r["body"]) for r in target.requests() if r["path"] == "/v1/batch/array"]
+    assert request == [
+        {"id": "c1", "accountId": ids["2"]},
+        {"id": "c2", "accountId": ids["5"]},
+        {"id": "c3", "accountId": ids["7"]},
+    ]
+    write_csv(tmp_path / "contacts.csv", [{"id": "c1", "account": "1"}, {"id": "c2", "account": "nope"}])
+    target.reset()
+    failed = run_job(tmp_path, contacts)
+    assert failed.exit_code == ExitCode.ARG_ERROR
+    [problem] = failed.envelope["error"]["context"]["problems"]
+    assert problem["row"] == 2 and "lookup account_ids has no key 'nope'" in problem["message"]
+    assert target.requests() == []

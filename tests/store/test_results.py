@@ -168,3 +168,46 @@ def test_a_file_sink_is_appended_then_compacted_to_one_line_a_key(tmp_path: Path
     assert orjson.loads(rows["k1"][9]) == {"id": "x,y"}
     assert rows["k2"][6] == 200 and rows["k2"][8] is None
     writer.close()
+
+
+def test_a_sqlite_upsert_is_one_statement_a_group_and_keeps_each_columns_type(tmp_path: Path) -> None:
+    """The rows of a group go to SQLite as one statement (one JSON parameter), not one a row: each row
+    of `executemany` took the GIL back from a busy relay, which starved the sink's thread. Each value
+    keeps its type: a key of digits stays text, `captured` stays its JSON text, success an integer."""
+    sink = _sqlite(tmp_path)
+    writer = open_writer(sink)
+    statements: list[str] = []
+    writer._db.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+    rows = [
+        ("accounts", "007", 1, "r1", True, "ok", 200, 1, None, '{"id":"é✓"}', "2026-01-01T00:00:00.000000Z"),
+        (
+            "accounts",
+            f"k{2**40}",
+            2**40,
+            "r1",
+            False,
+            "http_client_error",
+            None,
+            3,
+            "no",
+            None,
+            "2026-01-01T",
+        ),
+    ]
+    writer.upsert(rows)
+    assert sum(s.startswith("INSERT") for s in statements) == 1
+    writer.close()
+    assert sink.path is not None
+    with sqlite3.connect(sink.path) as db:
+        typed = db.execute(
+            "SELECT typeof(key), typeof(row_number), typeof(success), typeof(status_code), typeof(captured) "
+            "FROM bulkrelay_results ORDER BY row_number"
+        ).fetchall()
+    db.close()
+    assert typed == [
+        ("text", "integer", "integer", "integer", "text"),
+        ("text", "integer", "integer", "null", "null"),
+    ]
+    assert [tuple(row.values()) for row in _table(sink).values()] == [
+        tuple(int(v) if type(v) is bool else v for v in row) for row in rows
+    ]
