@@ -866,7 +866,10 @@ class BulkStepConfig(_Model):
     error: Annotated[str, AfterValidator(_json_pointer)] | None = None  # status: a failed job's message
     outcome: Literal["success", "failed", "unprocessed"] | None = None  # results: what its rows became
     error_column: NonEmpty | None = None  # results (failed): the column holding a row's error
-    capture: tuple[NonEmpty, ...] = ()  # results (success): the columns captured
+    capture: Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)] = ()  # results (success)
+
+
+_States = Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)]
 
 
 class BulkGenericConfig(_Model):
@@ -877,11 +880,11 @@ class BulkGenericConfig(_Model):
     close: BulkStepConfig | None = None  # none: the upload closes the job
     abort: BulkStepConfig | None = None
     status: BulkStepConfig
-    results: tuple[BulkStepConfig, ...] = Field(min_length=1)
-    open_states: tuple[NonEmpty, ...] = ()  # a job still taking data (aborted and made again on resume)
-    done_states: tuple[NonEmpty, ...] = Field(min_length=1)
-    failed_states: tuple[NonEmpty, ...] = ()
-    aborted_states: tuple[NonEmpty, ...] = ()
+    results: Annotated[tuple[BulkStepConfig, ...], BeforeValidator(_list_as_tuple), Field(min_length=1)]
+    open_states: _States = ()  # a job still taking data (aborted and made again on resume)
+    done_states: Annotated[_States, Field(min_length=1)]
+    failed_states: _States = ()
+    aborted_states: _States = ()
 
     @model_validator(mode="after")
     def _pointers(self) -> BulkGenericConfig:
