@@ -1,6 +1,6 @@
 """A bulk-job run (salesforce_bulk2, and named_import) killed with SIGKILL at random moments, over
-create, upload, close, poll and fetch, then the identical invocation run to its end: every row journaled exactly once, each with
-its own outcome, and the target counts no row processed in two jobs that both ran."""
+create, upload, close, poll and fetch, then the identical invocation run to its end: every row journaled
+exactly once, each with its own outcome, and the target counts no row processed in two jobs that both ran."""
 
 from __future__ import annotations
 
