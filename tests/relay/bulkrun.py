@@ -63,8 +63,10 @@ async def run_bulk_job(
     job_path: Path, target: RunningTarget, *, run: RunDir | None = None, runs: Path | None = None
 ) -> BatchRun:
     """Preflight and relay the job in-process into a new run directory (in `runs`, else beside the job;
-    or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target)."""
+    or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target), and
+    HUBSPOT_TOKEN and HUBSPOT_BASE (the same)."""
     env = {"SF_TOKEN": "tok-secret", "SF_INSTANCE": target.url}
+    env |= {"HUBSPOT_TOKEN": "tok-secret", "HUBSPOT_BASE": target.url}
     preflight = run_preflight(load_job(job_path), None, env=env)
     run = run or RunDir.create(runs or job_path.parent / "runs", plan_for(preflight))
     outcome = await relay(preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter())

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.anyio
 NAMES = ["ann", "bob", "bogus-cy", "dan", "eve", "fay", "bogus-gus", "hal", "ivy", "jo", "kim"]
 
 
-def write_import_job(tmp_path: Path, target: RunningTarget, names: list[str], **bulk: Any) -> Path:
+def write_import_job(tmp_path: Path, running: RunningTarget, names: list[str], **bulk: Any) -> Path:
     return write_bulk_job(
-        tmp_path, target.url, names, kind="named_import", base_url=target.url, object="0-1", **bulk
+        tmp_path, running.url, names, kind="named_import", base_url=running.url, object="0-1", **bulk
     )
 
 
@@ -115,3 +115,16 @@ async def test_after_a_crash_the_identical_rerun_attaches_by_name_and_never_impo
     assert stats["import_rows_in_two_imports"] == (0 if submitted else 3)
     ledgers = job_ledgers(again.run.journal_path)
     assert ledgers[1].events[-1] == ("results" if submitted else "aborted")
+
+
+async def test_the_example_runs_against_the_demo_target(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "bulk-jobs" / "hubspot.yaml"
+    target = await start_target({})
+    try:
+        result = await run_bulk_job(example, target, runs=tmp_path / "runs")
+    finally:
+        await target.stop()
+    failed = {entry.key: entry.error for entry in result.entries if not entry.success}
+    assert len(result.entries) == 12 and failed == {
+        "C-0006-bogus-fay": "INVALID_PROPERTY_VALUE: bad value in C-0006-bogus-fay"
+    }
