@@ -14,6 +14,7 @@ from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.relay.engine import StartPoint, relay
+from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import NullReporter
 from bulkrelay.relay.stopping import StopControl
 from bulkrelay.store.journal import read_journal
@@ -60,7 +61,12 @@ def write_bulk_job(tmp_path: Path, target_url: str, names: list[str], **bulk: An
 
 
 async def run_bulk_job(
-    job_path: Path, target: RunningTarget, *, run: RunDir | None = None, runs: Path | None = None
+    job_path: Path,
+    target: RunningTarget,
+    *,
+    run: RunDir | None = None,
+    runs: Path | None = None,
+    stats: RelayStats | None = None,
 ) -> BatchRun:
     """Preflight and relay the job in-process into a new run directory (in `runs`, else beside the job;
     or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target), and
@@ -69,5 +75,7 @@ async def run_bulk_job(
     env |= {"HUBSPOT_TOKEN": "tok-secret", "HUBSPOT_BASE": target.url}
     preflight = run_preflight(load_job(job_path), None, env=env)
     run = run or RunDir.create(runs or job_path.parent / "runs", plan_for(preflight))
-    outcome = await relay(preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter())
+    outcome = await relay(
+        preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter(), stats=stats
+    )
     return BatchRun(outcome, list(read_journal(run.journal_path)), target.state.requests(), run)

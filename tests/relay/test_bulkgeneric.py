@@ -13,6 +13,7 @@ import yaml
 from bulkrelay.demo.target import start_target
 from bulkrelay.errors import ConfigInvalid
 from bulkrelay.job.config import load_job
+from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.journal.jobrecords import job_ledgers
 from tests.relay.bulkrun import FAST_POLL, run_bulk_job, write_bulk_job
@@ -52,8 +53,10 @@ async def test_generic_steps_speak_the_salesforce_like_api_row_by_row(tmp_path: 
     polls = {"method": "GET", "path_contains": "/jobs/ingest/"}
     plan = {"bulk": {"fail_job_every": 3}, "rules": [{"match": polls, "times": 2, "status": 503}]}
     target = await start_target(plan)
+    relayed = RelayStats()
     try:
-        result = await run_bulk_job(write_generic_job(tmp_path, f"{target.url}/services/data/v62.0"), target)
+        job = write_generic_job(tmp_path, f"{target.url}/services/data/v62.0")
+        result = await run_bulk_job(job, target, stats=relayed)
         stats = target.state.stats()
     finally:
         await target.stop()
@@ -69,6 +72,10 @@ async def test_generic_steps_speak_the_salesforce_like_api_row_by_row(tmp_path: 
     assert [ledger.rows for ledger in ledgers.values()] == [[1, 2, 3, 4], [5, 6], [5]]
     assert ledgers[3].state == "Failed" and "InvalidBatch" in (rows[5].error or "")
     assert rows[6].success and stats["bulk_rows_in_two_jobs"] == 0
+    # the metrics count polls (the 503s asked again included) apart from the other steps
+    state_gets = [r for r in result.requests if r["method"] == "GET" and r["path"][-1].isdigit()]
+    assert relayed.bulk_polls == len(state_gets) >= 3 * 2 + 2
+    assert relayed.bulk_steps == len(result.requests) - len(state_gets)
 
 
 async def test_a_generic_job_stuck_past_max_wait_stops_resumably(tmp_path: Path) -> None:

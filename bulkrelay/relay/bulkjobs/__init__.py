@@ -15,6 +15,7 @@ from bulkrelay.relay.bulkjobs.jobs import BulkJobRelay
 from bulkrelay.relay.bulkjobs.named_import import NamedImport
 from bulkrelay.relay.bulkjobs.salesforce_bulk2 import SalesforceBulk2
 from bulkrelay.relay.bulkjobs.steps import BulkApi
+from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.stopping import StopControl
 from bulkrelay.relay.transport.base import Transport
@@ -32,6 +33,7 @@ def open_bulk_relay(
     *,
     journal: Path,
     journaled: Container[int] | None,
+    stats: RelayStats,
 ) -> BulkJobRelay | None:
     """The job's bulk relay, attached to the jobs its journal names; None when it sends no bulk jobs."""
     bulk = preflight.bulk
@@ -51,6 +53,7 @@ def open_bulk_relay(
         run_id=journal.parent.name,  # the run directory's name is the run's id
         attempts=attempts,
         limiter=limiter,
+        stats=stats,
     )
     ledgers = job_ledgers(journal)
     if ledgers and journaled is None:  # a start that did not replay the journal: its rows read here

@@ -79,7 +79,6 @@ class GenericBulk(StepClient):
 
     async def state(self, remote: str) -> tuple[str, str | None]:
         step = self._steps.status
-        self.polls += 1
         answer = await self._asked("poll", step.method, self._url(step, remote), None, None, poll=True)
         state = _pointed(answer, step.state or "", "poll")
         if not isinstance(state, str):

@@ -90,7 +90,6 @@ class NamedImport(StepClient):
 
     async def state(self, remote: str) -> tuple[str, str | None]:
         """The import's state in the driver's words; JobForgotten for a name the target does not list."""
-        self.polls += 1
         import_id = await self._find(remote)
         if import_id is None:
             raise JobForgotten("poll", 404, f"the target lists no import named {remote}")

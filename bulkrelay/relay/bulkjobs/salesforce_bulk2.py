@@ -72,7 +72,6 @@ class SalesforceBulk2(StepClient):
 
     async def state(self, remote: str) -> tuple[str, str | None]:
         """The job's state and, for a failed one, its errorMessage."""
-        self.polls += 1
         answer = await self._asked("poll", "GET", f"{self._jobs}/{remote}", None, None, poll=True)
         data = json_answer(answer, "poll")
         state = data.get("state")

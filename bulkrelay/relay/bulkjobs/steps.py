@@ -24,6 +24,7 @@ import orjson
 
 from bulkrelay.job.bulkcsv import BulkCsv
 from bulkrelay.job.records import PreparedRequest
+from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.retry import RetryPolicy, retry_after_of
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
@@ -70,8 +71,6 @@ class BulkApi(Protocol):
     id journaled before any byte of the job's data leaves."""
 
     deadline: float
-    requests: int
-    polls: int
 
     async def create(self, number: int, keys: list[str]) -> str: ...
     async def upload(self, remote: str, body: bytes) -> None: ...
@@ -97,6 +96,7 @@ class StepClient:
         run_id: str,
         attempts: int,
         limiter: Limiter,
+        stats: RelayStats,
     ) -> None:
         self._base = base_url.rstrip("/")  # as rendered: its ${NAME}s bound
         self._run_id = run_id
@@ -108,8 +108,7 @@ class StepClient:
         self._attempts = attempts  # a step but a poll gives up after this many
         self._limiter = limiter  # execution.rate_limit: every step but a poll
         self.deadline = float("inf")  # monotonic: the call's poll.max_wait, set by the driver
-        self.requests = 0
-        self.polls = 0
+        self._stats = stats  # polls and other steps counted apart (the metrics file)
 
     def _request(
         self, method: str, url: str, body: bytes | None, content_type: str | None
@@ -119,7 +118,7 @@ class StepClient:
 
     async def _sent_once(self, step: str, request: PreparedRequest) -> Response:
         """A request that is never sent twice (an upload, a submit): any failure is StepRefused."""
-        self.requests += 1
+        self._stats.bulk_steps += 1
         await self._limiter.acquire()
         try:
             answer = await self._transport.send(request)
@@ -143,8 +142,10 @@ class StepClient:
         request = self._request(method, url, body, content_type)
         delay = self._config.poll.first_seconds
         for attempt in itertools.count(1):
-            if not poll:  # polls are counted apart, never against requests_per_second
-                self.requests += 1
+            if poll:  # polls are counted apart, never against requests_per_second
+                self._stats.bulk_polls += 1
+            else:
+                self._stats.bulk_steps += 1
                 await self._limiter.acquire()
             wait = delay
             try:
