@@ -10,14 +10,13 @@ import pytest
 from bulkrelay.job.config import load_job
 from bulkrelay.ops.preview import render
 from bulkrelay.ops.results import RenderResult
-from tests.relay.bulkrun import write_bulk_job
-from tests.relay.test_bulkgeneric import STEPS
+from tests.relay.bulkrun import GENERIC_STEPS, write_bulk_job
 
 BASE = "http://127.0.0.1:9"
 UPLOAD = {"method": "POST", "path": "/uploads/{job}"}
 GENERIC = {
     "kind": "generic",
-    "steps": {**STEPS, "upload": UPLOAD},
+    "steps": {**GENERIC_STEPS, "upload": UPLOAD},
     "object": "-",
     "operation": "insert",
     "external_id_field": None,

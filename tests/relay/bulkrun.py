@@ -23,6 +23,24 @@ from tests.relay.batchrun import BatchRun
 
 FAST_POLL = {"first_seconds": 0.01, "max_seconds": 0.05}
 
+JOB = "/jobs/ingest/{job}"
+GENERIC_STEPS: dict[str, Any] = {  # kind: generic speaking demo/bulktarget.py's API
+    "create": {"method": "POST", "path": "/jobs/ingest", "json": {"object": "Contact"}, "id": "/id"},
+    "upload": {"method": "PUT", "path": f"{JOB}/batches"},
+    "close": {"method": "PATCH", "path": JOB, "json": {"state": "UploadComplete"}},
+    "abort": {"method": "PATCH", "path": JOB, "json": {"state": "Aborted"}},
+    "status": {"path": JOB, "state": "/state", "error": "/errorMessage"},
+    "results": [
+        {"path": f"{JOB}/successfulResults", "outcome": "success", "capture": ["sf__Id"]},
+        {"path": f"{JOB}/failedResults", "outcome": "failed", "error_column": "sf__Error"},
+        {"path": f"{JOB}/unprocessedrecords", "outcome": "unprocessed"},
+    ],
+    "open_states": ["Open"],
+    "done_states": ["JobComplete"],
+    "failed_states": ["Failed"],
+    "aborted_states": ["Aborted"],
+}
+
 
 def bulk_job_spec(target_url: str, **bulk: Any) -> dict[str, Any]:
     """A job upserting rows.csv's rows as Contacts, keyed by `id` (the External_Id__c column)."""

@@ -16,32 +16,15 @@ from bulkrelay.job.config import load_job
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.journal.jobrecords import job_ledgers
-from tests.relay.bulkrun import FAST_POLL, run_bulk_job, write_bulk_job
+from tests.relay.bulkrun import FAST_POLL, GENERIC_STEPS, run_bulk_job, write_bulk_job
 
 pytestmark = pytest.mark.anyio
 
-JOB = "/jobs/ingest/{job}"
-STEPS: dict[str, Any] = {
-    "create": {"method": "POST", "path": "/jobs/ingest", "json": {"object": "Contact"}, "id": "/id"},
-    "upload": {"method": "PUT", "path": f"{JOB}/batches"},
-    "close": {"method": "PATCH", "path": JOB, "json": {"state": "UploadComplete"}},
-    "abort": {"method": "PATCH", "path": JOB, "json": {"state": "Aborted"}},
-    "status": {"path": JOB, "state": "/state", "error": "/errorMessage"},
-    "results": [
-        {"path": f"{JOB}/successfulResults", "outcome": "success", "capture": ["sf__Id"]},
-        {"path": f"{JOB}/failedResults", "outcome": "failed", "error_column": "sf__Error"},
-        {"path": f"{JOB}/unprocessedrecords", "outcome": "unprocessed"},
-    ],
-    "open_states": ["Open"],
-    "done_states": ["JobComplete"],
-    "failed_states": ["Failed"],
-    "aborted_states": ["Aborted"],
-}
 NAMES = ["ann", "bob", "bogus-cy", "dan", "later-eve", "fay"]
 
 
 def write_generic_job(tmp_path: Path, url: str, **bulk: Any) -> Path:
-    job = write_bulk_job(tmp_path, url, NAMES, kind="generic", steps=STEPS, **bulk)
+    job = write_bulk_job(tmp_path, url, NAMES, kind="generic", steps=GENERIC_STEPS, **bulk)
     spec = yaml.safe_load(job.read_text())
     for key in ("object", "operation", "external_id_field"):
         del spec["request"]["bulk_job"][key]
