@@ -102,7 +102,8 @@ async def test_after_a_crash_the_identical_rerun_attaches_by_name_and_never_impo
             unsent = {"remote": "bulkrelay-1-unsent", "rows": fields["rows"], "keys": fields["keys"]}
             created = encode_job_record(1, "created", **unsent)
         journal.write_bytes(created)
-        target.state.set_plan({"imports": {}})
+        busy = {"match": {"method": "GET", "path_contains": "/crm/v3/imports"}, "times": 4, "status": 503}
+        target.state.set_plan({"imports": {}, "rules": [busy]})  # the list asked again as a poll is
         again = await run_bulk_job(job, target, run=first.run)
         stats = target.state.stats()
     finally:

@@ -188,6 +188,10 @@ class BulkJobRelay:
                 return
             await self._fail(rows, journal, str(forgotten), started, BULK_JOB_FAILED, 404, ledger.job)
             return
+        except StepRefused as refused:  # what became of it cannot be known: its rows fail, for retry-failed
+            status = refused.status
+            await self._fail(rows, journal, str(refused), started, BULK_JOB_FAILED, status, ledger.job)
+            return
         if state == OPEN:
             await self._abort(ledger.job, ledger.remote, journal)  # its rows go in the next job formed
             return
@@ -206,8 +210,8 @@ class BulkJobRelay:
         """Poll the closed job to its end, then journal each row's result (unprocessed rows carried)."""
         try:
             state, error = await self._polled(remote)
-        except JobForgotten as forgotten:
-            await self._fail(rows, journal, str(forgotten), started, BULK_JOB_FAILED, 404, number)
+        except StepRefused as refused:  # forgotten (404) or refused: its rows fail with the answer
+            await self._fail(rows, journal, str(refused), started, BULK_JOB_FAILED, refused.status, number)
             return
         await journal.commit_record(encode_job_record(number, "state", state=state, error=error))
         if state in (FAILED, ABORTED):

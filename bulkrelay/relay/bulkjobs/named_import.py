@@ -90,7 +90,7 @@ class NamedImport(StepClient):
 
     async def state(self, remote: str) -> tuple[str, str | None]:
         """The import's state in the driver's words; JobForgotten for a name the target does not list."""
-        import_id = await self._find(remote)
+        import_id = await self._find(remote, poll=True)
         if import_id is None:
             raise JobForgotten("poll", 404, f"the target lists no import named {remote}")
         answer = await self._asked("poll", "GET", f"{self._imports}/{import_id}", None, None, poll=True)
@@ -128,21 +128,22 @@ class NamedImport(StepClient):
             raise StepRefused("errors", None, f"an error's rowData is truncated: {row[:100]!r}")
         return cells[index]
 
-    async def _find(self, name: str) -> str | None:
-        """The id of the import named `name`: from this process's submit, else from the list."""
+    async def _find(self, name: str, *, poll: bool = False) -> str | None:
+        """The id of the import named `name`: from this process's submit, else from the list (asked as
+        a poll is, when it is one: until the deadline)."""
         if name not in self._ids:
-            async for item in self._paged(self._imports, "list"):
+            async for item in self._paged(self._imports, "list", poll=poll):
                 if isinstance(item, dict) and item.get("importName") == name and item.get("id") is not None:
                     self._ids[name] = str(item["id"])
                     break
         return self._ids.get(name)
 
-    async def _paged(self, url: str, step: str) -> AsyncIterator[Any]:
+    async def _paged(self, url: str, step: str, *, poll: bool = False) -> AsyncIterator[Any]:
         """The items of a paged list (`results`, then `paging.next.after`), page by page."""
         after: str | None = None
         for _ in range(_MAX_PAGES):
             page = url if after is None else f"{url}?after={after}"
-            data = json_answer(await self._asked(step, "GET", page, None, None), step)
+            data = json_answer(await self._asked(step, "GET", page, None, None, poll=poll), step)
             items = data.get("results")
             if not isinstance(items, list):
                 raise StepRefused(step, None, "the answer has no results list")
