@@ -96,13 +96,14 @@ class GenericBulk(StepClient):
             for row in csv_rows(answer.body, name, key):
                 if row[key] not in sent:
                     raise never_sent(name, row[key], remote)
-                if step.outcome == "success":
-                    results.succeeded[row[key]] = {column: row.get(column) for column in step.capture}
-                elif step.outcome == "failed":
-                    error = row.get(step.error_column or "") or f"failed (in {name})"
-                    results.failed[row[key]] = error
-                else:
-                    results.unprocessed.add(row[key])
+                match step.outcome:  # what the target says became of the row, as the job file names it
+                    case "failed":
+                        error = row.get(step.error_column or "") or f"failed (in {name})"
+                        results.failed[row[key]] = error
+                    case "unprocessed":
+                        results.unprocessed.add(row[key])
+                    case _:
+                        results.succeeded[row[key]] = {column: row.get(column) for column in step.capture}
         return results
 
     async def _step(self, name: str, step: BulkStepConfig, remote: str) -> Response:
