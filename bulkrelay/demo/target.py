@@ -51,6 +51,8 @@ and refuse (422) a record naming an account or contact id never issued; stats co
 
 Bulk jobs (demo/bulktarget.py): `.../jobs/ingest` answers like Salesforce Bulk API 2.0 ingest jobs
 when no rule fires; the plan's "bulk" object sets which rows fail or stay unprocessed, and which jobs fail.
+Named imports (demo/importtarget.py): `.../crm/v3/imports` answers like HubSpot CRM imports; the plan's
+"imports" object sets which rows and imports fail.
 
 Dedup: with "dedup": true, a request whose Idempotency-Key was already applied (answered 2xx) gets the
 stored answer again and counts as a duplicate. `effects` counts applied operations: every 2xx answer
@@ -112,6 +114,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bulkrelay.demo.batchtarget import BatchEndpoints, BatchOptions
 from bulkrelay.demo.bulktarget import BulkIngest, BulkOptions
 from bulkrelay.demo.crmtarget import CrmEndpoints
+from bulkrelay.demo.importtarget import ImportOptions, NamedImports
 from bulkrelay.demo.oauth import OAuthPlan, OAuthState
 from bulkrelay.demo.signatures import SignatureCheck, SignedPlan
 from bulkrelay.relay.ratelimit import most_in_window
@@ -162,6 +165,7 @@ class _Plan(BaseModel):
     limit_rps: int | None = Field(default=None, ge=1)  # a server-side rate limit: 429 above it
     batch: BatchOptions = BatchOptions()  # the batch endpoints' options (demo/batchtarget.py)
     bulk: BulkOptions = BulkOptions()  # the ingest API's options (demo/bulktarget.py)
+    imports: ImportOptions = ImportOptions()  # the named-import API's options (demo/importtarget.py)
     oauth: OAuthPlan | None = None  # a token endpoint, and a bearer token every other request needs
     signed: SignedPlan | None = None  # each request's signature verified
 
@@ -239,6 +243,10 @@ class TargetState:
         if bulk is not None:  # a new plan: the jobs the target holds go on under its options
             bulk.options = self.plan.bulk
         self.bulk = bulk or BulkIngest(self.plan.bulk)
+        imports: NamedImports | None = getattr(self, "imports", None)
+        if imports is not None:
+            imports.options = self.plan.imports
+        self.imports = imports or NamedImports(self.plan.imports)
         self.oauth = OAuthState(self.plan.oauth) if self.plan.oauth is not None else None
         self.signatures = SignatureCheck(self.plan.signed) if self.plan.signed is not None else None
 
@@ -252,6 +260,7 @@ class TargetState:
         self.batches = BatchEndpoints(self.plan.batch)
         self.crm = CrmEndpoints()
         self.bulk = BulkIngest(self.plan.bulk)
+        self.imports = NamedImports(self.plan.imports)
         self.effects = 0
         self.duplicates = 0
         self.resets = 0
@@ -273,6 +282,7 @@ class TargetState:
             **self.batches.stats(),
             **self.crm.stats(),
             **self.bulk.stats(),
+            **self.imports.stats(),
         }
 
     def requests(self) -> list[dict[str, Any]]:
@@ -408,11 +418,18 @@ class TargetState:
         answer none."""
         if BulkIngest.handles(request.path):
             return self.plan.bulk.delay_ms
+        if NamedImports.handles(request.path):
+            return self.plan.imports.delay_ms
         return self.plan.batch.delay_ms if BatchEndpoints.handles(request.path) and not replay else 0
 
     def _default_answer(self, request: web.BaseRequest, body: bytes) -> _Answer:
         if BulkIngest.handles(request.path):
             return _Answer(*self.bulk.answer(request.method, request.path, body))
+        if NamedImports.handles(request.path):
+            kind = request.headers.get("Content-Type", "")
+            return _Answer(
+                *self.imports.answer(request.method, request.path, request.query_string, body, kind)
+            )
         if BatchEndpoints.handles(request.path):
             status, answer = self.batches.answer(request.path, body)
             return _Answer(status, answer)

@@ -856,12 +856,54 @@ class BulkPollConfig(_Model):
     max_wait: Annotated[Seconds, BeforeValidator(_wait_seconds)] = 6 * 3600.0  # then stop, resumable
 
 
+class BulkStepConfig(_Model):
+    """One request of a generic bulk job's life (`request.bulk_job.steps`): `{job}` in `path` is its id."""
+
+    method: Annotated[Method, BeforeValidator(_upper)] = "GET"
+    path: NonEmpty  # after base_url
+    json_: dict[str, Any] | None = Field(default=None, alias="json")  # the body (the upload's is the CSV)
+    id: Annotated[str, AfterValidator(_json_pointer)] | None = None  # create: the job's id in the answer
+    state: Annotated[str, AfterValidator(_json_pointer)] | None = None  # status: the job's state
+    error: Annotated[str, AfterValidator(_json_pointer)] | None = None  # status: a failed job's message
+    outcome: Literal["success", "failed", "unprocessed"] | None = None  # results: what its rows became
+    error_column: NonEmpty | None = None  # results (failed): the column holding a row's error
+    capture: Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)] = ()  # results (success)
+
+
+_States = Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)]
+
+
+class BulkGenericConfig(_Model):
+    """`kind: generic`: the steps as request templates, and which of the target's states mean what."""
+
+    create: BulkStepConfig
+    upload: BulkStepConfig
+    close: BulkStepConfig | None = None  # none: the upload closes the job
+    abort: BulkStepConfig | None = None
+    status: BulkStepConfig
+    results: Annotated[tuple[BulkStepConfig, ...], BeforeValidator(_list_as_tuple), Field(min_length=1)]
+    open_states: _States = ()  # a job still taking data (aborted and made again on resume)
+    done_states: Annotated[_States, Field(min_length=1)]
+    failed_states: _States = ()
+    aborted_states: _States = ()
+
+    @model_validator(mode="after")
+    def _pointers(self) -> BulkGenericConfig:
+        if self.create.id is None or self.status.state is None:
+            raise ValueError("request.bulk_job.steps: create needs id and status needs state (JSON pointers)")
+        if any(step.outcome is None for step in self.results):
+            raise ValueError(
+                "request.bulk_job.steps.results: each needs outcome (success, failed, unprocessed)"
+            )
+        return self
+
+
 class BulkJobConfig(_Model):
     """`request.bulk_job`: rows sent as asynchronous bulk jobs (docs/bulk-jobs.md)."""
 
-    kind: Literal["salesforce_bulk2"]
+    kind: Literal["salesforce_bulk2", "named_import", "generic"]
     base_url: Annotated[str, AfterValidator(_url)]
-    object: NonEmpty
+    object: NonEmpty = "-"  # salesforce_bulk2: the sObject; named_import: the objectTypeId (0-1)
     operation: Literal["insert", "update", "upsert", "delete"] = "insert"
     external_id_field: NonEmpty | None = None
     line_ending: Literal["LF", "CRLF"] = "LF"
@@ -870,9 +912,16 @@ class BulkJobConfig(_Model):
     max_rows: Annotated[int, Field(ge=1, le=150_000)] = 10_000
     max_bytes: Annotated[int, Field(ge=64, le=150_000_000)] = 100_000_000
     poll: BulkPollConfig = Field(default_factory=BulkPollConfig)
+    steps: BulkGenericConfig | None = None  # kind: generic (and only it)
 
     @model_validator(mode="after")
     def _coherent(self) -> BulkJobConfig:
+        if (self.kind == "generic") != (self.steps is not None):
+            raise ValueError("request.bulk_job.steps goes with kind: generic (and only it)")
+        if self.kind != "generic" and self.object == "-":
+            raise ValueError(f"request.bulk_job.object is required with kind: {self.kind}")
+        if self.kind == "named_import" and self.operation == "delete":
+            raise ValueError("request.bulk_job: a named_import creates, updates or upserts (no delete)")
         if (self.operation == "upsert") != (self.external_id_field is not None):
             raise ValueError("request.bulk_job.external_id_field goes with operation: upsert (and only it)")
         if self.external_id_field is not None and self.external_id_field not in self.columns:
@@ -882,6 +931,13 @@ class BulkJobConfig(_Model):
         if compile_template(self.base_url).fields:
             raise ValueError("request.bulk_job.base_url cannot use a {field}: one URL serves every job")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_steps(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.steps is None:
+            data.pop("steps", None)  # a salesforce_bulk2 job's fingerprint stays what it was
+        return data
 
 
 class RequestConfig(_Model):

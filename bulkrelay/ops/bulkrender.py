@@ -1,6 +1,8 @@
 """`render` for a bulk job: the named rows formed into jobs as a fresh run forms them (relay/bulkjobs/jobs.py:
 input order, a job closing before the row that would take it past max_rows or max_bytes), each shown as
-its one upload, the job's CSV, secrets `***` (the job's id is the target's, so `{job}` stands for it)."""
+its one upload, the job's CSV, secrets `***` (the job's id is the target's, so `{job}` stands for it).
+A named import's upload is its multipart submit, shown as the CSV file it carries; a generic job's is
+its `steps.upload`."""
 
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ def _shown(
     bulk: BulkCsv, renderer: RequestRenderer, base: PreparedRequest, seq: int, job: list[tuple[Record, bytes]]
 ) -> RenderedRequest:
     body = bulk.header + b"".join(line for _, line in job)
-    url = f"{base.url.rstrip('/')}/jobs/ingest/{{job}}/batches"
+    method, url = _upload_of(bulk, base.url.rstrip("/"))
     headers = (*base.headers, ("Content-Type", "text/csv"))
-    shown = renderer.redact(PreparedRequest("PUT", url, headers, body))
+    shown = renderer.redact(PreparedRequest(method, url, headers, body))
     first = job[0][0]
     rows = [record.row_number for record, _ in job]
     return RenderedRequest(
@@ -46,3 +48,13 @@ def _shown(
         shown["body"],
         batch={"seq": seq, "rows": rows, "size": len(job), "bytes": len(body)},
     )
+
+
+def _upload_of(bulk: BulkCsv, base_url: str) -> tuple[str, str]:
+    """The method and URL of the request that carries a job's CSV, for the job's kind."""
+    config = bulk.config
+    if config.kind == "named_import":
+        return "POST", f"{base_url}/crm/v3/imports"
+    if config.steps is not None:
+        return config.steps.upload.method, base_url + config.steps.upload.path
+    return "PUT", f"{base_url}/jobs/ingest/{{job}}/batches"

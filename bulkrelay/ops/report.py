@@ -17,6 +17,7 @@ from bulkrelay.errors import BulkRelayError, StorageFailed, UsageError
 from bulkrelay.job.inputs.spec import PARQUET_SOURCE, shown_format
 from bulkrelay.ops.results import ReportResult
 from bulkrelay.ops.status import LIVE, REPORT, committed_progress, liveness
+from bulkrelay.report.bulkjobs import bulk_job_rows
 from bulkrelay.report.nights import Comparison, compare, job_name, night_of, nights_of
 from bulkrelay.report.reportdata import (
     JournalTally,
@@ -61,7 +62,8 @@ def build_report(run: RunDir) -> tuple[str, tuple[int, int, tuple[str, ...]]]:
     tally = tally_journal(run.journal_path)
     timeline = read_timeline(run.path)
     facts = facts_of(run, tally, timeline)
-    return page(facts, tally, timeline), (tally.done, facts.rows_total, facts.missing)
+    html = page(facts, tally, timeline, bulk_job_rows(run.journal_path))
+    return html, (tally.done, facts.rows_total, facts.missing)
 
 
 def facts_of(run: RunDir, tally: JournalTally, timeline: Timeline) -> ReportFacts:

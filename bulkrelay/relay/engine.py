@@ -329,7 +329,9 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
     )
     records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
     journaled = start.journal.done if start.journal is not None else None  # for request.bulk_job's jobs
-    bulk = open_bulk_relay(preflight, transport, limiter, stop, journal=run.journal_path, journaled=journaled)
+    bulk = open_bulk_relay(
+        preflight, transport, limiter, stop, journal=run.journal_path, journaled=journaled, stats=stats
+    )
 
     reporter.update(committed.snapshot())
     try:

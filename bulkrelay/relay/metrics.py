@@ -68,6 +68,8 @@ class RelayStats:
         self.by_status: Counter[int | None] = Counter()  # each request's status (None: no answer)
         self.retries = 0
         self.splits = 0  # batches bisected after a whole-batch 4xx or a 413: no retry, new requests
+        self.bulk_polls = 0  # bulk jobs' state requests (relay/bulkjobs/steps.py), retries included
+        self.bulk_steps = 0  # bulk jobs' other requests: create, upload, close, abort, results
         self.pauses = 0
         self.pause_seconds = 0.0
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)  # per bucket, the last one is +Inf
@@ -290,6 +292,16 @@ class MetricsFile:
                 stats.pauses,
             ),
             ("bulkrelay_rate_limit_pause_seconds", "Seconds they held every start.", stats.pause_seconds),
+            (
+                "bulkrelay_bulk_job_polls",
+                "Bulk jobs' state requests (polls), retries included.",
+                stats.bulk_polls,
+            ),
+            (
+                "bulkrelay_bulk_job_steps",
+                "Bulk jobs' other requests (create, upload, close, results).",
+                stats.bulk_steps,
+            ),
         ):
             counter = CounterMetricFamily(name, text, labels=names)
             counter.add_metric(labels, value)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bulkrelay.report import words
+from bulkrelay.report.bulkjobs import BulkJobRow
 from bulkrelay.report.failuregroups import FailureGroup
 from bulkrelay.report.nights import Comparison
 from bulkrelay.report.reportdata import (
@@ -142,7 +143,9 @@ class FailureView:
     examples: tuple[tuple[int, str, int, str, str], ...]  # row, key, attempts, error, body
 
 
-def page(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> str:
+def page(
+    facts: ReportFacts, tally: JournalTally, timeline: Timeline, bulk_jobs: tuple[BulkJobRow, ...] = ()
+) -> str:
     run = shlex.quote(facts.run_dir)
     return render(
         "report.html.j2",
@@ -158,6 +161,7 @@ def page(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> str:
         attempts=_attempts(tally) if tally.done else None,
         percentiles=tally.percentiles(),
         batch_sizes=_batch_sizes(tally) if tally.batches.rows else None,
+        bulk_jobs=bulk_jobs,
         failures=tuple(_failure_view(group, run) for group in tally.groups()),
         retry_all=f"bulkrelay retry-failed {run}",
         mark_legend=_MARK_LEGEND,

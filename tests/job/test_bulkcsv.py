@@ -14,7 +14,7 @@ from bulkrelay.job.bulkcsv import csv_cell
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.job.records import Record
-from tests.relay.bulkrun import bulk_job_spec
+from tests.relay.bulkrun import GENERIC_STEPS, bulk_job_spec
 
 
 def _job(tmp_path: Path, spec: dict[str, Any], rows: str = "id,email\nk1,a@x\n") -> Path:
@@ -36,6 +36,15 @@ def _job(tmp_path: Path, spec: dict[str, Any], rows: str = "id,email\nk1,a@x\n")
         (lambda s: s.setdefault("execution", {}).update(sync="delta"), "execution.sync: full only"),
         (lambda s: s["request"]["bulk_job"].update(kind="mailchimp"), "kind"),
         (lambda s: s["request"]["bulk_job"]["poll"].update(max_wait="soon"), "is not a duration"),
+        (lambda s: s["request"]["bulk_job"].pop("object"), "object is required with kind: salesforce_bulk2"),
+        (lambda s: s["request"]["bulk_job"].update(kind="generic"), "steps goes with kind: generic"),
+        (lambda s: s["request"]["bulk_job"].update(steps=GENERIC_STEPS), "steps goes with kind: generic"),
+        (
+            lambda s: s["request"]["bulk_job"].update(
+                kind="named_import", operation="delete", external_id_field=None
+            ),
+            "a named_import creates, updates or upserts",
+        ),
     ],
 )
 def test_a_bulk_job_that_cannot_work_is_refused_when_loaded(

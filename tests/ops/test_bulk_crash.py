@@ -1,6 +1,6 @@
-"""A bulk-job run (salesforce_bulk2) killed with SIGKILL at random moments, over create, upload, close,
-poll and fetch, then the identical invocation run to its end: every row journaled exactly once, each with
-its own outcome, and the target counts no row processed in two jobs that both ran."""
+"""A bulk-job run (salesforce_bulk2, and named_import) killed with SIGKILL at random moments, over
+create, upload, close, poll and fetch, then the identical invocation run to its end: every row journaled
+exactly once, each with its own outcome, and the target counts no row processed in two jobs that both ran."""
 
 from __future__ import annotations
 
@@ -27,15 +27,19 @@ NAMES = ["bogus" if n % 11 == 0 else "later" if n % 7 == 0 else "row" for n in r
 ENV = cli_env(SF_TOKEN="tok")
 
 
-def kill_loop(tmp_path: Path, kills: int, seed: int) -> Counter[str]:
+SALESFORCE = {"bulk": {"delay_ms": 15, "polls_to_complete": 3, "fail_job_every": 9}}
+IMPORTS = {"imports": {"delay_ms": 15, "polls_to_complete": 3, "fail_import_every": 9, "page_size": 4}}
+
+
+def kill_loop(tmp_path: Path, kills: int, seed: int, *, named_import: bool = False) -> Counter[str]:
     """Kill the run `kills` times, then run it to its end and check it; returns the step each kill
     fell in (the last job record on disk then: created = uploading, uploaded = closing, ...)."""
     rng = random.Random(seed)
     runs_root = tmp_path / ".bulkrelay" / "runs"
-    plan = {"bulk": {"delay_ms": 15, "polls_to_complete": 3, "fail_job_every": 9}}
     phases: Counter[str] = Counter()
-    with TargetProcess(plan) as target:
-        job = write_bulk_job(tmp_path, target.url, NAMES, max_rows=3)
+    with TargetProcess(IMPORTS if named_import else SALESFORCE) as target:
+        kind = {"kind": "named_import", "base_url": target.url, "object": "0-1"} if named_import else {}
+        job = write_bulk_job(tmp_path, target.url, NAMES, max_rows=3, **kind)
         spec = yaml.safe_load(job.read_text())
         spec["request"]["bulk_job"]["poll"] = {"first_seconds": 0.02, "max_seconds": 0.05}
         job.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -59,18 +63,31 @@ def kill_loop(tmp_path: Path, kills: int, seed: int) -> Counter[str]:
     run_dir = Path(final.data["run_dir"])
     entries = list(read_journal(run_dir / "results.jsonl"))
     assert sorted(entry.row_number for entry in entries) == list(range(1, ROWS + 1))  # each row once
-    assert stats["bulk_rows_in_two_jobs"] == 0, stats
+    assert stats["import_rows_in_two_imports" if named_import else "bulk_rows_in_two_jobs"] == 0, stats
+    captured, job_failed, row_failed = (
+        ("import_id", "the import ended FAILED", "INVALID_PROPERTY_VALUE")
+        if named_import
+        else ("sf__Id", "InvalidBatch", "INVALID_FIELD")
+    )
     for entry in entries:
         name = NAMES[entry.row_number - 1]
         if entry.success:
-            assert name != "bogus" and entry.captured is not None and entry.captured["sf__Id"]
+            assert name != "bogus" and entry.captured is not None and entry.captured[captured]
         else:
-            failed_job = "InvalidBatch" in (entry.error or "")
-            assert failed_job or (name == "bogus" and "INVALID_FIELD" in (entry.error or "")), entry
+            failed_job = job_failed in (entry.error or "")
+            assert failed_job or (name == "bogus" and row_failed in (entry.error or "")), entry
     return phases
 
 
 @pytest.mark.slow
 def test_kill_9_loop_over_bulk_jobs_submits_no_row_in_two_jobs_that_ran(tmp_path: Path) -> None:
     phases = kill_loop(tmp_path, KILLS, seed=40)
+    assert sum(phases.values()) >= 1
+
+
+@pytest.mark.slow
+def test_kill_9_loop_over_named_imports_imports_no_row_twice(tmp_path: Path) -> None:
+    """Killed over submit, poll and fetch: the identical re-run finds each journaled import by its
+    name in the target's list and attaches to it."""
+    phases = kill_loop(tmp_path, 4, seed=41, named_import=True)
     assert sum(phases.values()) >= 1

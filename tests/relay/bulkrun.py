@@ -14,6 +14,7 @@ from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.relay.engine import StartPoint, relay
+from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import NullReporter
 from bulkrelay.relay.stopping import StopControl
 from bulkrelay.store.journal import read_journal
@@ -21,6 +22,24 @@ from bulkrelay.store.rundir import RunDir
 from tests.relay.batchrun import BatchRun
 
 FAST_POLL = {"first_seconds": 0.01, "max_seconds": 0.05}
+
+JOB = "/jobs/ingest/{job}"
+GENERIC_STEPS: dict[str, Any] = {  # kind: generic speaking demo/bulktarget.py's API
+    "create": {"method": "POST", "path": "/jobs/ingest", "json": {"object": "Contact"}, "id": "/id"},
+    "upload": {"method": "PUT", "path": f"{JOB}/batches"},
+    "close": {"method": "PATCH", "path": JOB, "json": {"state": "UploadComplete"}},
+    "abort": {"method": "PATCH", "path": JOB, "json": {"state": "Aborted"}},
+    "status": {"path": JOB, "state": "/state", "error": "/errorMessage"},
+    "results": [
+        {"path": f"{JOB}/successfulResults", "outcome": "success", "capture": ["sf__Id"]},
+        {"path": f"{JOB}/failedResults", "outcome": "failed", "error_column": "sf__Error"},
+        {"path": f"{JOB}/unprocessedrecords", "outcome": "unprocessed"},
+    ],
+    "open_states": ["Open"],
+    "done_states": ["JobComplete"],
+    "failed_states": ["Failed"],
+    "aborted_states": ["Aborted"],
+}
 
 
 def bulk_job_spec(target_url: str, **bulk: Any) -> dict[str, Any]:
@@ -60,12 +79,21 @@ def write_bulk_job(tmp_path: Path, target_url: str, names: list[str], **bulk: An
 
 
 async def run_bulk_job(
-    job_path: Path, target: RunningTarget, *, run: RunDir | None = None, runs: Path | None = None
+    job_path: Path,
+    target: RunningTarget,
+    *,
+    run: RunDir | None = None,
+    runs: Path | None = None,
+    stats: RelayStats | None = None,
 ) -> BatchRun:
     """Preflight and relay the job in-process into a new run directory (in `runs`, else beside the job;
-    or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target)."""
+    or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target), and
+    HUBSPOT_TOKEN and HUBSPOT_BASE (the same)."""
     env = {"SF_TOKEN": "tok-secret", "SF_INSTANCE": target.url}
+    env |= {"HUBSPOT_TOKEN": "tok-secret", "HUBSPOT_BASE": target.url}
     preflight = run_preflight(load_job(job_path), None, env=env)
     run = run or RunDir.create(runs or job_path.parent / "runs", plan_for(preflight))
-    outcome = await relay(preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter())
+    outcome = await relay(
+        preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter(), stats=stats
+    )
     return BatchRun(outcome, list(read_journal(run.journal_path)), target.state.requests(), run)

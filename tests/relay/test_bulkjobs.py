@@ -168,3 +168,16 @@ async def test_the_example_runs_against_the_demo_target(tmp_path: Path) -> None:
     assert len(result.entries) == 12 and failed == {
         "C-0006-bogus-fay": "INVALID_FIELD:bad value in C-0006-bogus-fay"
     }
+
+
+async def test_a_poll_refused_with_a_4xx_fails_the_jobs_rows_and_the_run_goes_on(tmp_path: Path) -> None:
+    polls = {"method": "GET", "path_contains": "/jobs/ingest/750000000000000001"}
+    plan = {"rules": [{"match": polls, "times": 1, "status": 400}]}
+    result = await _run_against(tmp_path, plan, ["ann", "bob", "cy", "dan", "eve"])
+    assert result.outcome.stop_reason is None
+    rows = result.by_row()
+    assert sorted(rows) == [1, 2, 3, 4, 5]
+    for n in (1, 2, 3, 4):
+        assert not rows[n].success and "poll answered 400" in (rows[n].error or "")
+        assert (rows[n].classification, rows[n].status_code) == ("http_client_error", 400)
+    assert rows[5].success

@@ -1,4 +1,5 @@
-"""Asynchronous bulk jobs (`request.bulk_job`, docs/bulk-jobs.md): one module per kind, and the driver
+"""Asynchronous bulk jobs (`request.bulk_job`, docs/bulk-jobs.md): one module per kind (salesforce_bulk2.py,
+named_import.py, generic.py) over what they share (steps.py), and the driver
 that forms jobs from pending rows and journals each row's result (`jobs.py`). `open_bulk_relay` is what
 the engine calls."""
 
@@ -9,8 +10,12 @@ from pathlib import Path
 
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
+from bulkrelay.relay.bulkjobs.generic import GenericBulk
 from bulkrelay.relay.bulkjobs.jobs import BulkJobRelay
+from bulkrelay.relay.bulkjobs.named_import import NamedImport
 from bulkrelay.relay.bulkjobs.salesforce_bulk2 import SalesforceBulk2
+from bulkrelay.relay.bulkjobs.steps import BulkApi
+from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.stopping import StopControl
 from bulkrelay.relay.transport.base import Transport
@@ -28,6 +33,7 @@ def open_bulk_relay(
     *,
     journal: Path,
     journaled: Container[int] | None,
+    stats: RelayStats,
 ) -> BulkJobRelay | None:
     """The job's bulk relay, attached to the jobs its journal names; None when it sends no bulk jobs."""
     bulk = preflight.bulk
@@ -35,14 +41,19 @@ def open_bulk_relay(
         return None
     base = preflight.renderer.render(Record(0, 0, {}))  # the base URL and headers, secrets bound
     attempts = preflight.job.config.retry.max_attempts
-    api = SalesforceBulk2(
+    kind: type[SalesforceBulk2 | NamedImport | GenericBulk] = SalesforceBulk2
+    if bulk.config.kind != "salesforce_bulk2":
+        kind = NamedImport if bulk.config.kind == "named_import" else GenericBulk
+    api: BulkApi = kind(
         bulk,
         transport,
         base.headers,
         lambda: stop.requested,
         base_url=base.url,
+        run_id=journal.parent.name,  # the run directory's name is the run's id
         attempts=attempts,
         limiter=limiter,
+        stats=stats,
     )
     ledgers = job_ledgers(journal)
     if ledgers and journaled is None:  # a start that did not replay the journal: its rows read here

@@ -26,14 +26,14 @@ from typing import Any
 
 from bulkrelay.job.bulkcsv import BulkCsv
 from bulkrelay.job.records import Record
-from bulkrelay.relay.bulkjobs.salesforce_bulk2 import (
+from bulkrelay.relay.bulkjobs.steps import (
     ABORTED,
     FAILED,
     OPEN,
     TERMINAL,
+    BulkApi,
     JobForgotten,
     JobResults,
-    SalesforceBulk2,
     StepRefused,
     StepStopped,
 )
@@ -63,7 +63,7 @@ class BulkJobRelay:
     def __init__(
         self,
         bulk: BulkCsv,
-        api: SalesforceBulk2,
+        api: BulkApi,
         stop: StopControl,
         *,
         ledgers: dict[int, JobLedger],
@@ -149,8 +149,9 @@ class BulkJobRelay:
         await self._fail(rows, journal, str(error), started, BULK_JOB_FAILED, error.status if error else None)
 
     async def _created(self, rows: list[BulkRow], journal: JournalWriter) -> tuple[int, str]:
-        remote = await self._api.create()
-        number, self._next_number = self._next_number, self._next_number + 1
+        number = self._next_number
+        remote = await self._api.create(number, [r.text for r in rows])
+        self._next_number = number + 1
         record = encode_job_record(
             number,
             "created",
@@ -187,6 +188,10 @@ class BulkJobRelay:
                 return
             await self._fail(rows, journal, str(forgotten), started, BULK_JOB_FAILED, 404, ledger.job)
             return
+        except StepRefused as refused:  # what became of it cannot be known: its rows fail, for retry-failed
+            status = refused.status
+            await self._fail(rows, journal, str(refused), started, BULK_JOB_FAILED, status, ledger.job)
+            return
         if state == OPEN:
             await self._abort(ledger.job, ledger.remote, journal)  # its rows go in the next job formed
             return
@@ -205,8 +210,8 @@ class BulkJobRelay:
         """Poll the closed job to its end, then journal each row's result (unprocessed rows carried)."""
         try:
             state, error = await self._polled(remote)
-        except JobForgotten as forgotten:
-            await self._fail(rows, journal, str(forgotten), started, BULK_JOB_FAILED, 404, number)
+        except StepRefused as refused:  # forgotten (404) or refused: its rows fail with the answer
+            await self._fail(rows, journal, str(refused), started, BULK_JOB_FAILED, refused.status, number)
             return
         await journal.commit_record(encode_job_record(number, "state", state=state, error=error))
         if state in (FAILED, ABORTED):

@@ -1,0 +1,121 @@
+"""`kind: generic`: a bulk job's steps as request templates, for an API neither preset fits.
+
+    steps.create    {method, path, json}  -> the job's id at the JSON pointer `id`
+    steps.upload    {method, path}        the job's CSV, once (text/csv)
+    steps.close     {method, path, json}  optional: without it the upload closes the job
+    steps.abort     {method, path, json}  optional: without it an unclosed job is left open (never runs)
+    steps.status    {method, path}        the job's state at the pointer `state` (`error`: a failed one's)
+    steps.results   [{method, path, outcome, error_column, capture}]   CSV files, matched by the key column
+
+Every `path` follows `base_url`; `{job}` in it is the job's id (percent-encoded). The target's states
+are told apart by the lists `done_states`, `failed_states`, `aborted_states` and `open_states`; any
+other state is still working. Each step is asked as steps.py says (the upload never twice).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from bulkrelay.job.config import BulkGenericConfig, BulkStepConfig
+from bulkrelay.relay.bulkjobs.steps import (
+    ABORTED,
+    FAILED,
+    JOB_COMPLETE,
+    OPEN,
+    JobResults,
+    StepClient,
+    StepRefused,
+    csv_rows,
+    json_answer,
+    never_sent,
+)
+from bulkrelay.relay.response import resolve_pointer
+from bulkrelay.relay.transport.base import Response
+
+
+class GenericBulk(StepClient):
+    """The steps of `request.bulk_job.steps`, against one base URL."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        assert self._config.steps is not None  # kind: generic (config.py refuses it without steps)
+        self._steps: BulkGenericConfig = self._config.steps
+        steps = self._steps
+        self._states = {
+            **dict.fromkeys(steps.open_states, OPEN),
+            **dict.fromkeys(steps.aborted_states, ABORTED),
+            **dict.fromkeys(steps.failed_states, FAILED),
+            **dict.fromkeys(steps.done_states, JOB_COMPLETE),
+        }
+
+    async def create(self, number: int, keys: list[str]) -> str:
+        step = self._steps.create
+        answer = await self._step("create", step, "")
+        remote = _pointed(answer, step.id or "", "create")
+        if not isinstance(remote, (str, int)) or isinstance(remote, bool) or not str(remote):
+            raise StepRefused("create", answer.status, f"the answer has no job id at {step.id}")
+        return str(remote)
+
+    async def upload(self, remote: str, body: bytes) -> None:
+        step = self._steps.upload
+        await self._sent_once("upload", self._request(step.method, self._url(step, remote), body, "text/csv"))
+
+    async def close(self, remote: str) -> None:
+        """Close the job (when a step does); a refusal is no refusal when the job is closed already."""
+        if self._steps.close is None:
+            return
+        try:
+            await self._step("close", self._steps.close, remote)
+        except StepRefused:
+            if (await self.state(remote))[0] == OPEN:
+                raise
+
+    async def abort(self, remote: str) -> None:
+        if self._steps.abort is not None:
+            await self._step("abort", self._steps.abort, remote)
+
+    async def state(self, remote: str) -> tuple[str, str | None]:
+        step = self._steps.status
+        answer = await self._asked("poll", step.method, self._url(step, remote), None, None, poll=True)
+        state = _pointed(answer, step.state or "", "poll")
+        if not isinstance(state, str):
+            raise StepRefused("poll", answer.status, f"the answer has no state at {step.state}")
+        mapped = self._states.get(state, "InProgress")
+        error = _pointed(answer, step.error, "poll") if step.error and mapped == FAILED else None
+        return mapped, str(error) if error not in (None, "") else None
+
+    async def results(self, remote: str, sent: set[str]) -> JobResults:
+        results = JobResults()
+        key = self._bulk.key_column
+        for step in self._steps.results:
+            name = step.path.rsplit("/", 1)[-1]
+            answer = await self._step(name, step, remote)
+            for row in csv_rows(answer.body, name, key):
+                if row[key] not in sent:
+                    raise never_sent(name, row[key], remote)
+                match step.outcome:  # what the target says became of the row, as the job file names it
+                    case "failed":
+                        error = row.get(step.error_column or "") or f"failed (in {name})"
+                        results.failed[row[key]] = error
+                    case "unprocessed":
+                        results.unprocessed.add(row[key])
+                    case _:
+                        results.succeeded[row[key]] = {column: row.get(column) for column in step.capture}
+        return results
+
+    async def _step(self, name: str, step: BulkStepConfig, remote: str) -> Response:
+        body = None if step.json_ is None else orjson.dumps(step.json_)
+        kind = None if body is None else "application/json"
+        return await self._asked(name, step.method, self._url(step, remote), body, kind)
+
+    def _url(self, step: BulkStepConfig, remote: str) -> str:
+        return self._base + step.path.replace("{job}", quote(remote, safe=""))
+
+
+def _pointed(answer: Response, pointer: str, step: str) -> Any:
+    """The answer's value at `pointer`; None when it has none (resolve_pointer's own marker is no value)."""
+    found = resolve_pointer(json_answer(answer, step), pointer)
+    return found if isinstance(found, (str, int, float, bool, dict, list)) else None

@@ -1,0 +1,214 @@
+"""What every bulk-job kind shares: the states the driver (jobs.py) speaks, the errors a step raises,
+the results it returns, and `StepClient`, which asks one step of a job over the transport seam.
+
+A kind (salesforce_bulk2.py, named_import.py, generic.py) is a `BulkApi`: create, upload, close, abort,
+state, results and pause. Its states are spoken in Salesforce's words (`Open`, `JobComplete`, `Failed`,
+`Aborted`; anything else is still working), whatever the target says. Every step but the upload is asked
+again after a 5xx, a 429 or a transport error, with backoff from `poll.first_seconds` doubling to
+`poll.max_seconds` (a Retry-After honoured), until the call's deadline: such an answer never fails the
+run. A 404 on a job's state is `JobForgotten`; any other 4xx is `StepRefused`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import orjson
+
+from bulkrelay.job.bulkcsv import BulkCsv
+from bulkrelay.job.records import PreparedRequest
+from bulkrelay.relay.metrics import RelayStats
+from bulkrelay.relay.ratelimit import Limiter
+from bulkrelay.relay.retry import RetryPolicy, retry_after_of
+from bulkrelay.relay.transport.base import Response, Transport, TransportError
+
+OPEN, UPLOAD_COMPLETE, JOB_COMPLETE, FAILED, ABORTED = (
+    "Open",
+    "UploadComplete",
+    "JobComplete",
+    "Failed",
+    "Aborted",
+)
+TERMINAL = frozenset({JOB_COMPLETE, FAILED, ABORTED})
+_API = RetryPolicy()  # the API's own success rule (any 2xx), not the job's response.success_statuses
+_STEP_SLICE = 0.25  # seconds: a wait is cut in slices this long, so a stop is heard soon
+
+
+class StepRefused(Exception):
+    """A step answered with a 4xx (not 429) or an answer that does not fit: the job cannot go on."""
+
+    def __init__(self, step: str, status: int | None, message: str) -> None:
+        super().__init__(f"{step}: {message}" if status is None else f"{step} answered {status}: {message}")
+        self.status = status
+
+
+class JobForgotten(StepRefused):
+    """The target answers 404 for a job it created: it no longer knows it."""
+
+
+class StepStopped(Exception):
+    """A stop was requested, or the call's deadline passed, while a step was waiting to ask again."""
+
+
+@dataclass(slots=True)
+class JobResults:
+    """A finished job's result sets, by key text: (captured, error) of each processed row."""
+
+    succeeded: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    unprocessed: set[str] = field(default_factory=set)
+
+
+class BulkApi(Protocol):
+    """One kind's steps, as the driver (jobs.py) calls them; `remote` is what `create` returned, the
+    id journaled before any byte of the job's data leaves."""
+
+    deadline: float
+
+    async def create(self, number: int, keys: list[str]) -> str: ...
+    async def upload(self, remote: str, body: bytes) -> None: ...
+    async def close(self, remote: str) -> None: ...
+    async def abort(self, remote: str) -> None: ...
+    async def state(self, remote: str) -> tuple[str, str | None]: ...
+    async def results(self, remote: str, sent: set[str]) -> JobResults: ...
+    async def pause(self, seconds: float) -> None: ...
+
+
+class StepClient:
+    """Asks a job's steps of one target: its base URL and headers (auth included), rate limit, retries and
+    deadline; `run_id` is the run's, for a kind that names its jobs."""
+
+    def __init__(
+        self,
+        bulk: BulkCsv,
+        transport: Transport,
+        headers: tuple[tuple[str, str], ...],
+        stopped: Callable[[], bool],
+        *,
+        base_url: str,
+        run_id: str,
+        attempts: int,
+        limiter: Limiter,
+        stats: RelayStats,
+    ) -> None:
+        self._base = base_url.rstrip("/")  # as rendered: its ${NAME}s bound
+        self._run_id = run_id
+        self._bulk = bulk
+        self._config = bulk.config
+        self._transport = transport
+        self._headers = tuple((k, v) for k, v in headers if k.lower() != "content-type")
+        self._stopped = stopped
+        self._attempts = attempts  # a step but a poll gives up after this many
+        self._limiter = limiter  # execution.rate_limit: every step but a poll
+        self.deadline = float("inf")  # monotonic: the call's poll.max_wait, set by the driver
+        self._stats = stats  # polls and other steps counted apart (the metrics file)
+
+    def _request(
+        self, method: str, url: str, body: bytes | None, content_type: str | None
+    ) -> PreparedRequest:
+        headers = self._headers if content_type is None else (*self._headers, ("Content-Type", content_type))
+        return PreparedRequest(method, url, headers, body)
+
+    async def _sent_once(self, step: str, request: PreparedRequest) -> Response:
+        """A request that is never sent twice (an upload, a submit): any failure is StepRefused."""
+        self._stats.bulk_steps += 1
+        await self._limiter.acquire()
+        try:
+            answer = await self._transport.send(request)
+        except TransportError as exc:
+            raise StepRefused(step, None, str(exc)) from None
+        if not _API.is_success(answer.status):
+            raise StepRefused(step, answer.status, answer_text(answer))
+        return answer
+
+    async def _asked(
+        self,
+        step: str,
+        method: str,
+        url: str,
+        body: bytes | None,
+        content_type: str | None,
+        *,
+        poll: bool = False,
+    ) -> Response:
+        """The step's 2xx answer, asked again after a 5xx, 429 or transport error until the deadline."""
+        request = self._request(method, url, body, content_type)
+        delay = self._config.poll.first_seconds
+        for attempt in itertools.count(1):
+            if poll:  # polls are counted apart, never against requests_per_second
+                self._stats.bulk_polls += 1
+            else:
+                self._stats.bulk_steps += 1
+                await self._limiter.acquire()
+            wait = delay
+            try:
+                answer = await self._transport.send(request)
+            except TransportError:
+                pass
+            else:
+                if _API.is_success(answer.status):
+                    return answer
+                if answer.status == 404 and poll:
+                    raise JobForgotten(step, 404, f"the target does not know job {url.rsplit('/', 1)[-1]}")
+                if answer.status != 429 and answer.status < 500:
+                    raise StepRefused(step, answer.status, answer_text(answer))
+                retry_after = retry_after_of(answer.headers)
+                wait = max(delay, retry_after) if retry_after is not None else delay
+            if not poll and attempt >= self._attempts:
+                raise StepRefused(step, None, f"no answer but errors after {attempt} attempts")
+            await self.pause(wait)
+            delay = min(delay * 2, self._config.poll.max_seconds)
+        raise AssertionError("unreachable")  # itertools.count never ends
+
+    async def pause(self, seconds: float) -> None:
+        """Wait `seconds`, in slices; StepStopped when a stop is requested or the deadline passes first."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self._stopped() or time.monotonic() + left > self.deadline:
+                raise StepStopped
+            await anyio.sleep(min(left, _STEP_SLICE))
+
+
+def json_answer(answer: Response, step: str) -> dict[str, Any]:
+    try:
+        data = orjson.loads(answer.body)
+    except orjson.JSONDecodeError:
+        raise StepRefused(step, answer.status, "the answer is not JSON") from None
+    if not isinstance(data, dict):
+        raise StepRefused(step, answer.status, "the answer is not a JSON object")
+    return data
+
+
+def csv_rows(body: bytes, name: str, key: str) -> list[dict[str, str]]:
+    """The rows of a result CSV; StepRefused when it does not parse whole or lacks the key column."""
+    text = body.decode("utf-8", "replace")
+    if text and not text.endswith(("\n", "\r")):
+        raise StepRefused(name, None, "the result file is truncated (its last line has no line end)")
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
+        rows = list(reader)
+    except csv.Error as exc:
+        raise StepRefused(name, None, f"the result file is not valid CSV: {exc}") from None
+    if reader.fieldnames is None:
+        return []
+    if key not in reader.fieldnames:
+        raise StepRefused(name, None, f"the result file has no {key} column")
+    width = len(reader.fieldnames)
+    if any(None in row or len(row) != width or row[key] is None for row in rows):
+        raise StepRefused(name, None, "the result file is truncated (a row has too few or too many cells)")
+    return rows
+
+
+def never_sent(name: str, key: str, remote: str) -> StepRefused:
+    return StepRefused(name, None, f"names key {key!r}, which job {remote} was never sent")
+
+
+def answer_text(answer: Response) -> str:
+    return answer.body[:300].decode("utf-8", "replace")
