@@ -227,6 +227,12 @@ def _add_run(sub: Any) -> None:
         metavar="N",
         help="one of N shards, K from JOB_COMPLETION_INDEX (a Kubernetes Indexed Job)",
     )
+    p.add_argument(
+        "--limit",
+        type=_count("--limit", most=10**12),
+        metavar="N",
+        help="a canary: send the first N pending rows, then stop; the same command without it continues",
+    )
     _add_report_flag(p)
     _add_budget(p)
 
