@@ -15,8 +15,8 @@ from bulkrelay.errors import BulkRelayError
 from bulkrelay.report.reportdata import epoch
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.manifest import RunState
-from bulkrelay.store.rundir import SUMMARY, RunDir, open_listed
-from bulkrelay.store.runs import run_paths
+from bulkrelay.store.rundir import SUMMARY, RunDir
+from bulkrelay.store.runs import survey
 
 USUAL_NIGHTS = 14  # the nights before this one that say what is usual
 LEAST_NIGHTS = 2  # fewer than this before it: nothing is called unusual yet
@@ -95,11 +95,10 @@ def night_of(run: RunDir) -> Night:
 def nights_of(runs_dir: Path, name: str) -> list[Night]:
     """Every night of job `name` in `runs_dir`, oldest first."""
     nights = []
-    for path in run_paths(runs_dir):
+    for run in survey(runs_dir)[0]:  # a run that cannot be read is no night of the job
+        if not isinstance(run, RunDir) or run.plan.parent_run or run.plan.mirror_deletes:
+            continue
         with contextlib.suppress(BulkRelayError, OSError):
-            run = open_listed(path)
-            if not isinstance(run, RunDir) or run.plan.parent_run or run.plan.mirror_deletes:
-                continue
             if job_name(run) == name:
                 nights.append(night_of(run))
     nights.sort(key=lambda night: (night.started or 0.0, night.run_id))
