@@ -9,6 +9,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from difflib import get_close_matches
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, NoReturn
@@ -105,6 +106,21 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         message = _HIDDEN_CHOICE.sub("", message)  # argparse lists hidden subcommands among the choices
         raise UsageError(f"{self.prog}: {message}", suggestion=f"see `{self.prog} --help`")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A mistyped command or choice gets "did you mean" (`rnu`: `run`), the nearest one by spelling."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as invalid:
+            choices = [str(choice) for choice in action.choices or () if not str(choice).startswith("_")]
+            near = get_close_matches(str(value), choices, n=1)
+            if not near:
+                raise
+            raise UsageError(
+                f"{self.prog}: {_HIDDEN_CHOICE.sub('', str(invalid))}",
+                suggestion=f"did you mean `{near[0]}`? (see `{self.prog} --help`)",
+                context={"given": str(value), "did_you_mean": near[0]},
+            ) from None
 
 
 def _add_global(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
