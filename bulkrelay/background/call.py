@@ -63,6 +63,7 @@ class RunArgs(RelayArgs):
     full: bool = False
     shard: str | None = None  # K/N
     shards: int | None = None
+    limit: int | None = None  # --limit N: a canary of N rows (not part of the run's invocation key)
 
     @property
     def reads_stdin(self) -> bool:

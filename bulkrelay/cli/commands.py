@@ -410,7 +410,7 @@ def _run_request(options: RunArgs, relay: _Relay, input_path: Path | None) -> la
         from_stdin=options.input == "-",
         runs_dir=default_runs_dir(_runs_dir_of_run(options)),
         idempotency_key=options.idempotency_key,
-        options=_options(relay),
+        options=replace(_options(relay), limit=options.limit),
         full=options.full,
         shard=relay.shard,
     )

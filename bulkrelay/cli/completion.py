@@ -16,9 +16,35 @@ import shtab
 
 from bulkrelay.cli.parser import build_parser
 
-# A RUN is a run id in the runs directory, or `latest`. `sh` lists them whatever the user's shell, so one
-# command serves bash, zsh and fish alike. (A run directory given as a path is typed out in full.)
+# A RUN is a run id in the runs directory, `latest`, or a run directory's path. `sh` lists the ids
+# whatever the user's shell, so one command serves bash, zsh and fish alike; each shell adds directories.
 _LIST_RUNS = "sh -c 'ls -1 ${BULKRELAY_RUNS_DIR:-.bulkrelay/runs} 2>/dev/null; echo latest'"
+# bash: shtab's script shows a function's words as file names (a slash after a directory) when its name
+# has `_dir` in it.
+_BASH_RUNS = f"""
+_bulkrelay_compgen_runs_and_dirs() {{
+  compgen -W "$({_LIST_RUNS})" -- "$1"
+  compgen -d -- "$1"
+}}"""
+_ZSH_RUNS = f"""
+_bulkrelay_runs() {{
+  local -a ids
+  ids=(${{(f)"$({_LIST_RUNS})"}})
+  _alternative "runs:run id:(${{ids}})" 'dirs:run directory:_files -/'
+}}"""
+
+
+def _runs_and_directories() -> dict[str, Any]:
+    """RUN: a run id or `latest` (tcsh and PowerShell: only those), or a run directory's path."""
+    ids = shtab.cmd(_LIST_RUNS)
+    preamble = {**ids["preamble"], "bash": _BASH_RUNS, "zsh": _ZSH_RUNS}  # type: ignore[dict-item]
+    return {
+        **ids,
+        "bash": "_bulkrelay_compgen_runs_and_dirs",
+        "zsh": "_bulkrelay_runs",
+        "fish": f"({_LIST_RUNS}; __fish_complete_directories (commandline -ct))",
+        "preamble": preamble,
+    }
 
 
 def _by_metavar() -> dict[str, Any]:
@@ -27,7 +53,7 @@ def _by_metavar() -> dict[str, Any]:
         "FILE": shtab.FILE,
         "PATH": shtab.FILE,
         "DIR": shtab.DIRECTORY,
-        "RUN": shtab.cmd(_LIST_RUNS),
+        "RUN": _runs_and_directories(),
     }
 
 

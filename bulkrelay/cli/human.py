@@ -215,15 +215,23 @@ def _run_lines(
 
 
 def _runs(listed: RunsResult) -> None:
-    # The run id starts with its UTC start time, so it doubles as the "when" column; it never wraps.
-    columns = ("run_id", "state", "done", "total", "failed", "name")
+    from bulkrelay.report.words import duration  # loaded only for this table
+
+    columns = ("run_id", "state", "started (UTC)", "ended (UTC)", "took", "done", "total", "failed", "name")
     table = Table(title=f"runs in {listed.runs_dir}")
     for column in columns:
         table.add_column(column, no_wrap=column != "name", min_width=6 if column == "name" else None)
     for run in listed.runs:
-        cells = (run.run_id, run.state, run.done, run.total, run.failed, run.name)
+        started, ended = _to_the_second(run.created_at), _to_the_second(run.ended_at)
+        took = duration(run.duration_seconds)
+        cells = (run.run_id, run.state, started, ended, took, run.done, run.total, run.failed, run.name)
         table.add_row(*_cells(*cells))
     _console.print(table)
+
+
+def _to_the_second(stamp: str | None) -> str:
+    """`2026-12-05T02:13:20.123456Z` as `2026-12-05 02:13:20` (UTC, as run.json keeps it)."""
+    return "—" if stamp is None else stamp[:19].replace("T", " ")
 
 
 def _rows(count: int) -> str:

@@ -9,6 +9,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from difflib import get_close_matches
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, NoReturn
@@ -105,6 +106,21 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         message = _HIDDEN_CHOICE.sub("", message)  # argparse lists hidden subcommands among the choices
         raise UsageError(f"{self.prog}: {message}", suggestion=f"see `{self.prog} --help`")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A mistyped command or choice gets "did you mean" (`rnu`: `run`), the nearest one by spelling."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as invalid:
+            choices = [str(choice) for choice in action.choices or () if not str(choice).startswith("_")]
+            near = get_close_matches(str(value), choices, n=1)
+            if not near:
+                raise
+            raise UsageError(
+                f"{self.prog}: {_HIDDEN_CHOICE.sub('', str(invalid))}",
+                suggestion=f"did you mean `{near[0]}`? (see `{self.prog} --help`)",
+                context={"given": str(value), "did_you_mean": near[0]},
+            ) from None
 
 
 def _add_global(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
@@ -226,6 +242,12 @@ def _add_run(sub: Any) -> None:
         type=_shard_count,
         metavar="N",
         help="one of N shards, K from JOB_COMPLETION_INDEX (a Kubernetes Indexed Job)",
+    )
+    p.add_argument(
+        "--limit",
+        type=_count("--limit", most=10**12),
+        metavar="N",
+        help="a canary: send the first N pending rows, then stop; the same command without it continues",
     )
     _add_report_flag(p)
     _add_budget(p)

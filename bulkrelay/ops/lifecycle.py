@@ -40,7 +40,7 @@ from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
 from bulkrelay.relay.heap import relay_collections
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import CallbackReporter, FanOut, Reporter, Snapshot
-from bulkrelay.relay.stopping import IdleWatchdog, StopControl, StopReason, stop_at, watch_signals
+from bulkrelay.relay.stopping import IdleWatchdog, RowLimit, StopControl, StopReason, stop_at, watch_signals
 from bulkrelay.store.atomic import move_file, read_json, write_json_atomic
 from bulkrelay.store.liverun import LiveSlot
 from bulkrelay.store.manifest import InputRecord, RunPlan
@@ -159,6 +159,7 @@ class RunOptions:
     started_at: float | None = None  # when the work began (epoch seconds); None: now
     observers: tuple[RunObserver, ...] = ()
     quiet: bool = False  # no progress on stderr (`--quiet`)
+    limit: int | None = None  # `run --limit N`: send the first N pending rows, then stop (a canary)
 
     @property
     def rows_read(self) -> RowsRead | None:
@@ -250,6 +251,7 @@ async def _relay_with_stops(
             stats=stats,
             on_tick=on_tick,
             on_committed=on_committed,
+            limit=None if options.limit is None else RowLimit(options.limit),
         )
         watchers.cancel_scope.cancel()
     return outcome
@@ -372,19 +374,8 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
         summary=summary,
         continue_command=continue_command(run) if state.resumable else None,
     )
-    if outcome.stop_reason is None:
-        code = ExitCode.SUCCESS if state is RunState.COMPLETED else ExitCode.PARTIAL_FAILURE
-        error = (
-            None
-            if code == ExitCode.SUCCESS
-            else ErrorInfo(
-                "PARTIAL_FAILURE",
-                f"{committed.failed} of {committed.total} rows failed",
-                retryable=False,
-                suggestion=f"bulkrelay retry-failed {shlex.quote(str(run.path))}",
-            )
-        )
-        return Result(data=data, exit_code=code, error=error)
+    if outcome.stop_reason is None or outcome.stop_reason is StopReason.LIMIT:
+        return _ended_as_asked(run, data, outcome)
     code_name, exit_code, message = _STOPS.get(
         outcome.stop_reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
     )
@@ -429,6 +420,47 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
             suggestion=f"see `{failures}`; fix the cause, then: {continue_command(run)}",
         )
     return Result(data=data, exit_code=exit_code, error=error)
+
+
+def _ended_as_asked(run: RunDir, data: RunResult, outcome: RelayOutcome) -> Result:
+    """Every row has its result, or `--limit` rows have: exit 0, or 3 when some of them failed."""
+    if outcome.stop_reason is StopReason.LIMIT:
+        return _limit_reached(run, data, outcome)
+    committed = outcome.committed
+    code = ExitCode.SUCCESS if data.state is RunState.COMPLETED else ExitCode.PARTIAL_FAILURE
+    error = (
+        None
+        if code == ExitCode.SUCCESS
+        else ErrorInfo(
+            "PARTIAL_FAILURE",
+            f"{committed.failed} of {committed.total} rows failed",
+            retryable=False,
+            suggestion=f"bulkrelay retry-failed {shlex.quote(str(run.path))}",
+        )
+    )
+    return Result(data=data, exit_code=code, error=error)
+
+
+def _limit_reached(run: RunDir, data: RunResult, outcome: RelayOutcome) -> Result:
+    """`run --limit N` sent its rows and stopped, as asked: exit 0 with LIMIT_REACHED saying how to go
+    on; exit 3 when some of the canary's rows failed, so that `run --limit 10 && run` stops there."""
+    limit, failed = outcome.stop_detail.get("limit"), outcome.committed.failed
+    warning = EnvelopeWarning(
+        "LIMIT_REACHED",
+        f"run {run.run_id} stopped after --limit {limit} rows, as asked; the identical command without "
+        f"--limit continues it without sending them again, as does: {continue_command(run)}",
+        {"run_dir": str(run.path), "limit": limit, "continue_command": continue_command(run)},
+    )
+    error = None
+    if failed:
+        error = ErrorInfo(
+            "PARTIAL_FAILURE",
+            f"{failed} of the run's {data.progress.done} rows sent so far failed",
+            retryable=False,
+            suggestion=f"bulkrelay failures {shlex.quote(str(run.path))}",
+        )
+    code = ExitCode.PARTIAL_FAILURE if failed else ExitCode.SUCCESS
+    return Result(data=data, exit_code=code, error=error, warnings=[warning])
 
 
 def _down_message(detail: Mapping[str, object]) -> str:

@@ -38,6 +38,8 @@ def outcome_of(result: RunResult, stop_reason: str | None) -> str | None:
     """The `on:` name of how the run ended: success, failure or halt (None: cancelled, or running)."""
     if result.state == RunState.COMPLETED:
         return "success"
+    if stop_reason == StopReason.LIMIT:  # a canary stops as asked: it failed only if its rows did
+        return "failure" if result.summary.failed else "success"
     if stop_reason in StopReason.__members__.values() and StopReason(str(stop_reason)).halts:
         return "halt"
     if result.state in (RunState.COMPLETED_WITH_FAILURES, RunState.STOPPED, RunState.FORCED):

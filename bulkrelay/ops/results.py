@@ -196,6 +196,8 @@ class RunRow:
     total: int | None
     failed: int
     run_dir: str
+    ended_at: str | None = None  # None while it runs, for an interrupted run, and for an alpha run
+    duration_seconds: float | None = None  # from created_at to ended_at
 
     def to_data(self) -> dict[str, Any]:
         return {
@@ -204,6 +206,8 @@ class RunRow:
             "format": self.format,
             "name": self.name,
             "created_at": self.created_at,
+            "ended_at": self.ended_at,
+            "duration_seconds": self.duration_seconds,
             "done": self.done,
             "total": self.total,
             "failed": self.failed,

@@ -135,7 +135,9 @@ def retry_failed(
 ) -> Result:
     parent = RunDir.open(run_dir)
     if is_locked(parent.path):
-        raise RunLocked(f"run {parent.run_id} is still running", context={"run_dir": str(parent.path)})
+        raise RunLocked(
+            f"run {parent.run_id} is still running: {parent.path}", context={"run_dir": str(parent.path)}
+        )
     check_committed_journal(parent, "retry-failed")
     key = retry_key(parent, config, statuses, classification)
     preflight = _parent_preflight(parent, config, options.rows_read, unfinished_child(parent, key))

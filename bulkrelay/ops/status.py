@@ -15,6 +15,7 @@ from bulkrelay.ops.results import (
     StatusResult,
 )
 from bulkrelay.relay.progress import Snapshot
+from bulkrelay.report.reportdata import epoch
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.rundir import (
@@ -155,6 +156,7 @@ def runs(runs_dir: Path) -> Result:
 
 
 def _run_row(run: RunDir | AlphaRun) -> RunRow:
+    ended = None
     if isinstance(run, AlphaRun):
         done, total, failed = _alpha_progress(run)
         state, name = ALPHA, run.manifest.name
@@ -164,7 +166,11 @@ def _run_row(run: RunDir | AlphaRun) -> RunRow:
         state, name = run.state, run.plan.name
         if liveness(run) == CRASHED:
             state = INTERRUPTED
+        elif run.state != RunState.RUNNING:  # run.json was last written when the run ended
+            ended = run.manifest.updated_at
     return RunRow(
+        ended_at=ended,
+        duration_seconds=_seconds_between(run.manifest.created_at, ended),
         run_id=run.run_id,
         state=state,
         format=run.format,
@@ -175,6 +181,11 @@ def _run_row(run: RunDir | AlphaRun) -> RunRow:
         failed=failed,
         run_dir=str(run.path),
     )
+
+
+def _seconds_between(started: str | None, ended: str | None) -> float | None:
+    begin, end = epoch(started), epoch(ended)
+    return None if begin is None or end is None else round(max(end - begin, 0.0), 3)
 
 
 def _unreadable_run(run_dir: Path, reason: str) -> EnvelopeWarning:

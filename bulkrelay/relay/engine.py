@@ -33,7 +33,7 @@ from bulkrelay.relay.progress import Reporter, Snapshot
 from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, Pace, RateLimiter
 from bulkrelay.relay.retry import RetryPolicy
 from bulkrelay.relay.sender import RowSender
-from bulkrelay.relay.stopping import StopControl, StopReason
+from bulkrelay.relay.stopping import RowLimit, StopControl, StopReason
 from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import ClientCertificate, Transport, TransportSettings
 from bulkrelay.store.batchretries import RETRIES_FILE, BatchRetries
@@ -286,8 +286,10 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
     stats: RelayStats | None = None,
     on_tick: Callable[[Snapshot], None] | None = None,
     on_committed: Callable[[list[JournalEntry], int], None] | None = None,
+    limit: RowLimit | None = None,
 ) -> RelayOutcome:
-    """Send every pending row, commit every final result, and say why it ended.
+    """Send every pending row (the first `limit.rows` of them: `run --limit`), commit every final
+    result, and say why it ended.
 
     `stats` counts what goes on the wire; `on_tick` hears the committed progress about once a second
     (the metrics file and the run log), whether or not rows were committed meanwhile; `on_committed`
@@ -328,6 +330,8 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
         run=run,
     )
     records = _pending_records(preflight, start, stop, None if batches is None else batches.former.skipped)
+    if limit is not None:
+        records = limit.first_rows(records)
     journaled = start.journal.done if start.journal is not None else None  # for request.bulk_job's jobs
     bulk = open_bulk_relay(
         preflight, transport, limiter, stop, journal=run.journal_path, journaled=journaled, stats=stats
@@ -347,6 +351,8 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
                 else:
                     for _ in range(config.execution.concurrency):
                         workers.start_soon(_worker, records, sender, (streak, rate), journal)
+            if limit is not None:
+                limit.stop_if_reached(stop)
             for admitted in streak.release():
                 await journal.submit(admitted)
             if batches is not None:

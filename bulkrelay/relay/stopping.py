@@ -11,8 +11,9 @@ import contextlib
 import enum
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import anyio
 
@@ -37,6 +38,7 @@ class StopReason(enum.StrEnum):
     STALLED = "stalled"  # no progress for idle_timeout_seconds
     INPUT_CHANGED = "input_changed"  # the input is no longer the file preflight read
     INCOMPLETE = "incomplete"  # rows are left and nobody asked for a stop (the engine's fallback)
+    LIMIT = "limit"  # `run --limit N` sent its N rows (a canary); the identical run continues
 
     @property
     def halts(self) -> bool:
@@ -175,3 +177,29 @@ class IdleWatchdog:
         if stop.reason is StopReason.STALLED:
             await anyio.sleep(STALL_GRACE_SECONDS)
             stop.force()
+
+
+_Row = TypeVar("_Row")
+
+
+@dataclass
+class RowLimit:
+    """`run --limit N`: the first N pending rows, then the end of the rows. The stop is asked for only
+    once they have their results (`reached`), so that no wait of those N rows is cut short by it."""
+
+    rows: int
+    reached: bool = False  # a pending row beyond the first N exists
+
+    def first_rows(self, records: Generator[_Row, None, None]) -> Generator[_Row, None, None]:
+        try:
+            for taken, record in enumerate(records):
+                if taken == self.rows:
+                    self.reached = True
+                    return
+                yield record
+        finally:
+            records.close()
+
+    def stop_if_reached(self, stop: StopControl) -> None:
+        if self.reached:
+            stop.request(StopReason.LIMIT, limit=self.rows)

@@ -115,6 +115,7 @@ class Headline:
     percent_failed: str
     duration: str
     rate: str
+    continue_command: str | None = None  # a night that stopped (or whose process died) goes on with it
 
 
 def headline(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> Headline:
@@ -130,7 +131,15 @@ def headline(facts: ReportFacts, tally: JournalTally, timeline: Timeline) -> Hea
         percent_failed=words.percent(tally.failed, tally.done),
         duration=words.duration(facts.duration_seconds),
         rate=words.rate(tally.done, seconds),
+        continue_command=_continue_command(facts, live),
     )
+
+
+def _continue_command(facts: ReportFacts, live: bool) -> str | None:
+    """Stopped, forced, or running with no process behind it: `resume` continues it."""
+    if facts.state in ("stopped", "forced") or (facts.state == "running" and not live):
+        return f"bulkrelay resume {shlex.quote(facts.run_dir)}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shlex
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -111,12 +112,13 @@ def _run_locked(live_fd: int, job_path: Path, shared: str | None) -> RunLocked:
         holder = orjson.loads(os.pread(live_fd, 4096, 0) or b"{}")
     run_id = holder.get("run_id", "(unknown)")
     job = f"job {job_path}" if shared is None else f"job {job_path} ({shared}, shared with its sync state)"
+    run_dir = holder.get("run_dir")
+    status = f"bulkrelay status {shlex.quote(str(run_dir))}" if run_dir else "bulkrelay status RUN_DIR"
     return RunLocked(
-        f"{job} already has a live run, {run_id} (pid {holder.get('pid', '?')}); "
+        f"{job} already has a live run, {run_id} (pid {holder.get('pid', '?')}) in {run_dir or '(unknown)'}; "
         "not starting a second one beside it",
-        context={"run_dir": holder.get("run_dir"), "run_id": run_id, "pid": holder.get("pid")},
-        suggestion="wait for that run to end, then run the same command again; "
-        "`bulkrelay status` on its run directory shows its progress",
+        context={"run_dir": run_dir, "run_id": run_id, "pid": holder.get("pid")},
+        suggestion=f"wait for that run to end, then run the same command again; `{status}` shows how far",
     )
 
 

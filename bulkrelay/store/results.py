@@ -580,7 +580,7 @@ def finished_runs_of(runs_dir: Path, job: str) -> list[RunDir]:
     live = [run for run in runs if is_locked(run.path)]
     if live:
         raise RunLocked(
-            f"job {job} is running (run {live[0].run_id}): its results are not final yet",
+            f"job {job} is running (run {live[0].run_id}, {live[0].path}): its results are not final yet",
             context={"job": job, "run_id": live[0].run_id, "run_dir": str(live[0].path)},
             suggestion=f"wait for job {job} to end, then run this one again",
         )

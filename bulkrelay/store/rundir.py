@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
+import shlex
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -172,9 +173,10 @@ class RunDir:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise RunLocked(
-                    f"run {self.run_id} is held by another process",
+                    f"run {self.run_id} is held by another process: {self.path}",
                     context={"run_dir": str(self.path)},
-                    suggestion="wait for the other process, or check `bulkrelay status` on this run",
+                    suggestion="wait for the other process, or see "
+                    f"`bulkrelay status {shlex.quote(str(self.path))}`",
                 ) from None
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())

@@ -434,7 +434,8 @@ def _refuse_live(runs: list[RunDir]) -> None:
     for run in runs:
         if is_locked(run.path):
             raise RunLocked(
-                f"run {run.run_id} of this job is running; its results are not all in the journal yet",
+                f"run {run.run_id} of this job is running ({run.path}); "
+                "its results are not all in the journal yet",
                 context={"run_dir": str(run.path)},
                 suggestion="wait for it to end (or `bulkrelay job wait`), then try again",
             )

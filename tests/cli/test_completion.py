@@ -95,6 +95,12 @@ def test_bash_completes_run_ids_and_latest(bash: Tmux) -> None:
     assert "latest" in bash.completes("bulkrelay resume lat", "latest")
 
 
+def test_bash_completes_a_run_directory_s_path(bash: Tmux) -> None:
+    assert ".bulkrelay/" in bash.completes("bulkrelay status .bulk", ".bulkrelay/")
+    screen = bash.completes("bulkrelay report .bulkrelay/runs/", RUN_IDS[1])
+    assert f".bulkrelay/runs/{RUN_IDS[0]}" in screen or RUN_IDS[0] in screen
+
+
 @pytest.mark.parametrize("shell", ["zsh", "fish"])
 def test_zsh_and_fish_complete_the_same_arguments(shell: str) -> None:
     script = completion_script(shell)
@@ -102,3 +108,5 @@ def test_zsh_and_fish_complete_the_same_arguments(shell: str) -> None:
     assert runs_lister in script  # RUN: run ids and latest
     files = {"zsh": "_files", "fish": "__fish_complete_path"}[shell]
     assert files in script  # JOB, --input FILE, -o FILE
+    directories = {"zsh": "'dirs:run directory:_files -/'", "fish": "__fish_complete_directories"}[shell]
+    assert directories in script  # RUN: a run directory's path too

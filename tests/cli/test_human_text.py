@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from bulkrelay.cli.human import print_human
+from bulkrelay.envelope import EnvelopeWarning, ErrorInfo, Result, to_envelope
+from bulkrelay.errors import ExitCode
 from tests.clirun import run_cli_raw
 from tests.jobfiles import write_job
 
@@ -33,3 +36,21 @@ def test_square_brackets_in_a_message_never_vanish(tmp_path: Path) -> None:
     )
     proc = run_cli_raw("validate", job, "--human", cwd=tmp_path)
     assert "user[email]" in proc.stderr.decode() + proc.stdout.decode(), proc.stderr
+
+
+def test_brackets_in_an_error_a_hint_and_a_warning_are_printed_as_written(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    error = ErrorInfo(
+        "INPUT_UNAVAILABLE",
+        "a PostgreSQL input needs psycopg, which the extra bulkrelay[postgres] installs",
+        retryable=False,
+        suggestion="pip install 'bulkrelay[postgres]'",
+    )
+    warned = EnvelopeWarning("LOOKUP_MISSES_SKIPPED", "the key user[email] is [bold]missing[/]", {})
+    result = Result(exit_code=ExitCode.ARG_ERROR, error=error, warnings=[warned])
+    print_human(result, to_envelope(result, duration_ms=1))
+    shown = capsys.readouterr().err
+    assert "extra bulkrelay[postgres] installs" in shown
+    assert "hint: pip install 'bulkrelay[postgres]'" in shown
+    assert "the key user[email] is [bold]missing[/]" in shown

@@ -24,3 +24,33 @@ def test_an_argument_that_is_not_utf8_is_a_usage_error_naming_it() -> None:
     assert "caf\\xe9.csv" in str(caught.value)
     assert caught.value.context == {"argument": "caf\\xe9.csv"}
     assert "\udce9" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "given", "meant"),
+    [
+        (["rnu", "job.yaml"], "rnu", "run"),
+        (["retry-faild", "RUN"], "retry-faild", "retry-failed"),
+        (["job", "stauts", "j-1"], "stauts", "status"),
+        (["export", "RUN", "--format", "jsnol"], "jsnol", "jsonl"),
+    ],
+)
+def test_a_mistyped_command_or_choice_gets_did_you_mean(argv: list[str], given: str, meant: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_command_line(argv)
+    assert caught.value.suggestion is not None
+    assert caught.value.suggestion.startswith(f"did you mean `{meant}`?")
+    assert caught.value.context == {"given": given, "did_you_mean": meant}
+    assert "invalid choice" in str(caught.value) and "_job-worker" not in str(caught.value)
+
+
+def test_nothing_near_is_suggested_for_a_word_like_no_command() -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_command_line(["zzzzzz"])
+    assert caught.value.suggestion == "see `bulkrelay --help`"
+
+
+def test_a_hidden_command_is_never_suggested() -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_command_line(["_job-workr"])
+    assert "_job-worker" not in (caught.value.suggestion or "")

@@ -28,6 +28,7 @@ VALUES = {
     StopReason.STALLED: "stalled",
     StopReason.INPUT_CHANGED: "input_changed",
     StopReason.INCOMPLETE: "incomplete",
+    StopReason.LIMIT: "limit",
 }
 
 

@@ -40,6 +40,7 @@ def make_night(
     state: RunState | None = None,
     stop_reason: str | None = None,
     done: int | None = None,
+    requests: dict[str, object] | None = None,
 ) -> RunDir:
     """Night number `night` (0: the first) of the job: its rows done, `failed` of them failed."""
     run = RunDir.create(runs, plan)
@@ -61,6 +62,7 @@ def make_night(
         "retries": 0,
         "latency_ms": {"p50": 1.0, "p95": 2.0, "p99": 3.0, "max": 4.0},
         "run_id": run.run_id,
+        **({} if requests is None else {"requests": requests}),
     }
     (run.path / SUMMARY).write_bytes(orjson.dumps(summary))
     run.journal_path.write_bytes(

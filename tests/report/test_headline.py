@@ -65,6 +65,21 @@ def test_a_night_outside_the_job_s_usual_range_is_flagged_in_words(tmp_path: Pat
     assert "nothing to compare with yet" in _text(build_report(first)[0])
 
 
+def test_the_requests_sent_are_shown_by_status_with_retries_and_splits_apart(tmp_path: Path) -> None:
+    plan = job_plan(tmp_path)
+    runs = tmp_path / "runs"
+    counted = {"sent": 1320, "by_status": {"200": 1310, "413": 8, "none": 2}, "retries": 3, "splits": 8}
+    batched = make_night(runs, plan, 0, requests=counted)
+    older = make_night(runs, plan, 1)  # a summary of an earlier version: no `requests` block
+
+    shown = _text(build_report(batched)[0])
+    assert (
+        "requests 1,320 sent: 1,310 HTTP 200, 8 HTTP 413, 2 without an answer; of them 3 retries, "
+        "and 8 splits of a refused batch (new requests, not retries)"
+    ) in shown, shown
+    assert "requests not counted (a run of an earlier version)" in _text(build_report(older)[0])
+
+
 def test_settings_times_and_booleans_read_as_a_person_writes_them(tmp_path: Path) -> None:
     job = load_job(write_job(tmp_path, "http://127.0.0.1:9", rows=3))
     run = make_night(tmp_path / "runs", job_plan(tmp_path, 3), 0)
