@@ -61,7 +61,7 @@ from typing import NamedTuple
 import aiohttp
 import orjson
 import uvloop
-from nginx import loopback_target  # benchmarks/nginx.py
+from nginx import builtin_target, loopback_target  # benchmarks/nginx.py
 from pyreqwest.client import ClientBuilder
 
 from bulkrelay.relay.affinity import relay_cpu
@@ -493,27 +493,6 @@ def _one_row_cost(workdir: Path, url: str, concurrency: int, repeats: int) -> No
 # ----------------------------------------------------------------------------- (h) latency-bound
 
 
-@contextlib.contextmanager
-def _slow_target(workdir: Path, delay_ms: int) -> Iterator[str]:
-    """The URL of the built-in target in its own process, answering every request `delay_ms` late;
-    recording off, but it counts arrivals (its stats give the most in any one-second window)."""
-    plan, port_file = workdir / "slow-plan.json", workdir / "slow-port"
-    plan.write_bytes(orjson.dumps({"record": False, "rules": [{"delay_ms": delay_ms}]}))
-    command = [sys.executable, "-m", "bulkrelay.demo.target", "--port", "0", "--plan", str(plan)]
-    command += ["--port-file", str(port_file), "--no-record"]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists() or not port_file.read_text().strip():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the slow target did not start")
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{int(port_file.read_text())}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def _control(url: str, action: str) -> dict[str, object]:
     """The built-in target's control API: `stats` (GET) or `reset` (POST)."""
     request = urllib.request.Request(
@@ -532,7 +511,7 @@ def _compare_latency(workdir: Path, args: argparse.Namespace) -> None:
     _write_input(path, rows)
     naive = relay = 0.0
     late = f"answered {args.latency_ms} ms late, concurrency {concurrency}"
-    with _slow_target(workdir, args.latency_ms) as url:
+    with builtin_target(workdir, {"rules": [{"delay_ms": args.latency_ms}]}) as url:
         for attempt in range(args.repeats):
             print(f"(h) naive pyreqwest loop, {rows:,} POSTs, {late}")
             naive = max(naive, _best_naive("pyreqwest", url, path, concurrency, 1))
