@@ -233,12 +233,13 @@ def test_processes_started_on_one_cpu_hold_distinct_ones_and_kill_9_frees_them(
         processes.append(_claimer(min(allowed), allowed))
         assert _claimed(processes[0]) == (None, allowed)
         return
-    first, second, third = (_claimer(min(allowed), allowed) for _ in range(3))
+    first, second = _claimer(min(allowed), allowed), _claimer(min(allowed), allowed)
     processes.extend([first, second])
     one, two = _claimed(first), _claimed(second)
     assert {one[0], two[0]} == allowed
     assert one[1] == {one[0]} and two[1] == {two[0]}
-    processes.append(third)  # started after the first two hold theirs
+    third = _claimer(min(allowed), allowed)  # started after the first two hold theirs
+    processes.append(third)
     assert _claimed(third) == (None, allowed)
     first.send_signal(signal.SIGKILL)
     first.wait()
