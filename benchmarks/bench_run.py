@@ -26,7 +26,11 @@ Measured at each --rows size, all against the same target and the same input fil
       PYTHONDONTWRITEBYTECODE, as an installed bulkrelay does);
   (f) a batched `bulkrelay run` (request.batch, --batch-items rows a request, docs/batching.md) over the
       same rows as (a), each row still journaled: its rows/s beside the naive per-row loop's (issue 24:
-      >= 1.5).
+      >= 1.5);
+  (h) latency-bound (issue 44): the built-in target answering every request --latency-ms late (100),
+      (a) and (b) alternated over --latency-rows rows at the same concurrency (the relay >= 0.95 x);
+      then (b) with `rate_limit: --latency-limit` (500/s): its rows/s and the most requests the target
+      saw arrive in any one-second window (never above the limit, and >= 0.98 x it).
 With --profile, instead: one in-process `bulkrelay run` of --profile-rows rows (of (f)'s batched job with
 --profile-batch) under cProfile, its top entries by own time, and where the time goes per row (preflight,
 render, send, journal, commit, other) from the profile's cumulative times. cProfile slows Python code
@@ -49,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -56,7 +61,7 @@ from typing import NamedTuple
 import aiohttp
 import orjson
 import uvloop
-from nginx import loopback_target  # benchmarks/nginx.py
+from nginx import builtin_target, loopback_target  # benchmarks/nginx.py
 from pyreqwest.client import ClientBuilder
 
 from bulkrelay.relay.affinity import relay_cpu
@@ -75,8 +80,9 @@ def _write_input(path: Path, rows: int) -> None:
             out.write(f"{n},user{n}@example.com,Customer {n}\n")
 
 
-def _write_job(workdir: Path, url: str, input_name: str, concurrency: int) -> Path:
-    job = workdir / f"job-{input_name}.yaml"
+def _write_job(workdir: Path, url: str, input_name: str, concurrency: int, rate: int = 0) -> Path:
+    job = workdir / f"job-{input_name}{f'-{rate}-a-second' if rate else ''}.yaml"
+    limit = f", rate_limit: {{ requests_per_second: {rate} }}" if rate else ""
     job.write_text(
         f"""version: 1
 name: bench
@@ -88,7 +94,7 @@ request:
     id: {{ from: id, type: integer }}
     email: {{ from: email }}
     name: {{ from: name }}
-execution: {{ concurrency: {concurrency} }}
+execution: {{ concurrency: {concurrency}{limit} }}
 """
     )
     return job
@@ -484,6 +490,52 @@ def _one_row_cost(workdir: Path, url: str, concurrency: int, repeats: int) -> No
     )
 
 
+# ----------------------------------------------------------------------------- (h) latency-bound
+
+
+def _control(url: str, action: str) -> dict[str, object]:
+    """The built-in target's control API: `stats` (GET) or `reset` (POST)."""
+    request = urllib.request.Request(
+        f"{url}/_control/{action}", method="GET" if action == "stats" else "POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        text = answer.read()
+    return orjson.loads(text) if text.strip() else {}
+
+
+def _compare_latency(workdir: Path, args: argparse.Namespace) -> None:
+    """(h): the naive loop and the relay against a target answering --latency-ms late, alternated;
+    then the relay under a rate limit, and the most requests the target saw in any one second."""
+    rows, concurrency, limit = args.latency_rows, args.concurrency, args.latency_limit
+    path = workdir / f"latency-rows-{rows}.csv"
+    _write_input(path, rows)
+    naive = relay = 0.0
+    late = f"answered {args.latency_ms} ms late, concurrency {concurrency}"
+    with builtin_target(workdir, {"rules": [{"delay_ms": args.latency_ms}]}) as url:
+        for attempt in range(args.repeats):
+            print(f"(h) naive pyreqwest loop, {rows:,} POSTs, {late}")
+            naive = max(naive, _best_naive("pyreqwest", url, path, concurrency, 1))
+            print(f"(h) bulkrelay run, {rows:,} rows, {late}")
+            relay = max(relay, _measure_run(workdir, url, path, concurrency, 1, attempt + 100))
+        print(
+            f"==> latency-bound, {rows:,} rows, best of {args.repeats}: bulkrelay {relay:,.0f} rows/s; "
+            f"naive pyreqwest {naive:,.0f} rows/s: ratio {relay / naive:.2f} (issue 44: >= 0.95)"
+        )
+        _control(url, "reset")
+        run = _bulkrelay_run(
+            _write_job(workdir, url, path.name, concurrency, limit), workdir / "runs-limited"
+        )
+        stats = _control(url, "stats")
+        most = stats["max_arrivals_in_any_second"]
+        print(
+            f"==> rate_limit {limit}/s, {rows:,} rows: {rows / run.elapsed:,.0f} rows/s whole process "
+            f"({run.elapsed:.2f} s; {_cpu_text(run.cpu, run.main_thread, rows)}); the target saw "
+            f"{stats['requests']:,} requests, at most {most} in any one-second window "
+            f"(issue 44: <= {limit} and >= {int(limit * 0.98)})"
+        )
+    path.unlink()
+
+
 # ----------------------------------------------------------------------------- --profile
 
 # Where a row's time goes, as cumulative times of these functions (file suffix, function name). Nested
@@ -559,6 +611,13 @@ def _print_breakdown(table: _StatTable, rows: int, total: float) -> None:
 # ----------------------------------------------------------------------------- main
 
 
+def _latency_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--latency-rows", type=int, default=12_800, help="rows of (h); 0 to skip it")
+    parser.add_argument("--latency-ms", type=int, default=100, help="the answer's delay in (h)")
+    parser.add_argument("--latency-limit", type=int, default=500, help="the rate limit of (h), a second")
+    parser.add_argument("--only-latency", action="store_true", help="only (h), the latency-bound case")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="40000,200000", help="comma list of input sizes for (a) and (b)")
@@ -571,6 +630,7 @@ def main() -> None:
     parser.add_argument("--batch-items", type=int, default=100, help="rows a request in (f)")
     parser.add_argument("--only-batch", action="store_true", help="only (f), the batched run")
     parser.add_argument("--no-aiohttp", action="store_true", help="skip (a'), the aiohttp loop")
+    _latency_options(parser)
     parser.add_argument("--no-fixed-cost", action="store_true", help="skip (e), the one-row run")
     parser.add_argument(
         "--ceiling", action="store_true", help="(a1): the naive loop on one CPU, alternated too"
@@ -589,6 +649,9 @@ def main() -> None:
             print(f"target: {description} at {url}; {os.cpu_count()} CPUs; workdir {workdir}")
             if args.profile:
                 _profile(workdir, url, args)
+                return
+            if args.only_latency:
+                _compare_latency(workdir, args)
                 return
             if args.only_batch:
                 _compare_batched(
@@ -616,6 +679,8 @@ def main() -> None:
                 _compare_batched(
                     workdir, url, args.batch_rows, args.concurrency, args.repeats, items=args.batch_items
                 )
+            if args.latency_rows:
+                _compare_latency(workdir, args)
             sizes = [int(s) for s in args.rss_rows.split(",") if s.strip()]
             if sizes:
                 print("(d) peak RSS of bulkrelay run by input size")

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -24,6 +22,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 import uvloop
+from nginx import builtin_target  # benchmarks/nginx.py
 from pyreqwest.client import ClientBuilder
 
 from bulkrelay.job.records import PreparedRequest
@@ -36,27 +35,8 @@ _HEADERS = (("Content-Type", "application/json"), ("Authorization", "Bearer not-
 
 @contextlib.contextmanager
 def _target_process() -> Iterator[str]:
-    with tempfile.TemporaryDirectory() as tmp:
-        port_file = Path(tmp) / "port"
-        command = [
-            sys.executable,
-            "-m",
-            "bulkrelay.demo.target",
-            "--port-file",
-            str(port_file),
-            "--no-record",
-        ]
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 10
-            while not port_file.exists():
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the target did not start")
-                time.sleep(0.02)
-            yield f"http://127.0.0.1:{port_file.read_text().strip()}"
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    with tempfile.TemporaryDirectory() as tmp, builtin_target(Path(tmp)) as url:
+        yield url
 
 
 async def _drive(total: int, concurrency: int, one: Callable[[int], Awaitable[int]]) -> float:

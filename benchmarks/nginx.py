@@ -6,6 +6,7 @@ bench_delta.py so both measure BulkRelay against the same fast target, not the t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -14,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 _NGINX_CONF = """\
 daemon off;
@@ -87,6 +89,28 @@ def loopback_target(workdir: Path) -> Iterator[tuple[str, str]]:
     try:
         _wait_listening(port, proc)
         yield f"http://127.0.0.1:{port}", description
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def builtin_target(workdir: Path, plan: dict[str, Any] | None = None) -> Iterator[str]:
+    """The URL of the built-in target in its own process, recording off, following `plan` (it still
+    counts arrivals: its stats say the most in any one-second window)."""
+    port_file = workdir / "builtin-target-port"
+    command = [sys.executable, "-m", "bulkrelay.demo.target", "--port-file", str(port_file), "--no-record"]
+    if plan is not None:
+        (workdir / "builtin-target-plan.json").write_text(json.dumps(plan))
+        command += ["--plan", str(workdir / "builtin-target-plan.json")]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() or not port_file.read_text().strip():
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the built-in target did not start")
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{port_file.read_text().strip()}"
     finally:
         proc.terminate()
         proc.wait(10)

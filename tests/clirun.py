@@ -31,8 +31,9 @@ class CliResult:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment of a CLI call: the test's own, less BulkRelay settings but the private state dir."""
-    keep = ("BULKRELAY_STATE_DIR",)
+    """The environment of a CLI call: the test's own, less BulkRelay settings but the private state
+    and CPU claims dirs."""
+    keep = ("BULKRELAY_STATE_DIR", "BULKRELAY_CPU_DIR")
     env = {
         k: v
         for k, v in os.environ.items()

@@ -36,6 +36,19 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
         os.environ["BULKRELAY_STATE_DIR"] = previous
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cpu_claims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The relays of a test session claim CPUs among themselves (relay/affinity.py), not against the
+    relays, benchmarks and test sessions of other people on the machine."""
+    previous = os.environ.get("BULKRELAY_CPU_DIR")
+    os.environ["BULKRELAY_CPU_DIR"] = str(tmp_path_factory.mktemp("bulkrelay-cpus"))
+    yield
+    if previous is None:
+        del os.environ["BULKRELAY_CPU_DIR"]
+    else:
+        os.environ["BULKRELAY_CPU_DIR"] = previous
+
+
 @pytest.fixture
 def target(request: pytest.FixtureRequest, _module_target: TargetProcess | None) -> Iterator[TargetProcess]:
     """The loopback target in its own process (tests/targetproc.py, `bulkrelay/demo/target.py`), fresh

@@ -8,32 +8,53 @@ one core does the same work with less of it: on the 2-core development machine, 
 per-row run took 118-131 µs of CPU a row on two cores and 64-88 on one (1.2-1.7 x the rows a second);
 at a quiet hour the two were even (docs/performance.md, "One CPU for the relay").
 
-While relaying, every thread of the process (those started later inherit it) is held to the CPU the
-event loop runs on at the start, as the scheduler placed it; after the relay every thread gets its
-former set of CPUs back. Where the process may run on one CPU only, or the system refuses (a
-container without the right, a platform without `sched_setaffinity`), nothing changes.
+While relaying, every thread of the process (those started later inherit it) is held to one CPU that
+no other BulkRelay process of the machine holds: the one the event loop runs on at the start, as the
+scheduler placed it, unless another relay holds it. Two relays started together (two `--shard` runs)
+were often placed on the same CPU and then ran slower than one. A CPU is held by an flock on its file
+in a directory of the user's (`BULKRELAY_CPU_DIR`, else /tmp/bulkrelay-cpus-<uid>: the same for a
+cron job and a login shell, which XDG_RUNTIME_DIR is not); the system releases it when the process
+ends, even by kill -9. When every CPU is held, the relay is not pinned (the scheduler shares them);
+where that directory cannot be used, it pins to its CPU unclaimed, as before claims. After the relay
+every thread gets its former set of CPUs back. Where the process may run on one CPU only, or the
+system refuses (a container without the right, a platform without `sched_setaffinity`), nothing
+changes.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 _TASKS = "/proc/self/task"
+CLAIMS_DIR_ENV = "BULKRELAY_CPU_DIR"
 
 
 @contextmanager
 def relay_cpu(pin: bool) -> Iterator[int | None]:
-    """While relaying: with `pin`, every thread on the CPU this one runs on (yielded), else untouched
-    (None yielded)."""
+    """While relaying: with `pin`, every thread on one CPU no other relay holds (yielded): the one this
+    thread runs on if it is free; else untouched (None yielded)."""
     cpu = _current_cpu() if pin else None
     before = _masks() if cpu is not None else {}
     own = before.get(threading.get_native_id(), set())
     if cpu is None or len(own) < 2:
         yield None
         return
+    with claimed_cpu(cpu, own) as claimed:
+        if claimed is None:  # every CPU is another relay's: sharing them beats doubling up on one
+            yield None
+            return
+        with _pinned(before, own, claimed) as pinned:
+            yield pinned
+
+
+@contextmanager
+def _pinned(before: dict[int, set[int]], own: set[int], cpu: int) -> Iterator[int | None]:
     try:
         pinned = _set_all({}, {cpu})
         if not pinned:  # refused part way: every thread as it was before the relay starts
@@ -41,6 +62,53 @@ def relay_cpu(pin: bool) -> Iterator[int | None]:
         yield cpu if pinned else None
     finally:
         _set_all(before, own)  # threads started while relaying get this thread's former set
+
+
+@contextmanager
+def claimed_cpu(start: int, allowed: set[int]) -> Iterator[int | None]:
+    """The first CPU of `allowed` (`start` first) that no other process holds, held until the end;
+    None when every one is held; `start`, unclaimed, where claims cannot be made."""
+    folder = claims_dir()
+    if folder is None:
+        yield start
+        return
+    for cpu in sorted(allowed, key=lambda each: (each != start, each)):
+        fd = _lock(folder / f"cpu{cpu}")
+        if fd is not None:
+            try:
+                yield cpu
+            finally:
+                os.close(fd)  # releases the lock (the system does the same when the process dies)
+            return
+    yield None
+
+
+def claims_dir() -> Path | None:
+    """The machine-wide directory of CPU claims, made if need be; None unless it is this user's own
+    directory, writable by no one else (a directory in /tmp may have been made by someone else)."""
+    explicit = os.environ.get(CLAIMS_DIR_ENV)
+    folder = Path(explicit) if explicit else Path(f"/tmp/bulkrelay-cpus-{os.getuid()}")
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        status = folder.lstat()
+    except OSError:
+        return None
+    ours = stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid()
+    return folder if ours and not status.st_mode & 0o022 else None
+
+
+def _lock(path: Path) -> int | None:
+    """An open descriptor holding `path`'s exclusive flock, or None when another holds it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _current_cpu() -> int | None:

@@ -1,15 +1,30 @@
-"""The relay's threads on one CPU (relay/affinity.py): pinned while relaying, as before afterwards."""
+"""The relay's threads on one CPU (relay/affinity.py): pinned while relaying, as before afterwards;
+a CPU another relay of the machine holds is never taken."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 
 from bulkrelay.job.config import JobConfig, config_semantic_dict
-from bulkrelay.relay.affinity import relay_cpu
+from bulkrelay.relay.affinity import CLAIMS_DIR_ENV, relay_cpu
+
+
+@pytest.fixture(autouse=True)
+def claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own directory of CPU claims."""
+    monkeypatch.setenv(CLAIMS_DIR_ENV, str(tmp_path / "cpus"))
+    return tmp_path / "cpus"
 
 
 def _in_thread(action: Callable[[], set[int]]) -> set[int]:
@@ -118,3 +133,115 @@ def test_pin_cpu_is_on_by_default_and_out_of_the_fingerprint() -> None:
     assert pinned.execution.pin_cpu is True
     assert unpinned.execution.pin_cpu is False
     assert config_semantic_dict(pinned) == config_semantic_dict(unpinned)
+
+
+def _hold(stack: ExitStack, claims: Path, cpu: int) -> None:
+    """CPU `cpu` held as another relay holds it (its own open file, so its own lock) until `stack` ends."""
+    claims.mkdir(mode=0o700, exist_ok=True)
+    held = stack.enter_context((claims / f"cpu{cpu}").open("a"))
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _start_on(cpu: int, allowed: set[int]) -> None:
+    """This thread on `cpu`, then free to run on `allowed` (it stays where it is until moved)."""
+    os.sched_setaffinity(0, {cpu})
+    os.sched_setaffinity(0, allowed)
+
+
+def test_a_cpu_another_relay_holds_is_not_taken(claims: Path) -> None:
+    before = _own_cpus()
+    with ExitStack() as stack:
+        if len(before) < 2:
+            with relay_cpu(True) as cpu:
+                assert cpu is None
+            return
+        free = max(before)
+        for each in before - {free}:
+            _hold(stack, claims, each)
+        _start_on(min(before), before)  # on a held CPU when the relay starts
+        with relay_cpu(True) as cpu:
+            assert cpu == free
+            assert _own_cpus() == {free}
+    assert _own_cpus() == before
+
+
+def test_with_every_cpu_held_the_relay_is_not_pinned(claims: Path) -> None:
+    before = _own_cpus()
+    with ExitStack() as stack:
+        for each in before:
+            _hold(stack, claims, each)
+        with relay_cpu(True) as cpu:
+            assert cpu is None
+            assert _own_cpus() == before
+
+
+def test_the_claim_is_given_back_when_the_relay_ends(claims: Path) -> None:
+    with relay_cpu(True) as cpu:
+        pass
+    if cpu is None:  # one CPU allowed: nothing was claimed
+        assert not claims.exists() or not list(claims.iterdir())
+        return
+    with ExitStack() as stack:
+        _hold(stack, claims, cpu)  # would raise BlockingIOError if it were still held
+
+
+def test_a_claims_dir_that_others_may_write_is_not_used(claims: Path) -> None:
+    """A directory made by someone else (in /tmp, anyone can) is not trusted: the relay pins to its
+    CPU unclaimed, as before claims, and creates nothing there."""
+    before = _own_cpus()
+    claims.mkdir()
+    claims.chmod(0o777)
+    with relay_cpu(True) as cpu:
+        if len(before) >= 2:
+            assert cpu in before and _own_cpus() == {cpu}
+    assert list(claims.iterdir()) == []
+
+
+def _claimer(start: int, allowed: set[int]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.relay.cpuclaimer", str(start), ",".join(map(str, sorted(allowed)))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _claimed(proc: subprocess.Popen[str]) -> tuple[int | None, set[int]]:
+    """What the process holds and the CPUs it may use, from its line (it prints it once it holds)."""
+    assert proc.stdout is not None
+    said = json.loads(proc.stdout.readline())
+    return said["cpu"], set(said["cpus"])
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        proc.kill()
+        proc.communicate()  # waits, and closes its pipes
+
+
+@pytest.mark.slow  # real processes
+def test_processes_started_on_one_cpu_hold_distinct_ones_and_kill_9_frees_them(
+    processes: list[subprocess.Popen[str]],
+) -> None:
+    """Two relays placed on the same CPU (two `--shard` runs started together) end up on two; a third
+    finds both held and is not pinned; a relay killed by -9 gives its CPU back."""
+    allowed = set(sorted(_own_cpus())[:2])
+    if len(allowed) < 2:
+        processes.append(_claimer(min(allowed), allowed))
+        assert _claimed(processes[0]) == (None, allowed)
+        return
+    first, second = _claimer(min(allowed), allowed), _claimer(min(allowed), allowed)
+    processes.extend([first, second])
+    one, two = _claimed(first), _claimed(second)
+    assert {one[0], two[0]} == allowed
+    assert one[1] == {one[0]} and two[1] == {two[0]}
+    third = _claimer(min(allowed), allowed)  # started after the first two hold theirs
+    processes.append(third)
+    assert _claimed(third) == (None, allowed)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    processes.append(_claimer(min(allowed), allowed))
+    assert _claimed(processes[-1]) == (one[0], {one[0]})

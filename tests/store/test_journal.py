@@ -33,6 +33,7 @@ from bulkrelay.store.journal import (
 )
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.storage import Storage
+from tests.waiting import wait_for
 
 
 def fields(row: int, **extra: Any) -> dict[str, Any]:
@@ -194,6 +195,20 @@ async def test_one_write_and_one_fsync_per_batch(tmp_path: Path) -> None:
     assert len(every_line) - len(lines) == 10  # each write ends with its group's commit marker
     assert [decode_line(line)[0] for line in lines] == list(range(1, 96))
     assert [decode_line(line)[1].row_number for line in lines] == list(range(1, 96))
+
+
+@pytest.mark.anyio
+async def test_every_group_is_written_by_one_thread_of_the_writer_that_ends_with_it(tmp_path: Path) -> None:
+    spy, commits = FaultyStorage(), Commits()
+    writer = JournalWriter(tmp_path / "results.jsonl", spy, next_seq=1, on_commit=commits, max_rows=10)
+    await write_all(writer, [result(n) for n in range(1, 96)])
+
+    assert len(commits.batches) == 10
+    assert len(spy.threads) == 1  # every group's write: one thread, in order
+    (writer_thread,) = spy.threads
+    assert writer_thread != threading.get_ident()
+    alive = threading.enumerate
+    wait_for(lambda: writer_thread not in {t.ident for t in alive()}, "the journal's thread to end")
 
 
 @pytest.mark.anyio

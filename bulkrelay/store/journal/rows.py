@@ -29,6 +29,7 @@ damaged line, and a journal whose lines all check out but whose bytes changed is
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import os
@@ -36,6 +37,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
@@ -549,6 +551,9 @@ class JournalWriter:
         self._sha256 = ""
         self._fd: int | None = None
         self._io = anyio.Lock()  # one write at a time: a group's, or a record's (commit_record)
+        # The groups' writes go to a thread of the writer's own through asyncio: a hand-off costs the
+        # event loop about 20 µs of CPU there against 35-55 through anyio.to_thread (issue 44).
+        self._writer_thread: ThreadPoolExecutor | None = None
 
     def offer(self, entry: JournalEntry) -> bool:
         """Queue `entry` as `submit` does when that needs no wait (the common case: no backpressure, no
@@ -636,6 +641,8 @@ class JournalWriter:
             self._failure = exc
             raise
         finally:
+            if self._writer_thread is not None:
+                self._writer_thread.shutdown(wait=False)  # idle: no commit runs past the loop above
             self._ended = True
             self._stopped.set()
             self._space.set()  # wake blocked submitters so they see the stop
@@ -696,7 +703,12 @@ class JournalWriter:
         # cancellation cannot separate what is durable from what the engine counts.
         with anyio.CancelScope(shield=True):
             async with self._io:
-                count, size, sha256 = await anyio.to_thread.run_sync(self._write_batch, fd, batch, ends)
+                if self._writer_thread is None:
+                    self._writer_thread = ThreadPoolExecutor(1, thread_name_prefix="bulkrelay-journal")
+                write = partial(self._write_batch, fd, batch, ends)
+                count, size, sha256 = await asyncio.get_running_loop().run_in_executor(
+                    self._writer_thread, write
+                )
             del self._pending[:count], batch[count:]
             if self._groups is not None and ends is not None:
                 for _ in range(ends.index(count) + 1):
