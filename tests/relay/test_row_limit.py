@@ -47,8 +47,10 @@ def _run(tmp_path: Path, rows: int, **execution: Any) -> tuple[Any, RunDir]:
 
 
 def _relay(
-    preflight: Any, run: RunDir, target: _Target, start: StartPoint, limit: int | None
+    preflight: Any, run: RunDir, fake: _Target, start: StartPoint, limit: int | None
 ) -> RelayOutcome:
+    # `fake`, not `target`: test_fast_lane.py reads an argument named `target` as conftest.py's
+    # process-starting fixture.
     async def go() -> RelayOutcome:
         return await relay(
             preflight,
@@ -56,7 +58,7 @@ def _relay(
             start,
             stop=StopControl(),
             reporter=NullReporter(),
-            transport_factory=lambda _settings: target,
+            transport_factory=lambda _settings: fake,
             limit=None if limit is None else RowLimit(limit),
         )
 
