@@ -25,6 +25,9 @@ from tests.targetproc import TargetProcess
 from tests.waiting import HANG_BUDGET, HANG_S, wait_for
 
 _COMMITTED = 48
+# `job cancel` waits for the request in flight, and every answer after the halt is held: a short read
+# timeout answers it in seconds (the default 30 s made each test wait half a minute).
+_EXECUTION = {"concurrency": 1, "timeout": {"read_seconds": 2}}
 
 
 def _cli(tmp_path: Path, *args: str | Path) -> CliResult:
@@ -52,7 +55,7 @@ def test_a_hand_off_before_the_worker_starts_names_the_run_and_its_checkpointed_
 ) -> None:
     halt_after = {"rules": [{"after": _COMMITTED, "status": 401}]}
     with TargetProcess(halt_after) as target:
-        job = write_job(tmp_path, target.url, rows=100, execution={"concurrency": 1})
+        job = write_job(tmp_path, target.url, rows=100, execution=_EXECUTION)
         halted = _cli(tmp_path, "run", job, "--budget", "0")
         assert halted.error_code == "TARGET_AUTH_FAILED", halted.envelope
         run_dir = halted.data["run_dir"]
@@ -122,7 +125,7 @@ def test_after_a_kill_the_continuation_names_the_run_and_its_checkpointed_progre
     purpose were named before the worker started."""
     held = {"rules": [{"after": _COMMITTED, "delay_ms": int(HANG_S * 1000)}]}
     with TargetProcess(held) as target:
-        job = write_job(tmp_path, target.url, rows=100, execution={"concurrency": 1})
+        job = write_job(tmp_path, target.url, rows=100, execution=_EXECUTION)
         run_dir, done = _killed_midway(tmp_path, target, job, how)
 
         data = _handed_off(tmp_path, (command, job, run_dir), budget, done)
