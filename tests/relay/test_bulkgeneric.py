@@ -4,6 +4,7 @@ upload, close, status and three result sets, each row's outcome matched by key."
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ async def test_generic_steps_speak_the_salesforce_like_api_row_by_row(tmp_path: 
     target = await start_target(plan)
     relayed = RelayStats()
     try:
-        job = write_generic_job(tmp_path, f"{target.url}/services/data/v62.0")
+        job = write_generic_job(tmp_path, target.url)
         result = await run_bulk_job(job, target, stats=relayed)
         stats = target.state.stats()
     finally:
@@ -59,13 +60,17 @@ async def test_generic_steps_speak_the_salesforce_like_api_row_by_row(tmp_path: 
     state_gets = [r for r in result.requests if r["method"] == "GET" and r["path"][-1].isdigit()]
     assert relayed.bulk_polls == len(state_gets) >= 3 * 2 + 2
     assert relayed.bulk_steps == len(result.requests) - len(state_gets)
+    # ... and every step is one of the run's requests, by its status (the summary's `requests` said 0)
+    counted = relayed.request_counts()
+    assert counted.sent == len(result.requests) and counted.by_status["503"] == 2 and counted.retries == 2
+    assert counted.by_status == dict(Counter(str(r["status"]) for r in result.requests))
 
 
 async def test_a_generic_job_stuck_past_max_wait_stops_resumably(tmp_path: Path) -> None:
     target = await start_target({"bulk": {"stuck": True}})
     poll = {**FAST_POLL, "max_wait": "200ms"}
     try:
-        job = write_generic_job(tmp_path, f"{target.url}/services/data/v62.0", poll=poll)
+        job = write_generic_job(tmp_path, target.url, poll=poll)
         result = await run_bulk_job(job, target)
     finally:
         await target.stop()

@@ -121,7 +121,7 @@ class StepClient:
         self._stats.bulk_steps += 1
         await self._limiter.acquire()
         try:
-            answer = await self._transport.send(request)
+            answer = await self._counted(request)
         except TransportError as exc:
             raise StepRefused(step, None, str(exc)) from None
         if not _API.is_success(answer.status):
@@ -147,9 +147,11 @@ class StepClient:
             else:
                 self._stats.bulk_steps += 1
                 await self._limiter.acquire()
+            if attempt > 1:
+                self._stats.on_retry()
             wait = delay
             try:
-                answer = await self._transport.send(request)
+                answer = await self._counted(request)
             except TransportError:
                 pass
             else:
@@ -166,6 +168,18 @@ class StepClient:
             await self.pause(wait)
             delay = min(delay * 2, self._config.poll.max_seconds)
         raise AssertionError("unreachable")  # itertools.count never ends
+
+    async def _counted(self, request: PreparedRequest) -> Response:
+        """The transport's answer, counted among the run's requests by status (the summary's `requests`,
+        the metrics' requests and latency) as a row's request is: each step is a request to the target."""
+        started = time.monotonic()
+        try:
+            answer = await self._transport.send(request)
+        except TransportError:
+            self._stats.on_attempt(None, time.monotonic() - started)
+            raise
+        self._stats.on_attempt(answer.status, time.monotonic() - started)
+        return answer
 
     async def pause(self, seconds: float) -> None:
         """Wait `seconds`, in slices; StepStopped when a stop is requested or the deadline passes first."""
