@@ -1493,8 +1493,6 @@ def _bulk_job_fits(config: JobConfig) -> None:
         raise ValueError("request.bulk_job needs input.key: each row's result is matched by its key")
     if config.execution.sync != "full":
         raise ValueError("request.bulk_job works with execution.sync: full only (delta and mirror: not yet)")
-    if config.request.auth is not None:
-        raise ValueError("request.bulk_job takes its token from request.headers (request.auth: not yet)")
     if config.request.compression != "none":
         raise ValueError("request.bulk_job uploads its CSV as it is (request.compression: not yet)")
 

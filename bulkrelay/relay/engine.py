@@ -334,7 +334,14 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
         records = limit.first_rows(records)
     journaled = start.journal.done if start.journal is not None else None  # for request.bulk_job's jobs
     bulk = open_bulk_relay(
-        preflight, transport, limiter, stop, journal=run.journal_path, journaled=journaled, stats=stats
+        preflight,
+        transport,
+        limiter,
+        stop,
+        journal=run.journal_path,
+        journaled=journaled,
+        stats=stats,
+        auth=auth,
     )
 
     reporter.update(committed.snapshot())
