@@ -15,7 +15,7 @@ from bulkrelay.job.preflight import run_preflight
 from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.relay.engine import StartPoint, relay
 from bulkrelay.relay.metrics import RelayStats
-from bulkrelay.relay.progress import NullReporter
+from bulkrelay.relay.progress import NullReporter, Reporter
 from bulkrelay.relay.stopping import StopControl
 from bulkrelay.store.journal import read_journal
 from bulkrelay.store.rundir import RunDir
@@ -86,6 +86,7 @@ async def run_bulk_job(
     runs: Path | None = None,
     stats: RelayStats | None = None,
     env: dict[str, str] | None = None,
+    reporter: Reporter | None = None,
 ) -> BatchRun:
     """Preflight and relay the job in-process into a new run directory (in `runs`, else beside the job;
     or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target), and
@@ -95,7 +96,7 @@ async def run_bulk_job(
     preflight = run_preflight(load_job(job_path), None, env=env)
     run = run or RunDir.create(runs or job_path.parent / "runs", plan_for(preflight))
     outcome = await relay(
-        preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter(), stats=stats
+        preflight, run, StartPoint(), stop=StopControl(), reporter=reporter or NullReporter(), stats=stats
     )
     return BatchRun(outcome, list(read_journal(run.journal_path)), target.state.requests(), run)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +37,7 @@ from bulkrelay.relay.bulkjobs.steps import (
     StepRefused,
     StepStopped,
 )
+from bulkrelay.relay.progress import JobCounts
 from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, ITEM_REJECTED, SUCCESS
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.store.journal import JournalEntry, JournalWriter, entry_of
@@ -79,6 +80,21 @@ class BulkJobRelay:
         self._next_number = max(ledgers, default=0) + 1
         self._done_now: set[int] = set()  # rows journaled by this process
         self._carried: deque[BulkRow] = deque()  # rows a job left unprocessed, for the next one
+        self._phases = {number: _phase(ledger.events) for number, ledger in ledgers.items()}
+        self.on_change: Callable[[], None] = _nothing  # told when a job moves on (the progress)
+
+    def counts(self) -> JobCounts:
+        """The run's jobs so far, from its journal's records and this call's."""
+        phases = list(self._phases.values())
+        return JobCounts(
+            len(phases), phases.count("processing"), phases.count("done"), phases.count("aborted")
+        )
+
+    async def _record(self, journal: JournalWriter, number: int, event: str, **fields: Any) -> None:
+        """Commit one of job `number`'s records (fsynced before the next step begins), and say so."""
+        await journal.commit_record(encode_job_record(number, event, **fields))
+        self._phases[number] = _phase([self._phases.get(number, "open"), event])
+        self.on_change()
 
     async def run(self, records: Iterator[Record], journal: JournalWriter) -> None:
         self._api.deadline = time.monotonic() + self._bulk.config.poll.max_wait
@@ -137,13 +153,13 @@ class BulkJobRelay:
                 break
             try:
                 await self._api.upload(remote, body)
-                await journal.commit_record(encode_job_record(number, "uploaded"))
+                await self._record(journal, number, "uploaded")
                 await self._api.close(remote)
             except StepRefused as refused:  # an upload is never sent twice: this job goes, another is made
                 error = refused
                 await self._abort(number, remote, journal)
                 continue
-            await journal.commit_record(encode_job_record(number, "closed"))
+            await self._record(journal, number, "closed")
             await self._finish(number, remote, rows, journal, started, {row.text for row in rows})
             return
         await self._fail(rows, journal, str(error), started, BULK_JOB_FAILED, error.status if error else None)
@@ -152,21 +168,16 @@ class BulkJobRelay:
         number = self._next_number
         remote = await self._api.create(number, [r.text for r in rows])
         self._next_number = number + 1
-        record = encode_job_record(
-            number,
-            "created",
-            remote=remote,
-            rows=row_ranges([r.row for r in rows]),
-            keys=[r.key for r in rows],
-        )
-        await journal.commit_record(record)  # durable before any byte of the job's data leaves
+        ranges, keys = row_ranges([r.row for r in rows]), [r.key for r in rows]
+        # durable before any byte of the job's data leaves
+        await self._record(journal, number, "created", remote=remote, rows=ranges, keys=keys)
         return number, remote
 
     async def _abort(self, number: int, remote: str, journal: JournalWriter) -> None:
         """Abort a job never closed; one the target will not abort stays Open, so it never runs either."""
         with suppress(StepRefused):
             await self._api.abort(remote)
-        await journal.commit_record(encode_job_record(number, "aborted"))
+        await self._record(journal, number, "aborted")
 
     async def _attach(self, ledger: JobLedger, journal: JournalWriter) -> None:
         """An earlier process's job whose results are not journaled: asked first, never sent again."""
@@ -177,14 +188,14 @@ class BulkJobRelay:
             if done is None or row not in done
         ]
         if not rows:  # its rows' lines are committed; only its last record was lost
-            await journal.commit_record(encode_job_record(ledger.job, "results"))
+            await self._record(journal, ledger.job, "results")
             return
         started = time.monotonic()
         try:
             state, _ = await self._api.state(ledger.remote)
         except JobForgotten as forgotten:
             if not ledger.closed:  # never closed: it never ran, and never will
-                await journal.commit_record(encode_job_record(ledger.job, "aborted"))
+                await self._record(journal, ledger.job, "aborted")
                 return
             await self._fail(rows, journal, str(forgotten), started, BULK_JOB_FAILED, 404, ledger.job)
             return
@@ -213,7 +224,7 @@ class BulkJobRelay:
         except StepRefused as refused:  # forgotten (404) or refused: its rows fail with the answer
             await self._fail(rows, journal, str(refused), started, BULK_JOB_FAILED, refused.status, number)
             return
-        await journal.commit_record(encode_job_record(number, "state", state=state, error=error))
+        await self._record(journal, number, "state", state=state, error=error)
         if state in (FAILED, ABORTED):
             message = f"bulk job {remote} {state}: {error or 'no errorMessage'}"
             await self._fail(rows, journal, message, started, BULK_JOB_FAILED, None, number)
@@ -227,7 +238,7 @@ class BulkJobRelay:
         if entries:
             await journal.submit_group(lambda first_seq: entries)
         self._done_now.update(entry.row_number for entry in entries)
-        await journal.commit_record(encode_job_record(number, "results"))
+        await self._record(journal, number, "results")
 
     async def _polled(self, remote: str) -> tuple[str, str | None]:
         delay = self._bulk.config.poll.first_seconds
@@ -271,7 +282,20 @@ class BulkJobRelay:
         await journal.submit_group(lambda first_seq: entries)
         self._done_now.update(row.row for row in rows)
         if number is not None:
-            await journal.commit_record(encode_job_record(number, "results"))
+            await self._record(journal, number, "results")
+
+
+def _phase(events: list[str]) -> str:
+    """Where a job stands after these records (or phases): open, processing, done or aborted."""
+    if "results" in events or "done" in events:
+        return "done"
+    if "aborted" in events:
+        return "aborted"
+    return "processing" if "closed" in events or "processing" in events else "open"
+
+
+def _nothing() -> None:
+    pass
 
 
 def _entry(  # noqa: PLR0917
