@@ -1491,8 +1491,8 @@ def _bulk_job_fits(config: JobConfig) -> None:
     """What a bulk job needs of the rest of the job file, and what it does not do (yet)."""
     if config.input.key is None:
         raise ValueError("request.bulk_job needs input.key: each row's result is matched by its key")
-    if config.execution.sync != "full":
-        raise ValueError("request.bulk_job works with execution.sync: full only (delta and mirror: not yet)")
+    if config.execution.sync == "mirror":  # its deletions are requests of their own (mirror.url)
+        raise ValueError("request.bulk_job works with execution.sync: full or delta (mirror: not yet)")
     if config.request.compression != "none":
         raise ValueError("request.bulk_job uploads its CSV as it is (request.compression: not yet)")
 

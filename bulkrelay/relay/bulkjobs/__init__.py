@@ -63,4 +63,12 @@ def open_bulk_relay(
     ledgers = job_ledgers(journal)
     if ledgers and journaled is None:  # a start that did not replay the journal: its rows read here
         journaled = {entry.row_number for entry in read_journal(journal)}
-    return BulkJobRelay(bulk, api, stop, ledgers=ledgers, journaled=journaled, max_attempts=attempts)
+    return BulkJobRelay(
+        bulk,
+        api,
+        stop,
+        ledgers=ledgers,
+        journaled=journaled,
+        max_attempts=attempts,
+        digester=preflight.digester,  # a delta job's
+    )

@@ -13,6 +13,11 @@ results are not journaled: it asks the target for the job's state (a close may h
 answer was lost); a job still `Open` is aborted (its rows go in the next job formed), one closed or later
 is polled and its results fetched, never submitted again. Rows count as done only when their result line
 is committed; rows a job left unprocessed go in a later job, at most `retry.max_attempts` jobs in all.
+
+A delta job's rows (`execution.sync: delta`, docs/delta.md) are the changed ones preflight chose; each
+row's line carries the digest of its request (its CSV line under the job's settings), which the sync
+state learns once the line is committed, as for a row sent alone. The digests are in the job's
+`created` record too, so a resume's attached job gives its rows' lines theirs.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bulkrelay.job.bulkcsv import BulkCsv
+from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.records import Record
 from bulkrelay.relay.bulkjobs.steps import (
     ABORTED,
@@ -56,6 +62,7 @@ class BulkRow:
     text: str
     line: bytes = b""
     jobs: int = 0
+    digest: str | None = None  # a delta job's: the row's request digest (hex)
 
 
 class BulkJobRelay:
@@ -70,6 +77,7 @@ class BulkJobRelay:
         ledgers: dict[int, JobLedger],
         journaled: Container[int] | None,
         max_attempts: int,
+        digester: RequestDigester | None = None,
     ) -> None:
         self._bulk = bulk
         self._api = api
@@ -77,6 +85,7 @@ class BulkJobRelay:
         self._ledgers = ledgers
         self._journaled = journaled
         self._max_attempts = max_attempts
+        self._digester = digester  # a delta job's: each row's line carries its request digest
         self._next_number = max(ledgers, default=0) + 1
         self._done_now: set[int] = set()  # rows journaled by this process
         self._carried: deque[BulkRow] = deque()  # rows a job left unprocessed, for the next one
@@ -133,7 +142,10 @@ class BulkJobRelay:
             if record.row_number in self._done_now:
                 continue  # journaled while attaching to an earlier process's job
             text, line = self._bulk.line(record)
-            return BulkRow(record.row_number, record.fields.get(key_field), text, line)
+            row = BulkRow(record.row_number, record.fields.get(key_field), text, line)
+            if self._digester is not None:  # as preflight digested it, to choose the row
+                row.digest = self._digester.digest(self._bulk.item_request(record), record.fields).hex()
+            return row
         return None
 
     # ------------------------------------------------------------ one job's life
@@ -169,8 +181,9 @@ class BulkJobRelay:
         remote = await self._api.create(number, [r.text for r in rows])
         self._next_number = number + 1
         ranges, keys = row_ranges([r.row for r in rows]), [r.key for r in rows]
+        more = {} if self._digester is None else {"digests": [r.digest for r in rows]}
         # durable before any byte of the job's data leaves
-        await self._record(journal, number, "created", remote=remote, rows=ranges, keys=keys)
+        await self._record(journal, number, "created", remote=remote, rows=ranges, keys=keys, **more)
         return number, remote
 
     async def _abort(self, number: int, remote: str, journal: JournalWriter) -> None:
@@ -182,9 +195,10 @@ class BulkJobRelay:
     async def _attach(self, ledger: JobLedger, journal: JournalWriter) -> None:
         """An earlier process's job whose results are not journaled: asked first, never sent again."""
         done = self._journaled
+        digests: list[str | None] = [*ledger.digests] if ledger.digests else [None] * len(ledger.rows)
         rows = [
-            BulkRow(row, key, self._bulk.key_text(key))
-            for row, key in zip(ledger.rows, ledger.keys, strict=False)
+            BulkRow(row, key, self._bulk.key_text(key), digest=digest)
+            for row, key, digest in zip(ledger.rows, ledger.keys, digests, strict=False)
             if done is None or row not in done
         ]
         if not rows:  # its rows' lines are committed; only its last record was lost
@@ -312,5 +326,5 @@ def _entry(  # noqa: PLR0917
     code = status if status is not None else 200
     return entry_of(
         row.row, success, classification, code, row.jobs or 1, retryable, error, duration_ms,
-        None, row.key, None, captured, None, None, None,
+        None, row.key, None, captured, None, row.digest, None,
     )  # fmt: skip
