@@ -44,9 +44,9 @@ def _shown(
     *,
     auth: AuthConfig | None,
 ) -> RenderedRequest:
-    body = bulk.header + b"".join(line for _, line in job)
+    body = bulk.body([line for _, line in job])
     method, url = _upload_of(bulk, base.url.rstrip("/"))
-    headers = (*base.headers, ("Content-Type", "text/csv"))
+    headers = (*base.headers, ("Content-Type", bulk.content_type))
     shown = renderer.redact(shown_with_auth(auth, PreparedRequest(method, url, headers, body)))
     first = job[0][0]
     rows = [record.row_number for record, _ in job]

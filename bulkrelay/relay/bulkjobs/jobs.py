@@ -152,7 +152,7 @@ class BulkJobRelay:
 
     async def _run_job(self, rows: list[BulkRow], journal: JournalWriter) -> None:
         rows.sort(key=lambda row: row.row)
-        body = self._bulk.header + b"".join(row.line for row in rows)
+        body = self._bulk.body([row.line for row in rows])
         started = time.monotonic()
         for row in rows:
             row.jobs += 1
