@@ -27,6 +27,7 @@ class JobCounts:
     processing: int = 0
     done: int = 0
     aborted: int = 0
+    polls: int = field(default=0, compare=False)  # answered: a job working, the target alive (idleness)
 
     def to_dict(self) -> dict[str, int]:
         return {
@@ -47,6 +48,12 @@ class Snapshot:
     failed: int
     pace: Pace | None = field(default=None, compare=False)  # the limiter's state (`state()`)
     jobs: JobCounts | None = None  # request.bulk_job: its jobs so far
+
+    @property
+    def movement(self) -> tuple[int, int]:
+        """What changes while a run moves on (the idle watchdog's measure): rows committed, and a bulk
+        run's polls answered, as a job can work for hours with no row to commit meanwhile."""
+        return self.done, self.jobs.polls if self.jobs is not None else 0
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -91,12 +91,17 @@ class BulkJobRelay:
         self._carried: deque[BulkRow] = deque()  # rows a job left unprocessed, for the next one
         self._phases = {number: _phase(ledger.events) for number, ledger in ledgers.items()}
         self.on_change: Callable[[], None] = _nothing  # told when a job moves on (the progress)
+        self._polls = 0  # answered, this call: a job still working moves the run on (idleness)
 
     def counts(self) -> JobCounts:
         """The run's jobs so far, from its journal's records and this call's."""
         phases = list(self._phases.values())
         return JobCounts(
-            len(phases), phases.count("processing"), phases.count("done"), phases.count("aborted")
+            len(phases),
+            phases.count("processing"),
+            phases.count("done"),
+            phases.count("aborted"),
+            self._polls,
         )
 
     async def _record(self, journal: JournalWriter, number: int, event: str, **fields: Any) -> None:
@@ -258,6 +263,8 @@ class BulkJobRelay:
         delay = self._bulk.config.poll.first_seconds
         while True:
             state, error = await self._api.state(remote)
+            self._polls += 1
+            self.on_change()
             if state in TERMINAL:
                 return state, error
             await self._api.pause(delay)
