@@ -96,8 +96,11 @@ class BulkCsv:
                 raise RenderError(self.key_column, "is empty: each row's result is matched by its key column")
             try:
                 return key, orjson.dumps(values) + b","
-            except TypeError as exc:  # a value no JSON holds
-                raise RenderError(self.key_column, f"cannot be sent as JSON: {exc}") from None
+            except TypeError as exc:  # a value no JSON holds: named by its column
+                column = next(
+                    (name for name, value in values.items() if not _json_able(value)), self.key_column
+                )
+                raise RenderError(column, f"cannot be sent as JSON: {exc}") from None
         cells = [csv_cell(name, get(record.fields)) for name, get in self._getters]
         key = cells[self._key_index]
         if key.startswith('"'):  # matched against the results' parsed cells: the text, unquoted
@@ -149,6 +152,14 @@ def _json_frame(template: dict[str, Any] | None, rows_at: str | None) -> tuple[b
     place[tokens[-1]] = _ROWS_MARK
     opening, _, closing = orjson.dumps(document).partition(orjson.dumps(_ROWS_MARK))
     return opening + b"[", b"]" + closing
+
+
+def _json_able(value: Any) -> bool:
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _reads(leaf: Any, key_field: str) -> bool:

@@ -3,6 +3,7 @@ with preflight refusing a row whose key cell is empty or whose value no CSV cell
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +11,11 @@ import pytest
 import yaml
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid
-from bulkrelay.job.bulkcsv import csv_cell
+from bulkrelay.job.bulkcsv import BulkCsv, csv_cell
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.job.records import Record
+from bulkrelay.job.request import RenderError
 from tests.relay.bulkrun import GENERIC_STEPS, bulk_job_spec
 
 
@@ -117,3 +119,19 @@ def test_a_delta_rows_digest_is_its_csv_line_under_what_the_job_means_not_its_si
         lambda b: b.update(operation="insert", external_id_field=None),
     ):
         assert _row_digest(tmp_path, changed) != usual
+
+
+def test_a_json_row_whose_value_no_json_holds_is_refused_naming_its_column(tmp_path: Path) -> None:
+    spec = bulk_job_spec("http://127.0.0.1:9", kind="generic", object="-", operation="insert")
+    del spec["request"]["bulk_job"]["external_id_field"]
+    upload = {**GENERIC_STEPS["upload"], "format": "json"}
+    spec["request"]["bulk_job"]["steps"] = {**GENERIC_STEPS, "upload": upload}
+    bulk = BulkCsv.of_job(load_job(_job(tmp_path, spec)).config)
+    assert bulk is not None
+    assert bulk.line(Record(1, 2, {"id": "k1", "email": "a@x"})) == (
+        "k1",
+        b'{"External_Id__c":"k1","Email":"a@x"},',
+    )
+    with pytest.raises(RenderError) as refused:
+        bulk.line(Record(1, 2, {"id": "k1", "email": Decimal("1.5")}))  # a numeric from a database
+    assert refused.value.field == "Email" and "cannot be sent as JSON" in str(refused.value)
