@@ -66,6 +66,7 @@ class BackgroundSupervisor:
         self.started_at = spec.created_at  # max_lifetime_seconds counts from here
         self._snapshot: Snapshot | None = None
         self._written_at = 0.0
+        self._unwritten = False  # a progress came that the status file does not hold yet
         # What the front read from the run this job continues (resume, the identical run), if any: its
         # progress stands until the relay's own, so a report never falls below the checkpoint's.
         first = background.status()
@@ -140,13 +141,21 @@ class BackgroundSupervisor:
 
     def on_progress(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
+        self._unwritten = True
         if time.monotonic() - self._written_at >= STATUS_INTERVAL_SECONDS:
+            self.write_status()
+
+    def _write_late_progress(self) -> None:
+        """The last progress held back by the interval, written once it has passed: a bulk job's
+        move (closed, now processing) may be the last news for hours, and must not wait for the next."""
+        if self._unwritten and time.monotonic() - self._written_at >= STATUS_INTERVAL_SECONDS:
             self.write_status()
 
     def write_status(
         self, state: BackgroundJobState = BackgroundJobState.RUNNING, exit_code: int | None = None
     ) -> None:
         self._written_at = time.monotonic()
+        self._unwritten = False
         report = WorkerReport(self.stage, self.rows_read, tuple(self.warnings), os.getpid())
         self._background.write_status(
             BackgroundJobStatus(state, self.progress(), self.run_dir, report, exit_code)
@@ -166,6 +175,7 @@ class BackgroundSupervisor:
                 stop.request(StopReason.CANCELLED, job_id=self._background.job_id)
             elif self.signalled is not None:
                 stop.request(self.signalled)
+            self._write_late_progress()
             await anyio.sleep(_POLL_SECONDS)
 
 

@@ -8,6 +8,10 @@
                                            after `polls_to_complete` polls (Failed for a failed job)
     GET   .../jobs/ingest/{id}/successfulResults | failedResults | unprocessedrecords   CSV, shuffled
 
+For `kind: generic` with `format: json`: an upload whose body is JSON (`{"records": [{column: value}]}`
+or the bare list) is taken as the CSV of those rows, and `.../successfulResults.json` (and the other two
+sets, `.json` added) serve a result set as `{"records": [{column: cell}]}`.
+
 The plan's `bulk` object sets the options: a row whose key cell holds `fail_contains` fails (sf__Error),
 one holding `unprocessed_contains` is left unprocessed the first `unprocessed_times` times its key is
 sent; every `fail_job_every`-th closed job is Failed with an errorMessage; `stuck` keeps jobs InProgress;
@@ -98,10 +102,13 @@ class BulkIngest:
             return self._set_state(job, orjson.loads(body).get("state"))
         if not step and method == "GET":
             return self._poll(job)
-        if step in _RESULT_SETS and method == "GET":
+        name, as_json = (step[:-5], True) if step.endswith(".json") else (step, False)
+        if name in _RESULT_SETS and method == "GET":
             if job.state != "JobComplete":
                 return _error(409, f"job {job.id} is {job.state}")
-            return 200, job.results[step], "text/csv"
+            if as_json:
+                return 200, orjson.dumps({"records": _parsed(job.results[name])[1]}), "application/json"
+            return 200, job.results[name], "text/csv"
         return _error(404, f"no {method} {path}")
 
     def _create(self) -> tuple[int, bytes, str]:
@@ -112,7 +119,7 @@ class BulkIngest:
     def _upload(self, job: _Job, body: bytes) -> tuple[int, bytes, str]:
         if job.state != "Open" or job.csv is not None:
             return _error(409, f"job {job.id} takes one upload while Open")
-        job.csv = body
+        job.csv = _csv_of_json(body) if body.lstrip()[:1] in (b"{", b"[") else body
         return 201, b"", "application/json"
 
     def _set_state(self, job: _Job, state: Any) -> tuple[int, bytes, str]:
@@ -183,6 +190,20 @@ def _parsed(data: bytes) -> tuple[list[str], list[dict[str, str]]]:
     reader = csv.DictReader(io.StringIO(data.decode("utf-8", "replace"), newline=""))
     rows = list(reader)
     return list(reader.fieldnames or []), rows
+
+
+def _csv_of_json(body: bytes) -> bytes:
+    """A JSON upload's rows (`{"records": [...]}` or the list) as the CSV the job would have taken."""
+    data = orjson.loads(body)
+    records = data.get("records", []) if isinstance(data, dict) else data
+    header = list(records[0]) if records else []
+
+    def cell(value: Any) -> str:
+        return (
+            "" if value is None else ("true" if value else "false") if isinstance(value, bool) else str(value)
+        )
+
+    return _csv(header, [[cell(record.get(name)) for name in header] for record in records])
 
 
 def _csv(header: list[str], rows: list[list[str]]) -> bytes:

@@ -5,11 +5,19 @@ leaf is, then written as CSV text (RFC 4180: a value holding a comma, quote, CR 
 quotes doubled; null is empty; booleans `true`/`false`). The key column is the one that reads
 `input.key`: results come back in an order of the target's own and are matched to rows by its text,
 so every row's key cell must be non-empty (refused in preflight otherwise).
+
+A generic job whose upload says `format: json` sends its rows as JSON instead: each row the object
+`{column: value}` (the leaves' values as they are, typed), the job's body their list, put at the upload's
+`rows_at` in its `json` (or the body itself). `body` and `content_type` make either kind of upload.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from typing import Any
+
+import orjson
 
 from bulkrelay.errors import ConfigInvalid, Problem
 from bulkrelay.job.config import BulkJobConfig, JobConfig, JsonField
@@ -19,6 +27,7 @@ from bulkrelay.job.request import RenderError, value_getter
 __all__ = ["BulkCsv", "csv_cell"]
 
 _NEEDS_QUOTES = frozenset(',"\r\n')
+_ROWS_MARK = "\u0000bulkrelay rows\u0000"  # where the rows go in a JSON upload's template
 
 
 def csv_cell(name: str, value: Any) -> str:
@@ -59,6 +68,12 @@ class BulkCsv:
         self._key_index = self.columns.index(self.key_column)
         self.newline = b"\r\n" if config.line_ending == "CRLF" else b"\n"
         self.header = ",".join(csv_cell(name, name) for name in self.columns).encode() + self.newline
+        upload = config.steps.upload if config.steps is not None else None
+        self.json_rows = upload is not None and upload.format == "json"
+        self.content_type = "application/json" if self.json_rows else "text/csv"
+        if upload is not None and self.json_rows:
+            self._opening, self._closing = _json_frame(upload.json_, upload.rows_at)
+            self.header = self._opening + self._closing  # what a job's body holds but its rows
         self._url = config.base_url
         self.key_field = key_field
         self._key_getter = self._getters[self._key_index][1]
@@ -72,7 +87,20 @@ class BulkCsv:
         return cls(job, config.input.key)
 
     def line(self, record: Record) -> tuple[str, bytes]:
-        """The row's key text and its CSV line (newline included); RenderError naming the column."""
+        """The row's key text and its CSV line (newline included), or with `format: json` its object and
+        a comma; RenderError naming the column."""
+        if self.json_rows:
+            values = {name: get(record.fields) for name, get in self._getters}
+            key = self._key_text_of(values[self.key_column])
+            if not key:
+                raise RenderError(self.key_column, "is empty: each row's result is matched by its key column")
+            try:
+                return key, orjson.dumps(values) + b","
+            except TypeError as exc:  # a value no JSON holds: named by its column
+                column = next(
+                    (name for name, value in values.items() if not _json_able(value)), self.key_column
+                )
+                raise RenderError(column, f"cannot be sent as JSON: {exc}") from None
         cells = [csv_cell(name, get(record.fields)) for name, get in self._getters]
         key = cells[self._key_index]
         if key.startswith('"'):  # matched against the results' parsed cells: the text, unquoted
@@ -83,8 +111,17 @@ class BulkCsv:
 
     def key_text(self, key: Any) -> str:
         """The key column's text for a row whose `input.key` is `key` (what the results name it by)."""
-        cell = csv_cell(self.key_column, self._key_getter({self.key_field: key}))
+        return self._key_text_of(self._key_getter({self.key_field: key}))
+
+    def _key_text_of(self, value: Any) -> str:
+        cell = csv_cell(self.key_column, value)
         return cell[1:-1].replace('""', '"') if cell.startswith('"') else cell
+
+    def body(self, lines: Sequence[bytes]) -> bytes:
+        """A job's upload: the CSV header and the rows' lines, or the JSON document holding their list."""
+        if not self.json_rows:
+            return self.header + b"".join(lines)
+        return self._opening + b"".join(lines)[:-1] + self._closing  # the last row's comma dropped
 
     def item_request(self, record: Record) -> PreparedRequest:
         """The row's part of a job as preflight checks it and a delta sync digests it: its CSV line,
@@ -96,7 +133,33 @@ class BulkCsv:
                 f"makes a CSV line of {len(line)} bytes: with the header over request.bulk_job.max_bytes "
                 f"{self.config.max_bytes}",
             )
-        return PreparedRequest("PUT", self._url, (("Content-Type", "text/csv"),), line)
+        return PreparedRequest("PUT", self._url, (("Content-Type", self.content_type),), line)
+
+
+def _json_frame(template: dict[str, Any] | None, rows_at: str | None) -> tuple[bytes, bytes]:
+    """The bytes of a JSON upload before and after its rows' list: `template` with the list at
+    `rows_at` (made where the template has no such key), or the bare list."""
+    if rows_at is None:
+        return b"[", b"]"
+    document = copy.deepcopy(template) if template is not None else {}
+    place = document
+    tokens = [token.replace("~1", "/").replace("~0", "~") for token in rows_at[1:].split("/")]
+    for token in tokens[:-1]:
+        place = place.setdefault(token, {})
+        if not isinstance(place, dict):
+            raise ConfigInvalid([Problem(f"rows_at {rows_at} goes through a value that is no object",
+                                         path="request.bulk_job.steps.upload.rows_at")])  # fmt: skip
+    place[tokens[-1]] = _ROWS_MARK
+    opening, _, closing = orjson.dumps(document).partition(orjson.dumps(_ROWS_MARK))
+    return opening + b"[", b"]" + closing
+
+
+def _json_able(value: Any) -> bool:
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _reads(leaf: Any, key_field: str) -> bool:

@@ -868,6 +868,13 @@ class BulkStepConfig(_Model):
     outcome: Literal["success", "failed", "unprocessed"] | None = None  # results: what its rows became
     error_column: NonEmpty | None = None  # results (failed): the column holding a row's error
     capture: Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)] = ()  # results (success)
+    # upload and results: CSV (the default), or JSON: the rows as objects {column: value}, put at
+    # `rows_at` in `json` (none: the body is their list); results as a list at `items`, each naming its
+    # row at `key` (default: /<the key column>), a failed one's message at `error`; `capture`: pointers
+    format: Literal["csv", "json"] = "csv"
+    rows_at: Annotated[str, AfterValidator(_json_pointer)] | None = None
+    items: Annotated[str, AfterValidator(_json_pointer)] | None = None
+    key: Annotated[str, AfterValidator(_json_pointer)] | None = None
 
 
 _States = Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)]
@@ -895,7 +902,30 @@ class BulkGenericConfig(_Model):
             raise ValueError(
                 "request.bulk_job.steps.results: each needs outcome (success, failed, unprocessed)"
             )
+        _json_steps_fit(self)
         return self
+
+
+def _json_steps_fit(steps: BulkGenericConfig) -> None:
+    """`format: json` on the upload and the results, with the keys that go with it (and only there)."""
+    upload = steps.upload
+    if upload.format == "csv" and (upload.rows_at is not None or upload.json_ is not None):
+        raise ValueError("request.bulk_job.steps.upload: json and rows_at go with format: json")
+    if upload.rows_at is not None and not upload.rows_at.strip("/"):
+        raise ValueError("request.bulk_job.steps.upload.rows_at names a key of json (like /records)")
+    for step in steps.results:
+        if step.format == "json":
+            if step.items is None:
+                raise ValueError("request.bulk_job.steps.results: format: json needs items (a JSON pointer)")
+            if step.error_column is not None:
+                raise ValueError("request.bulk_job.steps.results: format: json reads a row's error at error")
+            if not all(pointer.startswith("/") for pointer in step.capture):
+                raise ValueError("request.bulk_job.steps.results: format: json captures JSON pointers (/id)")
+        elif step.items is not None or step.key is not None:
+            raise ValueError("request.bulk_job.steps.results: items and key go with format: json")
+    others = (steps.create, steps.close, steps.abort, steps.status)
+    if any(step is not None and step.format != "csv" for step in others):
+        raise ValueError("request.bulk_job.steps: format goes on upload and results")
 
 
 class BulkJobConfig(_Model):
@@ -1491,10 +1521,8 @@ def _bulk_job_fits(config: JobConfig) -> None:
     """What a bulk job needs of the rest of the job file, and what it does not do (yet)."""
     if config.input.key is None:
         raise ValueError("request.bulk_job needs input.key: each row's result is matched by its key")
-    if config.execution.sync != "full":
-        raise ValueError("request.bulk_job works with execution.sync: full only (delta and mirror: not yet)")
-    if config.request.auth is not None:
-        raise ValueError("request.bulk_job takes its token from request.headers (request.auth: not yet)")
+    if config.execution.sync == "mirror":  # its deletions are requests of their own (mirror.url)
+        raise ValueError("request.bulk_job works with execution.sync: full or delta (mirror: not yet)")
     if config.request.compression != "none":
         raise ValueError("request.bulk_job uploads its CSV as it is (request.compression: not yet)")
 

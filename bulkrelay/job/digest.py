@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from bulkrelay.job.config import RequestConfig
+from bulkrelay.job.config import BulkJobConfig, RequestConfig
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.job.redact import Redactor
 from bulkrelay.job.template import BoundTemplate, FieldRef, SecretRef, compile_template
@@ -65,7 +65,10 @@ class RequestDigester:
             else:
                 self._field_headers.append((name.lower(), bound))
         kind = "json" if self._json else "form" if req.form is not None else "body"
-        self._prefix = _SCHEME + orjson.dumps([req.method, kind, req.content_type, constant]) + b"\0"
+        meaning: list[Any] = [req.method, kind, req.content_type, constant]
+        if req.bulk_job is not None:  # a row's CSV line means what the job's kind, object and columns say
+            meaning.append(_bulk_meaning(req.bulk_job))
+        self._prefix = _SCHEME + orjson.dumps(meaning) + b"\0"
         self.digest: Callable[[PreparedRequest, Mapping[str, Any]], bytes] = self._any_digest
         plain = not url_secrets and not body_secrets and not self._field_headers
         if self._json and sorted_json and plain:
@@ -92,6 +95,14 @@ class RequestDigester:
         elif self._redact_body is not None:
             body = self._redact_body(body.decode()).encode()
         return _blake2b(b"".join((self._prefix, url.encode(), b"\0", headers, b"\0", body))).digest()[:16]
+
+
+def _bulk_meaning(bulk: BulkJobConfig) -> dict[str, Any]:
+    """What a bulk job's settings add to the meaning of each row's CSV line: where and how the job
+    applies it (kind, object, operation, external id, line ending, generic steps) and the column names
+    (the header); the cells are the line. Not the sizes nor the polling, which never reach a row."""
+    meaning = bulk.model_dump(mode="json", exclude={"base_url", "columns", "max_rows", "max_bytes", "poll"})
+    return {**meaning, "columns": list(bulk.columns)}
 
 
 def _plain_json_digest(prefix: bytes) -> Callable[[PreparedRequest, Mapping[str, Any]], bytes]:

@@ -227,7 +227,7 @@ async def _relay_with_stops(
     execution = preflight.job.config.execution
     delay, limit = _time_limit(options, execution.max_lifetime_seconds)
     idle = IdleWatchdog(execution.idle_timeout_seconds)  # every run, foreground or background
-    reporter = FanOut(reporter, CallbackReporter(lambda snapshot: idle.progressed(snapshot.done)))
+    reporter = FanOut(reporter, CallbackReporter(lambda snapshot: idle.progressed(snapshot.movement)))
     async with anyio.create_task_group() as watchers:
         if options.handle_signals:
             watchers.start_soon(watch_signals, stop)

@@ -233,5 +233,5 @@ def _render_rows(
     if batcher is not None:
         requests = rendered_batches(batcher, items, job.config.request.auth)
     if bulk is not None:
-        requests = rendered_jobs(bulk, renderer, lines)
+        requests = rendered_jobs(bulk, renderer, lines, job.config.request.auth)
     return requests, problems, seen if seen < wanted.last else None

@@ -29,7 +29,7 @@ from bulkrelay.relay.batchsender import BatchSender
 from bulkrelay.relay.bulkjobs import open_bulk_relay
 from bulkrelay.relay.failurerate import FailureRate
 from bulkrelay.relay.metrics import RelayStats
-from bulkrelay.relay.progress import Reporter, Snapshot
+from bulkrelay.relay.progress import JobCounts, Reporter, Snapshot
 from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, Pace, RateLimiter
 from bulkrelay.relay.retry import RetryPolicy
 from bulkrelay.relay.sender import RowSender
@@ -76,6 +76,7 @@ class Committed:
     started: float = field(default_factory=time.monotonic)
     pace: Callable[[], Pace] | None = None  # the limiter's state, for the live checkpoint
     prefix: Callable[[], CommittedPrefix | None] | None = None  # the journal's, for the checkpoint
+    jobs: Callable[[], JobCounts] | None = None  # a bulk run's jobs, for the progress
     # The summary's counts of every committed line, kept while the journal was written from its start:
     # the run's summary then needs no second read of the journal (None after a resume).
     counts: SummaryCounts | None = None
@@ -119,7 +120,10 @@ class Committed:
 
     def snapshot(self) -> Snapshot:
         pace = self.pace() if self.pace is not None else None
-        return Snapshot(total=self.total, done=self.done, ok=self.ok, failed=self.failed, pace=pace)
+        jobs = self.jobs() if self.jobs is not None else None
+        return Snapshot(
+            total=self.total, done=self.done, ok=self.ok, failed=self.failed, pace=pace, jobs=jobs
+        )
 
     def checkpoint(self, *, live: bool = False) -> Checkpoint:
         """The counters; `live`: with this call's pace, for `status` while the run goes on."""
@@ -334,9 +338,19 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
         records = limit.first_rows(records)
     journaled = start.journal.done if start.journal is not None else None  # for request.bulk_job's jobs
     bulk = open_bulk_relay(
-        preflight, transport, limiter, stop, journal=run.journal_path, journaled=journaled, stats=stats
+        preflight,
+        transport,
+        limiter,
+        stop,
+        journal=run.journal_path,
+        journaled=journaled,
+        stats=stats,
+        auth=auth,
     )
 
+    if bulk is not None:  # its jobs in the progress, told as each of them moves on
+        committed.jobs = bulk.counts
+        bulk.on_change = lambda: reporter.update(committed.snapshot())
     reporter.update(committed.snapshot())
     try:
         async with anyio.create_task_group() as background:

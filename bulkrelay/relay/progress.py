@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 if TYPE_CHECKING:
     from bulkrelay.relay.ratelimit import Pace
@@ -18,17 +18,50 @@ _clock = time.monotonic  # one name for the reporters' clock, which tests replac
 
 
 @dataclass(frozen=True)
+class JobCounts:
+    """A bulk run's jobs (request.bulk_job), as its journal records them: every job created on the
+    target; of them, those closed and working there (`processing`), those whose results are journaled
+    (`done`), and those aborted before they ran (a crash before the close, a refused upload)."""
+
+    created: int = 0
+    processing: int = 0
+    done: int = 0
+    aborted: int = 0
+    polls: int = field(default=0, compare=False)  # answered: a job working, the target alive (idleness)
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "created": self.created,
+            "processing": self.processing,
+            "done": self.done,
+            "aborted": self.aborted,
+        }
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """Committed progress: only rows whose results are durable count."""
+    """Committed progress: only rows whose results are durable count; a bulk run's jobs beside them."""
 
     total: int
     done: int
     ok: int
     failed: int
     pace: Pace | None = field(default=None, compare=False)  # the limiter's state (`state()`)
+    jobs: JobCounts | None = None  # request.bulk_job: its jobs so far
 
-    def to_dict(self) -> dict[str, int | str]:
-        return {"done": self.done, "total": self.total, "unit": "rows", "ok": self.ok, "failed": self.failed}
+    @property
+    def movement(self) -> tuple[int, int]:
+        """What changes while a run moves on (the idle watchdog's measure): rows committed, and a bulk
+        run's polls answered, as a job can work for hours with no row to commit meanwhile."""
+        return self.done, self.jobs.polls if self.jobs is not None else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "done": self.done, "total": self.total, "unit": "rows", "ok": self.ok, "failed": self.failed
+        }  # fmt: skip
+        if self.jobs is not None:
+            data["jobs"] = self.jobs.to_dict()
+        return data
 
 
 def pace_text(pace: Pace, rows_per_second: float | None = None) -> str:
@@ -47,10 +80,15 @@ def pace_text(pace: Pace, rows_per_second: float | None = None) -> str:
 
 
 def _pace_suffix(snapshot: Snapshot) -> str:
+    """The limiter's state and a bulk run's jobs, after the rows: ", 2 jobs done, 1 processing"."""
+    jobs = snapshot.jobs
+    said = ""
+    if jobs is not None:
+        said = f", {jobs.done} of {jobs.created} jobs done, {jobs.processing} processing"
     if snapshot.pace is None:
-        return ""
+        return said
     text = pace_text(snapshot.pace)
-    return "" if text == "-" else f", {text}"
+    return said if text == "-" else f"{said}, {text}"
 
 
 class _CallRate:

@@ -17,6 +17,8 @@ from typing import TypeVar
 
 import anyio
 
+_clock = time.monotonic  # the idle watchdog's clock, which tests replace
+
 
 class StopReason(enum.StrEnum):
     """Why a run stopped before its end; each maps to a run state and an exit code (ops/execute).
@@ -149,7 +151,8 @@ _IDLE_POLL_SECONDS = 0.1
 
 
 class IdleWatchdog:
-    """Requests STALLED when committed progress has not moved for `idle_seconds`.
+    """Requests STALLED when committed progress has not moved for `idle_seconds` (a bulk job's poll
+    answered moves it too: the target is alive, the job working).
 
     A stall means the rows in flight are likely stuck too (a target that holds responses), so
     waiting for them would let the run outlive its idle timeout by up to a read timeout each:
@@ -158,18 +161,23 @@ class IdleWatchdog:
 
     def __init__(self, idle_seconds: float) -> None:
         self._idle = idle_seconds
-        self._done: int | None = None
-        self._changed_at = time.monotonic()
+        self._done: object = None
+        self._changed_at = _clock()
 
-    def progressed(self, done: int) -> None:
+    def progressed(self, done: object) -> None:
+        """`done`: the run's measure of moving on (`Snapshot.movement`); a change is progress."""
         if done != self._done:
             self._done = done
-            self._changed_at = time.monotonic()
+            self._changed_at = _clock()
+
+    def idle_for(self) -> float:
+        """Seconds since the run last moved on."""
+        return _clock() - self._changed_at
 
     async def watch(self, stop: StopControl) -> None:
-        self._changed_at = time.monotonic()  # idleness counts from the first send, not from preflight
+        self._changed_at = _clock()  # idleness counts from the first send, not from preflight
         while not stop.requested:
-            if time.monotonic() - self._changed_at >= self._idle:
+            if self.idle_for() >= self._idle:
                 stop.request(
                     StopReason.STALLED, idle_timeout_seconds=self._idle, grace_seconds=STALL_GRACE_SECONDS
                 )

@@ -3,6 +3,7 @@ with preflight refusing a row whose key cell is empty or whose value no CSV cell
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +11,11 @@ import pytest
 import yaml
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid
-from bulkrelay.job.bulkcsv import csv_cell
+from bulkrelay.job.bulkcsv import BulkCsv, csv_cell
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.job.records import Record
+from bulkrelay.job.request import RenderError
 from tests.relay.bulkrun import GENERIC_STEPS, bulk_job_spec
 
 
@@ -33,7 +35,12 @@ def _job(tmp_path: Path, spec: dict[str, Any], rows: str = "id,email\nk1,a@x\n")
         ),
         (lambda s: s["request"]["bulk_job"]["columns"].pop("External_Id__c"), "must hold the external id"),
         (lambda s: s["input"].pop("key"), "needs input.key"),
-        (lambda s: s.setdefault("execution", {}).update(sync="delta"), "execution.sync: full only"),
+        (
+            lambda s: s.update(
+                execution={"sync": "mirror"}, mirror={"url": "http://h/{id}", "max_deletes": 1}
+            ),
+            "execution.sync: full or delta (mirror: not yet)",
+        ),
         (lambda s: s["request"]["bulk_job"].update(kind="mailchimp"), "kind"),
         (lambda s: s["request"]["bulk_job"]["poll"].update(max_wait="soon"), "is not a duration"),
         (lambda s: s["request"]["bulk_job"].pop("object"), "object is required with kind: salesforce_bulk2"),
@@ -88,3 +95,43 @@ def test_a_rows_line_is_csv_and_its_key_the_cells_text(tmp_path: Path) -> None:
     assert (key, line) == ('a,"b"', b'"a,""b""","x\ny"\n')
     assert bulk.key_text('a,"b"') == key
     assert [csv_cell("c", v) for v in (None, True, 3, 1.5, "plain")] == ["", "true", "3", "1.5", "plain"]
+
+
+def _row_digest(tmp_path: Path, change: Any) -> bytes:
+    """The delta digest of rows.csv's one row, under the bulk job `change` makes of the usual one."""
+    spec = bulk_job_spec("http://127.0.0.1:9")
+    spec["execution"] = {"sync": "delta"}
+    change(spec["request"]["bulk_job"])
+    preflight = run_preflight(load_job(_job(tmp_path, spec)), None, env={"SF_TOKEN": "sf-token-1"})
+    assert preflight.bulk is not None and preflight.digester is not None
+    record = Record(1, 2, {"id": "k1", "email": "a@x"})
+    return preflight.digester.digest(preflight.bulk.item_request(record), record.fields)
+
+
+def test_a_delta_rows_digest_is_its_csv_line_under_what_the_job_means_not_its_sizes(tmp_path: Path) -> None:
+    usual = _row_digest(tmp_path, lambda bulk: None)
+    for unchanged in (lambda b: b.update(max_rows=2), lambda b: b["poll"].update(max_seconds=5)):
+        assert _row_digest(tmp_path, unchanged) == usual
+    renamed = {"External_Id__c": {"from": "id"}, "Email__c": {"from": "email"}}
+    for changed in (
+        lambda b: b.update(columns=renamed),  # the same cells, another field
+        lambda b: b.update(object="Lead"),
+        lambda b: b.update(operation="insert", external_id_field=None),
+    ):
+        assert _row_digest(tmp_path, changed) != usual
+
+
+def test_a_json_row_whose_value_no_json_holds_is_refused_naming_its_column(tmp_path: Path) -> None:
+    spec = bulk_job_spec("http://127.0.0.1:9", kind="generic", object="-", operation="insert")
+    del spec["request"]["bulk_job"]["external_id_field"]
+    upload = {**GENERIC_STEPS["upload"], "format": "json"}
+    spec["request"]["bulk_job"]["steps"] = {**GENERIC_STEPS, "upload": upload}
+    bulk = BulkCsv.of_job(load_job(_job(tmp_path, spec)).config)
+    assert bulk is not None
+    assert bulk.line(Record(1, 2, {"id": "k1", "email": "a@x"})) == (
+        "k1",
+        b'{"External_Id__c":"k1","Email":"a@x"},',
+    )
+    with pytest.raises(RenderError) as refused:
+        bulk.line(Record(1, 2, {"id": "k1", "email": Decimal("1.5")}))  # a numeric from a database
+    assert refused.value.field == "Email" and "cannot be sent as JSON" in str(refused.value)

@@ -1,6 +1,7 @@
 """A bulk job through the command line: `poll.max_wait` stops the call resumably (exit 10 with
 `continue_command`), and `resume` polls the same job to its end without submitting its rows again;
-`retry-failed`, `export` and `failures` read a bulk run's rows as any run's."""
+`retry-failed`, `export` and `failures` read a bulk run's rows as any run's; a background job's progress,
+as `job status` and `job wait` show it, counts the jobs created, processing and done beside the rows."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from bulkrelay.store.journal.jobrecords import job_ledgers
 from tests.clirun import cli_env, run_cli
 from tests.relay.bulkrun import write_bulk_job
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_BUDGET, wait_for
 
 pytestmark = pytest.mark.slow
 ENV = cli_env(SF_TOKEN="tok")
@@ -57,3 +59,30 @@ def test_max_wait_stops_resumably_and_resume_attaches_to_the_same_job(tmp_path: 
         uploads = [r["body"] for r in target.requests() if r["method"] == "PUT"]
     assert child.data["progress"]["total"] == 1, child.envelope
     assert uploads == ["External_Id__c,Email\nk2-bogus-bob,bogus-bob@example.com\n"]
+
+
+def test_a_background_jobs_progress_shows_its_bulk_jobs_created_processing_and_done(tmp_path: Path) -> None:
+    env = cli_env(SF_TOKEN="tok", BULKRELAY_STATE_DIR=str(tmp_path / "state"))
+    with TargetProcess({"bulk": {"stuck": True}}) as target:  # the first job stays InProgress
+        job = write_bulk_job(tmp_path, target.url, ["ann", "bogus-bob", "cy", "dan", "eve"])
+        front = run_cli("run", job, "--budget", "1s", cwd=tmp_path, env=env)
+        assert front.exit_code == ExitCode.INCOMPLETE, front.envelope
+        job_id = front.data["job_id"]
+
+        def processing() -> dict[str, object] | None:
+            status = run_cli("job", "status", job_id, cwd=tmp_path, env=env)
+            jobs: dict[str, object] | None = status.data["progress"].get("jobs")
+            return jobs if jobs is not None and jobs["processing"] == 1 else None
+
+        assert wait_for(processing, "the first bulk job processing") == {
+            "created": 1, "processing": 1, "done": 0, "aborted": 0
+        }  # fmt: skip
+        held = run_cli("job", "wait", job_id, "--budget", "200ms", cwd=tmp_path, env=env)
+        assert held.exit_code == ExitCode.INCOMPLETE, held.envelope
+        assert held.data["progress"]["jobs"]["processing"] == 1 and held.data["progress"]["done"] == 0
+        target.set_plan({"bulk": {"stuck": False}})
+        final = run_cli("job", "wait", job_id, "--budget", HANG_BUDGET, cwd=tmp_path, env=env)
+    assert final.exit_code == ExitCode.PARTIAL_FAILURE, final.envelope
+    progress = final.data["progress"]
+    assert progress["jobs"] == {"created": 2, "processing": 0, "done": 2, "aborted": 0}
+    assert (progress["done"], progress["ok"], progress["failed"]) == (5, 4, 1)

@@ -15,7 +15,7 @@ from bulkrelay.job.preflight import run_preflight
 from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.relay.engine import StartPoint, relay
 from bulkrelay.relay.metrics import RelayStats
-from bulkrelay.relay.progress import NullReporter
+from bulkrelay.relay.progress import NullReporter, Reporter
 from bulkrelay.relay.stopping import StopControl
 from bulkrelay.store.journal import read_journal
 from bulkrelay.store.rundir import RunDir
@@ -85,15 +85,40 @@ async def run_bulk_job(
     run: RunDir | None = None,
     runs: Path | None = None,
     stats: RelayStats | None = None,
+    env: dict[str, str] | None = None,
+    reporter: Reporter | None = None,
 ) -> BatchRun:
     """Preflight and relay the job in-process into a new run directory (in `runs`, else beside the job;
     or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target), and
-    HUBSPOT_TOKEN and HUBSPOT_BASE (the same)."""
-    env = {"SF_TOKEN": "tok-secret", "SF_INSTANCE": target.url}
+    HUBSPOT_TOKEN and HUBSPOT_BASE (the same), and `env`."""
+    env = {"SF_TOKEN": "tok-secret", "SF_INSTANCE": target.url, **(env or {})}
     env |= {"HUBSPOT_TOKEN": "tok-secret", "HUBSPOT_BASE": target.url}
     preflight = run_preflight(load_job(job_path), None, env=env)
     run = run or RunDir.create(runs or job_path.parent / "runs", plan_for(preflight))
     outcome = await relay(
-        preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter(), stats=stats
+        preflight, run, StartPoint(), stop=StopControl(), reporter=reporter or NullReporter(), stats=stats
     )
     return BatchRun(outcome, list(read_journal(run.journal_path)), target.state.requests(), run)
+
+
+def with_auth(job_path: Path, auth: dict[str, Any]) -> Path:
+    """The job file with `request.auth` in place of its Authorization header."""
+    spec = yaml.safe_load(job_path.read_text())
+    del spec["request"]["headers"]
+    spec["request"]["auth"] = auth
+    job_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return job_path
+
+
+def write_kind_job(tmp_path: Path, target_url: str, names: list[str], kind: str) -> Path:
+    """A job of `kind` (salesforce_bulk2, generic speaking the ingest API, named_import) over `names`."""
+    if kind == "named_import":
+        return write_bulk_job(tmp_path, target_url, names, kind=kind, base_url=target_url, object="0-1")
+    if kind == "salesforce_bulk2":
+        return write_bulk_job(tmp_path, target_url, names)
+    job = write_bulk_job(tmp_path, target_url, names, kind="generic", steps=GENERIC_STEPS)
+    spec = yaml.safe_load(job.read_text())
+    for key in ("object", "operation", "external_id_field"):
+        del spec["request"]["bulk_job"][key]
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return job

@@ -4,10 +4,12 @@ upload, close, status and three result sets, each row's outcome matched by key."
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
@@ -87,3 +89,85 @@ def test_generic_needs_its_steps_and_pointers(tmp_path: Path) -> None:
     job.write_text(yaml.safe_dump(spec, sort_keys=False))
     with pytest.raises(ConfigInvalid, match="status needs state"):
         load_job(job)
+
+
+def _json_steps() -> dict[str, Any]:
+    """GENERIC_STEPS speaking JSON: the rows uploaded as {"records": [...]}, the results read as JSON."""
+    steps = copy.deepcopy(GENERIC_STEPS)
+    steps["upload"] |= {"format": "json", "json": {"records": []}, "rows_at": "/records"}
+    success, failed, unprocessed = steps["results"]
+    success |= {
+        "path": success["path"] + ".json",
+        "format": "json",
+        "items": "/records",
+        "capture": ["/sf__Id"],
+    }
+    del failed["error_column"]
+    failed |= {"path": failed["path"] + ".json", "format": "json", "items": "/records", "error": "/sf__Error"}
+    unprocessed |= {"path": unprocessed["path"] + ".json", "format": "json", "items": "/records"}
+    unprocessed["key"] = "/External_Id__c"  # the default, said
+    return steps
+
+
+async def test_a_json_upload_of_the_rows_and_json_results_are_matched_by_key(tmp_path: Path) -> None:
+    target = await start_target({})
+    try:
+        job = write_generic_job(tmp_path, target.url)
+        spec = yaml.safe_load(job.read_text())
+        spec["request"]["bulk_job"]["steps"] = _json_steps()
+        spec["request"]["bulk_job"]["columns"]["Active"] = {"value": True}
+        job.write_text(yaml.safe_dump(spec, sort_keys=False))
+        result = await run_bulk_job(job, target)
+    finally:
+        await target.stop()
+    assert result.outcome.stop_reason is None
+    rows = result.by_row()
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]
+    for number in (1, 2, 4, 5, 6):  # 5 unprocessed at first, then in a job of its own
+        captured = rows[number].captured
+        assert rows[number].success and captured is not None and captured["sf__Id"].startswith("003")
+    assert (rows[3].classification, rows[3].error) == (
+        "item_rejected",
+        "INVALID_FIELD:bad value in k3-bogus-cy",
+    )
+    upload = next(r for r in result.requests if r["method"] == "PUT")
+    assert upload["headers"]["Content-Type"] == "application/json"
+    records = orjson.loads(upload["body"])["records"]
+    assert records[0] == {"External_Id__c": "k1-ann", "Email": "ann@example.com", "Active": True}
+    assert [record["External_Id__c"] for record in records] == ["k1-ann", "k2-bob", "k3-bogus-cy", "k4-dan"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s["results"][0].update(format="json"), "format: json needs items"),
+        (lambda s: s["results"][1].update(format="json", items="/r"), "reads a row's error at error"),
+        (lambda s: s["results"][0].update(items="/r"), "items and key go with format: json"),
+        (lambda s: s["upload"].update(rows_at="/records"), "json and rows_at go with format: json"),
+        (lambda s: s["status"].update(format="json"), "format goes on upload and results"),
+    ],
+)
+def test_json_steps_are_refused_when_incoherent(tmp_path: Path, change: Any, message: str) -> None:
+    job = write_generic_job(tmp_path, "http://127.0.0.1:9")
+    spec = yaml.safe_load(job.read_text())
+    change(spec["request"]["bulk_job"]["steps"])
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    with pytest.raises(ConfigInvalid, match=message):
+        load_job(job)
+
+
+async def test_a_json_result_item_without_a_key_fails_the_jobs_rows_clearly(tmp_path: Path) -> None:
+    spoiled = {"match": {"path_contains": "successfulResults.json"}, "body": {"records": [{"sf__Id": "003"}]}}
+    target = await start_target({"rules": [spoiled]})
+    try:
+        job = write_generic_job(tmp_path, target.url)
+        spec = yaml.safe_load(job.read_text())
+        spec["request"]["bulk_job"]["steps"] = _json_steps()
+        job.write_text(yaml.safe_dump(spec, sort_keys=False))
+        result = await run_bulk_job(job, target)
+    finally:
+        await target.stop()
+    rows = result.by_row()
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6] and not any(entry.success for entry in rows.values())
+    assert {entry.classification for entry in rows.values()} == {"batch_answer_invalid"}
+    assert "an item has no key at /External_Id__c" in (rows[1].error or "")

@@ -13,7 +13,9 @@ from bulkrelay.demo.target import start_target
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.ops.lifecycle import plan_for
-from bulkrelay.relay.stopping import StopReason
+from bulkrelay.relay import stopping
+from bulkrelay.relay.progress import CallbackReporter, JobCounts, Snapshot
+from bulkrelay.relay.stopping import IdleWatchdog, StopReason
 from bulkrelay.store.journal.jobrecords import encode_job_record, job_ledgers
 from bulkrelay.store.rundir import RunDir
 from tests.relay.batchrun import BatchRun
@@ -181,3 +183,40 @@ async def test_a_poll_refused_with_a_4xx_fails_the_jobs_rows_and_the_run_goes_on
         assert not rows[n].success and "poll answered 400" in (rows[n].error or "")
         assert (rows[n].classification, rows[n].status_code) == ("http_client_error", 400)
     assert rows[5].success
+
+
+async def test_the_progress_shows_jobs_created_processing_and_done_beside_the_rows(tmp_path: Path) -> None:
+    snapshots: list[Snapshot] = []
+    target = await start_target({"bulk": {"polls_to_complete": 2}})
+    try:
+        job = write_bulk_job(tmp_path, target.url, NAMES)
+        result = await run_bulk_job(job, target, reporter=CallbackReporter(snapshots.append))
+    finally:
+        await target.stop()
+    assert result.outcome.stop_reason is None
+    seen = [snapshot.jobs for snapshot in snapshots]
+    assert seen[0] == JobCounts() and seen[-1] == JobCounts(created=3, done=3)
+    # each job as it moves on: created (open), then processing once closed, then done with its rows
+    assert JobCounts(created=1) in seen and JobCounts(created=1, processing=1) in seen
+    assert JobCounts(created=2, processing=1, done=1) in seen
+    assert snapshots[-1].to_dict()["jobs"] == {"created": 3, "processing": 0, "done": 3, "aborted": 0}
+    assert snapshots[-1].done == 9
+    done_at = seen.index(JobCounts(created=1, done=1))
+    assert snapshots[done_at].done == 4  # the first job's rows are committed before it counts as done
+    # each poll answered moves the run on (the idle watchdog's measure) though no row is committed
+    polled = [snapshot.movement for snapshot in snapshots if snapshot.done == 0]
+    assert snapshots[-1].jobs is not None and snapshots[-1].jobs.polls >= 3 * 2
+    assert len(set(polled)) >= 2, polled
+
+
+def test_a_poll_answered_is_progress_to_the_idle_watchdog(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(stopping, "_clock", lambda: now[0])
+    watchdog = IdleWatchdog(idle_seconds=300)
+    for polls in (1, 2, 3):  # a job working for 15 minutes, no row committed, a poll answered each 5
+        now[0] += 300
+        watchdog.progressed(Snapshot(10, 0, 0, 0, jobs=JobCounts(created=1, polls=polls)).movement)
+        assert watchdog.idle_for() == 0
+    now[0] += 300
+    watchdog.progressed(Snapshot(10, 0, 0, 0, jobs=JobCounts(created=1, polls=3)).movement)
+    assert watchdog.idle_for() == 300  # nothing moved: a stall

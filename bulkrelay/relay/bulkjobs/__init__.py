@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
+from bulkrelay.relay.auth import Authenticator
 from bulkrelay.relay.bulkjobs.generic import GenericBulk
 from bulkrelay.relay.bulkjobs.jobs import BulkJobRelay
 from bulkrelay.relay.bulkjobs.named_import import NamedImport
@@ -34,13 +35,15 @@ def open_bulk_relay(
     journal: Path,
     journaled: Container[int] | None,
     stats: RelayStats,
+    auth: Authenticator | None,
 ) -> BulkJobRelay | None:
     """The job's bulk relay, attached to the jobs its journal names; None when it sends no bulk jobs."""
     bulk = preflight.bulk
     if bulk is None:
         return None
     base = preflight.renderer.render(Record(0, 0, {}))  # the base URL and headers, secrets bound
-    attempts = preflight.job.config.retry.max_attempts
+    config = preflight.job.config
+    attempts = config.retry.max_attempts
     kind: type[SalesforceBulk2 | NamedImport | GenericBulk] = SalesforceBulk2
     if bulk.config.kind != "salesforce_bulk2":
         kind = NamedImport if bulk.config.kind == "named_import" else GenericBulk
@@ -48,14 +51,24 @@ def open_bulk_relay(
         bulk,
         transport,
         base.headers,
-        lambda: stop.requested,
+        stop,
         base_url=base.url,
         run_id=journal.parent.name,  # the run directory's name is the run's id
         attempts=attempts,
         limiter=limiter,
         stats=stats,
+        auth=auth,  # request.auth: the relay's one authenticator, shared with nothing else in a bulk run
+        halt_statuses=config.halt.on_statuses,
     )
     ledgers = job_ledgers(journal)
     if ledgers and journaled is None:  # a start that did not replay the journal: its rows read here
         journaled = {entry.row_number for entry in read_journal(journal)}
-    return BulkJobRelay(bulk, api, stop, ledgers=ledgers, journaled=journaled, max_attempts=attempts)
+    return BulkJobRelay(
+        bulk,
+        api,
+        stop,
+        ledgers=ledgers,
+        journaled=journaled,
+        max_attempts=attempts,
+        digester=preflight.digester,  # a delta job's
+    )

@@ -1,11 +1,14 @@
 """`kind: generic`: a bulk job's steps as request templates, for an API neither preset fits.
 
     steps.create    {method, path, json}  -> the job's id at the JSON pointer `id`
-    steps.upload    {method, path}        the job's CSV, once (text/csv)
+    steps.upload    {method, path}        the job's CSV, once (text/csv); with `format: json` the rows as
+                                          JSON objects, their list at `rows_at` in `json` (or the body)
     steps.close     {method, path, json}  optional: without it the upload closes the job
     steps.abort     {method, path, json}  optional: without it an unclosed job is left open (never runs)
     steps.status    {method, path}        the job's state at the pointer `state` (`error`: a failed one's)
-    steps.results   [{method, path, outcome, error_column, capture}]   CSV files, matched by the key column
+    steps.results   [{method, path, outcome, error_column, capture}]   CSV files, matched by the key column;
+                    with `format: json`, a JSON list at `items`, each item's row named at `key` (default
+                    /<key column>), its error at `error`, `capture` JSON pointers (kept by their last name)
 
 Every `path` follows `base_url`; `{job}` in it is the job's id (percent-encoded). The target's states
 are told apart by the lists `done_states`, `failed_states`, `aborted_states` and `open_states`; any
@@ -14,6 +17,7 @@ other state is still working. Each step is asked as steps.py says (the upload ne
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -61,7 +65,8 @@ class GenericBulk(StepClient):
 
     async def upload(self, remote: str, body: bytes) -> None:
         step = self._steps.upload
-        await self._sent_once("upload", self._request(step.method, self._url(step, remote), body, "text/csv"))
+        url = self._url(step, remote)
+        await self._sent_once("upload", self._request(step.method, url, body, self._bulk.content_type))
 
     async def close(self, remote: str) -> None:
         """Close the job (when a step does); a refusal is no refusal when the job is closed already."""
@@ -93,17 +98,20 @@ class GenericBulk(StepClient):
         for step in self._steps.results:
             name = step.path.rsplit("/", 1)[-1]
             answer = await self._step(name, step, remote)
-            for row in csv_rows(answer.body, name, key):
-                if row[key] not in sent:
-                    raise never_sent(name, row[key], remote)
+            if step.format == "json":
+                outcomes = _json_outcomes(answer, step, name, "/" + _escaped(key))
+            else:
+                outcomes = _csv_outcomes(csv_rows(answer.body, name, key), step, key)
+            for row_key, what in outcomes:
+                if row_key not in sent:
+                    raise never_sent(name, row_key, remote)
                 match step.outcome:  # what the target says became of the row, as the job file names it
                     case "failed":
-                        error = row.get(step.error_column or "") or f"failed (in {name})"
-                        results.failed[row[key]] = error
+                        results.failed[row_key] = what or f"failed (in {name})"
                     case "unprocessed":
-                        results.unprocessed.add(row[key])
+                        results.unprocessed.add(row_key)
                     case _:
-                        results.succeeded[row[key]] = {column: row.get(column) for column in step.capture}
+                        results.succeeded[row_key] = what or {}
         return results
 
     async def _step(self, name: str, step: BulkStepConfig, remote: str) -> Response:
@@ -113,6 +121,48 @@ class GenericBulk(StepClient):
 
     def _url(self, step: BulkStepConfig, remote: str) -> str:
         return self._base + step.path.replace("{job}", quote(remote, safe=""))
+
+
+def _csv_outcomes(rows: list[dict[str, str]], step: BulkStepConfig, key: str) -> Iterator[tuple[str, Any]]:
+    """Each result row's key cell, and its error (failed) or captured columns (success)."""
+    for row in rows:
+        if step.outcome == "failed":
+            yield row[key], row.get(step.error_column or "")
+        else:
+            yield row[key], {column: row.get(column) for column in step.capture}
+
+
+def _json_outcomes(answer: Response, step: BulkStepConfig, name: str, key: str) -> Iterator[tuple[str, Any]]:
+    """Each item of a JSON result's list: its row's key text, and its error or captured values; an item
+    without a key, or an answer without the list, is StepRefused (the job's rows fail, nothing guessed)."""
+    try:
+        document = orjson.loads(answer.body)
+    except orjson.JSONDecodeError:
+        raise StepRefused(name, answer.status, "the answer is not JSON") from None
+    items = resolve_pointer(document, step.items or "")
+    if not isinstance(items, list):
+        raise StepRefused(name, answer.status, f"the answer has no list at {step.items}")
+    for item in items:
+        found = resolve_pointer(item, step.key or key)
+        if isinstance(found, bool) or not isinstance(found, (str, int)) or found == "":
+            raise StepRefused(name, answer.status, f"an item has no key at {step.key or key}")
+        if step.outcome == "failed":
+            error = _value(resolve_pointer(item, step.error)) if step.error else None
+            yield str(found), None if error is None else str(error)
+        else:
+            yield str(found), {_last_name(p): _value(resolve_pointer(item, p)) for p in step.capture}
+
+
+def _escaped(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _last_name(pointer: str) -> str:
+    return pointer.rsplit("/", 1)[-1].replace("~1", "/").replace("~0", "~")
+
+
+def _value(found: Any) -> Any:
+    return found if isinstance(found, (str, int, float, bool, dict, list)) else None
 
 
 def _pointed(answer: Response, pointer: str, step: str) -> Any:

@@ -13,18 +13,24 @@ results are not journaled: it asks the target for the job's state (a close may h
 answer was lost); a job still `Open` is aborted (its rows go in the next job formed), one closed or later
 is polled and its results fetched, never submitted again. Rows count as done only when their result line
 is committed; rows a job left unprocessed go in a later job, at most `retry.max_attempts` jobs in all.
+
+A delta job's rows (`execution.sync: delta`, docs/delta.md) are the changed ones preflight chose; each
+row's line carries the digest of its request (its CSV line under the job's settings), which the sync
+state learns once the line is committed, as for a row sent alone. The digests are in the job's
+`created` record too, so a resume's attached job gives its rows' lines theirs.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
 from bulkrelay.job.bulkcsv import BulkCsv
+from bulkrelay.job.digest import RequestDigester
 from bulkrelay.job.records import Record
 from bulkrelay.relay.bulkjobs.steps import (
     ABORTED,
@@ -37,6 +43,7 @@ from bulkrelay.relay.bulkjobs.steps import (
     StepRefused,
     StepStopped,
 )
+from bulkrelay.relay.progress import JobCounts
 from bulkrelay.relay.retry import BATCH_ANSWER_INVALID, ITEM_REJECTED, SUCCESS
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.store.journal import JournalEntry, JournalWriter, entry_of
@@ -55,6 +62,7 @@ class BulkRow:
     text: str
     line: bytes = b""
     jobs: int = 0
+    digest: str | None = None  # a delta job's: the row's request digest (hex)
 
 
 class BulkJobRelay:
@@ -69,6 +77,7 @@ class BulkJobRelay:
         ledgers: dict[int, JobLedger],
         journaled: Container[int] | None,
         max_attempts: int,
+        digester: RequestDigester | None = None,
     ) -> None:
         self._bulk = bulk
         self._api = api
@@ -76,9 +85,30 @@ class BulkJobRelay:
         self._ledgers = ledgers
         self._journaled = journaled
         self._max_attempts = max_attempts
+        self._digester = digester  # a delta job's: each row's line carries its request digest
         self._next_number = max(ledgers, default=0) + 1
         self._done_now: set[int] = set()  # rows journaled by this process
         self._carried: deque[BulkRow] = deque()  # rows a job left unprocessed, for the next one
+        self._phases = {number: _phase(ledger.events) for number, ledger in ledgers.items()}
+        self.on_change: Callable[[], None] = _nothing  # told when a job moves on (the progress)
+        self._polls = 0  # answered, this call: a job still working moves the run on (idleness)
+
+    def counts(self) -> JobCounts:
+        """The run's jobs so far, from its journal's records and this call's."""
+        phases = list(self._phases.values())
+        return JobCounts(
+            len(phases),
+            phases.count("processing"),
+            phases.count("done"),
+            phases.count("aborted"),
+            self._polls,
+        )
+
+    async def _record(self, journal: JournalWriter, number: int, event: str, **fields: Any) -> None:
+        """Commit one of job `number`'s records (fsynced before the next step begins), and say so."""
+        await journal.commit_record(encode_job_record(number, event, **fields))
+        self._phases[number] = _phase([self._phases.get(number, "open"), event])
+        self.on_change()
 
     async def run(self, records: Iterator[Record], journal: JournalWriter) -> None:
         self._api.deadline = time.monotonic() + self._bulk.config.poll.max_wait
@@ -117,14 +147,17 @@ class BulkJobRelay:
             if record.row_number in self._done_now:
                 continue  # journaled while attaching to an earlier process's job
             text, line = self._bulk.line(record)
-            return BulkRow(record.row_number, record.fields.get(key_field), text, line)
+            row = BulkRow(record.row_number, record.fields.get(key_field), text, line)
+            if self._digester is not None:  # as preflight digested it, to choose the row
+                row.digest = self._digester.digest(self._bulk.item_request(record), record.fields).hex()
+            return row
         return None
 
     # ------------------------------------------------------------ one job's life
 
     async def _run_job(self, rows: list[BulkRow], journal: JournalWriter) -> None:
         rows.sort(key=lambda row: row.row)
-        body = self._bulk.header + b"".join(row.line for row in rows)
+        body = self._bulk.body([row.line for row in rows])
         started = time.monotonic()
         for row in rows:
             row.jobs += 1
@@ -137,13 +170,13 @@ class BulkJobRelay:
                 break
             try:
                 await self._api.upload(remote, body)
-                await journal.commit_record(encode_job_record(number, "uploaded"))
+                await self._record(journal, number, "uploaded")
                 await self._api.close(remote)
             except StepRefused as refused:  # an upload is never sent twice: this job goes, another is made
                 error = refused
                 await self._abort(number, remote, journal)
                 continue
-            await journal.commit_record(encode_job_record(number, "closed"))
+            await self._record(journal, number, "closed")
             await self._finish(number, remote, rows, journal, started, {row.text for row in rows})
             return
         await self._fail(rows, journal, str(error), started, BULK_JOB_FAILED, error.status if error else None)
@@ -152,39 +185,36 @@ class BulkJobRelay:
         number = self._next_number
         remote = await self._api.create(number, [r.text for r in rows])
         self._next_number = number + 1
-        record = encode_job_record(
-            number,
-            "created",
-            remote=remote,
-            rows=row_ranges([r.row for r in rows]),
-            keys=[r.key for r in rows],
-        )
-        await journal.commit_record(record)  # durable before any byte of the job's data leaves
+        ranges, keys = row_ranges([r.row for r in rows]), [r.key for r in rows]
+        more = {} if self._digester is None else {"digests": [r.digest for r in rows]}
+        # durable before any byte of the job's data leaves
+        await self._record(journal, number, "created", remote=remote, rows=ranges, keys=keys, **more)
         return number, remote
 
     async def _abort(self, number: int, remote: str, journal: JournalWriter) -> None:
         """Abort a job never closed; one the target will not abort stays Open, so it never runs either."""
         with suppress(StepRefused):
             await self._api.abort(remote)
-        await journal.commit_record(encode_job_record(number, "aborted"))
+        await self._record(journal, number, "aborted")
 
     async def _attach(self, ledger: JobLedger, journal: JournalWriter) -> None:
         """An earlier process's job whose results are not journaled: asked first, never sent again."""
         done = self._journaled
+        digests: list[str | None] = [*ledger.digests] if ledger.digests else [None] * len(ledger.rows)
         rows = [
-            BulkRow(row, key, self._bulk.key_text(key))
-            for row, key in zip(ledger.rows, ledger.keys, strict=False)
+            BulkRow(row, key, self._bulk.key_text(key), digest=digest)
+            for row, key, digest in zip(ledger.rows, ledger.keys, digests, strict=False)
             if done is None or row not in done
         ]
         if not rows:  # its rows' lines are committed; only its last record was lost
-            await journal.commit_record(encode_job_record(ledger.job, "results"))
+            await self._record(journal, ledger.job, "results")
             return
         started = time.monotonic()
         try:
             state, _ = await self._api.state(ledger.remote)
         except JobForgotten as forgotten:
             if not ledger.closed:  # never closed: it never ran, and never will
-                await journal.commit_record(encode_job_record(ledger.job, "aborted"))
+                await self._record(journal, ledger.job, "aborted")
                 return
             await self._fail(rows, journal, str(forgotten), started, BULK_JOB_FAILED, 404, ledger.job)
             return
@@ -213,7 +243,7 @@ class BulkJobRelay:
         except StepRefused as refused:  # forgotten (404) or refused: its rows fail with the answer
             await self._fail(rows, journal, str(refused), started, BULK_JOB_FAILED, refused.status, number)
             return
-        await journal.commit_record(encode_job_record(number, "state", state=state, error=error))
+        await self._record(journal, number, "state", state=state, error=error)
         if state in (FAILED, ABORTED):
             message = f"bulk job {remote} {state}: {error or 'no errorMessage'}"
             await self._fail(rows, journal, message, started, BULK_JOB_FAILED, None, number)
@@ -227,12 +257,14 @@ class BulkJobRelay:
         if entries:
             await journal.submit_group(lambda first_seq: entries)
         self._done_now.update(entry.row_number for entry in entries)
-        await journal.commit_record(encode_job_record(number, "results"))
+        await self._record(journal, number, "results")
 
     async def _polled(self, remote: str) -> tuple[str, str | None]:
         delay = self._bulk.config.poll.first_seconds
         while True:
             state, error = await self._api.state(remote)
+            self._polls += 1
+            self.on_change()
             if state in TERMINAL:
                 return state, error
             await self._api.pause(delay)
@@ -271,7 +303,20 @@ class BulkJobRelay:
         await journal.submit_group(lambda first_seq: entries)
         self._done_now.update(row.row for row in rows)
         if number is not None:
-            await journal.commit_record(encode_job_record(number, "results"))
+            await self._record(journal, number, "results")
+
+
+def _phase(events: list[str]) -> str:
+    """Where a job stands after these records (or phases): open, processing, done or aborted."""
+    if "results" in events or "done" in events:
+        return "done"
+    if "aborted" in events:
+        return "aborted"
+    return "processing" if "closed" in events or "processing" in events else "open"
+
+
+def _nothing() -> None:
+    pass
 
 
 def _entry(  # noqa: PLR0917
@@ -288,5 +333,5 @@ def _entry(  # noqa: PLR0917
     code = status if status is not None else 200
     return entry_of(
         row.row, success, classification, code, row.jobs or 1, retryable, error, duration_ms,
-        None, row.key, None, captured, None, None, None,
+        None, row.key, None, captured, None, row.digest, None,
     )  # fmt: skip

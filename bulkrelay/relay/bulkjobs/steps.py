@@ -7,6 +7,14 @@ state, results and pause. Its states are spoken in Salesforce's words (`Open`, `
 again after a 5xx, a 429 or a transport error, with backoff from `poll.first_seconds` doubling to
 `poll.max_seconds` (a Retry-After honoured), until the call's deadline: such an answer never fails the
 run. A 404 on a job's state is `JobForgotten`; any other 4xx is `StepRefused`.
+
+Every step goes through `request.auth`'s seam (relay/auth/base.py) as a row does: each attempt is
+authorized right before it is sent, every other header set (an OAuth2 bearer token, or a signature over
+its exact bytes). A 401 to a token older than the step's first send means the token ran out on the way:
+one new token for all, and the step is sent again (a 401 was not acted on, so even an upload may be).
+A status in `halt.on_statuses` otherwise (a 401 to a fresh token, a 403) halts the run (`StepStopped`),
+the job's rows pending and its journal records kept, so `resume` attaches to it once the credentials
+are fixed; so does a token that cannot be had.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import csv
 import io
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,9 +32,11 @@ import orjson
 
 from bulkrelay.job.bulkcsv import BulkCsv
 from bulkrelay.job.records import PreparedRequest
+from bulkrelay.relay.auth import Authenticator
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.retry import RetryPolicy, retry_after_of
+from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
 
 OPEN, UPLOAD_COMPLETE, JOB_COMPLETE, FAILED, ABORTED = (
@@ -90,13 +100,15 @@ class StepClient:
         bulk: BulkCsv,
         transport: Transport,
         headers: tuple[tuple[str, str], ...],
-        stopped: Callable[[], bool],
+        stop: StopControl,
         *,
         base_url: str,
         run_id: str,
         attempts: int,
         limiter: Limiter,
         stats: RelayStats,
+        auth: Authenticator | None = None,
+        halt_statuses: Collection[int] = (),
     ) -> None:
         self._base = base_url.rstrip("/")  # as rendered: its ${NAME}s bound
         self._run_id = run_id
@@ -104,7 +116,9 @@ class StepClient:
         self._config = bulk.config
         self._transport = transport
         self._headers = tuple((k, v) for k, v in headers if k.lower() != "content-type")
-        self._stopped = stopped
+        self._stop = stop
+        self._auth = auth  # request.auth: each attempt's token or signature
+        self._halt_statuses = frozenset(halt_statuses)  # halt.on_statuses: the run halts, resumably
         self._attempts = attempts  # a step but a poll gives up after this many
         self._limiter = limiter  # execution.rate_limit: every step but a poll
         self.deadline = float("inf")  # monotonic: the call's poll.max_wait, set by the driver
@@ -121,7 +135,7 @@ class StepClient:
         self._stats.bulk_steps += 1
         await self._limiter.acquire()
         try:
-            answer = await self._counted(request)
+            answer = await self._send(step, request)
         except TransportError as exc:
             raise StepRefused(step, None, str(exc)) from None
         if not _API.is_success(answer.status):
@@ -151,7 +165,7 @@ class StepClient:
                 self._stats.on_retry()
             wait = delay
             try:
-                answer = await self._counted(request)
+                answer = await self._send(step, request)
             except TransportError:
                 pass
             else:
@@ -169,6 +183,41 @@ class StepClient:
             delay = min(delay * 2, self._config.poll.max_seconds)
         raise AssertionError("unreachable")  # itertools.count never ends
 
+    async def _send(self, step: str, request: PreparedRequest) -> Response:
+        """`request` authorized for this attempt and sent; once more with a new token after a 401 to a
+        token older than its first send. StepStopped when it halts the run or no token can be had."""
+        first_sent = 0.0
+        while True:
+            token = None
+            if self._auth is not None:
+                authorized = await self._auth.authorize(request)
+                if authorized is None:  # the token source asked for the stop, saying why
+                    raise StepStopped
+                request_sent, token = authorized
+            else:
+                request_sent = request
+            sent = time.monotonic()
+            first_sent = first_sent or sent
+            answer = await self._counted(request_sent)
+            if answer.status == 401 and token is not None and token.obtained <= first_sent:
+                assert self._auth is not None
+                if await self._auth.renew(token) is None:
+                    raise StepStopped
+                continue
+            if answer.status in self._halt_statuses:
+                self._halt(step, answer)
+                raise StepStopped
+            return answer
+
+    def _halt(self, step: str, answer: Response) -> None:
+        """A halt status: the run stops, with the reason request.auth reads from the answer if any."""
+        why = self._auth.refusal(answer) if self._auth is not None else None
+        place = {"status_code": answer.status, "bulk_step": step}
+        if why is not None:
+            self._stop.request(StopReason.SIGNATURE_REFUSED, message=why, **place)
+        else:
+            self._stop.request(StopReason.HALT_AUTH, **place)
+
     async def _counted(self, request: PreparedRequest) -> Response:
         """The transport's answer, counted among the run's requests by status (the summary's `requests`,
         the metrics' requests and latency) as a row's request is: each step is a request to the target."""
@@ -185,7 +234,7 @@ class StepClient:
         """Wait `seconds`, in slices; StepStopped when a stop is requested or the deadline passes first."""
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
-            if self._stopped() or time.monotonic() + left > self.deadline:
+            if self._stop.requested or time.monotonic() + left > self.deadline:
                 raise StepStopped
             await anyio.sleep(min(left, _STEP_SLICE))
 

@@ -4,7 +4,8 @@
      "t":1764630000.123,"crc":"0badf00d"}\\n
 
 `bulk_job` numbers the run's jobs from 1; `event` is one of `EVENTS`: `created` carries the target's
-job id (`remote`), its rows (ranges of row numbers, in input order) and their keys, and is fsynced
+job id (`remote`), its rows (ranges of row numbers, in input order) and their keys (and for a delta
+job, `digests`: each row's request digest, hex, which its result line carries), and is fsynced
 before any byte of the job's data leaves; `uploaded`, `closed`, `aborted`, `state` (the target's state
 and, for a failed job, its `error`) and `results` (every row of the job named in the results has its
 line committed before this record) follow it. The line ends with the same CRC-32 suffix as a row's
@@ -90,6 +91,7 @@ class JobLedger:
     keys: list[Any]
     events: list[str] = field(default_factory=list)
     state: str | None = None  # the target's last state journaled
+    digests: list[str] | None = None  # a delta job's: each row's request digest (hex), in `rows` order
     error: str | None = None
 
     @property
@@ -127,6 +129,8 @@ def job_ledgers(path: Path) -> dict[int, JobLedger]:
             jobs[number] = JobLedger(
                 number, str(record.get("remote", "")), rows, list(record.get("keys", []))
             )
+            digests = record.get("digests")
+            jobs[number].digests = list(digests) if isinstance(digests, list) else None
         ledger = jobs.get(number)
         if ledger is None:
             continue  # a record of a job whose creation is not journaled: nothing to attach to
