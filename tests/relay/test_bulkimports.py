@@ -15,6 +15,7 @@ from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.journal.jobrecords import encode_job_record, job_ledgers
 from tests.relay.batchrun import BatchRun
 from tests.relay.bulkrun import run_bulk_job, write_bulk_job
+from tests.waiting import HANG_BUDGET
 
 pytestmark = pytest.mark.anyio
 
@@ -104,6 +105,9 @@ async def test_after_a_crash_the_identical_rerun_attaches_by_name_and_never_impo
         journal.write_bytes(created)
         busy = {"match": {"method": "GET", "path_contains": "/crm/v3/imports"}, "times": 4, "status": 503}
         target.state.set_plan({"imports": {}, "rules": [busy]})  # the list asked again as a poll is
+        # The second call may wait as long as a hang's bound: 200 ms was short of a loaded machine's
+        # four 503s and polls, and that call then stopped at max_wait (a flaky failure).
+        write_import_job(tmp_path, target, names, poll={**poll, "max_wait": HANG_BUDGET})
         again = await run_bulk_job(job, target, run=first.run)
         stats = target.state.stats()
     finally:
