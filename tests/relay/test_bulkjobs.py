@@ -115,23 +115,25 @@ async def test_a_job_stuck_in_progress_past_max_wait_stops_resumably(tmp_path: P
     assert ledger.events == ["created", "uploaded", "closed"] and not ledger.ended
 
 
-async def _earlier_job(url: str, csv: bytes, *, close: bool) -> str:
-    """A job an earlier process made (and maybe closed) before it died."""
+async def _earlier_job(url: str, csv: bytes, *, then: str | None) -> str:
+    """A job an earlier process made and loaded, then maybe closed or aborted (`then`), before it died."""
     jobs = f"{url}/services/data/v62.0/jobs/ingest"
     async with httpx.AsyncClient() as client:
         remote = (await client.post(jobs, json={"object": "Contact"})).json()["id"]
         await client.put(f"{jobs}/{remote}/batches", content=csv)
-        if close:
-            await client.patch(f"{jobs}/{remote}", json={"state": "UploadComplete"})
+        if then is not None:
+            await client.patch(f"{jobs}/{remote}", json={"state": then})
     return str(remote)
 
 
-@pytest.mark.parametrize("closed", [True, False])
+@pytest.mark.parametrize("then", ["UploadComplete", None, "Aborted"])
 async def test_the_journals_unfinished_job_is_attached_to_before_any_new_one(
-    tmp_path: Path, closed: bool
+    tmp_path: Path, then: str | None
 ) -> None:
     """A closed job is polled and its results fetched, never submitted again; an Open one is aborted
-    and its rows go in a new job."""
+    and its rows go in a new job, as do those of one whose abort landed but whose `aborted` record was
+    lost: it never ran (its rows never failed as `Aborted`)."""
+    closed = then == "UploadComplete"
     names = ["ann", "bob", "cy", "dan", "eve", "fay"]
     target = await start_target({})
     try:
@@ -139,7 +141,7 @@ async def test_the_journals_unfinished_job_is_attached_to_before_any_new_one(
         csv = b"External_Id__c,Email\n" + b"".join(
             b"k%d-%s,%s@example.com\n" % (n, s.encode(), s.encode()) for n, s in enumerate(names[:4], 1)
         )
-        remote = await _earlier_job(target.url, csv, close=closed)
+        remote = await _earlier_job(target.url, csv, then=then)
         preflight = run_preflight(load_job(job), None, env={"SF_TOKEN": "t"})
         run = RunDir.create(tmp_path / "runs", plan_for(preflight))
         keys = [f"k{n}-{s}" for n, s in enumerate(names[:4], 1)]

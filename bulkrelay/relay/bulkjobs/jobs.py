@@ -10,9 +10,11 @@ does. Its life, each step journaled (store/journal/jobrecords.py) and fsynced be
 So the job id is durable before any byte of its data leaves, and a crash anywhere leaves a journal that
 says what to do. Before sending anything new, the driver attaches to every job the journal names whose
 results are not journaled: it asks the target for the job's state (a close may have landed though its
-answer was lost); a job still `Open` is aborted (its rows go in the next job formed), one closed or later
-is polled and its results fetched, never submitted again. Rows count as done only when their result line
-is committed; rows a job left unprocessed go in a later job, at most `retry.max_attempts` jobs in all.
+answer was lost); a job still `Open` is aborted (its rows go in the next job formed), and one never
+journaled closed that is `Aborted` already is taken as aborted the same way (an abort landed, then the
+process died before its `aborted` record: the job never ran, so its rows are no failures); one closed or
+later is polled and its results fetched, never submitted again. Rows count as done only when their result
+line is committed; rows a job left unprocessed go in a later job, at most `retry.max_attempts` jobs in all.
 
 A delta job's rows (`execution.sync: delta`, docs/delta.md) are the changed ones preflight chose; each
 row's line carries the digest of its request (its CSV line under the job's settings), which the sync
@@ -224,6 +226,9 @@ class BulkJobRelay:
             return
         if state == OPEN:
             await self._abort(ledger.job, ledger.remote, journal)  # its rows go in the next job formed
+            return
+        if state == ABORTED and not ledger.closed:  # our abort landed, its record did not: it never ran
+            await journal.commit_record(encode_job_record(ledger.job, "aborted"))  # its rows: the next job
             return
         sent = {self._bulk.key_text(key) for key in ledger.keys}  # its rows already journaled too
         await self._finish(ledger.job, ledger.remote, rows, journal, started, sent)
