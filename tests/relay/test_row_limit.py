@@ -46,9 +46,7 @@ def _run(tmp_path: Path, rows: int, **execution: Any) -> tuple[Any, RunDir]:
     return preflight, RunDir.create(tmp_path / "runs", plan_for(preflight))
 
 
-def _relay(
-    preflight: Any, run: RunDir, fake: _Target, start: StartPoint, limit: int | None
-) -> RelayOutcome:
+def _relay(preflight: Any, run: RunDir, fake: _Target, start: StartPoint, limit: int | None) -> RelayOutcome:
     # `fake`, not `target`: test_fast_lane.py reads an argument named `target` as conftest.py's
     # process-starting fixture.
     async def go() -> RelayOutcome:
