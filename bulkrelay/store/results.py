@@ -515,6 +515,11 @@ class SinkFeeder:
         self._thread = threading.Thread(target=self._loop, name="results-sink", daemon=True)
         self._thread.start()
 
+    @property
+    def thread_id(self) -> int | None:
+        """The native id of the feed's thread (kept off the relay's CPU: relay/affinity.py)."""
+        return self._thread.native_id
+
     def on_commit(self, entries: list[JournalEntry], end_offset: int) -> None:
         if self.problem is not None:
             return
