@@ -524,10 +524,12 @@ def _size(path: Path) -> int:
 class SinkFeeder:
     """Feeds one run's committed groups to the sink from a thread of its own.
 
-    `on_commit` (the journal writer's commit callback) only queues the group; the thread turns what
-    has queued into rows and upserts them in one transaction, and records the progress about once a
-    second. On a `SinkUnavailable` the feed stops (`problem` says why): the journal catches the sink
-    up after the relay, or on a later run."""
+    `on_commit` (the journal writer's commit callback) only queues the group, and wakes the thread
+    only for the first group after a transaction; the thread turns what has queued in about half a
+    second into rows and upserts them in one transaction, and records the progress about once a
+    second. It runs on the CPUs the relay does not hold (relay/affinity.py's `spared`). On a
+    `SinkUnavailable` the feed stops (`problem` says why): the journal catches the sink up after the
+    relay, or on a later run."""
 
     def __init__(self, writer: SinkWriter, target: SinkTarget, run: RunDir, offset: int) -> None:
         self._writer, self._target, self._run = writer, target, run
@@ -551,7 +553,10 @@ class SinkFeeder:
             return
         with self._wake:
             self._queue.append((entries, end_offset, time.time()))
-            self._wake.notify()
+            # Only the first group wakes the thread (on an empty queue it waits without a deadline);
+            # the next ones wait for its half second: each wake took Python's lock from the relay.
+            if len(self._queue) == 1:
+                self._wake.notify()
 
     def close(self) -> None:
         """Feed what is queued, stop the thread, record how far the sink got."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import zlib
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,11 @@ from bulkrelay.store.journal import JournalEntry, encode_batch, encode_marker
 from bulkrelay.store.results import (
     COLUMNS,
     PROGRESS_FILE,
+    Row,
     SinkFeeder,
     SinkTarget,
     SinkUnavailable,
+    SinkWriter,
     catch_up,
     fed_offset,
     journal_groups,
@@ -330,3 +333,45 @@ def test_a_key_twice_in_one_group_keeps_its_newest_outcome(
     else:
         held = dict(request.getfixturevalue("postgres").sql("SELECT key, run_id FROM bulkrelay_results"))
     assert held == {"A-1": "tie", "A-2": "r1"}
+
+
+class _CountedWriter:
+    """A writer that counts its upserts (the feeder's transactions)."""
+
+    def __init__(self, writer: SinkWriter) -> None:
+        self.writer, self.upserts = writer, 0
+
+    def upsert(self, rows: Sequence[Row]) -> None:
+        self.upserts += 1
+        self.writer.upsert(rows)
+
+    def finish(self) -> None:
+        self.writer.finish()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def test_the_feeders_thread_is_woken_once_a_transaction_not_once_a_group(tmp_path: Path) -> None:
+    """Each wake of the feed's thread takes Python's lock from the relay: a group queued behind others
+    waits for their half second without waking it (one wake a group was one lock hand-off a commit)."""
+    run = _run(tmp_path / "runs")
+    sink = _sqlite(tmp_path)
+    writer = _CountedWriter(open_writer(sink))
+    feeder = SinkFeeder(writer, sink, run, 0)
+    notified = 0
+    notify = feeder._wake.notify
+
+    def counted(n: int = 1) -> None:
+        nonlocal notified
+        notified += 1
+        notify(n)
+
+    feeder._wake.notify = counted  # type: ignore[method-assign]
+    for n in range(1, 51):
+        feeder.on_commit([delivered_entry(n)], 100 * n)
+    woken = notified
+    feeder.close()
+    assert feeder.problem is None and len(_table(sink)) == 50
+    assert woken <= writer.upserts  # a wake only for a queue the thread had emptied
+    writer.close()
