@@ -285,7 +285,8 @@ def relay_locked(
     sink_behind = None
     try:
         try:
-            with relay_collections(), relay_cpu(preflight.job.config.execution.pin_cpu):
+            spared = [] if sink is None else sink.threads()  # the sink's SQLite CPU is not the relay's
+            with relay_collections(), relay_cpu(preflight.job.config.execution.pin_cpu, spared):
                 outcome = anyio.run(
                     _relay_with_stops,
                     preflight,

@@ -73,6 +73,12 @@ class RunSink:
         if self.feeder is not None:
             self.feeder.on_commit(entries, end_offset)
 
+    def threads(self) -> list[int]:
+        """The native ids of the threads that feed the sink: they work beside the relay, never on
+        its CPU (`relay_cpu`'s `spared`)."""
+        thread = None if self.feeder is None else self.feeder.thread_id
+        return [] if thread is None else [thread]
+
 
 def open_sink(target: SinkTarget, run: RunDir) -> RunSink:
     """Catch the sink up from the journals of the job's runs (this one's, after a crash, included),

@@ -16,7 +16,12 @@ in a directory of the user's (`BULKRELAY_CPU_DIR`, else /tmp/bulkrelay-cpus-<uid
 cron job and a login shell, which XDG_RUNTIME_DIR is not); the system releases it when the process
 ends, even by kill -9. When every CPU is held, the relay is not pinned (the scheduler shares them);
 where that directory cannot be used, it pins to its CPU unclaimed, as before claims. After the relay
-every thread gets its former set of CPUs back. Where the process may run on one CPU only, or the
+every thread gets its former set of CPUs back.
+
+A thread that works beside the relay without ever waiting on it or it on them (the results sink's,
+which spends a few µs of SQLite's CPU a row, outside the GIL) is `spared`: held to the process's other
+CPUs instead, so its work takes nothing from the relay's CPU (issue 39; pinned with it, the sink cost
+the relay its CPU time exactly). Where the process may run on one CPU only, or the
 system refuses (a container without the right, a platform without `sched_setaffinity`), nothing
 changes.
 """
@@ -27,7 +32,7 @@ import fcntl
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,9 +41,10 @@ CLAIMS_DIR_ENV = "BULKRELAY_CPU_DIR"
 
 
 @contextmanager
-def relay_cpu(pin: bool) -> Iterator[int | None]:
+def relay_cpu(pin: bool, spared: Collection[int] = ()) -> Iterator[int | None]:
     """While relaying: with `pin`, every thread on one CPU no other relay holds (yielded): the one this
-    thread runs on if it is free; else untouched (None yielded)."""
+    thread runs on if it is free; else untouched (None yielded). The threads whose native ids are
+    `spared` run on the other CPUs this thread may use instead."""
     cpu = _current_cpu() if pin else None
     before = _masks() if cpu is not None else {}
     own = before.get(threading.get_native_id(), set())
@@ -49,14 +55,16 @@ def relay_cpu(pin: bool) -> Iterator[int | None]:
         if claimed is None:  # every CPU is another relay's: sharing them beats doubling up on one
             yield None
             return
-        with _pinned(before, own, claimed) as pinned:
+        with _pinned(before, own, claimed, spared) as pinned:
             yield pinned
 
 
 @contextmanager
-def _pinned(before: dict[int, set[int]], own: set[int], cpu: int) -> Iterator[int | None]:
+def _pinned(
+    before: dict[int, set[int]], own: set[int], cpu: int, spared: Collection[int]
+) -> Iterator[int | None]:
     try:
-        pinned = _set_all({}, {cpu})
+        pinned = _set_all(dict.fromkeys(spared, own - {cpu}), {cpu})
         if not pinned:  # refused part way: every thread as it was before the relay starts
             _set_all(before, own)
         yield cpu if pinned else None

@@ -178,16 +178,43 @@ def _quoted(table: str) -> str:
     return ".".join(f'"{part}"' for part in table.split("."))
 
 
-def _upsert_sql(table: str, mark: str) -> str:
-    return _upsert_of(table, f"VALUES ({', '.join([mark] * len(COLUMNS))})")
-
-
 def _json_upsert_sql(table: str) -> str:
-    """`_upsert_sql` of rows given as one JSON array of arrays (SQLite's `json_each`): the statement
+    """The upsert of rows given as one JSON array of arrays (SQLite's `json_each`): the statement
     runs as one step, so the sink's thread takes the GIL back once a group, not once a row (with
     `executemany` a relay busy on the main thread starved it of the GIL, row after row)."""
     values = ", ".join(f"json_extract(value, '$[{n}]')" for n in range(len(COLUMNS)))
     return _upsert_of(table, f"SELECT {values} FROM json_each(?) WHERE true")  # `true`: SQLite's grammar
+
+
+def _pg_upsert_sql(table: str) -> str:
+    """The upsert of rows given as one JSON array of arrays (PostgreSQL's `json_array_elements`): a
+    group is one statement and one round trip, not one a row (with `executemany`, one a row)."""
+    types = (
+        "",
+        "",
+        "::bigint",
+        "",
+        "::boolean",
+        "",
+        "::integer",
+        "::integer",
+        "",
+        "::jsonb",
+        "::timestamptz",
+    )
+    values = ", ".join(f"(r ->> {n}){cast}" for n, cast in enumerate(types))
+    return _upsert_of(table, f"SELECT {values} FROM json_array_elements(%s::json) AS r")
+
+
+def _newest_a_key(rows: Sequence[Row]) -> Sequence[Row]:
+    """Each (job, key) once, its newest row (of two as old, the later): what writing them in turn
+    leaves, for a statement that may not touch a row twice (PostgreSQL's ON CONFLICT)."""
+    latest: dict[tuple[Any, Any], Row] = {}
+    for row in rows:
+        known = latest.get((row[0], row[1]))
+        if known is None or row[-1] >= known[-1]:
+            latest[row[0], row[1]] = row
+    return rows if len(latest) == len(rows) else list(latest.values())
 
 
 def _upsert_of(table: str, rows: str) -> str:
@@ -266,7 +293,7 @@ class _PostgresWriter:
             )
         except psycopg.Error as exc:
             raise self._unavailable(exc) from None
-        self._sql = _upsert_sql(target.table, "%s").encode()
+        self._sql = _pg_upsert_sql(target.table).encode()
 
     def _unavailable(self, exc: Exception) -> SinkUnavailable:
         text = " ".join(str(exc).split())
@@ -275,8 +302,7 @@ class _PostgresWriter:
 
     def upsert(self, rows: Sequence[Row]) -> None:
         try:
-            with self._db.transaction(), self._db.cursor() as cursor:
-                cursor.executemany(self._sql, rows)
+            self._db.execute(self._sql, (orjson.dumps(_newest_a_key(rows)).decode(),))
         except self._pg.Error as exc:
             raise self._unavailable(exc) from None
 
@@ -498,10 +524,12 @@ def _size(path: Path) -> int:
 class SinkFeeder:
     """Feeds one run's committed groups to the sink from a thread of its own.
 
-    `on_commit` (the journal writer's commit callback) only queues the group; the thread turns what
-    has queued into rows and upserts them in one transaction, and records the progress about once a
-    second. On a `SinkUnavailable` the feed stops (`problem` says why): the journal catches the sink
-    up after the relay, or on a later run."""
+    `on_commit` (the journal writer's commit callback) only queues the group, and wakes the thread
+    only for the first group after a transaction; the thread turns what has queued in about half a
+    second into rows and upserts them in one transaction, and records the progress about once a
+    second. It runs on the CPUs the relay does not hold (relay/affinity.py's `spared`). On a
+    `SinkUnavailable` the feed stops (`problem` says why): the journal catches the sink up after the
+    relay, or on a later run."""
 
     def __init__(self, writer: SinkWriter, target: SinkTarget, run: RunDir, offset: int) -> None:
         self._writer, self._target, self._run = writer, target, run
@@ -515,12 +543,20 @@ class SinkFeeder:
         self._thread = threading.Thread(target=self._loop, name="results-sink", daemon=True)
         self._thread.start()
 
+    @property
+    def thread_id(self) -> int | None:
+        """The native id of the feed's thread (kept off the relay's CPU: relay/affinity.py)."""
+        return self._thread.native_id
+
     def on_commit(self, entries: list[JournalEntry], end_offset: int) -> None:
         if self.problem is not None:
             return
         with self._wake:
             self._queue.append((entries, end_offset, time.time()))
-            self._wake.notify()
+            # Only the first group wakes the thread (on an empty queue it waits without a deadline);
+            # the next ones wait for its half second: each wake took Python's lock from the relay.
+            if len(self._queue) == 1:
+                self._wake.notify()
 
     def close(self) -> None:
         """Feed what is queued, stop the thread, record how far the sink got."""

@@ -1,9 +1,11 @@
 """A whole run holds its threads to one CPU while relaying (execution.pin_cpu, relay/affinity.py),
-and gives them back after; `pin_cpu: false` leaves them where the system put them."""
+and gives them back after; `pin_cpu: false` leaves them where the system put them. The results
+sink's thread keeps to the other CPUs."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,29 @@ def test_pin_cpu_false_leaves_every_cpu(
     before = os.sched_getaffinity(0)
     seen = _cpus_seen_while_relaying(tmp_path, target, pin_cpu=False)
     assert all(cpus == before for cpus in seen)
+
+
+def test_the_results_sinks_thread_keeps_off_the_relays_cpu(
+    tmp_path: Path, target: TargetProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sink's upserts (a few µs of SQLite's CPU a row, issue 39) run beside the relay, never on its
+    CPU: pinned with it, they were the relay's time."""
+    monkeypatch.chdir(tmp_path)
+    before = os.sched_getaffinity(0)
+    job = write_job(tmp_path, target.url, rows=ROWS, results={"to": "sqlite:///results.db"})
+    seen: list[tuple[set[int], set[int]]] = []
+
+    def on_progress(snapshot: Snapshot) -> None:
+        (sink,) = [thread for thread in threading.enumerate() if thread.name == "results-sink"]
+        assert sink.native_id is not None
+        seen.append((os.sched_getaffinity(0), os.sched_getaffinity(sink.native_id)))
+
+    result = run_here(job, reporter=CallbackReporter(on_progress))
+    assert result.exit_code == ExitCode.SUCCESS, result
+    assert seen
+    for relay, sink in seen:
+        if len(before) < 2:  # one CPU allowed: nothing to pin
+            assert relay == sink == before
+        else:
+            assert len(relay) == 1 and sink == before - relay
+    assert os.sched_getaffinity(0) == before

@@ -18,6 +18,7 @@ import pytest
 
 from bulkrelay.job.config import JobConfig, config_semantic_dict
 from bulkrelay.relay.affinity import CLAIMS_DIR_ENV, relay_cpu
+from tests.waiting import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +75,39 @@ def test_while_relaying_every_thread_shares_the_cpu_the_relay_started_on() -> No
     assert _own_cpus() == before
     assert older[1] == before
     assert _in_thread(_own_cpus) == before
+
+
+def test_a_spared_thread_keeps_off_the_relays_cpu_and_gets_its_cpus_back() -> None:
+    """A thread that works beside the relay without waiting on it (the results sink's, issue 39) runs
+    on the CPUs the relay does not hold: pinned with it, its work was the relay's CPU time lost."""
+    before = _own_cpus()
+    held = threading.Event()
+    done = threading.Event()
+    seen: list[set[int]] = []
+
+    def beside() -> None:
+        held.wait()
+        seen.append(_own_cpus())
+        done.wait()
+        seen.append(_own_cpus())
+
+    thread = threading.Thread(target=beside)
+    thread.start()
+    assert thread.native_id is not None
+    try:
+        with relay_cpu(True, spared=[thread.native_id]) as cpu:
+            held.set()
+            wait_for(lambda: len(seen) == 1, what="the spared thread's CPUs")
+            if cpu is None:  # one CPU allowed: nothing pinned, nothing spared
+                assert seen[0] == before
+            else:
+                assert _own_cpus() == {cpu}
+                assert seen[0] == before - {cpu}
+    finally:
+        held.set()
+        done.set()
+        thread.join()
+    assert seen[1] == before
 
 
 def test_pin_cpu_false_leaves_the_threads_where_they_were() -> None:

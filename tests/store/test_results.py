@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import zlib
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,11 @@ from bulkrelay.store.journal import JournalEntry, encode_batch, encode_marker
 from bulkrelay.store.results import (
     COLUMNS,
     PROGRESS_FILE,
+    Row,
     SinkFeeder,
     SinkTarget,
     SinkUnavailable,
+    SinkWriter,
     catch_up,
     fed_offset,
     journal_groups,
@@ -28,6 +31,7 @@ from bulkrelay.store.results import (
     read_file_rows,
 )
 from bulkrelay.store.rundir import RunDir
+from tests.pgserver import PostgresServer
 from tests.runplans import delivered_entry, run_plan
 from tests.waiting import wait_for
 
@@ -211,3 +215,163 @@ def test_a_sqlite_upsert_is_one_statement_a_group_and_keeps_each_columns_type(tm
     assert [tuple(row.values()) for row in _table(sink).values()] == [
         tuple(int(v) if type(v) is bool else v for v in row) for row in rows
     ]
+
+
+def _postgresql(postgres: PostgresServer) -> SinkTarget:
+    return SinkTarget("postgresql", "postgresql://127.0.0.1/app", postgres.url(), "bulkrelay_results")
+
+
+_STATEMENTS = (
+    "CREATE TABLE IF NOT EXISTS statements (n serial PRIMARY KEY);"
+    "CREATE OR REPLACE FUNCTION count_statement() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$ BEGIN INSERT INTO statements DEFAULT VALUES; RETURN NULL; END $$;"
+    "CREATE OR REPLACE TRIGGER each_statement AFTER INSERT ON bulkrelay_results "
+    "FOR EACH STATEMENT EXECUTE FUNCTION count_statement()"
+)
+
+
+def test_a_postgresql_upsert_is_one_statement_a_group_and_keeps_each_columns_type(
+    postgres: PostgresServer,
+) -> None:
+    """A group's rows go to PostgreSQL in one statement (one JSON parameter), not one a row: a
+    statement-level trigger counts the INSERTs the server ran."""
+    postgres.sql("DROP TABLE IF EXISTS bulkrelay_results")
+    writer = open_writer(_postgresql(postgres))
+    postgres.sql(_STATEMENTS)
+    before = postgres.sql("SELECT count(*) FROM statements")[0][0]
+    rows = [
+        (
+            "accounts",
+            "007",
+            1,
+            "r1",
+            True,
+            "ok",
+            200,
+            1,
+            None,
+            '{"id":"é✓","n":1.5}',
+            "2026-01-01T00:00:00.250000Z",
+        ),
+        (
+            "accounts",
+            f"k{2**40}",
+            2**40,
+            "r1",
+            False,
+            "http_client_error",
+            None,
+            3,
+            'no "x"\n',
+            None,
+            "2026-01-01T00:00:00Z",
+        ),
+    ]
+    writer.upsert(rows)
+    writer.close()
+    assert postgres.sql("SELECT count(*) FROM statements")[0][0] == before + 1
+    held = postgres.sql(
+        "SELECT job, key, row_number, run_id, success, classification, status_code, attempts, error, "
+        "captured::text, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US') "
+        "FROM bulkrelay_results ORDER BY row_number"
+    )
+    assert held == [
+        (
+            "accounts",
+            "007",
+            1,
+            "r1",
+            True,
+            "ok",
+            200,
+            1,
+            None,
+            '{"n": 1.5, "id": "é✓"}',
+            "2026-01-01T00:00:00.250000",
+        ),
+        (
+            "accounts",
+            f"k{2**40}",
+            2**40,
+            "r1",
+            False,
+            "http_client_error",
+            None,
+            3,
+            'no "x"\n',
+            None,
+            "2026-01-01T00:00:00.000000",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_key_twice_in_one_group_keeps_its_newest_outcome(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """One statement a group may not touch a row twice (PostgreSQL refuses): the newest outcome of a
+    key wins, the later of two as old, as when each row was written in turn."""
+    if kind == "sqlite":
+        sink = _sqlite(tmp_path)
+    else:
+        postgres = request.getfixturevalue("postgres")
+        postgres.sql("DROP TABLE IF EXISTS bulkrelay_results")
+        sink = _postgresql(postgres)
+    row = ("accounts", "A-1", 1, "r1", True, "ok", 200, 1, None, None)
+    writer = open_writer(sink)
+    writer.upsert(
+        [
+            (*row[:3], "new", *row[4:], "2026-01-02T00:00:00.000000Z"),
+            (*row[:3], "old", *row[4:], "2026-01-01T00:00:00.000000Z"),
+            (*row[:3], "tie", *row[4:], "2026-01-02T00:00:00.000000Z"),
+            ("accounts", "A-2", 2, "r1", True, "ok", 200, 1, None, None, "2026-01-01T00:00:00.000000Z"),
+        ]
+    )
+    writer.close()
+    if kind == "sqlite":
+        held = {key: str(row["run_id"]) for key, row in _table(sink).items()}
+    else:
+        held = dict(request.getfixturevalue("postgres").sql("SELECT key, run_id FROM bulkrelay_results"))
+    assert held == {"A-1": "tie", "A-2": "r1"}
+
+
+class _CountedWriter:
+    """A writer that counts its upserts (the feeder's transactions)."""
+
+    def __init__(self, writer: SinkWriter) -> None:
+        self.writer, self.upserts = writer, 0
+
+    def upsert(self, rows: Sequence[Row]) -> None:
+        self.upserts += 1
+        self.writer.upsert(rows)
+
+    def finish(self) -> None:
+        self.writer.finish()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def test_the_feeders_thread_is_woken_once_a_transaction_not_once_a_group(tmp_path: Path) -> None:
+    """Each wake of the feed's thread takes Python's lock from the relay: a group queued behind others
+    waits for their half second without waking it (one wake a group was one lock hand-off a commit)."""
+    run = _run(tmp_path / "runs")
+    sink = _sqlite(tmp_path)
+    writer = _CountedWriter(open_writer(sink))
+    feeder = SinkFeeder(writer, sink, run, 0)
+    notified = 0
+    notify = feeder._wake.notify
+
+    def counted(n: int = 1) -> None:
+        nonlocal notified
+        notified += 1
+        notify(n)
+
+    feeder._wake.notify = counted  # type: ignore[method-assign]
+    for n in range(1, 51):
+        feeder.on_commit([delivered_entry(n)], 100 * n)
+    woken = notified
+    feeder.close()
+    assert feeder.problem is None and len(_table(sink)) == 50
+    assert woken <= writer.upserts  # a wake only for a queue the thread had emptied
+    writer.close()
