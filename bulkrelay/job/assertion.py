@@ -16,13 +16,12 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import jwt
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from typing import TYPE_CHECKING
 
 from bulkrelay.errors import ConfigInvalid, Problem
+
+if TYPE_CHECKING:  # imported where a key is loaded: PyJWT and cryptography cost ~35 ms of each start-up
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 ASSERTION_SECONDS = 180  # at most 3 minutes ahead, as Salesforce requires
 _PLACE = "request.auth.oauth2"
@@ -41,6 +40,8 @@ class AssertionKey:
         now = int(time.time())
         claims = {"iss": issuer, "sub": subject, "aud": audience, "iat": now, "exp": now + ASSERTION_SECONDS}
         claims["jti"] = secrets.token_urlsafe(24)
+        import jwt
+
         return jwt.encode(claims, self.key, algorithm=self.algorithm)
 
 
@@ -55,6 +56,10 @@ def read_key_file(path: Path) -> str:
 
 def load_key(pem: str, where: str, key: str) -> AssertionKey:
     """The key in `pem`, read from `where` (`$NAME` or a file's path) for `key` (the job file's key)."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
     try:
         loaded = load_pem_private_key(pem.strip().encode(), password=None)
     except TypeError:  # a passphrase is needed

@@ -35,7 +35,7 @@ from typing_extensions import TypeAliasType
 from bulkrelay.errors import ConfigInvalid, JobFileUnreadable, NotFound, Problem, UsageError
 from bulkrelay.job.alphacompat import upgrade_alpha_spellings
 from bulkrelay.job.durations import MAX_SECONDS, parse_duration_ms
-from bulkrelay.job.liquidtext import LiquidError, compile_liquid, liquid_message
+from bulkrelay.job.liquidtext import LiquidProblem, compile_liquid
 from bulkrelay.job.redact import UNENCODED_CREDENTIALS, unencoded_credentials, url_unsafe
 from bulkrelay.job.template import SECRET_NAME, FieldRef, SecretRef, compile_template
 from bulkrelay.job.wire import header_value_refusal, proxy_refusal, wire_url
@@ -457,8 +457,8 @@ class LiquidLeaf(_Typed):
     def _parses(cls, text: str) -> str:
         try:
             compile_liquid(text)
-        except LiquidError as exc:
-            raise ValueError(f"Liquid does not parse: {liquid_message(exc)}") from None
+        except LiquidProblem as exc:
+            raise ValueError(f"Liquid does not parse: {exc}") from None
         return text
 
 

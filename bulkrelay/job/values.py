@@ -44,7 +44,7 @@ from bulkrelay.job.config import (
     WhenLeaf,
     _Typed,
 )
-from bulkrelay.job.liquidtext import LiquidError, compile_liquid, liquid_message, render_liquid
+from bulkrelay.job.liquidtext import LiquidProblem, compile_liquid, render_liquid
 from bulkrelay.job.template import RenderError, compile_template, value_text
 
 __all__ = [
@@ -206,8 +206,8 @@ def _liquid_source(leaf: Any, parts: LeafParts) -> tuple[Getter, str]:
     def get(fields: Fields) -> str:
         try:
             return render_liquid(template, fields)
-        except (LiquidError, ArithmeticError, TypeError, ValueError) as exc:
-            message = liquid_message(exc) if isinstance(exc, LiquidError) else f"{type(exc).__name__}: {exc}"
+        except (LiquidProblem, ArithmeticError, TypeError, ValueError) as exc:
+            message = str(exc) if isinstance(exc, LiquidProblem) else f"{type(exc).__name__}: {exc}"
             raise RenderError("liquid", f"Liquid fails: {message}") from None
 
     return get, "liquid"

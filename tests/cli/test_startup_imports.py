@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,34 @@ def test_help_and_version_for_a_person_load_no_rich(args: list[str], shown: str)
     assert done.stdout.startswith(shown)
     loaded = [line for line in done.stderr.splitlines() if line.startswith("LOADED ")]
     assert loaded == ["LOADED "]
+
+
+_JOB = """\
+version: 1
+name: plain
+input: { file: in.csv, key: id }
+request:
+  method: POST
+  url: "http://127.0.0.1:9/v1/x"
+  json: { id: { from: id }, email: { from: email } }
+"""
+
+
+def test_a_job_without_liquid_or_jwt_loads_neither(tmp_path: Path) -> None:
+    """python-liquid (with Babel) and PyJWT (with cryptography) cost about 100 ms of every command's
+    start-up, a cron run's and each `job status` an agent polls with: they load at the first Liquid
+    leaf or JWT key, not before."""
+    (tmp_path / "in.csv").write_text("id,email\n1,a@example.com\n")
+    (tmp_path / "job.yaml").write_text(_JOB)
+    done = subprocess.run(  # the command ends by os._exit: the modules are read from -X importtime
+        [sys.executable, "-X", "importtime", "-m", "bulkrelay", "validate", "job.yaml"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "bulkrelay.job.config" in imported
+    assert not {name for name in imported if name.split(".")[0] in ("liquid", "jwt", "cryptography", "babel")}

@@ -118,11 +118,14 @@ def test_the_identical_rerun_of_a_stopped_chained_run_reads_its_frozen_snapshot(
 def test_a_parent_that_never_ran_is_not_found_and_one_running_is_a_conflict(
     tmp_path: Path, target: TargetProcess
 ) -> None:
-    target.set_plan({"rules": [{"delay_ms": 200}]})
+    # The parent's answers are held until it is killed: it is running for as long as the test needs,
+    # however slowly a loaded machine starts the child (a 200 ms delay let it end first, once).
+    target.set_plan({"rules": [{"delay_ms": 600_000}]})
     child = _child(tmp_path, target)
     never = run_job(tmp_path, child)
     assert never.exit_code == ExitCode.NOT_FOUND and "accounts" in never.envelope["error"]["message"]
-    proc = start_cli("run", _parent(tmp_path, target), "--budget", "0", cwd=tmp_path)
+    held = {"concurrency": 4, "timeout": {"read_seconds": 900}}
+    proc = start_cli("run", _parent(tmp_path, target, execution=held), "--budget", "0", cwd=tmp_path)
     try:
         runs = tmp_path / ".bulkrelay" / "runs"
         run_dir = _first_run_dir(runs)

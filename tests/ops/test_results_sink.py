@@ -27,7 +27,9 @@ _ALL_OK = {"rules": [_ANSWER_OK]}
 _FAIL_ROW_7 = {"rules": [{"match": {"path_contains": "/items/7"}, "status": 422}, _ANSWER_OK]}
 
 
-def _job(tmp_path: Path, target: TargetProcess, to: str, name: str = "test-job") -> Path:
+def _job(
+    tmp_path: Path, target: TargetProcess, to: str, name: str = "test-job", table: str | None = None
+) -> Path:
     return write_job(
         tmp_path,
         target.url,
@@ -35,7 +37,7 @@ def _job(tmp_path: Path, target: TargetProcess, to: str, name: str = "test-job")
         name=name,
         input={"key": "id"},
         response={"capture": {"ok": "/ok"}},
-        results={"to": to},
+        results={"to": to, **({"table": table} if table else {})},
     )
 
 
@@ -111,13 +113,14 @@ def test_a_postgresql_sink_is_upserted(
     tmp_path: Path, target: TargetProcess, postgres: PostgresServer
 ) -> None:
     target.set_plan(_FAIL_ROW_7)
-    job = _job(tmp_path, target, "${DATABASE_URL}")
+    postgres.sql("DROP TABLE IF EXISTS sink_upserted")  # the worker's cluster is shared: a table of its own
+    job = _job(tmp_path, target, "${DATABASE_URL}", table="sink_upserted")
     env = cli_env(DATABASE_URL=postgres.url())
     for _ in range(2):
         result = run_cli("run", job, cwd=tmp_path, env=env)
         assert result.exit_code == 3, result.stderr
         assert PASSWORD not in result.stderr
-    rows = postgres.sql("SELECT key, success, run_id FROM bulkrelay_results ORDER BY row_number")
+    rows = postgres.sql("SELECT key, success, run_id FROM sink_upserted ORDER BY row_number")
     assert len(rows) == ROWS and rows[6][1] is False
     assert {row[2] for row in rows} == {result.data["run_id"]}
 

@@ -217,15 +217,18 @@ def test_a_sqlite_upsert_is_one_statement_a_group_and_keeps_each_columns_type(tm
     ]
 
 
-def _postgresql(postgres: PostgresServer) -> SinkTarget:
-    return SinkTarget("postgresql", "postgresql://127.0.0.1/app", postgres.url(), "bulkrelay_results")
+def _postgresql(postgres: PostgresServer, table: str) -> SinkTarget:
+    """A table of the test's own, new: the tests of one xdist worker share its cluster (a table left
+    behind by one test was another's rows too)."""
+    postgres.sql(f"DROP TABLE IF EXISTS {table}")
+    return SinkTarget("postgresql", "postgresql://127.0.0.1/app", postgres.url(), table)
 
 
 _STATEMENTS = (
     "CREATE TABLE IF NOT EXISTS statements (n serial PRIMARY KEY);"
     "CREATE OR REPLACE FUNCTION count_statement() RETURNS trigger LANGUAGE plpgsql AS "
     "$$ BEGIN INSERT INTO statements DEFAULT VALUES; RETURN NULL; END $$;"
-    "CREATE OR REPLACE TRIGGER each_statement AFTER INSERT ON bulkrelay_results "
+    "CREATE OR REPLACE TRIGGER each_statement AFTER INSERT ON results_one_statement "
     "FOR EACH STATEMENT EXECUTE FUNCTION count_statement()"
 )
 
@@ -235,8 +238,7 @@ def test_a_postgresql_upsert_is_one_statement_a_group_and_keeps_each_columns_typ
 ) -> None:
     """A group's rows go to PostgreSQL in one statement (one JSON parameter), not one a row: a
     statement-level trigger counts the INSERTs the server ran."""
-    postgres.sql("DROP TABLE IF EXISTS bulkrelay_results")
-    writer = open_writer(_postgresql(postgres))
+    writer = open_writer(_postgresql(postgres, "results_one_statement"))
     postgres.sql(_STATEMENTS)
     before = postgres.sql("SELECT count(*) FROM statements")[0][0]
     rows = [
@@ -273,7 +275,7 @@ def test_a_postgresql_upsert_is_one_statement_a_group_and_keeps_each_columns_typ
     held = postgres.sql(
         "SELECT job, key, row_number, run_id, success, classification, status_code, attempts, error, "
         "captured::text, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US') "
-        "FROM bulkrelay_results ORDER BY row_number"
+        "FROM results_one_statement ORDER BY row_number"
     )
     assert held == [
         (
@@ -314,9 +316,7 @@ def test_a_key_twice_in_one_group_keeps_its_newest_outcome(
     if kind == "sqlite":
         sink = _sqlite(tmp_path)
     else:
-        postgres = request.getfixturevalue("postgres")
-        postgres.sql("DROP TABLE IF EXISTS bulkrelay_results")
-        sink = _postgresql(postgres)
+        sink = _postgresql(request.getfixturevalue("postgres"), "results_key_twice")
     row = ("accounts", "A-1", 1, "r1", True, "ok", 200, 1, None, None)
     writer = open_writer(sink)
     writer.upsert(
@@ -331,7 +331,7 @@ def test_a_key_twice_in_one_group_keeps_its_newest_outcome(
     if kind == "sqlite":
         held = {key: str(row["run_id"]) for key, row in _table(sink).items()}
     else:
-        held = dict(request.getfixturevalue("postgres").sql("SELECT key, run_id FROM bulkrelay_results"))
+        held = dict(request.getfixturevalue("postgres").sql("SELECT key, run_id FROM results_key_twice"))
     assert held == {"A-1": "tie", "A-2": "r1"}
 
 
