@@ -29,7 +29,7 @@ def test_max_wait_stops_resumably_and_resume_attaches_to_the_same_job(tmp_path: 
         spec["request"]["bulk_job"]["poll"] = {
             "first_seconds": 0.02,
             "max_seconds": 0.05,
-            "max_wait": "500ms",
+            "max_wait": "3s",  # the resume's bound too: attach, two polls, three fetches, on a loaded machine
         }
         job.write_text(yaml.safe_dump(spec, sort_keys=False))
         stopped = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=ENV)

@@ -83,7 +83,7 @@ def test_night_2_uploads_the_changed_new_and_failed_rows_and_a_renamed_column_al
 
 def test_a_job_attached_by_resume_gives_its_rows_their_digests(tmp_path: Path) -> None:
     with TargetProcess({"bulk": {"stuck": True}}) as target:
-        job = _delta_job(tmp_path, target.url, max_wait="500ms")
+        job = _delta_job(tmp_path, target.url, max_wait="3s")  # the resume's bound as well: not 500 ms
         stopped = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=ENV)
         assert stopped.exit_code == ExitCode.TIMEOUT, stopped.envelope
         target.set_plan({"bulk": {"stuck": False}})
