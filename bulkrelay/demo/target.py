@@ -424,7 +424,7 @@ class TargetState:
 
     def _default_answer(self, request: web.BaseRequest, body: bytes) -> _Answer:
         if BulkIngest.handles(request.path):
-            return _Answer(*self.bulk.answer(request.method, request.path, body))
+            return _Answer(*self.bulk.answer(request.method, request.path, body, request.query_string))
         if NamedImports.handles(request.path):
             kind = request.headers.get("Content-Type", "")
             return _Answer(

@@ -856,11 +856,19 @@ class BulkPollConfig(_Model):
     max_wait: Annotated[Seconds, BeforeValidator(_wait_seconds)] = 6 * 3600.0  # then stop, resumable
 
 
+class BulkPagesConfig(_Model):
+    """A JSON result set over several pages (`results[].pages`), as a `get` lookup's: the next page's URL
+    at the pointer `next` in each page (none: the `Link` header's rel="next"), at most `max_pages`."""
+
+    next: Annotated[str, AfterValidator(_json_pointer)] | None = None
+    max_pages: Annotated[int, Field(ge=1, le=100_000)] = 1000
+
+
 class BulkStepConfig(_Model):
     """One request of a generic bulk job's life (`request.bulk_job.steps`): `{job}` in `path` is its id."""
 
     method: Annotated[Method, BeforeValidator(_upper)] = "GET"
-    path: NonEmpty  # after base_url
+    path: NonEmpty | None = None  # after base_url; every step has one but a result set found at url_at
     json_: dict[str, Any] | None = Field(default=None, alias="json")  # the body (the upload's is the CSV)
     id: Annotated[str, AfterValidator(_json_pointer)] | None = None  # create: the job's id in the answer
     state: Annotated[str, AfterValidator(_json_pointer)] | None = None  # status: the job's state
@@ -875,6 +883,8 @@ class BulkStepConfig(_Model):
     rows_at: Annotated[str, AfterValidator(_json_pointer)] | None = None
     items: Annotated[str, AfterValidator(_json_pointer)] | None = None
     key: Annotated[str, AfterValidator(_json_pointer)] | None = None
+    pages: BulkPagesConfig | None = None  # results (json): the set is paged
+    url_at: Annotated[str, AfterValidator(_json_pointer)] | None = None
 
 
 _States = Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)]
@@ -903,6 +913,10 @@ class BulkGenericConfig(_Model):
                 "request.bulk_job.steps.results: each needs outcome (success, failed, unprocessed)"
             )
         _json_steps_fit(self)
+        _result_sets_fit(self.results)
+        others = (self.create, self.upload, self.close, self.abort, self.status)
+        if any(step is not None and step.path is None for step in others):
+            raise ValueError("request.bulk_job.steps: each step needs its path")
         return self
 
 
@@ -926,6 +940,22 @@ def _json_steps_fit(steps: BulkGenericConfig) -> None:
     others = (steps.create, steps.close, steps.abort, steps.status)
     if any(step is not None and step.format != "csv" for step in others):
         raise ValueError("request.bulk_job.steps: format goes on upload and results")
+    for other in (*others, steps.upload):
+        if other is not None and any(getattr(other, name) is not None for name in _RESULTS_ONLY):
+            raise ValueError(f"request.bulk_job.steps: {', '.join(_RESULTS_ONLY)} go on results")
+
+
+_RESULTS_ONLY = ("pages",)  # settings of a result set alone
+
+
+def _result_sets_fit(results: tuple[BulkStepConfig, ...]) -> None:
+    """Paged result sets: JSON."""
+    for step in results:
+        where = "request.bulk_job.steps.results"
+        if step.path is None:
+            raise ValueError(f"{where}: each needs its path")
+        if step.format != "json" and step.pages is not None:
+            raise ValueError(f"{where}: pages go with format: json")
 
 
 class BulkJobConfig(_Model):

@@ -3,6 +3,7 @@ like ingest API (demo/bulktarget.py), and a run of it in-process."""
 
 from __future__ import annotations
 
+import copy
 import csv
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,37 @@ GENERIC_STEPS: dict[str, Any] = {  # kind: generic speaking demo/bulktarget.py's
     "failed_states": ["Failed"],
     "aborted_states": ["Aborted"],
 }
+
+
+GENERIC_NAMES = ["ann", "bob", "bogus-cy", "dan", "later-eve", "fay"]
+
+
+def generic_json_steps() -> dict[str, Any]:
+    """GENERIC_STEPS speaking JSON: the rows uploaded as {"records": [...]}, the results read as JSON."""
+    steps = copy.deepcopy(GENERIC_STEPS)
+    steps["upload"] |= {"format": "json", "json": {"records": []}, "rows_at": "/records"}
+    success, failed, unprocessed = steps["results"]
+    success |= {
+        "path": success["path"] + ".json",
+        "format": "json",
+        "items": "/records",
+        "capture": ["/sf__Id"],
+    }
+    del failed["error_column"]
+    failed |= {"path": failed["path"] + ".json", "format": "json", "items": "/records", "error": "/sf__Error"}
+    unprocessed |= {"path": unprocessed["path"] + ".json", "format": "json", "items": "/records"}
+    unprocessed["key"] = "/External_Id__c"  # the default, said
+    return steps
+
+
+def write_generic_job(tmp_path: Path, url: str, names: list[str] | None = None, **bulk: Any) -> Path:
+    """A `kind: generic` job speaking the ingest API (GENERIC_STEPS) over `names` (GENERIC_NAMES)."""
+    job = write_bulk_job(tmp_path, url, names or GENERIC_NAMES, kind="generic", steps=GENERIC_STEPS, **bulk)
+    spec = yaml.safe_load(job.read_text())
+    for key in ("object", "operation", "external_id_field"):
+        del spec["request"]["bulk_job"][key]
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return job
 
 
 def bulk_job_spec(target_url: str, **bulk: Any) -> dict[str, Any]:
@@ -116,9 +148,4 @@ def write_kind_job(tmp_path: Path, target_url: str, names: list[str], kind: str)
         return write_bulk_job(tmp_path, target_url, names, kind=kind, base_url=target_url, object="0-1")
     if kind == "salesforce_bulk2":
         return write_bulk_job(tmp_path, target_url, names)
-    job = write_bulk_job(tmp_path, target_url, names, kind="generic", steps=GENERIC_STEPS)
-    spec = yaml.safe_load(job.read_text())
-    for key in ("object", "operation", "external_id_field"):
-        del spec["request"]["bulk_job"][key]
-    job.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return job
+    return write_generic_job(tmp_path, target_url, names)

@@ -4,7 +4,6 @@ upload, close, status and three result sets, each row's outcome matched by key."
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,20 +18,9 @@ from bulkrelay.job.config import load_job
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.journal.jobrecords import job_ledgers
-from tests.relay.bulkrun import FAST_POLL, GENERIC_STEPS, run_bulk_job, write_bulk_job
+from tests.relay.bulkrun import FAST_POLL, generic_json_steps, run_bulk_job, write_generic_job
 
 pytestmark = pytest.mark.anyio
-
-NAMES = ["ann", "bob", "bogus-cy", "dan", "later-eve", "fay"]
-
-
-def write_generic_job(tmp_path: Path, url: str, **bulk: Any) -> Path:
-    job = write_bulk_job(tmp_path, url, NAMES, kind="generic", steps=GENERIC_STEPS, **bulk)
-    spec = yaml.safe_load(job.read_text())
-    for key in ("object", "operation", "external_id_field"):
-        del spec["request"]["bulk_job"][key]
-    job.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return job
 
 
 async def test_generic_steps_speak_the_salesforce_like_api_row_by_row(tmp_path: Path) -> None:
@@ -91,30 +79,12 @@ def test_generic_needs_its_steps_and_pointers(tmp_path: Path) -> None:
         load_job(job)
 
 
-def _json_steps() -> dict[str, Any]:
-    """GENERIC_STEPS speaking JSON: the rows uploaded as {"records": [...]}, the results read as JSON."""
-    steps = copy.deepcopy(GENERIC_STEPS)
-    steps["upload"] |= {"format": "json", "json": {"records": []}, "rows_at": "/records"}
-    success, failed, unprocessed = steps["results"]
-    success |= {
-        "path": success["path"] + ".json",
-        "format": "json",
-        "items": "/records",
-        "capture": ["/sf__Id"],
-    }
-    del failed["error_column"]
-    failed |= {"path": failed["path"] + ".json", "format": "json", "items": "/records", "error": "/sf__Error"}
-    unprocessed |= {"path": unprocessed["path"] + ".json", "format": "json", "items": "/records"}
-    unprocessed["key"] = "/External_Id__c"  # the default, said
-    return steps
-
-
 async def test_a_json_upload_of_the_rows_and_json_results_are_matched_by_key(tmp_path: Path) -> None:
     target = await start_target({})
     try:
         job = write_generic_job(tmp_path, target.url)
         spec = yaml.safe_load(job.read_text())
-        spec["request"]["bulk_job"]["steps"] = _json_steps()
+        spec["request"]["bulk_job"]["steps"] = generic_json_steps()
         spec["request"]["bulk_job"]["columns"]["Active"] = {"value": True}
         job.write_text(yaml.safe_dump(spec, sort_keys=False))
         result = await run_bulk_job(job, target)
@@ -162,7 +132,7 @@ async def test_a_json_result_item_without_a_key_fails_the_jobs_rows_clearly(tmp_
     try:
         job = write_generic_job(tmp_path, target.url)
         spec = yaml.safe_load(job.read_text())
-        spec["request"]["bulk_job"]["steps"] = _json_steps()
+        spec["request"]["bulk_job"]["steps"] = generic_json_steps()
         job.write_text(yaml.safe_dump(spec, sort_keys=False))
         result = await run_bulk_job(job, target)
     finally:

@@ -8,7 +8,8 @@
     steps.status    {method, path}        the job's state at the pointer `state` (`error`: a failed one's)
     steps.results   [{method, path, outcome, error_column, capture}]   CSV files, matched by the key column;
                     with `format: json`, a JSON list at `items`, each item's row named at `key` (default
-                    /<key column>), its error at `error`, `capture` JSON pointers (kept by their last name)
+                    /<key column>), its error at `error`, `capture` JSON pointers (kept by their last name);
+                    with `pages`, over several pages (`next` pointer or Link header, `max_pages`)
 
 Every `path` follows `base_url`; `{job}` in it is the job's id (percent-encoded). The target's states
 are told apart by the lists `done_states`, `failed_states`, `aborted_states` and `open_states`; any
@@ -17,9 +18,9 @@ other state is still working. Each step is asked as steps.py says (the upload ne
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urljoin
 
 import orjson
 
@@ -36,7 +37,7 @@ from bulkrelay.relay.bulkjobs.steps import (
     json_answer,
     never_sent,
 )
-from bulkrelay.relay.response import resolve_pointer
+from bulkrelay.relay.response import link_next, resolve_pointer
 from bulkrelay.relay.transport.base import Response
 
 
@@ -93,26 +94,71 @@ class GenericBulk(StepClient):
         return mapped, str(error) if error not in (None, "") else None
 
     async def results(self, remote: str, sent: set[str]) -> JobResults:
+        """Every result set's outcomes, all its pages read before any is returned (the driver journals
+        them in one group, so a crash while paging fetches them all again, none lost or doubled)."""
         results = JobResults()
         key = self._bulk.key_column
         for step in self._steps.results:
-            name = step.path.rsplit("/", 1)[-1]
-            answer = await self._step(name, step, remote)
-            if step.format == "json":
-                outcomes = _json_outcomes(answer, step, name, "/" + _escaped(key))
-            else:
-                outcomes = _csv_outcomes(csv_rows(answer.body, name, key), step, key)
-            for row_key, what in outcomes:
-                if row_key not in sent:
-                    raise never_sent(name, row_key, remote)
-                match step.outcome:  # what the target says became of the row, as the job file names it
-                    case "failed":
-                        results.failed[row_key] = what or f"failed (in {name})"
-                    case "unprocessed":
-                        results.unprocessed.add(row_key)
-                    case _:
-                        results.succeeded[row_key] = what or {}
+            name = _set_name(step)
+            named: set[str] = set()  # the keys this JSON result set named: one named twice is refused
+            async for outcomes in self._outcomes(name, step, remote, key):
+                for row_key, what in outcomes:
+                    if row_key not in sent:
+                        raise never_sent(name, row_key, remote)
+                    if step.format == "json":
+                        if row_key in named:
+                            raise StepRefused(name, None, f"names key {row_key!r} twice in job {remote}")
+                        named.add(row_key)
+                    match step.outcome:  # what the target says became of the row, as the job file names it
+                        case "failed":
+                            results.failed[row_key] = what or f"failed (in {name})"
+                        case "unprocessed":
+                            results.unprocessed.add(row_key)
+                        case _:
+                            results.succeeded[row_key] = what or {}
         return results
+
+    async def _outcomes(
+        self, name: str, step: BulkStepConfig, remote: str, key: str
+    ) -> AsyncIterator[Iterator[tuple[str, Any]]]:
+        """The outcomes of each page of a result set (one page unless it has `pages`)."""
+        if step.format != "json":
+            answer = await self._step(name, step, remote)
+            yield _csv_outcomes(csv_rows(answer.body, name, key), step, key)
+            return
+        default_key = "/" + _escaped(key)
+        if step.pages is None:
+            answer = await self._step(name, step, remote)
+            yield _json_outcomes(_json_document(answer, name), step, name, default_key)
+            return
+        async for document, where in self._pages(name, step, remote):
+            yield _json_outcomes(document, step, where, default_key)
+
+    async def _pages(self, name: str, step: BulkStepConfig, remote: str) -> AsyncIterator[tuple[Any, str]]:
+        """Each page of a paged JSON result set, as a `get` lookup reads them: the next page's URL at the
+        pointer `next` (else the Link header's rel="next"), relative to the page's; a page asked for twice
+        (a loop) or more than `max_pages` pages is StepRefused. A page on another origin than base_url is
+        asked without the job's headers and auth."""
+        assert step.pages is not None
+        pages = step.pages
+        url: str | None = self._url(step, remote)
+        seen: dict[str, int] = {}
+        while url is not None:
+            if url in seen:
+                loop = f"page {len(seen) + 1} would be page {seen[url]} again: the pages loop"
+                raise StepRefused(name, None, f"{loop} (job {remote})")
+            if len(seen) == pages.max_pages:
+                most = f"more than max_pages ({pages.max_pages}) pages"
+                raise StepRefused(name, None, f"job {remote} has {most}")
+            seen[url] = len(seen) + 1
+            where = f"{name}, page {len(seen)}"
+            body = None if step.json_ is None else orjson.dumps(step.json_)
+            kind = None if body is None else "application/json"
+            credentials = self.same_origin(url)
+            answer = await self._asked(name, step.method, url, body, kind, credentials=credentials)
+            document = _json_document(answer, where)
+            yield document, where
+            url = _next_page(pages.next, document, answer, url)
 
     async def _step(self, name: str, step: BulkStepConfig, remote: str) -> Response:
         body = None if step.json_ is None else orjson.dumps(step.json_)
@@ -120,7 +166,19 @@ class GenericBulk(StepClient):
         return await self._asked(name, step.method, self._url(step, remote), body, kind)
 
     def _url(self, step: BulkStepConfig, remote: str) -> str:
+        assert step.path is not None  # config.py: every step has one
         return self._base + step.path.replace("{job}", quote(remote, safe=""))
+
+
+def _set_name(step: BulkStepConfig) -> str:
+    """A result set's name in messages: its path's last part."""
+    return (step.path or "results").rsplit("/", 1)[-1]
+
+
+def _next_page(pointer: str | None, document: Any, answer: Response, url: str) -> str | None:
+    """The next page's URL (absolute, as relative to this page's), or None on the last page."""
+    found = resolve_pointer(document, pointer) if pointer is not None else link_next(answer.headers)
+    return urljoin(url, found) if isinstance(found, str) and found else None
 
 
 def _csv_outcomes(rows: list[dict[str, str]], step: BulkStepConfig, key: str) -> Iterator[tuple[str, Any]]:
@@ -132,20 +190,23 @@ def _csv_outcomes(rows: list[dict[str, str]], step: BulkStepConfig, key: str) ->
             yield row[key], {column: row.get(column) for column in step.capture}
 
 
-def _json_outcomes(answer: Response, step: BulkStepConfig, name: str, key: str) -> Iterator[tuple[str, Any]]:
-    """Each item of a JSON result's list: its row's key text, and its error or captured values; an item
-    without a key, or an answer without the list, is StepRefused (the job's rows fail, nothing guessed)."""
+def _json_document(answer: Response, name: str) -> Any:
     try:
-        document = orjson.loads(answer.body)
+        return orjson.loads(answer.body)
     except orjson.JSONDecodeError:
         raise StepRefused(name, answer.status, "the answer is not JSON") from None
+
+
+def _json_outcomes(document: Any, step: BulkStepConfig, name: str, key: str) -> Iterator[tuple[str, Any]]:
+    """Each item of a JSON result's list: its row's key text, and its error or captured values; an item
+    without a key, or an answer without the list, is StepRefused (the job's rows fail, nothing guessed)."""
     items = resolve_pointer(document, step.items or "")
     if not isinstance(items, list):
-        raise StepRefused(name, answer.status, f"the answer has no list at {step.items}")
+        raise StepRefused(name, None, f"the answer has no list at {step.items}")
     for item in items:
         found = resolve_pointer(item, step.key or key)
         if isinstance(found, bool) or not isinstance(found, (str, int)) or found == "":
-            raise StepRefused(name, answer.status, f"an item has no key at {step.key or key}")
+            raise StepRefused(name, None, f"an item has no key at {step.key or key}")
         if step.outcome == "failed":
             error = _value(resolve_pointer(item, step.error)) if step.error else None
             yield str(found), None if error is None else str(error)
