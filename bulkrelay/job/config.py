@@ -61,6 +61,7 @@ DEFAULT_RESPECT_RETRY_AFTER = True
 DEFAULT_MAX_RETRY_AFTER_SECONDS = 300.0
 DEFAULT_HALT_STATUSES = (401, 403)
 MAX_BODY_BYTES = 1 << 20  # the most of a response body the transport reads; a failure body is cut from it
+BULK_ANSWER_BYTES = 256 << 20  # a bulk run's: a job's result set (CSV, JSON page, archive) is read whole
 DEFAULT_CLIENT: Literal["reqwest", "httpx"] = "reqwest"
 DEFAULT_PROXY = "none"  # no proxy, whatever the environment says
 DEFAULT_BATCH_BYTES = 1_000_000  # request.batch.max_bytes: the whole encoded body

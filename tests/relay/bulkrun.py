@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import csv
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from bulkrelay.relay.engine import StartPoint, relay
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import NullReporter, Reporter
 from bulkrelay.relay.stopping import StopControl
+from bulkrelay.relay.transport import open_transport
+from bulkrelay.relay.transport.base import Transport, TransportSettings
 from bulkrelay.store.journal import read_journal
 from bulkrelay.store.rundir import RunDir
 from tests.relay.batchrun import BatchRun
@@ -119,6 +122,7 @@ async def run_bulk_job(
     stats: RelayStats | None = None,
     env: dict[str, str] | None = None,
     reporter: Reporter | None = None,
+    transport_factory: Callable[[TransportSettings], Transport] = open_transport,
 ) -> BatchRun:
     """Preflight and relay the job in-process into a new run directory (in `runs`, else beside the job;
     or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target), and
@@ -128,7 +132,13 @@ async def run_bulk_job(
     preflight = run_preflight(load_job(job_path), None, env=env)
     run = run or RunDir.create(runs or job_path.parent / "runs", plan_for(preflight))
     outcome = await relay(
-        preflight, run, StartPoint(), stop=StopControl(), reporter=reporter or NullReporter(), stats=stats
+        preflight,
+        run,
+        StartPoint(),
+        stop=StopControl(),
+        reporter=reporter or NullReporter(),
+        stats=stats,
+        transport_factory=transport_factory,
     )
     return BatchRun(outcome, list(read_journal(run.journal_path)), target.state.requests(), run)
 

@@ -14,9 +14,12 @@ import yaml
 
 from bulkrelay.demo.target import start_target
 from bulkrelay.errors import ConfigInvalid
-from bulkrelay.job.config import load_job
+from bulkrelay.job.config import BULK_ANSWER_BYTES, load_job
+from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.stopping import StopReason
+from bulkrelay.relay.transport import open_transport
+from bulkrelay.relay.transport.base import Response, Transport, TransportSettings
 from bulkrelay.store.journal.jobrecords import job_ledgers
 from tests.relay.bulkrun import FAST_POLL, generic_json_steps, run_bulk_job, write_generic_job
 
@@ -141,3 +144,41 @@ async def test_a_json_result_item_without_a_key_fails_the_jobs_rows_clearly(tmp_
     assert sorted(rows) == [1, 2, 3, 4, 5, 6] and not any(entry.success for entry in rows.values())
     assert {entry.classification for entry in rows.values()} == {"batch_answer_invalid"}
     assert "an item has no key at /External_Id__c" in (rows[1].error or "")
+
+
+class _Cutting:
+    """The real transport, its answers to `cut` marked cut at max_body_bytes (as a huge one would be)."""
+
+    def __init__(self, settings: TransportSettings, cut: str) -> None:
+        self.settings = settings
+        self._inner = open_transport(settings)
+        self._cut = cut
+
+    async def send(self, request: PreparedRequest) -> Response:
+        answer = await self._inner.send(request)
+        return answer._replace(truncated=True) if self._cut in request.url else answer
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_a_result_answer_cut_at_the_transports_bound_fails_the_jobs_rows(tmp_path: Path) -> None:
+    """A bulk run reads answers up to BULK_ANSWER_BYTES (not a row's 1 MiB); one larger still is refused,
+    never read as the shorter result set it would seem (its missing rows would go in another job)."""
+    made: list[_Cutting] = []
+
+    def cutting(settings: TransportSettings) -> Transport:
+        made.append(_Cutting(settings, "successfulResults"))
+        return made[-1]
+
+    target = await start_target({})
+    try:
+        job = write_generic_job(tmp_path, target.url)
+        result = await run_bulk_job(job, target, transport_factory=cutting)
+    finally:
+        await target.stop()
+    assert made[0].settings.max_body_bytes == BULK_ANSWER_BYTES
+    rows = result.by_row()
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]
+    assert {entry.classification for entry in rows.values()} == {"batch_answer_invalid"}
+    assert "successfulResults answered 200: the answer is larger than" in (rows[1].error or "")

@@ -179,6 +179,9 @@ class StepClient:
             except TransportError:
                 pass
             else:
+                if _API.is_success(answer.status) and answer.truncated:  # cut at the transport's bound
+                    larger = f"the answer is larger than {len(answer.body)} bytes"
+                    raise StepRefused(step, answer.status, larger)
                 if _API.is_success(answer.status):
                     return answer
                 if answer.status == 404 and poll:
