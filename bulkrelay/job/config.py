@@ -885,6 +885,16 @@ class BulkStepConfig(_Model):
     items: Annotated[str, AfterValidator(_json_pointer)] | None = None
     key: Annotated[str, AfterValidator(_json_pointer)] | None = None
     pages: BulkPagesConfig | None = None  # results (json): the set is paged
+    # results (json): each item's own HTTP status (Mailchimp's /status_code), in place of `outcome`: a
+    # 2xx or 3xx is a success (`capture`), a 4xx or 5xx fails its row with the message at `error`
+    status: Annotated[str, AfterValidator(_json_pointer)] | None = None
+    # results (json): the set is a gzip'd tar of JSON files (`items` in each), read as a stream, never to
+    # disk, at most `max_members` members and `max_unpacked_bytes` bytes of tar unpacked
+    archive: Literal["tar.gz"] | None = None
+    max_members: Annotated[int, Field(ge=1, le=100_000)] | None = None  # None: 10,000
+    max_unpacked_bytes: Annotated[int, Field(ge=1024, le=BULK_ANSWER_BYTES * 16)] | None = None  # 1 GiB
+    # results: the set's URL at this pointer in the job's status answer (Mailchimp's /response_body_url),
+    # in place of `path`
     url_at: Annotated[str, AfterValidator(_json_pointer)] | None = None
 
 
@@ -904,14 +914,16 @@ class BulkGenericConfig(_Model):
     done_states: Annotated[_States, Field(min_length=1)]
     failed_states: _States = ()
     aborted_states: _States = ()
+    unlisted: Literal["unprocessed", "success"] = "unprocessed"  # a row named in no result set
 
     @model_validator(mode="after")
     def _pointers(self) -> BulkGenericConfig:
         if self.create.id is None or self.status.state is None:
             raise ValueError("request.bulk_job.steps: create needs id and status needs state (JSON pointers)")
-        if any(step.outcome is None for step in self.results):
+        if any((step.outcome is None) == (step.status is None) for step in self.results):
             raise ValueError(
-                "request.bulk_job.steps.results: each needs outcome (success, failed, unprocessed)"
+                "request.bulk_job.steps.results: each needs outcome (success, failed, unprocessed),"
+                " or status (a pointer to each item's own status), not both"
             )
         _json_steps_fit(self)
         _result_sets_fit(self.results)
@@ -946,17 +958,30 @@ def _json_steps_fit(steps: BulkGenericConfig) -> None:
             raise ValueError(f"request.bulk_job.steps: {', '.join(_RESULTS_ONLY)} go on results")
 
 
-_RESULTS_ONLY = ("pages",)  # settings of a result set alone
+_RESULTS_ONLY = (  # settings of a result set alone
+    "pages",
+    "status",
+    "archive",
+    "max_members",
+    "max_unpacked_bytes",
+    "url_at",
+)
 
 
 def _result_sets_fit(results: tuple[BulkStepConfig, ...]) -> None:
-    """Paged result sets: JSON."""
+    """Paged, archived and per-item-status result sets: JSON, with what goes with each."""
     for step in results:
         where = "request.bulk_job.steps.results"
-        if step.path is None:
-            raise ValueError(f"{where}: each needs its path")
-        if step.format != "json" and step.pages is not None:
-            raise ValueError(f"{where}: pages go with format: json")
+        if (step.path is None) == (step.url_at is None):
+            raise ValueError(f"{where}: each has a path, or url_at (a pointer into the status answer)")
+        if step.format != "json" and (step.pages, step.status, step.archive) != (None, None, None):
+            raise ValueError(f"{where}: pages, status and archive go with format: json")
+        if step.pages is not None and step.archive is not None:
+            raise ValueError(f"{where}: an archive is one file (pages go with a JSON answer)")
+        if step.archive is None and (step.max_members, step.max_unpacked_bytes) != (None, None):
+            raise ValueError(f"{where}: max_members and max_unpacked_bytes go with archive: tar.gz")
+        if step.status is not None and step.error is None:
+            raise ValueError(f"{where}: status needs error (a pointer to a failed item's message)")
 
 
 class BulkJobConfig(_Model):

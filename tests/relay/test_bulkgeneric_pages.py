@@ -133,8 +133,11 @@ async def test_a_run_halted_mid_paging_fetches_every_page_again_on_resume(tmp_pa
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda s: s["results"][0].update(pages={"next": "/n"}), "pages go with format: json"),
-        (lambda s: s["status"].update(pages={}), "pages go on results"),
+        (
+            lambda s: s["results"][0].update(pages={"next": "/n"}),
+            "pages, status and archive go with format: json",
+        ),
+        (lambda s: s["status"].update(pages={}), "pages, status, archive, .* go on results"),
     ],
 )
 def test_pages_are_refused_where_they_do_not_fit(tmp_path: Path, change: Any, message: str) -> None:
