@@ -904,7 +904,7 @@ _States = Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)]
 class BulkGenericConfig(_Model):
     """`kind: generic`: the steps as request templates, and which of the target's states mean what."""
 
-    create: BulkStepConfig
+    create: BulkStepConfig | None = None  # none: the upload makes the job (its id at upload.id)
     upload: BulkStepConfig
     close: BulkStepConfig | None = None  # none: the upload closes the job
     abort: BulkStepConfig | None = None
@@ -915,11 +915,18 @@ class BulkGenericConfig(_Model):
     failed_states: _States = ()
     aborted_states: _States = ()
     unlisted: Literal["unprocessed", "success"] = "unprocessed"  # a row named in no result set
+    # Without create, the data leaves before the job has an id: a crash before its answer is journaled
+    # loses the job, and its rows are submitted again. The job file says that is safe (at-least-once).
+    resubmit: Literal["safe"] | None = None
 
     @model_validator(mode="after")
     def _pointers(self) -> BulkGenericConfig:
-        if self.create.id is None or self.status.state is None:
-            raise ValueError("request.bulk_job.steps: create needs id and status needs state (JSON pointers)")
+        if self.status.state is None or (self.create or self.upload).id is None:
+            raise ValueError(
+                "request.bulk_job.steps: create (or, without it, upload) needs id and status needs state"
+                " (JSON pointers)"
+            )
+        _submit_fits(self)
         if any((step.outcome is None) == (step.status is None) for step in self.results):
             raise ValueError(
                 "request.bulk_job.steps.results: each needs outcome (success, failed, unprocessed),"
@@ -931,6 +938,26 @@ class BulkGenericConfig(_Model):
         if any(step is not None and step.path is None for step in others):
             raise ValueError("request.bulk_job.steps: each step needs its path")
         return self
+
+
+def _submit_fits(steps: BulkGenericConfig) -> None:
+    """An upload that makes the job (no create) says its effect is safe to repeat, and names no {job}."""
+    where = "request.bulk_job.steps"
+    if steps.create is not None:
+        if steps.upload.id is not None or steps.resubmit is not None:
+            raise ValueError(
+                f"{where}: upload.id and resubmit go with an upload that makes the job (no create)"
+            )
+        return
+    if "{job}" in (steps.upload.path or ""):
+        raise ValueError(f"{where}.upload: without create, the upload makes the job: its path has no {{job}}")
+    if steps.resubmit != "safe":
+        raise ValueError(
+            f"{where}: without create, the upload makes the job and its data leaves before the job has an"
+            " id; after a crash in that moment the job cannot be found again and its rows are submitted"
+            " again. Say resubmit: safe if the target may apply them twice (at-least-once,"
+            " docs/bulk-jobs.md#a-submit-that-carries-the-rows-no-create)"
+        )
 
 
 def _json_steps_fit(steps: BulkGenericConfig) -> None:

@@ -77,6 +77,62 @@ def write_generic_job(tmp_path: Path, url: str, names: list[str] | None = None, 
     return job
 
 
+ARCHIVED = {
+    "url_at": "/response_body_url",
+    "archive": "tar.gz",
+    "format": "json",
+    "items": "",  # each JSON file is the list itself
+    "key": "/operation_id",
+    "status": "/status_code",
+    "error": "/response",
+    "capture": ["/response"],
+}
+
+
+def write_batches_job(
+    tmp_path: Path, url: str, names: list[str], *, submit: bool = False, **archived: Any
+) -> Path:
+    """Rows as Mailchimp batch operations (operation_id: the row's key) to the demo's batches API
+    (demo/batchopstarget.py), results from the archive (ARCHIVED, changed by `archived`). `submit`: the
+    operations go in the request that makes the batch, as Mailchimp takes them (no create,
+    resubmit: safe); else the batch is made empty and given them after (the demo's two-step form)."""
+    job = write_bulk_job(tmp_path, url, names, kind="generic", steps=GENERIC_STEPS)
+    spec = yaml.safe_load(job.read_text())
+    bulk = spec["request"]["bulk_job"]
+    for key in ("object", "operation", "external_id_field"):
+        del bulk[key]
+    bulk["base_url"] = f"{url}/3.0"
+    bulk["columns"] = {
+        "operation_id": {"from": "id"},
+        "method": {"value": "PUT"},
+        "path": {"value": "/lists/abc/members"},
+        "body": {"from": "email"},
+    }
+    bulk["steps"] = {
+        "create": {"method": "POST", "path": "/batches", "json": {}, "id": "/id"},
+        "upload": {
+            "method": "PUT",
+            "path": "/batches/{job}/operations",
+            "format": "json",
+            "json": {"operations": []},
+            "rows_at": "/operations",
+        },
+        "abort": {"method": "DELETE", "path": "/batches/{job}"},
+        "status": {"path": "/batches/{job}", "state": "/status"},
+        "results": [{**ARCHIVED, **archived}],
+        "done_states": ["finished"],
+        "open_states": ["open"],
+        "aborted_states": ["canceled"],
+    }
+    if submit:
+        steps = bulk["steps"]
+        del steps["create"], steps["abort"], steps["open_states"]
+        steps["upload"] |= {"method": "POST", "path": "/batches", "id": "/id"}
+        steps["resubmit"] = "safe"
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return job
+
+
 def bulk_job_spec(target_url: str, **bulk: Any) -> dict[str, Any]:
     """A job upserting rows.csv's rows as Contacts, keyed by `id` (the External_Id__c column)."""
     return {

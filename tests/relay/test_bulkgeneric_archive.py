@@ -22,62 +22,17 @@ from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import Response, TransportSettings
 from bulkrelay.store.journal.jobrecords import job_ledgers
 from tests.relay.batchrun import BatchRun
-from tests.relay.bulkrun import GENERIC_STEPS, run_bulk_job, write_bulk_job, write_generic_job
+from tests.relay.bulkrun import run_bulk_job, write_batches_job, write_generic_job
 
 pytestmark = pytest.mark.anyio
 
 NAMES = ["ann", "bob", "bogus-cy", "dan", "broken-eve", "fay", "gus"]
 
-ARCHIVED = {
-    "url_at": "/response_body_url",
-    "archive": "tar.gz",
-    "format": "json",
-    "items": "",  # each JSON file is the list itself
-    "key": "/operation_id",
-    "status": "/status_code",
-    "error": "/response",
-    "capture": ["/response"],
-}
-
-
-def batches_job(tmp_path: Path, url: str, **archived: Any) -> Path:
-    """Rows as Mailchimp batch operations (operation_id: the row's key), results from the archive."""
-    job = write_bulk_job(tmp_path, url, NAMES, kind="generic", steps=GENERIC_STEPS)
-    spec = yaml.safe_load(job.read_text())
-    bulk = spec["request"]["bulk_job"]
-    for key in ("object", "operation", "external_id_field"):
-        del bulk[key]
-    bulk["base_url"] = f"{url}/3.0"
-    bulk["columns"] = {
-        "operation_id": {"from": "id"},
-        "method": {"value": "PUT"},
-        "path": {"value": "/lists/abc/members"},
-        "body": {"from": "email"},
-    }
-    bulk["steps"] = {
-        "create": {"method": "POST", "path": "/batches", "json": {}, "id": "/id"},
-        "upload": {
-            "method": "PUT",
-            "path": "/batches/{job}/operations",
-            "format": "json",
-            "json": {"operations": []},
-            "rows_at": "/operations",
-        },
-        "abort": {"method": "DELETE", "path": "/batches/{job}"},
-        "status": {"path": "/batches/{job}", "state": "/status"},
-        "results": [{**ARCHIVED, **archived}],
-        "done_states": ["finished"],
-        "open_states": ["open"],
-        "aborted_states": ["canceled"],
-    }
-    job.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return job
-
 
 async def _run(tmp_path: Path, plan: dict[str, Any], **archived: Any) -> tuple[BatchRun, dict[str, Any]]:
     target = await start_target(plan)
     try:
-        result = await run_bulk_job(batches_job(tmp_path, target.url, **archived), target)
+        result = await run_bulk_job(write_batches_job(tmp_path, target.url, NAMES, **archived), target)
         return result, target.state.stats()
     finally:
         await target.stop()
@@ -163,7 +118,7 @@ _FILES = "https://files.example"
 async def test_an_archive_on_another_origin_is_asked_without_the_jobs_credentials(tmp_path: Path) -> None:
     target = await start_target({"batch_ops": {"archive_origin": _FILES}})
     try:
-        job = batches_job(tmp_path, target.url)
+        job = write_batches_job(tmp_path, target.url, NAMES)
         result = await run_bulk_job(job, target, transport_factory=lambda s: _FileStore(s, target.url))
     finally:
         await target.stop()
@@ -222,7 +177,7 @@ async def test_unlisted_success_takes_rows_named_in_no_result_as_succeeded(tmp_p
     ],
 )
 def test_archived_results_are_refused_when_incoherent(tmp_path: Path, change: Any, message: str) -> None:
-    job = batches_job(tmp_path, "http://127.0.0.1:9")
+    job = write_batches_job(tmp_path, "http://127.0.0.1:9", NAMES)
     spec = yaml.safe_load(job.read_text())
     result_set = spec["request"]["bulk_job"]["steps"]["results"][0]
     change(result_set)

@@ -1,6 +1,8 @@
 """`kind: generic`: a bulk job's steps as request templates, for an API neither preset fits.
 
-    steps.create    {method, path, json}  -> the job's id at the JSON pointer `id`
+    steps.create    {method, path, json}  -> the job's id at the JSON pointer `id`; without it the upload
+                                          makes the job (its id at the upload's `id`), which the job file
+                                          allows with `resubmit: safe` (the driver journals `submitting`)
     steps.upload    {method, path}        the job's CSV, once (text/csv); with `format: json` the rows as
                                           JSON objects, their list at `rows_at` in `json` (or the body)
     steps.close     {method, path, json}  optional: without it the upload closes the job
@@ -56,6 +58,7 @@ class GenericBulk(StepClient):
         assert self._config.steps is not None  # kind: generic (config.py refuses it without steps)
         self._steps: BulkGenericConfig = self._config.steps
         steps = self._steps
+        self.submits = steps.create is None  # the upload makes the job (steps.resubmit: safe)
         self._states = {
             **dict.fromkeys(steps.open_states, OPEN),
             **dict.fromkeys(steps.aborted_states, ABORTED),
@@ -65,11 +68,14 @@ class GenericBulk(StepClient):
 
     async def create(self, number: int, keys: list[str]) -> str:
         step = self._steps.create
-        answer = await self._step("create", step, "")
-        remote = _pointed(answer, step.id or "", "create")
-        if not isinstance(remote, (str, int)) or isinstance(remote, bool) or not str(remote):
-            raise StepRefused("create", answer.status, f"the answer has no job id at {step.id}")
-        return str(remote)
+        assert step is not None  # else the driver submits
+        return _job_id(await self._step("create", step, ""), step, "create")
+
+    async def submit(self, body: bytes) -> str:
+        """The upload that makes the job (no create): sent once, as any upload; its answer's id."""
+        step = self._steps.upload
+        request = self._request(step.method, self._url(step, ""), body, self._bulk.content_type)
+        return _job_id(await self._sent_once("upload", request), step, "upload")
 
     async def upload(self, remote: str, body: bytes) -> None:
         step = self._steps.upload
@@ -206,6 +212,13 @@ class GenericBulk(StepClient):
     def _url(self, step: BulkStepConfig, remote: str) -> str:
         assert step.path is not None  # config.py: every step has one
         return self._base + step.path.replace("{job}", quote(remote, safe=""))
+
+
+def _job_id(answer: Response, step: BulkStepConfig, name: str) -> str:
+    remote = _pointed(answer, step.id or "", name)
+    if not isinstance(remote, (str, int)) or isinstance(remote, bool) or not str(remote):
+        raise StepRefused(name, answer.status, f"the answer has no job id at {step.id}")
+    return str(remote)
 
 
 def _set_name(step: BulkStepConfig) -> str:
