@@ -886,7 +886,7 @@ class BulkStepConfig(_Model):
     key: Annotated[str, AfterValidator(_json_pointer)] | None = None
     pages: BulkPagesConfig | None = None  # results (json): the set is paged
     # results (json): each item's own HTTP status (Mailchimp's /status_code), in place of `outcome`: a
-    # 2xx or 3xx is a success (`capture`), a 4xx or 5xx fails its row with the message at `error`
+    # 2xx is a success (`capture`), any other fails its row with the message at `error`
     status: Annotated[str, AfterValidator(_json_pointer)] | None = None
     # results (json): the set is a gzip'd tar of JSON files (`items` in each), read as a stream, never to
     # disk, at most `max_members` members and `max_unpacked_bytes` bytes of tar unpacked

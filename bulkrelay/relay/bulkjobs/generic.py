@@ -34,6 +34,7 @@ from bulkrelay.job.config import BulkGenericConfig, BulkStepConfig
 from bulkrelay.relay.bulkjobs.archive import archive_documents
 from bulkrelay.relay.bulkjobs.steps import (
     ABORTED,
+    API_SUCCESS,
     FAILED,
     JOB_COMPLETE,
     OPEN,
@@ -129,7 +130,7 @@ class GenericBulk(StepClient):
                             results.unprocessed.add(row_key)
                         case _:
                             results.succeeded[row_key] = what or {}
-        if self._steps.unlisted == "success":  # the target lists only its failures (Klaviyo's import errors)
+        if self._steps.unlisted != "unprocessed":  # the target lists only its failures (Klaviyo's errors)
             listed = results.succeeded.keys() | results.failed.keys() | results.unprocessed
             results.succeeded |= {row_key: {} for row_key in sent - listed}
         return results
@@ -268,12 +269,13 @@ def _json_outcomes(document: Any, step: BulkStepConfig, name: str, key: str) -> 
 
 
 def _item_outcome(item: Any, step: BulkStepConfig, name: str) -> str:
-    """An item's own HTTP status (`status`): a 2xx or 3xx is a success, a 4xx or 5xx a failure."""
+    """An item's own HTTP status (`status`): a 2xx is a success (the API's rule, as for every step's
+    answer), any other a failure."""
     assert step.status is not None
     status = resolve_pointer(item, step.status)
     if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
         raise StepRefused(name, None, f"an item has no status (100 to 599) at {step.status}")
-    return "success" if status < 400 else "failed"
+    return "success" if API_SUCCESS.is_success(status) else "failed"
 
 
 def _text(value: Any) -> str:

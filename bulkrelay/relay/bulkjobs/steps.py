@@ -48,7 +48,7 @@ OPEN, UPLOAD_COMPLETE, JOB_COMPLETE, FAILED, ABORTED = (
     "Aborted",
 )
 TERMINAL = frozenset({JOB_COMPLETE, FAILED, ABORTED})
-_API = RetryPolicy()  # the API's own success rule (any 2xx), not the job's response.success_statuses
+API_SUCCESS = RetryPolicy()  # the API's own success rule (any 2xx), not the job's response.success_statuses
 _STEP_SLICE = 0.25  # seconds: a wait is cut in slices this long, so a stop is heard soon
 
 
@@ -155,7 +155,7 @@ class StepClient:
             answer = await self._send(step, request)
         except TransportError as exc:
             raise StepRefused(step, None, str(exc)) from None
-        if not _API.is_success(answer.status):
+        if not API_SUCCESS.is_success(answer.status):
             raise StepRefused(step, answer.status, answer_text(answer))
         return answer
 
@@ -187,10 +187,10 @@ class StepClient:
             except TransportError:
                 pass
             else:
-                if _API.is_success(answer.status) and answer.truncated:  # cut at the transport's bound
+                if API_SUCCESS.is_success(answer.status) and answer.truncated:  # cut at the transport's bound
                     larger = f"the answer is larger than {len(answer.body)} bytes"
                     raise StepRefused(step, answer.status, larger)
-                if _API.is_success(answer.status):
+                if API_SUCCESS.is_success(answer.status):
                     return answer
                 if answer.status == 404 and poll:
                     raise JobForgotten(step, 404, f"the target does not know job {url.rsplit('/', 1)[-1]}")
