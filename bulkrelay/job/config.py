@@ -897,6 +897,14 @@ class BulkStepConfig(_Model):
     # in place of `path`
     url_at: Annotated[str, AfterValidator(_json_pointer)] | None = None
 
+    @model_serializer(mode="wrap")
+    def _omit_absent_additions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in _RESULTS_ONLY:  # unset, they leave out: jobs written before them keep their fingerprint
+            if data.get(key) is None:  # (and a delta job its rows' digests)
+                data.pop(key, None)
+        return data
+
 
 _States = Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)]
 
@@ -918,6 +926,15 @@ class BulkGenericConfig(_Model):
     # Without create, the data leaves before the job has an id: a crash before its answer is journaled
     # loses the job, and its rows are submitted again. The job file says that is safe (at-least-once).
     resubmit: Literal["safe"] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_additions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.unlisted == "unprocessed":  # as before it: jobs written before it keep their fingerprint
+            data.pop("unlisted", None)
+        if self.resubmit is None:
+            data.pop("resubmit", None)
+        return data
 
     @model_validator(mode="after")
     def _pointers(self) -> BulkGenericConfig:

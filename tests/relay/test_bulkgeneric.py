@@ -14,7 +14,7 @@ import yaml
 
 from bulkrelay.demo.target import start_target
 from bulkrelay.errors import ConfigInvalid
-from bulkrelay.job.config import BULK_ANSWER_BYTES, load_job
+from bulkrelay.job.config import BULK_ANSWER_BYTES, config_semantic_dict, load_job
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.stopping import StopReason
@@ -182,3 +182,17 @@ async def test_a_result_answer_cut_at_the_transports_bound_fails_the_jobs_rows(t
     assert sorted(rows) == [1, 2, 3, 4, 5, 6]
     assert {entry.classification for entry in rows.values()} == {"batch_answer_invalid"}
     assert "successfulResults answered 200: the answer is larger than" in (rows[1].error or "")
+
+
+def test_a_generic_job_written_before_the_later_settings_keeps_its_fingerprint(tmp_path: Path) -> None:
+    """pages, status, archive, its bounds, url_at, unlisted and resubmit, left unset, are not in the
+    fingerprint (nor a delta row's digest): a run begun before them resumes, a delta night resends nothing."""
+    job = write_generic_job(tmp_path, "http://127.0.0.1:9")
+    steps = config_semantic_dict(load_job(job).config)["request"]["bulk_job"]["steps"]
+    assert not {"unlisted", "resubmit"} & set(steps)
+    later = {"pages", "status", "archive", "max_members", "max_unpacked_bytes", "url_at"}
+    assert not any(later & set(step) for step in [*steps["results"], steps["create"], steps["upload"]])
+    spec = yaml.safe_load(job.read_text())
+    spec["request"]["bulk_job"]["steps"]["unlisted"] = "success"
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert config_semantic_dict(load_job(job).config)["request"]["bulk_job"]["steps"]["unlisted"] == "success"
