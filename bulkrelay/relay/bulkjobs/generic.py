@@ -24,7 +24,8 @@ other state is still working. Each step is asked as steps.py says (the upload ne
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing
 from typing import Any
 from urllib.parse import quote, urljoin
 
@@ -115,21 +116,17 @@ class GenericBulk(StepClient):
         for step in self._steps.results:
             name = _set_name(step)
             named: set[str] = set()  # the keys this JSON result set named: one named twice is refused
-            async for outcomes in self._outcomes(name, step, remote, key):
-                for row_key, outcome, what in outcomes:
-                    if row_key not in sent:
-                        raise never_sent(name, row_key, remote)
-                    if step.format == "json":
-                        if row_key in named:
-                            raise StepRefused(name, None, f"names key {row_key!r} twice in job {remote}")
-                        named.add(row_key)
-                    match outcome:  # what the target says became of the row, as the job file reads it
-                        case "failed":
-                            results.failed[row_key] = what or f"failed (in {name})"
-                        case "unprocessed":
-                            results.unprocessed.add(row_key)
-                        case _:
-                            results.succeeded[row_key] = what or {}
+            async with aclosing(self._outcomes(name, step, remote, key)) as pages:
+                async for outcomes in pages:
+                    for row_key, outcome, what in outcomes:
+                        if row_key not in sent:
+                            raise never_sent(name, row_key, remote)
+                        if step.format == "json":
+                            if row_key in named:
+                                twice = f"names key {row_key!r} twice in job {remote}"
+                                raise StepRefused(name, None, twice)
+                            named.add(row_key)
+                        _take(results, row_key, outcome, what, name)
         if self._steps.unlisted != "unprocessed":  # the target lists only its failures (Klaviyo's errors)
             listed = results.succeeded.keys() | results.failed.keys() | results.unprocessed
             results.succeeded |= {row_key: {} for row_key in sent - listed}
@@ -137,7 +134,7 @@ class GenericBulk(StepClient):
 
     async def _outcomes(
         self, name: str, step: BulkStepConfig, remote: str, key: str
-    ) -> AsyncIterator[_Outcomes]:
+    ) -> AsyncGenerator[_Outcomes, None]:
         """The outcomes of each page of a result set (one page unless it has `pages`; each JSON file of
         an archive)."""
         url = await self._set_url(name, step, remote)
@@ -155,8 +152,9 @@ class GenericBulk(StepClient):
             answer = await self._fetch(name, step, url)
             yield _json_outcomes(_json_document(answer, name), step, name, default_key)
         else:
-            async for document, where in self._pages(name, step, remote, url):
-                yield _json_outcomes(document, step, where, default_key)
+            async with aclosing(self._pages(name, step, remote, url)) as pages:
+                async for document, where in pages:
+                    yield _json_outcomes(document, step, where, default_key)
 
     async def _set_url(self, name: str, step: BulkStepConfig, remote: str) -> str:
         """A result set's URL: its path's, or the one at `url_at` in the job's status answer, asked
@@ -175,7 +173,7 @@ class GenericBulk(StepClient):
 
     async def _pages(
         self, name: str, step: BulkStepConfig, remote: str, first: str
-    ) -> AsyncIterator[tuple[Any, str]]:
+    ) -> AsyncGenerator[tuple[Any, str], None]:
         """Each page of a paged JSON result set, as a `get` lookup reads them: the next page's URL at the
         pointer `next` (else the Link header's rel="next"), relative to the page's; a page asked for twice
         (a loop) or more than `max_pages` pages is StepRefused."""
@@ -213,6 +211,17 @@ class GenericBulk(StepClient):
     def _url(self, step: BulkStepConfig, remote: str) -> str:
         assert step.path is not None  # config.py: every step has one
         return self._base + step.path.replace("{job}", quote(remote, safe=""))
+
+
+def _take(results: JobResults, row_key: str, outcome: str, what: Any, name: str) -> None:
+    """One named row's outcome, as the target says and the job file reads it."""
+    match outcome:
+        case "failed":
+            results.failed[row_key] = what or f"failed (in {name})"
+        case "unprocessed":
+            results.unprocessed.add(row_key)
+        case _:
+            results.succeeded[row_key] = what or {}
 
 
 def _job_id(answer: Response, step: BulkStepConfig, name: str) -> str:
