@@ -126,3 +126,20 @@ async def test_a_refused_submit_is_abandoned_and_its_rows_go_in_another_job(tmp_
     assert ledgers[1].events == ["submitting", "aborted"] and ledgers[2].rows == [1, 2, 3, 4]
     aborted = [r for r in read_job_records(result.run.journal_path) if r["bulk_job"] == 1][-1]
     assert aborted["why"].startswith("the submit failed: upload answered 400")
+
+
+async def test_the_mailchimp_example_runs_against_the_demo_target(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "bulk-jobs" / "mailchimp.yaml"
+    target = await start_target({})
+    try:
+        env = {"MC_BASE": f"{target.url}/3.0", "MC_ACCESS_TOKEN": "demo"}
+        result = await run_bulk_job(example, target, runs=tmp_path / "runs", env=env)
+    finally:
+        await target.stop()
+    failed = {entry.key: entry.error for entry in result.entries if not entry.success}
+    assert len(result.entries) == 6 and list(failed) == ["M-0004-bogus-dan"]
+    assert "bad value in M-0004-bogus-dan" in (failed["M-0004-bogus-dan"] or "")
+    submitted = [r for r in result.requests if r["method"] == "POST"]
+    assert (
+        len(submitted) == 2 and '"body":"{\\"email_address\\":\\"ann@example.com\\"' in submitted[0]["body"]
+    )
