@@ -10,7 +10,10 @@
 
 For `kind: generic` with `format: json`: an upload whose body is JSON (`{"records": [{column: value}]}`
 or the bare list) is taken as the CSV of those rows, and `.../successfulResults.json` (and the other two
-sets, `.json` added) serve a result set as `{"records": [{column: cell}]}`.
+sets, `.json` added) serve a result set as `{"records": [{column: cell}]}`; with `results_page_size`,
+in pages (`?page=N`), the next one's URL at `/nextRecordsUrl` (`page_links: body`) or in a `Link:
+<...>; rel="next"` header (`page_links: header`). `hostile_pages` spoils them: `loop` (the last page
+links back to page 2), `not_json` (page 2 is HTML), `repeat_key` (page 2 repeats page 1's first record).
 
 The plan's `bulk` object sets the options: a row whose key cell holds `fail_contains` fails (sf__Error),
 one holding `unprocessed_contains` is left unprocessed the first `unprocessed_times` times its key is
@@ -31,11 +34,13 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import parse_qs
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 _INGEST = "/jobs/ingest"
+_Reply = tuple[int, bytes, str] | tuple[int, bytes, str, tuple[tuple[str, str], ...]]
 _RESULT_SETS = ("successfulResults", "failedResults", "unprocessedrecords")
 
 
@@ -51,6 +56,9 @@ class BulkOptions(BaseModel):
     stuck: bool = False
     forget_jobs: bool = False
     hostile_results: Literal["unknown_key", "truncated"] | None = None
+    results_page_size: int = Field(default=0, ge=0)  # JSON results this many records a page (0: one)
+    page_links: Literal["body", "header"] = "body"  # the next page's URL: at /nextRecordsUrl, or Link
+    hostile_pages: Literal["loop", "not_json", "repeat_key"] | None = None
     delay_ms: int = Field(default=0, ge=0)  # answer every ingest request this late (after acting on it)
 
 
@@ -87,8 +95,8 @@ class BulkIngest:
             "bulk_rows_in_two_jobs": sum(1 for times in self.processed.values() if times > 1),
         }
 
-    def answer(self, method: str, path: str, body: bytes) -> tuple[int, bytes, str]:
-        """(status, body, content type) for a request to the ingest API."""
+    def answer(self, method: str, path: str, body: bytes, query: str = "") -> _Reply:
+        """(status, body, content type[, headers]) for a request to the ingest API."""
         tail = path[path.index(_INGEST) + len(_INGEST) :].strip("/")
         if not tail:
             return self._create() if method == "POST" else _error(405, "POST to create a job")
@@ -107,9 +115,31 @@ class BulkIngest:
             if job.state != "JobComplete":
                 return _error(409, f"job {job.id} is {job.state}")
             if as_json:
-                return 200, orjson.dumps({"records": _parsed(job.results[name])[1]}), "application/json"
+                return self._json_results(job, name, path, query)
             return 200, job.results[name], "text/csv"
         return _error(404, f"no {method} {path}")
+
+    def _json_results(self, job: _Job, name: str, path: str, query: str) -> _Reply:
+        """A result set as JSON, `{"records": [...]}`: whole, or the page `?page=N` of
+        `results_page_size` records, the next one's URL at /nextRecordsUrl or in the Link header."""
+        records = _parsed(job.results[name])[1]
+        size = self.options.results_page_size
+        if not size:
+            return 200, orjson.dumps({"records": records}), "application/json"
+        page = int(parse_qs(query).get("page", ["1"])[0])
+        last = max(1, -(-len(records) // size))
+        hostile = self.options.hostile_pages
+        if hostile == "not_json" and page == 2:
+            return 200, b"<html><body>502 Bad Gateway</body></html>", "text/html"
+        part = records[(page - 1) * size : page * size]
+        if hostile == "repeat_key" and page == 2 and records:
+            part = [records[0], *part]
+        following = page + 1 if page < last else (2 if hostile == "loop" and last > 1 else None)
+        link = None if following is None else f"{path}?page={following}"
+        if self.options.page_links == "header":
+            headers = () if link is None else (("Link", f'<{link}>; rel="next"'),)
+            return 200, orjson.dumps({"records": part}), "application/json", headers
+        return 200, orjson.dumps({"records": part, "nextRecordsUrl": link}), "application/json"
 
     def _create(self) -> tuple[int, bytes, str]:
         job = _Job(f"750{len(self._jobs) + 1:015d}")

@@ -53,6 +53,9 @@ Bulk jobs (demo/bulktarget.py): `.../jobs/ingest` answers like Salesforce Bulk A
 when no rule fires; the plan's "bulk" object sets which rows fail or stay unprocessed, and which jobs fail.
 Named imports (demo/importtarget.py): `.../crm/v3/imports` answers like HubSpot CRM imports; the plan's
 "imports" object sets which rows and imports fail.
+Batch operations (demo/batchopstarget.py): `.../3.0/batches` answers like Mailchimp's batches, serving
+each batch's results as a tar.gz of JSON files; the plan's "batch_ops" object sets which operations fail
+and how the archive is spoiled.
 
 Dedup: with "dedup": true, a request whose Idempotency-Key was already applied (answered 2xx) gets the
 stored answer again and counts as a duplicate. `effects` counts applied operations: every 2xx answer
@@ -111,6 +114,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bulkrelay.demo.batchopstarget import BatchOperations, BatchOpsOptions
 from bulkrelay.demo.batchtarget import BatchEndpoints, BatchOptions
 from bulkrelay.demo.bulktarget import BulkIngest, BulkOptions
 from bulkrelay.demo.crmtarget import CrmEndpoints
@@ -166,6 +170,7 @@ class _Plan(BaseModel):
     batch: BatchOptions = BatchOptions()  # the batch endpoints' options (demo/batchtarget.py)
     bulk: BulkOptions = BulkOptions()  # the ingest API's options (demo/bulktarget.py)
     imports: ImportOptions = ImportOptions()  # the named-import API's options (demo/importtarget.py)
+    batch_ops: BatchOpsOptions = BatchOpsOptions()  # the batch-operations API's (demo/batchopstarget.py)
     oauth: OAuthPlan | None = None  # a token endpoint, and a bearer token every other request needs
     signed: SignedPlan | None = None  # each request's signature verified
 
@@ -247,6 +252,10 @@ class TargetState:
         if imports is not None:
             imports.options = self.plan.imports
         self.imports = imports or NamedImports(self.plan.imports)
+        batch_ops: BatchOperations | None = getattr(self, "batch_ops", None)
+        if batch_ops is not None:
+            batch_ops.options = self.plan.batch_ops
+        self.batch_ops = batch_ops or BatchOperations(self.plan.batch_ops)
         self.oauth = OAuthState(self.plan.oauth) if self.plan.oauth is not None else None
         self.signatures = SignatureCheck(self.plan.signed) if self.plan.signed is not None else None
 
@@ -261,6 +270,7 @@ class TargetState:
         self.crm = CrmEndpoints()
         self.bulk = BulkIngest(self.plan.bulk)
         self.imports = NamedImports(self.plan.imports)
+        self.batch_ops = BatchOperations(self.plan.batch_ops)
         self.effects = 0
         self.duplicates = 0
         self.resets = 0
@@ -283,6 +293,7 @@ class TargetState:
             **self.crm.stats(),
             **self.bulk.stats(),
             **self.imports.stats(),
+            **self.batch_ops.stats(),
         }
 
     def requests(self) -> list[dict[str, Any]]:
@@ -420,16 +431,21 @@ class TargetState:
             return self.plan.bulk.delay_ms
         if NamedImports.handles(request.path):
             return self.plan.imports.delay_ms
+        if BatchOperations.handles(request.path):
+            return self.plan.batch_ops.delay_ms
         return self.plan.batch.delay_ms if BatchEndpoints.handles(request.path) and not replay else 0
 
     def _default_answer(self, request: web.BaseRequest, body: bytes) -> _Answer:
         if BulkIngest.handles(request.path):
-            return _Answer(*self.bulk.answer(request.method, request.path, body))
+            return _Answer(*self.bulk.answer(request.method, request.path, body, request.query_string))
         if NamedImports.handles(request.path):
             kind = request.headers.get("Content-Type", "")
             return _Answer(
                 *self.imports.answer(request.method, request.path, request.query_string, body, kind)
             )
+        if BatchOperations.handles(request.path):
+            origin = f"{request.scheme}://{request.host}"
+            return _Answer(*self.batch_ops.answer(request.method, request.path, body, origin))
         if BatchEndpoints.handles(request.path):
             status, answer = self.batches.answer(request.path, body)
             return _Answer(status, answer)

@@ -61,6 +61,7 @@ DEFAULT_RESPECT_RETRY_AFTER = True
 DEFAULT_MAX_RETRY_AFTER_SECONDS = 300.0
 DEFAULT_HALT_STATUSES = (401, 403)
 MAX_BODY_BYTES = 1 << 20  # the most of a response body the transport reads; a failure body is cut from it
+BULK_ANSWER_BYTES = 256 << 20  # a bulk run's: a job's result set (CSV, JSON page, archive) is read whole
 DEFAULT_CLIENT: Literal["reqwest", "httpx"] = "reqwest"
 DEFAULT_PROXY = "none"  # no proxy, whatever the environment says
 DEFAULT_BATCH_BYTES = 1_000_000  # request.batch.max_bytes: the whole encoded body
@@ -856,11 +857,19 @@ class BulkPollConfig(_Model):
     max_wait: Annotated[Seconds, BeforeValidator(_wait_seconds)] = 6 * 3600.0  # then stop, resumable
 
 
+class BulkPagesConfig(_Model):
+    """A JSON result set over several pages (`results[].pages`), as a `get` lookup's: the next page's URL
+    at the pointer `next` in each page (none: the `Link` header's rel="next"), at most `max_pages`."""
+
+    next: Annotated[str, AfterValidator(_json_pointer)] | None = None
+    max_pages: Annotated[int, Field(ge=1, le=100_000)] = 1000
+
+
 class BulkStepConfig(_Model):
     """One request of a generic bulk job's life (`request.bulk_job.steps`): `{job}` in `path` is its id."""
 
     method: Annotated[Method, BeforeValidator(_upper)] = "GET"
-    path: NonEmpty  # after base_url
+    path: NonEmpty | None = None  # after base_url; every step has one but a result set found at url_at
     json_: dict[str, Any] | None = Field(default=None, alias="json")  # the body (the upload's is the CSV)
     id: Annotated[str, AfterValidator(_json_pointer)] | None = None  # create: the job's id in the answer
     state: Annotated[str, AfterValidator(_json_pointer)] | None = None  # status: the job's state
@@ -875,6 +884,26 @@ class BulkStepConfig(_Model):
     rows_at: Annotated[str, AfterValidator(_json_pointer)] | None = None
     items: Annotated[str, AfterValidator(_json_pointer)] | None = None
     key: Annotated[str, AfterValidator(_json_pointer)] | None = None
+    pages: BulkPagesConfig | None = None  # results (json): the set is paged
+    # results (json): each item's own HTTP status (Mailchimp's /status_code), in place of `outcome`: a
+    # 2xx is a success (`capture`), any other fails its row with the message at `error`
+    status: Annotated[str, AfterValidator(_json_pointer)] | None = None
+    # results (json): the set is a gzip'd tar of JSON files (`items` in each), read as a stream, never to
+    # disk, at most `max_members` members and `max_unpacked_bytes` bytes of tar unpacked
+    archive: Literal["tar.gz"] | None = None
+    max_members: Annotated[int, Field(ge=1, le=100_000)] | None = None  # None: 10,000
+    max_unpacked_bytes: Annotated[int, Field(ge=1024, le=BULK_ANSWER_BYTES * 16)] | None = None  # 1 GiB
+    # results: the set's URL at this pointer in the job's status answer (Mailchimp's /response_body_url),
+    # in place of `path`
+    url_at: Annotated[str, AfterValidator(_json_pointer)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_additions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in _RESULTS_ONLY:  # unset, they leave out: jobs written before them keep their fingerprint
+            if data.get(key) is None:  # (and a delta job its rows' digests)
+                data.pop(key, None)
+        return data
 
 
 _States = Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)]
@@ -883,7 +912,7 @@ _States = Annotated[tuple[NonEmpty, ...], BeforeValidator(_list_as_tuple)]
 class BulkGenericConfig(_Model):
     """`kind: generic`: the steps as request templates, and which of the target's states mean what."""
 
-    create: BulkStepConfig
+    create: BulkStepConfig | None = None  # none: the upload makes the job (its id at upload.id)
     upload: BulkStepConfig
     close: BulkStepConfig | None = None  # none: the upload closes the job
     abort: BulkStepConfig | None = None
@@ -893,17 +922,59 @@ class BulkGenericConfig(_Model):
     done_states: Annotated[_States, Field(min_length=1)]
     failed_states: _States = ()
     aborted_states: _States = ()
+    unlisted: Literal["unprocessed", "success"] = "unprocessed"  # a row named in no result set
+    # Without create, the data leaves before the job has an id: a crash before its answer is journaled
+    # loses the job, and its rows are submitted again. The job file says that is safe (at-least-once).
+    resubmit: Literal["safe"] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_additions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.unlisted == "unprocessed":  # as before it: jobs written before it keep their fingerprint
+            data.pop("unlisted", None)
+        if self.resubmit is None:
+            data.pop("resubmit", None)
+        return data
 
     @model_validator(mode="after")
     def _pointers(self) -> BulkGenericConfig:
-        if self.create.id is None or self.status.state is None:
-            raise ValueError("request.bulk_job.steps: create needs id and status needs state (JSON pointers)")
-        if any(step.outcome is None for step in self.results):
+        if self.status.state is None or (self.create or self.upload).id is None:
             raise ValueError(
-                "request.bulk_job.steps.results: each needs outcome (success, failed, unprocessed)"
+                "request.bulk_job.steps: create (or, without it, upload) needs id and status needs state"
+                " (JSON pointers)"
+            )
+        _submit_fits(self)
+        if any((step.outcome is None) == (step.status is None) for step in self.results):
+            raise ValueError(
+                "request.bulk_job.steps.results: each needs outcome (success, failed, unprocessed),"
+                " or status (a pointer to each item's own status), not both"
             )
         _json_steps_fit(self)
+        _result_sets_fit(self.results)
+        others = (self.create, self.upload, self.close, self.abort, self.status)
+        if any(step is not None and step.path is None for step in others):
+            raise ValueError("request.bulk_job.steps: each step needs its path")
         return self
+
+
+def _submit_fits(steps: BulkGenericConfig) -> None:
+    """An upload that makes the job (no create) says its effect is safe to repeat, and names no {job}."""
+    where = "request.bulk_job.steps"
+    if steps.create is not None:
+        if steps.upload.id is not None or steps.resubmit is not None:
+            raise ValueError(
+                f"{where}: upload.id and resubmit go with an upload that makes the job (no create)"
+            )
+        return
+    if "{job}" in (steps.upload.path or ""):
+        raise ValueError(f"{where}.upload: without create, the upload makes the job: its path has no {{job}}")
+    if steps.resubmit != "safe":
+        raise ValueError(
+            f"{where}: without create, the upload makes the job and its data leaves before the job has an"
+            " id; after a crash in that moment the job cannot be found again and its rows are submitted"
+            " again. Say resubmit: safe if the target may apply them twice (at-least-once,"
+            " docs/bulk-jobs.md#a-submit-that-carries-the-rows-no-create)"
+        )
 
 
 def _json_steps_fit(steps: BulkGenericConfig) -> None:
@@ -926,6 +997,35 @@ def _json_steps_fit(steps: BulkGenericConfig) -> None:
     others = (steps.create, steps.close, steps.abort, steps.status)
     if any(step is not None and step.format != "csv" for step in others):
         raise ValueError("request.bulk_job.steps: format goes on upload and results")
+    for other in (*others, steps.upload):
+        if other is not None and any(getattr(other, name) is not None for name in _RESULTS_ONLY):
+            raise ValueError(f"request.bulk_job.steps: {', '.join(_RESULTS_ONLY)} go on results")
+
+
+_RESULTS_ONLY = (  # settings of a result set alone
+    "pages",
+    "status",
+    "archive",
+    "max_members",
+    "max_unpacked_bytes",
+    "url_at",
+)
+
+
+def _result_sets_fit(results: tuple[BulkStepConfig, ...]) -> None:
+    """Paged, archived and per-item-status result sets: JSON, with what goes with each."""
+    for step in results:
+        where = "request.bulk_job.steps.results"
+        if (step.path is None) == (step.url_at is None):
+            raise ValueError(f"{where}: each has a path, or url_at (a pointer into the status answer)")
+        if step.format != "json" and (step.pages, step.status, step.archive) != (None, None, None):
+            raise ValueError(f"{where}: pages, status and archive go with format: json")
+        if step.pages is not None and step.archive is not None:
+            raise ValueError(f"{where}: an archive is one file (pages go with a JSON answer)")
+        if step.archive is None and (step.max_members, step.max_unpacked_bytes) != (None, None):
+            raise ValueError(f"{where}: max_members and max_unpacked_bytes go with archive: tar.gz")
+        if step.status is not None and step.error is None:
+            raise ValueError(f"{where}: status needs error (a pointer to a failed item's message)")
 
 
 class BulkJobConfig(_Model):

@@ -67,5 +67,5 @@ def _upload_of(bulk: BulkCsv, base_url: str) -> tuple[str, str]:
     if config.kind == "named_import":
         return "POST", f"{base_url}/crm/v3/imports"
     if config.steps is not None:
-        return config.steps.upload.method, base_url + config.steps.upload.path
+        return config.steps.upload.method, base_url + (config.steps.upload.path or "")
     return "PUT", f"{base_url}/jobs/ingest/{{job}}/batches"

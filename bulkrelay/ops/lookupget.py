@@ -11,7 +11,6 @@ retries is INPUT_UNAVAILABLE (exit 12). Nothing is kept of a failed build."""
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urljoin
@@ -24,11 +23,11 @@ from bulkrelay.job.config import Job, LookupConfig, ResponseConfig
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.job.template import compile_template, resolve_secrets
 from bulkrelay.relay.engine import job_transport_settings
+from bulkrelay.relay.response import link_next
 from bulkrelay.relay.retry import RetryPolicy
 from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
 
-_LINK_NEXT = re.compile(r'<([^>]*)>\s*;[^,]*\brel="?next"?', re.IGNORECASE)
 _ABSENT = object()
 
 
@@ -130,8 +129,8 @@ def _next(given: LookupConfig, document: Any, response: Response, url: str) -> s
     if given.next is not None:
         found = _pointed(document, given.next)
         return urljoin(url, found) if isinstance(found, str) and found else None
-    match = _LINK_NEXT.search(response.headers.get("link", ""))
-    return urljoin(url, match.group(1)) if match else None
+    found = link_next(response.headers)
+    return urljoin(url, found) if found else None
 
 
 async def _pace(job: Job) -> None:

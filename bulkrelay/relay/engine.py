@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
-from bulkrelay.job.config import MAX_BODY_BYTES, Job, JobConfig
+from bulkrelay.job.config import BULK_ANSWER_BYTES, MAX_BODY_BYTES, Job, JobConfig
 from bulkrelay.job.inputs import open_records
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
@@ -243,8 +243,11 @@ def _pending_records(
 
 
 def transport_settings(preflight: Preflight) -> TransportSettings:
-    """The relay's client settings: the job's, reading a batch's whole answer (`answer_bytes`)."""
+    """The relay's client settings: the job's, reading a batch's whole answer (`answer_bytes`), and a
+    bulk job's result sets whole (up to BULK_ANSWER_BYTES: a larger one is refused, never cut)."""
     settings = job_transport_settings(preflight.job)
+    if preflight.bulk is not None:
+        return replace(settings, max_body_bytes=BULK_ANSWER_BYTES)
     if preflight.batcher is None:
         return settings
     return replace(settings, max_body_bytes=preflight.batcher.answer_bytes)

@@ -7,6 +7,7 @@ of the body are kept, and a secret that begins in them is hidden whole even wher
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,13 @@ import orjson
 from bulkrelay.job.redact import Redactor
 
 _MISSING = object()
+_LINK_NEXT = re.compile(r'<([^>]*)>\s*;[^,]*\brel="?next"?', re.IGNORECASE)
+
+
+def link_next(headers: Mapping[str, str]) -> str | None:
+    """The `Link` header's rel="next" URL (as written: relative or absolute), if it has one."""
+    match = _LINK_NEXT.search(headers.get("link", ""))
+    return match.group(1) if match else None
 
 
 def resolve_pointer(document: Any, pointer: str) -> Any:

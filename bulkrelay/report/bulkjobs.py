@@ -50,7 +50,7 @@ def bulk_job_rows(journal: Path) -> tuple[BulkJobRow, ...]:
     jobs: dict[int, BulkJobRow] = {}
     for record in read_job_records(journal):
         number, event = record["bulk_job"], record["event"]
-        if event == "created":
+        if event in ("created", "submitting"):  # submitting: a job whose data goes with its making
             rows = len(rows_of(record.get("rows", [])))
             jobs[number] = BulkJobRow(number, str(record.get("remote", "")), rows)
         job = jobs.get(number)

@@ -3,7 +3,9 @@ like ingest API (demo/bulktarget.py), and a run of it in-process."""
 
 from __future__ import annotations
 
+import copy
 import csv
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ from bulkrelay.relay.engine import StartPoint, relay
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import NullReporter, Reporter
 from bulkrelay.relay.stopping import StopControl
+from bulkrelay.relay.transport import open_transport
+from bulkrelay.relay.transport.base import Transport, TransportSettings
 from bulkrelay.store.journal import read_journal
 from bulkrelay.store.rundir import RunDir
 from tests.relay.batchrun import BatchRun
@@ -40,6 +44,93 @@ GENERIC_STEPS: dict[str, Any] = {  # kind: generic speaking demo/bulktarget.py's
     "failed_states": ["Failed"],
     "aborted_states": ["Aborted"],
 }
+
+
+GENERIC_NAMES = ["ann", "bob", "bogus-cy", "dan", "later-eve", "fay"]
+
+
+def generic_json_steps() -> dict[str, Any]:
+    """GENERIC_STEPS speaking JSON: the rows uploaded as {"records": [...]}, the results read as JSON."""
+    steps = copy.deepcopy(GENERIC_STEPS)
+    steps["upload"] |= {"format": "json", "json": {"records": []}, "rows_at": "/records"}
+    success, failed, unprocessed = steps["results"]
+    success |= {
+        "path": success["path"] + ".json",
+        "format": "json",
+        "items": "/records",
+        "capture": ["/sf__Id"],
+    }
+    del failed["error_column"]
+    failed |= {"path": failed["path"] + ".json", "format": "json", "items": "/records", "error": "/sf__Error"}
+    unprocessed |= {"path": unprocessed["path"] + ".json", "format": "json", "items": "/records"}
+    unprocessed["key"] = "/External_Id__c"  # the default, said
+    return steps
+
+
+def write_generic_job(tmp_path: Path, url: str, names: list[str] | None = None, **bulk: Any) -> Path:
+    """A `kind: generic` job speaking the ingest API (GENERIC_STEPS) over `names` (GENERIC_NAMES)."""
+    job = write_bulk_job(tmp_path, url, names or GENERIC_NAMES, kind="generic", steps=GENERIC_STEPS, **bulk)
+    spec = yaml.safe_load(job.read_text())
+    for key in ("object", "operation", "external_id_field"):
+        del spec["request"]["bulk_job"][key]
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return job
+
+
+ARCHIVED = {
+    "url_at": "/response_body_url",
+    "archive": "tar.gz",
+    "format": "json",
+    "items": "",  # each JSON file is the list itself
+    "key": "/operation_id",
+    "status": "/status_code",
+    "error": "/response",
+    "capture": ["/response"],
+}
+
+
+def write_batches_job(
+    tmp_path: Path, url: str, names: list[str], *, submit: bool = False, **archived: Any
+) -> Path:
+    """Rows as Mailchimp batch operations (operation_id: the row's key) to the demo's batches API
+    (demo/batchopstarget.py), results from the archive (ARCHIVED, changed by `archived`). `submit`: the
+    operations go in the request that makes the batch, as Mailchimp takes them (no create,
+    resubmit: safe); else the batch is made empty and given them after (the demo's two-step form)."""
+    job = write_bulk_job(tmp_path, url, names, kind="generic", steps=GENERIC_STEPS)
+    spec = yaml.safe_load(job.read_text())
+    bulk = spec["request"]["bulk_job"]
+    for key in ("object", "operation", "external_id_field"):
+        del bulk[key]
+    bulk["base_url"] = f"{url}/3.0"
+    bulk["columns"] = {
+        "operation_id": {"from": "id"},
+        "method": {"value": "PUT"},
+        "path": {"value": "/lists/abc/members"},
+        "body": {"from": "email"},
+    }
+    bulk["steps"] = {
+        "create": {"method": "POST", "path": "/batches", "json": {}, "id": "/id"},
+        "upload": {
+            "method": "PUT",
+            "path": "/batches/{job}/operations",
+            "format": "json",
+            "json": {"operations": []},
+            "rows_at": "/operations",
+        },
+        "abort": {"method": "DELETE", "path": "/batches/{job}"},
+        "status": {"path": "/batches/{job}", "state": "/status"},
+        "results": [{**ARCHIVED, **archived}],
+        "done_states": ["finished"],
+        "open_states": ["open"],
+        "aborted_states": ["canceled"],
+    }
+    if submit:
+        steps = bulk["steps"]
+        del steps["create"], steps["abort"], steps["open_states"]
+        steps["upload"] |= {"method": "POST", "path": "/batches", "id": "/id"}
+        steps["resubmit"] = "safe"
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return job
 
 
 def bulk_job_spec(target_url: str, **bulk: Any) -> dict[str, Any]:
@@ -87,6 +178,7 @@ async def run_bulk_job(
     stats: RelayStats | None = None,
     env: dict[str, str] | None = None,
     reporter: Reporter | None = None,
+    transport_factory: Callable[[TransportSettings], Transport] = open_transport,
 ) -> BatchRun:
     """Preflight and relay the job in-process into a new run directory (in `runs`, else beside the job;
     or `run`, from its start). The environment holds SF_TOKEN and SF_INSTANCE (the target), and
@@ -96,7 +188,13 @@ async def run_bulk_job(
     preflight = run_preflight(load_job(job_path), None, env=env)
     run = run or RunDir.create(runs or job_path.parent / "runs", plan_for(preflight))
     outcome = await relay(
-        preflight, run, StartPoint(), stop=StopControl(), reporter=reporter or NullReporter(), stats=stats
+        preflight,
+        run,
+        StartPoint(),
+        stop=StopControl(),
+        reporter=reporter or NullReporter(),
+        stats=stats,
+        transport_factory=transport_factory,
     )
     return BatchRun(outcome, list(read_journal(run.journal_path)), target.state.requests(), run)
 
@@ -116,9 +214,4 @@ def write_kind_job(tmp_path: Path, target_url: str, names: list[str], kind: str)
         return write_bulk_job(tmp_path, target_url, names, kind=kind, base_url=target_url, object="0-1")
     if kind == "salesforce_bulk2":
         return write_bulk_job(tmp_path, target_url, names)
-    job = write_bulk_job(tmp_path, target_url, names, kind="generic", steps=GENERIC_STEPS)
-    spec = yaml.safe_load(job.read_text())
-    for key in ("object", "operation", "external_id_field"):
-        del spec["request"]["bulk_job"][key]
-    job.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return job
+    return write_generic_job(tmp_path, target_url, names)

@@ -4,7 +4,6 @@ upload, close, status and three result sets, each row's outcome matched by key."
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,24 +14,16 @@ import yaml
 
 from bulkrelay.demo.target import start_target
 from bulkrelay.errors import ConfigInvalid
-from bulkrelay.job.config import load_job
+from bulkrelay.job.config import BULK_ANSWER_BYTES, config_semantic_dict, load_job
+from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.stopping import StopReason
+from bulkrelay.relay.transport import open_transport
+from bulkrelay.relay.transport.base import Response, Transport, TransportSettings
 from bulkrelay.store.journal.jobrecords import job_ledgers
-from tests.relay.bulkrun import FAST_POLL, GENERIC_STEPS, run_bulk_job, write_bulk_job
+from tests.relay.bulkrun import FAST_POLL, generic_json_steps, run_bulk_job, write_generic_job
 
 pytestmark = pytest.mark.anyio
-
-NAMES = ["ann", "bob", "bogus-cy", "dan", "later-eve", "fay"]
-
-
-def write_generic_job(tmp_path: Path, url: str, **bulk: Any) -> Path:
-    job = write_bulk_job(tmp_path, url, NAMES, kind="generic", steps=GENERIC_STEPS, **bulk)
-    spec = yaml.safe_load(job.read_text())
-    for key in ("object", "operation", "external_id_field"):
-        del spec["request"]["bulk_job"][key]
-    job.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return job
 
 
 async def test_generic_steps_speak_the_salesforce_like_api_row_by_row(tmp_path: Path) -> None:
@@ -91,30 +82,12 @@ def test_generic_needs_its_steps_and_pointers(tmp_path: Path) -> None:
         load_job(job)
 
 
-def _json_steps() -> dict[str, Any]:
-    """GENERIC_STEPS speaking JSON: the rows uploaded as {"records": [...]}, the results read as JSON."""
-    steps = copy.deepcopy(GENERIC_STEPS)
-    steps["upload"] |= {"format": "json", "json": {"records": []}, "rows_at": "/records"}
-    success, failed, unprocessed = steps["results"]
-    success |= {
-        "path": success["path"] + ".json",
-        "format": "json",
-        "items": "/records",
-        "capture": ["/sf__Id"],
-    }
-    del failed["error_column"]
-    failed |= {"path": failed["path"] + ".json", "format": "json", "items": "/records", "error": "/sf__Error"}
-    unprocessed |= {"path": unprocessed["path"] + ".json", "format": "json", "items": "/records"}
-    unprocessed["key"] = "/External_Id__c"  # the default, said
-    return steps
-
-
 async def test_a_json_upload_of_the_rows_and_json_results_are_matched_by_key(tmp_path: Path) -> None:
     target = await start_target({})
     try:
         job = write_generic_job(tmp_path, target.url)
         spec = yaml.safe_load(job.read_text())
-        spec["request"]["bulk_job"]["steps"] = _json_steps()
+        spec["request"]["bulk_job"]["steps"] = generic_json_steps()
         spec["request"]["bulk_job"]["columns"]["Active"] = {"value": True}
         job.write_text(yaml.safe_dump(spec, sort_keys=False))
         result = await run_bulk_job(job, target)
@@ -162,7 +135,7 @@ async def test_a_json_result_item_without_a_key_fails_the_jobs_rows_clearly(tmp_
     try:
         job = write_generic_job(tmp_path, target.url)
         spec = yaml.safe_load(job.read_text())
-        spec["request"]["bulk_job"]["steps"] = _json_steps()
+        spec["request"]["bulk_job"]["steps"] = generic_json_steps()
         job.write_text(yaml.safe_dump(spec, sort_keys=False))
         result = await run_bulk_job(job, target)
     finally:
@@ -171,3 +144,55 @@ async def test_a_json_result_item_without_a_key_fails_the_jobs_rows_clearly(tmp_
     assert sorted(rows) == [1, 2, 3, 4, 5, 6] and not any(entry.success for entry in rows.values())
     assert {entry.classification for entry in rows.values()} == {"batch_answer_invalid"}
     assert "an item has no key at /External_Id__c" in (rows[1].error or "")
+
+
+class _Cutting:
+    """The real transport, its answers to `cut` marked cut at max_body_bytes (as a huge one would be)."""
+
+    def __init__(self, settings: TransportSettings, cut: str) -> None:
+        self.settings = settings
+        self._inner = open_transport(settings)
+        self._cut = cut
+
+    async def send(self, request: PreparedRequest) -> Response:
+        answer = await self._inner.send(request)
+        return answer._replace(truncated=True) if self._cut in request.url else answer
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_a_result_answer_cut_at_the_transports_bound_fails_the_jobs_rows(tmp_path: Path) -> None:
+    """A bulk run reads answers up to BULK_ANSWER_BYTES (not a row's 1 MiB); one larger still is refused,
+    never read as the shorter result set it would seem (its missing rows would go in another job)."""
+    made: list[_Cutting] = []
+
+    def cutting(settings: TransportSettings) -> Transport:
+        made.append(_Cutting(settings, "successfulResults"))
+        return made[-1]
+
+    target = await start_target({})
+    try:
+        job = write_generic_job(tmp_path, target.url)
+        result = await run_bulk_job(job, target, transport_factory=cutting)
+    finally:
+        await target.stop()
+    assert made[0].settings.max_body_bytes == BULK_ANSWER_BYTES
+    rows = result.by_row()
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]
+    assert {entry.classification for entry in rows.values()} == {"batch_answer_invalid"}
+    assert "successfulResults answered 200: the answer is larger than" in (rows[1].error or "")
+
+
+def test_a_generic_job_written_before_the_later_settings_keeps_its_fingerprint(tmp_path: Path) -> None:
+    """pages, status, archive, its bounds, url_at, unlisted and resubmit, left unset, are not in the
+    fingerprint (nor a delta row's digest): a run begun before them resumes, a delta night resends nothing."""
+    job = write_generic_job(tmp_path, "http://127.0.0.1:9")
+    steps = config_semantic_dict(load_job(job).config)["request"]["bulk_job"]["steps"]
+    assert not {"unlisted", "resubmit"} & set(steps)
+    later = {"pages", "status", "archive", "max_members", "max_unpacked_bytes", "url_at"}
+    assert not any(later & set(step) for step in [*steps["results"], steps["create"], steps["upload"]])
+    spec = yaml.safe_load(job.read_text())
+    spec["request"]["bulk_job"]["steps"]["unlisted"] = "success"
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert config_semantic_dict(load_job(job).config)["request"]["bulk_job"]["steps"]["unlisted"] == "success"

@@ -1,6 +1,8 @@
 """`kind: generic`: a bulk job's steps as request templates, for an API neither preset fits.
 
-    steps.create    {method, path, json}  -> the job's id at the JSON pointer `id`
+    steps.create    {method, path, json}  -> the job's id at the JSON pointer `id`; without it the upload
+                                          makes the job (its id at the upload's `id`), which the job file
+                                          allows with `resubmit: safe` (the driver journals `submitting`)
     steps.upload    {method, path}        the job's CSV, once (text/csv); with `format: json` the rows as
                                           JSON objects, their list at `rows_at` in `json` (or the body)
     steps.close     {method, path, json}  optional: without it the upload closes the job
@@ -8,7 +10,12 @@
     steps.status    {method, path}        the job's state at the pointer `state` (`error`: a failed one's)
     steps.results   [{method, path, outcome, error_column, capture}]   CSV files, matched by the key column;
                     with `format: json`, a JSON list at `items`, each item's row named at `key` (default
-                    /<key column>), its error at `error`, `capture` JSON pointers (kept by their last name)
+                    /<key column>), its error at `error`, `capture` JSON pointers (kept by their last name);
+                    with `pages`, over several pages (`next` pointer or Link header, `max_pages`); with
+                    `archive: tar.gz`, a gzip'd tar of JSON files (archive.py); `status`: each item's own
+                    HTTP status in place of `outcome`; `url_at`: the set's URL in the status answer
+    unlisted        unprocessed (a row named in no result goes in a later job) | success (only failures
+                    are listed)
 
 Every `path` follows `base_url`; `{job}` in it is the job's id (percent-encoded). The target's states
 are told apart by the lists `done_states`, `failed_states`, `aborted_states` and `open_states`; any
@@ -17,15 +24,18 @@ other state is still working. Each step is asked as steps.py says (the upload ne
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urljoin
 
 import orjson
 
 from bulkrelay.job.config import BulkGenericConfig, BulkStepConfig
+from bulkrelay.relay.bulkjobs.archive import archive_documents
 from bulkrelay.relay.bulkjobs.steps import (
     ABORTED,
+    API_SUCCESS,
     FAILED,
     JOB_COMPLETE,
     OPEN,
@@ -36,8 +46,10 @@ from bulkrelay.relay.bulkjobs.steps import (
     json_answer,
     never_sent,
 )
-from bulkrelay.relay.response import resolve_pointer
+from bulkrelay.relay.response import link_next, resolve_pointer
 from bulkrelay.relay.transport.base import Response
+
+_Outcomes = Iterator[tuple[str, str, Any]]  # each named row's key text, outcome, and error or captured
 
 
 class GenericBulk(StepClient):
@@ -48,6 +60,7 @@ class GenericBulk(StepClient):
         assert self._config.steps is not None  # kind: generic (config.py refuses it without steps)
         self._steps: BulkGenericConfig = self._config.steps
         steps = self._steps
+        self.submits = steps.create is None  # the upload makes the job (steps.resubmit: safe)
         self._states = {
             **dict.fromkeys(steps.open_states, OPEN),
             **dict.fromkeys(steps.aborted_states, ABORTED),
@@ -57,11 +70,14 @@ class GenericBulk(StepClient):
 
     async def create(self, number: int, keys: list[str]) -> str:
         step = self._steps.create
-        answer = await self._step("create", step, "")
-        remote = _pointed(answer, step.id or "", "create")
-        if not isinstance(remote, (str, int)) or isinstance(remote, bool) or not str(remote):
-            raise StepRefused("create", answer.status, f"the answer has no job id at {step.id}")
-        return str(remote)
+        assert step is not None  # else the driver submits
+        return _job_id(await self._step("create", step, ""), step, "create")
+
+    async def submit(self, body: bytes) -> str:
+        """The upload that makes the job (no create): sent once, as any upload; its answer's id."""
+        step = self._steps.upload
+        request = self._request(step.method, self._url(step, ""), body, self._bulk.content_type)
+        return _job_id(await self._sent_once("upload", request), step, "upload")
 
     async def upload(self, remote: str, body: bytes) -> None:
         step = self._steps.upload
@@ -93,26 +109,99 @@ class GenericBulk(StepClient):
         return mapped, str(error) if error not in (None, "") else None
 
     async def results(self, remote: str, sent: set[str]) -> JobResults:
+        """Every result set's outcomes, all its pages read before any is returned (the driver journals
+        them in one group, so a crash while paging fetches them all again, none lost or doubled)."""
         results = JobResults()
         key = self._bulk.key_column
         for step in self._steps.results:
-            name = step.path.rsplit("/", 1)[-1]
-            answer = await self._step(name, step, remote)
-            if step.format == "json":
-                outcomes = _json_outcomes(answer, step, name, "/" + _escaped(key))
-            else:
-                outcomes = _csv_outcomes(csv_rows(answer.body, name, key), step, key)
-            for row_key, what in outcomes:
-                if row_key not in sent:
-                    raise never_sent(name, row_key, remote)
-                match step.outcome:  # what the target says became of the row, as the job file names it
-                    case "failed":
-                        results.failed[row_key] = what or f"failed (in {name})"
-                    case "unprocessed":
-                        results.unprocessed.add(row_key)
-                    case _:
-                        results.succeeded[row_key] = what or {}
+            name = _set_name(step)
+            named: set[str] = set()  # the keys this JSON result set named: one named twice is refused
+            async with aclosing(self._outcomes(name, step, remote, key)) as pages:
+                async for outcomes in pages:
+                    for row_key, outcome, what in outcomes:
+                        if row_key not in sent:
+                            raise never_sent(name, row_key, remote)
+                        if step.format == "json":
+                            if row_key in named:
+                                twice = f"names key {row_key!r} twice in job {remote}"
+                                raise StepRefused(name, None, twice)
+                            named.add(row_key)
+                        _take(results, row_key, outcome, what, name)
+        if self._steps.unlisted != "unprocessed":  # the target lists only its failures (Klaviyo's errors)
+            listed = results.succeeded.keys() | results.failed.keys() | results.unprocessed
+            results.succeeded |= {row_key: {} for row_key in sent - listed}
         return results
+
+    async def _outcomes(
+        self, name: str, step: BulkStepConfig, remote: str, key: str
+    ) -> AsyncGenerator[_Outcomes, None]:
+        """The outcomes of each page of a result set (one page unless it has `pages`; each JSON file of
+        an archive)."""
+        url = await self._set_url(name, step, remote)
+        if step.format != "json":
+            answer = await self._fetch(name, step, url)
+            yield _csv_outcomes(csv_rows(answer.body, name, key), step, key)
+            return
+        default_key = "/" + _escaped(key)
+        if step.archive is not None:
+            answer = await self._fetch(name, step, url)
+            limits = {"max_members": step.max_members, "max_unpacked_bytes": step.max_unpacked_bytes}
+            for document, where in archive_documents(answer.body, name=name, job=remote, **limits):
+                yield _json_outcomes(document, step, where, default_key)
+        elif step.pages is None:
+            answer = await self._fetch(name, step, url)
+            yield _json_outcomes(_json_document(answer, name), step, name, default_key)
+        else:
+            async with aclosing(self._pages(name, step, remote, url)) as pages:
+                async for document, where in pages:
+                    yield _json_outcomes(document, step, where, default_key)
+
+    async def _set_url(self, name: str, step: BulkStepConfig, remote: str) -> str:
+        """A result set's URL: its path's, or the one at `url_at` in the job's status answer, asked
+        again now (a URL signed for a while, as Mailchimp's response_body_url, is fresh)."""
+        if step.url_at is None:
+            return self._url(step, remote)
+        status = self._steps.status
+        status_url = self._url(status, remote)
+        answer = await self._asked(name, status.method, status_url, None, None, poll=True)
+        found = _pointed(answer, step.url_at, name)
+        if not isinstance(found, str) or not found:
+            raise StepRefused(
+                name, answer.status, f"job {remote}'s status answer has no URL at {step.url_at}"
+            )
+        return urljoin(status_url, found)
+
+    async def _pages(
+        self, name: str, step: BulkStepConfig, remote: str, first: str
+    ) -> AsyncGenerator[tuple[Any, str], None]:
+        """Each page of a paged JSON result set, as a `get` lookup reads them: the next page's URL at the
+        pointer `next` (else the Link header's rel="next"), relative to the page's; a page asked for twice
+        (a loop) or more than `max_pages` pages is StepRefused."""
+        assert step.pages is not None
+        pages = step.pages
+        url: str | None = first
+        seen: dict[str, int] = {}
+        while url is not None:
+            if url in seen:
+                loop = f"page {len(seen) + 1} would be page {seen[url]} again: the pages loop"
+                raise StepRefused(name, None, f"{loop} (job {remote})")
+            if len(seen) == pages.max_pages:
+                most = f"more than max_pages ({pages.max_pages}) pages"
+                raise StepRefused(name, None, f"job {remote} has {most}")
+            seen[url] = len(seen) + 1
+            where = f"{name}, page {len(seen)}"
+            answer = await self._fetch(name, step, url)
+            document = _json_document(answer, where)
+            yield document, where
+            url = _next_page(pages.next, document, answer, url)
+
+    async def _fetch(self, name: str, step: BulkStepConfig, url: str) -> Response:
+        """A result set's answer (or page's): a URL on another origin than base_url, given by the target
+        (a next page, an archive on a file store), is asked without the job's headers and auth."""
+        body = None if step.json_ is None else orjson.dumps(step.json_)
+        kind = None if body is None else "application/json"
+        credentials = self.same_origin(url)
+        return await self._asked(name, step.method, url, body, kind, credentials=credentials)
 
     async def _step(self, name: str, step: BulkStepConfig, remote: str) -> Response:
         body = None if step.json_ is None else orjson.dumps(step.json_)
@@ -120,37 +209,87 @@ class GenericBulk(StepClient):
         return await self._asked(name, step.method, self._url(step, remote), body, kind)
 
     def _url(self, step: BulkStepConfig, remote: str) -> str:
+        assert step.path is not None  # config.py: every step has one
         return self._base + step.path.replace("{job}", quote(remote, safe=""))
 
 
-def _csv_outcomes(rows: list[dict[str, str]], step: BulkStepConfig, key: str) -> Iterator[tuple[str, Any]]:
-    """Each result row's key cell, and its error (failed) or captured columns (success)."""
+def _take(results: JobResults, row_key: str, outcome: str, what: Any, name: str) -> None:
+    """One named row's outcome, as the target says and the job file reads it."""
+    match outcome:
+        case "failed":
+            results.failed[row_key] = what or f"failed (in {name})"
+        case "unprocessed":
+            results.unprocessed.add(row_key)
+        case _:
+            results.succeeded[row_key] = what or {}
+
+
+def _job_id(answer: Response, step: BulkStepConfig, name: str) -> str:
+    remote = _pointed(answer, step.id or "", name)
+    if not isinstance(remote, (str, int)) or isinstance(remote, bool) or not str(remote):
+        raise StepRefused(name, answer.status, f"the answer has no job id at {step.id}")
+    return str(remote)
+
+
+def _set_name(step: BulkStepConfig) -> str:
+    """A result set's name in messages: its path's last part."""
+    return (step.path or "results").rsplit("/", 1)[-1]
+
+
+def _next_page(pointer: str | None, document: Any, answer: Response, url: str) -> str | None:
+    """The next page's URL (absolute, as relative to this page's), or None on the last page."""
+    found = resolve_pointer(document, pointer) if pointer is not None else link_next(answer.headers)
+    return urljoin(url, found) if isinstance(found, str) and found else None
+
+
+def _csv_outcomes(rows: list[dict[str, str]], step: BulkStepConfig, key: str) -> _Outcomes:
+    """Each result row's key cell, the set's outcome, and its error (failed) or captured columns."""
     for row in rows:
         if step.outcome == "failed":
-            yield row[key], row.get(step.error_column or "")
+            yield row[key], "failed", row.get(step.error_column or "")
         else:
-            yield row[key], {column: row.get(column) for column in step.capture}
+            yield row[key], step.outcome or "success", {column: row.get(column) for column in step.capture}
 
 
-def _json_outcomes(answer: Response, step: BulkStepConfig, name: str, key: str) -> Iterator[tuple[str, Any]]:
-    """Each item of a JSON result's list: its row's key text, and its error or captured values; an item
-    without a key, or an answer without the list, is StepRefused (the job's rows fail, nothing guessed)."""
+def _json_document(answer: Response, name: str) -> Any:
     try:
-        document = orjson.loads(answer.body)
+        return orjson.loads(answer.body)
     except orjson.JSONDecodeError:
         raise StepRefused(name, answer.status, "the answer is not JSON") from None
+
+
+def _json_outcomes(document: Any, step: BulkStepConfig, name: str, key: str) -> _Outcomes:
+    """Each item of a JSON result's list: its row's key text, its outcome (the set's, or by the item's
+    own `status`), and its error or captured values; an item without a key or a status, or an answer
+    without the list, is StepRefused (the job's rows fail, nothing guessed)."""
     items = resolve_pointer(document, step.items or "")
     if not isinstance(items, list):
-        raise StepRefused(name, answer.status, f"the answer has no list at {step.items}")
+        raise StepRefused(name, None, f"the answer has no list at {step.items or '(the document)'}")
     for item in items:
         found = resolve_pointer(item, step.key or key)
         if isinstance(found, bool) or not isinstance(found, (str, int)) or found == "":
-            raise StepRefused(name, answer.status, f"an item has no key at {step.key or key}")
-        if step.outcome == "failed":
+            raise StepRefused(name, None, f"an item has no key at {step.key or key}")
+        outcome = step.outcome or _item_outcome(item, step, name)
+        if outcome == "failed":
             error = _value(resolve_pointer(item, step.error)) if step.error else None
-            yield str(found), None if error is None else str(error)
+            yield str(found), outcome, None if error is None else _text(error)
         else:
-            yield str(found), {_last_name(p): _value(resolve_pointer(item, p)) for p in step.capture}
+            yield str(found), outcome, {_last_name(p): _value(resolve_pointer(item, p)) for p in step.capture}
+
+
+def _item_outcome(item: Any, step: BulkStepConfig, name: str) -> str:
+    """An item's own HTTP status (`status`): a 2xx is a success (the API's rule, as for every step's
+    answer), any other a failure."""
+    assert step.status is not None
+    status = resolve_pointer(item, step.status)
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise StepRefused(name, None, f"an item has no status (100 to 599) at {step.status}")
+    return "success" if API_SUCCESS.is_success(status) else "failed"
+
+
+def _text(value: Any) -> str:
+    """A failed item's message as its row's error: a string as it is, anything else as JSON."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def _escaped(name: str) -> str:

@@ -8,13 +8,16 @@ does. Its life, each step journaled (store/journal/jobrecords.py) and fsynced be
     `uploaded` ─► close ─► `closed` ─► poll ─► `state` ─► fetch the results ─► the rows' lines ─► `results`
 
 So the job id is durable before any byte of its data leaves, and a crash anywhere leaves a journal that
-says what to do. Before sending anything new, the driver attaches to every job the journal names whose
-results are not journaled: it asks the target for the job's state (a close may have landed though its
-answer was lost); a job still `Open` is aborted (its rows go in the next job formed), and one never
-journaled closed that is `Aborted` already is taken as aborted the same way (an abort landed, then the
-process died before its `aborted` record: the job never ran, so its rows are no failures); one closed or
-later is polled and its results fetched, never submitted again. Rows count as done only when their result
-line is committed; rows a job left unprocessed go in a later job, at most `retry.max_attempts` jobs in all.
+says what to do. The one exception is a generic job whose upload makes the job (no `create`, which the
+job file allows only with `resubmit: safe`): `submitting` (its rows and keys) is durable before the
+request and `created` after its answer, and a job lost between the two has its rows submitted again.
+Before sending anything new, the driver attaches to every job the journal names whose results are not
+journaled: it asks the target for the job's state (a close may have landed though its answer was lost);
+a job still `Open` is aborted (its rows go in the next job formed), and one never journaled closed that
+is `Aborted` already is taken as aborted the same way (an abort landed, then the process died before its
+`aborted` record: the job never ran, so its rows are no failures); one closed or later is polled and its
+results fetched, never submitted again. Rows count as done only when their result line is committed;
+rows a job left unprocessed go in a later job, at most `retry.max_attempts` jobs in all.
 
 A delta job's rows (`execution.sync: delta`, docs/delta.md) are the changed ones preflight chose; each
 row's line carries the digest of its request (its CSV line under the job's settings), which the sync
@@ -164,15 +167,20 @@ class BulkJobRelay:
         for row in rows:
             row.jobs += 1
         error: StepRefused | None = None
+        submits = self._api.submits
         for _ in range(self._max_attempts):
             try:
-                number, remote = await self._created(rows, journal)
+                made = self._submitted(rows, body, journal) if submits else self._created(rows, journal)
+                number, remote = await made
             except StepRefused as refused:
                 error = refused
+                if submits:
+                    continue  # an upload that makes the job is never sent twice to one: another job
                 break
             try:
-                await self._api.upload(remote, body)
-                await self._record(journal, number, "uploaded")
+                if not submits:
+                    await self._api.upload(remote, body)
+                    await self._record(journal, number, "uploaded")
                 await self._api.close(remote)
             except StepRefused as refused:  # an upload is never sent twice: this job goes, another is made
                 error = refused
@@ -187,11 +195,35 @@ class BulkJobRelay:
         number = self._next_number
         remote = await self._api.create(number, [r.text for r in rows])
         self._next_number = number + 1
-        ranges, keys = row_ranges([r.row for r in rows]), [r.key for r in rows]
-        more = {} if self._digester is None else {"digests": [r.digest for r in rows]}
         # durable before any byte of the job's data leaves
-        await self._record(journal, number, "created", remote=remote, rows=ranges, keys=keys, **more)
+        await self._record(journal, number, "created", remote=remote, **self._rows_fields(rows))
         return number, remote
+
+    async def _submitted(self, rows: list[BulkRow], body: bytes, journal: JournalWriter) -> tuple[int, str]:
+        """A job whose data leaves in the request that makes it (the job file said `resubmit: safe`):
+        `submitting`, its rows and keys, is durable before the request, and `created`, its id, after the
+        answer. A crash between the two leaves a job that cannot be found again: resume abandons it and
+        its rows are submitted again (at-least-once). A submit refused, or whose answer is lost, is
+        abandoned the same way at once."""
+        number = self._next_number
+        self._next_number = number + 1
+        fields = self._rows_fields(rows)
+        await self._record(journal, number, "submitting", **fields)
+        try:
+            remote = await self._api.submit(body)
+        except StepRefused as refused:
+            await self._record(journal, number, "aborted", why=f"the submit failed: {refused}")
+            raise
+        await self._record(journal, number, "created", remote=remote, **fields)
+        await self._record(journal, number, "uploaded")
+        return number, remote
+
+    def _rows_fields(self, rows: list[BulkRow]) -> dict[str, Any]:
+        """A job's rows as its `created` (or `submitting`) record holds them: ranges, keys, digests."""
+        fields: dict[str, Any] = {"rows": row_ranges([r.row for r in rows]), "keys": [r.key for r in rows]}
+        if self._digester is not None:
+            fields["digests"] = [r.digest for r in rows]
+        return fields
 
     async def _abort(self, number: int, remote: str, journal: JournalWriter) -> None:
         """Abort a job never closed; one the target will not abort stays Open, so it never runs either."""
@@ -210,6 +242,10 @@ class BulkJobRelay:
         ]
         if not rows:  # its rows' lines are committed; only its last record was lost
             await self._record(journal, ledger.job, "results")
+            return
+        if not ledger.remote:  # `submitting`, its answer never journaled: it cannot be found again
+            why = "submitted, but its id was never journaled: its rows are submitted again (resubmit: safe)"
+            await self._record(journal, ledger.job, "aborted", why=why)
             return
         started = time.monotonic()
         try:

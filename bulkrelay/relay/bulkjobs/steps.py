@@ -26,6 +26,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import anyio
 import orjson
@@ -47,7 +48,7 @@ OPEN, UPLOAD_COMPLETE, JOB_COMPLETE, FAILED, ABORTED = (
     "Aborted",
 )
 TERMINAL = frozenset({JOB_COMPLETE, FAILED, ABORTED})
-_API = RetryPolicy()  # the API's own success rule (any 2xx), not the job's response.success_statuses
+API_SUCCESS = RetryPolicy()  # the API's own success rule (any 2xx), not the job's response.success_statuses
 _STEP_SLICE = 0.25  # seconds: a wait is cut in slices this long, so a stop is heard soon
 
 
@@ -78,11 +79,15 @@ class JobResults:
 
 class BulkApi(Protocol):
     """One kind's steps, as the driver (jobs.py) calls them; `remote` is what `create` returned, the
-    id journaled before any byte of the job's data leaves."""
+    id journaled before any byte of the job's data leaves. A kind that `submits` has no create: `submit`
+    sends the job's data in the request that makes it and returns its id (docs/bulk-jobs.md says what
+    that costs)."""
 
     deadline: float
+    submits: bool
 
     async def create(self, number: int, keys: list[str]) -> str: ...
+    async def submit(self, body: bytes) -> str: ...
     async def upload(self, remote: str, body: bytes) -> None: ...
     async def close(self, remote: str) -> None: ...
     async def abort(self, remote: str) -> None: ...
@@ -123,12 +128,24 @@ class StepClient:
         self._limiter = limiter  # execution.rate_limit: every step but a poll
         self.deadline = float("inf")  # monotonic: the call's poll.max_wait, set by the driver
         self._stats = stats  # polls and other steps counted apart (the metrics file)
+        self.submits = False  # a kind whose upload makes the job says so
+
+    async def submit(self, body: bytes) -> str:
+        raise NotImplementedError("this kind creates its jobs before their data leaves")
 
     def _request(
-        self, method: str, url: str, body: bytes | None, content_type: str | None
+        self, method: str, url: str, body: bytes | None, content_type: str | None, *, credentials: bool = True
     ) -> PreparedRequest:
-        headers = self._headers if content_type is None else (*self._headers, ("Content-Type", content_type))
+        """The step's request: with the job's headers, or none (`credentials` False: a URL the target
+        gave on another origin, a next page or an archive elsewhere, is sent neither headers nor auth)."""
+        own = self._headers if credentials else ()
+        headers = own if content_type is None else (*own, ("Content-Type", content_type))
         return PreparedRequest(method, url, headers, body)
+
+    def same_origin(self, url: str) -> bool:
+        """Whether `url` is on base_url's scheme, host and port (the job's credentials may go there)."""
+        ours, theirs = urlsplit(self._base), urlsplit(url)
+        return (ours.scheme, ours.netloc.lower()) == (theirs.scheme, theirs.netloc.lower())
 
     async def _sent_once(self, step: str, request: PreparedRequest) -> Response:
         """A request that is never sent twice (an upload, a submit): any failure is StepRefused."""
@@ -138,7 +155,7 @@ class StepClient:
             answer = await self._send(step, request)
         except TransportError as exc:
             raise StepRefused(step, None, str(exc)) from None
-        if not _API.is_success(answer.status):
+        if not API_SUCCESS.is_success(answer.status):
             raise StepRefused(step, answer.status, answer_text(answer))
         return answer
 
@@ -151,9 +168,10 @@ class StepClient:
         content_type: str | None,
         *,
         poll: bool = False,
+        credentials: bool = True,
     ) -> Response:
         """The step's 2xx answer, asked again after a 5xx, 429 or transport error until the deadline."""
-        request = self._request(method, url, body, content_type)
+        request = self._request(method, url, body, content_type, credentials=credentials)
         delay = self._config.poll.first_seconds
         for attempt in itertools.count(1):
             if poll:  # polls are counted apart, never against requests_per_second
@@ -165,11 +183,14 @@ class StepClient:
                 self._stats.on_retry()
             wait = delay
             try:
-                answer = await self._send(step, request)
+                answer = await self._send(step, request, credentials=credentials)
             except TransportError:
                 pass
             else:
-                if _API.is_success(answer.status):
+                if API_SUCCESS.is_success(answer.status) and answer.truncated:  # cut at the transport's bound
+                    larger = f"the answer is larger than {len(answer.body)} bytes"
+                    raise StepRefused(step, answer.status, larger)
+                if API_SUCCESS.is_success(answer.status):
                     return answer
                 if answer.status == 404 and poll:
                     raise JobForgotten(step, 404, f"the target does not know job {url.rsplit('/', 1)[-1]}")
@@ -183,13 +204,14 @@ class StepClient:
             delay = min(delay * 2, self._config.poll.max_seconds)
         raise AssertionError("unreachable")  # itertools.count never ends
 
-    async def _send(self, step: str, request: PreparedRequest) -> Response:
+    async def _send(self, step: str, request: PreparedRequest, *, credentials: bool = True) -> Response:
         """`request` authorized for this attempt and sent; once more with a new token after a 401 to a
-        token older than its first send. StepStopped when it halts the run or no token can be had."""
+        token older than its first send. StepStopped when it halts the run or no token can be had.
+        Without `credentials` (a URL on another origin) it is sent as it is, unauthorized."""
         first_sent = 0.0
         while True:
             token = None
-            if self._auth is not None:
+            if self._auth is not None and credentials:
                 authorized = await self._auth.authorize(request)
                 if authorized is None:  # the token source asked for the stop, saying why
                     raise StepStopped

@@ -3,15 +3,17 @@
     {"bulk_job":3,"event":"created","remote":"750x0000","rows":[[7,9],[12,12]],"keys":["a","b","c","d"],
      "t":1764630000.123,"crc":"0badf00d"}\\n
 
-`bulk_job` numbers the run's jobs from 1; `event` is one of `EVENTS`: `created` carries the target's
-job id (`remote`), its rows (ranges of row numbers, in input order) and their keys (and for a delta
-job, `digests`: each row's request digest, hex, which its result line carries), and is fsynced
-before any byte of the job's data leaves; `uploaded`, `closed`, `aborted`, `state` (the target's state
-and, for a failed job, its `error`) and `results` (every row of the job named in the results has its
-line committed before this record) follow it. The line ends with the same CRC-32 suffix as a row's
-line, so a torn record is found as a torn row is, and every row reader skips a record as it skips a
-commit marker (`is_job_record`). The writer appends one between groups, never inside one
-(`JournalWriter.commit_record`), so a record also vouches for the lines before it.
+`bulk_job` numbers the run's jobs from 1; `event` is one of `EVENTS`: `created` carries the target's job
+id (`remote`), its rows (ranges of row numbers, in input order) and their keys (and for a delta job,
+`digests`: each row's request digest, hex, which its result line carries), and is fsynced before any
+byte of the job's data leaves; `uploaded`, `closed`, `aborted`, `state` (the target's state and, for a
+failed job, its `error`) and `results` (every row of the job named in the results has its line committed
+before this record) follow it. A job whose data leaves in the request that makes it (a generic job
+without `create`, `resubmit: safe`) has `submitting` first: its rows and keys, fsynced before the
+request, with no `remote`; its `created` (the same, with the id) follows the answer. The line ends with
+the same CRC-32 suffix as a row's line, so a torn record is found as a torn row is, and every row reader
+skips a record as it skips a commit marker (`is_job_record`). The writer appends one between groups,
+never inside one (`JournalWriter.commit_record`), so a record also vouches for the lines before it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import orjson
 
 JOB_HEAD = b'{"bulk_job":'
-EVENTS = frozenset({"created", "uploaded", "closed", "aborted", "state", "results"})
+EVENTS = frozenset({"submitting", "created", "uploaded", "closed", "aborted", "state", "results"})
 _SUFFIX_LEN = 19  # len(',"crc":"xxxxxxxx"}\n'), as a row's line
 _MAX_LINE = 16 << 20
 
@@ -124,7 +126,7 @@ def job_ledgers(path: Path) -> dict[int, JobLedger]:
     jobs: dict[int, JobLedger] = {}
     for record in read_job_records(path):
         number, event = record["bulk_job"], record["event"]
-        if event == "created":
+        if event in ("created", "submitting"):  # submitting: its rows before its id (remote "")
             rows = rows_of(record.get("rows", []))
             jobs[number] = JobLedger(
                 number, str(record.get("remote", "")), rows, list(record.get("keys", []))
