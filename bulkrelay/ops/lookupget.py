@@ -2,11 +2,12 @@
 
 Pages are fetched one after the other through the job's own client (its transport, timeouts, TLS
 identity and proxy), with the job's headers that name no record field (an `Authorization: Bearer
-${TOKEN}`), its retry policy (statuses, attempts, backoff) and its rate limit. The next page is the
-`next` pointer's URL in the answer, else the `Link` header's `rel="next"`. A page asked for twice
-(a loop), more than `max_pages` pages, an answer that is not JSON or holds no list where `items`
-points are refused naming the lookup and the page (exit 2); a page that still fails after the
-retries is INPUT_UNAVAILABLE (exit 12). Nothing is kept of a failed build."""
+${TOKEN}`: to the first page's scheme, host and port only, never to a next page elsewhere), its retry
+policy (statuses, attempts, backoff) and its rate limit. The next page is the `next` pointer's URL in
+the answer, else the `Link` header's `rel="next"`. A page asked for twice (a loop), more than
+`max_pages` pages, an answer that is not JSON or holds no list where `items` points are refused naming
+the lookup and the page (exit 2); a page that still fails after the retries is INPUT_UNAVAILABLE (exit
+12). Nothing is kept of a failed build."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from bulkrelay.job.config import Job, LookupConfig, ResponseConfig
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.job.template import compile_template, resolve_secrets
 from bulkrelay.relay.engine import job_transport_settings
-from bulkrelay.relay.response import link_next
+from bulkrelay.relay.response import link_next, same_origin
 from bulkrelay.relay.retry import RetryPolicy
 from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
@@ -69,7 +70,10 @@ async def _fetch_all(
                 raise _invalid(job, name, f"more than max_pages ({given.max_pages}) pages")
             seen.add(next_url)
             page_shown = shown if len(seen) == 1 else next_url
-            request = PreparedRequest("GET", next_url, (("Accept", "application/json"), *headers), None)
+            # The job's headers (its credentials) go to the first page's origin only, never to a next
+            # page an answer points at elsewhere.
+            own = headers if same_origin(url, next_url) else ()
+            request = PreparedRequest("GET", next_url, (("Accept", "application/json"), *own), None)
             response = await _page(job, name, transport, request, page_shown)
             document = _json(job, name, response, len(seen))
             pairs.extend(_items(job, name, given, document, len(seen)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -23,6 +24,13 @@ def link_next(headers: Mapping[str, str]) -> str | None:
     """The `Link` header's rel="next" URL (as written: relative or absolute), if it has one."""
     match = _LINK_NEXT.search(headers.get("link", ""))
     return match.group(1) if match else None
+
+
+def same_origin(url: str, other: str) -> bool:
+    """Whether `other` is on `url`'s scheme, host and port: only there may the job's credentials follow a
+    link an answer gave (a next page, an archive), as browsers and curl keep them to one origin."""
+    ours, theirs = urlsplit(url), urlsplit(other)
+    return (ours.scheme, ours.netloc.lower()) == (theirs.scheme, theirs.netloc.lower())
 
 
 def resolve_pointer(document: Any, pointer: str) -> Any:

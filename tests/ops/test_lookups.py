@@ -16,7 +16,7 @@ import yaml
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.journal import read_journal
-from tests.clirun import run_cli
+from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_csv, write_job
 from tests.runsteps import resume, run_job, stop_midway
 from tests.targetproc import TargetProcess
@@ -64,6 +64,10 @@ def _sent(target: TargetProcess) -> dict[str, Any]:
         for r in target.requests()
         if r["path"].startswith("/contacts/")
     }
+
+
+def _header(request: dict[str, Any], name: str) -> str | None:
+    return next((v for k, v in request["headers"].items() if k.lower() == name), None)
 
 
 def _captured_ids(tmp_path: Path, run_dir: str) -> dict[str, str]:
@@ -203,6 +207,27 @@ def test_a_paginated_get_lookup_of_three_pages_retried_after_a_500(
     target.reset()
     result = run_job(tmp_path, _countries_job(tmp_path, target))
     assert result.exit_code == 0, result.envelope
+    assert _sent(target) == {"c1": 1, "c2": 5, "c3": 4}
+
+
+def test_a_get_lookups_credentials_never_follow_a_next_page_to_another_origin(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """The job's headers (its token) go to the first page's origin; a next page an answer points at on
+    another host or port is asked for without them, as a browser or curl would."""
+    with TargetProcess({"rules": [_page("/countries/p2", [("ES", 4), ("IT", 5)], None)]}) as elsewhere:
+        target.set_plan({"rules": [_page("/countries", [("FR", 1)], f"{elsewhere.url}/countries/p2")]})
+        target.reset()
+        job = _countries_job(tmp_path, target)
+        data = yaml.safe_load(job.read_text())
+        data["request"]["headers"] = {"Authorization": "Bearer ${LOOKUP_TOKEN}"}
+        job.write_text(yaml.safe_dump(data, sort_keys=False))
+        result = run_job(tmp_path, job, env=cli_env(LOOKUP_TOKEN="s3cret-token"))
+        assert result.exit_code == 0, result.envelope
+        asked_elsewhere = [r for r in elsewhere.requests() if r["path"] == "/countries/p2"]
+    first = [r for r in target.requests() if r["path"] == "/countries"]
+    assert first and all(_header(r, "authorization") == "Bearer s3cret-token" for r in first)
+    assert asked_elsewhere and all(_header(r, "authorization") is None for r in asked_elsewhere)
     assert _sent(target) == {"c1": 1, "c2": 5, "c3": 4}
 
 

@@ -26,7 +26,6 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import anyio
 import orjson
@@ -36,6 +35,7 @@ from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.auth import Authenticator
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
+from bulkrelay.relay.response import same_origin
 from bulkrelay.relay.retry import RetryPolicy, retry_after_of
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
@@ -144,8 +144,7 @@ class StepClient:
 
     def same_origin(self, url: str) -> bool:
         """Whether `url` is on base_url's scheme, host and port (the job's credentials may go there)."""
-        ours, theirs = urlsplit(self._base), urlsplit(url)
-        return (ours.scheme, ours.netloc.lower()) == (theirs.scheme, theirs.netloc.lower())
+        return same_origin(self._base, url)
 
     async def _sent_once(self, step: str, request: PreparedRequest) -> Response:
         """A request that is never sent twice (an upload, a submit): any failure is StepRefused."""
