@@ -5,13 +5,14 @@ and frozen into a snapshot the run keeps, as a query's is (ops/snapshot.py reuse
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from bulkrelay.job.config import Job
-from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
+from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records, spool_file
 from bulkrelay.job.inputs.results_of import chain_record, wanted, write_frozen
 from bulkrelay.store.results import Row, finished_runs_of, latest_outcomes
 from bulkrelay.store.rundir import RunDir
@@ -19,41 +20,50 @@ from bulkrelay.store.rundir import RunDir
 
 def take_chain_snapshot(job: Job, runs_dir: Path, dest: Path) -> int:
     """Freeze the parent's results into `dest` (JSON Lines, 0600); the record count. A parent with no
-    finished run is NOT_FOUND, one still running RUN_LOCKED, each naming it."""
+    finished run is NOT_FOUND, one still running RUN_LOCKED, each naming it. Memory stays flat: the
+    newest outcomes are gathered on disk (store/results.py) and joined with each run's input as both
+    are read, in row order."""
     given = job.config.input
     assert given.results_of is not None  # a chained job
     runs = finished_runs_of(runs_dir, given.results_of)
-    by_run: dict[str, list[Row]] = {}
-    for row in latest_outcomes(runs).values():
-        if wanted(bool(row[4]), given.where):
-            by_run.setdefault(row[3], []).append(row)
-    return write_frozen(dest, _records(runs, by_run))
+    latest = latest_outcomes(runs, spool_file(dest.parent, "latest", ".sqlite"))
+    rows = (row for row in latest if wanted(bool(row[4]), given.where))
+    return write_frozen(dest, _records(runs, rows))
 
 
-def _records(runs: list[RunDir], by_run: dict[str, list[Row]]) -> Iterator[dict[str, Any]]:
-    for run in runs:  # oldest first, each run's rows in row order
-        rows = sorted(by_run.get(run.run_id, ()), key=lambda row: row[2])
-        if not rows:
-            continue
-        fields = _input_fields(run, {row[2] for row in rows})
-        for row in rows:
+def _records(runs: list[RunDir], rows: Iterator[Row]) -> Iterator[dict[str, Any]]:
+    by_id = {run.run_id: run for run in runs}
+    for run_id, of_run in groupby(rows, key=lambda row: row[3]):  # oldest run first, in row order
+        run = by_id[run_id]
+        fields = _input_fields(run) if _input_unchanged(run) else iter(())
+        field = next(fields, None)
+        for row in of_run:
+            while field is not None and field[0] < row[2]:
+                field = next(fields, None)
+            matched = field[1] if field is not None and field[0] == row[2] else None
             captured = None if row[9] is None else orjson.loads(row[9])
-            yield chain_record(fields.get(row[2]), row[1], captured)
+            yield chain_record(matched, row[1], captured)
 
 
-def _input_fields(run: RunDir, numbers: set[int]) -> dict[int, dict[str, Any]]:
-    """The fields of the parent's rows `numbers`, when its input (a file, or the run's own snapshot)
-    is still there with the bytes it relayed; else none (the records carry key and captured only)."""
+def _input_unchanged(run: RunDir) -> bool:
+    """Whether the parent's input (a file, or the run's own snapshot) is still there with the bytes it
+    relayed: only then do the records carry its fields (else key and captured only)."""
     recorded = run.plan.input
     path = Path(recorded.path)
     if not path.is_file():
-        return {}
-    spec = InputSpec.detect(path, recorded.format)
-    fields: dict[int, dict[str, Any]] = {}
+        return False
     problems: list[object] = []
-    with open_records(spec, problems.append) as stream:
-        for record in stream:
-            if record.row_number in numbers:
-                fields[record.row_number] = record.fields
+    with open_records(InputSpec.detect(path, recorded.format), problems.append) as stream:
+        for _ in stream:
+            pass
         same = stream.fingerprint() == InputFingerprint.from_dict(recorded.fingerprint())
-    return fields if same and not problems else {}
+    return same and not problems
+
+
+def _input_fields(run: RunDir) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(row number, fields) of each of the parent's input rows, in row order (read a second time: the
+    first pass checked the bytes are the ones it relayed)."""
+    recorded = run.plan.input
+    with open_records(InputSpec.detect(Path(recorded.path), recorded.format), lambda _: None) as stream:
+        for record in stream:
+            yield record.row_number, record.fields

@@ -110,7 +110,8 @@ def _results_pairs(parent: str, pointer: str, runs_dir: Path) -> Iterator[tuple[
     """(key, the value the pointer names) of the parent job's rows that succeeded; a row whose outcome
     holds nothing there gives no pair (its key is a miss)."""
     tokens = [token.replace("~1", "/").replace("~0", "~") for token in pointer[1:].split("/")]
-    for row in latest_outcomes(finished_runs_of(runs_dir, parent)).values():
+    runs = finished_runs_of(runs_dir, parent)
+    for row in latest_outcomes(runs, spool_file(runs_dir / ".spool", "latest", ".sqlite")):
         if not row[4]:
             continue
         node: Any = {"key": row[1], "row_number": row[2], "captured": orjson.loads(row[9] or "{}")}

@@ -630,16 +630,40 @@ def finished_runs_of(runs_dir: Path, job: str) -> list[RunDir]:
     return done
 
 
-def latest_outcomes(runs: Iterable[RunDir]) -> dict[str, Row]:
-    """Each key's newest outcome in the runs' journals (as the sink would hold it), by key."""
-    latest: dict[str, Row] = {}
-    for run in runs:
-        job = sink_job_name(run)
-        for entries, t, _ in journal_groups(run.journal_path, 0):
-            at = iso_time(t)
-            for entry in entries:
-                row = row_of(job, run.run_id, entry, at)
-                known = latest.get(row[1])
-                if known is None or at >= known[-1]:
-                    latest[row[1]] = row
-    return latest
+def latest_outcomes(runs: Sequence[RunDir], path: Path) -> Iterator[Row]:
+    """Each key's newest outcome in the runs' journals (as the sink would hold it): the rows of the
+    oldest run first, each run's in row order.
+
+    Gathered in a new SQLite file at `path` (a spool file, removed after), not in a dictionary: a
+    parent of a million rows held as one added 1.4 GB of peak RSS to the lookup or the chained job that
+    read it."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.executescript(_LATEST_SQL)
+        for index, run in enumerate(runs):
+            job = sink_job_name(run)
+            for entries, t, _ in journal_groups(run.journal_path, 0):
+                at = iso_time(t)
+                rows = [row_of(job, run.run_id, entry, at) for entry in entries]
+                db.execute("BEGIN")
+                db.executemany(_LATEST_UPSERT, [(r[1], index, r[2], at, orjson.dumps(r)) for r in rows])
+                db.execute("COMMIT")
+        for (row,) in db.execute("SELECT row FROM latest ORDER BY run, row_number"):
+            yield tuple(orjson.loads(row))
+    finally:
+        db.close()
+        path.unlink(missing_ok=True)
+
+
+_LATEST_SQL = """
+PRAGMA journal_mode = OFF;
+PRAGMA synchronous = OFF;
+PRAGMA cache_size = -16000;
+PRAGMA temp_store = FILE;
+CREATE TABLE latest (key TEXT PRIMARY KEY, run INTEGER, row_number INTEGER, at TEXT, row BLOB) WITHOUT ROWID;
+"""
+# The newer outcome replaces the older; of two as old, the later read (as writing them in turn would).
+_LATEST_UPSERT = (
+    "INSERT INTO latest VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET run = excluded.run, "
+    "row_number = excluded.row_number, at = excluded.at, row = excluded.row WHERE excluded.at >= latest.at"
+)
