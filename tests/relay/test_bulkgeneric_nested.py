@@ -179,6 +179,7 @@ def test_a_nested_key_column_with_csv_results_is_refused_in_preflight(tmp_path: 
         run_preflight(job, None, env={"KLAVIYO_BASE": "http://127.0.0.1:9", "KLAVIYO_PRIVATE_KEY": "k"})
 
 
+@pytest.mark.slow  # the real CLI, in a process
 def test_validate_refuses_colliding_columns_exit_2_naming_them(tmp_path: Path) -> None:
     job = _example_copy(tmp_path, lambda b: b["columns"].update({"/attributes/location": {"value": "x"}}))
     result = run_cli("validate", job, env=cli_env(KLAVIYO_BASE="http://127.0.0.1:9", KLAVIYO_PRIVATE_KEY="k"))
