@@ -74,6 +74,21 @@ async def test_the_klaviyo_example_runs_against_the_demo_target(tmp_path: Path) 
     assert stats["profiles_imported"] == 5 and stats["profiles_in_two_jobs"] == 0
 
 
+async def test_klaviyos_import_errors_are_read_over_their_pages(tmp_path: Path) -> None:
+    """Two failed profiles of one job, a page each: both pages are read (links.next, then null)."""
+    target = await start_target({"profile_imports": {"errors_page_size": 1, "fail_contains": "bo"}})
+    try:
+        env = {"KLAVIYO_BASE": target.url, "KLAVIYO_PRIVATE_KEY": "demo"}
+        job = _example_copy(tmp_path, lambda bulk: bulk.update(max_rows=6))
+        result = await run_bulk_job(job, target, env=env)
+    finally:
+        await target.stop()
+    failed = sorted(entry.key for entry in result.entries if not entry.success)
+    assert len(result.entries) == 6 and failed == ["bob@example.com", "bogus-dan@example.com"]
+    pages = [r for r in result.requests if "/import-errors" in r["path"]]
+    assert [r["query"] for r in pages] == ["", "page[cursor]=1"]
+
+
 async def test_a_nested_key_column_is_the_default_key_of_json_results(tmp_path: Path) -> None:
     """Without `key`, a result item names its row where the row holds its key: the key column's pointer."""
     listed = {"data": [{"attributes": {"email": "cy@example.com"}, "detail": "no"}], "links": {"next": None}}
@@ -248,3 +263,27 @@ def test_a_generic_job_of_flat_columns_keeps_its_fingerprint_bytes_and_digests(
     fingerprint, digest, line = BEFORE[upload]
     assert config_fingerprint(loaded.config) == fingerprint
     assert (preflight.digester.digest(item, record.fields).hex(), item.body) == (digest, line)
+
+
+def _nested_digest(tmp_path: Path, change: Any) -> bytes:
+    """The delta digest of the Klaviyo example's first row, its bulk_job changed by `change`."""
+    job = _example_copy(tmp_path, change)
+    spec = yaml.safe_load(job.read_text())
+    spec["execution"] = {"sync": "delta"}
+    job.write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = {"KLAVIYO_BASE": "http://127.0.0.1:9", "KLAVIYO_PRIVATE_KEY": "k"}
+    preflight = run_preflight(load_job(job), None, env=env)
+    assert preflight.bulk is not None and preflight.digester is not None
+    fields = {"email": "a@x", "first_name": "A", "last_name": "B", "city": "C", "plan": "p"}
+    record = Record(1, 2, fields)
+    return preflight.digester.digest(preflight.bulk.item_request(record), record.fields)
+
+
+def test_a_nested_rows_delta_digest_follows_where_its_values_go(tmp_path: Path) -> None:
+    usual = _nested_digest(tmp_path, lambda bulk: None)
+    assert _nested_digest(tmp_path, lambda bulk: bulk.update(max_rows=2)) == usual
+
+    def moved(bulk: dict[str, Any]) -> None:
+        bulk["columns"]["/attributes/city"] = bulk["columns"].pop("/attributes/location/city")
+
+    assert _nested_digest(tmp_path, moved) != usual  # the same value, elsewhere in the profile
