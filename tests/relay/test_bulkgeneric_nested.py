@@ -20,7 +20,9 @@ from bulkrelay.job.config import load_job
 from bulkrelay.job.fingerprint import config_fingerprint
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.job.records import Record
-from bulkrelay.store.journal.jobrecords import job_ledgers
+from bulkrelay.ops.lifecycle import plan_for
+from bulkrelay.store.journal.jobrecords import encode_job_record, job_ledgers, read_job_records
+from bulkrelay.store.rundir import RunDir
 from tests.clirun import cli_env, run_cli
 from tests.relay.bulkrun import generic_json_steps, run_bulk_job, write_generic_job
 
@@ -87,6 +89,34 @@ async def test_klaviyos_import_errors_are_read_over_their_pages(tmp_path: Path) 
     assert len(result.entries) == 6 and failed == ["bob@example.com", "bogus-dan@example.com"]
     pages = [r for r in result.requests if "/import-errors" in r["path"]]
     assert [r["query"] for r in pages] == ["", "page[cursor]=1"]
+
+
+async def test_a_profile_import_lost_before_its_id_is_submitted_again_matched_by_the_journals_keys(
+    tmp_path: Path,
+) -> None:
+    """The journal's `submitting` holds the rows' input.key values, not their place in the row: after a
+    crash in the window, resume submits the rows again and matches the import errors to them by the key
+    column's text, wherever the column nests it."""
+    target = await start_target({})
+    try:
+        env = {"KLAVIYO_BASE": target.url, "KLAVIYO_PRIVATE_KEY": "demo"}
+        job = _example_copy(tmp_path)
+        preflight = run_preflight(load_job(job), None, env=env)
+        run = RunDir.create(tmp_path / "runs", plan_for(preflight))
+        keys = ["bogus-dan@example.com", "eve@example.com", "fay@example.com"]
+        run.journal_path.write_bytes(encode_job_record(1, "submitting", rows=[[4, 6]], keys=keys))
+        result = await run_bulk_job(job, target, run=run, env=env)
+    finally:
+        await target.stop()
+    assert result.outcome.stop_reason is None
+    assert sorted(entry.row_number for entry in result.entries) == [1, 2, 3, 4, 5, 6]
+    failed = {entry.key for entry in result.entries if not entry.success}
+    assert failed == {"bogus-dan@example.com"}
+    ledgers = job_ledgers(result.run.journal_path)
+    assert ledgers[1].events == ["submitting", "aborted"]
+    assert [ledgers[2].rows, ledgers[3].rows] == [[1, 2, 3], [4, 5, 6]]  # in input order, again
+    created = [r for r in read_job_records(result.run.journal_path) if r["event"] == "created"]
+    assert created[1]["keys"] == keys  # the input's key field, as for a flat row
 
 
 async def test_a_nested_key_column_is_the_default_key_of_json_results(tmp_path: Path) -> None:
