@@ -56,6 +56,9 @@ Named imports (demo/importtarget.py): `.../crm/v3/imports` answers like HubSpot 
 Batch operations (demo/batchopstarget.py): `.../3.0/batches` answers like Mailchimp's batches, serving
 each batch's results as a tar.gz of JSON files; the plan's "batch_ops" object sets which operations fail
 and how the archive is spoiled.
+Profile imports (demo/profileimporttarget.py): `.../api/profile-bulk-import-jobs` answers like Klaviyo's
+bulk profile import jobs, listing the failed profiles in pages; the plan's "profile_imports" object sets
+which profiles fail and the page size.
 
 Dedup: with "dedup": true, a request whose Idempotency-Key was already applied (answered 2xx) gets the
 stored answer again and counts as a duplicate. `effects` counts applied operations: every 2xx answer
@@ -120,6 +123,7 @@ from bulkrelay.demo.bulktarget import BulkIngest, BulkOptions
 from bulkrelay.demo.crmtarget import CrmEndpoints
 from bulkrelay.demo.importtarget import ImportOptions, NamedImports
 from bulkrelay.demo.oauth import OAuthPlan, OAuthState
+from bulkrelay.demo.profileimporttarget import ProfileImportOptions, ProfileImports
 from bulkrelay.demo.signatures import SignatureCheck, SignedPlan
 from bulkrelay.relay.ratelimit import most_in_window
 
@@ -171,6 +175,7 @@ class _Plan(BaseModel):
     bulk: BulkOptions = BulkOptions()  # the ingest API's options (demo/bulktarget.py)
     imports: ImportOptions = ImportOptions()  # the named-import API's options (demo/importtarget.py)
     batch_ops: BatchOpsOptions = BatchOpsOptions()  # the batch-operations API's (demo/batchopstarget.py)
+    profile_imports: ProfileImportOptions = ProfileImportOptions()  # demo/profileimporttarget.py's
     oauth: OAuthPlan | None = None  # a token endpoint, and a bearer token every other request needs
     signed: SignedPlan | None = None  # each request's signature verified
 
@@ -256,6 +261,10 @@ class TargetState:
         if batch_ops is not None:
             batch_ops.options = self.plan.batch_ops
         self.batch_ops = batch_ops or BatchOperations(self.plan.batch_ops)
+        profile_imports: ProfileImports | None = getattr(self, "profile_imports", None)
+        if profile_imports is not None:
+            profile_imports.options = self.plan.profile_imports
+        self.profile_imports = profile_imports or ProfileImports(self.plan.profile_imports)
         self.oauth = OAuthState(self.plan.oauth) if self.plan.oauth is not None else None
         self.signatures = SignatureCheck(self.plan.signed) if self.plan.signed is not None else None
 
@@ -271,6 +280,7 @@ class TargetState:
         self.bulk = BulkIngest(self.plan.bulk)
         self.imports = NamedImports(self.plan.imports)
         self.batch_ops = BatchOperations(self.plan.batch_ops)
+        self.profile_imports = ProfileImports(self.plan.profile_imports)
         self.effects = 0
         self.duplicates = 0
         self.resets = 0
@@ -294,6 +304,7 @@ class TargetState:
             **self.bulk.stats(),
             **self.imports.stats(),
             **self.batch_ops.stats(),
+            **self.profile_imports.stats(),
         }
 
     def requests(self) -> list[dict[str, Any]]:
@@ -446,6 +457,10 @@ class TargetState:
         if BatchOperations.handles(request.path):
             origin = f"{request.scheme}://{request.host}"
             return _Answer(*self.batch_ops.answer(request.method, request.path, body, origin))
+        if ProfileImports.handles(request.path):
+            origin = f"{request.scheme}://{request.host}"
+            query = request.query_string
+            return _Answer(*self.profile_imports.answer(request.method, request.path, query, body, origin))
         if BatchEndpoints.handles(request.path):
             status, answer = self.batches.answer(request.path, body)
             return _Answer(status, answer)

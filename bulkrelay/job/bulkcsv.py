@@ -8,7 +8,10 @@ so every row's key cell must be non-empty (refused in preflight otherwise).
 
 A generic job whose upload says `format: json` sends its rows as JSON instead: each row the object
 `{column: value}` (the leaves' values as they are, typed), the job's body their list, put at the upload's
-`rows_at` in its `json` (or the body itself). `body` and `content_type` make either kind of upload.
+`rows_at` in its `json` (or the body itself). A column named by a JSON pointer (`/attributes/email`) puts
+its value there in the row's object, the objects on the way made (`{"attributes": {"email": ...}}`); a
+`when_missing: omit` value leaves its key out, as in `request.json`. A job of flat names renders exactly
+as before them (its delta digests unchanged). `body` and `content_type` make either kind of upload.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from typing import Any
 import orjson
 
 from bulkrelay.errors import ConfigInvalid, Problem
-from bulkrelay.job.config import BulkJobConfig, JobConfig, JsonField
+from bulkrelay.job.config import BulkJobConfig, JobConfig, JsonField, column_path
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.request import RenderError, value_getter
+from bulkrelay.job.values import OMIT
 
 __all__ = ["BulkCsv", "csv_cell"]
 
@@ -74,6 +78,11 @@ class BulkCsv:
         if upload is not None and self.json_rows:
             self._opening, self._closing = _json_frame(upload.json_, upload.rows_at)
             self.header = self._opening + self._closing  # what a job's body holds but its rows
+        # where each column's value goes in a JSON row; None: every name flat (the rows as before them)
+        nested = any(name.startswith("/") for name in self.columns)
+        self._paths = tuple(column_path(name) for name in self.columns) if nested else None
+        if nested and self.key_column.startswith("/") and config.steps is not None:
+            _json_results_only(config, self.key_column)
         self._url = config.base_url
         self.key_field = key_field
         self._key_getter = self._getters[self._key_index][1]
@@ -95,7 +104,7 @@ class BulkCsv:
             if not key:
                 raise RenderError(self.key_column, "is empty: each row's result is matched by its key column")
             try:
-                return key, orjson.dumps(values) + b","
+                return key, orjson.dumps(self._row_object(values)) + b","
             except TypeError as exc:  # a value no JSON holds: named by its column
                 column = next(
                     (name for name, value in values.items() if not _json_able(value)), self.key_column
@@ -108,6 +117,22 @@ class BulkCsv:
         if not key:
             raise RenderError(self.key_column, "is empty: each row's result is matched by its key column")
         return key, ",".join(cells).encode() + self.newline
+
+    def _row_object(self, values: dict[str, Any]) -> dict[str, Any]:
+        """A JSON row: the columns' values by name, or nested where names are pointers (config.py refuses
+        two columns at one place, or one inside another's value, so every step on the way is an object
+        made here); a `when_missing: omit` value's key left out."""
+        if self._paths is None:
+            return {name: value for name, value in values.items() if value is not OMIT}
+        row: dict[str, Any] = {}
+        for path, value in zip(self._paths, values.values(), strict=True):
+            if value is OMIT:
+                continue
+            place = row
+            for token in path[:-1]:
+                place = place.setdefault(token, {})
+            place[path[-1]] = value
+        return row
 
     def key_text(self, key: Any) -> str:
         """The key column's text for a row whose `input.key` is `key` (what the results name it by)."""
@@ -152,6 +177,21 @@ def _json_frame(template: dict[str, Any] | None, rows_at: str | None) -> tuple[b
     place[tokens[-1]] = _ROWS_MARK
     opening, _, closing = orjson.dumps(document).partition(orjson.dumps(_ROWS_MARK))
     return opening + b"[", b"]" + closing
+
+
+def _json_results_only(config: BulkJobConfig, key_column: str) -> None:
+    """A key column named by a pointer is no CSV header: its results are read as JSON."""
+    assert config.steps is not None
+    if any(step.format != "json" for step in config.steps.results):
+        raise ConfigInvalid(
+            [
+                Problem(
+                    f"the key column {key_column} is a JSON pointer: each result set names its rows in JSON"
+                    " (format: json, the key at `key`), never by a CSV column",
+                    path="request.bulk_job.steps.results",
+                )
+            ]
+        )
 
 
 def _json_able(value: Any) -> bool:

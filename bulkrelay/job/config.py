@@ -10,6 +10,7 @@ import difflib
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, cast, get_args, get_origin
@@ -1028,6 +1029,40 @@ def _result_sets_fit(results: tuple[BulkStepConfig, ...]) -> None:
             raise ValueError(f"{where}: status needs error (a pointer to a failed item's message)")
 
 
+def column_path(name: str) -> tuple[str, ...]:
+    """Where a bulk column's value sits in a JSON row: a name beginning with `/` is a JSON pointer
+    (`/attributes/email`, ~1 and ~0 unescaped), any other name one key at the top level."""
+    if not name.startswith("/"):
+        return (name,)
+    return tuple(token.replace("~1", "/").replace("~0", "~") for token in name[1:].split("/"))
+
+
+def _nested_columns_fit(job: BulkJobConfig) -> None:
+    """Columns named by JSON pointers nest a generic job's JSON rows: each a valid pointer to an object
+    key, none the same place as another column or inside it (`/a` and `/a/b`), and only there (a CSV
+    column is a flat name)."""
+    nested = [name for name in job.columns if name.startswith("/")]
+    if not nested:
+        return
+    where = "request.bulk_job.columns"
+    if job.steps is None or job.steps.upload.format != "json":
+        raise ValueError(
+            f"{where}: {nested[0]} is a JSON pointer, which nests a JSON row: it goes with kind: generic and"
+            " steps.upload.format: json (a CSV column is a flat name)"
+        )
+    for name in nested:
+        if not _JSON_POINTER.fullmatch(name) or "" in column_path(name):
+            raise ValueError(
+                f"{where}: {name!r} is no JSON pointer to an object key (like /attributes/email: no empty"
+                " key, ~ only as ~0 or ~1)"
+            )
+    placed = sorted((column_path(name), name) for name in job.columns)
+    for (path, name), (after, other) in pairwise(placed):
+        if after[: len(path)] == path:
+            how = "name the same key" if after == path else f"{other} would sit inside {name}'s value"
+            raise ValueError(f"{where}: {name} and {other} collide in a JSON row: {how}")
+
+
 class BulkJobConfig(_Model):
     """`request.bulk_job`: rows sent as asynchronous bulk jobs (docs/bulk-jobs.md)."""
 
@@ -1060,6 +1095,7 @@ class BulkJobConfig(_Model):
             )
         if compile_template(self.base_url).fields:
             raise ValueError("request.bulk_job.base_url cannot use a {field}: one URL serves every job")
+        _nested_columns_fit(self)
         return self
 
     @model_serializer(mode="wrap")

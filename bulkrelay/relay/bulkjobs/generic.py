@@ -10,7 +10,8 @@
     steps.status    {method, path}        the job's state at the pointer `state` (`error`: a failed one's)
     steps.results   [{method, path, outcome, error_column, capture}]   CSV files, matched by the key column;
                     with `format: json`, a JSON list at `items`, each item's row named at `key` (default
-                    /<key column>), its error at `error`, `capture` JSON pointers (kept by their last name);
+                    /<key column>, or the key column's own pointer when it nests), its error at `error`,
+                    `capture` JSON pointers (kept by their last name);
                     with `pages`, over several pages (`next` pointer or Link header, `max_pages`); with
                     `archive: tar.gz`, a gzip'd tar of JSON files (archive.py); `status`: each item's own
                     HTTP status in place of `outcome`; `url_at`: the set's URL in the status answer
@@ -142,7 +143,7 @@ class GenericBulk(StepClient):
             answer = await self._fetch(name, step, url)
             yield _csv_outcomes(csv_rows(answer.body, name, key), step, key)
             return
-        default_key = "/" + _escaped(key)
+        default_key = key if key.startswith("/") else "/" + _escaped(key)  # a nested key column: its pointer
         if step.archive is not None:
             answer = await self._fetch(name, step, url)
             limits = {"max_members": step.max_members, "max_unpacked_bytes": step.max_unpacked_bytes}
