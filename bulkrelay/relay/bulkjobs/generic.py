@@ -61,7 +61,8 @@ class GenericBulk(StepClient):
         assert self._config.steps is not None  # kind: generic (config.py refuses it without steps)
         self._steps: BulkGenericConfig = self._config.steps
         steps = self._steps
-        self.submits = steps.create is None  # the upload makes the job (steps.resubmit: safe)
+        if steps.create is None:  # the upload makes the job (steps.resubmit: safe)
+            self.submitter = self._submit
         self._states = {
             **dict.fromkeys(steps.open_states, OPEN),
             **dict.fromkeys(steps.aborted_states, ABORTED),
@@ -74,7 +75,7 @@ class GenericBulk(StepClient):
         assert step is not None  # else the driver submits
         return _job_id(await self._step("create", step, ""), step, "create")
 
-    async def submit(self, body: bytes) -> str:
+    async def _submit(self, body: bytes) -> str:
         """The upload that makes the job (no create): sent once, as any upload; its answer's id."""
         step = self._steps.upload
         request = self._request(step.method, self._url(step, ""), body, self._bulk.content_type)

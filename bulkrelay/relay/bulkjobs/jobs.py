@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Awaitable, Callable, Container, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -167,18 +167,22 @@ class BulkJobRelay:
         for row in rows:
             row.jobs += 1
         error: StepRefused | None = None
-        submits = self._api.submits
+        submit = self._api.submitter
         for _ in range(self._max_attempts):
             try:
-                made = self._submitted(rows, body, journal) if submits else self._created(rows, journal)
+                made = (
+                    self._created(rows, journal)
+                    if submit is None
+                    else self._submitted(submit, rows, body, journal)
+                )
                 number, remote = await made
             except StepRefused as refused:
                 error = refused
-                if submits:
+                if submit is not None:
                     continue  # an upload that makes the job is never sent twice to one: another job
                 break
             try:
-                if not submits:
+                if submit is None:
                     await self._api.upload(remote, body)
                     await self._record(journal, number, "uploaded")
                 await self._api.close(remote)
@@ -199,7 +203,13 @@ class BulkJobRelay:
         await self._record(journal, number, "created", remote=remote, **self._rows_fields(rows))
         return number, remote
 
-    async def _submitted(self, rows: list[BulkRow], body: bytes, journal: JournalWriter) -> tuple[int, str]:
+    async def _submitted(
+        self,
+        submit: Callable[[bytes], Awaitable[str]],
+        rows: list[BulkRow],
+        body: bytes,
+        journal: JournalWriter,
+    ) -> tuple[int, str]:
         """A job whose data leaves in the request that makes it (the job file said `resubmit: safe`):
         `submitting`, its rows and keys, is durable before the request, and `created`, its id, after the
         answer. A crash between the two leaves a job that cannot be found again: resume abandons it and
@@ -210,7 +220,7 @@ class BulkJobRelay:
         fields = self._rows_fields(rows)
         await self._record(journal, number, "submitting", **fields)
         try:
-            remote = await self._api.submit(body)
+            remote = await submit(body)
         except StepRefused as refused:
             await self._record(journal, number, "aborted", why=f"the submit failed: {refused}")
             raise

@@ -23,7 +23,7 @@ import csv
 import io
 import itertools
 import time
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -79,15 +79,14 @@ class JobResults:
 
 class BulkApi(Protocol):
     """One kind's steps, as the driver (jobs.py) calls them; `remote` is what `create` returned, the
-    id journaled before any byte of the job's data leaves. A kind that `submits` has no create: `submit`
+    id journaled before any byte of the job's data leaves. A kind with a `submitter` has no create: it
     sends the job's data in the request that makes it and returns its id (docs/bulk-jobs.md says what
     that costs)."""
 
     deadline: float
-    submits: bool
+    submitter: Callable[[bytes], Awaitable[str]] | None
 
     async def create(self, number: int, keys: list[str]) -> str: ...
-    async def submit(self, body: bytes) -> str: ...
     async def upload(self, remote: str, body: bytes) -> None: ...
     async def close(self, remote: str) -> None: ...
     async def abort(self, remote: str) -> None: ...
@@ -128,10 +127,8 @@ class StepClient:
         self._limiter = limiter  # execution.rate_limit: every step but a poll
         self.deadline = float("inf")  # monotonic: the call's poll.max_wait, set by the driver
         self._stats = stats  # polls and other steps counted apart (the metrics file)
-        self.submits = False  # a kind whose upload makes the job says so
-
-    async def submit(self, body: bytes) -> str:
-        raise NotImplementedError("this kind creates its jobs before their data leaves")
+        # A kind whose upload makes the job sets it: the data leaves before the job has an id.
+        self.submitter: Callable[[bytes], Awaitable[str]] | None = None
 
     def _request(
         self, method: str, url: str, body: bytes | None, content_type: str | None, *, credentials: bool = True
