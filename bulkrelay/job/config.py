@@ -309,9 +309,7 @@ class JsonField(_Typed):
     def pointer(self) -> tuple[str, ...] | None:
         """The reference tokens of a `from: /a/b` JSON pointer (RFC 6901, ~1 and ~0 unescaped); None for
         a plain field name."""
-        if not self.from_.startswith("/"):
-            return None
-        return tuple(token.replace("~1", "/").replace("~0", "~") for token in self.from_[1:].split("/"))
+        return pointer_tokens(self.from_) if self.from_.startswith("/") else None
 
     @property
     def field(self) -> str:
@@ -1032,9 +1030,12 @@ def _result_sets_fit(results: tuple[BulkStepConfig, ...]) -> None:
 def column_path(name: str) -> tuple[str, ...]:
     """Where a bulk column's value sits in a JSON row: a name beginning with `/` is a JSON pointer
     (`/attributes/email`, ~1 and ~0 unescaped), any other name one key at the top level."""
-    if not name.startswith("/"):
-        return (name,)
-    return tuple(token.replace("~1", "/").replace("~0", "~") for token in name[1:].split("/"))
+    return pointer_tokens(name) if name.startswith("/") else (name,)
+
+
+def pointer_tokens(pointer: str) -> tuple[str, ...]:
+    """The reference tokens of the JSON pointer `pointer` (RFC 6901: `/a/b`, ~1 and ~0 unescaped)."""
+    return tuple(token.replace("~1", "/").replace("~0", "~") for token in pointer[1:].split("/"))
 
 
 def _nested_columns_fit(job: BulkJobConfig) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urljoin
 
 import anyio
 import orjson
@@ -24,7 +23,7 @@ from bulkrelay.job.config import Job, LookupConfig, ResponseConfig
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.job.template import compile_template, resolve_secrets
 from bulkrelay.relay.engine import job_transport_settings
-from bulkrelay.relay.response import link_next, same_origin
+from bulkrelay.relay.response import next_page, same_origin
 from bulkrelay.relay.retry import RetryPolicy
 from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import Response, Transport, TransportError
@@ -77,7 +76,7 @@ async def _fetch_all(
             response = await _page(job, name, transport, request, page_shown)
             document = _json(job, name, response, len(seen))
             pairs.extend(_items(job, name, given, document, len(seen)))
-            next_url = _next(given, document, response, next_url)
+            next_url = next_page(given.next, document, response.headers, next_url)
             await _pace(job)
     finally:
         await transport.aclose()
@@ -127,14 +126,6 @@ def _items(job: Job, name: str, given: LookupConfig, document: Any, page: int) -
         if key is _ABSENT or key is None:
             raise _invalid(job, name, f"page {page}, item {index}: no key at {given.key}")
         yield key, None if value is _ABSENT else value
-
-
-def _next(given: LookupConfig, document: Any, response: Response, url: str) -> str | None:
-    if given.next is not None:
-        found = _pointed(document, given.next)
-        return urljoin(url, found) if isinstance(found, str) and found else None
-    found = link_next(response.headers)
-    return urljoin(url, found) if found else None
 
 
 async def _pace(job: Job) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from bulkrelay.errors import InputChanged, NotFound
-from bulkrelay.job.config import Job, LookupConfig
+from bulkrelay.job.config import Job, LookupConfig, pointer_tokens
 from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import spool_file
 from bulkrelay.job.inputs.lookups import LookupMap, build_map, freeze, read_frozen
@@ -109,7 +109,7 @@ def _built(job: Job, name: str, given: LookupConfig, runs_dir: Path) -> LookupMa
 def _results_pairs(parent: str, pointer: str, runs_dir: Path) -> Iterator[tuple[str, Any]]:
     """(key, the value the pointer names) of the parent job's rows that succeeded; a row whose outcome
     holds nothing there gives no pair (its key is a miss)."""
-    tokens = [token.replace("~1", "/").replace("~0", "~") for token in pointer[1:].split("/")]
+    tokens = pointer_tokens(pointer)
     runs = finished_runs_of(runs_dir, parent)
     for row in latest_outcomes(runs, spool_file(runs_dir / ".spool", "latest", ".sqlite")):
         if not row[4]:

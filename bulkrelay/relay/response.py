@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import orjson
 
@@ -24,6 +24,14 @@ def link_next(headers: Mapping[str, str]) -> str | None:
     """The `Link` header's rel="next" URL (as written: relative or absolute), if it has one."""
     match = _LINK_NEXT.search(headers.get("link", ""))
     return match.group(1) if match else None
+
+
+def next_page(pointer: str | None, document: Any, headers: Mapping[str, str], url: str) -> str | None:
+    """The URL of the page after `url` (absolute; given relative to `url` or not): the string at the
+    JSON pointer `pointer` in the page's `document`, else its `Link` header's rel="next"; None on the
+    last page. What a paged `get` lookup and a bulk job's paged results follow."""
+    found = resolve_pointer(document, pointer) if pointer is not None else link_next(headers)
+    return urljoin(url, found) if isinstance(found, str) and found else None
 
 
 def same_origin(url: str, other: str) -> bool:

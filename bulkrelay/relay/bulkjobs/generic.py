@@ -47,7 +47,7 @@ from bulkrelay.relay.bulkjobs.steps import (
     json_answer,
     never_sent,
 )
-from bulkrelay.relay.response import link_next, resolve_pointer
+from bulkrelay.relay.response import next_page, resolve_pointer
 from bulkrelay.relay.transport.base import Response
 
 _Outcomes = Iterator[tuple[str, str, Any]]  # each named row's key text, outcome, and error or captured
@@ -195,7 +195,7 @@ class GenericBulk(StepClient):
             answer = await self._fetch(name, step, url)
             document = _json_document(answer, where)
             yield document, where
-            url = _next_page(pages.next, document, answer, url)
+            url = next_page(pages.next, document, answer.headers, url)
 
     async def _fetch(self, name: str, step: BulkStepConfig, url: str) -> Response:
         """A result set's answer (or page's): a URL on another origin than base_url, given by the target
@@ -206,9 +206,7 @@ class GenericBulk(StepClient):
         return await self._asked(name, step.method, url, body, kind, credentials=credentials)
 
     async def _step(self, name: str, step: BulkStepConfig, remote: str) -> Response:
-        body = None if step.json_ is None else orjson.dumps(step.json_)
-        kind = None if body is None else "application/json"
-        return await self._asked(name, step.method, self._url(step, remote), body, kind)
+        return await self._fetch(name, step, self._url(step, remote))
 
     def _url(self, step: BulkStepConfig, remote: str) -> str:
         assert step.path is not None  # config.py: every step has one
@@ -236,12 +234,6 @@ def _job_id(answer: Response, step: BulkStepConfig, name: str) -> str:
 def _set_name(step: BulkStepConfig) -> str:
     """A result set's name in messages: its path's last part."""
     return (step.path or "results").rsplit("/", 1)[-1]
-
-
-def _next_page(pointer: str | None, document: Any, answer: Response, url: str) -> str | None:
-    """The next page's URL (absolute, as relative to this page's), or None on the last page."""
-    found = resolve_pointer(document, pointer) if pointer is not None else link_next(answer.headers)
-    return urljoin(url, found) if isinstance(found, str) and found else None
 
 
 def _csv_outcomes(rows: list[dict[str, str]], step: BulkStepConfig, key: str) -> _Outcomes:
