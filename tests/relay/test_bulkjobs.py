@@ -148,10 +148,12 @@ async def test_the_journals_unfinished_job_is_attached_to_before_any_new_one(
         records = [encode_job_record(1, "created", remote=remote, rows=[[1, 4]], keys=keys)]
         records += [encode_job_record(1, "uploaded")] + ([encode_job_record(1, "closed")] if closed else [])
         run.journal_path.write_bytes(b"".join(records))
-        result = await run_bulk_job(job, target, run=run)
+        snapshots: list[Snapshot] = []
+        result = await run_bulk_job(job, target, run=run, reporter=CallbackReporter(snapshots.append))
     finally:
         await target.stop()
     assert sorted(result.by_row()) == [1, 2, 3, 4, 5, 6] and all(e.success for e in result.entries)
+    assert snapshots[-1].jobs.aborted == (0 if closed else 1)  # the progress counts the job it gave up
     stats = target.state.stats()
     assert stats["bulk_rows_in_two_jobs"] == 0 and stats["bulk_rows_processed"] == 6
     ledgers = job_ledgers(result.run.journal_path)

@@ -274,7 +274,7 @@ class BulkJobRelay:
             await self._abort(ledger.job, ledger.remote, journal)  # its rows go in the next job formed
             return
         if state == ABORTED and not ledger.closed:  # our abort landed, its record did not: it never ran
-            await journal.commit_record(encode_job_record(ledger.job, "aborted"))  # its rows: the next job
+            await self._record(journal, ledger.job, "aborted")  # its rows: the next job, counted aborted
             return
         sent = {self._bulk.key_text(key) for key in ledger.keys}  # its rows already journaled too
         await self._finish(ledger.job, ledger.remote, rows, journal, started, sent)
