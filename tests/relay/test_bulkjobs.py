@@ -153,7 +153,8 @@ async def test_the_journals_unfinished_job_is_attached_to_before_any_new_one(
     finally:
         await target.stop()
     assert sorted(result.by_row()) == [1, 2, 3, 4, 5, 6] and all(e.success for e in result.entries)
-    assert snapshots[-1].jobs.aborted == (0 if closed else 1)  # the progress counts the job it gave up
+    jobs = snapshots[-1].jobs
+    assert jobs is not None and jobs.aborted == (0 if closed else 1)  # the progress counts the job it gave up
     stats = target.state.stats()
     assert stats["bulk_rows_in_two_jobs"] == 0 and stats["bulk_rows_processed"] == 6
     ledgers = job_ledgers(result.run.journal_path)
