@@ -63,6 +63,7 @@ DEFAULT_MAX_RETRY_AFTER_SECONDS = 300.0
 DEFAULT_HALT_STATUSES = (401, 403)
 MAX_BODY_BYTES = 1 << 20  # the most of a response body the transport reads; a failure body is cut from it
 BULK_ANSWER_BYTES = 256 << 20  # a bulk run's: a job's result set (CSV, JSON page, archive) is read whole
+MAX_WORKERS = 64  # processes of one run (execution.workers); `auto` takes at most 8
 DEFAULT_CLIENT: Literal["reqwest", "httpx"] = "reqwest"
 DEFAULT_PROXY = "none"  # no proxy, whatever the environment says
 DEFAULT_BATCH_BYTES = 1_000_000  # request.batch.max_bytes: the whole encoded body
@@ -1392,6 +1393,9 @@ class ExecutionConfig(_Model):
     # While relaying, the process's threads share the CPU it runs on (relay/affinity.py): faster on a
     # machine of few cores. How the rows travel, not what they say: out of the fingerprint.
     pin_cpu: bool = True
+    # One run in this many processes, each on a CPU of its own (ops/workers.py); `auto`: one per CPU this
+    # process may use, at most 8. How the rows travel, not what they say: out of the fingerprint.
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | Literal["auto"] = 1
     client: Literal["reqwest", "httpx"] = DEFAULT_CLIENT
     proxy: Annotated[str, AfterValidator(_proxy)] = DEFAULT_PROXY
     tls: TlsConfig | None = None
@@ -1408,7 +1412,7 @@ class ExecutionConfig(_Model):
 
 
 # How the requests travel, not what they say: changing these never blocks a resume.
-_OPERATIONAL_EXECUTION_KEYS = ("client", "proxy", "tls", "pin_cpu")
+_OPERATIONAL_EXECUTION_KEYS = ("client", "proxy", "tls", "pin_cpu", "workers")
 # Where the shared limit is kept, not what it is (the rate is semantic): moving Redis never blocks a resume.
 _OPERATIONAL_RATE_LIMIT_KEYS = ("shared", "shared_key")
 # Who asks for the token and how, not what it grants: rotating a client never blocks a resume.
@@ -1619,6 +1623,7 @@ class JobConfig(_Model):
                 raise ValueError(f"response.{given[0]} reads a batch's answer: it needs request.batch")
         if self.request.bulk_job is not None:
             _bulk_job_fits(self)
+        _workers_fit(self)
         unused = sorted(set(self.vars) - environment_names(self))
         if unused:
             raise ValueError(f"vars names {', '.join(unused)}, which no ${{NAME}} of the job uses")
@@ -1662,6 +1667,21 @@ def _bulk_job_fits(config: JobConfig) -> None:
         raise ValueError("request.bulk_job works with execution.sync: full or delta (mirror: not yet)")
     if config.request.compression != "none":
         raise ValueError("request.bulk_job uploads its CSV as it is (request.compression: not yet)")
+
+
+def _workers_fit(config: JobConfig) -> None:
+    """Several worker processes send rows one request each (`auto` runs a batch, group or bulk job in one)."""
+    workers = config.execution.workers
+    if workers == "auto" or workers == 1:
+        return
+    req = config.request
+    kind = "batch" if req.batch is not None else "group" if req.group is not None else None
+    kind = "bulk_job" if req.bulk_job is not None else kind
+    if kind is not None:
+        raise ValueError(
+            f"execution.workers: {workers} splits a run's rows one request each; request.{kind} sends "
+            "many rows a request, in one process (workers: 1, or auto)"
+        )
 
 
 def environment_names(config: JobConfig) -> set[str]:

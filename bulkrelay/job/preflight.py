@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from bulkrelay.errors import ConfigInvalid, InputInvalid, Problem, SecretInvalid, UsageError
 from bulkrelay.job.batch import BatchRenderer
@@ -85,6 +85,57 @@ class Preflight:
             return kept
         expected = replace(self.expected_input, identity=InputIdentity.of_path(path))
         return replace(kept, expected_input=expected)
+
+
+@dataclass(frozen=True)
+class PreflightFacts:
+    """What a preflight found, without what it compiled (a renderer holds closures, which do not
+    pickle): what a run hands each of its worker processes, so that none reads the input through
+    again to validate it. The worker compiles the job's renderer anew from the same job."""
+
+    job: Job  # without its lookups: a worker reads the maps the run froze
+    input_spec: InputSpec
+    input_fingerprint: InputFingerprint
+    config_fingerprint: str
+    expected_input: ExpectedInput | None
+    shared_limit: str | None
+    lookup_misses: int
+
+    @classmethod
+    def of(cls, preflight: Preflight) -> PreflightFacts:
+        return cls(
+            job=replace(preflight.job, lookups={}),
+            input_spec=preflight.input_spec,
+            input_fingerprint=preflight.input_fingerprint,
+            config_fingerprint=preflight.config_fingerprint,
+            expected_input=preflight.expected_input,
+            shared_limit=preflight.shared_limit,
+            lookup_misses=preflight.lookup_misses,
+        )
+
+    def preflight(self, lookups: Mapping[str, Mapping[str, Any]], env: Mapping[str, str]) -> Preflight:
+        """The preflight these facts came from, its renderer compiled again (with `lookups`, the run's
+        frozen maps, and `env`, the environment the parent read its secrets from)."""
+        job = replace(self.job, lookups=lookups)
+        renderer, digester = _renderer_and_digester(job, env)
+        fingerprint_of_config = config_fingerprint(job.config)
+        if fingerprint_of_config != self.config_fingerprint:  # the same job object: never, unless a bug
+            raise UsageError(
+                "a worker compiled another job than its run's (the configuration fingerprints differ)"
+            )
+        return Preflight(
+            job=job,
+            input_spec=self.input_spec,
+            input_fingerprint=self.input_fingerprint,
+            config_fingerprint=fingerprint_of_config,
+            renderer=renderer,
+            expected_input=self.expected_input,
+            digester=digester,
+            batcher=batch_renderer(job.config, renderer, fingerprint_of_config),
+            bulk=BulkCsv.of_job(job.config),
+            shared_limit=self.shared_limit,
+            lookup_misses=self.lookup_misses,
+        )
 
 
 def resolve_input(

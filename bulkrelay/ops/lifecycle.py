@@ -35,8 +35,9 @@ from bulkrelay.job.preflight import Preflight, RowsRead
 from bulkrelay.ops.results import RunResult
 from bulkrelay.ops.resultsink import RunSink, close_sink, open_sink, sink_target
 from bulkrelay.ops.resume import config_sections, recover_start
+from bulkrelay.ops.workers import LocalWorkers, worker_count
 from bulkrelay.relay.affinity import relay_cpu
-from bulkrelay.relay.engine import RelayOutcome, StartPoint, relay
+from bulkrelay.relay.engine import RelayOutcome, StartPoint, WorkerPool, relay
 from bulkrelay.relay.heap import relay_collections
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import CallbackReporter, FanOut, Reporter, Snapshot
@@ -95,6 +96,11 @@ _STOPS: dict[StopReason, tuple[str, ExitCode, str]] = {
         "too many rows failed (halt.failure_rate); halted",
     ),
     StopReason.CANCELLED: ("CANCELLED", ExitCode.SIGTERM, "the job was cancelled"),
+    StopReason.WORKER_LOST: (
+        "WORKER_LOST",
+        ExitCode.GENERAL_ERROR,
+        "a worker process of the run died; the others stopped at a safe point",
+    ),
     StopReason.INPUT_CHANGED: (
         "INPUT_CHANGED",
         ExitCode.PRECONDITION,
@@ -112,6 +118,7 @@ _SAYS_WHY = frozenset(
         StopReason.HALT_UNAVAILABLE,
         StopReason.AUTH_UNUSABLE,
         StopReason.SIGNATURE_REFUSED,
+        StopReason.WORKER_LOST,
     }
 )
 
@@ -160,6 +167,7 @@ class RunOptions:
     observers: tuple[RunObserver, ...] = ()
     quiet: bool = False  # no progress on stderr (`--quiet`)
     limit: int | None = None  # `run --limit N`: send the first N pending rows, then stop (a canary)
+    workers: int | str | None = None  # `--workers N|auto`: the job's execution.workers for this call
 
     @property
     def rows_read(self) -> RowsRead | None:
@@ -221,6 +229,7 @@ async def _relay_with_stops(
     start: StartPoint,
     context: tuple[Reporter, RunOptions, StopControl | None, RelayStats],
     sink: RunSink | None = None,
+    pool: WorkerPool | None = None,
 ) -> RelayOutcome:
     reporter, options, given_stop, stats = context
     stop = given_stop or StopControl()  # made here: anyio primitives need the running loop
@@ -252,6 +261,7 @@ async def _relay_with_stops(
             on_tick=on_tick,
             on_committed=on_committed,
             limit=None if options.limit is None else RowLimit(options.limit),
+            pool=pool,
         )
         watchers.cancel_scope.cancel()
     return outcome
@@ -283,10 +293,12 @@ def relay_locked(
         observer.run_started(run, preflight, stats)
     sink = None if target is None else open_sink(target, run)
     sink_behind = None
+    pool = worker_pool(preflight, run, start, options)
+    pin = preflight.job.config.execution.pin_cpu and pool is None  # with workers, each holds a CPU
     try:
         try:
             spared = [] if sink is None else sink.threads()  # the sink's SQLite CPU is not the relay's
-            with relay_collections(), relay_cpu(preflight.job.config.execution.pin_cpu, spared):
+            with relay_collections(), relay_cpu(pin, spared):
                 outcome = anyio.run(
                     _relay_with_stops,
                     preflight,
@@ -294,6 +306,7 @@ def relay_locked(
                     start,
                     (reporter, options, stop, stats),
                     sink,
+                    pool,
                     backend_options={"use_uvloop": True},
                 )
         except BaseExceptionGroup as group:
@@ -314,6 +327,20 @@ def relay_locked(
     result.warnings[:0] = deprecation_warnings(preflight.job.deprecations)
     _notify_finished(options.observers, run, result)
     return result
+
+
+def worker_pool(
+    preflight: Preflight, run: RunDir, start: StartPoint, options: RunOptions
+) -> LocalWorkers | None:
+    """The worker processes `execution.workers` (or `--workers`) asks for; None: this process sends
+    the rows itself, as it does for one worker, for `--limit` (the first N rows are one window's), and
+    for a job that sends many rows a request (a batch, a group, a bulk job)."""
+    execution = preflight.job.config.execution
+    count = worker_count(options.workers or execution.workers, execution.concurrency)
+    many_a_request = preflight.batcher is not None or preflight.bulk is not None
+    if count == 1 or options.limit is not None or many_a_request:
+        return None
+    return LocalWorkers(preflight, run, start, count)
 
 
 def _skipped(preflight: Preflight) -> EnvelopeWarning | None:

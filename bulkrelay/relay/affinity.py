@@ -161,3 +161,36 @@ def _set_all(masks: dict[int, set[int]], default: set[int]) -> bool:
         except OSError:
             refused = True
     return not refused
+
+
+AUTO_WORKERS_MAX = 8  # `execution.workers: auto` takes at most this many
+_CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use (`execution.workers: auto`): its affinity set, fewer when the
+    cgroup's quota (`cpu.max`, cgroup v2: a container's CPU limit) allows less, at most
+    AUTO_WORKERS_MAX, at least one."""
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # a platform without affinity
+        allowed = os.cpu_count() or 1
+    quota = _cgroup_cpus()
+    if quota is not None:
+        allowed = min(allowed, quota)
+    return max(1, min(allowed, AUTO_WORKERS_MAX))
+
+
+def _cgroup_cpus() -> int | None:
+    """Whole CPUs the cgroup's quota grants (a fraction rounds up: 1.5 CPUs is 2 processes); None
+    without a quota, or where it cannot be read."""
+    try:
+        quota, period = _CGROUP_CPU_MAX.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return max(1, -(-int(quota) // int(period)))
+    except (ValueError, ZeroDivisionError):
+        return None

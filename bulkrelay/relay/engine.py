@@ -10,12 +10,13 @@ journal batch has been fsynced; only then does it count in the progress and the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import anyio
+from anyio.abc import TaskGroup
 
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
 from bulkrelay.job.config import BULK_ANSWER_BYTES, MAX_BODY_BYTES, Job, JobConfig
@@ -145,6 +146,22 @@ class Committed:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         pace = {"rows_per_second": round(self.committed_this_run / elapsed, 1)}
         return {**pace, **(self.pace().to_dict() if self.pace is not None else {})}
+
+
+class Outbox(Protocol):
+    """Where a window's final results go: the journal's writer, or a worker process's link to the
+    process that journals them (ops/workers.py)."""
+
+    def offer(self, entry: JournalEntry) -> bool: ...
+
+    async def submit(self, entry: JournalEntry) -> None: ...
+
+
+class WorkerPool(Protocol):
+    """Worker processes that send a run's rows between them, each final result into `journal`; it
+    ends once every worker has, and asks `stop` for what stopped any of them."""
+
+    async def relay(self, journal: JournalWriter, stop: StopControl, stats: RelayStats) -> None: ...
 
 
 @dataclass
@@ -294,13 +311,15 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
     on_tick: Callable[[Snapshot], None] | None = None,
     on_committed: Callable[[list[JournalEntry], int], None] | None = None,
     limit: RowLimit | None = None,
+    pool: WorkerPool | None = None,
 ) -> RelayOutcome:
     """Send every pending row (the first `limit.rows` of them: `run --limit`), commit every final
     result, and say why it ended.
 
     `stats` counts what goes on the wire; `on_tick` hears the committed progress about once a second
     (the metrics file and the run log), whether or not rows were committed meanwhile; `on_committed`
-    hears each committed group (the results sink), and must not block."""
+    hears each committed group (the results sink), and must not block. With a `pool`, worker
+    processes send the rows (ops/workers.py) and this process journals their results."""
     config = preflight.job.config
     committed = Committed.at(start, preflight.record_count, on_committed)
     started = time.monotonic()
@@ -314,14 +333,22 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
     journal = JournalWriter(
         run.journal_path, storage, next_seq=start.next_seq, on_commit=on_commit, state=state
     )
+    committed.prefix = journal.prefix
+    stats = stats or RelayStats()
+    if pool is not None:
+        reporter.update(committed.snapshot())
+
+        async def by_workers(background: TaskGroup) -> None:
+            await pool.relay(journal, stop, stats)
+
+        await _journaled(run, journal, committed, on_tick, by_workers)
+        return _ended(run, committed, stop, reporter, stats, started)
     transport = transport_factory(transport_settings(preflight))
     auth = open_authenticator(preflight, transport_factory, transport_settings(preflight), stop)
     limiter = open_limiter(config, preflight.shared_limit)
-    stats = stats or RelayStats()
     delivery = _delivery(preflight, run)
     sender = _row_sender(preflight, transport, limiter, stop, stats, auth=auth, delivery=delivery)
     committed.pace = limiter.state
-    committed.prefix = journal.prefix
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)
     batches = _batch_relay(
@@ -355,29 +382,26 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
         committed.jobs = bulk.counts
         bulk.on_change = lambda: reporter.update(committed.snapshot())
     reporter.update(committed.snapshot())
+
+    async def send(background: TaskGroup) -> None:
+        async with anyio.create_task_group() as workers:
+            background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
+            if bulk is not None:  # request.bulk_job: many rows a job (relay/bulkjobs/)
+                workers.start_soon(bulk.run, records, journal)
+            elif batches is not None:  # request.batch: many rows a request (relay/batches.py)
+                batches.start(workers, records, journal, config.execution.concurrency)
+            else:
+                for _ in range(config.execution.concurrency):
+                    workers.start_soon(_worker, records, sender, (streak, rate), journal)
+        if limit is not None:
+            limit.stop_if_reached(stop)
+        for admitted in streak.release():
+            await journal.submit(admitted)
+        if batches is not None:
+            await batches.release(journal)
+
     try:
-        async with anyio.create_task_group() as background:
-            background.start_soon(journal.run)
-            background.start_soon(_checkpointer, run, committed, on_tick or _no_tick)
-            async with anyio.create_task_group() as workers:
-                background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
-                if bulk is not None:  # request.bulk_job: many rows a job (relay/bulkjobs/)
-                    workers.start_soon(bulk.run, records, journal)
-                elif batches is not None:  # request.batch: many rows a request (relay/batches.py)
-                    batches.start(workers, records, journal, config.execution.concurrency)
-                else:
-                    for _ in range(config.execution.concurrency):
-                        workers.start_soon(_worker, records, sender, (streak, rate), journal)
-            if limit is not None:
-                limit.stop_if_reached(stop)
-            for admitted in streak.release():
-                await journal.submit(admitted)
-            if batches is not None:
-                await batches.release(journal)
-            await journal.close()
-            background.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        raise sole_error(group) from None
+        await _journaled(run, journal, committed, on_tick, send)
     finally:
         records.close()
         with anyio.CancelScope(shield=True):
@@ -385,7 +409,37 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
             await limiter.aclose()
             if auth is not None:
                 await auth.aclose()
-    write_checkpoint(run.path, committed.checkpoint(), storage)
+    return _ended(run, committed, stop, reporter, stats, started)
+
+
+async def _journaled(
+    run: RunDir,
+    journal: JournalWriter,
+    committed: Committed,
+    on_tick: Callable[[Snapshot], None] | None,
+    send: Callable[[TaskGroup], Awaitable[None]],
+) -> None:
+    """`send` the rows while the journal commits their results and the checkpoint follows them."""
+    try:
+        async with anyio.create_task_group() as background:
+            background.start_soon(journal.run)
+            background.start_soon(_checkpointer, run, committed, on_tick or _no_tick)
+            await send(background)
+            await journal.close()
+            background.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise sole_error(group) from None
+
+
+def _ended(
+    run: RunDir,
+    committed: Committed,
+    stop: StopControl,
+    reporter: Reporter,
+    stats: RelayStats,
+    started: float,
+) -> RelayOutcome:
+    write_checkpoint(run.path, committed.checkpoint(), run.storage)
     reporter.update(committed.snapshot())
     return replace(_outcome(committed, stop, time.monotonic() - started), requests=stats.request_counts())
 
@@ -501,11 +555,57 @@ def _batch_relay(
     return BatchRelay(sender, stop, config.halt.consecutive_failures, journaled, rate, retries=retries)
 
 
+async def relay_share(
+    preflight: Preflight,
+    run: RunDir,
+    start: StartPoint,
+    *,
+    owns: Callable[[Record], bool],
+    concurrency: int,
+    stop: StopControl,
+    outbox: Outbox,
+    limiter: Limiter,
+    stats: RelayStats,
+    transport_factory: Callable[[TransportSettings], Transport] = open_transport,
+) -> None:
+    """A worker process's share of a run (ops/relayworker.py): its pending rows, those it `owns`, sent
+    one request each through `concurrency` slots of its own, each final result handed to `outbox`.
+    The halt rules judge this worker's rows; a halt is a stop request, which the worker tells the run."""
+    config = preflight.job.config
+    settings = transport_settings(preflight)
+    transport = transport_factory(settings)
+    auth = open_authenticator(preflight, transport_factory, settings, stop)
+    sender = _row_sender(
+        preflight, transport, limiter, stop, stats, auth=auth, delivery=_delivery(preflight, run)
+    )
+    streak = _FailureStreak(config.halt.consecutive_failures, stop)
+    rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)
+    pending = _pending_records(preflight, start, stop)
+    records = (record for record in pending if owns(record))
+    try:
+        async with anyio.create_task_group() as background:
+            async with anyio.create_task_group() as workers:
+                background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
+                for _ in range(concurrency):
+                    workers.start_soon(_worker, records, sender, (streak, rate), outbox)
+            for admitted in streak.release():
+                await outbox.submit(admitted)
+            background.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise sole_error(group) from None
+    finally:
+        pending.close()
+        with anyio.CancelScope(shield=True):
+            await transport.aclose()
+            if auth is not None:
+                await auth.aclose()
+
+
 async def _worker(
     records: Iterator[Record],
     sender: RowSender,
     halts: tuple[_FailureStreak, FailureRate | None],
-    journal: JournalWriter,
+    journal: Outbox,
 ) -> None:
     """One slot of the window: take the next pending record, see it to its end, hand over its result."""
     streak, rate = halts

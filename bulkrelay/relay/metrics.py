@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import StorageFailed, UsageError
@@ -117,6 +117,33 @@ class RelayStats:
         return RequestCounts(
             sum(by_status.values()), dict(sorted(by_status.items())), self.retries, self.splits
         )
+
+    def sent(self) -> dict[str, Any]:
+        """What this process sent so far, as JSON (a worker process tells its run: ops/workers.py).
+        Pauses are told one by one (`on_pause`), so they are not here."""
+        return {
+            "requests": dict(self.requests),
+            "by_status": [[status, n] for status, n in self.by_status.items()],
+            "retries": self.retries,
+            "splits": self.splits,
+            "latency_counts": self.latency_counts,
+            "latency_sum": self.latency_sum,
+        }
+
+    def add_sent(self, now: dict[str, Any], before: dict[str, Any] | None) -> None:
+        """Count what another process sent between its `sent()` figures `before` (None: from its start)
+        and `now`, so that this process's counters hold its workers' requests."""
+        was = before or {}
+        self.requests.update(Counter(now["requests"]) - Counter(was.get("requests", {})))
+        then = {status: n for status, n in was.get("by_status", [])}
+        for status, n in now["by_status"]:
+            self.by_status[status] += n - then.get(status, 0)
+        self.retries += now["retries"] - was.get("retries", 0)
+        self.splits += now["splits"] - was.get("splits", 0)
+        counts_then = was.get("latency_counts") or [0] * len(self.latency_counts)
+        for bucket, (n, m) in enumerate(zip(now["latency_counts"], counts_then, strict=True)):
+            self.latency_counts[bucket] += n - m
+        self.latency_sum += now["latency_sum"] - was.get("latency_sum", 0.0)
 
     def cumulative_buckets(self) -> list[tuple[str, float]]:
         buckets: list[tuple[str, float]] = []

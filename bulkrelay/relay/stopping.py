@@ -41,6 +41,7 @@ class StopReason(enum.StrEnum):
     INPUT_CHANGED = "input_changed"  # the input is no longer the file preflight read
     INCOMPLETE = "incomplete"  # rows are left and nobody asked for a stop (the engine's fallback)
     LIMIT = "limit"  # `run --limit N` sent its N rows (a canary); the identical run continues
+    WORKER_LOST = "worker_lost"  # a worker process of the run died (execution.workers: ops/workers.py)
 
     @property
     def halts(self) -> bool:

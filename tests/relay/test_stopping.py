@@ -29,6 +29,7 @@ VALUES = {
     StopReason.INPUT_CHANGED: "input_changed",
     StopReason.INCOMPLETE: "incomplete",
     StopReason.LIMIT: "limit",
+    StopReason.WORKER_LOST: "worker_lost",
 }
 
 

@@ -1,0 +1,215 @@
+"""One worker process of a run (`execution.workers`): `python -m bulkrelay.ops.relayworker FD PPID`.
+
+The parent (ops/workers.py) preflighted the input once and holds the run and its journal. Over the
+socket `FD` it hands this process its share: the rows whose key (else row number) hashes to its index,
+the split `--shard` makes. The worker compiles the job again, reads only its rows (every byte still
+checked against what preflight read), sends them through its share of the concurrency and the rate,
+and hands each final result back; it writes nothing to the run itself. It dies with its parent
+(PR_SET_PDEATHSIG), so no worker goes on sending after its run's process is gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+from anyio.abc import SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from bulkrelay.job.preflight import Preflight, PreflightFacts
+from bulkrelay.job.records import Record
+from bulkrelay.ops.lookups import frozen_lookups
+from bulkrelay.ops.sharding import ShardSpec
+from bulkrelay.ops.workerwire import Kind, json_frame, receive, results_frame
+from bulkrelay.private import no_core_dumps
+from bulkrelay.relay.affinity import relay_cpu
+from bulkrelay.relay.engine import StartPoint, open_limiter, relay_share
+from bulkrelay.relay.heap import relay_collections
+from bulkrelay.relay.metrics import RelayStats
+from bulkrelay.relay.ratelimit_workers import WorkerLimiter, share_of_rate
+from bulkrelay.relay.stopping import StopControl, StopReason, watch_signals
+from bulkrelay.store.journal import JournalEntry
+from bulkrelay.store.rundir import RunDir
+
+FLUSH_SECONDS = 0.005  # a worker's results go to the parent at most this long after they end
+SENT_EVERY_SECONDS = 0.5  # and its request counters (the metrics file) this often
+MAX_PENDING = 4096  # results not yet sent before the window waits (the parent is behind)
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerHandoff:
+    """What the parent hands worker `index` of `count`."""
+
+    facts: PreflightFacts
+    run_path: str
+    start: StartPoint  # the run's pending rows (without the journal's state: the parent holds it)
+    index: int
+    count: int
+    concurrency: int  # this worker's share
+    pin_cpu: bool
+
+
+class SocketOutbox:
+    """The worker's final results, sent to the parent in frames of a few milliseconds' worth."""
+
+    def __init__(self, stream: SocketStream, stats: RelayStats) -> None:
+        self._stream = stream
+        self._stats = stats
+        self._pending: list[JournalEntry] = []
+        self._notes: list[bytes] = []  # other frames to send with the next results (pauses)
+        self._ready = anyio.Event()
+        self._lock = anyio.Lock()
+        self._sent_at = time.monotonic()
+
+    def offer(self, entry: JournalEntry) -> bool:
+        if len(self._pending) >= MAX_PENDING:
+            return False
+        self._pending.append(entry)
+        self._ready.set()
+        return True
+
+    async def submit(self, entry: JournalEntry) -> None:
+        while not self.offer(entry):
+            await anyio.sleep(FLUSH_SECONDS)
+
+    def tell_pause(self, deadline: float) -> None:
+        self._notes.append(json_frame(Kind.PAUSE, {"until": deadline}))
+        self._ready.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._ready.wait()
+            await anyio.sleep(FLUSH_SECONDS)
+            await self.flush()
+
+    async def flush(self, last: bytes = b"") -> None:
+        async with self._lock:
+            self._ready = anyio.Event()
+            pending, self._pending = self._pending, []
+            notes, self._notes = self._notes, []
+            data = b"".join(notes) + (results_frame(pending) if pending else b"")
+            if time.monotonic() - self._sent_at >= SENT_EVERY_SECONDS:
+                self._sent_at = time.monotonic()
+                data += json_frame(Kind.SENT, self._stats.sent())
+            if data or last:
+                await self._stream.send(data + last)
+
+
+def main(argv: list[str]) -> int:
+    fd, parent = int(argv[1]), int(argv[2])
+    _die_with_parent(parent)
+    no_core_dumps()
+    sock = socket.socket(fileno=fd)
+    return anyio.run(_work, sock, backend_options={"use_uvloop": True})
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent dies (Linux); exit at once if it has died already."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the parent's socket closing ends the worker instead
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+async def _work(sock: socket.socket) -> int:
+    stream = await SocketStream.from_socket(sock)
+    incoming = BufferedByteReceiveStream(stream)
+    kind, body = await receive(incoming)
+    if kind is not Kind.HANDOFF:
+        return 1
+    handoff: WorkerHandoff = pickle.loads(body)
+    run = RunDir.open(Path(handoff.run_path))
+    preflight = _preflight(handoff, run)
+    stop, stats = StopControl(), RelayStats()
+    outbox = SocketOutbox(stream, stats)
+    limiter = WorkerLimiter(_share_limiter(preflight, handoff.count), outbox.tell_pause)
+    owns = _owner(handoff, preflight)
+    async with anyio.create_task_group() as talk:
+        talk.start_soon(watch_signals, stop)
+        talk.start_soon(_listen, incoming, stop, limiter)
+        talk.start_soon(outbox.run)
+        try:
+            with relay_collections(), relay_cpu(handoff.pin_cpu):
+                await relay_share(
+                    preflight,
+                    run,
+                    handoff.start,
+                    owns=owns,
+                    concurrency=handoff.concurrency,
+                    stop=stop,
+                    outbox=outbox,
+                    limiter=limiter,
+                    stats=stats,
+                )
+        finally:
+            with anyio.CancelScope(shield=True):
+                await limiter.aclose()
+        await outbox.flush(last=json_frame(Kind.DONE, _last_word(stop, stats)))
+        talk.cancel_scope.cancel()
+    return 0
+
+
+def _preflight(handoff: WorkerHandoff, run: RunDir) -> Preflight:
+    job = handoff.facts.job
+    lookups = frozen_lookups(job, run) if job.config.lookups else {}
+    return handoff.facts.preflight(lookups, os.environ)
+
+
+def _share_limiter(preflight: Preflight, workers: int) -> Any:
+    """This worker's share of the run's rate; a limit kept in Redis is shared whole."""
+    config = preflight.job.config
+    rate = config.execution.rate_limit
+    if rate is None or preflight.shared_limit is not None:
+        return open_limiter(config, preflight.shared_limit)
+    share = rate.model_copy(update={"requests_per_second": share_of_rate(rate.requests_per_second, workers)})
+    execution = config.execution.model_copy(update={"rate_limit": share})
+    return open_limiter(config.model_copy(update={"execution": execution}), None)
+
+
+def _owner(handoff: WorkerHandoff, preflight: Preflight) -> Any:
+    spec, key_field = ShardSpec(handoff.index, handoff.count), preflight.job.config.input.key
+
+    def owns(record: Record) -> bool:
+        return spec.owns(record, key_field)
+
+    return owns
+
+
+async def _listen(incoming: BufferedByteReceiveStream, stop: StopControl, limiter: WorkerLimiter) -> None:
+    """The parent's word: stops and the pauses of other workers. Its end is the parent's: nothing this
+    worker sends from then on could be journaled, so it ends at once, as a kill -9 would end it."""
+    try:
+        while True:
+            kind, body = await receive(incoming)
+            if kind is Kind.PAUSE:
+                limiter.heard_pause(orjson.loads(body)["until"])
+            elif kind is Kind.STOP:
+                stop.request(StopReason(orjson.loads(body)["reason"]), by="parent")
+            elif kind is Kind.FORCE:
+                stop.request(StopReason.INTERRUPTED, by="parent")
+                stop.force()
+    except (anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError, OSError):
+        os._exit(1)
+
+
+def _last_word(stop: StopControl, stats: RelayStats) -> dict[str, Any]:
+    reason = None if stop.reason is None else stop.reason.value
+    return {"reason": reason, "detail": stop.detail, "forced": stop.forced, "sent": stats.sent()}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

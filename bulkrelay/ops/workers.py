@@ -1,0 +1,224 @@
+"""One run in several worker processes (`execution.workers: N | auto`): the parent's side.
+
+The parent preflighted the input once, holds the run's lock and is the journal's only writer. It
+starts N workers (ops/relayworker.py), hands each its share of the pending rows (the `--shard` split
+of key hash, else row number) and journals their final results as they arrive, so every promise the
+journal keeps for one process it keeps here: a result counts once it is committed, in one file, by
+one writer; the run's resume and every reader of the journal are those of any run. The parent is the
+run's one progress, checkpoint, summary, envelope and metrics file. It passes stops on to every worker
+(SIGTERM, a budget, a halt in any one of them) and a 429's pause from one to the others.
+
+A worker that dies (kill -9, a crash) leaves its rows in flight unjournaled, exactly as a relay killed
+alone would: the parent stops the others at a safe point, and the run ends WORKER_LOST (exit 1),
+resumable. The parent is not re-run in its place within the call: a resume does that, after the
+torn state is checked. A parent killed takes its workers with it (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+from anyio.abc import SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from bulkrelay.job.preflight import Preflight, PreflightFacts
+from bulkrelay.ops.relayworker import WorkerHandoff
+from bulkrelay.ops.workerwire import Kind, entries_of, frame, json_frame, receive
+from bulkrelay.private import make_private_dir, open_private
+from bulkrelay.relay.affinity import usable_cpus
+from bulkrelay.relay.engine import StartPoint
+from bulkrelay.relay.metrics import RelayStats
+from bulkrelay.relay.ratelimit_workers import share_of_concurrency
+from bulkrelay.relay.stopping import StopControl, StopReason
+from bulkrelay.store.journal import JournalWriter
+from bulkrelay.store.rundir import RunDir
+
+WORKERS_DIR = "workers"  # in the run directory: each worker's log (what it printed, a traceback)
+_LOG_TAIL_BYTES = 2000
+_EXIT_GRACE_SECONDS = 5.0  # a worker whose stream ended has this long to exit before it counts as hung
+
+
+def worker_count(setting: int | str, concurrency: int) -> int:
+    """How many processes `execution.workers` asks for: `auto` is one per usable CPU (affinity and
+    cgroup quota, at most 8); never more than `concurrency`, so that every worker has a request."""
+    wanted = usable_cpus() if setting == "auto" else int(setting)
+    return max(1, min(wanted, concurrency))
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: subprocess.Popen[bytes]
+    stream: SocketStream
+    log: Path
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    last_word: dict[str, Any] | None = None
+    sent: dict[str, Any] | None = None
+
+    async def tell(self, data: bytes) -> None:
+        """Send the worker a message; one that has ended hears nothing, and needs to."""
+        async with self.lock:
+            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                await self.stream.send(data)
+
+
+class LocalWorkers:
+    """The worker processes of one run on this machine (relay.engine's `WorkerPool`)."""
+
+    def __init__(self, preflight: Preflight, run: RunDir, start: StartPoint, count: int) -> None:
+        execution = preflight.job.config.execution
+        facts = PreflightFacts.of(preflight)
+        pending = replace(start, journal=None)  # the journal's state is the parent's alone
+        self._run = run
+        self._handoffs = [
+            WorkerHandoff(
+                facts=facts,
+                run_path=str(run.path),
+                start=pending,
+                index=index,
+                count=count,
+                concurrency=share_of_concurrency(execution.concurrency, count, index),
+                pin_cpu=execution.pin_cpu,
+            )
+            for index in range(count)
+        ]
+
+    async def relay(self, journal: JournalWriter, stop: StopControl, stats: RelayStats) -> None:
+        workers: list[_Worker] = []
+        try:
+            for handoff in self._handoffs:
+                workers.append(await self._start(handoff))
+            async with anyio.create_task_group() as around:
+                around.start_soon(_pass_on_stops, stop, workers)
+                async with anyio.create_task_group() as serving:
+                    for worker in workers:
+                        serving.start_soon(_serve, worker, workers, journal, (stop, stats))
+                around.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                for worker in workers:
+                    await _ended(worker)
+
+    async def _start(self, handoff: WorkerHandoff) -> _Worker:
+        ours, theirs = socket.socketpair()
+        log_path = self._run.path / WORKERS_DIR / f"worker-{handoff.index}.log"
+        make_private_dir(log_path.parent)
+        log = open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        with theirs:
+            try:
+                command = [
+                    sys.executable,
+                    "-m",
+                    "bulkrelay.ops.relayworker",
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                ]
+                process = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(theirs.fileno(),)
+                )
+            finally:
+                os.close(log)
+        stream = await SocketStream.from_socket(ours)
+        worker = _Worker(handoff.index, process, stream, log_path)
+        await worker.tell(frame(Kind.HANDOFF, pickle.dumps(handoff)))
+        return worker
+
+
+async def _serve(
+    worker: _Worker, workers: Sequence[_Worker], journal: JournalWriter, run: tuple[StopControl, RelayStats]
+) -> None:
+    """Journal what `worker` sends until its stream ends (results, counters, pauses, its last word),
+    then adopt how it ended."""
+    stop, stats = run
+    await _heard(worker, workers, journal, stats)
+    with anyio.move_on_after(_EXIT_GRACE_SECONDS):  # its stream ended: so does the process, or soon
+        while worker.process.poll() is None:
+            await anyio.sleep(0.01)
+    _adopt_last_word(worker, stop)
+
+
+async def _heard(
+    worker: _Worker, workers: Sequence[_Worker], journal: JournalWriter, stats: RelayStats
+) -> None:
+    incoming = BufferedByteReceiveStream(worker.stream)
+    with suppress(anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
+        while True:
+            kind, body = await receive(incoming)
+            if kind is Kind.RESULTS:
+                for entry in entries_of(body):
+                    if not journal.offer(entry):
+                        await journal.submit(entry)
+            elif kind is Kind.SENT or kind is Kind.DONE:
+                word = orjson.loads(body)
+                now = word if kind is Kind.SENT else word["sent"]
+                stats.add_sent(now, worker.sent)
+                worker.sent = now
+                if kind is Kind.DONE:
+                    worker.last_word = word
+            elif kind is Kind.PAUSE:
+                until = orjson.loads(body)["until"]
+                now_at = time.monotonic()
+                stats.on_pause(max(0.0, until - now_at), now_at)
+                for other in workers:
+                    if other is not worker:
+                        await other.tell(frame(Kind.PAUSE, body))
+
+
+async def _pass_on_stops(stop: StopControl, workers: Sequence[_Worker]) -> None:
+    """The run's stop, whatever asked for it, is every worker's; so is a forced one."""
+    await stop.wait()
+    assert stop.reason is not None
+    for worker in workers:
+        await worker.tell(json_frame(Kind.STOP, {"reason": stop.reason.value}))
+    await stop.wait_forced()
+    for worker in workers:
+        await worker.tell(frame(Kind.FORCE, b""))
+
+
+def _adopt_last_word(worker: _Worker, stop: StopControl) -> None:
+    """What stopped a worker stops the run: a halt, its input changed; one that died is WORKER_LOST."""
+    word = worker.last_word
+    if word is None:
+        code = worker.process.poll()
+        stop.request(
+            StopReason.WORKER_LOST,
+            message=f"worker {worker.index} ended without its last word (exit status {code})",
+            worker=worker.index,
+            exit_status=code,
+            log=str(worker.log),
+            log_tail=_tail(worker.log),
+        )
+    elif word["reason"] is not None:
+        stop.request(StopReason(word["reason"]), **word["detail"])
+        if word["forced"]:
+            stop.force()
+
+
+async def _ended(worker: _Worker) -> None:
+    """The worker reaped; one still running (the parent failed: a full disk, a bug) is killed, so that
+    no worker goes on sending what its run can no longer journal."""
+    await worker.stream.aclose()
+    if worker.process.poll() is None:
+        worker.process.kill()
+    worker.process.wait()
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as file:
+            file.seek(max(0, path.stat().st_size - _LOG_TAIL_BYTES))
+            return file.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
