@@ -1672,7 +1672,7 @@ def _bulk_job_fits(config: JobConfig) -> None:
 def _workers_fit(config: JobConfig) -> None:
     """Several worker processes send rows one request each (`auto` runs a batch, group or bulk job in one)."""
     workers = config.execution.workers
-    if workers == "auto" or workers == 1:
+    if workers in {"auto", 1}:
         return
     req = config.request
     kind = "batch" if req.batch is not None else "group" if req.group is not None else None

@@ -229,6 +229,7 @@ async def _relay_with_stops(
     start: StartPoint,
     context: tuple[Reporter, RunOptions, StopControl | None, RelayStats],
     sink: RunSink | None = None,
+    *,
     pool: WorkerPool | None = None,
 ) -> RelayOutcome:
     reporter, options, given_stop, stats = context
@@ -300,13 +301,12 @@ def relay_locked(
             spared = [] if sink is None else sink.threads()  # the sink's SQLite CPU is not the relay's
             with relay_collections(), relay_cpu(pin, spared):
                 outcome = anyio.run(
-                    _relay_with_stops,
+                    partial(_relay_with_stops, pool=pool),
                     preflight,
                     run,
                     start,
                     (reporter, options, stop, stats),
                     sink,
-                    pool,
                     backend_options={"use_uvloop": True},
                 )
         except BaseExceptionGroup as group:

@@ -342,7 +342,7 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
             await pool.relay(journal, stop, stats)
 
         await _journaled(run, journal, committed, on_tick, by_workers)
-        return _ended(run, committed, stop, reporter, stats, started)
+        return _ended(run, committed, stop, reporter, stats=stats, started=started)
     transport = transport_factory(transport_settings(preflight))
     auth = open_authenticator(preflight, transport_factory, transport_settings(preflight), stop)
     limiter = open_limiter(config, preflight.shared_limit)
@@ -409,7 +409,7 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
             await limiter.aclose()
             if auth is not None:
                 await auth.aclose()
-    return _ended(run, committed, stop, reporter, stats, started)
+    return _ended(run, committed, stop, reporter, stats=stats, started=started)
 
 
 async def _journaled(
@@ -436,9 +436,11 @@ def _ended(
     committed: Committed,
     stop: StopControl,
     reporter: Reporter,
+    *,
     stats: RelayStats,
     started: float,
 ) -> RelayOutcome:
+    """The run's last checkpoint and progress, and its outcome."""
     write_checkpoint(run.path, committed.checkpoint(), run.storage)
     reporter.update(committed.snapshot())
     return replace(_outcome(committed, stop, time.monotonic() - started), requests=stats.request_counts())
