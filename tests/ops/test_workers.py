@@ -1,0 +1,141 @@
+"""One run in several worker processes (`execution.workers`), with real processes and a real target:
+one journal with every row once, one summary, stops that reach every worker, a halt in one worker
+that stops the others, and a worker killed that ends the run resumable."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.store.journal import read_journal
+from tests.clirun import run_cli
+from tests.jobfiles import write_job
+from tests.runsteps import assert_each_row_once, resume, sent_ids
+from tests.spawnedruns import finish, start_run
+from tests.targetproc import TargetProcess
+from tests.waiting import wait_for
+from tests.workerprocs import kill_9, wait_for_workers, wait_until_gone
+
+KEYED: dict[str, Any] = {
+    "input": {"key": "id"},
+    "request": {"idempotency_key": {"header": "Idempotency-Key"}},
+}
+
+
+def _job(tmp_path: Path, url: str, rows: int, workers: int, **execution: Any) -> Path:
+    return write_job(
+        tmp_path, url, rows=rows, **KEYED, execution={"concurrency": 6, "workers": workers, **execution}
+    )
+
+
+def _committed_rows(job: Path) -> int:
+    journals = list((job.parent / "runs").glob("2*/results.jsonl"))
+    return 0 if not journals else sum(1 for _ in read_journal(journals[0]))
+
+
+@pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 1}]})
+def test_a_run_in_three_workers_journals_every_row_once_in_one_run(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = _job(tmp_path, target.url, 600, 3)
+
+    result = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    run_dir = Path(result.data["run_dir"])
+    assert_each_row_once(run_dir, 600)
+    assert Counter(sent_ids(target).values()) == {1: 600}  # every row reached the target once
+    summary = result.data["summary"]
+    assert summary["rows_done"] == 600 and summary["requests"]["sent"] == 600  # the workers' requests
+    logs = sorted(path.name for path in (run_dir / "workers").iterdir())
+    assert logs == ["worker-0.log", "worker-1.log", "worker-2.log"]
+    assert all((run_dir / "workers" / name).read_bytes() == b"" for name in logs)  # nothing went wrong
+
+
+@pytest.mark.target_plan({"dedup": True, "rules": [{"match": {"path_contains": "/57"}, "status": 401}]})
+def test_a_halt_in_one_worker_stops_every_worker_and_the_run_resumes(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = _job(tmp_path, target.url, 3000, 2, rate_limit={"requests_per_second": 500})
+
+    halted = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+
+    assert halted.exit_code == ExitCode.AUTH_REQUIRED, halted.envelope
+    assert halted.error_code == "TARGET_AUTH_FAILED"
+    assert halted.data["state"] == "stopped" and halted.data["progress"]["done"] < 3000
+    target.set_plan({"dedup": True})
+    done = resume(tmp_path, halted.data["run_dir"])
+    assert done.exit_code == ExitCode.SUCCESS, done.envelope
+    assert_each_row_once(halted.data["run_dir"], 3000)
+    assert target.stats()["effects"] == 3000
+
+
+@pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 20}]})
+def test_sigterm_to_the_parent_stops_every_worker_at_a_safe_point(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = _job(tmp_path, target.url, 3000, 2)
+    proc = start_run(job)
+    workers = wait_for_workers(proc, 2)
+    wait_for(lambda: _committed_rows(job) >= 50, "the first committed rows")
+
+    proc.send_signal(signal.SIGTERM)
+    stopped = finish(proc)
+
+    assert stopped.exit_code == ExitCode.SIGTERM, stopped.envelope
+    assert stopped.error_code == "TERMINATED"
+    wait_until_gone(workers)
+    run_dir = stopped.data["run_dir"]
+    done = resume(tmp_path, run_dir)
+    assert done.exit_code == ExitCode.SUCCESS, done.envelope
+    assert_each_row_once(run_dir, 3000)
+    assert target.stats()["effects"] == 3000
+
+
+@pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 20}]})
+def test_a_worker_killed_ends_the_run_worker_lost_and_resume_finishes_it(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = _job(tmp_path, target.url, 3000, 3)
+    proc = start_run(job)
+    workers = wait_for_workers(proc, 3)
+    wait_for(lambda: _committed_rows(job) >= 50, "the first committed rows")
+
+    kill_9(workers[1])
+    lost = finish(proc)
+
+    assert lost.exit_code == ExitCode.GENERAL_ERROR, lost.envelope
+    assert lost.error_code == "WORKER_LOST"
+    assert lost.envelope["error"]["context"]["exit_status"] == -signal.SIGKILL
+    assert lost.data["state"] == "stopped" and lost.envelope["error"]["suggestion"].startswith(
+        "bulkrelay resume"
+    )
+    wait_until_gone(workers)  # the other workers stopped too
+    run_dir = lost.data["run_dir"]
+    done = resume(tmp_path, run_dir)
+    assert done.exit_code == ExitCode.SUCCESS, done.envelope
+    assert_each_row_once(run_dir, 3000)
+    assert target.stats()["effects"] == 3000
+
+
+@pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 20}]})
+def test_a_parent_killed_takes_its_workers_with_it(tmp_path: Path, target: TargetProcess) -> None:
+    job = _job(tmp_path, target.url, 3000, 2)
+    proc = start_run(job)
+    workers = wait_for_workers(proc, 2)
+    wait_for(lambda: _committed_rows(job) >= 50, "the first committed rows")
+
+    kill_9(proc.pid)
+    proc.communicate()  # its pipes closed
+
+    wait_until_gone(workers)
+    run_dir = next((job.parent / "runs").glob("2*"))
+    done = resume(tmp_path, run_dir)
+    assert done.exit_code == ExitCode.SUCCESS, done.envelope
+    assert_each_row_once(run_dir, 3000)
+    assert target.stats()["effects"] == 3000
