@@ -1,0 +1,48 @@
+"""`execution.workers`: a count or `auto`, out of the fingerprint, and refused where rows travel many a
+request (job/config.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from bulkrelay.job.config import JobConfig
+from bulkrelay.job.fingerprint import config_fingerprint
+
+
+def _config(**execution: Any) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "input": {"file": "data.csv", "key": "id"},
+        "request": {"method": "POST", "url": "http://127.0.0.1:9/items/{id}"},
+        "execution": execution,
+    }
+
+
+def test_workers_is_a_count_or_auto_and_changes_no_fingerprint() -> None:
+    one = JobConfig.model_validate(_config())
+    four = JobConfig.model_validate(_config(workers=4))
+    auto = JobConfig.model_validate(_config(workers="auto"))
+    assert (one.execution.workers, four.execution.workers, auto.execution.workers) == (1, 4, "auto")
+    assert config_fingerprint(one) == config_fingerprint(four) == config_fingerprint(auto)  # resume with any
+
+
+@pytest.mark.parametrize("bad", [0, -1, 65, "all", 2.5])
+def test_workers_out_of_range_or_misspelt_is_refused(bad: Any) -> None:
+    with pytest.raises(ValidationError, match="workers"):
+        JobConfig.model_validate(_config(workers=bad))
+
+
+def test_several_workers_are_refused_for_a_batch_job_and_auto_is_one_process() -> None:
+    batch = _config(workers=3)
+    batch["request"] = {
+        "method": "POST",
+        "url": "http://127.0.0.1:9/batch",
+        "batch": {"max_items": 10, "item": {"id": {"from": "id"}}},
+    }
+    with pytest.raises(ValidationError, match=r"execution.workers: 3 .* request.batch"):
+        JobConfig.model_validate(batch)
+    batch["execution"] = {"workers": "auto"}
+    assert JobConfig.model_validate(batch).execution.workers == "auto"  # run by one process (ops/lifecycle)
