@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 # The options that say where a call reports or how long it may take, never what it does: not part
 # of an invocation's identity (the identical re-run and the job it attaches to).
-_NOT_IDENTITY = frozenset({"budget", "timeout", "metrics_file", "metrics_push", "log_file"})
+_NOT_IDENTITY = frozenset({"budget", "timeout", "metrics_file", "metrics_push", "log_file", "workers"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,7 +28,7 @@ class CommandArgs:
 
     def identity(self) -> dict[str, str | None]:
         """The options as an invocation key holds them: paths resolved, each value as text, the
-        operational ones (budget, timeout, metrics, log file) left out."""
+        operational ones (budget, timeout, metrics, log file, workers) left out."""
         return {
             name: str(value.resolve()) if isinstance(value, Path) else None if value is None else str(value)
             for name, value in sorted(_values(self).items())
@@ -47,6 +47,7 @@ class RelayArgs(CommandArgs):
     metrics_push: str | None = None
     log_file: Path | None = None
     report: bool = False
+    workers: str | None = None  # --workers N|auto (its digits, or auto): execution.workers for this call
 
     @property
     def reads_stdin(self) -> bool:

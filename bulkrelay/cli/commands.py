@@ -342,12 +342,14 @@ def _options(relay: _Relay) -> RunOptions:
             started_at=supervisor.started_at,
             observers=observers,
             quiet=quiet,
+            workers=relay.options.workers,
         )
     timeout_ms = relay.options.timeout
     return RunOptions(
         timeout_seconds=timeout_ms / 1000 if timeout_ms is not None else None,
         observers=observers,
         quiet=quiet,
+        workers=relay.options.workers,
     )
 
 

@@ -31,6 +31,7 @@ _GLOBAL_FLAGS: dict[str, tuple[str, object]] = {
     "metrics_file": ("--metrics-file", None),
     "metrics_push": ("--metrics-push", None),
     "log_file": ("--log-file", None),
+    "workers": ("--workers", None),
 }
 
 
@@ -151,6 +152,13 @@ def _shard_count(text: str) -> int:
     return _count("--shards", most=MAX_SHARDS)(text)
 
 
+def _workers(text: str) -> str:
+    """`auto`, or a count as its digits (a call's options keep it as text: background/call.py)."""
+    from bulkrelay.job.config import MAX_WORKERS  # loaded only when the flag is given
+
+    return "auto" if text.strip() == "auto" else str(_count("--workers", most=MAX_WORKERS)(text))
+
+
 def _duration(text: str) -> int:
     return parse_duration_ms(text)
 
@@ -215,6 +223,13 @@ def _add_operational(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="PATH",
         help="append the run log's JSON lines to PATH too (for cron)",
+    )
+    _add_global(
+        parser,
+        "--workers",
+        type=_workers,
+        metavar="N|auto",
+        help="relay in N processes, each on a CPU of its own (auto: one a CPU, at most 8); execution.workers",
     )
 
 

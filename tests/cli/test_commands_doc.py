@@ -17,7 +17,7 @@ COMMANDS_MD = Path(__file__).resolve().parents[2] / "docs" / "commands.md"
 # describe once for the commands that take them.
 _DESCRIBED_ONCE = {
     "--help", "--json", "--human", "--quiet", "--version",
-    "--budget", "--timeout", "--runs-dir", "--metrics-file", "--log-file", "--metrics-push",
+    "--budget", "--timeout", "--runs-dir", "--metrics-file", "--log-file", "--metrics-push", "--workers",
 }  # fmt: skip
 # Flags of other tools the page explains (`render --curl` writes curl's).
 _OTHER_TOOLS = {"--globoff", "--data-binary", "--data-raw"}

@@ -21,6 +21,8 @@ from tests.targetproc import TargetProcess
 from tests.waiting import wait_for
 from tests.workerprocs import kill_9, wait_for_workers, wait_until_gone
 
+pytestmark = pytest.mark.slow  # real processes: outside the fast lane
+
 KEYED: dict[str, Any] = {
     "input": {"key": "id"},
     "request": {"idempotency_key": {"header": "Idempotency-Key"}},
@@ -139,3 +141,18 @@ def test_a_parent_killed_takes_its_workers_with_it(tmp_path: Path, target: Targe
     assert done.exit_code == ExitCode.SUCCESS, done.envelope
     assert_each_row_once(run_dir, 3000)
     assert target.stats()["effects"] == 3000
+
+
+@pytest.mark.target_plan({"dedup": True})
+def test_the_workers_flag_overrides_the_job_and_a_background_job_keeps_it(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = _job(tmp_path, target.url, 200, 1)
+
+    handed = run_cli("run", job, "--workers", "2", "--budget", "1ms", cwd=tmp_path)  # a background job
+    done = run_cli("job", "wait", handed.envelope["meta"]["job_id"], "--budget", "0", cwd=tmp_path)
+
+    assert done.exit_code == ExitCode.SUCCESS, done.envelope
+    run_dir = Path(done.data["run_dir"])
+    assert sorted(path.name for path in (run_dir / "workers").iterdir()) == ["worker-0.log", "worker-1.log"]
+    assert_each_row_once(run_dir, 200)
