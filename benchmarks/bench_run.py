@@ -27,6 +27,8 @@ Measured at each --rows size, all against the same target and the same input fil
   (f) a batched `bulkrelay run` (request.batch, --batch-items rows a request, docs/batching.md) over the
       same rows as (a), each row still journaled: its rows/s beside the naive per-row loop's (issue 24:
       >= 1.5);
+  (g) `bulkrelay run` with `execution.workers: auto` (issue 44: one process a CPU), alternated with (a)
+      and (b): its rows/s, its CPU a row in all, and split between the parent and its workers;
   (h) latency-bound (issue 44): the built-in target answering every request --latency-ms late (100),
       (a) and (b) alternated over --latency-rows rows at the same concurrency (the relay >= 0.95 x);
       then (b) with `rate_limit: --latency-limit` (500/s): its rows/s and the most requests the target
@@ -80,9 +82,12 @@ def _write_input(path: Path, rows: int) -> None:
             out.write(f"{n},user{n}@example.com,Customer {n}\n")
 
 
-def _write_job(workdir: Path, url: str, input_name: str, concurrency: int, rate: int = 0) -> Path:
-    job = workdir / f"job-{input_name}{f'-{rate}-a-second' if rate else ''}.yaml"
+def _write_job(  # noqa: PLR0917
+    workdir: Path, url: str, input_name: str, concurrency: int, rate: int = 0, workers: str = "1"
+) -> Path:
+    job = workdir / f"job-{input_name}{f'-{rate}-a-second' if rate else ''}-workers-{workers}.yaml"
     limit = f", rate_limit: {{ requests_per_second: {rate} }}" if rate else ""
+    limit += f", workers: {workers}" if workers != "1" else ""
     job.write_text(
         f"""version: 1
 name: bench
@@ -246,18 +251,24 @@ def _best_naive(name: str, url: str, path: Path, concurrency: int, repeats: int)
 _CHILD_ENVIRONMENT = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-# `python -m bulkrelay`, and at exit the main thread's CPU time written where _THREAD_TIME_FILE says.
+# `python -m bulkrelay`, and at exit the main thread's CPU time and the process's own (without its
+# worker processes', which wait4 adds to it) written where BENCH_THREAD_TIME_FILE says.
 _MAIN_WITH_THREAD_TIME = """\
-import atexit, os, time
-atexit.register(lambda: open(os.environ["BENCH_THREAD_TIME_FILE"], "w").write(repr(time.thread_time())))
+import atexit, os, resource, time
+def _times():
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    text = repr((time.thread_time(), own.ru_utime + own.ru_stime))
+    open(os.environ["BENCH_THREAD_TIME_FILE"], "w").write(text)
+atexit.register(_times)
 from bulkrelay.cli.main import main
 main()
 """
 
 
 class RunMeasure(NamedTuple):
-    """One `bulkrelay run` process: wall seconds, peak RSS (KiB), CPU seconds (every thread's, the main
-    thread's, the target's meanwhile), its envelope."""
+    """One `bulkrelay run` process: wall seconds, peak RSS (KiB), CPU seconds (every thread's, its
+    worker processes' too; the main thread's; the target's meanwhile), its envelope, and the CPU
+    seconds of the process itself (without its workers')."""
 
     elapsed: float
     peak_kib: int
@@ -265,6 +276,7 @@ class RunMeasure(NamedTuple):
     main_thread: float
     target: float
     envelope: dict[str, object]
+    own_cpu: float
 
 
 def _bulkrelay_run(job: Path, runs_dir: Path) -> RunMeasure:
@@ -295,10 +307,11 @@ def _bulkrelay_run(job: Path, runs_dir: Path) -> RunMeasure:
         envelope = orjson.loads(out.read())
     if proc.returncode != 0:
         raise RuntimeError(f"bulkrelay run exited {proc.returncode}: {envelope.get('error')}")
-    main_thread = float(thread_file.read_text())
+    main_thread, own_cpu = eval(thread_file.read_text())
     thread_file.unlink()
     target = _target_cpu() - target
-    return RunMeasure(elapsed, int(usage.ru_maxrss), _process_cpu(usage), main_thread, target, envelope)
+    cpu = _process_cpu(usage)
+    return RunMeasure(elapsed, int(usage.ru_maxrss), cpu, main_thread, target, envelope, own_cpu)
 
 
 # ----------------------------------------------------------------------------- (c) GNU parallel + curl
@@ -368,20 +381,24 @@ def _parallel_curl(workdir: Path, url: str, rows: int, concurrency: int) -> str:
 
 
 def _measure_run(  # noqa: PLR0917
-    workdir: Path, url: str, path: Path, concurrency: int, repeats: int, first: int = 0
+    workdir: Path, url: str, path: Path, concurrency: int, repeats: int, first: int = 0, workers: str = "1"
 ) -> float:
     rows = _count_rows(path)
-    job = _write_job(workdir, url, path.name, concurrency)
+    job = _write_job(workdir, url, path.name, concurrency, workers=workers)
     best = 0.0
     for attempt in range(first, first + repeats):
-        run = _bulkrelay_run(job, workdir / f"runs-{path.stem}-{attempt}")
+        run = _bulkrelay_run(job, workdir / f"runs-{path.stem}-{workers}-{attempt}")
         data = run.envelope["data"]
         assert isinstance(data, dict)
         engine_rate = data["summary"]["this_call"]["rows_per_second"]
+        split = ""
+        if workers != "1":  # the parent (journal, progress) and its workers, each a row
+            parent, children = run.own_cpu / rows * 1e6, (run.cpu - run.own_cpu) / rows * 1e6
+            split = f"; parent {parent:.1f} µs, workers {children:.1f} µs"
         print(
             f"    run {attempt + 1}: {rows / run.elapsed:10,.0f} rows/s whole process "
             f"({run.elapsed:.2f} s; engine alone {engine_rate:,.0f} rows/s; "
-            f"{_cpu_text(run.cpu, run.main_thread, rows, run.target)})"
+            f"{_cpu_text(run.cpu, run.main_thread, rows, run.target)}{split})"
         )
         best = max(best, rows / run.elapsed)
     return best
@@ -401,12 +418,13 @@ def _compare(
     *,
     with_aiohttp: bool = True,
     ceiling: bool = False,
+    workers: bool = True,
 ) -> None:
-    """(a), (a'), (a1) and (b) over the same input file, best of `repeats` each; (a), (a1) and (b)
-    alternate, run by run, so that a change in the machine's load falls on each."""
+    """(a), (a'), (a1), (b) and (g) over the same input file, best of `repeats` each; (a), (a1), (b)
+    and (g) alternate, run by run, so that a change in the machine's load falls on each."""
     path = workdir / f"rows-{rows}.csv"
     _write_input(path, rows)
-    reqwest = relay = one_cpu = 0.0
+    reqwest = relay = one_cpu = every_core = 0.0
     for attempt in range(repeats):
         print(f"(a) naive pyreqwest loop (uvloop), {rows:,} POSTs, concurrency {concurrency}, no journal")
         reqwest = max(reqwest, _best_naive("pyreqwest", url, path, concurrency, 1))
@@ -415,11 +433,20 @@ def _compare(
             one_cpu = max(one_cpu, _best_naive("pyreqwest-one-cpu", url, path, concurrency, 1))
         print(f"(b) bulkrelay run, {rows:,} rows, concurrency {concurrency}, journal on disk")
         relay = max(relay, _measure_run(workdir, url, path, concurrency, 1, attempt))
+        if workers:
+            print(f"(g) bulkrelay run, execution.workers: auto, {rows:,} rows, concurrency {concurrency}")
+            every_core = max(every_core, _measure_run(workdir, url, path, concurrency, 1, attempt, "auto"))
     goal = 0.8 if rows >= 200_000 else 0.7
     summary = (
         f"==> {rows:,} rows, best of {repeats}: bulkrelay {relay:,.0f} rows/s; naive pyreqwest "
-        f"{reqwest:,.0f} rows/s: ratio {relay / reqwest:.2f} (issue 29: >= {goal})"
+        f"{reqwest:,.0f} rows/s: ratio {relay / reqwest:.2f} (issue 29: >= {goal}; issue 44: >= 0.75)"
     )
+    if workers:
+        goal = 0.95 if rows >= 200_000 else 0.8
+        summary += (
+            f"; workers: auto {every_core:,.0f} rows/s: ratio {every_core / reqwest:.2f} "
+            f"(issue 44: >= {goal}), {every_core / relay:.2f} x one worker"
+        )
     if ceiling:
         summary += (
             f"; on one CPU {one_cpu:,.0f} rows/s: bulkrelay / one CPU {relay / one_cpu:.2f}, "
@@ -630,6 +657,7 @@ def main() -> None:
     parser.add_argument("--batch-items", type=int, default=100, help="rows a request in (f)")
     parser.add_argument("--only-batch", action="store_true", help="only (f), the batched run")
     parser.add_argument("--no-aiohttp", action="store_true", help="skip (a'), the aiohttp loop")
+    parser.add_argument("--no-workers", action="store_true", help="skip (g), the run in worker processes")
     _latency_options(parser)
     parser.add_argument("--no-fixed-cost", action="store_true", help="skip (e), the one-row run")
     parser.add_argument(
@@ -671,6 +699,7 @@ def main() -> None:
                     args.repeats,
                     with_aiohttp=not args.no_aiohttp,
                     ceiling=args.ceiling,
+                    workers=not args.no_workers,
                 )
             if args.parallel_rows > 0:
                 print(f"(c) GNU parallel + curl --joblog, {args.parallel_rows:,} rows, -j {args.concurrency}")

@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from bulkrelay.job.preflight import Preflight, PreflightFacts
 from bulkrelay.job.records import Record
 from bulkrelay.ops.lookups import frozen_lookups
-from bulkrelay.ops.sharding import ShardSpec
+from bulkrelay.ops.sharding import WorkerShare
 from bulkrelay.ops.workerwire import Kind, json_frame, receive, results_frame
 from bulkrelay.private import no_core_dumps
 from bulkrelay.relay.affinity import relay_cpu
@@ -137,7 +138,7 @@ async def _work(sock: socket.socket) -> int:
     stop, stats = StopControl(), RelayStats()
     outbox = SocketOutbox(stream, stats)
     limiter = WorkerLimiter(_share_limiter(preflight, handoff.count), outbox.tell_pause)
-    owns = _owner(handoff, preflight)
+    owns = _owner(handoff, preflight, run)
     async with anyio.create_task_group() as talk:
         talk.start_soon(watch_signals, stop)
         talk.start_soon(_listen, incoming, stop, limiter)
@@ -180,11 +181,13 @@ def _share_limiter(preflight: Preflight, workers: int) -> Any:
     return open_limiter(config.model_copy(update={"execution": execution}), None)
 
 
-def _owner(handoff: WorkerHandoff, preflight: Preflight) -> Any:
-    spec, key_field = ShardSpec(handoff.index, handoff.count), preflight.job.config.input.key
+def _owner(handoff: WorkerHandoff, preflight: Preflight, run: RunDir) -> Callable[[Record], bool]:
+    """Whether a row is this worker's: its share of the run's rows (of its shard's, with `--shard`)."""
+    shards = 1 if run.plan.shard is None else run.plan.shard.count
+    share, key_field = WorkerShare(handoff.index, handoff.count, shards), preflight.job.config.input.key
 
     def owns(record: Record) -> bool:
-        return spec.owns(record, key_field)
+        return share.owns(record, key_field)
 
     return owns
 

@@ -42,9 +42,29 @@ class ShardSpec:
 
 def shard_of_key(value: Any, count: int) -> int:
     """The shard of a key value; a key is compared as text, as the duplicate check compares it."""
+    return key_hash(value) % count
+
+
+def key_hash(value: Any) -> int:
+    """A key value's 64-bit hash, whose remainder by N is its shard of N."""
     text = "" if value is None else value if type(value) is str else str(value)
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % count
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerShare:
+    """The rows worker `index` of `count` sends (`execution.workers`): of a shard `K` of `shards`, whose
+    rows all hash to K modulo `shards`, the next digits of the same hash (`hash // shards` modulo
+    `count`), so that shards and workers compose as one finer split (`hash mod shards x count` is
+    `K + shards x index`) and every worker of every shard has rows. Unsharded, `shards` is 1."""
+
+    index: int
+    count: int
+    shards: int = 1
+
+    def owns(self, record: Record, key_field: str | None) -> bool:
+        spread = record.row_number - 1 if key_field is None else key_hash(record.fields.get(key_field))
+        return (spread // self.shards) % self.count == self.index
 
 
 def parse_shard(text: str, source: str = "--shard") -> ShardSpec:

@@ -8,7 +8,7 @@ import pytest
 
 from bulkrelay.errors import UsageError
 from bulkrelay.job.records import Record
-from bulkrelay.ops.sharding import ShardSpec, parse_shard, resolve_shard, shard_of_key
+from bulkrelay.ops.sharding import ShardSpec, WorkerShare, parse_shard, resolve_shard, shard_of_key
 
 
 def _record(row: int, key: object) -> Record:
@@ -83,3 +83,21 @@ def test_a_shard_spec_that_int_refuses_or_reads_otherwise_is_a_usage_error(text:
         resolve_shard(None, None, {"BULKRELAY_SHARD": text})
     with pytest.raises(UsageError, match="--shard"):
         resolve_shard(text, None, {})
+
+
+@pytest.mark.parametrize("key_field", ["id", None])
+@pytest.mark.parametrize(("shards", "workers"), [(1, 4), (2, 2), (3, 2), (4, 3)])
+def test_the_workers_of_a_shard_split_its_rows_between_them_all(
+    key_field: str | None, shards: int, workers: int
+) -> None:
+    records = [Record(n, n + 1, {"id": f"k{n * 7}"}) for n in range(1, 4001)]
+    for index in range(shards):
+        shard = ShardSpec(index, shards)
+        rows = [record for record in records if shard.owns(record, key_field)]
+        shares = [
+            {r.row_number for r in rows if WorkerShare(i, workers, shards).owns(r, key_field)}
+            for i in range(workers)
+        ]
+        assert sum(len(share) for share in shares) == len(rows)  # each row one worker's
+        assert set().union(*shares) == {r.row_number for r in rows}
+        assert min(len(share) for share in shares) > len(rows) / workers / 2  # every worker has rows
