@@ -1,0 +1,138 @@
+"""A run in worker processes beside the rest of BulkRelay, with real processes: a delta night, `--shard`
+with workers, a lookup of another job's results, the results sink and the metrics file. Each is what
+one process would have done, row for row."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from bulkrelay.errors import ExitCode
+from bulkrelay.store.journal import read_journal
+from tests.clirun import run_cli
+from tests.jobfiles import make_rows, write_csv, write_job
+from tests.runfiles import metric, read_metrics
+from tests.runsteps import assert_each_row_once, sent_ids
+from tests.targetproc import TargetProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan({"dedup": True})]  # real processes
+
+ROWS = 400
+KEYED: dict[str, Any] = {
+    "input": {"key": "id"},
+    "request": {"idempotency_key": {"header": "Idempotency-Key"}},
+}
+
+
+def _run(tmp_path: Path, job: Path, *extra: str) -> Any:
+    result = run_cli("run", job, "--budget", "0", *extra, cwd=tmp_path)
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    return result
+
+
+def test_a_delta_night_in_workers_sends_exactly_the_changed_rows(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(tmp_path, target.url, ROWS, **KEYED, execution={"sync": "delta", "workers": 3})
+    _run(tmp_path, job)
+    assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+    target.reset()
+    rows = make_rows(ROWS)
+    changed = (3, 77, 201, 399)
+    for n in changed:
+        rows[n - 1]["email"] = f"changed{n}@example.com"
+    write_csv(tmp_path / "data.csv", rows)
+
+    second = _run(tmp_path, job)
+
+    assert sent_ids(target) == Counter({str(n): 1 for n in changed})
+    assert second.data["summary"]["skipped_unchanged"] == ROWS - len(changed)
+    verify = run_cli("sync-state", "verify", job, cwd=tmp_path)
+    assert verify.exit_code == ExitCode.SUCCESS, verify.envelope
+
+
+def test_shards_with_workers_send_every_row_once_between_them(tmp_path: Path, target: TargetProcess) -> None:
+    job = write_job(tmp_path, target.url, ROWS, **KEYED, execution={"workers": 2, "concurrency": 4})
+    runs = []
+    for shard in ("0/2", "1/2"):
+        result = _run(tmp_path, job, "--shard", shard, "--runs-dir", str(tmp_path / f"runs-{shard[0]}"))
+        run_dir = Path(result.data["run_dir"])
+        logs = [path.read_bytes() for path in (run_dir / "workers").iterdir()]
+        assert len(logs) == 2 and logs == [b"", b""]
+        runs.append(run_dir)
+
+    assert sent_ids(target) == Counter({str(n): 1 for n in range(1, ROWS + 1)})
+    journaled = sorted(e.row_number for run in runs for e in read_journal(run / "results.jsonl"))
+    assert journaled == list(range(1, ROWS + 1))
+
+
+def test_a_lookup_of_another_jobs_results_reaches_every_worker(tmp_path: Path, target: TargetProcess) -> None:
+    accounts = write_job(
+        tmp_path,
+        target.url,
+        30,
+        job_name="accounts.yaml",
+        input_name="accounts.csv",
+        name="accounts",
+        input={"file": "accounts.csv", "key": "id"},
+        response={"capture": {"id": "/id"}},
+    )
+    parent = _run(tmp_path, accounts)
+    ids = {str(e.key): e.captured["id"] for e in read_journal(Path(parent.data["run_dir"]) / "results.jsonl")}
+    write_csv(tmp_path / "contacts.csv", [{"id": f"c{n}", "account": str(n % 30 + 1)} for n in range(1, 121)])
+    contacts = tmp_path / "contacts.yaml"
+    lookup = {"lookup": "account_ids", "key": {"from": "account"}}
+    contacts.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "name": "contacts",
+                "input": {"file": "contacts.csv", "key": "id"},
+                "lookups": {"account_ids": {"results_of": "accounts", "value": "/captured/id"}},
+                "request": {
+                    "method": "POST",
+                    "url": f"{target.url}/contacts/{{id}}",
+                    "json": {"accountId": lookup},
+                },
+                "execution": {"concurrency": 4, "workers": 2},
+            }
+        )
+    )
+    target.reset()
+
+    _run(tmp_path, contacts)
+
+    sent = {
+        r["path"].rsplit("/", 1)[-1]: orjson.loads(r["body"])["accountId"]
+        for r in target.requests()
+        if r["path"].startswith("/contacts/")
+    }
+    assert sent == {f"c{n}": ids[str(n % 30 + 1)] for n in range(1, 121)}
+
+
+def test_the_results_sink_and_the_metrics_file_count_every_workers_rows(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = write_job(
+        tmp_path,
+        target.url,
+        ROWS,
+        **KEYED,
+        results={"to": "sqlite:///results.db"},
+        execution={"workers": 3, "concurrency": 6},
+    )
+
+    result = _run(tmp_path, job, "--metrics-file", str(tmp_path / "run.prom"))
+
+    assert_each_row_once(result.data["run_dir"], ROWS)
+    with sqlite3.connect(tmp_path / "results.db") as db:
+        assert db.execute("SELECT count(*) FROM bulkrelay_results").fetchone() == (ROWS,)
+    samples = read_metrics(tmp_path / "run.prom")
+    assert metric(samples, "bulkrelay_rows", outcome="succeeded") == ROWS
+    assert metric(samples, "bulkrelay_requests_total", status_class="2xx") == ROWS  # the workers sent them
