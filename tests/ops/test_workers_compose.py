@@ -84,7 +84,8 @@ def test_a_lookup_of_another_jobs_results_reaches_every_worker(tmp_path: Path, t
         response={"capture": {"id": "/id"}},
     )
     parent = _run(tmp_path, accounts)
-    ids = {str(e.key): e.captured["id"] for e in read_journal(Path(parent.data["run_dir"]) / "results.jsonl")}
+    entries = read_journal(Path(parent.data["run_dir"]) / "results.jsonl")
+    ids = {str(e.key): e.captured["id"] for e in entries if e.captured is not None}
     write_csv(tmp_path / "contacts.csv", [{"id": f"c{n}", "account": str(n % 30 + 1)} for n in range(1, 121)])
     contacts = tmp_path / "contacts.yaml"
     lookup = {"lookup": "account_ids", "key": {"from": "account"}}
