@@ -156,3 +156,16 @@ def test_the_workers_flag_overrides_the_job_and_a_background_job_keeps_it(
     run_dir = Path(done.data["run_dir"])
     assert sorted(path.name for path in (run_dir / "workers").iterdir()) == ["worker-0.log", "worker-1.log"]
     assert_each_row_once(run_dir, 200)
+
+
+@pytest.mark.target_plan({"dedup": True})
+def test_the_rate_limit_is_the_whole_runs_across_its_workers(tmp_path: Path, target: TargetProcess) -> None:
+    job = _job(tmp_path, target.url, 120, 3, rate_limit={"requests_per_second": 30})
+
+    result = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    # Three workers at 10 a second each: the run's 30, never three times it. Arrivals are starts plus
+    # a loopback trip, so a start at a second's end can land in the next (as tests/ops/test_liveruns.py).
+    assert target.stats()["max_arrivals_in_any_second"] <= 30 + 2
+    assert result.data["summary"]["this_call"]["elapsed_seconds"] >= 3.0  # 120 rows at 30 a second
