@@ -10,7 +10,7 @@ user's would be): run, stop midway, resume, and what the journal and the target 
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +89,32 @@ def rewrite_job(job: Path, **changes: Any) -> None:
         else:
             data[section] = value
     job.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+# Answers take 1-6 ms depending on the row, so kills land with requests in flight at the target; the
+# target keeps idempotency keys, so a row sent again after a kill takes effect once.
+KILL_LOOP_TARGET: dict[str, Any] = {
+    "dedup": True,
+    "rules": [
+        {"match": {"body_contains": "3@"}, "delay_ms": 6},
+        {"match": {"body_contains": "7@"}, "delay_ms": 3},
+        {"delay_ms": 1},
+    ],
+}
+
+
+def assert_each_row_took_effect_once(
+    target_saw: tuple[list[dict[str, Any]], dict[str, Any]], journal: Path, rows: int
+) -> None:
+    """Every row reached the target (`target_saw`: its requests and stats) under one idempotency key,
+    the key its journal line holds, and took effect once, however often it was sent."""
+    requests, stats = target_saw
+    keys_by_row: dict[str, set[str]] = defaultdict(set)
+    for request in requests:
+        keys_by_row[request["path"].rsplit("/", 1)[-1]].add(request["idempotency_key"])
+    assert set(keys_by_row) == {str(n) for n in range(1, rows + 1)}
+    assert all(len(keys) == 1 for keys in keys_by_row.values())
+    journal_keys = {str(e.row_number): e.idempotency_key for e in read_journal(journal)}
+    assert journal_keys == {row: next(iter(keys)) for row, keys in keys_by_row.items()}
+    assert stats["effects"] == rows
+    assert stats["requests"] == rows + stats["duplicates"]

@@ -109,3 +109,12 @@ def kill_9_loop(cwd: Path, job: Path, kills: int, rng: random.Random) -> None:
         proc.wait()
         checkpoint = read_checkpoint(run_dir)
         frontier = checkpoint.offset if checkpoint is not None else 0
+
+
+def committed_prefix(run_dir: Path) -> bytes:
+    """The journal up to the checkpoint's frontier."""
+    checkpoint = read_checkpoint(run_dir)
+    if checkpoint is None:
+        return b""
+    with (run_dir / "results.jsonl").open("rb") as journal:
+        return journal.read(checkpoint.offset)

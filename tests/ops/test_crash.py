@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -25,41 +24,30 @@ from bulkrelay.relay.engine import StartPoint
 from bulkrelay.relay.progress import NullReporter
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.faultystorage import FaultyStorage
-from bulkrelay.store.journal import decode_line, is_commit_marker, read_journal, scan_journal
+from bulkrelay.store.journal import decode_line, is_commit_marker, scan_journal
 from bulkrelay.store.rundir import RunDir
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
-from tests.runsteps import assert_each_row_once, resume, sent_ids, stop_midway
-from tests.spawnedruns import run_held_by, spawn_run, wait_for_frontier_past
+from tests.runsteps import (
+    KILL_LOOP_TARGET,
+    assert_each_row_once,
+    assert_each_row_took_effect_once,
+    resume,
+    sent_ids,
+    stop_midway,
+)
+from tests.spawnedruns import committed_prefix, run_held_by, spawn_run, wait_for_frontier_past
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 CRASH_ROWS = 3000
 KILLS = 24
-# Answers take 1-6 ms depending on the row, so kills land with requests in flight at the target.
-DEDUP_TARGET = {
-    "dedup": True,
-    "rules": [
-        {"match": {"body_contains": "3@"}, "delay_ms": 6},
-        {"match": {"body_contains": "7@"}, "delay_ms": 3},
-        {"delay_ms": 1},
-    ],
-}
 CRASH_JOB: dict[str, Any] = {
     "input": {"key": "id"},
     "request": {"idempotency_key": {"header": "Idempotency-Key"}},
     "execution": {"concurrency": 8, "rate_limit": {"requests_per_second": 250}},
 }
-
-
-def _committed_prefix(run_dir: Path) -> bytes:
-    """The journal up to the checkpoint's frontier."""
-    checkpoint = read_checkpoint(run_dir)
-    if checkpoint is None:
-        return b""
-    with (run_dir / "results.jsonl").open("rb") as journal:
-        return journal.read(checkpoint.offset)
 
 
 def _valid_prefix(run_dir: Path) -> bytes:
@@ -87,7 +75,7 @@ def test_kill_9_loop_loses_nothing_committed_and_every_row_takes_effect_once(tmp
     runs_root = tmp_path / ".bulkrelay" / "runs"
     snapshots: list[tuple[Path, bytes]] = []  # each kill's committed journal prefix
     frontier = 0  # the checkpoint's offset at the last kill
-    with TargetProcess(DEDUP_TARGET) as target:
+    with TargetProcess(KILL_LOOP_TARGET) as target:
         job = write_job(tmp_path, target.url, rows=CRASH_ROWS, **CRASH_JOB)
         for kill in range(KILLS):
             proc = spawn_run(tmp_path, job)
@@ -104,7 +92,7 @@ def test_kill_9_loop_loses_nothing_committed_and_every_row_takes_effect_once(tmp
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             if run_dir is not None:
-                snapshots.append((run_dir, _committed_prefix(run_dir)))
+                snapshots.append((run_dir, committed_prefix(run_dir)))
                 snapshots.append((run_dir, _valid_prefix(run_dir)))
                 frontier = len(snapshots[-2][1])
 
@@ -120,15 +108,7 @@ def test_kill_9_loop_loses_nothing_committed_and_every_row_takes_effect_once(tmp
         journal = other.parent / "results.jsonl"
         assert other.parent == run_dir or journal.stat().st_size == 0  # leaves its journal empty
     # Delivery: every row reached the target; each row's key never changed; each took effect once.
-    keys_by_row: dict[str, set[str]] = defaultdict(set)
-    for request in requests:
-        keys_by_row[request["path"].rsplit("/", 1)[-1]].add(request["idempotency_key"])
-    assert set(keys_by_row) == {str(n) for n in range(1, CRASH_ROWS + 1)}
-    assert all(len(keys) == 1 for keys in keys_by_row.values())
-    journal_keys = {str(e.row_number): e.idempotency_key for e in read_journal(run_dir / "results.jsonl")}
-    assert journal_keys == {row: next(iter(keys)) for row, keys in keys_by_row.items()}
-    assert stats["effects"] == CRASH_ROWS
-    assert stats["requests"] == CRASH_ROWS + stats["duplicates"]
+    assert_each_row_took_effect_once((requests, stats), run_dir / "results.jsonl", CRASH_ROWS)
 
 
 def _assert_journal_whole(run_dir: Path) -> None:

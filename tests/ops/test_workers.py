@@ -5,6 +5,7 @@ that stops the others, and a worker killed that ends the run resumable."""
 from __future__ import annotations
 
 import signal
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,21 @@ def _job(tmp_path: Path, url: str, rows: int, workers: int, **execution: Any) ->
 def _committed_rows(job: Path) -> int:
     journals = list((job.parent / "runs").glob("2*/results.jsonl"))
     return 0 if not journals else sum(1 for _ in read_journal(journals[0]))
+
+
+def _relaying(job: Path, workers: int) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """`job` run in a process of its own, once its workers have committed rows: it and their pids."""
+    proc = start_run(job)
+    pids = wait_for_workers(proc, workers)
+    wait_for(lambda: _committed_rows(job) >= 50, "the first committed rows")
+    return proc, pids
+
+
+def _resumed_to_the_end(tmp_path: Path, run_dir: str | Path, target: TargetProcess) -> None:
+    done = resume(tmp_path, run_dir)
+    assert done.exit_code == ExitCode.SUCCESS, done.envelope
+    assert_each_row_once(run_dir, 3000)
+    assert target.stats()["effects"] == 3000
 
 
 @pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 1}]})
@@ -81,10 +97,7 @@ def test_a_halt_in_one_worker_stops_every_worker_and_the_run_resumes(
 def test_sigterm_to_the_parent_stops_every_worker_at_a_safe_point(
     tmp_path: Path, target: TargetProcess
 ) -> None:
-    job = _job(tmp_path, target.url, 3000, 2)
-    proc = start_run(job)
-    workers = wait_for_workers(proc, 2)
-    wait_for(lambda: _committed_rows(job) >= 50, "the first committed rows")
+    proc, workers = _relaying(_job(tmp_path, target.url, 3000, 2), 2)
 
     proc.send_signal(signal.SIGTERM)
     stopped = finish(proc)
@@ -92,21 +105,14 @@ def test_sigterm_to_the_parent_stops_every_worker_at_a_safe_point(
     assert stopped.exit_code == ExitCode.SIGTERM, stopped.envelope
     assert stopped.error_code == "TERMINATED"
     wait_until_gone(workers)
-    run_dir = stopped.data["run_dir"]
-    done = resume(tmp_path, run_dir)
-    assert done.exit_code == ExitCode.SUCCESS, done.envelope
-    assert_each_row_once(run_dir, 3000)
-    assert target.stats()["effects"] == 3000
+    _resumed_to_the_end(tmp_path, stopped.data["run_dir"], target)
 
 
 @pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 20}]})
 def test_a_worker_killed_ends_the_run_worker_lost_and_resume_finishes_it(
     tmp_path: Path, target: TargetProcess
 ) -> None:
-    job = _job(tmp_path, target.url, 3000, 3)
-    proc = start_run(job)
-    workers = wait_for_workers(proc, 3)
-    wait_for(lambda: _committed_rows(job) >= 50, "the first committed rows")
+    proc, workers = _relaying(_job(tmp_path, target.url, 3000, 3), 3)
 
     kill_9(workers[1])
     lost = finish(proc)
@@ -118,29 +124,19 @@ def test_a_worker_killed_ends_the_run_worker_lost_and_resume_finishes_it(
         "bulkrelay resume"
     )
     wait_until_gone(workers)  # the other workers stopped too
-    run_dir = lost.data["run_dir"]
-    done = resume(tmp_path, run_dir)
-    assert done.exit_code == ExitCode.SUCCESS, done.envelope
-    assert_each_row_once(run_dir, 3000)
-    assert target.stats()["effects"] == 3000
+    _resumed_to_the_end(tmp_path, lost.data["run_dir"], target)
 
 
 @pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 20}]})
 def test_a_parent_killed_takes_its_workers_with_it(tmp_path: Path, target: TargetProcess) -> None:
     job = _job(tmp_path, target.url, 3000, 2)
-    proc = start_run(job)
-    workers = wait_for_workers(proc, 2)
-    wait_for(lambda: _committed_rows(job) >= 50, "the first committed rows")
+    proc, workers = _relaying(job, 2)
 
     kill_9(proc.pid)
     proc.communicate()  # its pipes closed
 
     wait_until_gone(workers)
-    run_dir = next((job.parent / "runs").glob("2*"))
-    done = resume(tmp_path, run_dir)
-    assert done.exit_code == ExitCode.SUCCESS, done.envelope
-    assert_each_row_once(run_dir, 3000)
-    assert target.stats()["effects"] == 3000
+    _resumed_to_the_end(tmp_path, next((job.parent / "runs").glob("2*")), target)
 
 
 @pytest.mark.target_plan({"dedup": True})

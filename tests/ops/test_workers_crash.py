@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import random
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from bulkrelay.errors import ExitCode
-from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.journal import read_journal, scan_journal
+from bulkrelay.store.journal import scan_journal
 from tests.clirun import run_cli
 from tests.jobfiles import write_job
-from tests.runsteps import assert_each_row_once
-from tests.spawnedruns import run_held_by, spawn_run, wait_for_frontier_past
+from tests.runsteps import KILL_LOOP_TARGET, assert_each_row_once, assert_each_row_took_effect_once
+from tests.spawnedruns import committed_prefix, run_held_by, spawn_run, wait_for_frontier_past
 from tests.targetproc import TargetProcess
 from tests.workerprocs import kill_9, wait_for_workers, wait_until_gone
 
@@ -26,15 +24,6 @@ pytestmark = pytest.mark.slow  # real processes: outside the fast lane
 ROWS = 6000
 WORKERS = 4
 KILLS = 20
-# Answers take 1-6 ms depending on the row, so kills land with requests in flight at the target.
-DEDUP_TARGET = {
-    "dedup": True,
-    "rules": [
-        {"match": {"body_contains": "3@"}, "delay_ms": 6},
-        {"match": {"body_contains": "7@"}, "delay_ms": 3},
-        {"delay_ms": 1},
-    ],
-}
 
 
 def test_kill_9_of_the_parent_or_any_worker_keeps_every_row_once(tmp_path: Path) -> None:
@@ -42,7 +31,7 @@ def test_kill_9_of_the_parent_or_any_worker_keeps_every_row_once(tmp_path: Path)
     runs_root = tmp_path / ".bulkrelay" / "runs"
     prefixes: list[tuple[Path, bytes]] = []  # each kill's committed journal prefix
     frontier = 0
-    with TargetProcess(DEDUP_TARGET) as target:
+    with TargetProcess(KILL_LOOP_TARGET) as target:
         job = write_job(
             tmp_path,
             target.url,
@@ -70,7 +59,7 @@ def test_kill_9_of_the_parent_or_any_worker_keeps_every_row_once(tmp_path: Path)
                 kill_9(rng.choice(workers))
                 assert proc.wait() == ExitCode.GENERAL_ERROR  # WORKER_LOST: the others stopped
             wait_until_gone(workers)  # a parent killed takes its workers with it
-            prefixes.append((run_dir, _committed_prefix(run_dir)))
+            prefixes.append((run_dir, committed_prefix(run_dir)))
             frontier = len(prefixes[-1][1])
 
         final = run_cli("run", job, "--budget", "0", cwd=tmp_path, timeout=120)
@@ -86,21 +75,4 @@ def test_kill_9_of_the_parent_or_any_worker_keeps_every_row_once(tmp_path: Path)
     final_bytes = journal.read_bytes()
     assert all(final_bytes.startswith(prefix) for where, prefix in prefixes if where == run_dir)
     # Delivery: every row reached the target under one key, and each took effect once.
-    keys_by_row: dict[str, set[str]] = defaultdict(set)
-    for request in requests:
-        keys_by_row[request["path"].rsplit("/", 1)[-1]].add(request["idempotency_key"])
-    assert set(keys_by_row) == {str(n) for n in range(1, ROWS + 1)}
-    assert all(len(keys) == 1 for keys in keys_by_row.values())
-    journal_keys = {str(entry.row_number): entry.idempotency_key for entry in read_journal(journal)}
-    assert journal_keys == {row: next(iter(keys)) for row, keys in keys_by_row.items()}
-    assert stats["effects"] == ROWS
-    assert stats["requests"] == ROWS + stats["duplicates"]
-
-
-def _committed_prefix(run_dir: Path) -> bytes:
-    """The journal up to the checkpoint's frontier."""
-    checkpoint = read_checkpoint(run_dir)
-    if checkpoint is None:
-        return b""
-    with (run_dir / "results.jsonl").open("rb") as journal:
-        return journal.read(checkpoint.offset)
+    assert_each_row_took_effect_once((requests, stats), journal, ROWS)
