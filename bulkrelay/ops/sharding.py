@@ -53,17 +53,22 @@ def key_hash(value: Any) -> int:
 
 @dataclass(frozen=True, slots=True)
 class WorkerShare:
-    """The rows worker `index` of `count` sends (`execution.workers`): of a shard `K` of `shards`, whose
+    """The rows worker `index` of `count` sends (`execution.workers`). Of a shard `K` of `shards`, whose
     rows all hash to K modulo `shards`, the next digits of the same hash (`hash // shards` modulo
     `count`), so that shards and workers compose as one finer split (`hash mod shards x count` is
-    `K + shards x index`) and every worker of every shard has rows. Unsharded, `shards` is 1."""
+    `K + shards x index`) and every worker of every shard has rows. Unsharded, the row number modulo
+    `count`: as even, and no hash a row. A row need not keep its worker from one call to the next
+    (the run has one journal), so the split may differ between them."""
 
     index: int
     count: int
     shards: int = 1
 
     def owns(self, record: Record, key_field: str | None) -> bool:
-        spread = record.row_number - 1 if key_field is None else key_hash(record.fields.get(key_field))
+        if self.shards == 1 or key_field is None:
+            spread = record.row_number - 1
+        else:
+            spread = key_hash(record.fields.get(key_field))
         return (spread // self.shards) % self.count == self.index
 
 
