@@ -15,11 +15,16 @@ import yaml
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.journal import read_journal
+from tests.background.jobcli import cli, worker_pid
 from tests.clirun import run_cli
 from tests.jobfiles import make_rows, write_csv, write_job
 from tests.runfiles import metric, read_metrics
 from tests.runsteps import assert_each_row_once, sent_ids
+from tests.taggedjobs import tag_rule
+from tests.taggedjobs import write_job as tagged_job
 from tests.targetproc import TargetProcess
+from tests.waiting import HANG_BUDGET, HANG_S, wait_for
+from tests.workerprocs import wait_until_gone, workers_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.target_plan({"dedup": True})]  # real processes
 
@@ -137,3 +142,55 @@ def test_the_results_sink_and_the_metrics_file_count_every_workers_rows(
     samples = read_metrics(tmp_path / "run.prom")
     assert metric(samples, "bulkrelay_rows", outcome="succeeded") == ROWS
     assert metric(samples, "bulkrelay_requests_total", status_class="2xx") == ROWS  # the workers sent them
+
+
+def test_retry_failed_in_workers_sends_only_the_failed_rows_and_export_reads_the_one_journal(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    bad = {n: "bad" for n in (5, 50, 150, 151, 390)}
+    job = tagged_job(tmp_path, target.url, ROWS, tags=bad, execution={"workers": 2, "concurrency": 4})
+    target.set_plan({"rules": [tag_rule("bad", status=422)]})
+    first = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+    assert first.exit_code == ExitCode.PARTIAL_FAILURE, first.envelope
+    failed = tmp_path / "failed.csv"
+    exported = run_cli("export", first.data["run_dir"], "--failed", "-o", str(failed), cwd=tmp_path)
+    assert exported.exit_code == ExitCode.SUCCESS, exported.envelope
+    assert [line.split(",")[0] for line in failed.read_text().splitlines()[1:]] == [
+        str(n) for n in sorted(bad)
+    ]
+    target.set_plan({})
+    target.reset()
+
+    retried = run_cli("retry-failed", first.data["run_dir"], "--budget", "0", "--workers", "2", cwd=tmp_path)
+
+    assert retried.exit_code == ExitCode.SUCCESS, retried.envelope
+    assert sorted(int(orjson.loads(r["body"])["id"]) for r in target.requests()) == sorted(bad)
+    assert len(list((Path(retried.data["run_dir"]) / "workers").iterdir())) == 2
+
+
+@pytest.mark.target_plan({"rules": [tag_rule("slow", delay_ms=3000)]})
+def test_job_cancel_of_a_background_run_in_workers_stops_them_all_with_every_effect_journaled(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = tagged_job(
+        tmp_path,
+        target.url,
+        40,
+        tags={n: "slow" for n in range(5, 41)},
+        execution={"workers": 2, "concurrency": 4, "timeout": {"read_seconds": HANG_S}},
+    )
+    started = cli(tmp_path, "run", job, "--budget", "500ms")
+    assert started.exit_code == ExitCode.INCOMPLETE, started.envelope
+    job_id = started.data["job_id"]
+    wait_for(lambda: target.stats()["requests"] >= 8, "four rows in flight")
+    relays = workers_of(worker_pid(tmp_path, job_id))
+    assert len(relays) == 2
+
+    cancel = cli(tmp_path, "job", "cancel", job_id, "--budget", HANG_BUDGET)
+
+    assert (cancel.data["state"], cancel.data["run_state"]) == ("cancelled", "cancelled"), cancel.envelope
+    wait_until_gone(relays)
+    rows = list(read_journal(Path(cancel.data["run_dir"]) / "results.jsonl"))
+    stats = target.stats()
+    assert stats["effects"] == stats["requests"] == len(rows)  # every effect has its journal line
+    assert all(row.success for row in rows) and 8 <= len(rows) < 40
