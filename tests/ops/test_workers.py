@@ -4,6 +4,7 @@ that stops the others, and a worker killed that ends the run resumable."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from collections import Counter
@@ -94,16 +95,24 @@ def test_a_halt_in_one_worker_stops_every_worker_and_the_run_resumes(
 
 
 @pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 20}]})
-def test_sigterm_to_the_parent_stops_every_worker_at_a_safe_point(
-    tmp_path: Path, target: TargetProcess
+@pytest.mark.parametrize(
+    ("signum", "to_all", "ending"),
+    [
+        (signal.SIGTERM, False, (ExitCode.SIGTERM, "TERMINATED")),  # `kill PID`, a scheduler's stop
+        (signal.SIGINT, True, (ExitCode.SIGINT, "INTERRUPTED")),  # Ctrl+C: a terminal signals the group
+    ],
+    ids=["sigterm-to-the-parent", "sigint-to-every-process"],
+)
+def test_a_signal_stops_every_worker_at_a_safe_point(
+    tmp_path: Path, target: TargetProcess, signum: int, to_all: bool, code: ExitCode, name: str
 ) -> None:
     proc, workers = _relaying(_job(tmp_path, target.url, 3000, 2), 2)
 
-    proc.send_signal(signal.SIGTERM)
+    for pid in [proc.pid, *(workers if to_all else [])]:
+        os.kill(pid, signum)
     stopped = finish(proc)
 
-    assert stopped.exit_code == ExitCode.SIGTERM, stopped.envelope
-    assert stopped.error_code == "TERMINATED"
+    assert (stopped.exit_code, stopped.error_code) == ending, stopped.envelope
     wait_until_gone(workers)
     _resumed_to_the_end(tmp_path, stopped.data["run_dir"], target)
 
