@@ -104,7 +104,7 @@ def test_a_halt_in_one_worker_stops_every_worker_and_the_run_resumes(
     ids=["sigterm-to-the-parent", "sigint-to-every-process"],
 )
 def test_a_signal_stops_every_worker_at_a_safe_point(
-    tmp_path: Path, target: TargetProcess, signum: int, to_all: bool, code: ExitCode, name: str
+    tmp_path: Path, target: TargetProcess, signum: int, to_all: bool, ending: tuple[ExitCode, str]
 ) -> None:
     proc, workers = _relaying(_job(tmp_path, target.url, 3000, 2), 2)
 
