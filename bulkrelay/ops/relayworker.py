@@ -1,11 +1,12 @@
 """One worker process of a run (`execution.workers`): `python -m bulkrelay.ops.relayworker FD PPID`.
 
 The parent (ops/workers.py) preflighted the input once and holds the run and its journal. Over the
-socket `FD` it hands this process its share: the rows whose key (else row number) hashes to its index,
-the split `--shard` makes. The worker compiles the job again, reads only its rows (every byte still
-checked against what preflight read), sends them through its share of the concurrency and the rate,
-and hands each final result back; it writes nothing to the run itself. It dies with its parent
-(PR_SET_PDEATHSIG), so no worker goes on sending after its run's process is gone.
+socket `FD` it hands this process what preflight found and which rows are pending; the worker's own
+are those `WorkerShare` gives it (ops/sharding.py). The worker compiles the job again without
+validating a row, reads the input through (every byte still checked against what preflight read),
+sends its own rows through its share of the concurrency and the rate, and hands each final result
+back; it writes nothing to the run itself. It dies with its parent (PR_SET_PDEATHSIG), so no worker
+goes on sending after its run's process is gone.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """One run in several worker processes (`execution.workers: N | auto`): the parent's side.
 
 The parent preflighted the input once, holds the run's lock and is the journal's only writer. It
-starts N workers (ops/relayworker.py), hands each its share of the pending rows (the `--shard` split
-of key hash, else row number) and journals their final results as they arrive, so every promise the
+starts N workers (ops/relayworker.py), hands each the pending rows, of which it sends its share
+(ops/sharding.py `WorkerShare`), and journals their final results as they arrive, so every promise the
 journal keeps for one process it keeps here: a result counts once it is committed, in one file, by
 one writer; the run's resume and every reader of the journal are those of any run. The parent is the
 run's one progress, checkpoint, summary, envelope and metrics file. It passes stops on to every worker
