@@ -298,7 +298,7 @@ def relay_locked(
     pin = preflight.job.config.execution.pin_cpu and pool is None  # with workers, each holds a CPU
     try:
         try:
-            spared = [] if sink is None else sink.threads()  # the sink's SQLite CPU is not the relay's
+            spared = [] if sink is None else sink.spared()  # the sink's feeder: not on the relay's CPU
             with relay_collections(), relay_cpu(pin, spared):
                 outcome = anyio.run(
                     partial(_relay_with_stops, pool=pool),

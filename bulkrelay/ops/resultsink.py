@@ -4,6 +4,7 @@ written as a `SINK_UNAVAILABLE` warning (the journal keeps every row; a later ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,6 @@ from bulkrelay.job.inputs.query import database_of
 from bulkrelay.job.template import SecretRef, compile_template, resolve_secrets
 from bulkrelay.store.journal import JournalEntry
 from bulkrelay.store.results import (
-    SinkFeeder,
     SinkTarget,
     SinkUnavailable,
     SinkWriter,
@@ -28,6 +28,7 @@ from bulkrelay.store.results import (
     sink_job_name,
 )
 from bulkrelay.store.rundir import RunDir
+from bulkrelay.store.sinkfeed import SinkFeeder
 
 
 def sink_target(job: Job, env: Mapping[str, str] | None = None) -> SinkTarget | None:
@@ -73,16 +74,16 @@ class RunSink:
         if self.feeder is not None:
             self.feeder.on_commit(entries, end_offset)
 
-    def threads(self) -> list[int]:
-        """The native ids of the threads that feed the sink: they work beside the relay, never on
-        its CPU (`relay_cpu`'s `spared`)."""
-        thread = None if self.feeder is None else self.feeder.thread_id
-        return [] if thread is None else [thread]
+    def spared(self) -> list[int]:
+        """The id of the process that feeds the sink: it works beside the relay, never on its CPU
+        (`relay_cpu`'s `spared`)."""
+        return [] if self.feeder is None else [self.feeder.pid]
 
 
 def open_sink(target: SinkTarget, run: RunDir) -> RunSink:
     """Catch the sink up from the journals of the job's runs (this one's, after a crash, included),
-    then start the live feed. A sink that cannot be written leaves the feed off, never the run."""
+    then start the live feed (its process, store/sinkfeed.py). A sink that cannot be written leaves
+    the feed off, never the run."""
     sink = RunSink(target, run)
     try:
         sink.writer = open_writer(target)
@@ -91,13 +92,15 @@ def open_sink(target: SinkTarget, run: RunDir) -> RunSink:
     except SinkUnavailable as exc:
         sink.problem = exc
         return sink
-    sink.feeder = SinkFeeder(sink.writer, target, run, fed_offset(run, target))
+    with contextlib.suppress(OSError):  # no process to feed it: the catch-up after the relay does
+        sink.feeder = SinkFeeder(target, run, fed_offset(run, target))
     return sink
 
 
 def close_sink(sink: RunSink) -> EnvelopeWarning | None:
-    """End the live feed, catch the sink up with whatever the feed missed, compact a file sink; a
-    `SINK_UNAVAILABLE` warning when the sink still lacks some of this run's rows."""
+    """End the live feed (its process feeds what the run committed, then exits), catch the sink up with
+    whatever the feed missed, compact a file sink; a `SINK_UNAVAILABLE` warning when the sink still
+    lacks some of this run's rows."""
     if sink.feeder is not None:
         sink.feeder.close()
         sink.problem = sink.feeder.problem

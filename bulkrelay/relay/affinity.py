@@ -18,10 +18,11 @@ ends, even by kill -9. When every CPU is held, the relay is not pinned (the sche
 where that directory cannot be used, it pins to its CPU unclaimed, as before claims. After the relay
 every thread gets its former set of CPUs back.
 
-A thread that works beside the relay without ever waiting on it or it on them (the results sink's,
-which spends a few µs of SQLite's CPU a row, outside the GIL) is `spared`: held to the process's other
-CPUs instead, so its work takes nothing from the relay's CPU (issue 39; pinned with it, the sink cost
-the relay its CPU time exactly). Where the process may run on one CPU only, or the
+A thread or a child process that works beside the relay without ever waiting on it or it on them (the
+results sink's feeder, which decodes the committed lines and upserts them: store/sinkfeed.py) is
+`spared`: held to the process's other CPUs instead, so its work takes nothing from the relay's CPU
+(issue 39; pinned with it, the sink cost the relay its CPU time exactly). A spared process keeps its
+CPUs after the relay: it ends with the run. Where the process may run on one CPU only, or the
 system refuses (a container without the right, a platform without `sched_setaffinity`), nothing
 changes.
 """
@@ -44,7 +45,7 @@ CLAIMS_DIR_ENV = "BULKRELAY_CPU_DIR"
 def relay_cpu(pin: bool, spared: Collection[int] = ()) -> Iterator[int | None]:
     """While relaying: with `pin`, every thread on one CPU no other relay holds (yielded): the one this
     thread runs on if it is free; else untouched (None yielded). The threads whose native ids are
-    `spared` run on the other CPUs this thread may use instead."""
+    `spared`, and the child processes whose ids are, run on the other CPUs this thread may use instead."""
     cpu = _current_cpu() if pin else None
     before = _masks() if cpu is not None else {}
     own = before.get(threading.get_native_id(), set())
@@ -150,10 +151,11 @@ def _masks() -> dict[int, set[int]]:
 
 
 def _set_all(masks: dict[int, set[int]], default: set[int]) -> bool:
-    """Every thread's CPUs: its own from `masks`, else `default`. False when the system refused any
-    (the others are set all the same: a restore gives back what it can)."""
+    """Every thread's CPUs, and those of the other processes `masks` names: its own from `masks`, else
+    `default`. False when the system refused any (the others are set all the same: a restore gives
+    back what it can)."""
     refused = False
-    for tid in _threads():
+    for tid in dict.fromkeys([*_threads(), *masks]):
         try:
             os.sched_setaffinity(tid, masks.get(tid, default))
         except ProcessLookupError:  # the thread ended meanwhile

@@ -1,9 +1,10 @@
 """The results sink (`results: {to, table}`): each row's latest outcome, upserted by (job, key).
 
-The journal is the source of truth; the sink lags it. A run feeds the sink from its committed groups
-(`SinkFeeder`, a thread of its own, one upsert a group, so the relay never waits on it), and before
-and after the relay the runs of the job catch the sink up from their journals (`catch_up`), starting
-where each run's `results-sink.json` says the sink got to. Writing a row twice changes nothing, and
+The journal is the source of truth; the sink lags it. While a run relays, a process of its own reads
+the run's committed groups back from the journal and upserts them (store/sinkfeed.py), so the relay
+never waits on the sink nor spends its CPU on it; before and after the relay the runs of the job catch
+the sink up from their journals (`catch_up`), starting where each run's `results-sink.json` says the
+sink got to. Both read the journal the same way (`upsert_groups`). Writing a row twice changes nothing, and
 an older outcome never overwrites a newer one (`updated_at`, the time its group was committed, is
 compared), so catching up in any order, or again, leaves the same table.
 
@@ -24,7 +25,6 @@ import io
 import os
 import re
 import sqlite3
-import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -44,9 +44,11 @@ from bulkrelay.store.journal import (
     decode_marker,
     is_commit_marker,
 )
+from bulkrelay.store.journal.jobrecords import is_job_record
 from bulkrelay.store.manifest import RunState
-from bulkrelay.store.rundir import RunDir, is_locked
+from bulkrelay.store.rundir import JOURNAL, RunDir, is_locked
 from bulkrelay.store.runs import runs_in
+from bulkrelay.store.storage import Storage
 
 COLUMNS = (
     "job",
@@ -66,9 +68,6 @@ DEFAULT_TABLE = "bulkrelay_results"
 TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?")
 LOCK_WAIT_SECONDS = 2.0  # how long a write waits for another writer of the same table before giving up
 _CHUNK_ROWS = 5000  # rows a catch-up upserts at once
-_PROGRESS_EVERY_SECONDS = 1.0
-_FEED_EVERY_SECONDS = 0.5  # a live feed's cadence: one transaction (one sync) for that many groups
-_MARKER_TAIL = 256  # bytes before a group's end that hold its commit marker (about 90 of them)
 
 Row = tuple[Any, ...]  # one value per column, in COLUMNS order
 _FINISHED = (RunState.COMPLETED, RunState.COMPLETED_WITH_FAILURES)
@@ -136,10 +135,13 @@ def as_record(row: Row) -> dict[str, Any]:
 # ---------------------------------------------------------------- the journal, read as sink rows
 
 
-def journal_groups(journal: Path, offset: int) -> Iterator[tuple[list[JournalEntry], float, int]]:
-    """(entries, commit time, offset after its marker) for each whole group from byte `offset`. A
-    group whose marker is not on disk (a torn tail a resume will move aside) is not yielded; a journal
-    written before commit markers has one group, timed by the file's change time."""
+def journal_groups(
+    journal: Path, offset: int, end: int | None = None
+) -> Iterator[tuple[list[JournalEntry], float, int]]:
+    """(entries, commit time, offset after its marker) for each whole group from byte `offset` (to
+    `end`, a group's end, when given). A group whose marker is not on disk (a torn tail a resume will
+    move aside) is not yielded; a bulk job's record between groups is skipped; a journal written
+    before commit markers has one group, timed by the file's change time."""
     if not journal.exists():
         return
     if offset > journal.stat().st_size:
@@ -156,10 +158,14 @@ def journal_groups(journal: Path, offset: int) -> Iterator[tuple[list[JournalEnt
                 marked = True
                 yield group, marker.t, offset
                 group = []
-                continue
-            try:
-                group.append(decode_line(line)[1])
-            except ValueError:
+            elif is_job_record(line):
+                pass  # written between groups: it holds no row
+            else:
+                try:
+                    group.append(decode_line(line)[1])
+                except ValueError:
+                    break
+            if end is not None and offset >= end:
                 break
     if group and not marked:
         yield group, journal.stat().st_mtime, offset
@@ -462,7 +468,26 @@ def sink_job_name(run: RunDir) -> str:
     return run.plan.name or Path(run.plan.job_path).stem
 
 
-def fed_offset(run: RunDir, target: SinkTarget) -> int:
+@dataclass(frozen=True)
+class FedRun:
+    """One run as the sink is fed from it: the job its rows are filed under, its id and its directory
+    (the journal, and `results-sink.json`, how much of it the sink holds). Plain values: the feeder's
+    process is handed them as JSON."""
+
+    job: str
+    run_id: str
+    path: Path
+
+    @classmethod
+    def of(cls, run: RunDir) -> FedRun:
+        return cls(sink_job_name(run), run.run_id, run.path)
+
+    @property
+    def journal(self) -> Path:
+        return self.path / JOURNAL
+
+
+def fed_offset(run: RunDir | FedRun, target: SinkTarget) -> int:
     """How much of the run's journal the sink holds (0: none, or another sink's progress)."""
     try:
         progress = read_json(run.path / PROGRESS_FILE)
@@ -474,27 +499,37 @@ def fed_offset(run: RunDir, target: SinkTarget) -> int:
     return offset if type(offset) is int and offset >= 0 else 0
 
 
-def save_progress(run: RunDir, target: SinkTarget, offset: int) -> None:
-    write_json_atomic(run.path / PROGRESS_FILE, {"sink": target.identity, "offset": offset}, run.storage)
+def save_progress(
+    run: RunDir | FedRun, target: SinkTarget, offset: int, storage: Storage | None = None
+) -> None:
+    """Record that the sink holds the run's journal up to byte `offset`."""
+    write_json_atomic(run.path / PROGRESS_FILE, {"sink": target.identity, "offset": offset}, storage)
+
+
+def upsert_groups(
+    writer: SinkWriter, run: FedRun, start: int, end: int | None = None
+) -> Iterator[tuple[int, int]]:
+    """Upsert the whole groups of the run's journal from byte `start` (to `end`, a group's end),
+    at most about `_CHUNK_ROWS` rows at once; after each upsert, (its rows, the offset it reached)."""
+    chunk: list[Row] = []
+    for entries, t, reached in journal_groups(run.journal, start, end):
+        at = iso_time(t)
+        chunk.extend(row_of(run.job, run.run_id, entry, at) for entry in entries)
+        if len(chunk) >= _CHUNK_ROWS:
+            writer.upsert(chunk)
+            yield len(chunk), reached
+            chunk = []
+    if chunk:
+        writer.upsert(chunk)
+        yield len(chunk), reached
 
 
 def catch_up(writer: SinkWriter, target: SinkTarget, run: RunDir) -> int:
     """Upsert what the run's journal holds past the sink's progress; the rows written."""
-    job, start = sink_job_name(run), fed_offset(run, target)
-    written, chunk, reached = 0, list[Row](), start
-    for entries, t, end in journal_groups(run.journal_path, start):
-        at = iso_time(t)
-        chunk.extend(row_of(job, run.run_id, entry, at) for entry in entries)
-        reached = end
-        if len(chunk) >= _CHUNK_ROWS:
-            writer.upsert(chunk)
-            written, chunk = written + len(chunk), []
-            save_progress(run, target, reached)
-    if chunk:
-        writer.upsert(chunk)
-        written += len(chunk)
-    if reached != start:
-        save_progress(run, target, reached)
+    written = 0
+    for rows, reached in upsert_groups(writer, FedRun.of(run), fed_offset(run, target)):
+        written += rows
+        save_progress(run, target, reached, run.storage)
     return written
 
 
@@ -516,93 +551,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
-
-
-# ---------------------------------------------------------------- the live feed
-
-
-class SinkFeeder:
-    """Feeds one run's committed groups to the sink from a thread of its own.
-
-    `on_commit` (the journal writer's commit callback) only queues the group, and wakes the thread
-    only for the first group after a transaction; the thread turns what has queued in about half a
-    second into rows and upserts them in one transaction, and records the progress about once a
-    second. It runs on the CPUs the relay does not hold (relay/affinity.py's `spared`). On a
-    `SinkUnavailable` the feed stops (`problem` says why): the journal catches the sink up after the
-    relay, or on a later run."""
-
-    def __init__(self, writer: SinkWriter, target: SinkTarget, run: RunDir, offset: int) -> None:
-        self._writer, self._target, self._run = writer, target, run
-        self._job = sink_job_name(run)
-        self._offset = offset
-        self._queue: list[tuple[list[JournalEntry], int, float]] = []
-        self._wake = threading.Condition()
-        self._closing = False
-        self.problem: SinkUnavailable | None = None
-        self._journal = os.open(run.journal_path, os.O_RDONLY | os.O_CREAT, 0o600)
-        self._thread = threading.Thread(target=self._loop, name="results-sink", daemon=True)
-        self._thread.start()
-
-    @property
-    def thread_id(self) -> int | None:
-        """The native id of the feed's thread (kept off the relay's CPU: relay/affinity.py)."""
-        return self._thread.native_id
-
-    def on_commit(self, entries: list[JournalEntry], end_offset: int) -> None:
-        if self.problem is not None:
-            return
-        with self._wake:
-            self._queue.append((entries, end_offset, time.time()))
-            # Only the first group wakes the thread (on an empty queue it waits without a deadline);
-            # the next ones wait for its half second: each wake took Python's lock from the relay.
-            if len(self._queue) == 1:
-                self._wake.notify()
-
-    def close(self) -> None:
-        """Feed what is queued, stop the thread, record how far the sink got."""
-        with self._wake:
-            self._closing = True
-            self._wake.notify()
-        self._thread.join()
-        os.close(self._journal)
-        save_progress(self._run, self._target, self._offset)
-
-    def _marker_time(self, end: int, heard_at: float) -> float:
-        """The commit time the group's marker holds (the marker ends at `end`), as a catch-up reads it;
-        when it cannot be read, when the commit was heard."""
-        start = max(0, end - _MARKER_TAIL)
-        tail = os.pread(self._journal, end - start, start)
-        marker = decode_marker(tail[tail.rfind(b"\n", 0, len(tail) - 1) + 1 :])
-        return heard_at if marker is None else marker.t
-
-    def _loop(self) -> None:
-        saved = fed = time.monotonic()
-        while True:
-            with self._wake:  # the groups of about half a second go in one transaction
-                while not self._closing and (not self._queue or time.monotonic() < fed + _FEED_EVERY_SECONDS):
-                    self._wake.wait(fed + _FEED_EVERY_SECONDS - time.monotonic() if self._queue else None)
-                groups, self._queue = self._queue, []
-                if not groups and self._closing:
-                    return
-            fed = time.monotonic()
-            if self.problem is None:
-                self._feed(groups)
-            if self.problem is None and time.monotonic() - saved >= _PROGRESS_EVERY_SECONDS:
-                save_progress(self._run, self._target, self._offset)
-                saved = time.monotonic()
-
-    def _feed(self, groups: list[tuple[list[JournalEntry], int, float]]) -> None:
-        job, run_id = self._job, self._run.run_id
-        rows: list[Row] = []
-        for entries, end, t in groups:
-            at = iso_time(self._marker_time(end, t))
-            rows.extend(row_of(job, run_id, entry, at) for entry in entries)
-        try:
-            self._writer.upsert(rows)
-        except SinkUnavailable as exc:
-            self.problem = exc
-            return
-        self._offset = groups[-1][1]
 
 
 # ---------------------------------------------------------------- another job's results, read back

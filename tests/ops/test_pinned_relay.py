@@ -1,11 +1,10 @@
 """A whole run holds its threads to one CPU while relaying (execution.pin_cpu, relay/affinity.py),
 and gives them back after; `pin_cpu: false` leaves them where the system put them. The results
-sink's thread keeps to the other CPUs."""
+sink's feeder keeps to the other CPUs."""
 
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from bulkrelay.errors import ExitCode
 from bulkrelay.relay.progress import CallbackReporter, Snapshot
 from tests.jobfiles import write_job
 from tests.runsteps import run_here
+from tests.sinkfeeders import feeders_of
 from tests.targetproc import TargetProcess
 
 pytestmark = pytest.mark.slow  # a target process
@@ -57,27 +57,27 @@ def test_pin_cpu_false_leaves_every_cpu(
     assert all(cpus == before for cpus in seen)
 
 
-def test_the_results_sinks_thread_keeps_off_the_relays_cpu(
+def test_the_results_sinks_feeder_keeps_off_the_relays_cpu(
     tmp_path: Path, target: TargetProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The sink's upserts (a few µs of SQLite's CPU a row, issue 39) run beside the relay, never on its
-    CPU: pinned with it, they were the relay's time."""
+    """The sink's feeder (a process of the run's: store/sinkfeed.py) decodes the committed lines and
+    upserts them beside the relay, never on its CPU (issue 39): pinned with it, that was the relay's time."""
     monkeypatch.chdir(tmp_path)
     before = os.sched_getaffinity(0)
     job = write_job(tmp_path, target.url, rows=ROWS, results={"to": "sqlite:///results.db"})
     seen: list[tuple[set[int], set[int]]] = []
 
     def on_progress(snapshot: Snapshot) -> None:
-        (sink,) = [thread for thread in threading.enumerate() if thread.name == "results-sink"]
-        assert sink.native_id is not None
-        seen.append((os.sched_getaffinity(0), os.sched_getaffinity(sink.native_id)))
+        (feeder,) = feeders_of(os.getpid())
+        seen.append((os.sched_getaffinity(0), os.sched_getaffinity(feeder)))
 
     result = run_here(job, reporter=CallbackReporter(on_progress))
     assert result.exit_code == ExitCode.SUCCESS, result
     assert seen
-    for relay, sink in seen:
+    for relay, feeder in seen:
         if len(before) < 2:  # one CPU allowed: nothing to pin
-            assert relay == sink == before
+            assert relay == feeder == before
         else:
-            assert len(relay) == 1 and sink == before - relay
+            assert len(relay) == 1 and feeder == before - relay
     assert os.sched_getaffinity(0) == before
+    assert feeders_of(os.getpid()) == []  # it ended with the run

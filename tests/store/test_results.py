@@ -6,24 +6,16 @@ from __future__ import annotations
 
 import sqlite3
 import tracemalloc
-import zlib
-from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
-from bulkrelay.store.journal import JournalEntry, encode_batch, encode_marker
+from bulkrelay.store.journal.jobrecords import encode_job_record
 from bulkrelay.store.results import (
-    COLUMNS,
     PROGRESS_FILE,
-    Row,
-    SinkFeeder,
     SinkTarget,
     SinkUnavailable,
-    SinkWriter,
     catch_up,
     fed_offset,
     journal_groups,
@@ -32,51 +24,20 @@ from bulkrelay.store.results import (
     open_writer,
     read_file_rows,
 )
-from bulkrelay.store.rundir import RunDir
 from tests.pgserver import PostgresServer
-from tests.runplans import delivered_entry, run_plan
-from tests.waiting import wait_for
-
-
-def _failed(row: int, **changes: Any) -> JournalEntry:
-    entry = replace(delivered_entry(row), success=False, classification="http_client_error", status_code=422)
-    return replace(entry, error="422 Unprocessable", **changes)
-
-
-def _append_group(
-    run: RunDir, entries: list[JournalEntry], first_seq: int, t: float, *, marked: bool = True
-) -> None:
-    group = b"".join(encode_batch(first_seq, entries))
-    last = first_seq + len(entries) - 1
-    marker = encode_marker(last, len(entries), t, zlib.crc32(group)) if marked else b""
-    with run.journal_path.open("ab") as out:
-        out.write(group + marker)
-
-
-def _run(runs: Path, name: str = "accounts") -> RunDir:
-    return RunDir.create(runs, run_plan(name=name))
-
-
-def _sqlite(tmp_path: Path) -> SinkTarget:
-    path = tmp_path / "results.db"
-    return SinkTarget("sqlite", f"sqlite:///{path}", f"sqlite:///{path}", "bulkrelay_results", path)
-
-
-def _table(sink: SinkTarget) -> dict[str, dict[str, object]]:
-    assert sink.path is not None
-    with sqlite3.connect(sink.path) as db:
-        rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM bulkrelay_results").fetchall()
-    db.close()
-    return {row[1]: dict(zip(COLUMNS, row, strict=True)) for row in rows}
+from tests.runplans import delivered_entry
+from tests.store.sinkjournals import append_group, failed_entry, new_run, sqlite_sink, table_of
 
 
 def test_catch_up_upserts_each_row_keyed_by_key_or_row_number_with_its_commit_time(tmp_path: Path) -> None:
-    run = _run(tmp_path / "runs")
-    _append_group(run, [delivered_entry(1, key="A-1", captured={"id": 7}), _failed(2)], 1, 1_764_000_000.5)
-    sink = _sqlite(tmp_path)
+    run = new_run(tmp_path / "runs")
+    append_group(
+        run, [delivered_entry(1, key="A-1", captured={"id": 7}), failed_entry(2)], 1, 1_764_000_000.5
+    )
+    sink = sqlite_sink(tmp_path)
     writer = open_writer(sink)
     assert catch_up(writer, sink, run) == 2
-    table = _table(sink)
+    table = table_of(sink)
     assert set(table) == {"A-1", "2"}  # a row without a key: its row number
     assert table["A-1"]["captured"] == '{"id":7}' and table["A-1"]["success"] == 1
     assert table["A-1"]["job"] == "accounts" and table["A-1"]["run_id"] == run.run_id
@@ -85,35 +46,60 @@ def test_catch_up_upserts_each_row_keyed_by_key_or_row_number_with_its_commit_ti
     assert fed_offset(run, sink) == run.journal_path.stat().st_size
     assert catch_up(writer, sink, run) == 0  # nothing past the progress
     (run.path / PROGRESS_FILE).unlink()
-    assert catch_up(writer, sink, run) == 2 and _table(sink) == table  # twice: the same table
+    assert catch_up(writer, sink, run) == 2 and table_of(sink) == table  # twice: the same table
     writer.close()
 
 
 def test_an_older_outcome_never_overwrites_a_newer_one(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    old, new = _run(runs), _run(runs)
-    _append_group(old, [_failed(1, key="A-1")], 1, 1_000.0)
-    _append_group(new, [delivered_entry(1, key="A-1", captured={"id": 9})], 1, 2_000.0)
-    sink = _sqlite(tmp_path)
+    old, new = new_run(runs), new_run(runs)
+    append_group(old, [failed_entry(1, key="A-1")], 1, 1_000.0)
+    append_group(new, [delivered_entry(1, key="A-1", captured={"id": 9})], 1, 2_000.0)
+    sink = sqlite_sink(tmp_path)
     writer = open_writer(sink)
     catch_up(writer, sink, new)
     catch_up(writer, sink, old)  # caught up later, but older
-    assert _table(sink)["A-1"]["run_id"] == new.run_id
-    assert _table(sink)["A-1"]["success"] == 1
+    assert table_of(sink)["A-1"]["run_id"] == new.run_id
+    assert table_of(sink)["A-1"]["success"] == 1
     writer.close()
 
 
 def test_a_group_without_its_marker_is_not_published(tmp_path: Path) -> None:
-    run = _run(tmp_path / "runs")
-    _append_group(run, [delivered_entry(1)], 1, 1_000.0)
-    _append_group(run, [delivered_entry(2)], 2, 1_001.0, marked=False)  # a torn tail
+    run = new_run(tmp_path / "runs")
+    append_group(run, [delivered_entry(1)], 1, 1_000.0)
+    append_group(run, [delivered_entry(2)], 2, 1_001.0, marked=False)  # a torn tail
     assert [[e.row_number for e in entries] for entries, _, _ in journal_groups(run.journal_path, 0)] == [[1]]
 
 
+def test_a_bulk_job_record_between_groups_is_read_past(tmp_path: Path) -> None:
+    """A bulk run's journal holds its jobs' records between groups: the catch-up reads on past them
+    (it stopped at the first, and the sink lacked every later row until a live feed brought it)."""
+    run = new_run(tmp_path / "runs")
+    append_group(run, [delivered_entry(1)], 1, 1_000.0)
+    with run.journal_path.open("ab") as out:
+        out.write(encode_job_record(1, "created", remote="750x", rows=[[2, 3]], keys=["2", "3"]))
+    append_group(run, [delivered_entry(2), delivered_entry(3)], 2, 1_001.0)
+    sink = sqlite_sink(tmp_path)
+    writer = open_writer(sink)
+    assert catch_up(writer, sink, run) == 3
+    assert set(table_of(sink)) == {"1", "2", "3"}
+    assert fed_offset(run, sink) == run.journal_path.stat().st_size
+    writer.close()
+
+
+def test_groups_are_read_up_to_the_end_asked_for(tmp_path: Path) -> None:
+    """The live feed reads only what the run told it was committed (store/sinkfeed.py)."""
+    run = new_run(tmp_path / "runs")
+    first = append_group(run, [delivered_entry(1)], 1, 1_000.0)
+    append_group(run, [delivered_entry(2)], 2, 1_001.0)
+    groups = journal_groups(run.journal_path, 0, first)
+    assert [([e.row_number for e in entries], end) for entries, _, end in groups] == [([1], first)]
+
+
 def test_a_locked_table_is_unavailable_and_a_later_catch_up_completes_it(tmp_path: Path) -> None:
-    run = _run(tmp_path / "runs")
-    _append_group(run, [delivered_entry(n) for n in (1, 2, 3)], 1, 1_000.0)
-    sink = _sqlite(tmp_path)
+    run = new_run(tmp_path / "runs")
+    append_group(run, [delivered_entry(n) for n in (1, 2, 3)], 1, 1_000.0)
+    sink = sqlite_sink(tmp_path)
     open_writer(sink).close()  # the table exists
     assert sink.path is not None
     other = sqlite3.connect(sink.path, isolation_level=None)
@@ -125,42 +111,28 @@ def test_a_locked_table_is_unavailable_and_a_later_catch_up_completes_it(tmp_pat
     other.execute("ROLLBACK")
     other.close()
     assert catch_up(writer, sink, run) == 3
-    assert set(_table(sink)) == {"1", "2", "3"}
+    assert set(table_of(sink)) == {"1", "2", "3"}
     writer.close()
 
 
 def test_lagging_runs_are_the_jobs_runs_the_sink_lacks(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    fed, behind, other_job = _run(runs), _run(runs), _run(runs, "deals")
+    fed, behind, other_job = new_run(runs), new_run(runs), new_run(runs, "deals")
     for run in (fed, behind, other_job):
-        _append_group(run, [delivered_entry(1)], 1, 1_000.0)
-    sink = _sqlite(tmp_path)
+        append_group(run, [delivered_entry(1)], 1, 1_000.0)
+    sink = sqlite_sink(tmp_path)
     writer = open_writer(sink)
     catch_up(writer, sink, fed)
     assert [run.run_id for run in lagging_runs(runs, "accounts", sink)] == [behind.run_id]
     writer.close()
 
 
-def test_the_feeder_upserts_committed_groups_and_records_its_progress(tmp_path: Path) -> None:
-    run = _run(tmp_path / "runs")
-    sink = _sqlite(tmp_path)
-    writer = open_writer(sink)
-    feeder = SinkFeeder(writer, sink, run, 0)
-    feeder.on_commit([delivered_entry(1, key="a"), _failed(2, key="b")], 500)
-    feeder.on_commit([delivered_entry(3, key="c")], 800)
-    wait_for(lambda: len(_table(sink)) == 3, what="three rows in the sink")
-    feeder.close()
-    assert feeder.problem is None
-    assert fed_offset(run, sink) == 800
-    writer.close()
-
-
 @pytest.mark.parametrize("kind", ["csv", "jsonl"])
 def test_a_file_sink_is_appended_then_compacted_to_one_line_a_key(tmp_path: Path, kind: str) -> None:
     runs = tmp_path / "runs"
-    first, second = _run(runs), _run(runs)
-    _append_group(first, [_failed(1, key="k1"), delivered_entry(2, key="k2")], 1, 1_000.0)
-    _append_group(second, [delivered_entry(1, key="k1", captured={"id": "x,y"})], 1, 2_000.0)
+    first, second = new_run(runs), new_run(runs)
+    append_group(first, [failed_entry(1, key="k1"), delivered_entry(2, key="k2")], 1, 1_000.0)
+    append_group(second, [delivered_entry(1, key="k1", captured={"id": "x,y"})], 1, 2_000.0)
     path = tmp_path / f"results.{kind}"
     sink = SinkTarget(kind, str(path), str(path), "bulkrelay_results", path)  # type: ignore[arg-type]
     writer = open_writer(sink)
@@ -180,7 +152,7 @@ def test_a_sqlite_upsert_is_one_statement_a_group_and_keeps_each_columns_type(tm
     """The rows of a group go to SQLite as one statement (one JSON parameter), not one a row: each row
     of `executemany` took the GIL back from a busy relay, which starved the sink's thread. Each value
     keeps its type: a key of digits stays text, `captured` stays its JSON text, success an integer."""
-    sink = _sqlite(tmp_path)
+    sink = sqlite_sink(tmp_path)
     writer = open_writer(sink)
     statements: list[str] = []
     writer._db.set_trace_callback(statements.append)  # type: ignore[attr-defined]
@@ -214,7 +186,7 @@ def test_a_sqlite_upsert_is_one_statement_a_group_and_keeps_each_columns_type(tm
         ("text", "integer", "integer", "integer", "text"),
         ("text", "integer", "integer", "null", "null"),
     ]
-    assert [tuple(row.values()) for row in _table(sink).values()] == [
+    assert [tuple(row.values()) for row in table_of(sink).values()] == [
         tuple(int(v) if type(v) is bool else v for v in row) for row in rows
     ]
 
@@ -316,7 +288,7 @@ def test_a_key_twice_in_one_group_keeps_its_newest_outcome(
     """One statement a group may not touch a row twice (PostgreSQL refuses): the newest outcome of a
     key wins, the later of two as old, as when each row was written in turn."""
     if kind == "sqlite":
-        sink = _sqlite(tmp_path)
+        sink = sqlite_sink(tmp_path)
     else:
         sink = _postgresql(request.getfixturevalue("postgres"), "results_key_twice")
     row = ("accounts", "A-1", 1, "r1", True, "ok", 200, 1, None, None)
@@ -331,52 +303,10 @@ def test_a_key_twice_in_one_group_keeps_its_newest_outcome(
     )
     writer.close()
     if kind == "sqlite":
-        held = {key: str(row["run_id"]) for key, row in _table(sink).items()}
+        held = {key: str(row["run_id"]) for key, row in table_of(sink).items()}
     else:
         held = dict(request.getfixturevalue("postgres").sql("SELECT key, run_id FROM results_key_twice"))
     assert held == {"A-1": "tie", "A-2": "r1"}
-
-
-class _CountedWriter:
-    """A writer that counts its upserts (the feeder's transactions)."""
-
-    def __init__(self, writer: SinkWriter) -> None:
-        self.writer, self.upserts = writer, 0
-
-    def upsert(self, rows: Sequence[Row]) -> None:
-        self.upserts += 1
-        self.writer.upsert(rows)
-
-    def finish(self) -> None:
-        self.writer.finish()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def test_the_feeders_thread_is_woken_once_a_transaction_not_once_a_group(tmp_path: Path) -> None:
-    """Each wake of the feed's thread takes Python's lock from the relay: a group queued behind others
-    waits for their half second without waking it (one wake a group was one lock hand-off a commit)."""
-    run = _run(tmp_path / "runs")
-    sink = _sqlite(tmp_path)
-    writer = _CountedWriter(open_writer(sink))
-    feeder = SinkFeeder(writer, sink, run, 0)
-    notified = 0
-    notify = feeder._wake.notify
-
-    def counted(n: int = 1) -> None:
-        nonlocal notified
-        notified += 1
-        notify(n)
-
-    feeder._wake.notify = counted  # type: ignore[method-assign]
-    for n in range(1, 51):
-        feeder.on_commit([delivered_entry(n)], 100 * n)
-    woken = notified
-    feeder.close()
-    assert feeder.problem is None and len(_table(sink)) == 50
-    assert woken <= writer.upserts  # a wake only for a queue the thread had emptied
-    writer.close()
 
 
 def test_latest_outcomes_are_the_newest_of_each_key_in_run_then_row_order(tmp_path: Path) -> None:
@@ -384,10 +314,12 @@ def test_latest_outcomes_are_the_newest_of_each_key_in_run_then_row_order(tmp_pa
     replaces an earlier one's, a key failed last is failed), the oldest run's rows first, each in row
     order, whatever the order the groups were committed in."""
     runs = tmp_path / "runs"
-    first, second = _run(runs), _run(runs)
-    _append_group(first, [delivered_entry(2, key="B"), _failed(1, key="A")], 1, 1_000.0)
-    _append_group(first, [delivered_entry(3, key="C", captured={"id": 3})], 3, 1_001.0)
-    _append_group(second, [delivered_entry(1, key="A", captured={"id": 1}), _failed(2, key="C")], 1, 2_000.0)
+    first, second = new_run(runs), new_run(runs)
+    append_group(first, [delivered_entry(2, key="B"), failed_entry(1, key="A")], 1, 1_000.0)
+    append_group(first, [delivered_entry(3, key="C", captured={"id": 3})], 3, 1_001.0)
+    append_group(
+        second, [delivered_entry(1, key="A", captured={"id": 1}), failed_entry(2, key="C")], 1, 2_000.0
+    )
     latest = list(latest_outcomes([first, second], tmp_path / "latest.sqlite"))
     assert [(row[1], row[3], row[4]) for row in latest] == [
         ("B", first.run_id, True),
@@ -402,14 +334,14 @@ def test_latest_outcomes_hold_one_group_at_a_time_not_the_parent(tmp_path: Path)
     """A parent of a million rows held as a dictionary of its outcomes added 451 MB of peak RSS to the
     lookup that read it (issue 39 allows 150): the outcomes are gathered on disk, so the Python memory
     held is a group's, whatever the rows."""
-    run = _run(tmp_path / "runs")
+    run = new_run(tmp_path / "runs")
     rows = 10_000
     for first in range(1, rows + 1, 50):
         group = [
             delivered_entry(n, key=f"acct-{n:08d}", captured={"id": f"001{n:012d}"})
             for n in range(first, first + 50)
         ]
-        _append_group(run, group, first, 1_000.0 + first)
+        append_group(run, group, first, 1_000.0 + first)
     tracemalloc.start()
     try:
         count = sum(1 for _ in latest_outcomes([run], tmp_path / "latest.sqlite"))
