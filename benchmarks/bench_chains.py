@@ -5,7 +5,9 @@
 (a) the results sink: `bulkrelay run` of --rows rows (a whole process, start-up and preflight included)
     with `results: {to: sqlite:///results.db}` and without, alternated, best of --repeats each: rows/s
     and the ratio with / without (issue 39: >= 0.95 at 200k rows on SQLite). The table is checked to
-    hold every row after each run with it.
+    hold every row after each run with it. Each run also prints the CPU time a row of the relay's own
+    process and of the processes it waited for (the sink's feeder): on a shared machine, where rows/s
+    follow the other users' load, they say what the sink costs the relay, and what it costs at all.
 (b) a lookup of --keys keys: the peak RSS the map adds (a child process builds it from (key, value)
     pairs, as ops/lookups.py does, against one that builds the pairs alone; issue 39: <= 150 MB), and
     the cost a row of a `{lookup: ...}` leaf against a `{from: ...}` leaf over the same fields (the
@@ -63,11 +65,25 @@ def _write_input(path: Path, rows: int) -> None:
             out.write(f"{n},user{n}@example.com\n")
 
 
-def _run(job: Path, runs_dir: Path) -> float:
-    """Rows/s of one `bulkrelay run` process (wall time)."""
+# `bulkrelay run` in a process that then prints (on stderr) its own CPU seconds and those of the
+# processes it waited for: the command's main, as a caller in its own process calls it.
+_RUN_CHILD = """
+import resource, sys
+from bulkrelay.cli.main import main
+try:
+    main(sys.argv[1:])
+finally:
+    own, waited = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(own.ru_utime + own.ru_stime, waited.ru_utime + waited.ru_stime, file=sys.stderr)
+"""
+
+
+def _run(job: Path, runs_dir: Path) -> tuple[float, float, float]:
+    """Rows/s of one `bulkrelay run` process (wall time), and the µs of CPU a row of the process and of
+    the processes it waited for."""
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "bulkrelay", "run", str(job), "--budget", "0", "--runs-dir", str(runs_dir)],
+        [sys.executable, "-c", _RUN_CHILD, "run", str(job), "--budget", "0", "--runs-dir", str(runs_dir)],
         cwd=job.parent,
         capture_output=True,
         check=False,
@@ -76,7 +92,9 @@ def _run(job: Path, runs_dir: Path) -> float:
     envelope = orjson.loads(proc.stdout)
     if proc.returncode != 0:
         raise RuntimeError(f"bulkrelay run exited {proc.returncode}: {envelope.get('error')}")
-    return int(envelope["data"]["progress"]["done"]) / elapsed
+    rows = int(envelope["data"]["progress"]["done"])
+    own, waited = map(float, proc.stderr.split()[-2:])
+    return rows / elapsed, own / rows * 1e6, waited / rows * 1e6
 
 
 def _sink_cost(workdir: Path, url: str, rows: int, repeats: int) -> None:
@@ -86,11 +104,16 @@ def _sink_cost(workdir: Path, url: str, rows: int, repeats: int) -> None:
     sunk = workdir / "sunk.yaml"
     sunk.write_text(_JOB.format(input="input.csv", url=url) + 'results: { to: "sqlite:///results.db" }\n')
     best = {"without": 0.0, "with": 0.0}
+    cpu: dict[str, list[float]] = {"without": [], "with": []}
     for attempt in range(repeats):
         for name, job in (("without", plain), ("with", sunk)):
-            rate = _run(job, workdir / f"runs-{name}-{attempt}")
+            rate, own, waited = _run(job, workdir / f"runs-{name}-{attempt}")
             best[name] = max(best[name], rate)
-            print(f"  (a) {name:>7} sink: {rate:10,.0f} rows/s")
+            cpu[name].append(own)
+            print(
+                f"  (a) {name:>7} sink: {rate:10,.0f} rows/s; CPU a row: relay {own:5.1f} us, "
+                f"its feeder {waited:4.1f} us (load {os.getloadavg()[0]:.2f})"
+            )
         with sqlite3.connect(workdir / "results.db") as db:
             held = db.execute("SELECT count(*) FROM bulkrelay_results").fetchone()[0]
         db.close()
@@ -98,6 +121,8 @@ def _sink_cost(workdir: Path, url: str, rows: int, repeats: int) -> None:
     ratio = best["with"] / best["without"]
     print(f"(a) results sink at {rows:,} rows: best {best['with']:,.0f} vs {best['without']:,.0f} rows/s")
     print(f"    ratio with / without: {ratio:.3f} (target >= 0.95)")
+    least = {name: min(values) for name, values in cpu.items()}
+    print(f"    the relay's CPU a row, least with / without: {least['with'] / least['without']:.3f}")
 
 
 def _child_rss(frozen: Path, what: str) -> int:
