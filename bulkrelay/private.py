@@ -7,7 +7,8 @@ user made keeps its mode. Shared by the run directory (store), the stdin spool (
 jobs, so it sits beside `errors`, below them all.
 
 A process is kept private too (`no_core_dumps`): one that crashed would otherwise leave a core file
-holding the client secret, the live token and rows in flight.
+holding the client secret, the live token and rows in flight. And a helper process of a run (a worker,
+the sink's feeder) dies with the run's (`die_with_parent`): none goes on alone with the run's secrets.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ctypes
 import errno
 import os
 import resource
+import signal
 import sys
 from pathlib import Path
 
@@ -87,3 +89,15 @@ def no_core_dumps() -> None:
     if sys.platform == "linux":
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> bool:
+    """Have this process killed (SIGKILL) when its parent ends (Linux; elsewhere the caller ends at the
+    end of its pipe to the parent). False when the parent `parent` has ended already."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    return os.getppid() == parent

@@ -11,10 +11,8 @@ goes on sending after its run's process is gone.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
-import signal
 import socket
 import sys
 import time
@@ -33,7 +31,7 @@ from bulkrelay.job.records import Record
 from bulkrelay.ops.lookups import frozen_lookups
 from bulkrelay.ops.sharding import WorkerShare
 from bulkrelay.ops.workerwire import Kind, json_frame, receive, results_frame
-from bulkrelay.private import no_core_dumps
+from bulkrelay.private import die_with_parent, no_core_dumps
 from bulkrelay.relay.affinity import relay_cpu
 from bulkrelay.relay.engine import StartPoint, open_limiter, relay_share
 from bulkrelay.relay.heap import relay_collections
@@ -46,7 +44,6 @@ from bulkrelay.store.rundir import RunDir
 FLUSH_SECONDS = 0.005  # a worker's results go to the parent at most this long after they end
 SENT_EVERY_SECONDS = 0.5  # and its request counters (the metrics file) this often
 MAX_PENDING = 4096  # results not yet sent before the window waits (the parent is behind)
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -110,21 +107,11 @@ class SocketOutbox:
 
 def main(argv: list[str]) -> int:
     fd, parent = int(argv[1]), int(argv[2])
-    _die_with_parent(parent)
+    if not die_with_parent(parent):
+        return 1  # the run ended before this worker started: nothing it sent could be journaled
     no_core_dumps()
     sock = socket.socket(fileno=fd)
     return anyio.run(_work, sock, backend_options={"use_uvloop": True})
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this process when its parent dies (Linux); exit at once if it has died already."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the parent's socket closing ends the worker instead
-        pass
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 async def _work(sock: socket.socket) -> int:

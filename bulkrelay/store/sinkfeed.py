@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from bulkrelay.private import no_core_dumps
+from bulkrelay.private import die_with_parent, no_core_dumps
 from bulkrelay.store.results import (
     FedRun,
     SinkTarget,
@@ -53,7 +53,6 @@ _COMMAND = (sys.executable, "-m", "bulkrelay.store.sinkfeed")
 _FEED_EVERY_SECONDS = 0.25  # one transaction for the groups committed meanwhile
 _PROGRESS_EVERY_SECONDS = 1.0
 _READ_BYTES = 1 << 16
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -177,17 +176,6 @@ class _Told:
             self.offset = max(self.offset, int(lines[-1]))
 
 
-def _die_with(parent: int) -> None:
-    """Be killed when the run's process ends (Linux), and end now if it has ended already."""
-    if sys.platform == "linux":
-        import ctypes  # only where prctl exists
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        raise SystemExit("the run ended before its feeder started")
-
-
 def _feed(told: _Told, target: SinkTarget, run: FedRun, start: int) -> tuple[int, SinkUnavailable | None]:
     """Upsert what the run commits until the pipe ends; (the offset of the journal the sink holds, why
     the sink could not be written, if it could not)."""
@@ -225,7 +213,8 @@ def main() -> int:
     told = _Told(sys.stdin.fileno())
     params = orjson.loads(told.first_line())
     told.offset = max(told.offset, params["offset"])
-    _die_with(params["parent"])
+    if not die_with_parent(params["parent"]):
+        raise SystemExit("the run ended before its feeder started")
     spec = params["target"]
     path = None if spec["path"] is None else Path(spec["path"])
     target = SinkTarget(spec["kind"], spec["identity"], spec["url"], spec["table"], path)

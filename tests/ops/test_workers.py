@@ -25,6 +25,7 @@ from tests.workerprocs import kill_9, wait_for_workers, wait_until_gone
 
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane
 
+ROWS = 1200  # against a target answering in 20 ms: 4 s or more, time to act on a run midway
 KEYED: dict[str, Any] = {
     "input": {"key": "id"},
     "request": {"idempotency_key": {"header": "Idempotency-Key"}},
@@ -53,8 +54,8 @@ def _relaying(job: Path, workers: int) -> tuple[subprocess.Popen[bytes], list[in
 def _resumed_to_the_end(tmp_path: Path, run_dir: str | Path, target: TargetProcess) -> None:
     done = resume(tmp_path, run_dir)
     assert done.exit_code == ExitCode.SUCCESS, done.envelope
-    assert_each_row_once(run_dir, 3000)
-    assert target.stats()["effects"] == 3000
+    assert_each_row_once(run_dir, ROWS)
+    assert target.stats()["effects"] == ROWS
 
 
 @pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 1}]})
@@ -80,18 +81,18 @@ def test_a_run_in_three_workers_journals_every_row_once_in_one_run(
 def test_a_halt_in_one_worker_stops_every_worker_and_the_run_resumes(
     tmp_path: Path, target: TargetProcess
 ) -> None:
-    job = _job(tmp_path, target.url, 3000, 2, rate_limit={"requests_per_second": 500})
+    job = _job(tmp_path, target.url, ROWS, 2, rate_limit={"requests_per_second": 500})
 
     halted = run_cli("run", job, "--budget", "0", cwd=tmp_path)
 
     assert halted.exit_code == ExitCode.AUTH_REQUIRED, halted.envelope
     assert halted.error_code == "TARGET_AUTH_FAILED"
-    assert halted.data["state"] == "stopped" and halted.data["progress"]["done"] < 3000
+    assert halted.data["state"] == "stopped" and halted.data["progress"]["done"] < ROWS
     target.set_plan({"dedup": True})
     done = resume(tmp_path, halted.data["run_dir"])
     assert done.exit_code == ExitCode.SUCCESS, done.envelope
-    assert_each_row_once(halted.data["run_dir"], 3000)
-    assert target.stats()["effects"] == 3000
+    assert_each_row_once(halted.data["run_dir"], ROWS)
+    assert target.stats()["effects"] == ROWS
 
 
 @pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 20}]})
@@ -106,7 +107,7 @@ def test_a_halt_in_one_worker_stops_every_worker_and_the_run_resumes(
 def test_a_signal_stops_every_worker_at_a_safe_point(
     tmp_path: Path, target: TargetProcess, signum: int, to_all: bool, ending: tuple[ExitCode, str]
 ) -> None:
-    proc, workers = _relaying(_job(tmp_path, target.url, 3000, 2), 2)
+    proc, workers = _relaying(_job(tmp_path, target.url, ROWS, 2), 2)
 
     for pid in [proc.pid, *(workers if to_all else [])]:
         os.kill(pid, signum)
@@ -121,7 +122,7 @@ def test_a_signal_stops_every_worker_at_a_safe_point(
 def test_a_worker_killed_ends_the_run_worker_lost_and_resume_finishes_it(
     tmp_path: Path, target: TargetProcess
 ) -> None:
-    proc, workers = _relaying(_job(tmp_path, target.url, 3000, 3), 3)
+    proc, workers = _relaying(_job(tmp_path, target.url, ROWS, 3), 3)
 
     kill_9(workers[1])
     lost = finish(proc)
@@ -138,7 +139,7 @@ def test_a_worker_killed_ends_the_run_worker_lost_and_resume_finishes_it(
 
 @pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 20}]})
 def test_a_parent_killed_takes_its_workers_with_it(tmp_path: Path, target: TargetProcess) -> None:
-    job = _job(tmp_path, target.url, 3000, 2)
+    job = _job(tmp_path, target.url, ROWS, 2)
     proc, workers = _relaying(job, 2)
 
     kill_9(proc.pid)
