@@ -36,6 +36,7 @@ from bulkrelay.relay.affinity import relay_cpu
 from bulkrelay.relay.engine import StartPoint, open_limiter, relay_share
 from bulkrelay.relay.heap import relay_collections
 from bulkrelay.relay.metrics import RelayStats
+from bulkrelay.relay.ratelimit import Limiter, RateLimiter
 from bulkrelay.relay.ratelimit_workers import WorkerLimiter, share_of_rate
 from bulkrelay.relay.stopping import StopControl, StopReason, watch_signals
 from bulkrelay.store.journal import JournalEntry
@@ -158,26 +159,19 @@ def _preflight(handoff: WorkerHandoff, run: RunDir) -> Preflight:
     return handoff.facts.preflight(lookups, os.environ)
 
 
-def _share_limiter(preflight: Preflight, workers: int) -> Any:
-    """This worker's share of the run's rate; a limit kept in Redis is shared whole."""
+def _share_limiter(preflight: Preflight, workers: int) -> Limiter:
+    """This worker's even share of the run's rate; a limit kept in Redis is shared whole."""
     config = preflight.job.config
-    rate = config.execution.rate_limit
-    if rate is None or preflight.shared_limit is not None:
+    if preflight.shared_limit is not None:
         return open_limiter(config, preflight.shared_limit)
-    share = rate.model_copy(update={"requests_per_second": share_of_rate(rate.requests_per_second, workers)})
-    execution = config.execution.model_copy(update={"rate_limit": share})
-    return open_limiter(config.model_copy(update={"execution": execution}), None)
+    rate = config.execution.rate_limit
+    return RateLimiter(share_of_rate(None if rate is None else rate.requests_per_second, workers))
 
 
 def _owner(handoff: WorkerHandoff, preflight: Preflight, run: RunDir) -> Callable[[Record], bool]:
     """Whether a row is this worker's: its share of the run's rows (of its shard's, with `--shard`)."""
     shards = 1 if run.plan.shard is None else run.plan.shard.count
-    share, key_field = WorkerShare(handoff.index, handoff.count, shards), preflight.job.config.input.key
-
-    def owns(record: Record) -> bool:
-        return share.owns(record, key_field)
-
-    return owns
+    return WorkerShare(handoff.index, handoff.count, shards).of_rows(preflight.job.config.input.key)
 
 
 async def _listen(incoming: BufferedByteReceiveStream, stop: StopControl, limiter: WorkerLimiter) -> None:
@@ -190,8 +184,7 @@ async def _listen(incoming: BufferedByteReceiveStream, stop: StopControl, limite
                 limiter.heard_pause(orjson.loads(body)["until"])
             elif kind is Kind.STOP:
                 stop.request(StopReason(orjson.loads(body)["reason"]), by="parent")
-            elif kind is Kind.FORCE:
-                stop.request(StopReason.INTERRUPTED, by="parent")
+            elif kind is Kind.FORCE:  # after the STOP it forces, on the same stream
                 stop.force()
     except (anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError, OSError):
         os._exit(1)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,7 @@ class LocalWorkers:
                 around.start_soon(_pass_on_stops, stop, workers)
                 async with anyio.create_task_group() as serving:
                     for worker in workers:
-                        serving.start_soon(_serve, worker, workers, journal, (stop, stats))
+                        serving.start_soon(partial(_serve, worker, workers, journal, stop=stop, stats=stats))
                 around.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -137,11 +138,15 @@ class LocalWorkers:
 
 
 async def _serve(
-    worker: _Worker, workers: Sequence[_Worker], journal: JournalWriter, run: tuple[StopControl, RelayStats]
+    worker: _Worker,
+    workers: Sequence[_Worker],
+    journal: JournalWriter,
+    *,
+    stop: StopControl,
+    stats: RelayStats,
 ) -> None:
     """Journal what `worker` sends until its stream ends (results, counters, pauses, its last word),
     then adopt how it ended."""
-    stop, stats = run
     await _heard(worker, workers, journal, stats)
     with anyio.move_on_after(_EXIT_GRACE_SECONDS):  # its stream ended: so does the process, or soon
         while worker.process.poll() is None:

@@ -384,19 +384,18 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
     reporter.update(committed.snapshot())
 
     async def send(background: TaskGroup) -> None:
-        async with anyio.create_task_group() as workers:
-            background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
-            if bulk is not None:  # request.bulk_job: many rows a job (relay/bulkjobs/)
-                workers.start_soon(bulk.run, records, journal)
-            elif batches is not None:  # request.batch: many rows a request (relay/batches.py)
-                batches.start(workers, records, journal, config.execution.concurrency)
-            else:
-                for _ in range(config.execution.concurrency):
-                    workers.start_soon(_worker, records, sender, (streak, rate), journal)
+        if bulk is None and batches is None:
+            window = (sender, (streak, rate), config.execution.concurrency)
+            await _one_request_a_row(records, window, journal, background)
+        else:
+            async with anyio.create_task_group() as workers:
+                background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
+                if bulk is not None:  # request.bulk_job: many rows a job (relay/bulkjobs/)
+                    workers.start_soon(bulk.run, records, journal)
+                elif batches is not None:  # request.batch: many rows a request (relay/batches.py)
+                    batches.start(workers, records, journal, config.execution.concurrency)
         if limit is not None:
             limit.stop_if_reached(stop)
-        for admitted in streak.release():
-            await journal.submit(admitted)
         if batches is not None:
             await batches.release(journal)
 
@@ -586,12 +585,7 @@ async def relay_share(
     records = (record for record in pending if owns(record))
     try:
         async with anyio.create_task_group() as background:
-            async with anyio.create_task_group() as workers:
-                background.start_soon(_cancel_when_forced, stop, workers.cancel_scope)
-                for _ in range(concurrency):
-                    workers.start_soon(_worker, records, sender, (streak, rate), outbox)
-            for admitted in streak.release():
-                await outbox.submit(admitted)
+            await _one_request_a_row(records, (sender, (streak, rate), concurrency), outbox, background)
             background.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         raise sole_error(group) from None
@@ -601,6 +595,24 @@ async def relay_share(
             await transport.aclose()
             if auth is not None:
                 await auth.aclose()
+
+
+async def _one_request_a_row(
+    records: Iterator[Record],
+    window: tuple[RowSender, tuple[_FailureStreak, FailureRate | None], int],
+    outbox: Outbox,
+    background: TaskGroup,
+) -> None:
+    """The window of a job sending one request a row: `concurrency` slots taking the records in turn
+    (a forced stop cancels them, from `background`), then the failures the streak still holds, which
+    are final unless it declared the target down."""
+    sender, halts, concurrency = window
+    async with anyio.create_task_group() as slots:
+        background.start_soon(_cancel_when_forced, sender.stop, slots.cancel_scope)
+        for _ in range(concurrency):
+            slots.start_soon(_worker, records, sender, halts, outbox)
+    for admitted in halts[0].release():
+        await outbox.submit(admitted)
 
 
 async def _worker(
