@@ -156,7 +156,12 @@ def _workers(text: str) -> str:
     """`auto`, or a count as its digits (a call's options keep it as text: background/call.py)."""
     from bulkrelay.job.config import MAX_WORKERS  # loaded only when the flag is given
 
-    return "auto" if text.strip() == "auto" else str(_count("--workers", most=MAX_WORKERS)(text))
+    if text.strip() == "auto":
+        return "auto"
+    number = whole_number(text)
+    if number is None or not 1 <= number <= MAX_WORKERS:
+        raise UsageError(f"--workers: expected auto or a whole number from 1 to {MAX_WORKERS}, not {text!r}")
+    return str(number)
 
 
 def _duration(text: str) -> int:

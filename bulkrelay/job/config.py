@@ -1378,6 +1378,13 @@ def _proxy(value: str) -> str:
     return value
 
 
+def _workers_setting(value: Any) -> Any:
+    """`execution.workers`: a count or `auto`, said in one message (a union's would be two)."""
+    if value == "auto" or (type(value) is int and 1 <= value <= MAX_WORKERS):
+        return value
+    raise ValueError(f"workers {value!r}: expected auto or a whole number from 1 to {MAX_WORKERS}")
+
+
 class TlsConfig(_Model):
     client_cert: NonEmpty  # PEM: the certificate chain, and the key too unless client_key names it
     client_key: NonEmpty | None = None
@@ -1395,7 +1402,7 @@ class ExecutionConfig(_Model):
     pin_cpu: bool = True
     # One run in this many processes, each on a CPU of its own (ops/workers.py); `auto`: one per CPU this
     # process may use, at most 8. How the rows travel, not what they say: out of the fingerprint.
-    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | Literal["auto"] = 1
+    workers: Annotated[int | Literal["auto"], BeforeValidator(_workers_setting)] = 1
     client: Literal["reqwest", "httpx"] = DEFAULT_CLIENT
     proxy: Annotated[str, AfterValidator(_proxy)] = DEFAULT_PROXY
     tls: TlsConfig | None = None
