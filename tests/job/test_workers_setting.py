@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from bulkrelay.cli.parser import build_parser
+from bulkrelay.errors import UsageError
 from bulkrelay.job.config import JobConfig
 from bulkrelay.job.fingerprint import config_fingerprint
 
@@ -46,3 +48,17 @@ def test_several_workers_are_refused_for_a_batch_job_and_auto_is_one_process() -
         JobConfig.model_validate(batch)
     batch["execution"] = {"workers": "auto"}
     assert JobConfig.model_validate(batch).execution.workers == "auto"  # run by one process (ops/lifecycle)
+
+
+@pytest.mark.parametrize("bad", [0, "AUTO", True])
+def test_a_bad_workers_value_is_one_message_naming_auto(bad: Any) -> None:
+    with pytest.raises(ValidationError) as refused:
+        JobConfig.model_validate(_config(workers=bad))
+    assert refused.value.error_count() == 1
+    assert "expected auto or a whole number from 1 to 64" in str(refused.value)
+
+
+@pytest.mark.parametrize("bad", ["AUTO", "0", "", "２"])
+def test_the_workers_flag_refuses_what_is_neither_auto_nor_a_count(bad: str) -> None:
+    with pytest.raises(UsageError, match="--workers: expected auto or a whole number from 1 to 64"):
+        build_parser().parse_args(["run", "job.yaml", "--workers", bad])
