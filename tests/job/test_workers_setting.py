@@ -58,7 +58,7 @@ def test_a_bad_workers_value_is_one_message_naming_auto(bad: Any) -> None:
     assert "expected auto or a whole number from 1 to 64" in str(refused.value)
 
 
-@pytest.mark.parametrize("bad", ["AUTO", "0", "", "２"])
+@pytest.mark.parametrize("bad", ["AUTO", "0", "", "\uff12"])  # the last: a full-width 2
 def test_the_workers_flag_refuses_what_is_neither_auto_nor_a_count(bad: str) -> None:
     with pytest.raises(UsageError, match="--workers: expected auto or a whole number from 1 to 64"):
         build_parser().parse_args(["run", "job.yaml", "--workers", bad])
