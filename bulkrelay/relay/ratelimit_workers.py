@@ -1,13 +1,13 @@
 """The rate limit of a run in several worker processes (`execution.workers`), kept without Redis.
 
 Each of N workers paces its own starts at `rate / N` (its local `RateLimiter`), so the run's starts in
-any second stay within the rate, with no round trip a request: the workers' rows are shared out
-evenly (ops/sharding.py `WorkerShare`), so each has about a Nth of them. A worker that ends early leaves its share unused, which makes
-the run's tail slower, never faster than the rate. What a target says to one worker it says to all:
-a 429's pause (`Retry-After`, a quota's reset) is told to the run's parent, which tells every other
-worker, and each holds its starts until the same deadline (the monotonic clock is the machine's, one
-for every process). A limit shared through Redis (`rate_limit.shared`) is kept there instead, whole:
-the workers are then simply more of its clients.
+any second stay within the rate, with no round trip a request: the workers' rows are shared out evenly
+(ops/sharding.py `WorkerShare`), so each has about a Nth of them. A worker that ends early leaves its
+share unused, which makes the run's tail slower, never faster than the rate. What a target says to one
+worker it says to all: a 429's pause (`Retry-After`, a quota's reset) is told to the run's parent, which
+tells every other worker, and each holds its starts until the same deadline (the monotonic clock is the
+machine's, one for every process). A limit shared through Redis (`rate_limit.shared`) is kept there
+instead, whole: the workers are then simply more of its clients.
 """
 
 from __future__ import annotations
