@@ -10,7 +10,8 @@ from pathlib import Path
 
 from tests.waiting import HANG_S
 
-WORKER_MODULE = b"bulkrelay.ops.relayworker"
+WORKER_MODULE = b"bulkrelay.ops.relayworker"  # a worker started as an interpreter
+WORKER_NAME = "relayworker"  # a worker forked from its parent (ops/workerfork.py)
 
 
 def workers_of(parent: int) -> list[int]:
@@ -24,8 +25,10 @@ def workers_of(parent: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and WORKER_MODULE in cmdline and not _zombie(stat):
+        name, after = stat.split("(", 1)[1].rsplit(")", 1)
+        ppid = int(after.split()[1])
+        worker = WORKER_MODULE in cmdline or name == WORKER_NAME
+        if ppid == parent and worker and not _zombie(stat):
             found.append(int(entry.name))
     return sorted(found)
 

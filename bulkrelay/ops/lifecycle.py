@@ -313,6 +313,8 @@ def relay_locked(
             raise sole_error(group) from None
         finally:
             reporter.close()
+            if pool is not None:
+                pool.close()
             sink_behind = None if sink is None else close_sink(sink)
         behind = None
         if preflight.digester is not None or run.plan.mirror_deletes:

@@ -1,4 +1,5 @@
-"""One worker process of a run (`execution.workers`): `python -m bulkrelay.ops.relayworker FD PPID`.
+"""One worker process of a run (`execution.workers`): forked from the run's process (ops/workerfork.py)
+or, where that process may not fork, started as `python -m bulkrelay.ops.relayworker FD PPID`.
 
 The parent (ops/workers.py) preflighted the input once and holds the run and its journal. Over the
 socket `FD` it hands this process what preflight found and which rows are pending; the worker's own
@@ -108,10 +109,15 @@ class SocketOutbox:
 
 def main(argv: list[str]) -> int:
     fd, parent = int(argv[1]), int(argv[2])
+    return serve(socket.socket(fileno=fd), parent)
+
+
+def serve(sock: socket.socket, parent: int) -> int:
+    """Be worker of the run whose process is `parent`, which speaks at the other end of `sock`; the
+    exit status. Started as an interpreter (`main`) or forked from the parent (ops/workerfork.py)."""
     if not die_with_parent(parent):
         return 1  # the run ended before this worker started: nothing it sent could be journaled
     no_core_dumps()
-    sock = socket.socket(fileno=fd)
     return anyio.run(_work, sock, backend_options={"use_uvloop": True})
 
 

@@ -1,10 +1,11 @@
 """One run in several worker processes (`execution.workers: N | auto`): the parent's side.
 
 The parent preflighted the input once, holds the run's lock and is the journal's only writer. It
-starts N workers (ops/relayworker.py), hands each the pending rows, of which it sends its share
-(ops/sharding.py `WorkerShare`), and journals their final results as they arrive, so every promise the
-journal keeps for one process it keeps here: a result counts once it is committed, in one file, by
-one writer; the run's resume and every reader of the journal are those of any run. The parent is the
+starts N workers (ops/relayworker.py, forked from it: ops/workerfork.py), hands each the pending
+rows, of which it sends its share (ops/sharding.py `WorkerShare`), and journals their final results
+as they arrive, so every promise the journal keeps for one process it keeps here: a result counts
+once it is committed, in one file, by one writer; the run's resume and every reader of the journal
+are those of any run. The parent is the
 run's one progress, checkpoint, summary, envelope and metrics file. It passes stops on to every worker
 (SIGTERM, a budget, a halt in any one of them) and a 429's pause from one to the others.
 
@@ -27,7 +28,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import orjson
@@ -36,6 +37,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bulkrelay.job.preflight import Preflight, PreflightFacts
 from bulkrelay.ops.relayworker import WorkerHandoff
+from bulkrelay.ops.workerfork import ForkedProcess, fork_workers, may_fork
 from bulkrelay.ops.workerwire import Kind, entries_of, frame, json_frame, receive
 from bulkrelay.private import make_private_dir, open_private
 from bulkrelay.relay.affinity import usable_cpus
@@ -58,10 +60,20 @@ def worker_count(setting: int | str, concurrency: int) -> int:
     return max(1, min(wanted, concurrency))
 
 
+class _Process(Protocol):
+    """A worker's process: started as an interpreter (subprocess.Popen) or forked (ForkedProcess)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+    def wait(self) -> int: ...
+    def kill(self) -> None: ...
+
+
 @dataclass
 class _Worker:
     index: int
-    process: subprocess.Popen[bytes]
+    process: _Process
     stream: SocketStream
     log: Path
     lock: anyio.Lock = field(default_factory=anyio.Lock)
@@ -83,6 +95,7 @@ class LocalWorkers:
         facts = PreflightFacts.of(preflight)
         pending = replace(start, journal=None)  # the journal's state is the parent's alone
         self._run = run
+        self._forked: dict[int, tuple[ForkedProcess, socket.socket]] = {}
         self._handoffs = [
             WorkerHandoff(
                 facts=facts,
@@ -95,6 +108,8 @@ class LocalWorkers:
             )
             for index in range(count)
         ]
+        if may_fork():  # before the event loop and its threads start (ops/workerfork.py)
+            self._forked = dict(enumerate(fork_workers([self._log_path(index) for index in range(count)])))
 
     async def relay(self, journal: JournalWriter, stop: StopControl, stats: RelayStats) -> None:
         workers: list[_Worker] = []
@@ -108,14 +123,37 @@ class LocalWorkers:
                         serving.start_soon(partial(_serve, worker, workers, journal, stop=stop, stats=stats))
                 around.cancel_scope.cancel()
         finally:
+            self.close()
             with anyio.CancelScope(shield=True):
                 for worker in workers:
                     await _ended(worker)
 
+    def close(self) -> None:
+        """End the forked workers no run took (the run failed before it started them all)."""
+        forked, self._forked = self._forked, {}
+        for process, sock in forked.values():
+            sock.close()
+            process.kill()
+            process.wait()
+
+    def _log_path(self, index: int) -> Path:
+        path = self._run.path / WORKERS_DIR / f"worker-{index}.log"
+        make_private_dir(path.parent)
+        return path
+
     async def _start(self, handoff: WorkerHandoff) -> _Worker:
+        log_path = self._log_path(handoff.index)
+        forked = self._forked.pop(handoff.index, None)
+        process, ours = self._spawn(log_path) if forked is None else forked
+        stream = await SocketStream.from_socket(ours)
+        worker = _Worker(handoff.index, process, stream, log_path)
+        await worker.tell(frame(Kind.HANDOFF, pickle.dumps(handoff)))
+        return worker
+
+    @staticmethod
+    def _spawn(log_path: Path) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        """A worker started as a new interpreter, where this process may not fork."""
         ours, theirs = socket.socketpair()
-        log_path = self._run.path / WORKERS_DIR / f"worker-{handoff.index}.log"
-        make_private_dir(log_path.parent)
         log = open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         with theirs:
             try:
@@ -131,10 +169,7 @@ class LocalWorkers:
                 )
             finally:
                 os.close(log)
-        stream = await SocketStream.from_socket(ours)
-        worker = _Worker(handoff.index, process, stream, log_path)
-        await worker.tell(frame(Kind.HANDOFF, pickle.dumps(handoff)))
-        return worker
+        return process, ours
 
 
 async def _serve(

@@ -165,9 +165,12 @@ class BarReporter:
         )
         self._task = self._progress.add_task(description, total=None, ok=0, failed=0, rate="-", pace="")
         self._rate = _CallRate()
-        self._progress.start()
+        self._started = False
 
     def update(self, snapshot: Snapshot) -> None:
+        if not self._started:  # its drawing thread starts with the first rows: a run's worker
+            self._started = True  # processes are forked before it, from one thread (ops/workerfork.py)
+            self._progress.start()
         rate = self._rate.rows_per_second(snapshot, _clock())
         self._progress.update(
             self._task,
@@ -180,7 +183,8 @@ class BarReporter:
         )
 
     def close(self) -> None:
-        self._progress.stop()
+        if self._started:
+            self._progress.stop()
 
 
 class CallbackReporter:

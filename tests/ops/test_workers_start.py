@@ -1,0 +1,149 @@
+"""How a run's workers start (ops/workerfork.py): forked from the run's process, which has imported
+everything already, whenever that process runs one thread, on a terminal too (the progress bar's
+thread starts after them); as new interpreters when it runs more. Either way every row once, and a
+forked worker holds nothing of its parent's but its memory: no run lock, no journal, no pipe."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bulkrelay.errors import ExitCode
+from tests.clirun import cli_env
+from tests.jobfiles import write_job
+from tests.runsteps import assert_each_row_once, sent_ids
+from tests.spawnedruns import start_run
+from tests.targetproc import TargetProcess
+from tests.waiting import HANG_S
+from tests.workerprocs import WORKER_MODULE, WORKER_NAME, wait_for_workers
+
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 20}]})]
+
+ROWS = 300  # at 20 ms an answer over 4 requests in flight: a second or more, time to look at the workers
+
+# A run whose process runs a second thread when it starts its workers (a library's, an earlier step's).
+_WITH_A_THREAD = """\
+import sys, threading
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+from bulkrelay.cli.main import main
+sys.exit(main())
+"""
+
+
+def _job(tmp_path: Path, url: str) -> Path:
+    return write_job(
+        tmp_path,
+        url,
+        rows=ROWS,
+        input={"key": "id"},
+        request={"idempotency_key": {"header": "Idempotency-Key"}},
+        execution={"concurrency": 4, "workers": 2},
+    )
+
+
+def _command(job: Path) -> list[str]:
+    return ["run", str(job), "--budget", "0", "--runs-dir", str(job.parent / "runs")]
+
+
+def _name(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def _open_files(pid: int) -> dict[int, str]:
+    """What `pid`'s descriptors point at, read while it runs."""
+    found = {}
+    for entry in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            found[int(entry.name)] = os.readlink(entry)
+        except OSError:  # closed meanwhile
+            continue
+    return found
+
+
+def _finished(proc: subprocess.Popen[bytes], job: Path, target: TargetProcess) -> None:
+    """`proc` ended with every row journaled once and sent once."""
+    stdout, _ = proc.communicate(timeout=HANG_S)
+    envelope = orjson.loads(stdout)
+    assert proc.returncode == ExitCode.SUCCESS, envelope
+    assert_each_row_once(Path(envelope["data"]["run_dir"]), ROWS)
+    assert Counter(sent_ids(target).values()) == {1: ROWS}
+
+
+def test_workers_are_forked_from_the_run_and_hold_none_of_its_files(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = _job(tmp_path, target.url)
+    proc = start_run(job)
+    workers = wait_for_workers(proc, 2)
+
+    seen = {pid: (_name(pid), Path(f"/proc/{pid}/cmdline").read_bytes(), _open_files(pid)) for pid in workers}
+
+    runs = str(job.parent / "runs")
+    for name, cmdline, files in seen.values():
+        assert name == WORKER_NAME and WORKER_MODULE not in cmdline  # a fork, not a new interpreter
+        in_runs = {fd: path for fd, path in files.items() if path.startswith(runs)}
+        logs = set(in_runs.values())
+        assert len(logs) == 1 and logs.pop().endswith(".log"), in_runs  # its log; no lock, no journal
+        assert files[1] == files[2] and files[1].endswith(".log"), files  # its output: the log
+        assert files[0] == os.devnull, files  # not the parent's input
+    _finished(proc, job, target)
+
+
+def test_a_run_that_runs_other_threads_starts_its_workers_as_interpreters(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = _job(tmp_path, target.url)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WITH_A_THREAD, *_command(job)],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    workers = wait_for_workers(proc, 2)
+
+    assert all(WORKER_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers)
+    _finished(proc, job, target)
+
+
+def test_on_a_terminal_the_workers_are_forked_before_the_progress_bar_draws(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = _job(tmp_path, target.url)
+    terminal, seat = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bulkrelay", *_command(job)],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=seat,  # the bar draws on stderr when it is a terminal
+    )
+    os.close(seat)
+    drawn = bytearray()
+    reader = threading.Thread(target=_drain, args=(terminal, drawn), daemon=True)  # the bar never blocks
+    reader.start()
+    workers = wait_for_workers(proc, 2)
+
+    assert all(_name(pid) == WORKER_NAME for pid in workers)
+    _finished(proc, job, target)
+    reader.join(HANG_S)
+    assert f"{ROWS}/{ROWS}".encode() in drawn  # the bar did draw, to the end
+
+
+def _drain(terminal: int, into: bytearray) -> None:
+    try:
+        while chunk := os.read(terminal, 65536):
+            into.extend(chunk)
+    except OSError:  # EIO: the last process holding the terminal's other side ended
+        pass
+    finally:
+        os.close(terminal)
