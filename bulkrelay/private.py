@@ -75,7 +75,16 @@ def link_refused(path: Path) -> RunDirUnsafe:
     )
 
 
-_PR_SET_DUMPABLE = 4  # <linux/prctl.h>
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PR_SET_DUMPABLE = 4
+_PR_SET_NAME = 15
+
+
+def _prctl(option: int, value: int | bytes) -> None:
+    """Linux's prctl(option, value); elsewhere, or where refused, nothing."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
 def no_core_dumps() -> None:
@@ -86,18 +95,16 @@ def no_core_dumps() -> None:
     workers and shards, and the line scan). Elsewhere, or where refused, it changes what it can."""
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+    _prctl(_PR_SET_DUMPABLE, 0)
 
 
 def die_with_parent(parent: int) -> bool:
     """Have this process killed (SIGKILL) when its parent ends (Linux; elsewhere the caller ends at the
     end of its pipe to the parent). False when the parent `parent` has ended already."""
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     return os.getppid() == parent
+
+
+def name_this_process(name: bytes) -> None:
+    """This process's name in ps and top (/proc/PID/comm, at most 15 bytes; Linux only)."""
+    _prctl(_PR_SET_NAME, name)

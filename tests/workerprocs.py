@@ -8,10 +8,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from bulkrelay.ops import workerfork
 from tests.waiting import HANG_S
 
 WORKER_MODULE = b"bulkrelay.ops.relayworker"  # a worker started as an interpreter
-WORKER_NAME = "relayworker"  # a worker forked from its parent (ops/workerfork.py)
+WORKER_NAME = workerfork.WORKER_NAME.decode()  # a worker forked from its parent
 
 
 def workers_of(parent: int) -> list[int]:

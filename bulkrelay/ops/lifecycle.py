@@ -294,21 +294,23 @@ def relay_locked(
         observer.run_started(run, preflight, stats)
     sink = None if target is None else open_sink(target, run)
     sink_behind = None
-    pool = worker_pool(preflight, run, start, options)
-    pin = preflight.job.config.execution.pin_cpu and pool is None  # with workers, each holds a CPU
+    pool: LocalWorkers | None = None
     try:
         try:
             spared = [] if sink is None else sink.spared()  # the sink's feeder: not on the relay's CPU
-            with relay_collections(), relay_cpu(pin, spared):
-                outcome = anyio.run(
-                    partial(_relay_with_stops, pool=pool),
-                    preflight,
-                    run,
-                    start,
-                    (reporter, options, stop, stats),
-                    sink,
-                    backend_options={"use_uvloop": True},
-                )
+            with relay_collections():
+                pool = worker_pool(preflight, run, start, options)  # forked after the collection
+                pin = preflight.job.config.execution.pin_cpu and pool is None  # else each worker pins
+                with relay_cpu(pin, spared):
+                    outcome = anyio.run(
+                        partial(_relay_with_stops, pool=pool),
+                        preflight,
+                        run,
+                        start,
+                        (reporter, options, stop, stats),
+                        sink,
+                        backend_options={"use_uvloop": True},
+                    )
         except BaseExceptionGroup as group:
             raise sole_error(group) from None
         finally:

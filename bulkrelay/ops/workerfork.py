@@ -17,7 +17,6 @@ runs exactly what a worker started as an interpreter runs (ops/relayworker.py `s
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import gc
 import os
@@ -30,10 +29,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from bulkrelay.ops.relayworker import serve
-from bulkrelay.private import open_private
+from bulkrelay.private import name_this_process, open_private
 
 WORKER_NAME = b"relayworker"  # the forked worker's name in ps and top (/proc/PID/comm)
-_PR_SET_NAME = 15  # <linux/prctl.h>
 _SOCKET_FD = 3  # where the child's end of its socket is, before every higher descriptor is closed
 _ABOVE_STANDARD = 10  # descriptors are moved here first, clear of 0-3, before they take their places
 
@@ -83,7 +81,8 @@ def may_fork() -> bool:
 
 def fork_workers(log_paths: list[Path]) -> list[tuple[ForkedProcess, socket.socket]]:
     """Workers forked now, each writing to its log and waiting for its handoff at the other end of
-    the socket returned with it. The caller checked `may_fork()`."""
+    the socket returned with it. The caller checked `may_fork()`; under relay/heap.py's
+    `relay_collections` the collection here has next to nothing left to look at."""
     gc.collect()  # no garbage of the parent's is left for a child's collector to finalize (its files)
     return [_fork_worker(path) for path in log_paths]
 
@@ -92,9 +91,7 @@ def _fork_worker(log_path: Path) -> tuple[ForkedProcess, socket.socket]:
     ours, theirs = socket.socketpair()
     log = open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     parent = os.getpid()
-    for stream in (sys.stdout, sys.stderr):  # what the parent has buffered is the parent's to write
-        with suppress(OSError, ValueError, AttributeError):
-            stream.flush()
+    _flush_output()  # what the parent has buffered is the parent's to write, not the child's too
     pid = os.fork()
     if pid == 0:
         _be_worker(theirs.fileno(), log, parent)
@@ -109,16 +106,20 @@ def _be_worker(sock_fd: int, log_fd: int, parent: int) -> NoReturn:
         gc.freeze()  # the parent's objects, all reachable (fork_workers), are left alone here
         _keep_only(sock_fd, log_fd)
         _plain_signals()
-        _name_this_process()
+        name_this_process(WORKER_NAME)
         code = serve(socket.socket(fileno=_SOCKET_FD), parent)
     except BaseException:  # the child ends here, whatever happened (os._exit, below)
         with suppress(Exception):
             traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with suppress(Exception):
-                stream.flush()
+        _flush_output()
         os._exit(code)
+
+
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):  # closed, replaced, or its disk full: nothing to do about it here
+            stream.flush()
 
 
 def _keep_only(sock_fd: int, log_fd: int) -> None:
@@ -146,8 +147,3 @@ def _plain_signals() -> None:
             handler = signal.getsignal(number)
             if callable(handler) and handler is not signal.default_int_handler:
                 signal.signal(number, signal.SIG_DFL)
-
-
-def _name_this_process() -> None:
-    with suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, WORKER_NAME, 0, 0, 0)

@@ -123,13 +123,13 @@ class LocalWorkers:
                         serving.start_soon(partial(_serve, worker, workers, journal, stop=stop, stats=stats))
                 around.cancel_scope.cancel()
         finally:
-            self.close()
             with anyio.CancelScope(shield=True):
                 for worker in workers:
                     await _ended(worker)
 
     def close(self) -> None:
-        """End the forked workers no run took (the run failed before it started them all)."""
+        """End the forked workers no run took (the run failed before it started them all); the
+        pool's owner calls it once the relay is over (ops/lifecycle.py `relay_locked`)."""
         forked, self._forked = self._forked, {}
         for process, sock in forked.values():
             sock.close()

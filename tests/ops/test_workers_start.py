@@ -1,7 +1,7 @@
 """How a run's workers start (ops/workerfork.py): forked from the run's process, which has imported
 everything already, whenever that process runs one thread, on a terminal too (the progress bar's
 thread starts after them); as new interpreters when it runs more. Either way every row once, and a
-forked worker holds nothing of its parent's but its memory: no run lock, no journal, no pipe."""
+forked worker holds nothing of its parent's but its memory: not the run's lock, not its pipes."""
 
 from __future__ import annotations
 
@@ -9,24 +9,29 @@ import os
 import subprocess
 import sys
 import threading
-from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
+from bulkrelay.store.rundir import LOCK
 from tests.clirun import cli_env
 from tests.jobfiles import write_job
-from tests.runsteps import assert_each_row_once, sent_ids
-from tests.spawnedruns import start_run
+from tests.runsteps import assert_each_row_once
+from tests.spawnedruns import run_dir_of, start_run
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 from tests.workerprocs import WORKER_MODULE, WORKER_NAME, wait_for_workers
 
-pytestmark = [pytest.mark.slow, pytest.mark.target_plan({"dedup": True, "rules": [{"delay_ms": 20}]})]
+# Every request answers 503 until the test lets the target succeed (`_finished`): until then no row
+# ends, so the workers are there to look at however slow the machine. A hundred attempts at most 3 s
+# apart last about as long as HANG_S, the bound of every wait of the tests.
+HELD: dict[str, Any] = {"dedup": True, "rules": [{"status": 503}]}
+pytestmark = [pytest.mark.slow, pytest.mark.target_plan(HELD)]
 
-ROWS = 300  # at 20 ms an answer over 4 requests in flight: a second or more, time to look at the workers
+ROWS = 40
 
 # A run whose process runs a second thread when it starts its workers (a library's, an earlier step's).
 _WITH_A_THREAD = """\
@@ -44,6 +49,7 @@ def _job(tmp_path: Path, url: str) -> Path:
         rows=ROWS,
         input={"key": "id"},
         request={"idempotency_key": {"header": "Idempotency-Key"}},
+        retry={"max_attempts": 100, "initial_backoff_seconds": 0.05, "max_backoff_seconds": 3},
         execution={"concurrency": 4, "workers": 2},
     )
 
@@ -67,13 +73,15 @@ def _open_files(pid: int) -> dict[int, str]:
     return found
 
 
-def _finished(proc: subprocess.Popen[bytes], job: Path, target: TargetProcess) -> None:
-    """`proc` ended with every row journaled once and sent once."""
+def _finished(proc: subprocess.Popen[bytes], target: TargetProcess) -> None:
+    """Once the target answers, `proc` ends with every row journaled once and applied once."""
+    target.set_plan({"dedup": True})
     stdout, _ = proc.communicate(timeout=HANG_S)
     envelope = orjson.loads(stdout)
     assert proc.returncode == ExitCode.SUCCESS, envelope
     assert_each_row_once(Path(envelope["data"]["run_dir"]), ROWS)
-    assert Counter(sent_ids(target).values()) == {1: ROWS}
+    stats = target.stats()
+    assert (stats["effects"], stats["duplicates"]) == (ROWS, 0)
 
 
 def test_workers_are_forked_from_the_run_and_hold_none_of_its_files(
@@ -81,19 +89,24 @@ def test_workers_are_forked_from_the_run_and_hold_none_of_its_files(
 ) -> None:
     job = _job(tmp_path, target.url)
     proc = start_run(job)
-    workers = wait_for_workers(proc, 2)
+    workers = wait_for_workers(proc, 2)  # named once their descriptors are theirs (ops/workerfork.py)
+    run_dir = run_dir_of(job)
+    lock = str(run_dir / LOCK)
+    parents = set(_open_files(proc.pid).values())
+    # What the parent holds that no one else may: the run's locks (its directory's, its key's in
+    # runs/.live), its pipes and sockets (its output, the other workers' sockets). A pipe or socket
+    # is one inode, whoever holds it.
+    live = str(job.parent / "runs" / ".live")
+    held = {path for path in parents if path == lock or path.startswith(("pipe:", "socket:", live))}
 
-    seen = {pid: (_name(pid), Path(f"/proc/{pid}/cmdline").read_bytes(), _open_files(pid)) for pid in workers}
-
-    runs = str(job.parent / "runs")
-    for name, cmdline, files in seen.values():
-        assert name == WORKER_NAME and WORKER_MODULE not in cmdline  # a fork, not a new interpreter
-        in_runs = {fd: path for fd, path in files.items() if path.startswith(runs)}
-        logs = set(in_runs.values())
-        assert len(logs) == 1 and logs.pop().endswith(".log"), in_runs  # its log; no lock, no journal
-        assert files[1] == files[2] and files[1].endswith(".log"), files  # its output: the log
+    assert lock in held and len(held) > 1 + 2  # the lock, the envelope's pipe, a socket to each worker
+    for pid in workers:
+        files = _open_files(pid)
+        assert _name(pid) == WORKER_NAME and WORKER_MODULE not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert not held & set(files.values()), files  # none of them: no lock kept after a kill -9
+        assert files[1] == files[2] and files[1].startswith(str(run_dir / "workers")), files  # its log
         assert files[0] == os.devnull, files  # not the parent's input
-    _finished(proc, job, target)
+    _finished(proc, target)
 
 
 def test_a_run_that_runs_other_threads_starts_its_workers_as_interpreters(
@@ -111,7 +124,7 @@ def test_a_run_that_runs_other_threads_starts_its_workers_as_interpreters(
     workers = wait_for_workers(proc, 2)
 
     assert all(WORKER_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers)
-    _finished(proc, job, target)
+    _finished(proc, target)
 
 
 def test_on_a_terminal_the_workers_are_forked_before_the_progress_bar_draws(
@@ -134,7 +147,7 @@ def test_on_a_terminal_the_workers_are_forked_before_the_progress_bar_draws(
     workers = wait_for_workers(proc, 2)
 
     assert all(_name(pid) == WORKER_NAME for pid in workers)
-    _finished(proc, job, target)
+    _finished(proc, target)
     reader.join(HANG_S)
     assert f"{ROWS}/{ROWS}".encode() in drawn  # the bar did draw, to the end
 
