@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from bulkrelay.store.rundir import LOCK
 from tests.clirun import cli_env
 from tests.jobfiles import write_job
 from tests.runsteps import assert_each_row_once
-from tests.spawnedruns import run_dir_of, start_run
+from tests.spawnedruns import run_dir_of
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
 from tests.workerprocs import WORKER_MODULE, WORKER_NAME, wait_for_workers
@@ -54,8 +56,27 @@ def _job(tmp_path: Path, url: str) -> Path:
     )
 
 
-def _command(job: Path) -> list[str]:
-    return ["run", str(job), "--budget", "0", "--runs-dir", str(job.parent / "runs")]
+@contextmanager
+def _running(
+    job: Path, program: list[str], stderr: int = subprocess.DEVNULL
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`program run JOB` in a process of its own, its envelope on a pipe; killed (its workers with
+    it) if the test ends first, so that a failed test leaves no run retrying behind it."""
+    command = [*program, "run", str(job), "--budget", "0", "--runs-dir", str(job.parent / "runs")]
+    proc = subprocess.Popen(
+        command,
+        cwd=job.parent,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _name(pid: int) -> str:
@@ -88,7 +109,12 @@ def test_workers_are_forked_from_the_run_and_hold_none_of_its_files(
     tmp_path: Path, target: TargetProcess
 ) -> None:
     job = _job(tmp_path, target.url)
-    proc = start_run(job)
+    with _running(job, [sys.executable, "-m", "bulkrelay"]) as proc:
+        _look_at_forked_workers(job, proc)
+        _finished(proc, target)
+
+
+def _look_at_forked_workers(job: Path, proc: subprocess.Popen[bytes]) -> None:
     workers = wait_for_workers(proc, 2)  # named once their descriptors are theirs (ops/workerfork.py)
     run_dir = run_dir_of(job)
     lock = str(run_dir / LOCK)
@@ -106,25 +132,17 @@ def test_workers_are_forked_from_the_run_and_hold_none_of_its_files(
         assert not held & set(files.values()), files  # none of them: no lock kept after a kill -9
         assert files[1] == files[2] and files[1].startswith(str(run_dir / "workers")), files  # its log
         assert files[0] == os.devnull, files  # not the parent's input
-    _finished(proc, target)
 
 
 def test_a_run_that_runs_other_threads_starts_its_workers_as_interpreters(
     tmp_path: Path, target: TargetProcess
 ) -> None:
     job = _job(tmp_path, target.url)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _WITH_A_THREAD, *_command(job)],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    workers = wait_for_workers(proc, 2)
+    with _running(job, [sys.executable, "-c", _WITH_A_THREAD]) as proc:
+        workers = wait_for_workers(proc, 2)
 
-    assert all(WORKER_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers)
-    _finished(proc, target)
+        assert all(WORKER_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers)
+        _finished(proc, target)
 
 
 def test_on_a_terminal_the_workers_are_forked_before_the_progress_bar_draws(
@@ -132,22 +150,15 @@ def test_on_a_terminal_the_workers_are_forked_before_the_progress_bar_draws(
 ) -> None:
     job = _job(tmp_path, target.url)
     terminal, seat = os.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bulkrelay", *_command(job)],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=seat,  # the bar draws on stderr when it is a terminal
-    )
-    os.close(seat)
-    drawn = bytearray()
-    reader = threading.Thread(target=_drain, args=(terminal, drawn), daemon=True)  # the bar never blocks
-    reader.start()
-    workers = wait_for_workers(proc, 2)
+    with _running(job, [sys.executable, "-m", "bulkrelay"], stderr=seat) as proc:  # the bar: on a terminal
+        os.close(seat)
+        drawn = bytearray()
+        reader = threading.Thread(target=_drain, args=(terminal, drawn), daemon=True)  # it never blocks
+        reader.start()
+        workers = wait_for_workers(proc, 2)
 
-    assert all(_name(pid) == WORKER_NAME for pid in workers)
-    _finished(proc, target)
+        assert all(_name(pid) == WORKER_NAME for pid in workers)
+        _finished(proc, target)
     reader.join(HANG_S)
     assert f"{ROWS}/{ROWS}".encode() in drawn  # the bar did draw, to the end
 
