@@ -244,5 +244,6 @@ def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[Enve
         done_rows=done,
         total=total,
         journal=scan.writer_state(),
+        journaled_through=scan.done.highest(),
     )
     return start, warnings

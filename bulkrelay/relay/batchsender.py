@@ -30,6 +30,7 @@ from bulkrelay.job.batch import BatchRenderer, Item
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest
 from bulkrelay.relay.auth import Authenticator
+from bulkrelay.relay.earliersends import EarlierSends
 from bulkrelay.relay.itemresults import PLAIN_SUCCESS, AnswerInvalid, ItemOutcome, ItemReader
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
@@ -109,9 +110,18 @@ class BatchSender(RowSender):
         stats: RelayStats | None = None,
         auth: Authenticator | None = None,
         delivery: str | None = None,
+        earlier: EarlierSends | None = None,
     ) -> None:
         super().__init__(
-            preflight, transport, limiter, policy, stop, stats=stats, auth=auth, delivery=delivery
+            preflight,
+            transport,
+            limiter,
+            policy,
+            stop,
+            stats=stats,
+            auth=auth,
+            delivery=delivery,
+            earlier=earlier,
         )
         assert preflight.batcher is not None
         self.batcher: BatchRenderer = preflight.batcher
@@ -167,6 +177,8 @@ class BatchSender(RowSender):
         the run stops first."""
         first_sent = 0.0
         waits = 0  # 409s to the batch's key in progress (sent before), apart from max_attempts
+        earlier = self._earlier
+        sent_before = earlier is not None and earlier.in_doubt(min(p.row_number for p in items), len(items))
         while True:
             for pending in items:
                 pending.attempts += 1
@@ -184,7 +196,8 @@ class BatchSender(RowSender):
             response = tried.response
             status = response.status if response is not None else None
             retry_after = self._retry_after(response)
-            if status == IN_PROGRESS_STATUS and self._sends_keys and first_sent != tried.sent:  # sent before
+            sent_before = sent_before or first_sent != tried.sent
+            if status == IN_PROGRESS_STATUS and self._sends_keys and sent_before:
                 decision = self._policy.in_progress(waits, retry_after)
                 waits += 1
             else:

@@ -28,6 +28,7 @@ from bulkrelay.relay.auth import Authenticator, open_authenticator
 from bulkrelay.relay.batches import BatchRelay
 from bulkrelay.relay.batchsender import BatchSender
 from bulkrelay.relay.bulkjobs import open_bulk_relay
+from bulkrelay.relay.earliersends import EarlierSends
 from bulkrelay.relay.failurerate import FailureRate
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import JobCounts, Reporter, Snapshot
@@ -39,7 +40,13 @@ from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import ClientCertificate, Transport, TransportSettings
 from bulkrelay.store.batchretries import RETRIES_FILE, BatchRetries
 from bulkrelay.store.checkpoint import Checkpoint, write_checkpoint
-from bulkrelay.store.journal import CommittedPrefix, JournalEntry, JournalState, JournalWriter
+from bulkrelay.store.journal import (
+    MOST_UNCOMMITTED_ROWS,
+    CommittedPrefix,
+    JournalEntry,
+    JournalState,
+    JournalWriter,
+)
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, utc_now
 from bulkrelay.store.summary import RequestCounts, SummaryCounts
@@ -62,6 +69,9 @@ class StartPoint:
     total: int | None = None  # rows this run is for; None: every record of the input
     journal: JournalState | None = None  # the journal's digest and rows so far (None: a new journal)
     positions: RowPositions | None = None  # the rows to send, by line (a sparse selection)
+    # The journal's highest row when this call continues a run (resume, the identical re-run), which
+    # the worker processes keep too: rows an earlier call may have sent are judged by it (earlier_sends).
+    journaled_through: int | None = None
 
 
 @dataclass
@@ -347,7 +357,9 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
     auth = open_authenticator(preflight, transport_factory, transport_settings(preflight), stop)
     limiter = open_limiter(config, preflight.shared_limit)
     delivery = _delivery(preflight, run)
-    sender = _row_sender(preflight, transport, limiter, stop, stats, auth=auth, delivery=delivery)
+    sender = _row_sender(
+        preflight, transport, limiter, stop, stats, start=start, auth=auth, delivery=delivery
+    )
     committed.pace = limiter.state
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)
@@ -507,6 +519,7 @@ def _row_sender(
     stop: StopControl,
     stats: RelayStats,
     *,
+    start: StartPoint,
     auth: Authenticator | None,
     delivery: str | None,
 ) -> RowSender:
@@ -520,7 +533,19 @@ def _row_sender(
         stats=stats,
         auth=auth,
         delivery=delivery,
+        earlier=earlier_sends(start, config),
     )
+
+
+def earlier_sends(start: StartPoint, config: JobConfig) -> EarlierSends | None:
+    """The rows an earlier call of this run may have sent unjournaled (relay/earliersends.py); None for
+    a call that starts its journal (a new run, a retry-failed run's first call)."""
+    if start.journaled_through is None:
+        return None
+    batch = config.request.batch
+    in_flight = config.execution.concurrency * (batch.max_items if batch is not None else 1)
+    window = in_flight + MOST_UNCOMMITTED_ROWS + config.halt.consecutive_failures
+    return EarlierSends(highest=start.journaled_through, window=window)
 
 
 def _batch_relay(
@@ -550,6 +575,7 @@ def _batch_relay(
         stats=stats,
         auth=auth,
         delivery=_batch_scope(run, delivery),
+        earlier=earlier_sends(start, config),
     )
     journaled = start.journal.done if start.journal is not None else None
     retries = BatchRetries(run.path / RETRIES_FILE, run.storage)
@@ -577,7 +603,14 @@ async def relay_share(
     transport = transport_factory(settings)
     auth = open_authenticator(preflight, transport_factory, settings, stop)
     sender = _row_sender(
-        preflight, transport, limiter, stop, stats, auth=auth, delivery=_delivery(preflight, run)
+        preflight,
+        transport,
+        limiter,
+        stop,
+        stats,
+        start=start,
+        auth=auth,
+        delivery=_delivery(preflight, run),
     )
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)

@@ -16,6 +16,7 @@ from bulkrelay.job.inputs.lookups import LookupMissed
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.relay.auth import Authenticator, Token
+from bulkrelay.relay.earliersends import EarlierSends
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
 from bulkrelay.relay.response import ResponseReader
@@ -68,8 +69,10 @@ class RowSender:
         stats: RelayStats | None = None,
         auth: Authenticator | None = None,
         delivery: str | None = None,
+        earlier: EarlierSends | None = None,
     ) -> None:
         config = preflight.job.config
+        self._earlier = earlier  # a continued run's rows an earlier call may have sent (None: a new run)
         self._auth = auth  # request.auth: each attempt's token or signature (relay/auth/base.py)
         self._delivery = delivery  # a delta job's delivering run: part of each row's idempotency key
         self._stats = stats or RelayStats()
@@ -98,6 +101,7 @@ class RowSender:
         started = _monotonic()
         first_sent = 0.0  # when the row was first sent: a token younger than that was fetched for it
         attempt = waits = 0  # waits: 409s to the row's key in progress, apart from max_attempts
+        sent_before = self._earlier is not None and self._earlier.in_doubt(record.row_number)
         while True:
             attempt += 1
             if not self._limiter.try_start() and not await self._started():
@@ -113,7 +117,8 @@ class RowSender:
                     return None
                 self._stats.on_retry()
                 continue
-            if status == IN_PROGRESS_STATUS and key is not None and attempt > 1:  # sent before: waited out
+            # A 409 to a key sent before, by this call or maybe an earlier one: the target still answers it
+            if status == IN_PROGRESS_STATUS and key is not None and (attempt > 1 or sent_before):
                 decision, retry_after = self._policy.in_progress(waits, self._retry_after(response)), None
                 waits += 1
             else:

@@ -64,6 +64,11 @@ class RowSet:
     def count(self) -> int:
         return self._count
 
+    def highest(self) -> int:
+        """The highest row in the set; 0 when it is empty."""
+        value = int.from_bytes(self._bits, "little") & ((1 << (self.size + 1)) - 2)  # no bit 0, no padding
+        return value.bit_length() - 1 if value else 0
+
     def missing(self) -> Iterator[int]:
         """The rows not in the set, ascending. Full bytes are skipped without a Python-level step."""
         for match in _NOT_FULL.finditer(self._bits):

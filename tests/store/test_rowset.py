@@ -88,3 +88,19 @@ def test_add_all_refuses_a_row_out_of_range_keeping_the_count_true(row: int) -> 
     with pytest.raises(ValueError, match="outside"):
         rows.add_all([2, row])
     assert [row for row in range(1, 11) if row in rows] == [2] and len(rows) == 1
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 16, 1000])
+def test_highest_is_the_highest_row_added_never_a_padding_bit(size: int) -> None:
+    rows = RowSet(size)
+    assert rows.highest() == 0
+    for row in sorted({1, size // 2, size} & set(range(1, size + 1))):
+        rows.add(row)
+        assert rows.highest() == row
+    assert RowSet.from_bytes(size, rows.to_bytes()).highest() == size  # 0 for no rows
+
+
+def test_highest_of_a_complement_is_its_highest_missing_row() -> None:
+    rows = RowSet(10)
+    rows.add_all([1, 2, 9, 10])
+    assert rows.complement().highest() == 8

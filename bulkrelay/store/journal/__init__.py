@@ -4,6 +4,7 @@ the rest of BulkRelay imports, so `from bulkrelay.store.journal import X` reads 
 
 from bulkrelay.store.journal.rows import (
     MAX_LINE_BYTES,
+    MOST_UNCOMMITTED_ROWS,
     CommitMarker,
     CommittedPrefix,
     JournalEntry,
@@ -31,6 +32,7 @@ from bulkrelay.store.journal.rows import (
 
 __all__ = [
     "MAX_LINE_BYTES",
+    "MOST_UNCOMMITTED_ROWS",
     "CommitMarker",
     "CommittedPrefix",
     "JournalEntry",

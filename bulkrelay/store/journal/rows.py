@@ -64,6 +64,11 @@ _TRUNCATED = "truncated line (no newline at the end)"  # only ever the last line
 _FAILURE_GRACE = 0.1  # seconds; see JournalWriter._check_running
 
 _MISSING = object()
+
+GROUP_ROWS = 1000  # a writer's group (one write and fsync) holds at most this many rows, or one longer unit
+# The rows a writer may hold answered but not committed: four groups' backlog (submit waits beyond it) and
+# a group being written. A process killed past its last commit lost at most these, and its rows in flight.
+MOST_UNCOMMITTED_ROWS = 5 * GROUP_ROWS
 _NoneType = type(None)
 _INT_OR_NULL: frozenset[type] = frozenset({int, _NoneType})
 _STR_OR_NULL: frozenset[type] = frozenset({str, _NoneType})
@@ -520,7 +525,7 @@ class JournalWriter:
         *,
         next_seq: int,
         on_commit: OnCommit,
-        max_rows: int = 1000,
+        max_rows: int = GROUP_ROWS,
         max_bytes: int = 1 << 20,
         max_delay: float = 0.010,
         state: JournalState | None = None,
