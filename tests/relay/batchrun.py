@@ -129,10 +129,13 @@ class BatchRun:
         return {entry.row_number: entry for entry in self.entries}
 
 
-async def run_batch_job(job_path: Path, target: RunningTarget, *, run: RunDir | None = None) -> BatchRun:
-    """Preflight and relay the job in-process into a new run directory (or `run`, from its start)."""
+async def run_batch_job(
+    job_path: Path, target: RunningTarget, *, run: RunDir | None = None, start: StartPoint | None = None
+) -> BatchRun:
+    """Preflight and relay the job in-process into a new run directory (or `run`), from its start (or
+    from `start`)."""
     preflight = run_preflight(load_job(job_path), None)
     run = run or RunDir.create(job_path.parent / "runs", plan_for(preflight))
-    outcome = await relay(preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter())
+    outcome = await relay(preflight, run, start or StartPoint(), stop=StopControl(), reporter=NullReporter())
     entries = list(read_journal(run.journal_path))
     return BatchRun(outcome, entries, target.state.requests(), run)

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from pathlib import Path
 
+import anyio
 import orjson
 import pytest
 
 from bulkrelay.demo.target import start_target
+from bulkrelay.job.config import load_job
+from bulkrelay.job.preflight import run_preflight
+from bulkrelay.ops.lifecycle import plan_for
+from bulkrelay.relay.engine import StartPoint
+from bulkrelay.store.rundir import RunDir
 from tests.relay.batchrun import SHAPES, run_batch_job, write_batch_job
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.anyio
 
@@ -353,6 +361,51 @@ async def test_a_409_to_a_key_still_in_progress_is_waited_out_under_that_key_nev
     assert len({r["idempotency_key"] for r in result.requests}) == 1  # never split into new keys
     assert 409 in {r["status"] for r in result.requests}
     assert all(e.success for e in result.entries) and len(result.entries) == 40
+
+
+@pytest.mark.parametrize("continued", [True, False])
+async def test_a_409_to_a_batchs_first_send_after_an_earlier_call_sent_it_is_waited_out_if_the_run_continues(
+    tmp_path: Path, continued: bool
+) -> None:
+    """An earlier call sent the batch and ended (cancelled here; a kill -9 leaves the same) while the
+    target still processed it. Continuing the run, the 409 to the batch's first send in this call is
+    that send in progress: waited out under its key. In a new run it is a refusal, split under new keys,
+    which applies the items a second time: what a continued run must never do."""
+    target = await start_target({"dedup": True, "in_progress_status": 409, "batch": {"delay_ms": 3000}})
+    try:
+        names = [f"user{n}" for n in range(1, 5)]
+        job = write_batch_job(
+            tmp_path,
+            target.url,
+            "hubspot",
+            names,
+            max_items=4,
+            execution={"concurrency": 1},
+            retry={"initial_backoff_seconds": 0.3, "max_backoff_seconds": 0.8},  # 8 waits: 5.7 s, past the 3
+        )
+        with anyio.fail_after(HANG_S):
+            async with anyio.create_task_group() as earlier:
+                earlier.start_soon(partial(run_batch_job, job, target, run=_new_run(job, "earlier")))
+                while not target.state.stats()["requests"]:  # the batch is being processed
+                    await anyio.sleep(0.01)
+                earlier.cancel_scope.cancel()
+        start = StartPoint(journaled_through=0) if continued else StartPoint()
+        result = await run_batch_job(job, target, start=start)
+        stats = target.state.stats()
+    finally:
+        await target.stop()
+    assert 409 in {r["status"] for r in result.requests}
+    if continued:
+        assert stats["items_applied_twice"] == [] and all(e.success for e in result.entries), result.entries
+        assert (
+            len({r["idempotency_key"] for r in result.requests}) == 1
+        )  # the earlier call's key, never split
+    else:
+        assert stats["items_applied_twice"] != []
+
+
+def _new_run(job: Path, name: str) -> RunDir:
+    return RunDir.create(job.parent / name, plan_for(run_preflight(load_job(job), None)))
 
 
 async def test_a_409_to_a_batchs_first_send_is_its_4xx_and_splits(tmp_path: Path) -> None:

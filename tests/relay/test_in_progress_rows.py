@@ -61,7 +61,7 @@ async def test_a_409_to_a_rows_first_send_is_waited_out_only_in_a_call_that_cont
     """Row 2's key is still being answered for an earlier call (one cancelled while the target held it,
     as a kill -9 leaves it). Continuing the run, the 409 to its first send in this call is that earlier
     send: waited out. In a new run the key cannot have been sent before: the 409 is row 2's result."""
-    held = {"match": {"body_field": "tag", "equals": "held"}, "delay_ms": 1500}
+    held = {"match": {"body_field": "tag", "equals": "held"}, "delay_ms": 3000}
     target = await start_target({"dedup": True, "in_progress_status": 409, "rules": [held]})
     try:
         job = write_job(
@@ -70,7 +70,11 @@ async def test_a_409_to_a_rows_first_send_is_waited_out_only_in_a_call_that_cont
             rows=3,
             tags={2: "held"},
             request={"idempotency_key": {"header": "Idempotency-Key"}},
-            retry={"max_attempts": 2, "initial_backoff_seconds": 0.2, "max_backoff_seconds": 0.4},
+            retry={
+                "max_attempts": 2,
+                "initial_backoff_seconds": 0.3,
+                "max_backoff_seconds": 0.8,
+            },  # 8 waits: 5.7 s
         )
         preflight = run_preflight(load_job(job), None)
         earlier = RunDir.create(tmp_path / "earlier", plan_for(preflight))
