@@ -75,14 +75,20 @@ def _raise_terminated(signum: int, _frame: FrameType | None) -> None:
     raise _Terminated(signum)
 
 
-def _open_closed_stdout() -> None:
-    """A closed stdout (`bulkrelay ... >&-`) becomes /dev/null: the command runs and exits with its code."""
-    if sys.stdout is None:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        if fd != 1:
-            os.dup2(fd, 1)
-            os.close(fd)
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - lives as long as the process
+def _open_closed_standard_streams() -> None:
+    """A closed stdin, stdout or stderr (`bulkrelay ... <&- >&- 2>&-`, a daemon's child) becomes /dev/null:
+    the command runs and exits with its code. Left closed, the run's next file would take its number, and
+    whatever writes to stderr (a library's warning, a Rust panic) would write into the journal."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if mode == "r" else os.O_WRONLY)
+            if null != fd:  # the lowest free number: `fd` itself unless a lower one is closed too
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 - lives as long as the process
 
 
 # BulkRelay leans on POSIX: fsync of directories, fcntl locks, sessions and process groups for background
@@ -103,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     # Python raises KeyboardInterrupt only when SIGINT was not ignored at start (a script's `cmd &` ignores
     # it); the relay handles SIGINT either way, so start-up and preflight must too, or it would be lost.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    _open_closed_stdout()
+    _open_closed_standard_streams()
     the_program = argv is None  # `bulkrelay`, `python -m bulkrelay`, not a caller that goes on
     argv = list(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()

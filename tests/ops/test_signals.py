@@ -384,6 +384,46 @@ def test_a_run_with_its_stdout_closed_relays_and_exits_with_its_code(tmp_path: P
     assert sorted(e["row_number"] for e in journal(run_dir_of(job))) == sent
 
 
+@pytest.mark.parametrize("closed", [(2,), (0, 1, 2)], ids=["stderr", "all three"])
+def test_a_run_with_standard_streams_closed_relays_and_exits_with_its_code(
+    tmp_path: Path, closed: tuple[int, ...]
+) -> None:
+    """`bulkrelay run ... <&- >&- 2>&-` (a daemon's child, a careless crontab): the closed streams become
+    /dev/null, and the run relays as any other. A closed stderr failed the run before it started (exit 1,
+    on `sys.stderr.isatty()`)."""
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=20)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bulkrelay",
+                "run",
+                str(job),
+                "--budget",
+                "0",
+                "--runs-dir",
+                str(tmp_path / "runs"),
+            ],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            preexec_fn=partial(_close_fds, closed),
+            timeout=120,
+            check=False,
+        )
+        sent = sorted(target_ids(target))
+    assert proc.returncode == ExitCode.SUCCESS
+    assert sent == list(range(1, 21))
+    assert sorted(e["row_number"] for e in journal(run_dir_of(job))) == sent
+
+
+def _close_fds(fds: tuple[int, ...]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
 def _writing_to_a_full_pipe(pid: int, read_end: int, size: int) -> bool:
     """Whether the process's main thread sleeps in the kernel writing to a pipe with no room left.
 
