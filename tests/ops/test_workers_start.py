@@ -25,7 +25,7 @@ from tests.runsteps import assert_each_row_once
 from tests.spawnedruns import run_dir_of
 from tests.targetproc import TargetProcess
 from tests.waiting import HANG_S
-from tests.workerprocs import WORKER_MODULE, WORKER_NAME, wait_for_workers
+from tests.workerprocs import WORKER_MODULE, WORKER_NAME, wait_for_workers, workers_of
 
 # Every request answers 503 until the test lets the target succeed (`_finished`): until then no row
 # ends, so the workers are there to look at however slow the machine. A hundred attempts at most 3 s
@@ -171,3 +171,52 @@ def _drain(terminal: int, into: bytearray) -> None:
         pass
     finally:
         os.close(terminal)
+
+
+# The pool of a run that fails after its workers were forked and before it started them (what fails
+# there in a run is rare: the relay's CPU claim, the event loop's start), then closed by its owner.
+_FORKED_THEN_CLOSED = """\
+import sys
+from pathlib import Path
+from bulkrelay.job.config import load_job
+from bulkrelay.job.preflight import run_preflight
+from bulkrelay.ops.lifecycle import plan_for
+from bulkrelay.ops.workers import LocalWorkers
+from bulkrelay.relay.engine import StartPoint
+from bulkrelay.store.rundir import RunDir
+job = Path(sys.argv[1])
+preflight = run_preflight(load_job(job), None)
+pool = LocalWorkers(preflight, RunDir.create(job.parent / "runs", plan_for(preflight)), StartPoint(), 2)
+print("forked", flush=True)
+sys.stdin.readline()
+pool.close()
+print("closed", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_workers_forked_for_a_run_that_never_started_them_end_with_its_pool(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    job = _job(tmp_path, target.url)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FORKED_THEN_CLOSED, str(job)],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline() == b"forked\n"
+        workers = wait_for_workers(proc, 2)
+        assert all(_name(pid) == WORKER_NAME for pid in workers)
+        proc.stdin.write(b"close\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"closed\n"
+        assert workers_of(proc.pid) == []  # killed and reaped, while their parent lives on
+        assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+        assert target.stats()["requests"] == 0  # none of them sent anything
+    finally:
+        proc.kill()
+        proc.communicate()
