@@ -89,6 +89,10 @@ class TargetProcess:
     def reset(self) -> None:
         self._call("POST", "reset", b"")
 
+    def release(self) -> None:
+        """Answer now every request a delay holds (POST /_control/release)."""
+        self._call("POST", "release", b"")
+
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(self._call("GET", "stats"))
         return result

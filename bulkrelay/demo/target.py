@@ -38,7 +38,7 @@ and then answers (all optional; status defaults to the plan's):
     "echo_header": "Authorization"   in the body, replace {echo} by that request header's value as sent,
                           {echo_json} by it escaped for a JSON string, {echo_url} percent-encoded,
                           {echo_b64} base64-encoded: a target that leaks what it was sent
-    "delay_ms": 1500      wait this long first (a slow response)
+    "delay_ms": 1500      wait this long first (a slow response), or until POST /_control/release
     "repeat": 10000       a string body this many times over (a huge answer)
     "reset": true         close the connection with a TCP reset instead of answering
 
@@ -88,6 +88,9 @@ Control API (never recorded or counted):
                              idempotency_key, body (text), status (null: reset), duplicate
     POST /_control/reset     forget requests, counters, stored answers and rule counters (keep the plan
                              and the store's records: the target a sync keeps in step across nights)
+    POST /_control/release   end every delay under way (a rule's delay_ms, a batch's): those requests
+                             are answered now. A test holds requests with a long delay and lets them go
+                             when it has seen what it waits for, never on a guess of how long that takes
 
 In-process: `await start_target(plan)`. As a process:
 `python -m bulkrelay.demo.target --port 0 --plan plan.json --port-file F` writes the chosen port to F.
@@ -98,6 +101,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import hashlib
 import os
 import signal
@@ -238,6 +242,7 @@ class TargetState:
 
     def __init__(self, plan: dict[str, Any] | None = None) -> None:
         self._started = time.monotonic()
+        self._released = asyncio.Event()  # set by POST /_control/release, then replaced by a new one
         self.set_plan(plan)
         self.reset()
         self.records: dict[str, Any] = {}  # the store's (plan "store"): outlives `reset`
@@ -376,13 +381,23 @@ class TargetState:
     async def _answering(self, idem: str | None, seconds: float) -> None:
         """The answer's delay, during which its key is in progress (plan `in_progress_status`)."""
         if idem is None:
-            await asyncio.sleep(seconds)
+            await self._delay(seconds)
             return
         self._in_progress.add(idem)
         try:
-            await asyncio.sleep(seconds)
+            await self._delay(seconds)
         finally:
             self._in_progress.discard(idem)
+
+    async def _delay(self, seconds: float) -> None:
+        """`seconds`, or less when POST /_control/release ends every delay under way."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._released.wait(), seconds)
+
+    def release(self) -> None:
+        """End every delay under way now; the delays that start later run their course."""
+        self._released.set()
+        self._released = asyncio.Event()
 
     def _decide(
         self, request: web.BaseRequest, body: bytes, idem: str | None
@@ -489,6 +504,9 @@ class TargetState:
             return web.Response(body=lines, content_type="application/x-ndjson")
         if action == ("POST", "reset"):
             self.reset()
+            return _json_response({"ok": True})
+        if action == ("POST", "release"):
+            self.release()
             return _json_response({"ok": True})
         if action == ("POST", "plan"):
             return await self._control_plan(request)

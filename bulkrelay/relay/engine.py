@@ -70,7 +70,7 @@ class StartPoint:
     journal: JournalState | None = None  # the journal's digest and rows so far (None: a new journal)
     positions: RowPositions | None = None  # the rows to send, by line (a sparse selection)
     # The journal's highest row when this call continues a run (resume, the identical re-run), which
-    # the worker processes keep too: rows an earlier call may have sent are judged by it (earlier_sends).
+    # the worker processes keep too: rows an earlier call may have sent are judged by it (_earlier_sends).
     journaled_through: int | None = None
 
 
@@ -533,11 +533,11 @@ def _row_sender(
         stats=stats,
         auth=auth,
         delivery=delivery,
-        earlier=earlier_sends(start, config),
+        earlier=_earlier_sends(start, config),
     )
 
 
-def earlier_sends(start: StartPoint, config: JobConfig) -> EarlierSends | None:
+def _earlier_sends(start: StartPoint, config: JobConfig) -> EarlierSends | None:
     """The rows an earlier call of this run may have sent unjournaled (relay/earliersends.py); None for
     a call that starts its journal (a new run, a retry-failed run's first call)."""
     if start.journaled_through is None:
@@ -575,7 +575,7 @@ def _batch_relay(
         stats=stats,
         auth=auth,
         delivery=_batch_scope(run, delivery),
-        earlier=earlier_sends(start, config),
+        earlier=_earlier_sends(start, config),
     )
     journaled = start.journal.done if start.journal is not None else None
     retries = BatchRetries(run.path / RETRIES_FILE, run.storage)

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+import anyio
 import pytest
 
 from bulkrelay.demo.target import RunningTarget, parse_plan, start_target
@@ -158,6 +159,32 @@ async def test_delay_slows_the_answer() -> None:
         status, _, _ = await client.post()
         assert status == 200
         assert time.monotonic() - started >= 0.19
+
+
+async def test_release_answers_every_delayed_request_now_and_keeps_later_delays() -> None:
+    """A key held by a long delay is in progress (409) until POST /_control/release lets it go; a delay
+    that starts after the release runs its course."""
+    plan = {"dedup": True, "in_progress_status": 409, "rules": [{"delay_ms": 600_000}]}
+    async with _target(plan) as client, anyio.create_task_group() as held:
+        answers: list[int] = []
+
+        async def send(key: str) -> None:
+            answers.append((await client.post(key=key))[0])
+
+        held.start_soon(send, "a")
+        held.start_soon(send, "b")
+        while client.target.state.stats()["requests"] < 2:
+            await anyio.sleep(0.01)
+        assert (await client.post(key="a"))[0] == 409  # still being answered
+        assert (await client.control("POST", "release"))[0] == 200
+        with anyio.fail_after(60):
+            while len(answers) < 2:
+                await anyio.sleep(0.01)
+        assert answers == [200, 200]
+        with anyio.move_on_after(0.3) as later:
+            await client.post(key="c")  # a delay that started after the release is held again
+        assert later.cancelled_caught
+        client.target.state.release()
 
 
 async def test_reset_closes_without_answer() -> None:

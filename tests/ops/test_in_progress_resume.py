@@ -18,7 +18,7 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.slow  # real processes: outside the fast lane (`-m "not slow"`)
 
 ROWS = 12
-HELD_MS = 8000  # the held rows' answers take this long: the resumed call sends them meanwhile
+HELD_MS = 600_000  # the held rows are answered when the test releases them, never on a timer
 HELD = ("/items/3", "/items/12")  # row 3 ends below the journal's highest row, row 12 above it
 
 
@@ -31,8 +31,7 @@ def test_rows_in_flight_at_a_kill_are_waited_out_when_resumed_not_failed(tmp_pat
             rows=ROWS,
             input={"key": "id"},
             request={"idempotency_key": {"header": "Idempotency-Key"}},
-            # Waits of 0.5, 1, then 2 s: 13.5 s in all, longer than the held answers take.
-            retry={"initial_backoff_seconds": 0.5, "max_backoff_seconds": 2, "jitter_ratio": 0},
+            retry={"initial_backoff_seconds": 0.5, "max_backoff_seconds": 5, "jitter_ratio": 0},
             execution={"concurrency": 4},
         )
         killed = start_run(job)
@@ -41,7 +40,11 @@ def test_rows_in_flight_at_a_kill_are_waited_out_when_resumed_not_failed(tmp_pat
         killed.send_signal(signal.SIGKILL)
         killed.communicate()  # reaped, its pipes closed
 
-        resumed = finish(start_run(job))  # the identical re-run continues the run
+        resuming = start_run(job)  # the identical re-run continues the run
+        # It meets the held keys in progress; then the killed call's sends are answered, and its waits end.
+        wait_for(lambda: target.stats()["by_status"].get("409", 0) >= len(HELD), "409s to the held keys")
+        target.release()
+        resumed = finish(resuming)
         stats = target.stats()
 
     assert resumed.exit_code == 0, resumed.stderr

@@ -10,14 +10,14 @@ import anyio
 import orjson
 import pytest
 
-from bulkrelay.demo.target import start_target
+from bulkrelay.demo.target import RunningTarget, start_target
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import run_preflight
 from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.relay.engine import StartPoint
 from bulkrelay.store.rundir import RunDir
-from tests.relay.batchrun import SHAPES, run_batch_job, write_batch_job
-from tests.waiting import HANG_S
+from tests.relay.batchrun import SHAPES, BatchRun, run_batch_job, write_batch_job
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -341,7 +341,7 @@ async def test_a_409_to_a_key_still_in_progress_is_waited_out_under_that_key_nev
     """A target keeping keys (IETF Idempotency-Key draft, Stripe) answers 409 while a key's first request
     is still being processed. The batch is slower than read_seconds: its retry meets the 409. Split
     into halves under new keys, 40 items were applied 120 times and every row journaled as failed."""
-    plan = {"dedup": True, "in_progress_status": 409, "batch": {"delay_ms": 1200}}
+    plan = {"dedup": True, "in_progress_status": 409, "batch": {"delay_ms": 600_000}}  # until released
     target = await start_target(plan)
     try:
         job = write_batch_job(
@@ -353,7 +353,7 @@ async def test_a_409_to_a_key_still_in_progress_is_waited_out_under_that_key_nev
             retry={"max_attempts": 3, "initial_backoff_seconds": 0.3, "max_backoff_seconds": 0.6},
             execution={"concurrency": 1, "timeout": {"read_seconds": 0.4}},
         )
-        result = await run_batch_job(job, target)
+        result = await _released_after_a_409(job, target, StartPoint())
         stats = target.state.stats()
     finally:
         await target.stop()
@@ -371,7 +371,7 @@ async def test_a_409_to_a_batchs_first_send_after_an_earlier_call_sent_it_is_wai
     target still processed it. Continuing the run, the 409 to the batch's first send in this call is
     that send in progress: waited out under its key. In a new run it is a refusal, split under new keys,
     which applies the items a second time: what a continued run must never do."""
-    target = await start_target({"dedup": True, "in_progress_status": 409, "batch": {"delay_ms": 3000}})
+    target = await start_target({"dedup": True, "in_progress_status": 409, "batch": {"delay_ms": 600_000}})
     try:
         names = [f"user{n}" for n in range(1, 5)]
         job = write_batch_job(
@@ -381,16 +381,14 @@ async def test_a_409_to_a_batchs_first_send_after_an_earlier_call_sent_it_is_wai
             names,
             max_items=4,
             execution={"concurrency": 1},
-            retry={"initial_backoff_seconds": 0.3, "max_backoff_seconds": 0.8},  # 8 waits: 5.7 s, past the 3
+            retry={"initial_backoff_seconds": 0.3, "max_backoff_seconds": 0.8},
         )
-        with anyio.fail_after(HANG_S):
-            async with anyio.create_task_group() as earlier:
-                earlier.start_soon(partial(run_batch_job, job, target, run=_new_run(job, "earlier")))
-                while not target.state.stats()["requests"]:  # the batch is being processed
-                    await anyio.sleep(0.01)
-                earlier.cancel_scope.cancel()
+        async with anyio.create_task_group() as earlier:
+            earlier.start_soon(partial(run_batch_job, job, target, run=_new_run(job, "earlier")))
+            await until(lambda: target.state.stats()["requests"], "the earlier call's batch held")
+            earlier.cancel_scope.cancel()
         start = StartPoint(journaled_through=0) if continued else StartPoint()
-        result = await run_batch_job(job, target, start=start)
+        result = await _released_after_a_409(job, target, start)
         stats = target.state.stats()
     finally:
         await target.stop()
@@ -402,6 +400,23 @@ async def test_a_409_to_a_batchs_first_send_after_an_earlier_call_sent_it_is_wai
         )  # the earlier call's key, never split
     else:
         assert stats["items_applied_twice"] != []
+
+
+async def _released_after_a_409(job: Path, target: RunningTarget, start: StartPoint) -> BatchRun:
+    """The call, its batches held by the target until it met a 409, then answered (the earlier call's
+    too) as they come: released every 50 ms until the call ends."""
+    results: list[BatchRun] = []
+
+    async def call() -> None:
+        results.append(await run_batch_job(job, target, start=start))
+
+    async with anyio.create_task_group() as calls:
+        calls.start_soon(call)
+        await until(lambda: target.state.stats()["by_status"].get("409"), "a 409 to the batch in progress")
+        while not results:
+            target.state.release()
+            await anyio.sleep(0.05)
+    return results[0]
 
 
 def _new_run(job: Path, name: str) -> RunDir:

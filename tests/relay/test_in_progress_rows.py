@@ -9,7 +9,7 @@ import anyio
 import orjson
 import pytest
 
-from bulkrelay.demo.target import start_target
+from bulkrelay.demo.target import RunningTarget, start_target
 from bulkrelay.job.config import load_job
 from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.lifecycle import plan_for
@@ -19,16 +19,20 @@ from bulkrelay.relay.stopping import StopControl
 from bulkrelay.store.journal import read_journal
 from bulkrelay.store.rundir import RunDir
 from tests.taggedjobs import write_job
-from tests.waiting import HANG_S
+from tests.waiting import until
 
 pytestmark = pytest.mark.anyio
 
+HELD_MS = 600_000  # the held sends are answered when the test releases them, never on a timer
+
 
 async def test_a_rows_409_after_its_key_was_sent_is_waited_out_under_the_same_key(tmp_path: Path) -> None:
+    """Each row's first send outlasts read_seconds; its second meets the key in progress (409), and the
+    target answers the first sends only once it has, so the 409 is met however slow the machine."""
     plan = {
         "dedup": True,
         "in_progress_status": 409,
-        "rules": [{"match": {"method": "POST"}, "delay_ms": 1200}],
+        "rules": [{"match": {"method": "POST"}, "delay_ms": HELD_MS}],
     }
     target = await start_target(plan)
     try:
@@ -42,7 +46,9 @@ async def test_a_rows_409_after_its_key_was_sent_is_waited_out_under_the_same_ke
         )
         preflight = run_preflight(load_job(job), None)
         run = RunDir.create(tmp_path / "runs", plan_for(preflight))
-        await relay(preflight, run, StartPoint(), stop=StopControl(), reporter=NullReporter())
+        async with anyio.create_task_group() as call:
+            call.start_soon(_relayed, preflight, run, StartPoint())
+            await _release_after_a_409(target)
         stats = target.state.stats()
         requests = target.state.requests()
     finally:
@@ -61,7 +67,7 @@ async def test_a_409_to_a_rows_first_send_is_waited_out_only_in_a_call_that_cont
     """Row 2's key is still being answered for an earlier call (one cancelled while the target held it,
     as a kill -9 leaves it). Continuing the run, the 409 to its first send in this call is that earlier
     send: waited out. In a new run the key cannot have been sent before: the 409 is row 2's result."""
-    held = {"match": {"body_field": "tag", "equals": "held"}, "delay_ms": 3000}
+    held = {"match": {"body_field": "tag", "equals": "held"}, "delay_ms": HELD_MS}
     target = await start_target({"dedup": True, "in_progress_status": 409, "rules": [held]})
     try:
         job = write_job(
@@ -70,24 +76,19 @@ async def test_a_409_to_a_rows_first_send_is_waited_out_only_in_a_call_that_cont
             rows=3,
             tags={2: "held"},
             request={"idempotency_key": {"header": "Idempotency-Key"}},
-            retry={
-                "max_attempts": 2,
-                "initial_backoff_seconds": 0.3,
-                "max_backoff_seconds": 0.8,
-            },  # 8 waits: 5.7 s
+            retry={"max_attempts": 2, "initial_backoff_seconds": 0.3, "max_backoff_seconds": 0.8},
         )
         preflight = run_preflight(load_job(job), None)
         earlier = RunDir.create(tmp_path / "earlier", plan_for(preflight))
-        with anyio.move_on_after(HANG_S) as scope:
-            async with anyio.create_task_group() as calls:
-                calls.start_soon(_relayed, preflight, earlier, StartPoint())
-                while target.state.stats()["requests"] < 3:  # row 2's first send is being answered
-                    await anyio.sleep(0.01)
-                calls.cancel_scope.cancel()  # the earlier call ends with row 2 in flight
-        assert not scope.cancelled_caught
+        async with anyio.create_task_group() as calls:
+            calls.start_soon(_relayed, preflight, earlier, StartPoint())
+            await until(lambda: target.state.stats()["requests"] == 3, "row 2's first send held")
+            calls.cancel_scope.cancel()  # the earlier call ends with row 2 in flight
         start = StartPoint(journaled_through=0) if continued else StartPoint()
         run = RunDir.create(tmp_path / "runs", plan_for(preflight))
-        await _relayed(preflight, run, start)
+        async with anyio.create_task_group() as call:
+            call.start_soon(_relayed, preflight, run, start)
+            await _release_after_a_409(target)  # row 2's earlier send ends once this call met it
         stats = target.state.stats()
     finally:
         await target.stop()
@@ -99,6 +100,12 @@ async def test_a_409_to_a_rows_first_send_is_waited_out_only_in_a_call_that_cont
 
 async def _relayed(preflight: Preflight, run: RunDir, start: StartPoint) -> None:
     await relay(preflight, run, start, stop=StopControl(), reporter=NullReporter())
+
+
+async def _release_after_a_409(target: RunningTarget) -> None:
+    """Once the target answered a key in progress, the held sends are answered (POST /_control/release)."""
+    await until(lambda: target.state.stats()["by_status"].get("409"), "a 409 to a key in progress")
+    target.state.release()
 
 
 async def test_a_rows_gzip_body_is_inflated_by_the_target(tmp_path: Path) -> None:

@@ -66,9 +66,10 @@ _FAILURE_GRACE = 0.1  # seconds; see JournalWriter._check_running
 _MISSING = object()
 
 GROUP_ROWS = 1000  # a writer's group (one write and fsync) holds at most this many rows, or one longer unit
-# The rows a writer may hold answered but not committed: four groups' backlog (submit waits beyond it) and
-# a group being written. A process killed past its last commit lost at most these, and its rows in flight.
-MOST_UNCOMMITTED_ROWS = 5 * GROUP_ROWS
+BACKLOG_GROUPS = 4  # queued entries past this many groups make `submit` wait (backpressure)
+# The rows a writer may hold answered but not committed: its backlog, whose first group may be being
+# written. A process killed past its last commit lost at most these, and its rows in flight.
+MOST_UNCOMMITTED_ROWS = BACKLOG_GROUPS * GROUP_ROWS
 _NoneType = type(None)
 _INT_OR_NULL: frozenset[type] = frozenset({int, _NoneType})
 _STR_OR_NULL: frozenset[type] = frozenset({str, _NoneType})
@@ -537,6 +538,7 @@ class JournalWriter:
         self._committed_seq = next_seq - 1
         self._on_commit = on_commit
         self._max_rows = max_rows
+        self._backlog = BACKLOG_GROUPS * max_rows  # entries queued at most before `submit` waits
         self._max_bytes = max_bytes
         self._max_delay = max_delay
         self._pending: list[JournalEntry] = []  # numbered from _committed_seq + 1; the first may be in flight
@@ -564,7 +566,7 @@ class JournalWriter:
         """Queue `entry` as `submit` does when that needs no wait (the common case: no backpressure, no
         failure, nothing grouped): no coroutine to make. False: nothing queued; await `submit`."""
         pending = self._pending
-        if len(pending) >= 4 * self._max_rows or self._failure is not None or self._ended:
+        if len(pending) >= self._backlog or self._failure is not None or self._ended:
             return False
         if self._closing or self._groups is not None:
             return False
@@ -578,7 +580,7 @@ class JournalWriter:
 
     async def submit(self, entry: JournalEntry) -> None:
         """Queue `entry` under the next seq; waits while too much is pending (backpressure)."""
-        while len(self._pending) >= 4 * self._max_rows:
+        while len(self._pending) >= self._backlog:
             await self._check_running()
             await self._space.wait()
         if self._failure is not None or self._ended:  # the common case skips an await
@@ -598,7 +600,7 @@ class JournalWriter:
         """Queue the entries `build(first_seq)` returns, given the seq their first line will have, as one
         group: they are committed in the same write and fsync, never some without the others (the rows
         of one batch request)."""
-        while len(self._pending) >= 4 * self._max_rows:
+        while len(self._pending) >= self._backlog:
             await self._check_running()
             await self._space.wait()
         if self._failure is not None or self._stopped.is_set():
