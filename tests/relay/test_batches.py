@@ -402,19 +402,19 @@ async def test_a_409_to_a_batchs_first_send_after_an_earlier_call_sent_it_is_wai
         assert stats["items_applied_twice"] != []
 
 
-async def _released_after_a_409(job: Path, target: RunningTarget, start: StartPoint) -> BatchRun:
+async def _released_after_a_409(job: Path, server: RunningTarget, start: StartPoint) -> BatchRun:
     """The call, its batches held by the target until it met a 409, then answered (the earlier call's
     too) as they come: released every 50 ms until the call ends."""
     results: list[BatchRun] = []
 
     async def call() -> None:
-        results.append(await run_batch_job(job, target, start=start))
+        results.append(await run_batch_job(job, server, start=start))
 
     async with anyio.create_task_group() as calls:
         calls.start_soon(call)
-        await until(lambda: target.state.stats()["by_status"].get("409"), "a 409 to the batch in progress")
+        await until(lambda: server.state.stats()["by_status"].get("409"), "a 409 to the batch in progress")
         while not results:
-            target.state.release()
+            server.state.release()
             await anyio.sleep(0.05)
     return results[0]
 

@@ -102,10 +102,10 @@ async def _relayed(preflight: Preflight, run: RunDir, start: StartPoint) -> None
     await relay(preflight, run, start, stop=StopControl(), reporter=NullReporter())
 
 
-async def _release_after_a_409(target: RunningTarget) -> None:
+async def _release_after_a_409(server: RunningTarget) -> None:
     """Once the target answered a key in progress, the held sends are answered (POST /_control/release)."""
-    await until(lambda: target.state.stats()["by_status"].get("409"), "a 409 to a key in progress")
-    target.state.release()
+    await until(lambda: server.state.stats()["by_status"].get("409"), "a 409 to a key in progress")
+    server.state.release()
 
 
 async def test_a_rows_gzip_body_is_inflated_by_the_target(tmp_path: Path) -> None:
