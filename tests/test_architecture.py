@@ -105,6 +105,15 @@ def test_ops_enters_the_sync_room_by_its_face() -> None:
     assert reached == set()
 
 
+def test_every_name_of_the_sync_face_resolves_to_its_module() -> None:
+    """The face loads its entry points at their first use (sync/__init__.py): each name it lists is
+    found, in the module the face says."""
+    import bulkrelay.sync as face
+
+    for name in face.__all__:
+        assert getattr(face, name).__module__.startswith("bulkrelay.sync."), name
+
+
 # ------------------------------------------------------------------ the tests' own shape
 
 TESTS = ROOT / "tests"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import sqlite3
+import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -386,3 +387,18 @@ def test_a_state_written_without_line_digests_knows_no_line(tmp_path: Path) -> N
     with sqlite3.connect(path) as db:
         db.execute("INSERT INTO delivered (key, digest, run, at) VALUES ('1', ?, 1, 1)", (REQUEST,))
     assert _scan(_spec(data), path, lines=2).known == [False, False]
+
+
+def test_the_scan_process_starts_on_the_standard_library_and_orjson() -> None:
+    """`python -m bulkrelay.sync.linescan` imports the sync room's face first: the face must not load the
+    delta run's modules (the job's pydantic schema, the journal) into every night's scan process."""
+    shown = "import sys; print(' '.join(sorted(sys.modules)))"
+    started = subprocess.run(
+        [sys.executable, "-c", f"import {linescan.__name__}\n{shown}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    loaded = set(started.stdout.split())
+    assert linescan.__name__ in loaded
+    assert {"pydantic", "bulkrelay.job.config", "bulkrelay.sync.delta", "asyncio"} & loaded == set()
