@@ -12,9 +12,12 @@ The control API is reached with urllib, so the helper is usable from sync and as
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +26,60 @@ from types import TracebackType
 from typing import Any
 
 _START_TIMEOUT = 15.0
+_ZYGOTE = Path(__file__).with_name("targetzygote.py")
+
+
+class _Zygote:
+    """This test process's one zygote (tests/targetzygote.py), started at the first target: it forks
+    each target with the target's imports already done. None of it is needed for a target to work: when
+    the zygote cannot start or answer, targets start as `python -m bulkrelay.demo.target`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._broken = False
+
+    def start(self, argv: list[str], log: Path) -> int | None:
+        """The pid of a new target process, or None: start it otherwise."""
+        reply = self._ask({"op": "start", "argv": argv, "log": str(log)})
+        pid = None if reply is None else reply.get("pid")
+        return pid if isinstance(pid, int) else None
+
+    def poll(self, pid: int) -> int | None:
+        """The target's exit code once it has ended (it is then reaped: never signal it again)."""
+        return self.wait(pid, 0)
+
+    def wait(self, pid: int, timeout: float | None) -> int | None:
+        reply = self._ask({"op": "wait", "pid": pid, "timeout": timeout})
+        if reply is None:
+            raise RuntimeError("the target zygote ended while it held a target")
+        code = reply.get("exit")
+        return code if isinstance(code, int) else None
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        with self._lock:
+            if self._broken:
+                return None
+            try:
+                proc = self._proc or self._spawn()
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write(json.dumps(request).encode() + b"\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+                reply: dict[str, Any] = json.loads(line)
+            except (OSError, ValueError):
+                self._broken = True
+                return None
+            return None if "error" in reply else reply
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self._proc = subprocess.Popen(
+            [sys.executable, str(_ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/"
+        )
+        return self._proc
+
+
+_zygote = _Zygote()
 
 
 class TargetProcess:
@@ -30,12 +87,19 @@ class TargetProcess:
         self._plan = plan
         self._record = record
         self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None  # a target forked by the zygote, instead of _proc
+        self._exit: int | None = None  # its exit code, once the zygote reaped it
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.port = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The target's process while it runs, forked by the zygote or started as a process."""
+        return self._pid if self._pid is not None else None if self._proc is None else self._proc.pid
 
     def start(self) -> TargetProcess:
         self._tmp = tempfile.TemporaryDirectory(prefix="bulkrelay-target-")
@@ -55,14 +119,27 @@ class TargetProcess:
             command += ["--plan", str(workdir / "plan.json")]
         if not self._record:
             command.append("--no-record")
-        log = (workdir / "target.log").open("wb")
-        self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
-        log.close()
-        self.port = self._wait_for_port(port_file)
-        self._wait_until_answering()
+        self._pid = _zygote.start(command[3:], workdir / "target.log")
+        if self._pid is None:
+            log = (workdir / "target.log").open("wb")
+            self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+            log.close()
+        try:
+            self.port = self._wait_for_port(port_file)
+            self._wait_until_answering()
+        except BaseException:
+            self.stop()  # its process and directory go, whatever kept it from serving
+            raise
         return self
 
     def stop(self) -> None:
+        if self._pid is not None:
+            if self._exit is None:  # not reaped yet: the pid is still this target's
+                os.kill(self._pid, signal.SIGTERM)
+                if _zygote.wait(self._pid, 10) is None:
+                    os.kill(self._pid, signal.SIGKILL)
+                    _zygote.wait(self._pid, None)
+            self._pid = self._exit = None
         if self._proc is not None:
             self._proc.terminate()
             try:
@@ -134,7 +211,13 @@ class TargetProcess:
                 time.sleep(0.02)
 
     def _check_alive(self) -> None:
-        assert self._proc is not None and self._tmp is not None
-        if self._proc.poll() is not None:
+        assert self._tmp is not None
+        if self._pid is not None:
+            self._exit = self._exit if self._exit is not None else _zygote.poll(self._pid)
+            code = self._exit
+        else:
+            assert self._proc is not None
+            code = self._proc.poll()
+        if code is not None:
             log = (Path(self._tmp.name) / "target.log").read_text(errors="replace")
-            raise RuntimeError(f"the target process exited with {self._proc.returncode}:\n{log}")
+            raise RuntimeError(f"the target process exited with {code}:\n{log}")

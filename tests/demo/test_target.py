@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ import anyio
 import pytest
 
 from bulkrelay.demo.target import RunningTarget, parse_plan, start_target
+from tests import targetproc
 from tests.targetproc import TargetProcess
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, outside the fast lane
@@ -297,7 +299,12 @@ def test_plan_rejects_unknown_keys_and_bad_values() -> None:
     assert parse_plan(None).status == 200
 
 
-def test_target_process_helper() -> None:
+@pytest.mark.parametrize("zygote", [True, False], ids=["forked-by-the-zygote", "started-as-a-process"])
+def test_target_process_helper(zygote: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not zygote:  # the helper's fallback when no zygote answers
+        broken = targetproc._Zygote()
+        broken._broken = True
+        monkeypatch.setattr(targetproc, "_zygote", broken)
     with TargetProcess({"rules": [{"times": 1, "status": 503}]}) as target:
         request = urllib.request.Request(target.url + "/x", data=b'{"a":1}', method="POST")
         with pytest.raises(urllib.error.HTTPError) as failed:
@@ -313,6 +320,14 @@ def test_target_process_helper() -> None:
         assert [r["body"] for r in target.requests()] == ['{"a":1}'] * 3
         target.reset()
         assert target.stats()["requests"] == 0
-        proc = target._proc
-        assert proc is not None
-    assert proc.poll() is not None  # stopped on exit
+        pid = target.pid
+        assert pid is not None and pid != os.getpid()
+        os.kill(pid, 0)  # running
+    with pytest.raises(ProcessLookupError):  # stopped on exit, and reaped
+        os.kill(pid, 0)
+
+
+def test_a_target_that_cannot_start_is_reported_with_its_log() -> None:
+    """A forked target that ends before it serves is seen ending, and its error is in the message."""
+    with pytest.raises(RuntimeError, match=r"(?s)exited with 1.*status"):
+        TargetProcess({"rules": [{"status": 99}]}).start()
