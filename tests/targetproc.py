@@ -11,6 +11,8 @@ The control API is reached with urllib, so the helper is usable from sync and as
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import signal
@@ -72,6 +74,18 @@ class _Zygote:
                 return None
             return None if "error" in reply else reply
 
+    def close(self) -> None:
+        """End the zygote (its stdin's end is its signal to go) and close its pipes."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is None:
+                return
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(BrokenPipeError):  # a request left unsent to a zygote gone
+                        pipe.close()
+            proc.wait()
+
     def _spawn(self) -> subprocess.Popen[bytes]:
         self._proc = subprocess.Popen(
             [sys.executable, str(_ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/"
@@ -80,6 +94,7 @@ class _Zygote:
 
 
 _zygote = _Zygote()
+atexit.register(_zygote.close)
 
 
 class TargetProcess:
@@ -89,6 +104,7 @@ class TargetProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._pid: int | None = None  # a target forked by the zygote, instead of _proc
         self._exit: int | None = None  # its exit code, once the zygote reaped it
+        self._pidfd: int | None = None  # the forked target's process, to signal whoever reaps it
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.port = 0
 
@@ -120,7 +136,9 @@ class TargetProcess:
         if not self._record:
             command.append("--no-record")
         self._pid = _zygote.start(command[3:], workdir / "target.log")
-        if self._pid is None:
+        if self._pid is not None:  # unreaped until the zygote says it ended: the pid is still its own
+            self._pidfd = os.pidfd_open(self._pid)
+        else:
             log = (workdir / "target.log").open("wb")
             self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
             log.close()
@@ -134,12 +152,12 @@ class TargetProcess:
 
     def stop(self) -> None:
         if self._pid is not None:
-            if self._exit is None:  # not reaped yet: the pid is still this target's
-                os.kill(self._pid, signal.SIGTERM)
-                if _zygote.wait(self._pid, 10) is None:
-                    os.kill(self._pid, signal.SIGKILL)
-                    _zygote.wait(self._pid, None)
+            if self._exit is None:
+                self._stop_forked(self._pid)
             self._pid = self._exit = None
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         if self._proc is not None:
             self._proc.terminate()
             try:
@@ -151,6 +169,22 @@ class TargetProcess:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+    def _stop_forked(self, pid: int) -> None:
+        """SIGTERM, SIGKILL after 10 s, each through the pidfd taken at the start (it names this process
+        alone, whoever reaps it), and the zygote reaps it; a zygote gone meanwhile leaves the kill alone."""
+        try:
+            self._signal(signal.SIGTERM)
+            if _zygote.wait(pid, 10) is None:
+                self._signal(signal.SIGKILL)
+                _zygote.wait(pid, None)
+        except RuntimeError:  # the zygote ended: its children went to init, which reaps them
+            self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):  # ended already
+                signal.pidfd_send_signal(self._pidfd, signum)
 
     def __enter__(self) -> TargetProcess:
         return self.start()

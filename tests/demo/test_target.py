@@ -8,6 +8,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,6 +18,7 @@ import pytest
 from bulkrelay.demo.target import RunningTarget, parse_plan, start_target
 from tests import targetproc
 from tests.targetproc import TargetProcess
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, outside the fast lane
 
@@ -331,3 +333,24 @@ def test_a_target_that_cannot_start_is_reported_with_its_log() -> None:
     """A forked target that ends before it serves is seen ending, and its error is in the message."""
     with pytest.raises(RuntimeError, match=r"(?s)exited with 1.*status"):
         TargetProcess({"rules": [{"status": 99}]}).start()
+
+
+def _ended(pid: int) -> bool:
+    """The process is gone, or a zombie no one has reaped yet: it runs no more."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def test_a_target_whose_zygote_is_gone_still_ends_with_its_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    zygote = targetproc._Zygote()
+    monkeypatch.setattr(targetproc, "_zygote", zygote)
+    with TargetProcess() as target:
+        pid = target.pid
+        assert pid is not None and zygote._proc is not None
+        zygote._proc.kill()  # the target is init's child now: no one will answer for it
+        zygote._proc.wait()
+        assert not _ended(pid)
+    wait_for(lambda: _ended(pid) or None, "the target to end")
+    zygote.close()
