@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -52,13 +53,16 @@ class _Zygote:
         return self.wait(pid, 0)
 
     def wait(self, pid: int, timeout: float | None) -> int | None:
-        reply = self._ask({"op": "wait", "pid": pid, "timeout": timeout})
+        bound = None if timeout is None else timeout + _START_TIMEOUT
+        reply = self._ask({"op": "wait", "pid": pid, "timeout": timeout}, bound)
         if reply is None:
             raise RuntimeError("the target zygote ended while it held a target")
         code = reply.get("exit")
         return code if isinstance(code, int) else None
 
-    def _ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
+    def _ask(self, request: dict[str, Any], bound: float | None = _START_TIMEOUT) -> dict[str, Any] | None:
+        """The zygote's reply, or None: it refused, or it is broken (gone, or silent past `bound`
+        seconds, when it is killed), and every target from now on starts as a process."""
         with self._lock:
             if self._broken:
                 return None
@@ -67,8 +71,10 @@ class _Zygote:
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write(json.dumps(request).encode() + b"\n")
                 proc.stdin.flush()
-                line = proc.stdout.readline()
-                reply: dict[str, Any] = json.loads(line)
+                if not select.select([proc.stdout], [], [], bound)[0]:
+                    proc.kill()
+                    raise OSError("the target zygote did not answer")
+                reply: dict[str, Any] = json.loads(proc.stdout.readline())
             except (OSError, ValueError):
                 self._broken = True
                 return None
