@@ -30,6 +30,9 @@ from typing import Any
 
 _START_TIMEOUT = 15.0
 _ZYGOTE = Path(__file__).with_name("targetzygote.py")
+# The environment the zygote gets, taken at collection: not whatever a test that happens to start the
+# first target has set meanwhile, which every later target would inherit.
+_ZYGOTE_ENV = dict(os.environ)
 
 
 class _Zygote:
@@ -94,7 +97,11 @@ class _Zygote:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         self._proc = subprocess.Popen(
-            [sys.executable, str(_ZYGOTE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/"
+            [sys.executable, str(_ZYGOTE)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd="/",
+            env=_ZYGOTE_ENV,
         )
         return self._proc
 
