@@ -128,7 +128,9 @@ class TargetProcess:
     @property
     def pid(self) -> int | None:
         """The target's process while it runs, forked by the zygote or started as a process."""
-        return self._pid if self._pid is not None else None if self._proc is None else self._proc.pid
+        if self._proc is not None:
+            return self._proc.pid
+        return self._pid
 
     def start(self) -> TargetProcess:
         self._tmp = tempfile.TemporaryDirectory(prefix="bulkrelay-target-")
@@ -260,7 +262,8 @@ class TargetProcess:
     def _check_alive(self) -> None:
         assert self._tmp is not None
         if self._pid is not None:
-            self._exit = self._exit if self._exit is not None else _zygote.poll(self._pid)
+            if self._exit is None:
+                self._exit = _zygote.poll(self._pid)
             code = self._exit
         else:
             assert self._proc is not None

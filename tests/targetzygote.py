@@ -9,10 +9,9 @@ process of its own per test (its own state, port, pid and log, killable), only i
 The protocol is a JSON line each way on the zygote's stdin and stdout:
 
     {"op": "start", "argv": [...], "log": PATH}   -> {"pid": N}
-    {"op": "poll", "pid": N}                      -> {"exit": null | CODE}
     {"op": "wait", "pid": N, "timeout": S}        -> {"exit": null | CODE}   (null: still running)
 
-A child is reaped only when a `poll` or `wait` reports its exit, so until then its pid cannot be given
+A child is reaped only when a `wait` reports its exit, so until then its pid cannot be given
 to another process (pid_max is 32,768 here): signalling a pid the zygote has not reported ended is
 always signalling the target. The zygote ends when its stdin does (its test process ended).
 """
@@ -55,16 +54,12 @@ def _serve_child(argv: list[str], log: str) -> None:
     os._exit(code)
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
-
-
 def _wait(pid: int, timeout: float | None) -> int | None:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return _exit_code(status)
+            return os.waitstatus_to_exitcode(status)
         if deadline is not None and time.monotonic() >= deadline:
             return None
         time.sleep(0.01)
@@ -79,12 +74,9 @@ def _answer(request: dict[str, Any]) -> dict[str, Any]:
         if pid == 0:
             _serve_child([str(a) for a in request["argv"]], str(request["log"]))
         return {"pid": pid}
-    pid = int(request["pid"])
-    if op == "poll":
-        return {"exit": _wait(pid, 0)}
     if op == "wait":
-        timeout = request.get("timeout")
-        return {"exit": _wait(pid, None if timeout is None else float(timeout))}
+        timeout = request["timeout"]
+        return {"exit": _wait(int(request["pid"]), None if timeout is None else float(timeout))}
     return {"error": f"no op {op!r}"}
 
 

@@ -107,11 +107,20 @@ def test_ops_enters_the_sync_room_by_its_face() -> None:
 
 def test_every_name_of_the_sync_face_resolves_to_its_module() -> None:
     """The face loads its entry points at their first use (sync/__init__.py): each name it lists is
-    found, in the module the face says."""
+    found, in the module its TYPE_CHECKING import names (what mypy reads), and it lists no other."""
     import bulkrelay.sync as face
 
+    source = ast.parse(Path(face.__file__).read_text())
+    typed = {
+        alias.name: node.module
+        for node in ast.walk(source)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bulkrelay.sync.")
+        for alias in node.names
+    }
+    assert sorted(typed) == sorted(face.__all__)
     for name in face.__all__:
         assert getattr(face, name).__module__.startswith("bulkrelay.sync."), name
+        assert getattr(face, name).__module__ == typed[name], name
 
 
 # ------------------------------------------------------------------ the tests' own shape

@@ -177,7 +177,8 @@ class BatchSender(RowSender):
         the run stops first."""
         first_sent = 0.0
         waits = 0  # 409s to the batch's key in progress (sent before), apart from max_attempts
-        sent_before = self._sent_by_an_earlier_call(min(p.row_number for p in items), len(items))
+        earlier = self._earlier  # a continued run's: the batch may be an earlier call's unjournaled send
+        sent_before = earlier is not None and earlier.in_doubt(min(p.row_number for p in items), len(items))
         while True:
             for pending in items:
                 pending.attempts += 1

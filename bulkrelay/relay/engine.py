@@ -356,10 +356,7 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
     transport = transport_factory(transport_settings(preflight))
     auth = open_authenticator(preflight, transport_factory, transport_settings(preflight), stop)
     limiter = open_limiter(config, preflight.shared_limit)
-    delivery = _delivery(preflight, run)
-    sender = _row_sender(
-        preflight, transport, limiter, stop, stats, start=start, auth=auth, delivery=delivery
-    )
+    sender = _row_sender(preflight, run, start, transport, limiter, stop=stop, stats=stats, auth=auth)
     committed.pace = limiter.state
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)
@@ -371,7 +368,6 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
         stats,
         start=start,
         auth=auth,
-        delivery=delivery,
         rate=rate,
         run=run,
     )
@@ -514,14 +510,14 @@ def _batch_scope(run: RunDir, delivery: str | None) -> str | None:
 
 def _row_sender(
     preflight: Preflight,
+    run: RunDir,
+    start: StartPoint,
     transport: Transport,
     limiter: Limiter,
+    *,
     stop: StopControl,
     stats: RelayStats,
-    *,
-    start: StartPoint,
     auth: Authenticator | None,
-    delivery: str | None,
 ) -> RowSender:
     config = preflight.job.config
     return RowSender(
@@ -532,7 +528,7 @@ def _row_sender(
         stop=stop,
         stats=stats,
         auth=auth,
-        delivery=delivery,
+        delivery=_delivery(preflight, run),
         earlier=_earlier_sends(start, config),
     )
 
@@ -557,7 +553,6 @@ def _batch_relay(
     *,
     start: StartPoint,
     auth: Authenticator | None,
-    delivery: str | None,
     rate: FailureRate | None,
     run: RunDir,
 ) -> BatchRelay | None:
@@ -574,7 +569,7 @@ def _batch_relay(
         stop,
         stats=stats,
         auth=auth,
-        delivery=_batch_scope(run, delivery),
+        delivery=_batch_scope(run, _delivery(preflight, run)),
         earlier=_earlier_sends(start, config),
     )
     journaled = start.journal.done if start.journal is not None else None
@@ -602,16 +597,7 @@ async def relay_share(
     settings = transport_settings(preflight)
     transport = transport_factory(settings)
     auth = open_authenticator(preflight, transport_factory, settings, stop)
-    sender = _row_sender(
-        preflight,
-        transport,
-        limiter,
-        stop,
-        stats,
-        start=start,
-        auth=auth,
-        delivery=_delivery(preflight, run),
-    )
+    sender = _row_sender(preflight, run, start, transport, limiter, stop=stop, stats=stats, auth=auth)
     streak = _FailureStreak(config.halt.consecutive_failures, stop)
     rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)
     pending = _pending_records(preflight, start, stop)

@@ -101,7 +101,8 @@ class RowSender:
         started = _monotonic()
         first_sent = 0.0  # when the row was first sent: a token younger than that was fetched for it
         attempt = waits = 0  # waits: 409s to the row's key in progress, apart from max_attempts
-        sent_before = self._sent_by_an_earlier_call(record.row_number)
+        # an earlier call of the run may have sent it unjournaled (relay/earliersends.py)
+        sent_before = self._earlier is not None and self._earlier.in_doubt(record.row_number)
         while True:
             attempt += 1
             if not self._limiter.try_start() and not await self._started():
@@ -133,11 +134,6 @@ class RowSender:
             self._stats.on_retry()
             if await self._stopped_during(decision.delay_seconds):
                 return None
-
-    def _sent_by_an_earlier_call(self, row: int, rows: int = 1) -> bool:
-        """Whether the request of `rows` rows from `row` may repeat a send an earlier call of the run made
-        and never journaled (relay/earliersends.py); asked once, before its first send in this call."""
-        return self._earlier is not None and self._earlier.in_doubt(row, rows)
 
     def _decided(
         self, attempt: int, response: Response | None, error: TransportError | None

@@ -2,10 +2,10 @@
 deliveries, the line scan that spares preflight the unchanged lines, a mirror job's deletions, and the
 runs a newer night has overtaken. `ops/` enters only through this face (tests/test_architecture.py).
 
-The face loads each entry point's module at its first use (PEP 562), not when the package is imported:
-the line scan runs as `python -m bulkrelay.sync.linescan`, which imports this package first, and it is
-meant to start on the standard library and orjson (0.06 s of CPU), not on every module a delta run needs
-(0.4 s of imports, the job's pydantic schema among them)."""
+The face loads its entry points' modules at the first name asked of it (PEP 562), not when the package
+is imported: the line scan runs as `python -m bulkrelay.sync.linescan`, which imports this package first,
+and it is meant to start on the standard library and orjson (0.06 s of CPU), not on every module a delta
+run needs (0.4 s of imports, the job's pydantic schema among them)."""
 
 from __future__ import annotations
 
@@ -21,25 +21,8 @@ if TYPE_CHECKING:
     from bulkrelay.sync.state import StateCheck, job_identity, rebuild_state, verify_state
     from bulkrelay.sync.superseded import overtaken_by, refuse_superseded
 
-_HOMES = {
-    "DeltaStart": "delta",
-    "record_deliveries": "delta",
-    "shared_slot": "delta",
-    "sync_manifest": "delta",
-    "LineScanFailed": "linescan",
-    "deletion_job": "mirror",
-    "discard": "mirror",
-    "job_of_run": "mirror",
-    "runs_state_needs": "needed_runs",
-    "gone_keys": "night",
-    "open_night": "night",
-    "StateCheck": "state",
-    "job_identity": "state",
-    "rebuild_state": "state",
-    "verify_state": "state",
-    "overtaken_by": "superseded",
-    "refuse_superseded": "superseded",
-}
+# The modules whose entry points the face names, all loaded at the first name asked of it.
+_MODULES = ("delta", "linescan", "mirror", "needed_runs", "night", "state", "superseded")
 
 __all__ = [
     "DeltaStart",
@@ -63,9 +46,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
+    if name not in __all__:  # a submodule (`from bulkrelay.sync import linescan`) is found by import
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # the next use is a plain attribute
-    return value
+    for module in (importlib.import_module(f"{__name__}.{name}") for name in _MODULES):
+        globals().update(  # each name from the module that defines it, not one that imports it
+            (export, value)
+            for export, value in vars(module).items()
+            if export in __all__ and getattr(value, "__module__", None) == module.__name__
+        )
+    return globals()[name]

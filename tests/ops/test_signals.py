@@ -28,7 +28,7 @@ import pytest
 
 from bulkrelay.errors import ExitCode
 from bulkrelay.job.inputs import InputSpec, open_records, spool_stdin
-from tests.clirun import cli_env
+from tests.clirun import cli_env, run_cli_raw
 from tests.spawnedruns import finish, journal_has_lines, run_dir_of, start_run
 from tests.taggedjobs import journal, target_ids, write_job
 from tests.targetproc import TargetProcess
@@ -393,26 +393,11 @@ def test_a_run_with_standard_streams_closed_relays_and_exits_with_its_code(
     on `sys.stderr.isatty()`)."""
     with TargetProcess() as target:
         job = write_job(tmp_path, target.url, rows=20)
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bulkrelay",
-                "run",
-                str(job),
-                "--budget",
-                "0",
-                "--runs-dir",
-                str(tmp_path / "runs"),
-            ],
+        proc = run_cli_raw(
+            "run", job, "--budget", "0", "--runs-dir", tmp_path / "runs",
             cwd=tmp_path,
-            env=cli_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
             preexec_fn=partial(_close_fds, closed),
-            timeout=120,
-            check=False,
-        )
+        )  # fmt: skip
         sent = sorted(target_ids(target))
     assert proc.returncode == ExitCode.SUCCESS
     assert sent == list(range(1, 21))
