@@ -482,9 +482,12 @@ def background_cancel(job_id: str, budget_flag_ms: int | None = None) -> Result:
     background.request_cancel()
     pid = background.worker_pid()
     if pid is not None and background.is_live():
-        # Wakes a worker still in preflight; once relaying, its supervisor reads the cancel file.
+        # Wakes a worker still in preflight; once relaying, its supervisor reads the cancel file. The
+        # job's process alone: its run's worker processes (execution.workers) share its process group,
+        # and signalled themselves they stopped as terminated before the job read its cancel, so the run
+        # ended `stopped` (and the identical call continued it) instead of `cancelled`.
         with suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGTERM)
     deadline = started + (budget_ms / 1000 if budget_ms else CANCEL_WAIT_SECONDS)
     while background.is_live() and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)

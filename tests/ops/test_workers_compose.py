@@ -194,3 +194,24 @@ def test_job_cancel_of_a_background_run_in_workers_stops_them_all_with_every_eff
     stats = target.stats()
     assert stats["effects"] == stats["requests"] == len(rows)  # every effect has its journal line
     assert all(row.success for row in rows) and 8 <= len(rows) < 40
+
+
+def test_job_cancel_of_workers_answering_fast_ends_cancelled_every_time(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """A cancel signals the job's own process, which stops its workers as cancelled. Signalled too (the
+    job's whole process group), a worker that answers its rows in flight fast stopped as terminated
+    before the job read its cancel, in about half the tries: the run ended `stopped`, and the identical
+    call continued it instead of starting afresh."""
+    job = tagged_job(tmp_path, target.url, 20_000, tags={}, execution={"workers": 2, "concurrency": 8})
+    for attempt in range(3):
+        runs_dir = str(tmp_path / f"runs-{attempt}")
+        sent_before = target.stats()["requests"]
+        started = cli(tmp_path, "run", job, "--budget", "500ms", "--runs-dir", runs_dir)
+        assert started.exit_code == ExitCode.INCOMPLETE, started.envelope
+        job_id = started.data["job_id"]
+        wait_for(lambda b=sent_before: target.stats()["requests"] >= b + 100, "both workers relaying")
+
+        cancel = cli(tmp_path, "job", "cancel", job_id, "--budget", HANG_BUDGET)
+
+        assert (cancel.data["state"], cancel.data["run_state"]) == ("cancelled", "cancelled"), cancel.envelope
