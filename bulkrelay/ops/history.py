@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from bulkrelay.envelope import Result
-from bulkrelay.errors import StorageFailed, UsageError
+from bulkrelay.errors import NotFound, StorageFailed, UsageError
 from bulkrelay.ops.results import HistoryResult
 from bulkrelay.report.historypage import history_page
 from bulkrelay.report.nights import nights_of
@@ -27,6 +27,12 @@ def history(name: str, runs_dir: Path, output: Path | None = None, nights: int =
     )
     written = target if output is None else file_to_replace(output, named="-o", suggestion=_A_FILE)
     shown = nights_of(runs_dir, name)[-nights:]
+    if not shown:  # a misspelt name, or the wrong runs directory: a page of nothing would hide it
+        raise NotFound(
+            f"no night of job {name!r} in {runs_dir}",
+            context={"job": name, "runs_dir": str(runs_dir)},
+            suggestion="`bulkrelay runs` lists the jobs' names (a job's name:, else its file's stem)",
+        )
     html = history_page(name, runs_dir, shown, utc_now())
     try:
         write_atomic(written, html.encode())
