@@ -146,6 +146,17 @@ def _count(flag: str, most: int) -> Callable[[str], int]:
     return parse
 
 
+def _file_path(flag: str) -> Callable[[str], Path]:
+    """A flag's file: `Path("")` would be the working directory, so an empty value is refused here."""
+
+    def parse(text: str) -> Path:
+        if not text:
+            raise UsageError(f"{flag}: expected a file's path, not an empty value")
+        return Path(text)
+
+    return parse
+
+
 def _shard_count(text: str) -> int:
     from bulkrelay.ops.sharding import MAX_SHARDS  # loaded only when the flag is given
 
@@ -212,7 +223,7 @@ def _add_operational(parser: argparse.ArgumentParser) -> None:
     _add_global(
         parser,
         "--metrics-file",
-        type=Path,
+        type=_file_path("--metrics-file"),
         metavar="PATH",
         help="keep Prometheus metrics of the run in PATH (every ~10s, at the end); BULKRELAY_METRICS_FILE",
     )

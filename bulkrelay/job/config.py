@@ -1589,6 +1589,13 @@ class NotifyConfig(_Model):
     webhook: str
     format: Literal["slack", "json"] = "json"
 
+    @field_validator("on")
+    @classmethod
+    def _names_an_ending(cls, on: tuple[str, ...]) -> tuple[str, ...]:
+        if not on:
+            raise ValueError("notify.on names when to send: success, failure or halt (an empty list: never)")
+        return on
+
     @model_validator(mode="after")
     def _no_row_field(self) -> NotifyConfig:
         if compile_template(self.webhook).fields:

@@ -6,6 +6,9 @@ ninety, `.inf` is a float, an integer may have more digits than 64 bits hold. Th
 the node tree itself and builds plain Python values (dict, list, str, int, float, bool, None) from
 it, refusing each of those cases with the line it sits on. It also records the line of every node,
 so a later validation error can point at `request.json.age` on line 14.
+
+A mapping key is the one place a YAML 1.1 boolean word is read as written: `on:` in `notify:` is the
+key `on`, as YAML 1.2 reads it, never `True` (a value `on` is still refused: write true or false).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ _YAML_ONLY_TAGS = {
     "tag:yaml.org,2002:merge": "a merge key (<<)",
     "tag:yaml.org,2002:value": "a default-value key (=)",
 }
+# The YAML 1.1 boolean words a plain (unquoted) mapping key stands for as text; `true`/`false` are
+# booleans in YAML 1.2 too and stay refused as keys.
+_WORD_KEYS = frozenset({"on", "off", "yes", "no", "y", "n"})
 _PLAIN_BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
 _LEGACY_OCTAL = re.compile(r"[-+]?0[0-9_]+")
 # The integers a job file may hold: JSON bodies, fingerprints and envelopes are written by orjson,
@@ -122,6 +128,8 @@ class _Builder:
         return out
 
     def _key(self, node: Node, path: Path) -> str | None:
+        if isinstance(node, ScalarNode) and _is_word_key(node):
+            return str(node.value)
         if not isinstance(node, ScalarNode) or node.tag != _STR:
             if isinstance(node, ScalarNode) and node.tag == "tag:yaml.org,2002:merge":
                 self._problem("merge keys (<<) are not supported", node, path)
@@ -201,6 +209,11 @@ def _character_problem(exc: yaml.reader.ReaderError, text: str, file: str) -> Pr
     line = text.count("\n", 0, exc.position) + 1
     why = f"the character U+{exc.character:04X} is not allowed in YAML (a NUL, control or unprintable one)"
     return Problem(f"invalid YAML: {why}", file=file, line=line)
+
+
+def _is_word_key(node: ScalarNode) -> bool:
+    """A plain `on`, `off`, `yes`, `no`, `y` or `n` (any case): text as a key, whatever YAML 1.1 says."""
+    return node.style is None and node.tag == _BOOL and node.value.lower() in _WORD_KEYS
 
 
 def _line(node: Node) -> int:

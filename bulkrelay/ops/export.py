@@ -28,7 +28,7 @@ from bulkrelay.errors import InputChanged, OutputClosed, StorageFailed, UsageErr
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
 from bulkrelay.ops.results import ExportResult
 from bulkrelay.ops.resume import check_committed_journal
-from bulkrelay.store.atomic import replacing
+from bulkrelay.store.atomic import file_to_replace, replacing
 from bulkrelay.store.journal import read_entry_at, read_journal_from
 from bulkrelay.store.results import Row, iso_time, journal_groups, row_of, sink_job_name, write_rows
 from bulkrelay.store.rowset import RowSet
@@ -253,7 +253,7 @@ def _file(target: Path) -> Iterator[BinaryIO]:
         with target.open("wb") as out:
             yield out
         return
-    real = Path(os.path.realpath(target))
+    real = file_to_replace(target, named="-o", suggestion="name with -o a file, or - for stdout")
     kept = stat.S_IMODE(real.stat().st_mode) if real.exists() else None
     with replacing(real, mode=0o666 if kept is None else kept) as out:
         if kept is not None:

@@ -8,26 +8,34 @@ import re
 from pathlib import Path
 
 from bulkrelay.envelope import Result
-from bulkrelay.errors import StorageFailed, UsageError
+from bulkrelay.errors import NotFound, StorageFailed, UsageError
 from bulkrelay.ops.results import HistoryResult
 from bulkrelay.report.historypage import history_page
 from bulkrelay.report.nights import nights_of
-from bulkrelay.store.atomic import write_atomic
+from bulkrelay.store.atomic import file_to_replace, write_atomic
 from bulkrelay.store.rundir import utc_now
 
 DEFAULT_NIGHTS = 30
+_A_FILE = "name with -o a regular file, or a path that does not exist yet"
 
 
 def history(name: str, runs_dir: Path, output: Path | None = None, nights: int = DEFAULT_NIGHTS) -> Result:
     """Write the page of job `name`'s last `nights` nights (default: `history-<name>.html` in the runs
     directory)."""
-    shown = nights_of(runs_dir, name)[-nights:]
-    html = history_page(name, runs_dir, shown, utc_now())
     target = (
         output if output is not None else runs_dir / f"history-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.html"
     )
+    written = target if output is None else file_to_replace(output, named="-o", suggestion=_A_FILE)
+    shown = nights_of(runs_dir, name)[-nights:]
+    if not shown:  # a misspelt name, or the wrong runs directory: a page of nothing would hide it
+        raise NotFound(
+            f"no night of job {name!r} in {runs_dir}",
+            context={"job": name, "runs_dir": str(runs_dir)},
+            suggestion="`bulkrelay runs` lists the jobs' names (a job's name:, else its file's stem)",
+        )
+    html = history_page(name, runs_dir, shown, utc_now())
     try:
-        write_atomic(target, html.encode())
+        write_atomic(written, html.encode())
     except StorageFailed as exc:
         raise UsageError(
             f"cannot write the history page to {target}: {exc.message}",

@@ -2,10 +2,11 @@
 
 It carries the headline (the result in words), the counts, the top failure reasons and the report's
 path; Slack's format is a `text` with the same lines. Each webhook is tried a few times with a short
-backoff, all within a few seconds; one that cannot be reached is a `NOTIFY_FAILED` warning, which even
+backoff, all within a few seconds; one that cannot be sent, for any reason (a URL that is no URL, a
+trailing newline from a secret file, a receiver that is down), is a `NOTIFY_FAILED` warning, which even
 `--quiet` prints, never a change to the run's exit code. The webhook URL is usually a secret: it is read
 from the environment when the message is sent and never written; a warning names the entry by its place
-(`notify[0]`) and its host at most.
+(`notify[0]`) and what is wrong with its URL, never a part of it.
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ def _send(entry: NotifyConfig, body: dict[str, Any], env: Mapping[str, str]) -> 
         url = template.bind(resolve_secrets(template.secrets, env)).render({})
     except BulkRelayError as exc:
         return exc.message  # names the missing variable, never a value
+    wrong = url_problem(url)
+    if wrong is not None:
+        return wrong  # tried again, it would be as wrong
     payload = {"text": slack_text(body)} if entry.format == "slack" else body
     data = orjson.dumps(payload)
     problem: str | None = None
@@ -122,11 +126,32 @@ def _send(entry: NotifyConfig, body: dict[str, Any], env: Mapping[str, str]) -> 
     return f"{problem} after {ATTEMPTS} attempts"
 
 
+def url_problem(url: str) -> str | None:
+    """What makes the webhook no URL to POST to, in words that show no part of it (it is a secret)."""
+    unprintable = next((at for at, char in enumerate(url) if not char.isprintable() or char.isspace()), None)
+    if unprintable is not None:
+        where = "at its end" if unprintable == len(url) - 1 else f"at position {unprintable}"
+        return (
+            f"the webhook URL holds a control character or space {where} "
+            "(a secret read from a file with its newline?)"
+        )
+    try:
+        scheme = httpx.URL(url).scheme
+    except httpx.InvalidURL as exc:
+        reason = str(exc).split(":", 1)[0].rstrip(".")  # `Invalid port: '…'`: the words, not the text
+        return f"the webhook is not a valid URL ({reason})"
+    if scheme not in ("http", "https"):
+        return "the webhook is not an http:// or https:// URL"
+    return None
+
+
 def _post(url: str, data: bytes) -> str | None:
+    """None when the webhook answered 2xx, else why not. Any failure is only the message's: the run has
+    ended and its exit code stands, so nothing raised here may reach the caller."""
     try:
         answer = httpx.post(
             url, content=data, headers={"Content-Type": "application/json"}, timeout=TIMEOUT_SECONDS
         )
-    except httpx.HTTPError as exc:
-        return type(exc).__name__  # an httpx message would carry the URL
+    except Exception as exc:  # httpx's, and any other: an httpx message would carry the URL
+        return type(exc).__name__
     return None if answer.is_success else f"HTTP {answer.status_code}"

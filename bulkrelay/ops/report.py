@@ -28,23 +28,30 @@ from bulkrelay.report.reportdata import (
     tally_journal,
 )
 from bulkrelay.report.reportpage import Deletions, QueryInput, ReportFacts, page
-from bulkrelay.store.atomic import read_json, write_atomic
+from bulkrelay.store.atomic import file_to_replace, read_json, write_atomic
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.rundir import SUMMARY, RunDir, utc_now
 from bulkrelay.store.selection import load_selection
 
 STDOUT = "-"
+# What to do instead when -o names a device, a FIFO, a socket or a directory (store.atomic.file_to_replace).
+TO_STDOUT_INSTEAD = "write the page to stdout and redirect it there: -o - > PATH"
 
 
 def report(run_dir: Path, output: Path | None = None) -> Result:
     """Write the run's report to `output` (default `report.html` in the run; `-`: the page alone is
     the answer's stdout payload, and the CLI sends the envelope to stderr)."""
     run = RunDir.open(run_dir)
-    html, facts = build_report(run)
     to_stdout = output is not None and str(output) == STDOUT
     target = run.path / REPORT if output is None else output
+    written = (
+        target
+        if output is None or to_stdout
+        else file_to_replace(output, named="-o", suggestion=TO_STDOUT_INSTEAD)
+    )
+    html, facts = build_report(run)
     if not to_stdout:
-        _write(target, html.encode(), explicit=output is not None, run=run)
+        _write(written, html.encode(), explicit=output is not None, run=run)
     data = ReportResult(
         run_id=run.run_id,
         run_dir=str(run.path),

@@ -14,6 +14,8 @@ The label is not `job`: Prometheus gives that name to the scrape job and would r
 from __future__ import annotations
 
 import math
+import os
+import stat
 import time
 from bisect import bisect_left
 from collections import Counter
@@ -27,7 +29,7 @@ from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.redact import redact_url_credentials
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.stopping import StopReason
-from bulkrelay.store.atomic import write_atomic
+from bulkrelay.store.atomic import file_to_replace, write_atomic
 from bulkrelay.store.rundir import RunDir, RunState
 from bulkrelay.store.summary import RequestCounts
 
@@ -47,6 +49,9 @@ METRICS_FILE_MODE = 0o644
 # Upper bounds (seconds) of the request latency histogram: loopback answers to slow batch APIs.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _LAST_SUCCESS = "bulkrelay_last_success_timestamp_seconds"
+# The most of an earlier metrics file read back for its last success time: this file is a few KiB; a
+# larger one is not ours, and reading it whole could take all the memory there is.
+PREVIOUS_FILE_MOST_BYTES = 1 << 20
 
 
 _STATUS_CLASSES = tuple(f"{hundreds}xx" for hundreds in range(10))  # made once, not per request
@@ -170,7 +175,8 @@ class MetricsFile:
                 context={"metrics_file": str(path)},
                 suggestion=f"create {path.parent}, or name a file in an existing directory",
             )
-        self.path = path
+        suggestion = "name a file for node_exporter's textfile collector, such as DIR/bulkrelay.prom"
+        self.path = file_to_replace(path, named="--metrics-file", suggestion=suggestion)
         self._init_state(interval, clock)
 
     def _init_state(self, interval: float, clock: Callable[[], float]) -> None:
@@ -187,6 +193,7 @@ class MetricsFile:
         self._written = -float("inf")
         self._last_success: float | None = None
         self._failure: StorageFailed | None = None
+        self._unread: str | None = None  # why the earlier file's last success time could not be read
         self._shard: str | None = None
 
     def run_started(self, run: RunDir, preflight: Preflight, stats: RelayStats) -> None:
@@ -229,16 +236,21 @@ class MetricsFile:
             result.warnings.append(warning)
 
     def _previous_last_success(self, job_name: str) -> float | None:
-        return previous_last_success(self.path, job_name)
+        try:
+            return previous_last_success(self.path, job_name)
+        except _Unreadable as exc:
+            self._unread = str(exc)
+            return None
 
     def _failure_warning(self) -> EnvelopeWarning | None:
-        if self._failure is None:
+        if self._failure is not None:
+            text = f"the metrics file could not be written: {self._failure.message}"
+        elif self._unread is not None:
+            why = self._unread
+            text = f"the metrics file's earlier content was not read ({why}): the last success time is lost"
+        else:
             return None
-        return EnvelopeWarning(
-            "METRICS_WRITE_FAILED",
-            f"the metrics file could not be written: {self._failure.message}",
-            {"metrics_file": str(self.path)},
-        )
+        return EnvelopeWarning("METRICS_WRITE_FAILED", text, {"metrics_file": str(self.path)})
 
     def _registry(self, state: RunState, exit_code: int | None) -> CollectorRegistry:
         from prometheus_client import CollectorRegistry
@@ -401,22 +413,48 @@ class _Collector:
         return self._families()
 
 
+class _Unreadable(Exception):
+    """The earlier metrics file is there but cannot be read back (why, in words)."""
+
+
 def previous_last_success(path: Path, job_name: str) -> float | None:
-    """The last success time an earlier run wrote to the same file, so it survives failed nights."""
+    """The last success time an earlier run wrote to the same file, so it survives failed nights.
+    None when there is no file or it is not a metrics file; `_Unreadable` when it cannot be read."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError):
+    data = _small_file(path)
+    if data is None:
         return None
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(data.decode()):
             for sample in family.samples:
                 if sample.name == _LAST_SUCCESS and sample.labels.get("job_name") == job_name:
                     return float(sample.value)
-    except ValueError:  # not a metrics file we can read: start afresh
+    except ValueError:  # not a metrics file we can read (nor UTF-8 text): start afresh
         return None
     return None
+
+
+def _small_file(path: Path) -> bytes | None:
+    """The bytes of a regular file of at most `PREVIOUS_FILE_MOST_BYTES`, None when there is none.
+    Opened without blocking, so a FIFO put there since the run's start cannot hold the run up; what is
+    there and cannot be read is `_Unreadable`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _Unreadable(exc.strerror or type(exc).__name__) from None
+    with os.fdopen(fd, "rb") as stream:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _Unreadable("not a regular file")
+            data = stream.read(PREVIOUS_FILE_MOST_BYTES + 1)
+        except OSError as exc:
+            raise _Unreadable(exc.strerror or type(exc).__name__) from None
+    if len(data) > PREVIOUS_FILE_MOST_BYTES:
+        raise _Unreadable(f"larger than {PREVIOUS_FILE_MOST_BYTES >> 20} MiB")
+    return data
 
 
 def metrics_path(flag: Path | None, environ: Mapping[str, str]) -> Path | None:

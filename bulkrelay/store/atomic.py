@@ -4,7 +4,8 @@ The recipe: write a temp file in the same directory (a rename never crosses file
 it, rename it over the target, then fsync the directory so the rename itself survives a crash.
 A failure at any step leaves the previous file intact and removes the temp file.
 `move_file` moves a whole file the same way, by a plain rename when it can; `replacing` gives the temp
-file to a writer that streams, for content too large to hold.
+file to a writer that streams, for content too large to hold. `file_to_replace` says which file a path
+that a user named (`report -o`, `--metrics-file`) stands for, before anything is replaced.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import errno
 import io
 import os
 import secrets
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import orjson
 
-from bulkrelay.errors import BulkRelayError, JournalCorrupt, NotFound, StorageFailed
+from bulkrelay.errors import BulkRelayError, JournalCorrupt, NotFound, StorageFailed, UsageError
 from bulkrelay.private import PRIVATE_FILE_MODE, open_private
 from bulkrelay.store.storage import Storage, storage_failed
 
@@ -80,6 +82,41 @@ def replacing(
             os.unlink(temp)
         raise
     storage.fsync_dir(path.parent)
+
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def file_to_replace(path: Path, *, named: str, suggestion: str) -> Path:
+    """The file that replacing the user's `path` must replace: `path`, or, through symbolic links, the
+    file it points to (replaced in its own directory, so the link stays and names the new content).
+    A rename puts a regular file wherever it lands, so a path that is something else (a device, a FIFO,
+    a socket, a directory) is refused with `UsageError`, naming it as `named` (`-o`) and offering
+    `suggestion`; a path that does not exist yet is the file to create."""
+    real = Path(os.path.realpath(path))
+    try:
+        kind = stat.S_IFMT(os.stat(real).st_mode)
+    except FileNotFoundError:
+        return real
+    except OSError as exc:  # a loop of links, a path through a file, no permission to look
+        reason = exc.strerror or str(exc)
+        raise UsageError(
+            f"{named} {path}: {reason}", context={"path": str(path)}, suggestion=suggestion
+        ) from None
+    if kind != stat.S_IFREG:
+        what = _KINDS.get(kind, "not a regular file")
+        raise UsageError(
+            f"{named} {path} is {what}, not a regular file: it would be replaced by one",
+            context={"path": str(path), "kind": what},
+            suggestion=suggestion,
+        )
+    return real
 
 
 class _StorageWriter(io.RawIOBase):

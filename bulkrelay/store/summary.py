@@ -127,6 +127,9 @@ class RunSummary:
     this_call: ThisCall | None = None
     updated_at: str | None = None
     requests: RequestCounts | None = None  # the wire's view, across the run's calls
+    # Rows done with at least one attempt; a row done without a request (a lookup miss) has none to
+    # retry. None: every done row was sent (a summary made without this count).
+    rows_sent: int | None = None
 
     @property
     def rows_pending(self) -> int:
@@ -134,7 +137,10 @@ class RunSummary:
 
     @property
     def retries(self) -> int:
-        return self.attempts - self.rows_done
+        """Attempts past each sent row's first (never below 0, even for a summary of an earlier
+        version, which counted a row never sent as a retry less)."""
+        sent = self.rows_done if self.rows_sent is None else self.rows_sent
+        return max(0, self.attempts - sent)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -178,7 +184,16 @@ class RunSummary:
             this_call=None if this_call is None else ThisCall(**this_call),
             updated_at=data.get("updated_at"),
             requests=RequestCounts.from_json(data.get("requests")),
+            rows_sent=_rows_sent(data),
         )
+
+
+def _rows_sent(data: dict[str, Any]) -> int | None:
+    """The rows sent, from the summary's JSON (attempts less retries); None when they are every done row."""
+    retries = data.get("retries")
+    if not isinstance(retries, int) or data["attempts"] - retries == data["rows_done"]:
+        return None
+    return int(data["attempts"] - retries)
 
 
 class SummaryCounts:
@@ -190,7 +205,7 @@ class SummaryCounts:
         self._by_status: Counter[int | None] = Counter()  # named "none" or "200" in the report
         self._by_classification: Counter[str] = Counter()
         self._latency = LatencyHistogram()
-        self._ok = self._failed = self._attempts = 0
+        self._ok = self._failed = self._attempts = self._sent = 0
 
     def add(self, entry: JournalEntry) -> None:
         self.add_all((entry,))
@@ -201,18 +216,20 @@ class SummaryCounts:
         by_status, by_classification = self._by_status, self._by_classification
         latency = self._latency  # LatencyHistogram.add, inline: this runs once a committed row
         buckets = latency._buckets
-        ok = count = attempts = 0
+        ok = count = attempts = sent = 0
         for entry in entries:
             ok += entry.success
             count += 1
             by_status[entry.status_code] += 1
             by_classification[entry.classification] += 1
             attempts += entry.attempts
+            sent += entry.attempts > 0
             milliseconds = entry.duration_ms if entry.latency_ms is None else entry.latency_ms
             buckets[int(milliseconds * _TENTHS)] += 1
         self._ok += ok
         self._failed += count - ok
         self._attempts += attempts
+        self._sent += sent
         latency.count += count
 
     def report(self, total_rows: int) -> RunSummary:
@@ -229,6 +246,7 @@ class SummaryCounts:
             ),
             by_classification=dict(sorted(self._by_classification.items())),
             attempts=self._attempts,
+            rows_sent=self._sent,
             latency_ms={**latency.percentiles((0.5, 0.95, 0.99)), "max": latency.maximum()},
         )
 

@@ -556,3 +556,14 @@ def test_a_proxy_url_neither_client_can_use_is_refused_at_its_line(proxy: str) -
 )
 def test_proxy_urls_both_clients_use_are_accepted(proxy: str) -> None:
     assert _parse(MINIMAL + f"execution:\n  proxy: '{proxy}'\n").execution.proxy == proxy
+
+
+def test_notify_on_must_name_at_least_one_ending() -> None:
+    problem = _only_problem(MINIMAL + 'notify:\n  - on: []\n    webhook: "${HOOK}"\n')
+    assert (problem.line, problem.path) == (8, "notify[0].on")
+    assert "success, failure or halt" in problem.message
+
+
+def test_notify_written_as_documented_is_read() -> None:
+    config = _parse(MINIMAL + 'notify:\n  - on: [failure, halt]\n    webhook: "${HOOK}"\n    format: slack\n')
+    assert config.notify[0].on == ("failure", "halt") and config.notify[0].format == "slack"

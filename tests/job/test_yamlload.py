@@ -123,3 +123,21 @@ def test_the_64_bit_integer_range_is_accepted_to_its_ends() -> None:
 def test_quoted_and_explicit_strings_stay_strings() -> None:
     value, _ = load_yaml("a: 'yes'\nb: \"2026-01-01\"\nc: !!str 0755\nd: '.inf'\n", "job.yaml")
     assert value == {"a": "yes", "b": "2026-01-01", "c": "0755", "d": ".inf"}
+
+
+@pytest.mark.parametrize("word", ["on", "On", "ON", "off", "yes", "No", "y", "N"])
+def test_a_plain_yaml_11_boolean_word_as_a_key_is_that_text(word: str) -> None:
+    value, lines = load_yaml(f"notify:\n  - {word}: [failure, halt]\n    webhook: x\n", "job.yaml")
+    assert value == {"notify": [{word: ["failure", "halt"], "webhook": "x"}]}
+    assert lines.line(("notify", 0, word)) == 2
+
+
+@pytest.mark.parametrize("word", ["on", "yes", "off", "No"])
+def test_a_yaml_11_boolean_word_as_a_value_is_still_refused(word: str) -> None:
+    message, line, path = _problem(f"execution:\n  pin_cpu: {word}\n")
+    assert "YAML 1.1 boolean" in message and (line, path) == (2, "execution.pin_cpu")
+
+
+def test_true_as_a_key_is_still_not_a_string() -> None:
+    message, line, _ = _problem("true: 1\n")
+    assert "mapping keys must be strings" in message and line == 1

@@ -3,6 +3,7 @@ of a run, parsed here with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import orjson
@@ -172,3 +173,33 @@ def test_while_a_run_goes_on_the_file_is_rewritten_every_interval_and_not_more(t
     assert metric(final, "bulkrelay_run_state", state="completed") == 1
     assert metric(final, "bulkrelay_last_success_timestamp_seconds") > 0
     assert not list(tmp_path.glob(".m.prom.*"))  # no temp file left behind
+
+
+@pytest.mark.parametrize("kind", ["empty", "directory", "fifo", "link to a fifo"])
+def test_a_metrics_path_that_is_no_file_is_refused_before_the_run_is_made(tmp_path: Path, kind: str) -> None:
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=2)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "fifo")
+    named = {"empty": "", "directory": str(tmp_path), "fifo": "fifo", "link to a fifo": "link"}[kind]
+    result = run_cli("run", job, "--budget", "0", "--metrics-file", named, cwd=tmp_path, timeout=60)
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    assert "--metrics-file" in result.envelope["error"]["message"]
+    assert not list(tmp_path.rglob("run.json"))  # refused before a run was made
+
+
+def test_a_huge_earlier_file_is_not_read_and_its_warning_keeps_the_run_s_envelope(tmp_path: Path) -> None:
+    prom = tmp_path / "nightly.prom"
+    prom.write_bytes(b"# " + b"x" * (2 << 20) + b"\n")  # 2 MiB: read whole before, bounded now
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "target.prom").write_text("")
+    (tmp_path / "linked.prom").symlink_to(tmp_path / "real" / "target.prom")
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=2)
+        result = run_cli("run", job, "--budget", "0", "--metrics-file", prom, cwd=tmp_path)
+        linked = run_cli("run", job, "--budget", "0", "--metrics-file", "linked.prom", cwd=tmp_path)
+    assert result.exit_code == ExitCode.SUCCESS and result.data["state"] == "completed", result.envelope
+    (warning,) = [w for w in result.envelope["warnings"] if w["code"] == "METRICS_WRITE_FAILED"]
+    assert "larger than 1 MiB" in warning["message"]
+    assert metric(read_metrics(prom), "bulkrelay_rows", outcome="succeeded") == 2
+    assert linked.exit_code == ExitCode.SUCCESS and (tmp_path / "linked.prom").is_symlink()
+    assert metric(read_metrics(tmp_path / "real" / "target.prom"), "bulkrelay_rows", outcome="succeeded") == 2

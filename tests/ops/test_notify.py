@@ -93,3 +93,25 @@ def test_notify_is_never_part_of_the_fingerprint(tmp_path: Path) -> None:
     data["notify"] = [{"on": "failure", "webhook": "${HOOK}", "format": "slack"}]
     job.write_text(yaml.safe_dump(data))
     assert config_fingerprint(load_job(job).config) == before
+
+
+@pytest.mark.parametrize(
+    ("hook", "said"),
+    [
+        ("{base}/hooks/" + SECRET_PATH + "\n", "a control character or space at its end"),
+        ("http://[::1/hooks/" + SECRET_PATH, "not a valid URL"),
+        ("ftp://127.0.0.1/hooks/" + SECRET_PATH, "not an http:// or https:// URL"),
+    ],
+)
+def test_a_malformed_webhook_is_a_warning_and_the_night_stands(tmp_path: Path, hook: str, said: str) -> None:
+    with TargetProcess() as target:
+        notify = [{"on": ["success"], "webhook": "${HOOK}"}]
+        job = write_job(tmp_path, target.url, rows=3, notify=notify)
+        env = cli_env(HOOK=hook.format(base=target.url))
+        result = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=env)
+        assert _hooks(target) == []
+    assert result.exit_code == ExitCode.SUCCESS, result.envelope
+    assert result.data["state"] == "completed" and result.data["summary"]["by_outcome"]["succeeded"] == 3
+    (warning,) = [w for w in result.envelope["warnings"] if w["code"] == "NOTIFY_FAILED"]
+    assert said in warning["message"] and "notify[0]" in warning["message"]
+    assert SECRET_PATH not in result.stderr and SECRET_PATH.encode() not in result.stdout

@@ -5,11 +5,13 @@ earlier versions; batches."""
 from __future__ import annotations
 
 import fcntl
+import os
 import re
 import shlex
 import shutil
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -675,3 +677,28 @@ def test_a_mirror_night_and_its_deletion_run_each_say_what_they_are(
     night_page = _elements(build_report(RunDir.open(night_dir))[0]).text
     assert night_page["delta-mode"] == "mirror" and night_page["skipped_unchanged"] == "1"
     assert night_page["deletions-run"] == deletions_dir.name and night_page["deletes"] == "2"
+
+
+@pytest.mark.slow
+def test_report_o_follows_a_link_and_refuses_what_is_no_regular_file(tmp_path: Path) -> None:
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=2)
+        run = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+    assert run.exit_code == ExitCode.SUCCESS, run.envelope
+    (tmp_path / "pages").mkdir()
+    real = tmp_path / "pages" / "tgt1.html"
+    real.write_text("old")
+    (tmp_path / "link1").symlink_to(real)
+    linked = run_cli("report", run.data["run_dir"], "-o", "link1", cwd=tmp_path)
+    assert linked.exit_code == ExitCode.SUCCESS, linked.envelope
+    assert (tmp_path / "link1").is_symlink() and "<html" in real.read_text()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    for refused in ("fifo", "dir"):
+        for args in ((run.data["run_dir"],), ("--history", "job")):
+            result = run_cli("report", *args, "-o", refused, cwd=tmp_path)
+            assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+            assert "not a regular file" in result.envelope["error"]["message"]
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode) and (tmp_path / "dir").is_dir()
+    refused = run_cli("report", run.data["run_dir"], "-o", "fifo", cwd=tmp_path).envelope["error"]
+    assert "-o - > PATH" in refused["suggestion"]

@@ -57,6 +57,8 @@ def test_the_history_keeps_the_last_nights_asked_for_and_leaves_other_jobs_out(t
     none = run_cli(
         "report", "--history", "another-job", "--runs-dir", runs, "-o", tmp_path / "x.html", cwd=tmp_path
     )
-    assert none.data["nights"] == 0 and "No night of another-job" in (tmp_path / "x.html").read_text()
+    assert none.exit_code == ExitCode.NOT_FOUND and none.error_code == "NOT_FOUND", none.envelope
+    assert "no night of job 'another-job'" in none.envelope["error"]["message"]
+    assert not (tmp_path / "x.html").exists()
     neither = run_cli("report", "--runs-dir", runs, cwd=tmp_path)
     assert neither.exit_code == ExitCode.ARG_ERROR and "--history" in neither.envelope["error"]["message"]

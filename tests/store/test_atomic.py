@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
 
-from bulkrelay.errors import JournalCorrupt, NotFound, RunNotResumable, StorageFailed
-from bulkrelay.store.atomic import move_file, read_json, replacing, write_atomic, write_json_atomic
+from bulkrelay.errors import JournalCorrupt, NotFound, RunNotResumable, StorageFailed, UsageError
+from bulkrelay.store.atomic import (
+    file_to_replace,
+    move_file,
+    read_json,
+    replacing,
+    write_atomic,
+    write_json_atomic,
+)
 from bulkrelay.store.faultystorage import FaultyStorage
 from bulkrelay.store.storage import Storage
 
@@ -193,3 +202,47 @@ def test_a_failed_move_across_file_systems_names_the_file_and_loses_nothing(
     assert source.read_bytes() == b"records"  # the spool is still there
     assert target.read_bytes() == b"the previous copy"  # and the target untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+
+
+def _bound_socket(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))  # the socket file stays once the socket is closed
+
+
+_NOT_FILES: dict[str, Callable[[Path], None]] = {
+    "directory": Path.mkdir,
+    "FIFO": os.mkfifo,
+    "socket": _bound_socket,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_NOT_FILES))
+def test_a_path_that_is_no_regular_file_is_refused_and_kept(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "out"
+    _NOT_FILES[kind](path)
+    before = os.stat(path)
+    with pytest.raises(UsageError) as caught:
+        file_to_replace(path, named="-o", suggestion="use -o -")
+    assert kind in caught.value.message and str(path) in caught.value.message
+    assert caught.value.exit_code == 2 and caught.value.suggestion == "use -o -"
+    assert os.stat(path).st_ino == before.st_ino
+
+
+def test_a_link_is_followed_to_the_file_it_names(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "target.html").write_text("old")
+    (tmp_path / "link").symlink_to(tmp_path / "sub" / "target.html")
+    assert file_to_replace(tmp_path / "link", named="-o", suggestion="") == (tmp_path / "sub" / "target.html")
+    (tmp_path / "dangling").symlink_to(tmp_path / "new.html")
+    assert file_to_replace(tmp_path / "dangling", named="-o", suggestion="") == tmp_path / "new.html"
+    assert file_to_replace(tmp_path / "fresh", named="-o", suggestion="") == tmp_path / "fresh"
+
+
+def test_a_link_to_a_fifo_and_a_loop_of_links_are_refused(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "to_fifo").symlink_to(tmp_path / "fifo")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    for path in (tmp_path / "to_fifo", tmp_path / "a"):
+        with pytest.raises(UsageError):
+            file_to_replace(path, named="-o", suggestion="")

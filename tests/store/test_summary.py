@@ -90,3 +90,13 @@ def test_the_requests_of_a_runs_calls_add_up_and_read_back() -> None:
     del earlier["requests"]  # a summary of an earlier version
     assert RunSummary.from_json(earlier).requests is None
     assert RequestCounts.from_json({"sent": "x"}) is None
+
+
+def test_rows_never_sent_count_no_retry(tmp_path: Path) -> None:
+    journal = tmp_path / "results.jsonl"
+    rows = [(None, "lookup_miss", 0, 0.0)] * 6 + [(200, "success", 1, 10.0), (200, "success", 3, 12.0)]
+    journal.write_bytes(b"".join(_entry(i, *row) for i, row in enumerate(rows, start=1)))
+    summary = summarize(journal, total_rows=8)
+    assert (summary.attempts, summary.retries) == (4, 2)
+    assert (summary.to_json()["attempts"], summary.to_json()["retries"]) == (4, 2)
+    assert RunSummary.from_json(summary.to_json()).retries == 2
