@@ -2,8 +2,9 @@
 
 The key is a PEM private key from the environment (`private_key: "${NAME}"`) or a file
 (`private_key_file`, relative to the job file), loaded once when the job is read, so that a key that
-cannot sign is refused before any row (exit 2, naming where it was looked for): unreadable, encrypted
-with a passphrase, not a private key, or of a type other than RSA (RS256) or EC P-256 (ES256).
+cannot sign is refused before any row (exit 2, naming where it was looked for): unreadable, not a
+regular file or larger than KEY_FILE_BYTES, encrypted with a passphrase, not a private key, or of a
+type other than RSA (RS256) or EC P-256 (ES256).
 
 Each assertion is made fresh for one token request: `iss` the client id, `sub`, `aud`, `iat` now,
 `exp` ASSERTION_SECONDS ahead (Salesforce refuses more than 3 minutes) and a random `jti` never used
@@ -12,7 +13,9 @@ again. PyJWT signs it (with `cryptography`, which it wraps): docs/auth.md says w
 
 from __future__ import annotations
 
+import os
 import secrets
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +27,9 @@ if TYPE_CHECKING:  # imported where a key is loaded: PyJWT and cryptography cost
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 ASSERTION_SECONDS = 180  # at most 3 minutes ahead, as Salesforce requires
+# The most of a key file read: a PEM private key is a few KB (RSA 4096: ~3.3 KB), so a larger file is no
+# key, and the bound keeps a wrong path (a log, an image) from being read whole into memory.
+KEY_FILE_BYTES = 1 << 20
 _PLACE = "request.auth.oauth2"
 
 
@@ -46,12 +52,32 @@ class AssertionKey:
 
 
 def read_key_file(path: Path) -> str:
-    """The text of `private_key_file`; a file that cannot be read is refused naming it."""
+    """The text of `private_key_file`; a file that cannot be read is refused naming it. Only a regular
+    file (symbolic links followed) of at most KEY_FILE_BYTES is read: a device (/dev/zero, /dev/urandom)
+    would be read without end, and opening a named pipe would wait forever for a writer."""
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise _refused(f"cannot read the private key file: {why}", str(path), "private_key_file") from None
+        # O_NONBLOCK: opening a pipe returns at once (it is then refused); a regular file reads as ever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _unreadable(path, exc.strerror or type(exc).__name__) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _unreadable(path, "it is not a regular file (a device, a pipe or a directory)")
+    with os.fdopen(fd, "rb") as file:
+        try:
+            data = file.read(KEY_FILE_BYTES + 1)
+        except OSError as exc:
+            raise _unreadable(path, exc.strerror or type(exc).__name__) from None
+    if len(data) > KEY_FILE_BYTES:
+        raise _unreadable(path, f"it is larger than {KEY_FILE_BYTES >> 20} MiB, which no PEM private key is")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _unreadable(path, "it is not UTF-8 text") from None
+
+
+def _unreadable(path: Path, why: str) -> ConfigInvalid:
+    return _refused(f"cannot read the private key file: {why}", str(path), "private_key_file")
 
 
 def load_key(pem: str, where: str, key: str) -> AssertionKey:

@@ -761,6 +761,29 @@ class AwsSigV4Config(_Model):
     region: NonEmpty
 
 
+# Headers a signature or its timestamp cannot take (docs/auth.md#which-headers-a-signature-may-take):
+# the message's framing and the connection's, which the transport owns (RFC 9112 §6-7: Content-Length,
+# Transfer-Encoding; RFC 9110 §7.2 Host, §7.6.1 Connection and the hop-by-hop fields it lists, §10.1.1
+# Expect, §11.7.2 Proxy-Authorization), and those BulkRelay sets on the request itself (Content-Type,
+# Content-Encoding, User-Agent, Accept-Encoding): a signature there would replace or corrupt them.
+_NOT_SIGNATURE_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection", "te",
+    "trailer", "upgrade", "expect", "proxy-authorization", "content-type", "content-encoding",
+    "user-agent", "accept-encoding",
+})  # fmt: skip
+
+
+def _signature_header(name: str) -> str:
+    if name.lower() in _NOT_SIGNATURE_HEADERS:
+        raise ValueError(
+            f"{name} is a header the transport or BulkRelay sets (framing, connection or content): "
+            "a signature cannot go there; name a header of its own, like X-Signature"
+        )
+    return name
+
+
+SignatureHeader = Annotated[str, AfterValidator(_header_name), AfterValidator(_signature_header)]
+
 HmacSecrets = Annotated[
     tuple[Annotated[SharedText, AfterValidator(_secret_reference)], ...], BeforeValidator(_list_as_tuple)
 ]
@@ -771,12 +794,12 @@ class HmacConfig(_Model):
 
     scheme: Literal["standard_webhooks", "github", "custom"]
     secret: Annotated[SharedText, AfterValidator(_secret_reference)] | HmacSecrets
-    header: HeaderName | None = None  # custom:
+    header: SignatureHeader | None = None  # custom:
     algorithm: Literal["sha256", "sha512"] = "sha256"
     encoding: Literal["hex", "base64"] = "hex"
-    prefix: str = ""
+    prefix: Annotated[str, AfterValidator(_sendable_header_literal)] = ""
     signed: str = "{body}"
-    timestamp_header: HeaderName | None = None
+    timestamp_header: SignatureHeader | None = None
 
     @model_validator(mode="after")
     def _scheme_keys(self) -> HmacConfig:
@@ -786,6 +809,11 @@ class HmacConfig(_Model):
             raise ValueError(f"{given[0]} belongs to scheme: custom; {self.scheme} fixes its own")
         if self.scheme == "custom" and self.header is None:
             raise ValueError("scheme: custom needs header (where the signature goes)")
+        if self.header and self.timestamp_header and self.header.lower() == self.timestamp_header.lower():
+            raise ValueError(
+                f"timestamp_header and header both name {self.header}: the timestamp would replace the "
+                "signature; give each a header of its own"
+            )
         unknown = set(re.findall(r"{([^}]*)}", self.signed)) - {"timestamp", "body", "method", "path"}
         if unknown:
             raise ValueError(
@@ -1159,12 +1187,12 @@ class RequestConfig(_Model):
         _rows_where_grouped(self)
         if self.auth is not None and "authorization" in names:
             raise ValueError("request.headers sets Authorization, which request.auth sends: keep one")
+        if self.auth is not None:
+            _auth_headers_free(self, names)
         if self.compression != "none" and "content-encoding" in names:
             raise ValueError(
                 "request.headers sets Content-Encoding, which request.compression sends: keep one"
             )
-        if self.auth is not None and self.auth.hmac is not None:
-            _hmac_headers_free(self.auth.hmac, names)
         return self
 
     @model_serializer(mode="wrap")
@@ -1184,20 +1212,49 @@ class RequestConfig(_Model):
         return data
 
 
-def _hmac_headers_free(hmac: HmacConfig, names: list[str]) -> None:
-    """The headers request.auth.hmac sends are its own."""
-    own = _HMAC_HEADERS.get(hmac.scheme) or tuple(
-        h.lower() for h in (hmac.header, hmac.timestamp_header) if h
-    )
+def _auth_headers_free(req: RequestConfig, names: list[str]) -> None:
+    """The headers request.auth sends are its own: neither request.headers nor the idempotency key
+    names one (the signer would drop or replace it, or send it twice)."""
+    assert req.auth is not None
+    kind, own = _auth_headers(req.auth)
     taken = sorted(set(own) & set(names))
     if taken:
-        raise ValueError(f"request.headers sets {taken[0]}, which request.auth.hmac sends: keep one")
+        raise ValueError(f"request.headers sets {taken[0]}, which request.auth.{kind} sends: keep one")
+    key = req.idempotency_key.header if req.idempotency_key is not None else ""
+    if key.lower() in own:
+        raise ValueError(
+            f"idempotency_key.header is {key}, which request.auth.{kind} sends: "
+            "give the key a header of its own"
+        )
+    if "authorization" in own and kind == "hmac" and _url_has_credentials(req.url):
+        raise ValueError(
+            "request.auth.hmac sends Authorization, which the URL's user and password send too (Basic): "
+            "keep one"
+        )
+
+
+def _auth_headers(auth: AuthConfig) -> tuple[str, frozenset[str]]:
+    """The kind of request.auth, and the headers (lower case) it puts on each attempt."""
+    if auth.hmac is not None:
+        hmac = auth.hmac
+        own = _HMAC_HEADERS.get(hmac.scheme) or tuple(h for h in (hmac.header, hmac.timestamp_header) if h)
+        return "hmac", frozenset(name.lower() for name in own)
+    if auth.aws_sigv4 is not None:
+        return "aws_sigv4", _SIGV4_HEADERS
+    return "oauth2", frozenset({"authorization"})
+
+
+def _url_has_credentials(url: str) -> bool:
+    """Whether the URL as written names a user (sent as Basic auth): `scheme://user:pass@host`."""
+    _, separator, rest = url.partition("://")
+    return bool(separator) and "@" in re.split(r"[/?#]", rest, maxsplit=1)[0]
 
 
 _HMAC_HEADERS = {
     "standard_webhooks": ("webhook-id", "webhook-timestamp", "webhook-signature"),
     "github": ("x-hub-signature-256",),
 }
+_SIGV4_HEADERS = frozenset({"authorization", "x-amz-date", "x-amz-security-token", "x-amz-content-sha256"})
 
 
 def _rows_where_grouped(req: RequestConfig) -> None:

@@ -34,7 +34,7 @@ from bulkrelay.job.inputs.query import QUERY_NAME, database_of
 from bulkrelay.job.keycheck import DuplicateKeyFinder
 from bulkrelay.job.records import PreparedRequest, Record
 from bulkrelay.job.redact import Redactor
-from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
+from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests, job_renderer
 from bulkrelay.job.template import resolve_secrets
 
 MAX_PROBLEMS = 20
@@ -199,14 +199,7 @@ def _renderer_and_digester(
 ) -> tuple[RequestRenderer, RequestDigester | None]:
     """The job's renderer, and for a delta job the digester its journal lines and state compare."""
     delta = job.config.execution.sync != "full"
-    renderer = RequestRenderer.from_config(
-        job.config.request,
-        env,
-        sorted_json=delta,
-        shown=job.config.vars,
-        base_dir=job.base_dir,
-        lookups=job.lookups,
-    )
+    renderer = job_renderer(job, env)
     if not delta:
         return renderer, None
     sorted_json = renderer.sorted_json

@@ -14,6 +14,11 @@ ways. A `Redactor`, built once per run from the job's secret values, matches eac
 - and the same for each *derived* string the transport builds from secrets and puts on the
   wire: the `user:password` of credentials in the URL, which reqwest sends as HTTP Basic auth.
 
+A request.auth mechanism also puts secrets of its own on each attempt (a signature, SigV4's
+`Authorization` header): `hiding(values)` gives a redactor that hides those too, made only when an
+answer to that attempt is about to be written (a failure body, captured values, an error text), so a
+job pays nothing per row for it.
+
 Occurrences that overlap are hidden together, as one `***`. `redact_prefix` keeps the start of a
 text so that a secret crossing the cut is hidden whole, and a text that was itself cut short
 (a body the transport truncated) keeps no tail that could be the start of a secret.
@@ -23,6 +28,7 @@ A redactor without secrets returns every text as it is, at the cost of one attri
 from __future__ import annotations
 
 import base64
+import copy
 import re
 from collections.abc import Collection, Iterable
 from typing import Any
@@ -37,6 +43,8 @@ LEARNT_KEPT = 8  # secrets learnt during a run that stay hidden (see `Redactor.l
 
 # Unaligned base64 fragments shorter than this would hide ordinary words in every body.
 _BASE64_FRAGMENT_MIN = 6
+# Characters spelled only as they are, by a `\\` escape or a `%` escape (no HTML reference, no `+`).
+_PLAIN = re.compile(r"[A-Za-z0-9+/=._:,-]+")
 _SPLIT_UP_TO = 256  # characters; see `_spellings`
 _JSON_SHORT = {
     '"': '\\"',
@@ -62,16 +70,55 @@ class Redactor:
         secrets |= {form for value in secrets for form in url_spellings(value) if form}
         self._values = secrets | {value for value in derived if value}
         self._learnt: list[str] = []
+        # `hiding`'s: an attempt's own secrets, their literal and base64 forms, their lazy pattern.
+        self._also_values: tuple[str, ...] = ()
+        self._also_forms: tuple[str, ...] = ()
+        self._also_plain = True
+        self._also: re.Pattern[str] | None = None
         self._compile()
         rendered = {form for value in secrets for form in (value, quote(value, safe=""), quote_plus(value))}
         self._rendered = _alternation(map(re.escape, sorted(rendered, key=len, reverse=True)))
 
     def _compile(self) -> None:
         values = self._values.union(self._learnt)
-        # Longest first, so that at one position the fullest spelling wins.
-        spellings = sorted((alt for value in values for alt in _spellings(value)), key=_length, reverse=True)
-        self._pattern = _alternation(regex for regex, _ in spellings)
-        self.longest = max((length for _, length in spellings), default=0)
+        self._pattern, self.longest = _compiled(values)
+
+    def hiding(self, values: Collection[str]) -> Redactor:
+        """A redactor hiding `values` too (in every spelling), for what is written of the answer to one
+        attempt that carried them: its signature, made for it alone. `self` when there are none.
+
+        Their pattern is compiled only for a text that may hold one (see `_may_spell`): compiling costs
+        ~20 ms, and most answers echo nothing. Not for `learn`: the values are the attempt's."""
+        kept = tuple(value for value in values if value)
+        if not kept:
+            return self
+        extended = copy.copy(self)
+        extended._also_values = kept
+        forms = (form for value in kept for form in (value, *_base64_forms(value.encode())))
+        extended._also_forms = tuple(forms)
+        extended._also_plain = all(_PLAIN.fullmatch(value) for value in kept)
+        # A plain value's longest spelling is \uXXXX for each character (see `_char_alternatives`).
+        extended.longest = max(self.longest, *(6 * len(value) for value in kept))
+        if self._pattern is None or not extended._also_plain:
+            extended._also_compiled()
+        return extended
+
+    def _also_compiled(self) -> re.Pattern[str] | None:
+        """The pattern of `hiding`'s values, compiled the first time it is needed."""
+        if self._also is None and self._also_values:
+            self._also, longest = _compiled(self._also_values)
+            self.longest = max(self.longest, longest)
+            if self._pattern is None:  # nothing else to hide: the values' pattern is the one
+                self._pattern, self._also, self._also_values = self._also, None, ()
+        return self._also
+
+    def _may_spell(self, text: str) -> bool:
+        """Whether `text` may hold a spelling of one of `hiding`'s values. A plain value (characters no
+        HTML reference or `+` spells) is spelled otherwise than as it is only with a `\\` or `%` escape, so
+        a text without either holds one only literally, or in one of its base64 forms."""
+        if not self._also_plain or "\\" in text or "%" in text:
+            return True
+        return any(form in text for form in self._also_forms)
 
     def learn(self, value: str) -> None:
         """Hide `value` too from now on: a secret obtained during the run (an OAuth2 access token).
@@ -151,17 +198,34 @@ class Redactor:
     def _spans(self, text: str, end: int) -> list[list[int]]:
         """The merged [start, stop) extents of every occurrence starting before `end`, overlaps included."""
         assert self._pattern is not None
-        search = self._pattern.search
+        found = _occurrences(self._pattern, text, end)
+        if self._also_values and self._may_spell(text) and (also := self._also_compiled()) is not None:
+            found = sorted([*found, *_occurrences(also, text, end)])
         spans: list[list[int]] = []
-        match = search(text)
-        while match is not None and match.start() < end:
-            start, stop = match.span()
+        for start, stop in found:
             if spans and start <= spans[-1][1]:
                 spans[-1][1] = max(spans[-1][1], stop)
             else:
                 spans.append([start, stop])
-            match = search(text, start + 1)  # not `stop`: another secret may begin inside this one
         return spans
+
+
+def _occurrences(pattern: re.Pattern[str], text: str, end: int) -> list[tuple[int, int]]:
+    """The extent of every match starting before `end`, in order, overlapping ones included."""
+    search = pattern.search
+    found = []
+    match = search(text)
+    while match is not None and match.start() < end:
+        found.append(match.span())
+        match = search(text, match.start() + 1)  # not its end: another secret may begin inside this one
+    return found
+
+
+def _compiled(values: Iterable[str]) -> tuple[re.Pattern[str] | None, int]:
+    """One pattern matching every spelling of `values`, and the length of the longest text it matches."""
+    # Longest first, so that at one position the fullest spelling wins.
+    spellings = sorted((alt for value in values for alt in _spellings(value)), key=_length, reverse=True)
+    return _alternation(regex for regex, _ in spellings), max((length for _, length in spellings), default=0)
 
 
 def _length(alternative: Alternative) -> int:

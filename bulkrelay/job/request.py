@@ -19,9 +19,10 @@ from urllib.parse import urlencode
 
 import orjson
 
-from bulkrelay.errors import SecretInvalid
+from bulkrelay.errors import ConfigInvalid, Problem, SecretInvalid
 from bulkrelay.job.config import (
     FormField,
+    Job,
     JsonField,
     JsonLookup,
     JsonNode,
@@ -315,6 +316,29 @@ class RequestRenderer:
             return request
         headers = (*request.headers, (self.idempotency_header, key))
         return PreparedRequest(request.method, request.url, headers, request.body)
+
+
+def job_renderer(job: Job, env: Mapping[str, str]) -> RequestRenderer:
+    """The job's renderer, as preflight and `render` build it. A problem found only then (a key file that
+    cannot be read, a missing extra) points at its key's line in the job file, like every other."""
+    config = job.config
+    try:
+        return RequestRenderer.from_config(
+            config.request,
+            env,
+            sorted_json=config.execution.sync != "full",
+            shown=config.vars,
+            base_dir=job.base_dir,
+            lookups=job.lookups,
+        )
+    except ConfigInvalid as exc:
+        raise ConfigInvalid([_located(job, problem) for problem in exc.problems], total=exc.total) from None
+
+
+def _located(job: Job, problem: Problem) -> Problem:
+    if problem.file is not None or problem.path is None:
+        return problem
+    return job.problem_at(tuple(problem.path.split(".")), problem.message)
 
 
 class RowRequests:

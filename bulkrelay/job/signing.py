@@ -36,14 +36,21 @@ def _key(text: str, secrets: Mapping[str, str], webhooks: bool) -> bytes:
     if not (webhooks and value.startswith(_WEBHOOK_PREFIX)):
         return value.encode()
     try:
-        return base64.b64decode(value.removeprefix(_WEBHOOK_PREFIX), validate=True)
+        key = base64.b64decode(value.removeprefix(_WEBHOOK_PREFIX), validate=True)
     except binascii.Error:
-        names = sorted(compile_template(text).secrets)
-        raise SecretInvalid(
-            f"request.auth.hmac.secret: {', '.join(names)} starts with whsec_ but the rest is not base64",
-            context={"invalid": names},
-            suggestion="set it to the secret exactly as the webhook's sender shows it (whsec_ then base64)",
-        ) from None
+        raise _not_a_key(text, "the rest is not base64") from None
+    if not key:  # an HMAC with an empty key is no secret: anyone could sign
+        raise _not_a_key(text, "nothing follows it (an empty key)")
+    return key
+
+
+def _not_a_key(text: str, why: str) -> SecretInvalid:
+    names = sorted(compile_template(text).secrets)
+    return SecretInvalid(
+        f"request.auth.hmac.secret: {', '.join(names)} starts with whsec_ but {why}",
+        context={"invalid": names},
+        suggestion="set it to the secret exactly as the webhook's sender shows it (whsec_ then base64)",
+    )
 
 
 def require_botocore() -> None:

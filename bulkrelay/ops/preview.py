@@ -22,7 +22,7 @@ from bulkrelay.job.inputs import InputSpec, open_records
 from bulkrelay.job.inputs.spec import STDIN_NAME
 from bulkrelay.job.preflight import Preflight, resolve_input, run_preflight
 from bulkrelay.job.records import Record
-from bulkrelay.job.request import RenderError, RequestRenderer, RowRequests
+from bulkrelay.job.request import RenderError, RowRequests, job_renderer
 from bulkrelay.ops.batchrender import rendered_batches
 from bulkrelay.ops.bulkrender import rendered_jobs
 from bulkrelay.ops.lookups import built_lookups, with_lookups
@@ -173,14 +173,7 @@ def _render_rows(
 ) -> tuple[list[RenderedRequest], list[Problem], int | None]:
     """The rendered requests, the problems met, and the input's row count when the range
     reached past its end (None when it stopped early: every named row exists)."""
-    renderer = RequestRenderer.from_config(
-        job.config.request,
-        os.environ,
-        sorted_json=job.config.execution.sync != "full",
-        shown=job.config.vars,
-        base_dir=job.base_dir,
-        lookups=job.lookups,
-    )
+    renderer = job_renderer(job, os.environ)
     config_sha256 = config_fingerprint(job.config)
     problems: list[Problem] = []
     requests: list[RenderedRequest] = []

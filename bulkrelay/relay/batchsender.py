@@ -34,6 +34,7 @@ from bulkrelay.relay.earliersends import EarlierSends
 from bulkrelay.relay.itemresults import PLAIN_SUCCESS, AnswerInvalid, ItemOutcome, ItemReader
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
+from bulkrelay.relay.response import ResponseReader
 from bulkrelay.relay.retry import (
     BATCH_ANSWER_INVALID,
     IN_PROGRESS_STATUS,
@@ -149,7 +150,7 @@ class BatchSender(RowSender):
         elif status is not None:
             result.accepted_bytes = max(result.accepted_bytes, len(request.body or b""))
         if response is not None and self._policy.is_success(response.status):
-            self._read_answer(items, response, latency, result)
+            self._read_answer(items, response, tried, result)
         elif self._splits(response, len(items)) and not (status == IN_PROGRESS_STATUS and decision.retryable):
             self._stats.on_split()
             half = len(items) // 2
@@ -157,8 +158,8 @@ class BatchSender(RowSender):
             if not self.stop.requested:
                 await self._send(items[half:], result, retry)
         else:
-            error_text = self._error_text(response, error)
-            body = self._failure_body(response)
+            error_text = self._error_text(response, error, tried.hidden)
+            body = self._failure_body(response, tried.hidden)
             ended, latency_ms = time.monotonic(), _milliseconds(latency)
             classification, retryable = decision.classification, decision.retryable
             entries = [
@@ -204,7 +205,7 @@ class BatchSender(RowSender):
                 attempts = max(p.attempts for p in items) - waits
                 decision = self._policy.decide(attempts, status, tried.error, retry_after)
             if decision.halt:
-                self._halt(response, items[0].row_number)
+                self._halt(response, items[0].row_number, tried.hidden)
                 return None
             self._slow_down(response, retry_after)
             if not decision.retry:
@@ -220,15 +221,18 @@ class BatchSender(RowSender):
         return status == 413 or (self._split and 400 <= status < 500 and status not in _NOT_SPLIT)
 
     def _read_answer(
-        self, items: list[PendingItem], response: Response, latency: float, result: BatchResult
+        self, items: list[PendingItem], response: Response, tried: Exchange, result: BatchResult
     ) -> None:
         ids = [pending.item.item_id for pending in items]
-        ended, latency_ms, size = time.monotonic(), _milliseconds(latency), len(items)
+        ended, latency_ms, size = time.monotonic(), _milliseconds(tried.latency), len(items)
+        hidden = tried.hidden  # the attempt's signatures: hidden from what the answer gives
+        reader = self._reader.hiding(hidden) if hidden else self._reader
         try:
-            outcomes = self._items.outcomes(response.body, ids, truncated=response.truncated)
+            item_reader = self._items.hiding(hidden) if hidden else self._items
+            outcomes = item_reader.outcomes(response.body, ids, truncated=response.truncated)
         except AnswerInvalid as exc:
-            error = self._renderer.redactor.redact(f"batch answer invalid: {exc}")
-            body = self._failure_body(response)
+            error = self._renderer.redactor.hiding(hidden).redact(f"batch answer invalid: {exc}")
+            body = self._failure_body(response, hidden)
             entries = [
                 self._batch_entry(
                     pending, index, size, latency_ms, response.status, BATCH_ANSWER_INVALID, True, error,
@@ -251,10 +255,12 @@ class BatchSender(RowSender):
                 self._stats.on_retry()
                 continue
             if outcome is not plain:
-                entries.append(self._item_entry(pending, index, size, latency_ms, status, outcome, ended))
+                entries.append(
+                    self._item_entry(pending, index, size, latency_ms, status, outcome, ended, reader)
+                )
                 continue
             if template is None:  # the first: by the general path, and the others' template
-                first = self._item_entry(pending, index, size, latency_ms, status, outcome, ended)
+                first = self._item_entry(pending, index, size, latency_ms, status, outcome, ended, reader)
                 entries.append(first)
                 template = entry_fields(first)
                 continue
@@ -280,6 +286,7 @@ class BatchSender(RowSender):
         status: int,
         outcome: ItemOutcome,
         ended: float,
+        reader: ResponseReader,
     ) -> JournalEntry:
         classification = outcome.classification
         error = captured = None
@@ -287,16 +294,17 @@ class BatchSender(RowSender):
             named = f"item {outcome.status}" if outcome.status is not None else "item rejected"
             error = named if outcome.message is None else f"{named}: {outcome.message}"
         elif self._capture and outcome.entry is not None:
-            captured = self._reader.captured(orjson.dumps(outcome.entry))
+            captured = reader.captured(orjson.dumps(outcome.entry))
         return self._batch_entry(
             pending, index, size, latency_ms, outcome.status if outcome.status is not None else status,
             classification, outcome.retryable, error, None, captured, ended,
         )  # fmt: skip
 
-    def _failure_body(self, response: Response | None) -> str | None:
+    def _failure_body(self, response: Response | None, hidden: tuple[str, ...]) -> str | None:
         if response is None:
             return None
-        return self._reader.failure_body(response.body, truncated=response.truncated)
+        reader = self._reader.hiding(hidden) if hidden else self._reader
+        return reader.failure_body(response.body, truncated=response.truncated)
 
     def _batch_entry(  # noqa: PLR0917 (the hot path: one call a row, positional)
         self,

@@ -15,7 +15,8 @@ guessed from it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -61,6 +62,12 @@ class ItemReader:
         # Elasticsearch answers 200 and creates items with 201.
         self._policy = replace(policy, success_statuses=self.config.success_statuses)
         self._redactor = redactor
+
+    def hiding(self, values: Collection[str]) -> ItemReader:
+        """A reader of the answer to one attempt that carried `values` (its signatures), hiding them too."""
+        reader = copy.copy(self)
+        reader._redactor = self._redactor.hiding(values)
+        return reader
 
     @property
     def whole(self) -> bool:

@@ -1,14 +1,16 @@
 """What BulkRelay keeps of a response: captured values on success, a truncated body on failure.
 
-Both are redacted (see `bulkrelay.job.redact`) before the journal sees them: a target may echo a secret.
+Both are redacted (see `bulkrelay.job.redact`) before the journal sees them: a target may echo a secret,
+the job's or one its request.auth put on the attempt answered (`hiding`: a signature).
 A failure body is redacted before it is cut, and in the body's own bytes: `failure_body_bytes` bytes
 of the body are kept, and a secret that begins in them is hidden whole even where it crosses the cut.
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -68,6 +70,15 @@ class ResponseReader:
         self._capture = dict(capture)
         self._failure_body_bytes = failure_body_bytes
         self._redactor = redactor
+
+    def hiding(self, values: Collection[str]) -> ResponseReader:
+        """A reader for the answer to one attempt that carried `values` (its signature), hiding them too."""
+        redactor = self._redactor.hiding(values)
+        if redactor is self._redactor:
+            return self
+        reader = copy.copy(self)
+        reader._redactor = redactor
+        return reader
 
     def captured(self, body: bytes) -> dict[str, Any] | None:
         """Values at the configured JSON pointers; absent ones are null. None when nothing is configured."""

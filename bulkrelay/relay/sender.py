@@ -43,16 +43,19 @@ def _milliseconds(seconds: float) -> float:
 
 
 class Exchange(NamedTuple):
-    """One attempt's send: what came back (or the transport error), its round trip, when it left, and
-    the token it carried. A NamedTuple built with `tuple.__new__`: one is made per attempt."""
+    """One attempt's send: what came back (or the transport error), its round trip, when it left, the
+    token it carried, and the secrets made for it alone (its signatures: `Authorized.hidden`), to hide in
+    what is written of its answer. A NamedTuple built with `tuple.__new__`: one is made per attempt."""
 
     response: Response | None
     error: TransportError | None
     latency: float
     sent: float
     token: Token | None
+    hidden: tuple[str, ...]
 
 
+_NOTHING_HIDDEN: tuple[str, ...] = ()
 _new_tuple = tuple.__new__  # Exchange(...) would go through a Python-level __new__
 _monotonic = time.monotonic
 
@@ -110,7 +113,7 @@ class RowSender:
             tried = await self._exchange(wire)
             if tried is None:
                 return None  # no token to be had: the run is stopping, the row stays pending
-            response, error, _, sent, token = tried
+            response, error, _, sent, token, _ = tried
             status = response.status if response is not None else None
             first_sent = first_sent or sent
             if token is not None and self._token_ran_out(tried, first_sent):
@@ -125,7 +128,7 @@ class RowSender:
             else:
                 decision, retry_after = self._decided(attempt - waits, response, error)
             if decision.halt:
-                self._halt(response, record.row_number)
+                self._halt(response, record.row_number, tried.hidden)
                 return None
             if response is not None and (status == 429 or self._respect_retry_after):
                 self._slow_down(response, retry_after)
@@ -147,10 +150,12 @@ class RowSender:
         retry_after = self._retry_after(response)
         return self._policy.decide(attempt, status, error, retry_after), retry_after
 
-    def _halt(self, response: Response | None, row: int) -> None:
-        """A halt status: the run stops, with the reason request.auth can read from the answer."""
+    def _halt(self, response: Response | None, row: int, hidden: tuple[str, ...]) -> None:
+        """A halt status: the run stops, with the reason request.auth can read from the answer (the
+        attempt's `hidden` secrets not shown)."""
         status = response.status if response is not None else None
-        why = self._auth.refusal(response) if self._auth is not None and response is not None else None
+        auth = self._auth
+        why = auth.refusal(response, hidden) if auth is not None and response is not None else None
         if why is not None:
             self.stop.request(StopReason.SIGNATURE_REFUSED, message=why, status_code=status, row=row)
         else:
@@ -159,22 +164,22 @@ class RowSender:
     async def _exchange(self, request: PreparedRequest) -> Exchange | None:
         """One send of `request`, authorized for this attempt when the job has request.auth (a token, a
         signature over its final bytes); None when it cannot be (the run is stopping)."""
-        token = None
+        token, hidden = None, _NOTHING_HIDDEN
         if self._auth is not None:
             authorized = await self._auth.authorize(request)
             if authorized is None:
                 return None
-            request, token = authorized
+            request, token, hidden = authorized
         sent = _monotonic()
         try:
             response = await self._transport.send(request)
         except TransportError as exc:
             latency = _monotonic() - sent
             self._stats.on_attempt(None, latency)
-            return _new_tuple(Exchange, (None, exc, latency, sent, token))
+            return _new_tuple(Exchange, (None, exc, latency, sent, token, hidden))
         latency = _monotonic() - sent
         self._stats.on_attempt(response.status, latency)
-        return _new_tuple(Exchange, (response, None, latency, sent, token))
+        return _new_tuple(Exchange, (response, None, latency, sent, token, hidden))
 
     @staticmethod
     def _token_ran_out(tried: Exchange, first_sent: float) -> bool:
@@ -258,10 +263,11 @@ class RowSender:
         if self._digester is not None:  # a delta job: the sync state learns from this line
             digest = self._digester.digest(request, record.fields).hex()
         if response is not None:
+            reader = self._reader.hiding(tried.hidden) if tried.hidden else self._reader
             if not success:
-                response_body = self._reader.failure_body(response.body, truncated=response.truncated)
+                response_body = reader.failure_body(response.body, truncated=response.truncated)
             elif self._captures:
-                captured = self._reader.captured(response.body)
+                captured = reader.captured(response.body)
         duration = _monotonic() - started  # the row: waits and retries too
         return entry_of(
             record.row_number,
@@ -270,7 +276,7 @@ class RowSender:
             response.status if response is not None else None,
             attempts,
             decision.retryable,
-            None if success else self._error_text(response, tried.error),
+            None if success else self._error_text(response, tried.error, tried.hidden),
             int(duration * 1_000_000 + 0.5) / 1000,  # duration_ms: _milliseconds(), inline
             int(tried.latency * 1_000_000 + 0.5) / 1000,  # latency_ms: the final attempt's round trip
             record.fields.get(self._key_field) if self._key_field is not None else None,
@@ -281,8 +287,10 @@ class RowSender:
             None,  # batch: a row of its own
         )
 
-    def _error_text(self, response: Response | None, error: TransportError | None) -> str:
+    def _error_text(
+        self, response: Response | None, error: TransportError | None, hidden: tuple[str, ...] = ()
+    ) -> str:
         if error is not None:
-            return self._renderer.redactor.redact(f"{type(error).__name__}: {error}")
+            return self._renderer.redactor.hiding(hidden).redact(f"{type(error).__name__}: {error}")
         assert response is not None
         return f"HTTP {response.status}"

@@ -4,6 +4,7 @@ endpoint's own verifier (demo/oauth.py, `cryptography` alone)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -12,10 +13,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from bulkrelay.demo.oauth import assertion_problem
-from bulkrelay.errors import ConfigInvalid
+from bulkrelay.errors import ConfigInvalid, ExitCode
 from bulkrelay.job.assertion import ASSERTION_SECONDS, load_key
 from bulkrelay.job.config import parse_job
 from bulkrelay.job.oauth2 import JWT_BEARER, bind_token_request
+from tests.clirun import run_cli
 
 _PKCS8 = serialization.PrivateFormat.PKCS8
 
@@ -150,3 +152,64 @@ request:
     assert (
         problem.describe().startswith("job.yaml:7, request.auth.aws_sigv4") and "'region'" in problem.message
     )
+
+
+def _bounded_memory() -> None:
+    """In the child: at most 4 GB of address space (`ulimit -v 4000000`), so that a key file read
+    without a bound fails the test instead of taking the machine's memory."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4_000_000 * 1024, 4_000_000 * 1024))
+
+
+def _key_file(tmp_path: Path, kind: str) -> str:
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "fifo.pem")
+        return "fifo.pem"
+    if kind == "symlink to /dev/zero":
+        (tmp_path / "zero.pem").symlink_to("/dev/zero")
+        return "zero.pem"
+    if kind == "directory":
+        (tmp_path / "keys").mkdir()
+        return "keys"
+    if kind == "larger than 1 MiB":
+        (tmp_path / "big.pem").write_text(_pem(RSA) + "x" * (1 << 20))
+        return "big.pem"
+    return kind  # a device
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("/dev/zero", "not a regular file"),
+        ("/dev/urandom", "not a regular file"),
+        ("symlink to /dev/zero", "not a regular file"),
+        ("fifo", "not a regular file"),
+        ("directory", "not a regular file"),
+        ("larger than 1 MiB", "larger than 1 MiB"),
+    ],
+)
+def test_a_key_file_that_is_no_regular_file_or_too_large_is_refused_at_its_line(
+    tmp_path: Path, kind: str, said: str
+) -> None:
+    """`validate` neither reads a device without end (it grew to 24 GB) nor waits on a pipe forever:
+    exit 2 naming the file, the job file's line and the key."""
+    name = _key_file(tmp_path, kind)
+    text = _oauth2(grant="jwt_bearer", private_key_file=name, subject="me@example.com")
+    (tmp_path / "job.yaml").write_text(text.replace("  auth:", "  json: {id: {from: id}}\n  auth:") +
+                                       "input: {file: data.csv}\n")  # fmt: skip
+    (tmp_path / "data.csv").write_text("id\n1\n")
+    result = run_cli(
+        "--json",
+        "validate",
+        "job.yaml",
+        cwd=tmp_path,
+        env={"CID": "c"},
+        timeout=60,
+        preexec_fn=_bounded_memory,
+    )
+    assert (result.exit_code, result.error_code) == (ExitCode.ARG_ERROR, "CONFIG_INVALID"), result.envelope
+    message = result.envelope["error"]["message"]
+    assert said in message and "job.yaml:12, request.auth.oauth2.private_key_file" in message
+    assert str(name if name.startswith("/") else tmp_path / name) in message

@@ -242,3 +242,41 @@ def test_a_long_secret_is_hidden_in_every_encoding() -> None:
 )
 def test_every_credential_a_redis_url_can_carry_is_hidden(url: str, shown: str) -> None:
     assert redact_url_credentials(url) == shown
+
+
+# ----------------------------------------------------------------------- an attempt's own secrets
+
+SIGNATURE = base64.b64encode(bytes(range(7, 39))).decode()  # a base64 HMAC: + / = among its characters
+HEX_SIGNATURE = bytes(range(40, 72)).hex()
+
+
+@pytest.mark.parametrize("signature", [SIGNATURE, HEX_SIGNATURE], ids=["base64", "hex"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_an_attempts_signature_is_hidden_in_every_encoding_beside_the_jobs_secrets(
+    signature: str, encoding: str
+) -> None:
+    hiding = Redactor(SECRETS).hiding((signature,))
+    text = PREFIX + ENCODINGS[encoding](signature) + " and " + ENCODINGS[encoding](PLAIN) + SUFFIX
+    assert hiding.redact(text) == PREFIX + "*** and ***" + SUFFIX
+
+
+def test_an_attempts_signature_is_hidden_inside_the_base64_of_its_header_and_across_a_cut() -> None:
+    hiding = Redactor([PLAIN]).hiding((SIGNATURE,))
+    header = base64.b64encode(f"v1,{SIGNATURE}".encode()).decode()
+    shown = hiding.redact(f"got {header}!")
+    assert shown.startswith("got ") and "***" in shown and header[6:-4] not in shown
+    body = ('{"got": "' + SIGNATURE + '"}').encode()
+    reader = ResponseReader({}, 20, Redactor([PLAIN])).hiding((SIGNATURE,))
+    assert reader.failure_body(body) == '{"got": "***'
+
+
+def test_overlapping_signature_and_secret_are_hidden_together() -> None:
+    assert Redactor(["abcXYZ"]).hiding(["XYZdef"]).redact("<abcXYZdef>") == "<***>"
+
+
+def test_hiding_nothing_is_the_same_redactor_and_the_jobs_redactor_is_unchanged() -> None:
+    redactor = Redactor([PLAIN])
+    assert redactor.hiding(()) is redactor and redactor.hiding([""]) is redactor
+    redactor.hiding((SIGNATURE,)).redact(f"\\{SIGNATURE}")
+    assert redactor.redact(SIGNATURE) == SIGNATURE
+    assert Redactor([]).hiding((SIGNATURE,)).redact(f"x {SIGNATURE}") == "x ***"

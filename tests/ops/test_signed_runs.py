@@ -331,3 +331,57 @@ def test_ps_shows_no_secret_while_a_signed_run_is_under_way(tmp_path: Path, targ
         proc.wait()
     assert b"-m bulkrelay --json run" in shown  # the run was there to be seen
     assert not [word for word in (SECRET_KEY, SESSION, *_signatures(target)) if word.encode() in shown]
+
+
+ECHO_HMAC = {"scheme": "custom", "secret": "${HOOK_SECRET}", "header": "X-S", "prefix": "h="}
+
+
+@pytest.mark.parametrize(
+    ("auth", "echoed"),
+    [
+        ({"aws_sigv4": {"service": "es", "region": "eu-west-1"}}, "Authorization"),
+        ({"hmac": ECHO_HMAC}, "X-S"),
+        ({"hmac": {"scheme": "standard_webhooks", "secret": "${HOOK_SECRET}"}}, "webhook-signature"),
+    ],
+)
+def test_an_answer_echoing_the_attempts_signature_is_journaled_with_it_hidden(
+    tmp_path: Path, target: TargetProcess, auth: dict[str, Any], echoed: str
+) -> None:
+    """A signature is a secret made per attempt: a target echoing it (in a failure body, a captured value,
+    a 403 refusing it), as sent and in base64, never gets it into the journal, the report or the run log."""
+    said = "got {echo} {echo_b64} {echo_json}"
+    rules = [
+        {"match": {"path_contains": "/items/1"}, "status": 200, "echo_header": echoed, "body": {"id": said}},
+        {"match": {"path_contains": "/items/2"}, "status": 422, "echo_header": echoed, "body": said},
+        {"match": {"path_contains": "/items/3"}, "status": 403, "echo_header": echoed,
+         "body": "SignatureDoesNotMatch: " + said},
+    ]  # fmt: skip
+    _fresh(target, {"rules": rules})
+    request = {"auth": auth}
+    job = write_job(
+        tmp_path,
+        target.url,
+        rows=3,
+        request=request,
+        response={"capture": {"remote": "/id"}},
+        execution={"concurrency": 1},
+    )
+    env = {**_creds(tmp_path), "HOOK_SECRET": WEBHOOK}
+    result = _run(tmp_path, job, env, "--log-file", str(tmp_path / "run.log"))
+    assert result.exit_code == ExitCode.AUTH_REQUIRED, result.envelope
+    run_dir = next(tmp_path.rglob("results.jsonl")).parent
+    report = run_cli("--json", "report", run_dir, "-o", tmp_path / "report.html", cwd=tmp_path, env=env)
+    assert report.exit_code == 0, report.envelope
+    entries = {entry.row_number: entry for entry in read_journal(run_dir / "results.jsonl")}
+    assert entries[1].captured is not None and "***" in entries[1].captured["remote"]
+    assert entries[2].response_body is not None and "***" in entries[2].response_body
+    sent = [request["headers"][name] for request in target.requests() for name in request["headers"]
+            if name.lower() == echoed.lower()]  # fmt: skip
+    assert len(sent) == 3
+    parts = [  # the signatures: SigV4's after Signature=, an HMAC's after its prefix
+        part.rsplit("Signature=", 1)[-1].split(",")[-1].removeprefix("h=")
+        for value in sent
+        for part in ([value] if "Signature=" in value else value.split())
+    ]
+    encoded = [base64.b64encode(value.encode()).decode() for value in sent]
+    _assert_nothing_secret(result, tmp_path, *parts, *encoded)

@@ -10,6 +10,7 @@ signature or clock the target says is wrong).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -32,10 +33,13 @@ class Token:
 
 
 class Authorized(NamedTuple):
-    """An attempt's request as it goes on the wire, and the OAuth2 token it carries (None: signed)."""
+    """An attempt's request as it goes on the wire, the OAuth2 token it carries (None: signed), and the
+    secrets made for this attempt alone (its signatures): hidden from whatever of its answer is written.
+    (The job's secrets, the credentials and a token are the run's redactor's already.)"""
 
     request: PreparedRequest
     token: Token | None
+    hidden: tuple[str, ...] = ()
 
 
 class Authenticator(Protocol):
@@ -45,8 +49,9 @@ class Authenticator(Protocol):
 
     async def renew(self, refused: Token) -> Token | None: ...
 
-    def refusal(self, response: Response) -> str | None:
-        """Why the target refused the request's authentication, when its answer says (else None)."""
+    def refusal(self, response: Response, hidden: Collection[str] = ()) -> str | None:
+        """Why the target refused the request's authentication, when its answer says (else None), with
+        the job's secrets and `hidden` (the refused attempt's: `Authorized.hidden`) not shown."""
         ...
 
     async def aclose(self) -> None: ...

@@ -12,7 +12,8 @@ A list of secrets (a rotation) gives one signature per secret, space separated, 
 writes several. The webhook-id is the request's idempotency key when the job sends one, else a digest
 of the request: the same message sent again (a retry) keeps its id, as the receiver's dedup expects.
 `{path}` is the request target as sent: the path and its query. The timestamp is Unix seconds, taken
-per attempt. Signatures are secrets: made per attempt, never kept, never written.
+per attempt. Signatures are secrets: made per attempt, never kept, never written (each attempt hands its
+own to the relay, `Authorized.hidden`, which hides them in whatever of the answer it writes).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import hashlib
 import hmac as hmaclib
 import re
 import time
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,25 +55,33 @@ class HmacSigner:
         self._idempotency_header = idempotency_header.lower() if idempotency_header else None
 
     async def authorize(self, request: PreparedRequest) -> Authorized | None:
-        return Authorized(self.sign(request, int(time.time())), None)
+        signed, macs = self.signed(request, int(time.time()))
+        return Authorized(signed, None, macs)
 
     def sign(self, request: PreparedRequest, timestamp: int) -> PreparedRequest:
         """`request` with its signature header(s) over its exact bytes, at `timestamp` (Unix seconds)."""
+        return self.signed(request, timestamp)[0]
+
+    def signed(self, request: PreparedRequest, timestamp: int) -> tuple[PreparedRequest, tuple[str, ...]]:
+        """`sign`'s request, and the signatures it carries (one per key): secrets its answer must not show."""
         body = request.body or b""
         scheme = self._config.scheme
         if scheme == "standard_webhooks":
             message_id = self._message_id(request)
             content = f"{message_id}.{timestamp}.".encode() + body
-            signature = " ".join("v1," + _mac(key, content, "sha256", "base64") for key in self._keys)
+            macs = tuple(_mac(key, content, "sha256", "base64") for key in self._keys)
+            signature = " ".join("v1," + mac for mac in macs)
             added = list(zip(_WEBHOOK_HEADERS, (message_id, str(timestamp), signature), strict=True))
         elif scheme == "github":
-            signature = " ".join("sha256=" + _mac(key, body, "sha256", "hex") for key in self._keys)
-            added = [("X-Hub-Signature-256", signature)]
+            macs = tuple(_mac(key, body, "sha256", "hex") for key in self._keys)
+            added = [("X-Hub-Signature-256", " ".join("sha256=" + mac for mac in macs))]
         else:
-            added = self._custom(request, body, timestamp)
-        return request._replace(headers=(*request.headers, *added))
+            added, macs = self._custom(request, body, timestamp)
+        return request._replace(headers=(*request.headers, *added)), macs
 
-    def _custom(self, request: PreparedRequest, body: bytes, timestamp: int) -> list[tuple[str, str]]:
+    def _custom(
+        self, request: PreparedRequest, body: bytes, timestamp: int
+    ) -> tuple[list[tuple[str, str]], tuple[str, ...]]:
         config = self._config
         assert config.header is not None
         split = urlsplit(request.url)
@@ -81,11 +91,11 @@ class HmacSigner:
         signed = b"".join(
             values[part] if index % 2 else part.encode() for index, part in enumerate(content.split("\0"))
         )
-        macs = (_mac(key, signed, config.algorithm, config.encoding) for key in self._keys)
+        macs = tuple(_mac(key, signed, config.algorithm, config.encoding) for key in self._keys)
         headers = [(config.header, " ".join(config.prefix + mac for mac in macs))]
         if config.timestamp_header is not None:
             headers.append((config.timestamp_header, str(timestamp)))
-        return headers
+        return headers, macs
 
     def _message_id(self, request: PreparedRequest) -> str:
         """The idempotency key when sent, else a digest of what is sent: the same for a retry."""
@@ -98,7 +108,7 @@ class HmacSigner:
     async def renew(self, refused: Token) -> Token | None:
         return None
 
-    def refusal(self, response: Response) -> str | None:
+    def refusal(self, response: Response, hidden: Collection[str] = ()) -> str | None:
         return None  # a 401 or 403 halts as halt.on_statuses says (a wrong secret)
 
     async def check(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -234,7 +234,7 @@ class TokenSource:
         token = await self.current()
         return None if token is None else Authorized(with_bearer(request, token.value), token)
 
-    def refusal(self, response: Response) -> str | None:
+    def refusal(self, response: Response, hidden: Collection[str] = ()) -> str | None:
         return None  # a 401 renews the token once (the senders), then halt.on_statuses decides
 
     async def aclose(self) -> None:

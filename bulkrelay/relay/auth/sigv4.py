@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Collection
 from typing import Any
 
 import anyio
@@ -104,7 +105,8 @@ class SigV4Signer:
         frozen = await self._frozen()
         if frozen is None:
             return None
-        return Authorized(sign(request, frozen, self._service, self._region), None)
+        signed = sign(request, frozen, self._service, self._region)
+        return Authorized(signed, None, signature_of(signed))
 
     async def _frozen(self) -> Any:
         """The credentials to sign with now (None: none to be had, the run is stopping)."""
@@ -137,8 +139,8 @@ class SigV4Signer:
     async def renew(self, refused: Token) -> Token | None:
         return None  # no token: a signed request is not renewed, its 401 or 403 is the policy's
 
-    def refusal(self, response: Response) -> str | None:
-        return signature_refusal(response, self._redactor)
+    def refusal(self, response: Response, hidden: Collection[str] = ()) -> str | None:
+        return signature_refusal(response, self._redactor.hiding(hidden))
 
     async def check(self) -> dict[str, Any]:
         frozen = await anyio.to_thread.run_sync(self._load)
@@ -163,4 +165,15 @@ def signature_refusal(response: Response, redactor: Redactor) -> str | None:
     text = " ".join(response.body[:4096].decode("utf-8", "replace").split())
     if not _SIGNATURE_WORDS.search(text):
         return None
-    return "the target refused the request's signature (403): " + redactor.redact(text[:_REASON_CHARS])
+    shown = redactor.redact_prefix(text, _REASON_CHARS)  # a secret crossing the cut is hidden whole
+    return "the target refused the request's signature (403): " + shown
+
+
+def signature_of(signed: PreparedRequest) -> tuple[str, ...]:
+    """The signature in a signed request's `Authorization`: the one part of it that is a secret of the
+    attempt (the session token and secret key are the run's redactor's; the credential scope and the
+    signed headers' names are not secret, and show which key and region a failure was signed with)."""
+    for name, value in signed.headers:
+        if name.lower() == "authorization":
+            return (value.rpartition("Signature=")[2],) if "Signature=" in value else ()
+    return ()

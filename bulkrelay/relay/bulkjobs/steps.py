@@ -207,11 +207,12 @@ class StepClient:
         first_sent = 0.0
         while True:
             token = None
+            hidden: tuple[str, ...] = ()
             if self._auth is not None and credentials:
                 authorized = await self._auth.authorize(request)
                 if authorized is None:  # the token source asked for the stop, saying why
                     raise StepStopped
-                request_sent, token = authorized
+                request_sent, token, hidden = authorized
             else:
                 request_sent = request
             sent = time.monotonic()
@@ -223,13 +224,14 @@ class StepClient:
                     raise StepStopped
                 continue
             if answer.status in self._halt_statuses:
-                self._halt(step, answer)
+                self._halt(step, answer, hidden)
                 raise StepStopped
             return answer
 
-    def _halt(self, step: str, answer: Response) -> None:
-        """A halt status: the run stops, with the reason request.auth reads from the answer if any."""
-        why = self._auth.refusal(answer) if self._auth is not None else None
+    def _halt(self, step: str, answer: Response, hidden: tuple[str, ...]) -> None:
+        """A halt status: the run stops, with the reason request.auth reads from the answer if any (the
+        attempt's `hidden` signatures not shown)."""
+        why = self._auth.refusal(answer, hidden) if self._auth is not None else None
         place = {"status_code": answer.status, "bulk_step": step}
         if why is not None:
             self._stop.request(StopReason.SIGNATURE_REFUSED, message=why, **place)
