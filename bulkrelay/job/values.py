@@ -71,6 +71,9 @@ _DECIMAL = re.compile(r"([+-]?)0*([0-9]*)(?:\.([0-9]*))?([eE][+-]?[0-9]+)?")
 _DIGIT = re.compile(r"[0-9]")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+# Microseconds from the epoch beyond any datetime's (years 1 to 9999 are within ±3.2e17): refused before
+# `int()`, which takes 39 s of a CPU to make the integer of an epoch written `1e999990`.
+_EPOCH_MICROS_BEYOND = Decimal(10) ** 18
 
 
 class LeafParts(NamedTuple):
@@ -260,14 +263,21 @@ def _same(value: Any, choice: Any) -> bool:
 
 
 def _number(name: str, value: Any, test: str) -> Decimal:
+    number = _decimal_of(value)
+    if number is None:
+        raise RenderError(name, f"{_shown(value)} is not a number (when: {test})")
+    if not number.is_finite():  # NaN compares to nothing (Decimal raises), and `type: number` refuses both
+        raise RenderError(name, f"{_shown(value)} is not a finite number (when: {test})")
+    return number
+
+
+def _decimal_of(value: Any) -> Decimal | None:
     if type(value) in (int, float):
         return Decimal(str(value))
     try:
-        if type(value) is str:
-            return Decimal(value.strip())
+        return Decimal(value.strip()) if type(value) is str else None
     except InvalidOperation:
-        pass
-    raise RenderError(name, f"{_shown(value)} is not a number (when: {test})")
+        return None
 
 
 # --- nulls, transforms, types ----------------------------------------------------------------
@@ -349,7 +359,17 @@ def _datetime_coercer(leaf: _Typed, name: str) -> Callable[[Any], Any]:
     zone = ZoneInfo(leaf.timezone or "UTC")
     read = _datetime_reader(leaf.in_format or "iso8601", zone, name)
     write = _datetime_writer(leaf.to or "iso8601", zone)
-    return lambda value: write(read(value))
+
+    def coerce(value: Any) -> Any:
+        moment = read(value)
+        try:
+            return write(moment)
+        except OverflowError:  # an instant near the years 1 or 9999, written in a zone that passes them
+            raise RenderError(
+                name, f"{_shown(value)} is out of range: in {zone.key} it falls outside the years 1 to 9999"
+            ) from None
+
+    return coerce
 
 
 def _datetime_reader(in_format: str, zone: ZoneInfo, name: str) -> Callable[[Any], datetime]:
@@ -359,6 +379,8 @@ def _datetime_reader(in_format: str, zone: ZoneInfo, name: str) -> Callable[[Any
     def parse(text: str) -> datetime:
         if in_format in ("epoch_s", "epoch_ms"):
             micro = Decimal(text) * (1000 if in_format == "epoch_ms" else 1_000_000)
+            if not abs(micro) < _EPOCH_MICROS_BEYOND:  # NaN too
+                raise OverflowError(text)
             return _EPOCH + timedelta(microseconds=int(micro))
         if in_format == "iso8601":
             return datetime.fromisoformat(text)
@@ -436,7 +458,25 @@ def _datetime_writer(to: str, zone: ZoneInfo) -> Callable[[datetime], Any]:
         return lambda moment: moment.astimezone(zone).isoformat()
     if to == "date":
         return lambda moment: moment.astimezone(zone).date().isoformat()
-    return lambda moment: moment.astimezone(zone).strftime(to)
+    return _strftime_writer(to, zone)
+
+
+_YEAR_OR_PERCENT = re.compile(r"%[%YG]")
+
+
+def _strftime_writer(to: str, zone: ZoneInfo) -> Callable[[datetime], str]:
+    """strftime, but a year before 1000 written with four digits as everywhere else (`0999`): glibc
+    writes `999`, which no reader takes for the year of a date."""
+    has_year = _YEAR_OR_PERCENT.search(to.replace("%%", "")) is not None
+
+    def write(moment: datetime) -> str:
+        local = moment.astimezone(zone)
+        if local.year > 1000 or not has_year:  # the ISO year (%G) of 1 January 1000 may be 999
+            return local.strftime(to)
+        years = {"%Y": f"{local.year:04d}", "%G": f"{local.isocalendar().year:04d}", "%%": "%%"}
+        return local.strftime(_YEAR_OR_PERCENT.sub(lambda found: years[found[0]], to))
+
+    return write
 
 
 def _shown(value: Any) -> str:

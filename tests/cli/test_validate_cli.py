@@ -153,6 +153,19 @@ def test_integer_beyond_signed_64_bit_names_row_and_field(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("command", ["validate", "render"])
+def test_a_date_out_of_range_in_its_time_zone_names_row_and_field(tmp_path: Path, command: str) -> None:
+    job = JOB.replace(
+        "age: {from: age, type: integer}", "at: {from: at, type: datetime, timezone: Pacific/Kiritimati}"
+    )
+    csv_text = "id,email,age,at\n1,a@x.org,31,2024-03-01\n2,b@x.org,42,9999-12-31T23:59:59Z\n"
+    result = run_cli(command, write(tmp_path, job, csv_text), env=cli_env(API_TOKEN="t0ps3cret"))
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    problem = only_problem(result)
+    assert (problem["row"], problem["field"], problem["line"]) == (2, "at", 3)
+    assert "'9999-12-31T23:59:59Z'" in problem["message"]
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
 @pytest.mark.parametrize(
     ("setting", "path"),
     [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from textwrap import dedent
@@ -140,6 +141,47 @@ def test_a_date_that_does_not_parse_is_named_with_its_value() -> None:
     assert error.message == "'2024-13-45' is not a date and time (in_format '%Y-%m-%d')"
 
 
+@pytest.mark.parametrize(
+    ("options", "value"),
+    [
+        ("timezone: Pacific/Kiritimati", "9999-12-31T23:59:59Z"),  # written in +14:00: year 10000
+        ("timezone: America/Los_Angeles", "0001-01-01T00:00:00Z"),  # written in -08:00: year 0
+        ("timezone: America/Los_Angeles, to: date", "0001-01-01T00:00:00Z"),
+        ('timezone: America/Los_Angeles, to: "%Y"', "0001-01-01T00:00:00Z"),
+        ("in_format: epoch_ms, timezone: America/Los_Angeles", "-62135596800000"),
+        ('in_format: "%Y-%m-%d %z"', "0001-01-01 +0100"),
+        ("in_format: epoch_s", "1e20"),
+    ],
+)
+def test_a_date_beyond_the_years_1_to_9999_is_named_with_its_value(options: str, value: str) -> None:
+    error = _error(f"at: {{ from: at, type: datetime, {options} }}", {"at": value})
+    assert error.field == "at"
+    assert error.message.startswith(f"{value!r} is ")
+    assert "out of range" in error.message or "is not a date and time" in error.message
+
+
+def test_an_epoch_of_a_million_digits_is_refused_at_once() -> None:
+    """`int()` of such a number took 39 s of one CPU for one row."""
+    started = time.monotonic()
+    error = _error("at: { from: at, type: datetime, in_format: epoch_s }", {"at": "1e999990"})
+    assert time.monotonic() - started < 2
+    assert error.message == "'1e999990' is not a date and time (in_format 'epoch_s')"
+
+
+def test_a_year_before_1000_is_written_with_four_digits() -> None:
+    """glibc's strftime writes year 999 as `999`, which no reader takes for a year of ISO 8601."""
+    tree = 'at: { from: at, type: datetime, to: "%Y-%m-%d %G 100%%Y" }'
+    assert _body(tree, {"at": "0999-03-01"}) == {"at": "0999-03-01 0999 100%Y"}
+
+
+def test_a_when_above_that_meets_no_finite_number_is_named() -> None:
+    tree = "t: { when: { field: n, above: 3 }, then: { value: 1 } }"
+    for bad in ("NaN", "sNaN", "-Infinity", float("nan")):
+        error = _error(tree, {"n": bad})
+        assert error.field == "n"
+        assert error.message.endswith("is not a finite number (when: above)")
+
+
 def test_decimal_keeps_the_digits_of_the_text() -> None:
     tree = "price: { from: price, type: decimal }"
     assert _raw_body(tree, {"price": "12.50"}) == b'{"price":12.50}'
@@ -247,6 +289,7 @@ def test_the_typed_options_leave_old_fingerprints_alone() -> None:
         ('{ format: "${TOKEN}" }', "json values are literal"),
         ("{ from: a, transform: [rot13] }", "'trim', 'lower', 'upper', 'sha256', 'md5' or 'base64'"),
         ("{ coalesce: [] }", "at least 1 item"),
+        ('{ from: a, type: datetime, to: "%Y\\uDCFF" }', "is not a strftime format"),
     ],
 )
 def test_a_bad_leaf_is_refused_when_the_job_is_loaded(leaf: str, message: str) -> None:
