@@ -299,8 +299,52 @@ def test_a_bad_leaf_is_refused_when_the_job_is_loaded(leaf: str, message: str) -
 
 
 def test_liquid_loops_are_bounded() -> None:
-    error = _error('t: { liquid: "{% for i in (1..1000000) %}{% endfor %}" }', {})
+    nested = "{% for i in (1..200) %}{% for j in (1..200) %}{% endfor %}{% endfor %}"  # 40,000 turns
+    error = _error(f't: {{ liquid: "{nested}" }}', {})
     assert "loop iteration limit reached" in error.message
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ (1..3000000) | join | size }}",  # built 22 MB before its size was taken
+        "{{ (1..n) | size }}",
+        "{% if (1..n) contains 'a' %}a{% endif %}",  # a text in a range: Python walks every number
+        "{% assign r = (1..n) %}{{ r | map: 'x' | size }}",
+    ],
+)
+def test_a_range_longer_than_a_loop_may_turn_is_refused(template: str) -> None:
+    error = _error(f't: {{ liquid: "{template}" }}', {"n": "2000000"})
+    assert "range limit reached" in error.message
+    assert "more than 10,000 items" in error.message
+
+
+def test_a_range_a_loop_may_turn_is_made() -> None:
+    tree = "t: { liquid: \"{{ (1..10000) | size }} {{ (n..3) | join: ',' }}\" }"
+    assert _body(tree, {"n": "-1"}) == {"t": "10000 -1,0,1,2,3"}
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ s | split: '' | join: s | size }}",  # 2,000 items joined by 2,000 characters: 4 million
+        "{{ s | replace: 'x', s | size }}",  # each of 2,000 characters made 2,000
+        "{{ s | replace: '', s | size }}",
+        "{{ s | append: s | append: s | append: s | append: s | append: s | size }}",
+        # A list of the same text eight times: little to the namespace limit, eight times the text to join.
+        "{% assign l = s | split: ',' %}{% for i in (1..3) %}{% assign l = l | concat: l %}{% endfor %}",
+    ],
+)
+def test_a_filter_that_would_make_a_value_past_the_limit_is_refused(template: str) -> None:
+    fields = {"s": "x" * (2_000 if "join" in template or "replace" in template else 20_000)}
+    error = _error(f't: {{ liquid: "{template}" }}', fields)
+    assert "value limit reached" in error.message
+    assert "more than 100,000 characters" in error.message
+
+
+def test_filters_within_the_limits_render_as_before() -> None:
+    template = "{{ s | split: ',' | join: '; ' | upcase }}|{{ s | replace: ',', '--' }}|{{ l | sort | last }}"
+    assert _body(f't: {{ liquid: "{template}" }}', {"s": "a,b", "l": [3, 1, 2]}) == {"t": "A; B|a--b|3"}
 
 
 def test_a_form_takes_the_same_leaves_as_text() -> None:
