@@ -183,6 +183,7 @@ def test_a_liquid_value_made_without_end_is_refused_naming_its_row(
     problem = only_problem(result)
     assert (problem["row"], problem["line"]) == ((1, 2) if "99999999999" in template else (2, 3))
     assert words in problem["message"]
+    assert problem["field"] == "made"  # the leaf's place in the body
 
 
 @pytest.mark.parametrize("command", ["validate", "render"])

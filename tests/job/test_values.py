@@ -195,6 +195,29 @@ def test_decimal_keeps_the_digits_of_the_text() -> None:
         assert "is not a decimal number" in _error(tree, {"price": bad}).message
 
 
+def test_a_decimal_is_within_the_range_a_double_reads_as_type_number_is() -> None:
+    tree = "price: { from: price, type: decimal }"
+    for within in ("1.7976931348623157e308", "-1e308", "1e-308", "0e-999999999", "0.000"):
+        assert _raw_body(tree, {"price": within}) == b'{"price":' + within.encode() + b"}"
+    too_small = "0." + "0" * 400 + "1"
+    for beyond in ("1e400", "1e999999999", "-1.8e308", "1e-400", "1e-999999999", "9" * 400, too_small):
+        error = _error(tree, {"price": beyond})
+        assert error.message.endswith("is beyond the range of a double (1e-308 to 1.8e308, or 0)"), error
+    for infinite in (float("inf"), float("nan")):  # a float from a query or a Parquet file
+        assert _error(tree, {"price": infinite}).message == f"{infinite} is not a finite number"
+    assert "is not a finite number" in _error("n: { from: n, type: number }", {"n": "1e400"}).message
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(True, "true"), ({"a": None}, '{"a":null}'), ([1, "x"], '[1,"x"]'), (False, "false")],
+)
+def test_a_value_that_does_not_fit_is_shown_as_json_spells_it(value: Any, shown: str) -> None:
+    error = _error("at: { from: at, type: datetime }", {"at": value})
+    assert error.message == f"{shown} is not a date and time (ISO 8601)"
+    assert _error("d: { from: d, type: decimal }", {"d": value}).message.startswith(shown)
+
+
 def test_liquid_renders_strictly_and_its_text_can_be_typed() -> None:
     tree = """\
     label: { liquid: "{{ first | capitalize }} from {{ city | default: 'nowhere' }}" }
@@ -205,8 +228,21 @@ def test_liquid_renders_strictly_and_its_text_can_be_typed() -> None:
         "count": 5,
     }
     error = _error(tree, {"city": "x", "a": 1, "b": 1})
-    assert error.field == "liquid"
+    assert error.field == "label"
     assert "'first' is undefined" in error.message
+
+
+def test_a_liquid_error_names_the_leafs_place_in_the_body() -> None:
+    tree = """\
+    first: { liquid: "{{ a }}" }
+    nested:
+      second: { liquid: "{{ b }}" }
+      third: { when: { field: a, present: true }, then: { liquid: "{{ c }}" } }
+    """
+    assert _error(tree, {"b": 1, "c": 1}).field == "first"
+    assert _error(tree, {"a": 1, "c": 1}).field == "nested.second"
+    assert _error(tree, {"a": 1, "b": 1}).field == "nested.third"
+    assert _error('{ liquid: "{{ x | plus: 1 }}", type: integer }', {}).field == "liquid"  # the whole body
 
 
 def test_liquid_reads_no_file() -> None:
