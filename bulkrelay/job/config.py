@@ -10,6 +10,7 @@ import difflib
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 from types import UnionType
@@ -289,6 +290,11 @@ class _Typed(_Model):
                 raise ValueError(
                     f"timezone {self.timezone!r} is not an IANA time zone (like Europe/Paris)"
                 ) from None
+        if self.to is not None:
+            try:  # what strftime refuses (a lone surrogate) it would refuse for every row
+                datetime(2000, 1, 1, tzinfo=UTC).strftime(self.to)
+            except ValueError as exc:
+                raise ValueError(f"to {self.to!r} is not a strftime format ({exc})") from None
         return self
 
 

@@ -701,7 +701,7 @@ def _form_body(
     bind: Callable[[str], BoundTemplate],
     nulls: Nulls | None = None,
 ) -> Callable[[Fields], bytes]:
-    getters = tuple((name, _form_getter(value, bind, nulls)) for name, value in form.items())
+    getters = tuple((name, _form_getter(value, bind, nulls, name)) for name, value in form.items())
 
     def render(fields: Fields) -> bytes:
         pairs = [(name, value) for name, get in getters if (value := get(fields)) is not _OMIT]
@@ -711,13 +711,13 @@ def _form_body(
 
 
 def _form_getter(
-    value: str | FormField | KindLeaf, bind: Callable[[str], BoundTemplate], nulls: Nulls | None
+    value: str | FormField | KindLeaf, bind: Callable[[str], BoundTemplate], nulls: Nulls | None, name: str
 ) -> Callable[[Fields], str]:
     if isinstance(value, str):
         return bind(value).render
     if isinstance(value, FormField) and value.model_fields_set == {"from_"} and nulls is None:
         return _text_getter(value.from_)
-    return form_getter(value, nulls, _LEAF_PARTS)  # job/values.py's leaves, their value as text
+    return form_getter(value, nulls, _LEAF_PARTS, name)  # job/values.py's leaves, their value as text
 
 
 def _text_getter(name: str) -> Callable[[Fields], str]:
@@ -731,17 +731,19 @@ def _text_getter(name: str) -> Callable[[Fields], str]:
     return get
 
 
-def _json_getter(node: JsonNode, lookups: Mapping[str, LookupMap] | None = None) -> Getter:
+def _json_getter(node: JsonNode, lookups: Mapping[str, LookupMap] | None = None, path: str = "") -> Getter:
     if isinstance(node, JsonValue):
         literal = node.value
         return lambda fields: literal
     if isinstance(node, JsonLookup):
         return lookup_getter(node, lookups or {}, _field_getter(node.key))
     if not is_plain(node):
-        return leaf_getter(node, _leaf_parts(lookups))
+        return leaf_getter(node, _leaf_parts(lookups), path)  # the path names a Liquid leaf's errors
     if isinstance(node, JsonField):
         return _field_getter(node)
-    items = tuple((key, _json_getter(child, lookups)) for key, child in node.items())
+    items = tuple(
+        (key, _json_getter(child, lookups, f"{path}.{key}" if path else key)) for key, child in node.items()
+    )
     return lambda fields: {key: value for key, get in items if (value := get(fields)) is not _OMIT}
 
 
@@ -876,7 +878,9 @@ _COERCERS: dict[str, Callable[[str, Any], Any]] = {
     "json": _to_json,
     "string": _to_string,
 }
-_LEAF_PARTS = LeafParts(read=_field_getter, coercers=_COERCERS, node=_json_getter)
+_LEAF_PARTS = LeafParts(
+    read=_field_getter, coercers=_COERCERS, node=lambda node, path: _json_getter(node, None, path)
+)
 
 
 def _leaf_parts(lookups: Mapping[str, LookupMap] | None) -> LeafParts:
@@ -884,4 +888,4 @@ def _leaf_parts(lookups: Mapping[str, LookupMap] | None) -> LeafParts:
     read the job's lookups too."""
     if not lookups:
         return _LEAF_PARTS
-    return _LEAF_PARTS._replace(node=lambda node: _json_getter(node, lookups))
+    return _LEAF_PARTS._replace(node=lambda node, path: _json_getter(node, lookups, path))

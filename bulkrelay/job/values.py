@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -71,15 +72,19 @@ _DECIMAL = re.compile(r"([+-]?)0*([0-9]*)(?:\.([0-9]*))?([eE][+-]?[0-9]+)?")
 _DIGIT = re.compile(r"[0-9]")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+# Microseconds from the epoch beyond any datetime's (years 1 to 9999 are within ±3.2e17): refused before
+# `int()`, which takes 39 s of a CPU to make the integer of an epoch written `1e999990`.
+_EPOCH_MICROS_BEYOND = Decimal(10) ** 18
 
 
 class LeafParts(NamedTuple):
     """What request.py lends the leaves: how it reads a `{from: ...}` as written (absence, pointer,
-    default, `when_missing`), its plain types' coercers, and the getter of any tree (then/else objects)."""
+    default, `when_missing`), its plain types' coercers, and the getter of any tree (then/else objects)
+    at a place in the body (`nested.key`, which names a Liquid leaf in its errors)."""
 
     read: Callable[[JsonField], Getter]
     coercers: Mapping[str, Coercer]
-    node: Callable[[JsonNode], Getter]
+    node: Callable[[JsonNode, str], Getter]
 
 
 def is_plain(node: JsonNode) -> TypeIs[JsonField | JsonValue | dict[str, JsonNode]]:
@@ -120,13 +125,14 @@ def with_nulls(node: JsonNode, nulls: Nulls | None) -> JsonNode:
     return node.model_copy(update=update)
 
 
-def leaf_getter(leaf: JsonNode, parts: LeafParts) -> Getter:
+def leaf_getter(leaf: JsonNode, parts: LeafParts, path: str = "") -> Getter:
     """The leaf's getter (a node `is_plain` refuses): its source, then what a null does, then its
-    transforms and type. A `{rows: ...}` stands in as `ROWS_MARKER`."""
+    transforms and type. A `{rows: ...}` stands in as `ROWS_MARKER`. `path` is its place in the body
+    (`nested.key`; "" for the whole body)."""
     if isinstance(leaf, RowsLeaf):
         return lambda fields: ROWS_MARKER
     assert isinstance(leaf, _Typed), leaf
-    source, name = _SOURCES[type(leaf)](leaf, parts)
+    source, name = _SOURCES[type(leaf)](leaf, parts, path)
     finish = _finisher(leaf, name, parts)
 
     def get(fields: Fields) -> Any:
@@ -136,12 +142,14 @@ def leaf_getter(leaf: JsonNode, parts: LeafParts) -> Getter:
     return get
 
 
-def form_getter(leaf: FormField | KindLeaf, nulls: Nulls | None, parts: LeafParts) -> Callable[[Fields], Any]:
+def form_getter(
+    leaf: FormField | KindLeaf, nulls: Nulls | None, parts: LeafParts, path: str = ""
+) -> Callable[[Fields], Any]:
     """A form value's getter: the leaf's value as text, or `OMIT`; a `null` cannot be sent in a form."""
     as_json = (
         JsonField.model_validate(leaf.model_dump(by_alias=True)) if isinstance(leaf, FormField) else leaf
     )
-    get = leaf_getter(with_nulls(as_json, nulls), parts)
+    get = leaf_getter(with_nulls(as_json, nulls), parts, path)
     name = leaf.from_ if isinstance(leaf, FormField) else "form"
 
     def text(fields: Fields) -> Any:
@@ -158,19 +166,19 @@ def form_getter(leaf: FormField | KindLeaf, nulls: Nulls | None, parts: LeafPart
 # --- sources ---------------------------------------------------------------------------------
 
 
-def _from_source(leaf: Any, parts: LeafParts) -> tuple[Getter, str]:
+def _from_source(leaf: Any, parts: LeafParts, path: str) -> tuple[Getter, str]:
     as_written = leaf.model_copy(update={"type": None, "transform": (), "nulls": None})
     return parts.read(as_written), leaf.from_
 
 
-def _format_source(leaf: Any, parts: LeafParts) -> tuple[Getter, str]:
+def _format_source(leaf: Any, parts: LeafParts, path: str) -> tuple[Getter, str]:
     template = compile_template(leaf.format).bind({})
     return template.render, min(template.fields, default="format")
 
 
-def _coalesce_source(leaf: Any, parts: LeafParts) -> tuple[Getter, str]:
+def _coalesce_source(leaf: Any, parts: LeafParts, path: str) -> tuple[Getter, str]:
     # A `{from: ...}` among the choices may be absent: that only passes to the next choice.
-    choices = tuple(parts.node(_absent_omitted(child)) for child in leaf.coalesce)
+    choices = tuple(parts.node(_absent_omitted(child), path) for child in leaf.coalesce)
     fallback = leaf.default
 
     def get(fields: Fields) -> Any:
@@ -189,10 +197,10 @@ def _absent_omitted(node: JsonNode) -> JsonNode:
     return node
 
 
-def _when_source(leaf: Any, parts: LeafParts) -> tuple[Getter, str]:
+def _when_source(leaf: Any, parts: LeafParts, path: str) -> tuple[Getter, str]:
     test = _test(leaf.when)
-    then = parts.node(leaf.then)
-    otherwise = parts.node(leaf.else_) if leaf.else_ is not None else (lambda fields: None)
+    then = parts.node(leaf.then, path)
+    otherwise = parts.node(leaf.else_, path) if leaf.else_ is not None else (lambda fields: None)
 
     def get(fields: Fields) -> Any:
         return then(fields) if test(fields) else otherwise(fields)
@@ -200,20 +208,21 @@ def _when_source(leaf: Any, parts: LeafParts) -> tuple[Getter, str]:
     return get, leaf.when.field
 
 
-def _liquid_source(leaf: Any, parts: LeafParts) -> tuple[Getter, str]:
+def _liquid_source(leaf: Any, parts: LeafParts, path: str) -> tuple[Getter, str]:
     template = compile_liquid(leaf.liquid)
+    name = path or "liquid"  # its place in the body: two Liquid leaves are told apart
 
     def get(fields: Fields) -> str:
         try:
             return render_liquid(template, fields)
         except (LiquidProblem, ArithmeticError, TypeError, ValueError) as exc:
             message = str(exc) if isinstance(exc, LiquidProblem) else f"{type(exc).__name__}: {exc}"
-            raise RenderError("liquid", f"Liquid fails: {message}") from None
+            raise RenderError(name, f"Liquid fails: {message}") from None
 
-    return get, "liquid"
+    return get, name
 
 
-_SOURCES: dict[type[_Typed], Callable[[Any, LeafParts], tuple[Getter, str]]] = {
+_SOURCES: dict[type[_Typed], Callable[[Any, LeafParts, str], tuple[Getter, str]]] = {
     JsonField: _from_source,
     FormatLeaf: _format_source,
     CoalesceLeaf: _coalesce_source,
@@ -260,14 +269,21 @@ def _same(value: Any, choice: Any) -> bool:
 
 
 def _number(name: str, value: Any, test: str) -> Decimal:
+    number = _decimal_of(value)
+    if number is None:
+        raise RenderError(name, f"{_shown(value)} is not a number (when: {test})")
+    if not number.is_finite():  # NaN compares to nothing (Decimal raises), and `type: number` refuses both
+        raise RenderError(name, f"{_shown(value)} is not a finite number (when: {test})")
+    return number
+
+
+def _decimal_of(value: Any) -> Decimal | None:
     if type(value) in (int, float):
         return Decimal(str(value))
     try:
-        if type(value) is str:
-            return Decimal(value.strip())
+        return Decimal(value.strip()) if type(value) is str else None
     except InvalidOperation:
-        pass
-    raise RenderError(name, f"{_shown(value)} is not a number (when: {test})")
+        return None
 
 
 # --- nulls, transforms, types ----------------------------------------------------------------
@@ -332,24 +348,51 @@ def _coercer(leaf: _Typed, name: str, parts: LeafParts) -> Callable[[Any], Any]:
 
 
 def _decimal(name: str, value: Any) -> orjson.Fragment:
-    """A JSON number with exactly the digits of the text (`12.50` stays `12.50`, never 12.5)."""
+    """A JSON number with exactly the digits of the text (`12.50` stays `12.50`, never 12.5), of a size
+    a double holds: its digits are exact, but a target reading JSON numbers as doubles (most do) would
+    read `1e400` as infinity and `1e-400` as 0, and an exponent of a billion is no amount at all."""
     if type(value) is int:
-        return orjson.Fragment(str(value))
+        return orjson.Fragment(str(value))  # 64-bit, as every input reads integers
     if type(value) is float:
-        return orjson.Fragment(orjson.dumps(value))  # refuses NaN and infinities below
+        if not math.isfinite(value):  # orjson would write null
+            raise RenderError(name, f"{_shown(value)} is not a finite number")
+        return orjson.Fragment(orjson.dumps(value))
     match = _DECIMAL.fullmatch(value.strip()) if type(value) is str else None
     if match is None or not _DIGIT.search(value):
         raise RenderError(name, f"{_shown(value)} is not a decimal number")
     sign, whole, fraction, exponent = match.groups()
     text = ("-" if sign == "-" else "") + (whole or "0") + (f".{fraction}" if fraction else "")
-    return orjson.Fragment(text + (exponent or ""))
+    if exponent is not None or len(whole) > 308 or (not whole and len(fraction or "") > 308):
+        text += exponent or ""
+        if not _double_sized(Decimal(text)):
+            raise RenderError(
+                name, f"{_shown(value)} is beyond the range of a double (1e-308 to 1.8e308, or 0)"
+            )
+    return orjson.Fragment(text)
+
+
+_LARGEST_DOUBLE = Decimal("1.7976931348623157e308")
+
+
+def _double_sized(number: Decimal) -> bool:
+    return number.is_zero() or (-308 <= number.adjusted() <= 308 and number.copy_abs() <= _LARGEST_DOUBLE)
 
 
 def _datetime_coercer(leaf: _Typed, name: str) -> Callable[[Any], Any]:
     zone = ZoneInfo(leaf.timezone or "UTC")
     read = _datetime_reader(leaf.in_format or "iso8601", zone, name)
     write = _datetime_writer(leaf.to or "iso8601", zone)
-    return lambda value: write(read(value))
+
+    def coerce(value: Any) -> Any:
+        moment = read(value)
+        try:
+            return write(moment)
+        except OverflowError:  # an instant near the years 1 or 9999, written in a zone that passes them
+            raise RenderError(
+                name, f"{_shown(value)} is out of range: in {zone.key} it falls outside the years 1 to 9999"
+            ) from None
+
+    return coerce
 
 
 def _datetime_reader(in_format: str, zone: ZoneInfo, name: str) -> Callable[[Any], datetime]:
@@ -359,6 +402,8 @@ def _datetime_reader(in_format: str, zone: ZoneInfo, name: str) -> Callable[[Any
     def parse(text: str) -> datetime:
         if in_format in ("epoch_s", "epoch_ms"):
             micro = Decimal(text) * (1000 if in_format == "epoch_ms" else 1_000_000)
+            if not abs(micro) < _EPOCH_MICROS_BEYOND:  # NaN too
+                raise OverflowError(text)
             return _EPOCH + timedelta(microseconds=int(micro))
         if in_format == "iso8601":
             return datetime.fromisoformat(text)
@@ -436,9 +481,34 @@ def _datetime_writer(to: str, zone: ZoneInfo) -> Callable[[datetime], Any]:
         return lambda moment: moment.astimezone(zone).isoformat()
     if to == "date":
         return lambda moment: moment.astimezone(zone).date().isoformat()
-    return lambda moment: moment.astimezone(zone).strftime(to)
+    return _strftime_writer(to, zone)
+
+
+_YEAR_OR_PERCENT = re.compile(r"%[%YG]")
+
+
+def _strftime_writer(to: str, zone: ZoneInfo) -> Callable[[datetime], str]:
+    """strftime, but a year before 1000 written with four digits as everywhere else (`0999`): glibc
+    writes `999`, which no reader takes for the year of a date."""
+    has_year = _YEAR_OR_PERCENT.search(to.replace("%%", "")) is not None
+
+    def write(moment: datetime) -> str:
+        local = moment.astimezone(zone)
+        if local.year > 1000 or not has_year:  # the ISO year (%G) of 1 January 1000 may be 999
+            return local.strftime(to)
+        years = {"%Y": f"{local.year:04d}", "%G": f"{local.isocalendar().year:04d}", "%%": "%%"}
+        return local.strftime(_YEAR_OR_PERCENT.sub(lambda found: years[found[0]], to))
+
+    return write
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """The value in an error: a text quoted, anything else as JSON spells it (`true`, `{"a":1}`)."""
+    if type(value) is str or (type(value) is float and not math.isfinite(value)):
+        text = repr(value)  # NaN and infinities have no JSON spelling (orjson writes null)
+    else:
+        try:
+            text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+        except orjson.JSONEncodeError:
+            text = repr(value)  # no JSON value (a date a query made, say): as Python writes it
     return text if len(text) <= 40 else f"{text[:37]}..."

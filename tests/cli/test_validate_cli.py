@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import resource
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,52 @@ def test_integer_beyond_signed_64_bit_names_row_and_field(tmp_path: Path) -> Non
     problem = only_problem(result)
     assert (problem["row"], problem["field"], problem["line"]) == (2, "age", 3)
     assert "signed 64-bit" in problem["message"]
+
+
+def _address_space_at_most_2_gib() -> None:
+    resource.setrlimit(
+        resource.RLIMIT_AS, (2 << 30, 2 << 30)
+    )  # a value made without end ends here, not the machine
+
+
+@pytest.mark.parametrize(
+    ("template", "words"),
+    [
+        ("{{ (1..99999999999) | join }}", "range limit reached"),  # grew 230 MB/s until killed
+        ("{{ s | split: '' | join: s | size }}", "value limit reached: join"),  # 50,000 squared
+        ("{{ s | replace: '', s | size }}", "value limit reached: replace"),
+    ],
+)
+def test_a_liquid_value_made_without_end_is_refused_naming_its_row(
+    tmp_path: Path, template: str, words: str
+) -> None:
+    job = JOB.replace("age: {from: age, type: integer}", f'made: {{liquid: "{template}"}}')
+    csv_text = f"id,email,s\n1,a@x.org,ab\n2,b@x.org,{'x' * 50_000}\n"
+    result = run_cli(
+        "validate",
+        write(tmp_path, job, csv_text),
+        env=cli_env(API_TOKEN="t0ps3cret"),
+        preexec_fn=_address_space_at_most_2_gib,
+        timeout=60,
+    )
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    problem = only_problem(result)
+    assert (problem["row"], problem["line"]) == ((1, 2) if "99999999999" in template else (2, 3))
+    assert words in problem["message"]
+    assert problem["field"] == "made"  # the leaf's place in the body
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_a_date_out_of_range_in_its_time_zone_names_row_and_field(tmp_path: Path, command: str) -> None:
+    job = JOB.replace(
+        "age: {from: age, type: integer}", "at: {from: at, type: datetime, timezone: Pacific/Kiritimati}"
+    )
+    csv_text = "id,email,age,at\n1,a@x.org,31,2024-03-01\n2,b@x.org,42,9999-12-31T23:59:59Z\n"
+    result = run_cli(command, write(tmp_path, job, csv_text), env=cli_env(API_TOKEN="t0ps3cret"))
+    assert result.exit_code == ExitCode.ARG_ERROR, result.envelope
+    problem = only_problem(result)
+    assert (problem["row"], problem["field"], problem["line"]) == (2, "at", 3)
+    assert "'9999-12-31T23:59:59Z'" in problem["message"]
 
 
 @pytest.mark.parametrize("command", ["validate", "render"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from textwrap import dedent
@@ -140,6 +141,47 @@ def test_a_date_that_does_not_parse_is_named_with_its_value() -> None:
     assert error.message == "'2024-13-45' is not a date and time (in_format '%Y-%m-%d')"
 
 
+@pytest.mark.parametrize(
+    ("options", "value"),
+    [
+        ("timezone: Pacific/Kiritimati", "9999-12-31T23:59:59Z"),  # written in +14:00: year 10000
+        ("timezone: America/Los_Angeles", "0001-01-01T00:00:00Z"),  # written in -08:00: year 0
+        ("timezone: America/Los_Angeles, to: date", "0001-01-01T00:00:00Z"),
+        ('timezone: America/Los_Angeles, to: "%Y"', "0001-01-01T00:00:00Z"),
+        ("in_format: epoch_ms, timezone: America/Los_Angeles", "-62135596800000"),
+        ('in_format: "%Y-%m-%d %z"', "0001-01-01 +0100"),
+        ("in_format: epoch_s", "1e20"),
+    ],
+)
+def test_a_date_beyond_the_years_1_to_9999_is_named_with_its_value(options: str, value: str) -> None:
+    error = _error(f"at: {{ from: at, type: datetime, {options} }}", {"at": value})
+    assert error.field == "at"
+    assert error.message.startswith(f"{value!r} is ")
+    assert "out of range" in error.message or "is not a date and time" in error.message
+
+
+def test_an_epoch_of_a_million_digits_is_refused_at_once() -> None:
+    """`int()` of such a number took 39 s of one CPU for one row."""
+    started = time.monotonic()
+    error = _error("at: { from: at, type: datetime, in_format: epoch_s }", {"at": "1e999990"})
+    assert time.monotonic() - started < 2
+    assert error.message == "'1e999990' is not a date and time (in_format 'epoch_s')"
+
+
+def test_a_year_before_1000_is_written_with_four_digits() -> None:
+    """glibc's strftime writes year 999 as `999`, which no reader takes for a year of ISO 8601."""
+    tree = 'at: { from: at, type: datetime, to: "%Y-%m-%d %G 100%%Y" }'
+    assert _body(tree, {"at": "0999-03-01"}) == {"at": "0999-03-01 0999 100%Y"}
+
+
+def test_a_when_above_that_meets_no_finite_number_is_named() -> None:
+    tree = "t: { when: { field: n, above: 3 }, then: { value: 1 } }"
+    for bad in ("NaN", "sNaN", "-Infinity", float("nan")):
+        error = _error(tree, {"n": bad})
+        assert error.field == "n"
+        assert error.message.endswith("is not a finite number (when: above)")
+
+
 def test_decimal_keeps_the_digits_of_the_text() -> None:
     tree = "price: { from: price, type: decimal }"
     assert _raw_body(tree, {"price": "12.50"}) == b'{"price":12.50}'
@@ -153,6 +195,29 @@ def test_decimal_keeps_the_digits_of_the_text() -> None:
         assert "is not a decimal number" in _error(tree, {"price": bad}).message
 
 
+def test_a_decimal_is_within_the_range_a_double_reads_as_type_number_is() -> None:
+    tree = "price: { from: price, type: decimal }"
+    for within in ("1.7976931348623157e308", "-1e308", "1e-308", "0e-999999999", "0.000"):
+        assert _raw_body(tree, {"price": within}) == b'{"price":' + within.encode() + b"}"
+    too_small = "0." + "0" * 400 + "1"
+    for beyond in ("1e400", "1e999999999", "-1.8e308", "1e-400", "1e-999999999", "9" * 400, too_small):
+        error = _error(tree, {"price": beyond})
+        assert error.message.endswith("is beyond the range of a double (1e-308 to 1.8e308, or 0)"), error
+    for infinite in (float("inf"), float("nan")):  # a float from a query or a Parquet file
+        assert _error(tree, {"price": infinite}).message == f"{infinite} is not a finite number"
+    assert "is not a finite number" in _error("n: { from: n, type: number }", {"n": "1e400"}).message
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(True, "true"), ({"a": None}, '{"a":null}'), ([1, "x"], '[1,"x"]'), (False, "false")],
+)
+def test_a_value_that_does_not_fit_is_shown_as_json_spells_it(value: Any, shown: str) -> None:
+    error = _error("at: { from: at, type: datetime }", {"at": value})
+    assert error.message == f"{shown} is not a date and time (ISO 8601)"
+    assert _error("d: { from: d, type: decimal }", {"d": value}).message.startswith(shown)
+
+
 def test_liquid_renders_strictly_and_its_text_can_be_typed() -> None:
     tree = """\
     label: { liquid: "{{ first | capitalize }} from {{ city | default: 'nowhere' }}" }
@@ -163,8 +228,21 @@ def test_liquid_renders_strictly_and_its_text_can_be_typed() -> None:
         "count": 5,
     }
     error = _error(tree, {"city": "x", "a": 1, "b": 1})
-    assert error.field == "liquid"
+    assert error.field == "label"
     assert "'first' is undefined" in error.message
+
+
+def test_a_liquid_error_names_the_leafs_place_in_the_body() -> None:
+    tree = """\
+    first: { liquid: "{{ a }}" }
+    nested:
+      second: { liquid: "{{ b }}" }
+      third: { when: { field: a, present: true }, then: { liquid: "{{ c }}" } }
+    """
+    assert _error(tree, {"b": 1, "c": 1}).field == "first"
+    assert _error(tree, {"a": 1, "c": 1}).field == "nested.second"
+    assert _error(tree, {"a": 1, "b": 1}).field == "nested.third"
+    assert _error('{ liquid: "{{ x | plus: 1 }}", type: integer }', {}).field == "liquid"  # the whole body
 
 
 def test_liquid_reads_no_file() -> None:
@@ -247,6 +325,7 @@ def test_the_typed_options_leave_old_fingerprints_alone() -> None:
         ('{ format: "${TOKEN}" }', "json values are literal"),
         ("{ from: a, transform: [rot13] }", "'trim', 'lower', 'upper', 'sha256', 'md5' or 'base64'"),
         ("{ coalesce: [] }", "at least 1 item"),
+        ('{ from: a, type: datetime, to: "%Y\\uDCFF" }', "is not a strftime format"),
     ],
 )
 def test_a_bad_leaf_is_refused_when_the_job_is_loaded(leaf: str, message: str) -> None:
@@ -256,8 +335,52 @@ def test_a_bad_leaf_is_refused_when_the_job_is_loaded(leaf: str, message: str) -
 
 
 def test_liquid_loops_are_bounded() -> None:
-    error = _error('t: { liquid: "{% for i in (1..1000000) %}{% endfor %}" }', {})
+    nested = "{% for i in (1..200) %}{% for j in (1..200) %}{% endfor %}{% endfor %}"  # 40,000 turns
+    error = _error(f't: {{ liquid: "{nested}" }}', {})
     assert "loop iteration limit reached" in error.message
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ (1..3000000) | join | size }}",  # built 22 MB before its size was taken
+        "{{ (1..n) | size }}",
+        "{% if (1..n) contains 'a' %}a{% endif %}",  # a text in a range: Python walks every number
+        "{% assign r = (1..n) %}{{ r | map: 'x' | size }}",
+    ],
+)
+def test_a_range_longer_than_a_loop_may_turn_is_refused(template: str) -> None:
+    error = _error(f't: {{ liquid: "{template}" }}', {"n": "2000000"})
+    assert "range limit reached" in error.message
+    assert "more than 10,000 items" in error.message
+
+
+def test_a_range_a_loop_may_turn_is_made() -> None:
+    tree = "t: { liquid: \"{{ (1..10000) | size }} {{ (n..3) | join: ',' }}\" }"
+    assert _body(tree, {"n": "-1"}) == {"t": "10000 -1,0,1,2,3"}
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ s | split: '' | join: s | size }}",  # 2,000 items joined by 2,000 characters: 4 million
+        "{{ s | replace: 'x', s | size }}",  # each of 2,000 characters made 2,000
+        "{{ s | replace: '', s | size }}",
+        "{{ s | append: s | append: s | append: s | append: s | append: s | size }}",
+        # A list of the same text eight times: little to the namespace limit, eight times the text to join.
+        "{% assign l = s | split: ',' %}{% for i in (1..3) %}{% assign l = l | concat: l %}{% endfor %}",
+    ],
+)
+def test_a_filter_that_would_make_a_value_past_the_limit_is_refused(template: str) -> None:
+    fields = {"s": "x" * (2_000 if "join" in template or "replace" in template else 20_000)}
+    error = _error(f't: {{ liquid: "{template}" }}', fields)
+    assert "value limit reached" in error.message
+    assert "more than 100,000 characters" in error.message
+
+
+def test_filters_within_the_limits_render_as_before() -> None:
+    template = "{{ s | split: ',' | join: '; ' | upcase }}|{{ s | replace: ',', '--' }}|{{ l | sort | last }}"
+    assert _body(f't: {{ liquid: "{template}" }}', {"s": "a,b", "l": [3, 1, 2]}) == {"t": "A; B|a--b|3"}
 
 
 def test_a_form_takes_the_same_leaves_as_text() -> None:

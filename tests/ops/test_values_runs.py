@@ -71,7 +71,7 @@ BAD: dict[int, tuple[dict[str, Any], str, str]] = {
     12: ({"balance": None}, "balance", "is null (nulls: fail)"),
     20: ({"balance": "12,50"}, "balance", "'12,50' is not a decimal number"),
     33: ({"spend": "lots"}, "spend", "'lots' is not a number (when: above)"),
-    ROWS: ({"city": ...}, "liquid", "'city' is undefined"),
+    ROWS: ({"city": ...}, "label", "'city' is undefined"),  # a Liquid leaf: its place in the body
 }
 
 
