@@ -21,9 +21,9 @@ from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import spool_file
 from bulkrelay.job.inputs.lookups import LookupMap, build_map, freeze, read_frozen
 from bulkrelay.job.inputs.query import QuerySpec, database_of, snapshot_into
+from bulkrelay.ops.chain import parent_outcomes
 from bulkrelay.ops.lookupget import get_pairs
 from bulkrelay.private import make_private_dir
-from bulkrelay.store.results import finished_runs_of, latest_outcomes
 from bulkrelay.store.rundir import RunDir
 
 FROZEN_DIR = "lookups"  # in the run directory: one NAME.jsonl a lookup
@@ -108,10 +108,11 @@ def _built(job: Job, name: str, given: LookupConfig, runs_dir: Path) -> LookupMa
 
 def _results_pairs(parent: str, pointer: str, runs_dir: Path) -> Iterator[tuple[str, Any]]:
     """(key, the value the pointer names) of the parent job's rows that succeeded; a row whose outcome
-    holds nothing there gives no pair (its key is a miss)."""
+    holds nothing there gives no pair (its key is a miss). A parent journal that does not read whole
+    refuses the job (ops/chain.py), as it refuses `export`: never a map short of the keys past it."""
     tokens = pointer_tokens(pointer)
-    runs = finished_runs_of(runs_dir, parent)
-    for row in latest_outcomes(runs, spool_file(runs_dir / ".spool", "latest", ".sqlite")):
+    _, outcomes = parent_outcomes(runs_dir, parent, spool_file(runs_dir / ".spool", "latest", ".sqlite"))
+    for row in outcomes:
         if not row[4]:
             continue
         node: Any = {"key": row[1], "row_number": row[2], "captured": orjson.loads(row[9] or "{}")}
