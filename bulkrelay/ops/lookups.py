@@ -131,6 +131,8 @@ def _query_pairs(job: Job, name: str, given: LookupConfig, spool_dir: Path) -> I
         database=database_of(given.database, os.environ, job.base_dir),
         job_file=str(job.path),
         query_line=job.lines.line(("lookups", name, "query")),
+        field=f"lookups.{name}.query",
+        params_field=None,
     )
     make_private_dir(spool_dir)
     spool = spool_dir / f"lookup-{os.getpid()}-{time.time_ns()}.jsonl"
