@@ -123,7 +123,9 @@ def _results_pairs(parent: str, pointer: str, runs_dir: Path) -> Iterator[tuple[
 
 
 def _query_pairs(job: Job, name: str, given: LookupConfig, spool_dir: Path) -> Iterator[tuple[Any, Any]]:
-    """(first column, second column) of each row of the lookup's query, read once through a spool."""
+    """(first column, second column) of each row of the lookup's query, read once through a spool; a
+    query of other than two columns is refused naming it. A row whose key is NULL gives no pair: as
+    in SQL, NULL equals nothing, so no record's key (not even the text `null`) finds its value."""
     assert given.query is not None and given.database is not None  # a query lookup
     spec = QuerySpec(
         query=given.query,
@@ -133,6 +135,7 @@ def _query_pairs(job: Job, name: str, given: LookupConfig, spool_dir: Path) -> I
         query_line=job.lines.line(("lookups", name, "query")),
         field=f"lookups.{name}.query",
         params_field=None,
+        columns=("the key", "the value"),
     )
     make_private_dir(spool_dir)
     spool = spool_dir / f"lookup-{os.getpid()}-{time.time_ns()}.jsonl"
@@ -140,7 +143,8 @@ def _query_pairs(job: Job, name: str, given: LookupConfig, spool_dir: Path) -> I
     try:
         with spool.open("rb") as stream:
             for line in stream:
-                values = list(orjson.loads(line).values())
-                yield values[0], values[1] if len(values) > 1 else None
+                key, value = orjson.loads(line).values()
+                if key is not None:
+                    yield key, value
     finally:
         spool.unlink(missing_ok=True)

@@ -72,7 +72,8 @@ class Database:
 @dataclass(frozen=True)
 class QuerySpec:
     """A query as the job file gives it, its `${...}` resolved: what `take_snapshot` runs. An input's
-    (`input.query`, with `input.params`) or a lookup's (`lookups.NAME.query`: no parameters)."""
+    (`input.query`, with `input.params`) or a lookup's (`lookups.NAME.query`: no parameters, and two
+    columns, the key then the value)."""
 
     query: str
     params: Mapping[str, Any]
@@ -81,6 +82,7 @@ class QuerySpec:
     query_line: int | None = None
     field: str = "input.query"  # where the query is in the job file: what problems name
     params_field: str | None = "input.params"  # where its `:name` values are given; None: it takes none
+    columns: tuple[str, ...] | None = None  # what each column must be, in order; None: any columns
 
 
 def database_of(text: str, env: Mapping[str, str], base_dir: Path) -> Database:
@@ -118,6 +120,7 @@ def take_snapshot(spec: QuerySpec, out: BinaryIO, on_rows: RowsRead | None = Non
     check_params(spec)
     with _rows_of(spec) as (columns, kinds, rows):
         _refuse_duplicates(spec, columns)
+        _require_columns(spec, columns)
         return _write_rows(spec, (columns, kinds, rows), out, on_rows)
 
 
@@ -202,6 +205,21 @@ def _refuse_duplicates(spec: QuerySpec, columns: Sequence[str]) -> None:
         plural = "s" if len(twice) > 1 else ""
         message = f"the query returns the column{plural} {listed} twice; name each once (AS)"
         raise ConfigInvalid([_query_problem(spec, message)])
+
+
+def _require_columns(spec: QuerySpec, columns: Sequence[str]) -> None:
+    """A query whose columns have roles (a lookup's: the key, then the value) returns one a role, no
+    fewer (a map of nothing but nulls) and no more (a column quietly left out)."""
+    roles = spec.columns
+    if roles is None or len(columns) == len(roles):
+        return
+    listed = ", ".join(repr(name) for name in columns) or "none"
+    plural = "" if len(columns) == 1 else "s"
+    message = (
+        f"the query returns {len(columns)} column{plural} ({listed}); it must return exactly "
+        f"{len(roles)} columns: {', then '.join(roles)}"
+    )
+    raise ConfigInvalid([_query_problem(spec, message)])
 
 
 def _write_rows(spec: QuerySpec, answer: Rows, out: BinaryIO, on_rows: RowsRead | None) -> int:
