@@ -16,6 +16,8 @@ from bulkrelay.errors import ExitCode
 from tests.clirun import run_cli
 from tests.jobfiles import write_csv
 
+pytestmark = pytest.mark.slow  # real processes
+
 _QUERY_LINE = 8  # where _job writes lookups.m.query
 
 
