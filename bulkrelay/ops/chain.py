@@ -1,6 +1,10 @@
 """A chained job's input (`input.results_of: JOB`): the parent job's finished runs read from their
 journals (the newest outcome of each key), filtered by `where`, joined with the parent's input fields,
-and frozen into a snapshot the run keeps, as a query's is (ops/snapshot.py reuses it on resume)."""
+and frozen into a snapshot the run keeps, as a query's is (ops/snapshot.py reuses it on resume).
+
+`parent_outcomes` is the one way another job's results are read, here and by a lookup's `results_of`
+(ops/lookups.py): each journal is checked whole first, as `export` checks it, so damage refuses the
+job before it sends anything instead of leaving rows out of its records or its map."""
 
 from __future__ import annotations
 
@@ -11,9 +15,11 @@ from typing import Any
 
 import orjson
 
+from bulkrelay.errors import JournalCorrupt
 from bulkrelay.job.config import Job
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records, spool_file
 from bulkrelay.job.inputs.results_of import chain_record, wanted, write_frozen
+from bulkrelay.ops.damage import check_committed_journal
 from bulkrelay.store.results import Row, finished_runs_of, latest_outcomes
 from bulkrelay.store.rundir import RunDir
 
@@ -25,10 +31,31 @@ def take_chain_snapshot(job: Job, runs_dir: Path, dest: Path) -> int:
     are read, in row order."""
     given = job.config.input
     assert given.results_of is not None  # a chained job
-    runs = finished_runs_of(runs_dir, given.results_of)
-    latest = latest_outcomes(runs, spool_file(dest.parent, "latest", ".sqlite"))
+    runs, latest = parent_outcomes(runs_dir, given.results_of, spool_file(dest.parent, "latest", ".sqlite"))
     rows = (row for row in latest if wanted(bool(row[4]), given.where))
     return write_frozen(dest, _records(runs, rows))
+
+
+def parent_outcomes(runs_dir: Path, parent: str, spool: Path) -> tuple[list[RunDir], Iterator[Row]]:
+    """The finished runs of the job named `parent` and each key's newest outcome in them (gathered in
+    the spool file `spool`). A journal of them that does not read whole (a corrupt line, a completed
+    run's torn end, a summary it disagrees with) is JOURNAL_CORRUPT naming the run, the file, the line
+    and the byte offset, before any row is read: a key past the damage would otherwise be missing."""
+    runs = finished_runs_of(runs_dir, parent)
+    for run in runs:
+        _check_parent_journal(run, parent)
+    return runs, latest_outcomes(runs, spool)
+
+
+def _check_parent_journal(run: RunDir, parent: str) -> None:
+    try:
+        check_committed_journal(run, "results_of")
+    except JournalCorrupt as exc:
+        raise JournalCorrupt(
+            f"the results of job {parent} cannot be read: run {run.run_id}: {exc.message}",
+            context={**exc.context, "job": parent, "run_id": run.run_id, "run_dir": str(run.path)},
+            suggestion=exc.suggestion,
+        ) from None
 
 
 def _records(runs: list[RunDir], rows: Iterator[Row]) -> Iterator[dict[str, Any]]:

@@ -26,8 +26,8 @@ import orjson
 from bulkrelay.envelope import Result
 from bulkrelay.errors import InputChanged, OutputClosed, StorageFailed, UsageError
 from bulkrelay.job.inputs import InputFingerprint, InputSpec, open_records
+from bulkrelay.ops.damage import check_committed_journal
 from bulkrelay.ops.results import ExportResult
-from bulkrelay.ops.resume import check_committed_journal
 from bulkrelay.store.atomic import file_to_replace, replacing
 from bulkrelay.store.journal import read_entry_at, read_journal_from
 from bulkrelay.store.results import Row, iso_time, journal_groups, row_of, sink_job_name, write_rows

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bulkrelay.envelope import Result
+from bulkrelay.ops.damage import check_committed_journal
 from bulkrelay.ops.results import FailuresResult
-from bulkrelay.ops.resume import check_committed_journal
 from bulkrelay.report.failuregroups import FailureTally, largest_first
 from bulkrelay.store.journal import JournalEntry, read_journal
 from bulkrelay.store.rundir import RunDir

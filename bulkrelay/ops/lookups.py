@@ -21,9 +21,9 @@ from bulkrelay.job.fingerprint import file_sha256
 from bulkrelay.job.inputs import spool_file
 from bulkrelay.job.inputs.lookups import LookupMap, build_map, freeze, read_frozen
 from bulkrelay.job.inputs.query import QuerySpec, database_of, snapshot_into
+from bulkrelay.ops.chain import parent_outcomes
 from bulkrelay.ops.lookupget import get_pairs
 from bulkrelay.private import make_private_dir
-from bulkrelay.store.results import finished_runs_of, latest_outcomes
 from bulkrelay.store.rundir import RunDir
 
 FROZEN_DIR = "lookups"  # in the run directory: one NAME.jsonl a lookup
@@ -108,10 +108,11 @@ def _built(job: Job, name: str, given: LookupConfig, runs_dir: Path) -> LookupMa
 
 def _results_pairs(parent: str, pointer: str, runs_dir: Path) -> Iterator[tuple[str, Any]]:
     """(key, the value the pointer names) of the parent job's rows that succeeded; a row whose outcome
-    holds nothing there gives no pair (its key is a miss)."""
+    holds nothing there gives no pair (its key is a miss). A parent journal that does not read whole
+    refuses the job (ops/chain.py), as it refuses `export`: never a map short of the keys past it."""
     tokens = pointer_tokens(pointer)
-    runs = finished_runs_of(runs_dir, parent)
-    for row in latest_outcomes(runs, spool_file(runs_dir / ".spool", "latest", ".sqlite")):
+    _, outcomes = parent_outcomes(runs_dir, parent, spool_file(runs_dir / ".spool", "latest", ".sqlite"))
+    for row in outcomes:
         if not row[4]:
             continue
         node: Any = {"key": row[1], "row_number": row[2], "captured": orjson.loads(row[9] or "{}")}
@@ -122,7 +123,9 @@ def _results_pairs(parent: str, pointer: str, runs_dir: Path) -> Iterator[tuple[
 
 
 def _query_pairs(job: Job, name: str, given: LookupConfig, spool_dir: Path) -> Iterator[tuple[Any, Any]]:
-    """(first column, second column) of each row of the lookup's query, read once through a spool."""
+    """(first column, second column) of each row of the lookup's query, read once through a spool; a
+    query of other than two columns is refused naming it. A row whose key is NULL gives no pair: as
+    in SQL, NULL equals nothing, so no record's key (not even the text `null`) finds its value."""
     assert given.query is not None and given.database is not None  # a query lookup
     spec = QuerySpec(
         query=given.query,
@@ -130,6 +133,9 @@ def _query_pairs(job: Job, name: str, given: LookupConfig, spool_dir: Path) -> I
         database=database_of(given.database, os.environ, job.base_dir),
         job_file=str(job.path),
         query_line=job.lines.line(("lookups", name, "query")),
+        field=f"lookups.{name}.query",
+        params_field=None,
+        columns=("the key", "the value"),
     )
     make_private_dir(spool_dir)
     spool = spool_dir / f"lookup-{os.getpid()}-{time.time_ns()}.jsonl"
@@ -137,7 +143,8 @@ def _query_pairs(job: Job, name: str, given: LookupConfig, spool_dir: Path) -> I
     try:
         with spool.open("rb") as stream:
             for line in stream:
-                values = list(orjson.loads(line).values())
-                yield values[0], values[1] if len(values) > 1 else None
+                key, value = orjson.loads(line).values()
+                if key is not None:
+                    yield key, value
     finally:
         spool.unlink(missing_ok=True)

@@ -13,18 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from bulkrelay.envelope import EnvelopeWarning
-from bulkrelay.errors import ConfigChanged, InputChanged, JournalCorrupt, NotFound, RunNotResumable
+from bulkrelay.errors import ConfigChanged, InputChanged, NotFound, RunNotResumable
 from bulkrelay.job.config import JobConfig, config_semantic_dict, load_job
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
-from bulkrelay.ops.damage import Command, advice_on_damage
+from bulkrelay.ops.damage import scanned_journal
 from bulkrelay.ops.lookups import frozen_lookups, with_lookups
 from bulkrelay.relay.engine import StartPoint
-from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.journal import JournalScan, recover_torn_tail, scan_journal
-from bulkrelay.store.rundir import JOURNAL, SUMMARY, RunDir, RunState
+from bulkrelay.store.journal import recover_torn_tail
+from bulkrelay.store.rundir import RunDir, RunState
 from bulkrelay.store.selection import load_selection
-from bulkrelay.store.summary import summarized_outcomes
 from bulkrelay.sync import job_of_run
 
 _INPUT_FIELDS = ("format", "gzip", "sha256", "size", "record_count")
@@ -158,70 +156,12 @@ def preflight_for_resume(
     return preflight
 
 
-def require_journal(run: RunDir) -> None:
-    """Refuse a run whose journal is gone. The journal is made with the run directory, so without it
-    nothing says which rows were committed; starting the rows over would deliver them all again."""
-    if run.journal_path.exists():
-        return
-    raise JournalCorrupt(
-        f"{JOURNAL} is missing from run {run.run_id} (state {run.state}): "
-        "which rows were committed cannot be known, so the run is not started over",
-        context={"run_dir": str(run.path), "file": str(run.journal_path), "offset": 0, "line": 1},
-    )  # the suggestion is the caller's: see advice_on_damage
-
-
-def check_committed_journal(run: RunDir, reader: Command) -> None:
-    """Refuse to read a run's results from a journal that is gone or damaged at or before its
-    checkpoint: `retry-failed`, `export` and `failures` (the `reader`) would otherwise take the rows after
-    the damage for unsent (or not failed) and quietly leave them out. Reads only; a torn tail is left for
-    resume."""
-    _scanned_journal(run, run.plan.input.record_count, reader)
-
-
-def _scanned_journal(run: RunDir, record_count: int, command: Command) -> JournalScan:
-    """The journal checked against the checkpoint; damage is refused with advice that fits `command`."""
-    with advice_on_damage(run, command):
-        require_journal(run)
-        checkpoint = read_checkpoint(run.path)
-        scan = scan_journal(
-            run.journal_path,
-            committed_seq=checkpoint.seq if checkpoint else 0,
-            committed_offset=checkpoint.offset if checkpoint else 0,
-            row_count=record_count,
-            prefix=checkpoint.prefix if checkpoint else None,
-        )
-        if checkpoint is None and run.state.final:
-            _check_finished_journal(run, scan)
-        return scan
-
-
-def _check_finished_journal(run: RunDir, scan: JournalScan) -> None:
-    """A run that completed or was cancelled keeps no checkpoint. A completed run's journal is whole,
-    every group committed: a torn end is damage there. (A cancelled run's worker may have died
-    mid-write: its torn end is simply not committed.) Either holds the rows its summary counted."""
-    counted = summarized_outcomes(run.path, required=run.state.every_row_ended)
-    if scan.torn_tail is not None and run.state.every_row_ended:
-        torn = scan.torn_tail
-        reason = f"{torn.reason}: the run is {run.state}, so its journal must end with a whole group"
-        where = {"file": str(run.journal_path), "offset": torn.start, "line": torn.line, "reason": reason}
-        raise JournalCorrupt(
-            f"{run.journal_path.name} is corrupt at line {torn.line} (byte offset {torn.start}): {reason}",
-            context=where,
-        )
-    if counted is not None and sum(counted) != scan.last_seq:
-        reason = f"the journal holds {scan.last_seq} rows, the run's summary counted {sum(counted)}"
-        raise JournalCorrupt(
-            f"{run.journal_path.name} does not match {SUMMARY}: {reason}",
-            context={"file": str(run.journal_path), "offset": scan.valid_end, "line": None, "reason": reason},
-        )
-
-
 def recover_start(run: RunDir, record_count: int) -> tuple[StartPoint, list[EnvelopeWarning]]:
     """Validate the journal against the checkpoint; cut a torn tail; rebuild the set of done rows.
 
     Call with the run's lock held.
     """
-    scan = _scanned_journal(run, record_count, "resume")
+    scan = scanned_journal(run, record_count, "resume")
     warnings: list[EnvelopeWarning] = []
     aside = recover_torn_tail(run.journal_path, scan, run.storage)
     if aside is not None:

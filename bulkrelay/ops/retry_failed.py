@@ -19,12 +19,12 @@ from bulkrelay.errors import ConfigChanged, InputChanged, RunLocked, UsageError
 from bulkrelay.job.config import Job, load_job
 from bulkrelay.job.durations import whole_number
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
+from bulkrelay.ops.damage import check_committed_journal
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
 from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, start_fresh
 from bulkrelay.ops.lookups import built_lookups, freeze_all, frozen_lookups, keep_frozen, with_lookups
 from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import (
-    check_committed_journal,
     input_differences,
     input_path_for,
     job_path_for,

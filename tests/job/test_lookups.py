@@ -55,6 +55,8 @@ def test_each_on_miss() -> None:
     with pytest.raises(RenderError, match="lookup ids has no key 'z'") as failed:
         lookup_getter(_leaf("fail"), {"ids": {}}, lambda f: f["ref"])({"ref": "z"})
     assert not isinstance(failed.value, LookupMissed)
+    with pytest.raises(LookupMissed):  # a null key is no key: never the text `null` a map holds
+        lookup_getter(_leaf("skip"), {"ids": {"null": 5}}, lambda f: f["ref"])({"ref": None})
 
 
 def test_a_leaf_naming_an_undefined_lookup_is_refused() -> None:

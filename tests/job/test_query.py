@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,20 @@ def test_a_query_that_cannot_be_taken_is_refused_naming_why(
     with pytest.raises(error, match=message) as raised:
         _rows(_spec(sqlite_db, query, params))
     assert raised.value.context["problems"][0]["path"] == "input.query"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("query", "count"), [("SELECT id FROM t", 1), ("SELECT id, name, price FROM t", 3)])
+def test_a_lookups_query_of_other_than_two_columns_is_refused_naming_its_field(
+    sqlite_db: str, query: str, count: int
+) -> None:
+    spec = replace(_spec(sqlite_db, query), field="lookups.m.query", columns=("the key", "the value"))
+    with pytest.raises(ConfigInvalid, match=f"returns {count} column.*exactly 2 columns") as raised:
+        _rows(spec)
+    assert raised.value.problems[0].path == "lookups.m.query"
+    assert _rows(replace(spec, query="SELECT name, id FROM t")) == [
+        {"name": "a", "id": 1},
+        {"name": "b:c", "id": 2},
+    ]
 
 
 def test_a_missing_sqlite_file_is_unavailable_naming_it(tmp_path: Path) -> None:

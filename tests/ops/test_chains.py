@@ -13,6 +13,7 @@ import yaml
 
 from bulkrelay.errors import ExitCode
 from tests.clirun import start_cli
+from tests.damagedjournals import assert_refused_as_corrupt, damage_second_line
 from tests.jobfiles import write_job
 from tests.runsteps import run_job, stop_midway
 from tests.spawnedruns import wait_for_lock
@@ -142,3 +143,33 @@ def _first_run_dir(runs: Path) -> Path:
     return wait_for(
         lambda: next((p for p in runs.glob("*") if (p / "run.json").is_file()), None), what="a run"
     )
+
+
+def test_a_parents_corrupt_journal_refuses_the_chained_job_before_any_request(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    target.set_plan({})  # the module shares its target: no delay or failure of an earlier test
+    parent = run_job(tmp_path, _parent(tmp_path, target))
+    assert parent.exit_code == 0
+    journal, offset = damage_second_line(parent.data["run_dir"])
+    target.reset()
+    refused = run_job(tmp_path, _child(tmp_path, target, where="all"))
+    assert_refused_as_corrupt(refused, parent.data["run_dir"], journal, offset)
+    assert _bodies(target, "/contacts/") == {}
+    assert "Traceback" not in refused.stderr
+
+
+def test_a_completed_parents_torn_tail_is_damage_to_a_chained_job(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    target.set_plan({})  # the module shares its target: no delay or failure of an earlier test
+    parent = run_job(tmp_path, _parent(tmp_path, target))
+    journal = Path(parent.data["run_dir"]) / "results.jsonl"
+    whole = journal.stat().st_size
+    with journal.open("ab") as out:
+        out.write(b'{"seq":41,"row_number":1,"key":"1","succ')  # a half line past the last group
+    target.reset()
+    refused = run_job(tmp_path, _child(tmp_path, target))
+    assert refused.error_code == "JOURNAL_CORRUPT", refused.envelope
+    assert refused.envelope["error"]["context"]["offset"] == whole
+    assert _bodies(target, "/contacts/") == {}

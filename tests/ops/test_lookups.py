@@ -17,6 +17,7 @@ import yaml
 from bulkrelay.errors import ExitCode
 from bulkrelay.store.journal import read_journal
 from tests.clirun import cli_env, run_cli
+from tests.damagedjournals import assert_refused_as_corrupt, damage_second_line
 from tests.jobfiles import write_csv, write_job
 from tests.runsteps import resume, run_job, stop_midway
 from tests.targetproc import TargetProcess
@@ -313,3 +314,18 @@ def test_a_batch_jobs_items_read_a_lookup(tmp_path: Path, target: TargetProcess)
     [problem] = failed.envelope["error"]["context"]["problems"]
     assert problem["row"] == 2 and "lookup account_ids has no key 'nope'" in problem["message"]
     assert target.requests() == []
+
+
+def test_a_lookup_of_a_parent_whose_journal_is_corrupt_refuses_before_any_request(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    target.set_plan({})  # the module shares its target: no delay or failure of an earlier test
+    accounts = run_job(tmp_path, _accounts(tmp_path, target))
+    assert accounts.exit_code == 0
+    journal, offset = damage_second_line(accounts.data["run_dir"])
+    target.reset()
+    refs = [str(n) for n in range(1, 8)]
+    refused = run_job(tmp_path, _contacts(tmp_path, target, refs, on_miss="skip"))
+    assert_refused_as_corrupt(refused, accounts.data["run_dir"], journal, offset)
+    assert _sent(target) == {}
+    assert "Traceback" not in refused.stderr

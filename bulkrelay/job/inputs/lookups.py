@@ -70,7 +70,8 @@ def lookup_getter(
     leaf: JsonLookup, maps: Mapping[str, LookupMap], key_of: Callable[[Any], Any]
 ) -> Callable[[Any], Any]:
     """The leaf's value for a record's fields: the map's value for its key, else as `on_miss` says
-    (fail: the row's error, null: None, skip: `LookupMissed`)."""
+    (fail: the row's error, null: None, skip: `LookupMissed`). A null key finds nothing: it is no
+    key, not the text `null` a map may hold."""
     name, on_miss, field = leaf.lookup, leaf.on_miss, leaf.key.from_
     table = maps.get(name)
 
@@ -78,7 +79,7 @@ def lookup_getter(
         if table is None:
             raise RenderError(field, f"lookup {name} was not built for this call")
         key = key_of(fields)
-        value = table.get(key if key.__class__ is str else key_text(key), _MISS)
+        value = table.get(key if key.__class__ is str else key_text(key), _MISS) if key is not None else _MISS
         if value is not _MISS:
             return value
         if on_miss == "null":

@@ -71,13 +71,18 @@ class Database:
 
 @dataclass(frozen=True)
 class QuerySpec:
-    """A query input as the job file gives it, its `${...}` resolved: what `take_snapshot` runs."""
+    """A query as the job file gives it, its `${...}` resolved: what `take_snapshot` runs. An input's
+    (`input.query`, with `input.params`) or a lookup's (`lookups.NAME.query`: no parameters, and two
+    columns, the key then the value)."""
 
     query: str
     params: Mapping[str, Any]
     database: Database
-    job_file: str  # where problems point (input.query's line)
+    job_file: str  # where problems point (the query's line)
     query_line: int | None = None
+    field: str = "input.query"  # where the query is in the job file: what problems name
+    params_field: str | None = "input.params"  # where its `:name` values are given; None: it takes none
+    columns: tuple[str, ...] | None = None  # what each column must be, in order; None: any columns
 
 
 def database_of(text: str, env: Mapping[str, str], base_dir: Path) -> Database:
@@ -115,6 +120,7 @@ def take_snapshot(spec: QuerySpec, out: BinaryIO, on_rows: RowsRead | None = Non
     check_params(spec)
     with _rows_of(spec) as (columns, kinds, rows):
         _refuse_duplicates(spec, columns)
+        _require_columns(spec, columns)
         return _write_rows(spec, (columns, kinds, rows), out, on_rows)
 
 
@@ -145,16 +151,23 @@ def refuse_writing(spec: QuerySpec) -> None:
     if word.upper() not in _READING_WORDS:
         shown = word or "nothing"
         raise ConfigInvalid(
-            [_query_problem(spec, f"input.query must only read (SELECT, WITH, VALUES, TABLE), not {shown}")]
+            [_query_problem(spec, f"{spec.field} must only read (SELECT, WITH, VALUES, TABLE), not {shown}")]
         )
 
 
 def check_params(spec: QuerySpec) -> None:
-    """Every `:name` of the query has a value in input.params, and every value is used."""
+    """Every `:name` of the query has a value in its params (input.params; a lookup's query takes
+    none), and every value is used."""
     used, given = query_parameters(spec.query), set(spec.params)
-    problems = [_query_problem(spec, f"input.params has no value for :{n}") for n in sorted(used - given)]
+    where = spec.params_field
+    problems = [
+        _query_problem(
+            spec, f"{where} has no value for :{name}" if where else f"{spec.field} takes no :{name}"
+        )
+        for name in sorted(used - given)
+    ]
     problems += [
-        _query_problem(spec, f"input.params.{name} is not used by the query (no :{name} in it)")
+        _query_problem(spec, f"{where}.{name} is not used by the query (no :{name} in it)")
         for name in sorted(given - used)
     ]
     if problems:
@@ -179,7 +192,7 @@ def _without_comments(sql: str) -> str:
 
 
 def _query_problem(spec: QuerySpec, message: str) -> Problem:
-    return Problem(message, file=spec.job_file, line=spec.query_line, path="input.query")
+    return Problem(message, file=spec.job_file, line=spec.query_line, path=spec.field)
 
 
 def _refuse_duplicates(spec: QuerySpec, columns: Sequence[str]) -> None:
@@ -192,6 +205,21 @@ def _refuse_duplicates(spec: QuerySpec, columns: Sequence[str]) -> None:
         plural = "s" if len(twice) > 1 else ""
         message = f"the query returns the column{plural} {listed} twice; name each once (AS)"
         raise ConfigInvalid([_query_problem(spec, message)])
+
+
+def _require_columns(spec: QuerySpec, columns: Sequence[str]) -> None:
+    """A query whose columns have roles (a lookup's: the key, then the value) returns one a role, no
+    fewer (a map of nothing but nulls) and no more (a column quietly left out)."""
+    roles = spec.columns
+    if roles is None or len(columns) == len(roles):
+        return
+    listed = ", ".join(repr(name) for name in columns) or "none"
+    plural = "" if len(columns) == 1 else "s"
+    message = (
+        f"the query returns {len(columns)} column{plural} ({listed}); it must return exactly "
+        f"{len(roles)} columns: {', then '.join(roles)}"
+    )
+    raise ConfigInvalid([_query_problem(spec, message)])
 
 
 def _write_rows(spec: QuerySpec, answer: Rows, out: BinaryIO, on_rows: RowsRead | None) -> int:
@@ -271,7 +299,8 @@ def _no_json_form(
     column = None if culprit is None else culprit[0]
     reason = str(exc) if culprit is None else _no_form(culprit[2], culprit[1])
     message = f"{reason}; cast it in the query (for example ::text)"
-    return InputInvalid([Problem(message, file=QUERY_NAME, row=number, field=column)], phase="snapshot")
+    problem = Problem(message, file=QUERY_NAME, row=number, field=column, path=spec.field)
+    return InputInvalid([problem], phase="snapshot")
 
 
 def _no_form(value: Any, kind: str | None = None) -> str:
@@ -353,8 +382,13 @@ def _sqlite_rows(spec: QuerySpec) -> Iterator[Rows]:
 
 
 def _sqlite_stream(spec: QuerySpec, cursor: sqlite3.Cursor) -> Iterator[Sequence[Any]]:
+    """The cursor's rows. A loop, not `yield from`: a stream left half read (a row refused) is closed
+    by the garbage collector after the connection, and `yield from` would then close the cursor on a
+    closed database, an error Python prints with its traceback on stderr. The connection's owner
+    closes the cursor."""
     try:
-        yield from cursor
+        for row in cursor:  # noqa: UP028 - `yield from` would close the cursor (see the docstring)
+            yield row
     except sqlite3.DatabaseError as exc:
         raise _query_failed(spec, str(exc), None) from None
 
@@ -407,8 +441,10 @@ def _connect(pg: Any, spec: QuerySpec) -> psycopg.Connection[Any]:
 
 
 def _pg_stream(pg: Any, spec: QuerySpec, cursor: Any) -> Iterator[Sequence[Any]]:
+    """The cursor's rows; a loop, not `yield from`, as `_sqlite_stream` says."""
     try:
-        yield from cursor
+        for row in cursor:  # noqa: UP028 - as in _sqlite_stream
+            yield row
     except pg.Error as exc:
         raise _pg_failed(pg, spec, exc) from None
 
@@ -447,7 +483,7 @@ def _unavailable(spec: QuerySpec, reason: str) -> InputUnavailable:
 
 
 def _query_failed(spec: QuerySpec, message: str, position: int | None) -> InputInvalid:
-    at = f" (at character {position} of input.query)" if position else ""
+    at = f" (at character {position} of {spec.field})" if position else ""
     problem = _query_problem(spec, f"the query failed: {message}{at}")
     return InputInvalid([problem], phase="snapshot")
 
