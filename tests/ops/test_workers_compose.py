@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -210,8 +211,12 @@ def test_job_cancel_of_workers_answering_fast_ends_cancelled_every_time(
         started = cli(tmp_path, "run", job, "--budget", "500ms", "--runs-dir", runs_dir)
         assert started.exit_code == ExitCode.INCOMPLETE, started.envelope
         job_id = started.data["job_id"]
-        wait_for(lambda b=sent_before: target.stats()["requests"] >= b + 100, "both workers relaying")
+        wait_for(partial(_sent_since, target, sent_before, 100), "both workers relaying")
 
         cancel = cli(tmp_path, "job", "cancel", job_id, "--budget", HANG_BUDGET)
 
         assert (cancel.data["state"], cancel.data["run_state"]) == ("cancelled", "cancelled"), cancel.envelope
+
+
+def _sent_since(target: TargetProcess, before: int, count: int) -> bool:
+    return bool(target.stats()["requests"] >= before + count)
