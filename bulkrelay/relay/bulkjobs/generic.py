@@ -18,7 +18,8 @@
     unlisted        unprocessed (a row named in no result goes in a later job) | success (only failures
                     are listed)
 
-Every `path` follows `base_url`; `{job}` in it is the job's id (percent-encoded). The target's states
+Every `path` follows `base_url`; `{job}` in it is the job's id, one path segment (steps.segment: an id no
+encoding keeps one is refused where it is answered). The target's states
 are told apart by the lists `done_states`, `failed_states`, `aborted_states` and `open_states`; any
 other state is still working. Each step is asked as steps.py says (the upload never twice).
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from typing import Any
-from urllib.parse import quote, urljoin
+from urllib.parse import urljoin
 
 import orjson
 
@@ -44,8 +45,10 @@ from bulkrelay.relay.bulkjobs.steps import (
     StepClient,
     StepRefused,
     csv_rows,
+    job_id,
     json_answer,
     never_sent,
+    segment,
 )
 from bulkrelay.relay.response import next_page, resolve_pointer
 from bulkrelay.relay.transport.base import Response
@@ -210,7 +213,9 @@ class GenericBulk(StepClient):
 
     def _url(self, step: BulkStepConfig, remote: str) -> str:
         assert step.path is not None  # config.py: every step has one
-        return self._base + step.path.replace("{job}", quote(remote, safe=""))
+        if "{job}" not in step.path:  # a create, or an upload that makes the job: no id yet
+            return self._base + step.path
+        return self._base + step.path.replace("{job}", segment(remote))
 
 
 def _take(results: JobResults, row_key: str, outcome: str, what: Any, name: str) -> None:
@@ -228,7 +233,7 @@ def _job_id(answer: Response, step: BulkStepConfig, name: str) -> str:
     remote = _pointed(answer, step.id or "", name)
     if not isinstance(remote, (str, int)) or isinstance(remote, bool) or not str(remote):
         raise StepRefused(name, answer.status, f"the answer has no job id at {step.id}")
-    return str(remote)
+    return job_id(remote, name, answer.status)
 
 
 def _set_name(step: BulkStepConfig) -> str:

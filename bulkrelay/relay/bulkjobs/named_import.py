@@ -14,7 +14,8 @@ sent again, the driver asks for the job's state, and a name in the list is attac
 errors fetched), never imported twice; a name not in the list was never imported, so its rows go in a
 new job (under a new number, so a new name). A submit whose answer is lost (a transport error) is looked
 up the same way before it counts as failed. Errors are matched to rows by the key column of their own
-CSV line, never by line number; a row named in no error succeeded.
+CSV line, never by line number; a row named in no error succeeded. The import's id (and the list's `after`
+cursor) go in URLs as one path segment (and one query value), percent-encoded.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import hashlib
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -35,8 +37,10 @@ from bulkrelay.relay.bulkjobs.steps import (
     JobResults,
     StepClient,
     StepRefused,
+    job_id,
     json_answer,
     never_sent,
+    segment,
 )
 
 _STATES = {"DONE": JOB_COMPLETE, "FAILED": FAILED, "CANCELED": ABORTED, "REVERTED": ABORTED}
@@ -75,10 +79,7 @@ class NamedImport(StepClient):
             if refused.status is None and await self._find(remote) is not None:
                 return  # it landed though its answer was lost
             raise
-        found = json_answer(answer, "submit").get("id")
-        if not isinstance(found, (str, int)) or isinstance(found, bool) or not str(found):
-            raise StepRefused("submit", answer.status, "the answer names no import id")
-        self._ids[remote] = str(found)
+        self._ids[remote] = job_id(json_answer(answer, "submit").get("id"), "submit", answer.status)
 
     async def close(self, remote: str) -> None:
         """Nothing to ask: the submit started the import."""
@@ -86,14 +87,17 @@ class NamedImport(StepClient):
     async def abort(self, remote: str) -> None:
         import_id = await self._find(remote)
         if import_id is not None:
-            await self._asked("cancel", "POST", f"{self._imports}/{import_id}/cancel", None, None)
+            await self._asked("cancel", "POST", f"{self._import(import_id)}/cancel", None, None)
+
+    def _import(self, import_id: str) -> str:
+        return f"{self._imports}/{segment(import_id)}"
 
     async def state(self, remote: str) -> tuple[str, str | None]:
         """The import's state in the driver's words; JobForgotten for a name the target does not list."""
         import_id = await self._find(remote, poll=True)
         if import_id is None:
             raise JobForgotten("poll", 404, f"the target lists no import named {remote}")
-        answer = await self._asked("poll", "GET", f"{self._imports}/{import_id}", None, None, poll=True)
+        answer = await self._asked("poll", "GET", self._import(import_id), None, None, poll=True)
         data = json_answer(answer, "poll")
         state = data.get("state")
         if not isinstance(state, str):
@@ -106,7 +110,7 @@ class NamedImport(StepClient):
         """Each error matched to its row by the key cell of its own CSV line; every other row succeeded."""
         import_id = self._ids[remote]
         results = JobResults()
-        async for error in self._paged(f"{self._imports}/{import_id}/errors", "errors"):
+        async for error in self._paged(f"{self._import(import_id)}/errors", "errors"):
             key = self._key_of(error, remote)
             if key not in sent:
                 raise never_sent("errors", key, remote)
@@ -134,7 +138,7 @@ class NamedImport(StepClient):
         if name not in self._ids:
             async for item in self._paged(self._imports, "list", poll=poll):
                 if isinstance(item, dict) and item.get("importName") == name and item.get("id") is not None:
-                    self._ids[name] = str(item["id"])
+                    self._ids[name] = job_id(item["id"], "list", None)  # no request goes where it says
                     break
         return self._ids.get(name)
 
@@ -142,7 +146,7 @@ class NamedImport(StepClient):
         """The items of a paged list (`results`, then `paging.next.after`), page by page."""
         after: str | None = None
         for _ in range(_MAX_PAGES):
-            page = url if after is None else f"{url}?after={after}"
+            page = url if after is None else f"{url}?after={quote(str(after), safe='')}"
             data = json_answer(await self._asked(step, "GET", page, None, None, poll=poll), step)
             items = data.get("results")
             if not isinstance(items, list):

@@ -8,6 +8,9 @@ again after a 5xx, a 429 or a transport error, with backoff from `poll.first_sec
 `poll.max_seconds` (a Retry-After honoured), until the call's deadline: such an answer never fails the
 run. A 404 on a job's state is `JobForgotten`; any other 4xx is `StepRefused`.
 
+A job id the target gives goes in every later URL as one path segment, percent-encoded (`segment`); an
+id no encoding keeps one segment (`..`, a `/`, a control character) is refused where it is answered.
+
 Every step goes through `request.auth`'s seam (relay/auth/base.py) as a row does: each attempt is
 authorized right before it is sent, every other header set (an OAuth2 bearer token, or a signature over
 its exact bytes). A 401 to a token older than the step's first send means the token ran out on the way:
@@ -26,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import anyio
 import orjson
@@ -50,6 +54,7 @@ OPEN, UPLOAD_COMPLETE, JOB_COMPLETE, FAILED, ABORTED = (
 TERMINAL = frozenset({JOB_COMPLETE, FAILED, ABORTED})
 API_SUCCESS = RetryPolicy()  # the API's own success rule (any 2xx), not the job's response.success_statuses
 _STEP_SLICE = 0.25  # seconds: a wait is cut in slices this long, so a stop is heard soon
+MAX_ID_CHARS = 255  # a job id longer is none (Salesforce's have 18 characters, HubSpot's fewer)
 
 
 class StepRefused(Exception):
@@ -265,6 +270,42 @@ def json_answer(answer: Response, step: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise StepRefused(step, answer.status, "the answer is not a JSON object")
     return data
+
+
+def job_id(found: Any, step: str, status: int | None) -> str:
+    """The job id an answer gave (a string, or a number), as text; StepRefused when there is none or it
+    cannot be one URL path segment (`segment`): the target's answer never steers a later request."""
+    if isinstance(found, bool) or not isinstance(found, (str, int)) or found == "":
+        raise StepRefused(step, status, "the answer has no job id")
+    remote = str(found)
+    why = _not_a_segment(remote)
+    if why is not None:
+        shown = remote if len(remote) <= 60 else remote[:60] + "..."
+        raise StepRefused(step, status, f"the answer's job id {shown!r} is not one URL path segment ({why})")
+    return remote
+
+
+def segment(remote: str) -> str:
+    """A job id the target gave as one URL path segment, percent-encoded (a `?`, `#`, `%` or space in it is
+    inert); StepRefused for one no encoding keeps one segment (a journal written before ids were checked)."""
+    why = _not_a_segment(remote)
+    if why is not None:
+        raise StepRefused("job id", None, f"{remote[:60]!r} is not one URL path segment ({why})")
+    return quote(remote, safe="")
+
+
+def _not_a_segment(remote: str) -> str | None:
+    """Why `remote` can be no URL path segment, or None: empty, a dot segment (a URL's `..` climbs, even
+    encoded), a slash (many servers decode %2F back into one), a control character, or absurdly long."""
+    if remote in ("", ".", ".."):
+        return "empty, '.' or '..'"
+    if "/" in remote or "\\" in remote:
+        return "it holds a slash"
+    if any(ord(char) < 32 or ord(char) == 127 for char in remote):
+        return "it holds a control character"
+    if len(remote) > MAX_ID_CHARS:
+        return f"longer than {MAX_ID_CHARS} characters"
+    return None
 
 
 def csv_rows(body: bytes, name: str, key: str) -> list[dict[str, str]]:
