@@ -1,5 +1,5 @@
 """Hostile answers every bulk-job kind meets the same way, in-process against the embedded target: a job id
-that is no URL path segment (docs/bulk-jobs.md, "Hostile answers")."""
+that is no URL path segment, and answers that cannot be read (docs/bulk-jobs.md, "Hostile answers")."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from bulkrelay.demo.target import start_target
+from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.journal.jobrecords import job_ledgers
 from tests.relay.batchrun import BatchRun
 from tests.relay.bulkrun import run_bulk_job, write_kind_job
@@ -18,11 +19,16 @@ pytestmark = pytest.mark.anyio
 
 NAMES = ["ann", "bob", "cy"]
 KINDS = ["salesforce_bulk2", "generic", "named_import"]
-# The request that makes each kind's job (its answer names the id).
+# The request that makes each kind's job (its answer names the id), and each kind's poll.
 MAKES = {
     "salesforce_bulk2": {"method": "POST", "path_contains": "/jobs/ingest"},
     "generic": {"method": "POST", "path_contains": "/jobs/ingest"},
     "named_import": {"method": "POST", "path_contains": "/crm/v3/imports"},
+}
+POLLS = {
+    "salesforce_bulk2": {"method": "GET", "path_contains": "/jobs/ingest/"},
+    "generic": {"method": "GET", "path_contains": "/jobs/ingest/"},
+    "named_import": {"method": "GET", "path_contains": "/crm/v3/imports/"},
 }
 HOSTILE_IDS = ["../../../_control/reset?x=1#", "..", ".", "750/batches", "", "750\r\nX-Evil: 1", "7" * 300]
 
@@ -73,6 +79,40 @@ async def test_a_job_id_that_is_no_path_segment_never_steers_a_request(
     assert not job_ledgers(result.run.journal_path)  # no hostile id journaled
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("body", ["<html>", {"no": "state"}, {"state": 7}, ["JobComplete"]])
+async def test_a_poll_answer_that_cannot_be_read_is_asked_again(tmp_path: Path, kind: str, body: Any) -> None:
+    """It says nothing of the job's outcome: the job is polled on, as after a 500, and no row fails."""
+    plan = {"rules": [{"match": POLLS[kind], "status": 200, "body": body, "times": 1}]}
+    result, stats = await _run(tmp_path, kind, plan)
+    assert result.outcome.stop_reason is None, result.outcome
+    rows = result.by_row()
+    assert sorted(rows) == [1, 2, 3] and all(entry.success for entry in rows.values()), result.entries
+    if kind != "named_import":
+        assert stats["bulk_rows_processed"] == 3 and stats["bulk_rows_in_two_jobs"] == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_polls_that_never_can_be_read_stop_resumably_at_max_wait(tmp_path: Path, kind: str) -> None:
+    plan = {"rules": [{"match": POLLS[kind], "status": 200, "body": "<html>"}]}
+    poll = {"first_seconds": 0.01, "max_seconds": 0.02, "max_wait": "300ms"}
+    result, _ = await _run(tmp_path, kind, plan, poll=poll)
+    assert result.outcome.stop_reason is StopReason.TIMEOUT
+    assert result.entries == []  # nothing journaled: resume polls the same job on
+    (ledger,) = job_ledgers(result.run.journal_path).values()
+    assert not ledger.ended and ledger.remote
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_results_answer_that_cannot_be_read_is_asked_again(tmp_path: Path, kind: str) -> None:
+    results = "/errors" if kind == "named_import" else "/successfulResults"
+    plan = {"rules": [{"match": {"method": "GET", "path_contains": results}, "body": "<html>", "times": 2}]}
+    result, _ = await _run(tmp_path, kind, plan)
+    assert result.outcome.stop_reason is None, result.outcome
+    rows = result.by_row()
+    assert sorted(rows) == [1, 2, 3] and all(entry.success for entry in rows.values()), result.entries
+
+
 @pytest.mark.parametrize("kind", ["salesforce_bulk2", "generic"])
 async def test_a_job_id_with_query_characters_is_sent_as_one_encoded_segment(
     tmp_path: Path, kind: str
@@ -85,3 +125,19 @@ async def test_a_job_id_with_query_characters_is_sent_as_one_encoded_segment(
     # the target knows no such job: the upload is refused, the job abandoned, its rows in another
     assert result.outcome.stop_reason is None and all(entry.success for entry in result.entries)
     assert sorted(result.by_row()) == [1, 2, 3]
+
+
+async def test_an_import_submit_answered_without_an_id_is_looked_up_by_name_whatever_the_list_says(
+    tmp_path: Path,
+) -> None:
+    """The import may have been made: its name is looked for in the list (a page of the wrong types is
+    asked again) before its rows go in another import."""
+    submit = {"match": MAKES["named_import"], "times": 1, "status": 200, "body": "<html>"}
+    listed = {"match": {"method": "GET", "path_contains": "/crm/v3/imports"}, "times": 1}
+    plan = {"rules": [submit, {**listed, "body": {"results": [], "paging": ["x"]}}]}
+    result, stats = await _run(tmp_path, "named_import", plan)
+    assert result.outcome.stop_reason is None, result.outcome
+    assert sorted(result.by_row()) == [1, 2, 3] and all(entry.success for entry in result.entries)
+    lists = [r for r in result.requests if r["method"] == "GET" and r["path"] == "/crm/v3/imports"]
+    assert len(lists) >= 2 and lists[0]["status"] == 200  # the page of the wrong types, then asked again
+    assert stats["import_rows_in_two_imports"] == 0

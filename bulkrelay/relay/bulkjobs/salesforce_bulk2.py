@@ -12,7 +12,7 @@
 
 Every step but the upload is asked again as steps.py says. An upload is never sent twice to a job: one
 that fails is answered by aborting the job (relay/bulkjobs/jobs.py). The job's id goes in each URL as one
-path segment (steps.segment).
+path segment (steps.segment); a poll or a result file that cannot be read is asked again (steps.readable).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from bulkrelay.relay.bulkjobs.steps import (
     ABORTED,
     OPEN,
     UPLOAD_COMPLETE,
+    AnswerUnreadable,
     JobResults,
     StepClient,
     StepRefused,
@@ -74,18 +75,24 @@ class SalesforceBulk2(StepClient):
         await self._set_state(remote, ABORTED)
 
     async def state(self, remote: str) -> tuple[str, str | None]:
-        """The job's state and, for a failed one, its errorMessage."""
+        """The job's state and, for a failed one, its errorMessage; asked until an answer can be read."""
+        return await self.readable(lambda: self._state(remote))
+
+    async def _state(self, remote: str) -> tuple[str, str | None]:
         answer = await self._asked("poll", "GET", self._job(remote), None, None, poll=True)
         data = json_answer(answer, "poll")
         state = data.get("state")
         if not isinstance(state, str):
-            raise StepRefused("poll", answer.status, "the answer has no state")
+            raise AnswerUnreadable("poll", answer.status, "the answer has no state")
         message = data.get("errorMessage")
         return state, message if isinstance(message, str) and message else None
 
     async def results(self, remote: str, sent: set[str]) -> JobResults:
-        """The three result sets, matched by the key column; StepRefused for a key never sent or a
-        result file that does not parse (a truncated CSV)."""
+        """The three result sets, matched by the key column, asked again while one cannot be read (a
+        truncated CSV); StepRefused for a key never sent."""
+        return await self.readable(lambda: self._results(remote, sent))
+
+    async def _results(self, remote: str, sent: set[str]) -> JobResults:
         results = JobResults()
         key = self._bulk.key_column
         for row in await self._result_rows(remote, "successfulResults", key, sent):
@@ -97,7 +104,7 @@ class SalesforceBulk2(StepClient):
         return results
 
     async def _result_rows(self, remote: str, name: str, key: str, sent: set[str]) -> list[dict[str, str]]:
-        answer = await self._asked(name, "GET", f"{self._job(remote)}/{name}", None, None)
+        answer = await self._asked(name, "GET", f"{self._job(remote)}/{name}", None, None, patient=True)
         rows = csv_rows(answer.body, name, key)
         for row in rows:
             if row[key] not in sent:
