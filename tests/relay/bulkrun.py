@@ -18,7 +18,7 @@ from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.relay.engine import StartPoint, relay
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import NullReporter, Reporter
-from bulkrelay.relay.stopping import StopControl
+from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import Transport, TransportSettings
 from bulkrelay.store.journal import read_journal
@@ -26,6 +26,7 @@ from bulkrelay.store.rundir import RunDir
 from tests.relay.batchrun import BatchRun
 
 FAST_POLL = {"first_seconds": 0.01, "max_seconds": 0.05}
+SHORT_WAIT = {"first_seconds": 0.01, "max_seconds": 0.02, "max_wait": "300ms"}
 
 JOB = "/jobs/ingest/{job}"
 GENERIC_STEPS: dict[str, Any] = {  # kind: generic speaking demo/bulktarget.py's API
@@ -197,6 +198,23 @@ async def run_bulk_job(
         transport_factory=transport_factory,
     )
     return BatchRun(outcome, list(read_journal(run.journal_path)), target.state.requests(), run)
+
+
+def with_poll(job_path: Path, poll: dict[str, Any]) -> Path:
+    """The job file with `request.bulk_job.poll` set to `poll`."""
+    spec = yaml.safe_load(job_path.read_text())
+    spec["request"]["bulk_job"]["poll"] = poll
+    job_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return job_path
+
+
+def assert_stopped_unread(result: BatchRun, message: str) -> None:
+    """An answer that could not be read was asked again until max_wait: the call stopped resumably, no
+    row journaled (the job may have run: none may fail for retry-failed to send again), the stop naming
+    the answer."""
+    assert result.outcome.stop_reason is StopReason.TIMEOUT, result.outcome
+    assert result.entries == []
+    assert message in str(result.outcome.stop_detail.get("unreadable")), result.outcome.stop_detail
 
 
 def with_auth(job_path: Path, auth: dict[str, Any]) -> Path:

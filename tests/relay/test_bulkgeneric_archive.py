@@ -1,8 +1,9 @@
 """`kind: generic` results served as a gzip'd tar of JSON files (`archive: tar.gz`, the URL at `url_at`
 in the status answer, each item's own `status`), against the embedded target's Mailchimp-batches-like
 API (demo/batchopstarget.py): each operation's result matched by its operation_id, a 4xx or 5xx failing
-its row with the response, and the hostile archives (cut short, corrupt, a member not JSON, a key never
-sent, a bomb over max_unpacked_bytes or max_members) failing the job's rows clearly. Also `unlisted:
+its row with the response, the hostile archives (a key never sent, a bomb over max_unpacked_bytes or
+max_members) failing the job's rows clearly, and those that cannot be read (cut short, corrupt, a member
+not JSON) asked again, never failing rows of a batch that ran. Also `unlisted:
 success`, for an API that lists only its failures."""
 
 from __future__ import annotations
@@ -22,17 +23,27 @@ from bulkrelay.relay.transport import open_transport
 from bulkrelay.relay.transport.base import Response, TransportSettings
 from bulkrelay.store.journal.jobrecords import job_ledgers
 from tests.relay.batchrun import BatchRun
-from tests.relay.bulkrun import run_bulk_job, write_batches_job, write_generic_job
+from tests.relay.bulkrun import (
+    SHORT_WAIT,
+    assert_stopped_unread,
+    run_bulk_job,
+    with_poll,
+    write_batches_job,
+    write_generic_job,
+)
 
 pytestmark = pytest.mark.anyio
 
 NAMES = ["ann", "bob", "bogus-cy", "dan", "broken-eve", "fay", "gus"]
 
 
-async def _run(tmp_path: Path, plan: dict[str, Any], **archived: Any) -> tuple[BatchRun, dict[str, Any]]:
+async def _run(
+    tmp_path: Path, plan: dict[str, Any], poll: dict[str, Any] | None = None, **archived: Any
+) -> tuple[BatchRun, dict[str, Any]]:
     target = await start_target(plan)
     try:
-        result = await run_bulk_job(write_batches_job(tmp_path, target.url, NAMES, **archived), target)
+        job = write_batches_job(tmp_path, target.url, NAMES, **archived)
+        result = await run_bulk_job(job if poll is None else with_poll(job, poll), target)
         return result, target.state.stats()
     finally:
         await target.stop()
@@ -73,9 +84,6 @@ async def test_each_operations_result_in_the_archive_is_matched_by_its_operation
 @pytest.mark.parametrize(
     ("hostile", "archived", "message"),
     [
-        ("truncated", {}, "'s archive is not a whole tar.gz"),
-        ("corrupt", {}, "'s archive is not a whole tar.gz"),
-        ("not_json", {}, "results, archive member 2: job mc00000001's archive member is not JSON"),
         ("unknown_key", {}, "names key 'never-sent', which job mc00000001 was never sent"),
         ("bomb", {"max_unpacked_bytes": 65536}, "unpacks to more than max_unpacked_bytes (65536) bytes"),
         ("many_members", {"max_members": 3}, "has more than max_members (3) members: refused as a bomb"),
@@ -93,6 +101,22 @@ async def test_a_hostile_archive_fails_the_jobs_rows_clearly(
     assert {entry.classification for entry in first_job} == {"batch_answer_invalid"}
     assert all(message in (entry.error or "") for entry in first_job), first_job[0].error
     assert "mc00000001" in (first_job[0].error or "")  # the job is named
+
+
+@pytest.mark.parametrize(
+    ("hostile", "message"),
+    [
+        ("truncated", "job mc00000001's archive is not a whole tar.gz"),
+        ("corrupt", "job mc00000001's archive is not a whole tar.gz"),
+        ("not_json", "results, archive member 2: job mc00000001's archive member is not JSON"),
+    ],
+)
+async def test_an_archive_that_cannot_be_read_is_asked_again_and_never_fails_the_rows(
+    tmp_path: Path, hostile: str, message: str
+) -> None:
+    plan = {"batch_ops": {"members_size": 2, "hostile_archive": hostile}}
+    result, _ = await _run(tmp_path, plan, SHORT_WAIT)
+    assert_stopped_unread(result, message)
 
 
 class _FileStore:
@@ -131,16 +155,13 @@ async def test_an_archive_on_another_origin_is_asked_without_the_jobs_credential
     assert all(r["headers"]["Authorization"] == "Bearer tok-secret" for r in polls)
 
 
-async def test_a_status_answer_without_the_results_url_fails_the_jobs_rows(tmp_path: Path) -> None:
+async def test_a_status_answer_without_the_results_url_is_asked_again(tmp_path: Path) -> None:
     finished = {
         "match": {"method": "GET", "path_contains": "/3.0/batches/mc"},
         "body": {"status": "finished"},
     }
-    result, _ = await _run(tmp_path, {"rules": [finished]})
-    rows = result.by_row()
-    assert sorted(rows) == list(range(1, len(NAMES) + 1))
-    assert {entry.classification for entry in rows.values()} == {"batch_answer_invalid"}
-    assert "status answer has no URL at /response_body_url" in (rows[1].error or "")
+    result, _ = await _run(tmp_path, {"rules": [finished]}, SHORT_WAIT)
+    assert_stopped_unread(result, "status answer has no URL at /response_body_url")
 
 
 async def test_unlisted_success_takes_rows_named_in_no_result_as_succeeded(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """`kind: generic` JSON result sets over several pages (`results[].pages`), against the embedded target's
 ingest API serving its JSON results `results_page_size` records a page (demo/bulktarget.py): the next
-page by a pointer or the Link header, every page's items matched by key, and the hostile pagers (a loop,
-a page that is not JSON, a key in two pages, a key never sent, more pages than max_pages) failing the
-job's rows clearly. A run halted mid-paging fetches every page again on resume: no row lost or doubled."""
+page by a pointer or the Link header, every page's items matched by key, the hostile pagers (a loop, a
+key in two pages, a key never sent, more pages than max_pages) failing the job's rows clearly, and a page
+that is not JSON asked again. A run halted mid-paging fetches every page again on resume: no row lost or
+doubled."""
 
 from __future__ import annotations
 
@@ -19,7 +20,14 @@ from bulkrelay.job.config import load_job
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.journal.jobrecords import job_ledgers
 from tests.relay.batchrun import BatchRun
-from tests.relay.bulkrun import generic_json_steps, run_bulk_job, write_generic_job
+from tests.relay.bulkrun import (
+    SHORT_WAIT,
+    assert_stopped_unread,
+    generic_json_steps,
+    run_bulk_job,
+    with_poll,
+    write_generic_job,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -82,7 +90,6 @@ async def test_every_page_of_a_result_set_is_matched_by_key(
     ("bulk", "pages", "message"),
     [
         ({"hostile_pages": "loop"}, NEXT, "page 5 would be page 2 again: the pages loop"),
-        ({"hostile_pages": "not_json"}, NEXT, "successfulResults.json, page 2"),
         ({"hostile_pages": "repeat_key"}, NEXT, "twice in job 750"),
         ({"hostile_results": "unknown_key"}, NEXT, "'never-sent', which job 750"),
         ({}, {**NEXT, "max_pages": 2}, "has more than max_pages (2) pages"),
@@ -98,8 +105,18 @@ async def test_a_hostile_pager_fails_the_jobs_rows_clearly(
     first_job = [rows[number] for number in range(1, 7)]  # the job whose successes are paged badly
     assert {entry.classification for entry in first_job} == {"batch_answer_invalid"}
     assert all(message in (entry.error or "") for entry in first_job), first_job[0].error
-    if bulk.get("hostile_pages") == "not_json":
-        assert "the answer is not JSON" in (first_job[0].error or "")
+
+
+async def test_a_page_that_is_not_json_is_asked_again_from_the_first_page(tmp_path: Path) -> None:
+    target = await start_target({"bulk": {"results_page_size": 1, "hostile_pages": "not_json"}})
+    try:
+        job = with_poll(paged_job(tmp_path, target.url, NEXT), SHORT_WAIT)
+        result = await run_bulk_job(job, target)
+    finally:
+        await target.stop()
+    assert_stopped_unread(result, "successfulResults.json, page 2 answered 200: the answer is not JSON")
+    firsts = [r for r in result.requests if r["path"].endswith("/successfulResults.json") and not r["query"]]
+    assert len(firsts) > 1  # every page asked again, from the first
 
 
 async def test_a_run_halted_mid_paging_fetches_every_page_again_on_resume(tmp_path: Path) -> None:

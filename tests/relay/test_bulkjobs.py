@@ -19,7 +19,7 @@ from bulkrelay.relay.stopping import IdleWatchdog, StopReason
 from bulkrelay.store.journal.jobrecords import encode_job_record, job_ledgers
 from bulkrelay.store.rundir import RunDir
 from tests.relay.batchrun import BatchRun
-from tests.relay.bulkrun import run_bulk_job, write_bulk_job
+from tests.relay.bulkrun import SHORT_WAIT, assert_stopped_unread, run_bulk_job, write_bulk_job
 
 pytestmark = pytest.mark.anyio
 
@@ -93,7 +93,6 @@ async def test_a_failed_job_fails_its_rows_with_its_error_message(tmp_path: Path
     ("plan", "error"),
     [
         ({"hostile_results": "unknown_key"}, "names key 'never-sent', which job 750"),
-        ({"hostile_results": "truncated"}, "successfulResults: the result file is truncated"),
         ({"forget_jobs": True}, "poll answered 404: the target does not know job 750"),
     ],
 )
@@ -104,6 +103,16 @@ async def test_hostile_answers_fail_the_jobs_rows_clearly_and_lose_none(
     assert result.outcome.stop_reason is None
     assert sorted(result.by_row()) == [1, 2, 3, 4, 5]  # every row journaled, once
     assert all(not entry.success and error in (entry.error or "") for entry in result.entries)
+
+
+async def test_a_result_file_cut_short_is_asked_again_and_never_fails_the_rows(tmp_path: Path) -> None:
+    """The job ran: a result file that cannot be read says nothing of its rows, which would be sent
+    again by retry-failed if they failed. It is asked again until max_wait, then the call stops."""
+    plan = {"bulk": {"hostile_results": "truncated"}}
+    result = await _run_against(tmp_path, plan, ["ann", "bob"], poll=SHORT_WAIT)
+    assert_stopped_unread(result, "successfulResults: the result file is truncated")
+    fetches = [r for r in result.requests if r["path"].endswith("/successfulResults")]
+    assert len(fetches) > 1  # asked again
 
 
 async def test_a_job_stuck_in_progress_past_max_wait_stops_resumably(tmp_path: Path) -> None:

@@ -7,8 +7,9 @@ members, is a bomb and refused before more is unpacked. A first pass reads the g
 counting and discarding, so a cut or corrupt archive (its CRC) or a bomb is refused before any member is
 parsed; the second parses it. Member names are ignored (nothing is written
 anywhere); each regular file is one JSON document; other members (directories, links) are skipped but
-counted. A cut or corrupt archive, or a member that is not JSON, is refused: `StepRefused`, the job's
-rows fail as `batch_answer_invalid`, nothing guessed.
+counted. A cut or corrupt archive, or a member that is not JSON, cannot be read (`AnswerUnreadable`: it
+is asked again, nothing guessed); a bomb is refused (`StepRefused`: the job's rows fail as
+`batch_answer_invalid`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from bulkrelay.relay.bulkjobs.steps import StepRefused
+from bulkrelay.relay.bulkjobs.steps import AnswerUnreadable, StepRefused
 
 MAX_MEMBERS = 10_000
 MAX_UNPACKED_BYTES = 1 << 30
@@ -81,10 +82,10 @@ def archive_documents(
                 try:
                     document = orjson.loads(data)
                 except orjson.JSONDecodeError:
-                    raise StepRefused(where, None, f"job {job}'s archive member is not JSON") from None
+                    raise AnswerUnreadable(where, None, f"job {job}'s archive member is not JSON") from None
                 yield document, where
     except _TooLarge:
         limit = f"more than max_unpacked_bytes ({most_bytes}) bytes"
         raise StepRefused(name, None, f"job {job}'s archive unpacks to {limit}: refused as a bomb") from None
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        raise StepRefused(name, None, f"job {job}'s archive is not a whole tar.gz ({exc})") from None
+        raise AnswerUnreadable(name, None, f"job {job}'s archive is not a whole tar.gz ({exc})") from None

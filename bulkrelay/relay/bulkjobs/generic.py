@@ -18,9 +18,11 @@
     unlisted        unprocessed (a row named in no result goes in a later job) | success (only failures
                     are listed)
 
-Every `path` follows `base_url`; `{job}` in it is the job's id (percent-encoded). The target's states
+Every `path` follows `base_url`; `{job}` in it is the job's id, one path segment (steps.segment: an id no
+encoding keeps one is refused where it is answered). The target's states
 are told apart by the lists `done_states`, `failed_states`, `aborted_states` and `open_states`; any
-other state is still working. Each step is asked as steps.py says (the upload never twice).
+other state is still working. Each step is asked as steps.py says (the upload never twice); a poll or a
+result set that cannot be read is asked again (steps.readable).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from typing import Any
-from urllib.parse import quote, urljoin
+from urllib.parse import urljoin
 
 import orjson
 
@@ -40,12 +42,15 @@ from bulkrelay.relay.bulkjobs.steps import (
     FAILED,
     JOB_COMPLETE,
     OPEN,
+    AnswerUnreadable,
     JobResults,
     StepClient,
     StepRefused,
     csv_rows,
+    job_id,
     json_answer,
     never_sent,
+    segment,
 )
 from bulkrelay.relay.response import next_page, resolve_pointer
 from bulkrelay.relay.transport.base import Response
@@ -101,18 +106,26 @@ class GenericBulk(StepClient):
             await self._step("abort", self._steps.abort, remote)
 
     async def state(self, remote: str) -> tuple[str, str | None]:
+        """The job's state in the driver's words, asked until an answer can be read."""
+        return await self.readable(lambda: self._state(remote))
+
+    async def _state(self, remote: str) -> tuple[str, str | None]:
         step = self._steps.status
         answer = await self._asked("poll", step.method, self._url(step, remote), None, None, poll=True)
         state = _pointed(answer, step.state or "", "poll")
         if not isinstance(state, str):
-            raise StepRefused("poll", answer.status, f"the answer has no state at {step.state}")
+            raise AnswerUnreadable("poll", answer.status, f"the answer has no state at {step.state}")
         mapped = self._states.get(state, "InProgress")
         error = _pointed(answer, step.error, "poll") if step.error and mapped == FAILED else None
         return mapped, str(error) if error not in (None, "") else None
 
     async def results(self, remote: str, sent: set[str]) -> JobResults:
         """Every result set's outcomes, all its pages read before any is returned (the driver journals
-        them in one group, so a crash while paging fetches them all again, none lost or doubled)."""
+        them in one group, so a crash while paging fetches them all again, none lost or doubled); all
+        asked again, from the first, while an answer cannot be read."""
+        return await self.readable(lambda: self._results(remote, sent))
+
+    async def _results(self, remote: str, sent: set[str]) -> JobResults:
         results = JobResults()
         key = self._bulk.key_column
         for step in self._steps.results:
@@ -168,7 +181,7 @@ class GenericBulk(StepClient):
         answer = await self._asked(name, status.method, status_url, None, None, poll=True)
         found = _pointed(answer, step.url_at, name)
         if not isinstance(found, str) or not found:
-            raise StepRefused(
+            raise AnswerUnreadable(
                 name, answer.status, f"job {remote}'s status answer has no URL at {step.url_at}"
             )
         return urljoin(status_url, found)
@@ -197,20 +210,24 @@ class GenericBulk(StepClient):
             yield document, where
             url = next_page(pages.next, document, answer.headers, url)
 
-    async def _fetch(self, name: str, step: BulkStepConfig, url: str) -> Response:
-        """A result set's answer (or page's): a URL on another origin than base_url, given by the target
-        (a next page, an archive on a file store), is asked without the job's headers and auth."""
+    async def _fetch(self, name: str, step: BulkStepConfig, url: str, *, patient: bool = True) -> Response:
+        """A result set's answer (or page's), asked until the deadline (the job ran): a URL on another
+        origin than base_url, given by the target (a next page, an archive on a file store), is asked
+        without the job's headers and auth."""
         body = None if step.json_ is None else orjson.dumps(step.json_)
         kind = None if body is None else "application/json"
         credentials = self.same_origin(url)
-        return await self._asked(name, step.method, url, body, kind, credentials=credentials)
+        return await self._asked(name, step.method, url, body, kind, patient=patient, credentials=credentials)
 
     async def _step(self, name: str, step: BulkStepConfig, remote: str) -> Response:
-        return await self._fetch(name, step, self._url(step, remote))
+        """A create, close or abort: asked retry.max_attempts times."""
+        return await self._fetch(name, step, self._url(step, remote), patient=False)
 
     def _url(self, step: BulkStepConfig, remote: str) -> str:
         assert step.path is not None  # config.py: every step has one
-        return self._base + step.path.replace("{job}", quote(remote, safe=""))
+        if "{job}" not in step.path:  # a create, or an upload that makes the job: no id yet
+            return self._base + step.path
+        return self._base + step.path.replace("{job}", segment(remote))
 
 
 def _take(results: JobResults, row_key: str, outcome: str, what: Any, name: str) -> None:
@@ -228,7 +245,7 @@ def _job_id(answer: Response, step: BulkStepConfig, name: str) -> str:
     remote = _pointed(answer, step.id or "", name)
     if not isinstance(remote, (str, int)) or isinstance(remote, bool) or not str(remote):
         raise StepRefused(name, answer.status, f"the answer has no job id at {step.id}")
-    return str(remote)
+    return job_id(remote, name, answer.status)
 
 
 def _set_name(step: BulkStepConfig) -> str:
@@ -249,20 +266,20 @@ def _json_document(answer: Response, name: str) -> Any:
     try:
         return orjson.loads(answer.body)
     except orjson.JSONDecodeError:
-        raise StepRefused(name, answer.status, "the answer is not JSON") from None
+        raise AnswerUnreadable(name, answer.status, "the answer is not JSON") from None
 
 
 def _json_outcomes(document: Any, step: BulkStepConfig, name: str, key: str) -> _Outcomes:
     """Each item of a JSON result's list: its row's key text, its outcome (the set's, or by the item's
     own `status`), and its error or captured values; an item without a key or a status, or an answer
-    without the list, is StepRefused (the job's rows fail, nothing guessed)."""
+    without the list, is AnswerUnreadable (asked again, nothing guessed)."""
     items = resolve_pointer(document, step.items or "")
     if not isinstance(items, list):
-        raise StepRefused(name, None, f"the answer has no list at {step.items or '(the document)'}")
+        raise AnswerUnreadable(name, None, f"the answer has no list at {step.items or '(the document)'}")
     for item in items:
         found = resolve_pointer(item, step.key or key)
         if isinstance(found, bool) or not isinstance(found, (str, int)) or found == "":
-            raise StepRefused(name, None, f"an item has no key at {step.key or key}")
+            raise AnswerUnreadable(name, None, f"an item has no key at {step.key or key}")
         outcome = step.outcome or _item_outcome(item, step, name)
         if outcome == "failed":
             error = _value(resolve_pointer(item, step.error)) if step.error else None
@@ -277,7 +294,7 @@ def _item_outcome(item: Any, step: BulkStepConfig, name: str) -> str:
     assert step.status is not None
     status = resolve_pointer(item, step.status)
     if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
-        raise StepRefused(name, None, f"an item has no status (100 to 599) at {step.status}")
+        raise AnswerUnreadable(name, None, f"an item has no status (100 to 599) at {step.status}")
     return "success" if API_SUCCESS.is_success(status) else "failed"
 
 

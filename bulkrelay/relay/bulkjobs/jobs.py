@@ -126,7 +126,10 @@ class BulkJobRelay:
         except StepStopped:
             if not self._stop.requested:  # the deadline: stop where a resume polls on
                 wait = self._bulk.config.poll.max_wait
-                self._stop.request(StopReason.TIMEOUT, limit="request.bulk_job.poll.max_wait", seconds=wait)
+                why: dict[str, object] = {"limit": "request.bulk_job.poll.max_wait", "seconds": wait}
+                if self._api.unreadable is not None:  # what kept it asking: an answer that could not be read
+                    why["unreadable"] = self._api.unreadable
+                self._stop.request(StopReason.TIMEOUT, **why)
 
     # ------------------------------------------------------------ forming jobs
 

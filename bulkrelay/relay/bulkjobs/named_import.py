@@ -13,8 +13,11 @@ list by that name whenever this process has not seen it submitted: after a crash
 sent again, the driver asks for the job's state, and a name in the list is attached to (polled, its
 errors fetched), never imported twice; a name not in the list was never imported, so its rows go in a
 new job (under a new number, so a new name). A submit whose answer is lost (a transport error) is looked
-up the same way before it counts as failed. Errors are matched to rows by the key column of their own
-CSV line, never by line number; a row named in no error succeeded.
+up the same way before it counts as failed, as is one answered 2xx without an id that can be read (the
+import was made). Errors are matched to rows by the key column of their own CSV line, never by line number;
+a row named in no error succeeded. The import's id (and the list's `after` cursor) go in URLs as one path
+segment (and one query value), percent-encoded; a list, poll or errors answer that cannot be read is asked
+again (steps.readable).
 """
 
 from __future__ import annotations
@@ -24,24 +27,46 @@ import hashlib
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
 from bulkrelay.relay.bulkjobs.steps import (
     ABORTED,
+    API_SUCCESS,
     FAILED,
     JOB_COMPLETE,
+    AnswerUnreadable,
     JobForgotten,
     JobResults,
     StepClient,
     StepRefused,
+    job_id,
     json_answer,
     never_sent,
+    segment,
 )
 
 _STATES = {"DONE": JOB_COMPLETE, "FAILED": FAILED, "CANCELED": ABORTED, "REVERTED": ABORTED}
 _OPERATIONS = {"insert": "CREATE", "update": "UPDATE", "upsert": "UPSERT"}
 _MAX_PAGES = 1000  # of the list or of one import's errors: a target that pages forever is refused
+
+
+def _after(paging: Any, step: str) -> str | None:
+    """The next page's cursor, `paging.next.after` (a string or a number), or None on the last page;
+    AnswerUnreadable for paging of the wrong types."""
+    after: Any = paging
+    for name in ("next", "after"):
+        if after is None:
+            return None
+        if not isinstance(after, dict):
+            raise AnswerUnreadable(step, None, "the answer's paging is not {next: {after}}")
+        after = after.get(name)
+    if after is None or after == "":
+        return None
+    if isinstance(after, bool) or not isinstance(after, (str, int)):
+        raise AnswerUnreadable(step, None, "the answer's paging.next.after is no cursor")
+    return str(after)
 
 
 def import_name(salt: str, number: int, keys: list[str]) -> str:
@@ -65,20 +90,20 @@ class NamedImport(StepClient):
         return import_name(self._run_id, number, keys)
 
     async def upload(self, remote: str, body: bytes) -> None:
-        """Submit the import, once; a lost answer is looked up by name before it counts as failed."""
+        """Submit the import, once; a lost answer, or a 2xx without an id that can be used, is looked up
+        by name before it counts as failed."""
         boundary = f"bulkrelay-{secrets.token_hex(12)}"
         payload = self._multipart(boundary, remote, body)
         request = self._request("POST", self._imports, payload, f"multipart/form-data; boundary={boundary}")
         try:
             answer = await self._sent_once("submit", request)
+            self._ids[remote] = job_id(json_answer(answer, "submit").get("id"), "submit", answer.status)
         except StepRefused as refused:
-            if refused.status is None and await self._find(remote) is not None:
-                return  # it landed though its answer was lost
+            # a lost answer, or a 2xx one without a usable id: the import may have been made
+            maybe_made = refused.status is None or API_SUCCESS.is_success(refused.status)
+            if maybe_made and await self._find(remote) is not None:
+                return
             raise
-        found = json_answer(answer, "submit").get("id")
-        if not isinstance(found, (str, int)) or isinstance(found, bool) or not str(found):
-            raise StepRefused("submit", answer.status, "the answer names no import id")
-        self._ids[remote] = str(found)
 
     async def close(self, remote: str) -> None:
         """Nothing to ask: the submit started the import."""
@@ -86,27 +111,38 @@ class NamedImport(StepClient):
     async def abort(self, remote: str) -> None:
         import_id = await self._find(remote)
         if import_id is not None:
-            await self._asked("cancel", "POST", f"{self._imports}/{import_id}/cancel", None, None)
+            await self._asked("cancel", "POST", f"{self._import(import_id)}/cancel", None, None)
+
+    def _import(self, import_id: str) -> str:
+        return f"{self._imports}/{segment(import_id)}"
 
     async def state(self, remote: str) -> tuple[str, str | None]:
-        """The import's state in the driver's words; JobForgotten for a name the target does not list."""
+        """The import's state in the driver's words, asked until an answer can be read; JobForgotten
+        for a name the target does not list."""
+        return await self.readable(lambda: self._state(remote))
+
+    async def _state(self, remote: str) -> tuple[str, str | None]:
         import_id = await self._find(remote, poll=True)
         if import_id is None:
             raise JobForgotten("poll", 404, f"the target lists no import named {remote}")
-        answer = await self._asked("poll", "GET", f"{self._imports}/{import_id}", None, None, poll=True)
+        answer = await self._asked("poll", "GET", self._import(import_id), None, None, poll=True)
         data = json_answer(answer, "poll")
         state = data.get("state")
         if not isinstance(state, str):
-            raise StepRefused("poll", answer.status, "the answer has no state")
+            raise AnswerUnreadable("poll", answer.status, "the answer has no state")
         mapped = _STATES.get(state, "InProgress")
         message = data.get("errorMessage") if mapped == FAILED else None
         return mapped, str(message or f"the import ended {state}") if mapped == FAILED else None
 
     async def results(self, remote: str, sent: set[str]) -> JobResults:
-        """Each error matched to its row by the key cell of its own CSV line; every other row succeeded."""
+        """Each error matched to its row by the key cell of its own CSV line; every other row succeeded.
+        All the errors' pages are asked again, from the first, while one cannot be read."""
+        return await self.readable(lambda: self._results(remote, sent))
+
+    async def _results(self, remote: str, sent: set[str]) -> JobResults:
         import_id = self._ids[remote]
         results = JobResults()
-        async for error in self._paged(f"{self._imports}/{import_id}/errors", "errors"):
+        async for error in self._paged(f"{self._import(import_id)}/errors", "errors"):
             key = self._key_of(error, remote)
             if key not in sent:
                 raise never_sent("errors", key, remote)
@@ -117,40 +153,51 @@ class NamedImport(StepClient):
         return results
 
     def _key_of(self, error: dict[str, Any], remote: str) -> str:
-        row = (error.get("sourceData") or {}).get("rowData") if isinstance(error, dict) else None
+        source = error.get("sourceData") if isinstance(error, dict) else None
+        row = source.get("rowData") if isinstance(source, dict) else None
         if not isinstance(row, str):
-            raise StepRefused(
+            raise AnswerUnreadable(
                 "errors", None, f"an error of import {remote} carries no rowData to match by key"
             )
         cells = next(csv.reader([row]), [])
         index = self._bulk.columns.index(self._bulk.key_column)
         if index >= len(cells):
-            raise StepRefused("errors", None, f"an error's rowData is truncated: {row[:100]!r}")
+            raise AnswerUnreadable("errors", None, f"an error's rowData is truncated: {row[:100]!r}")
         return cells[index]
 
     async def _find(self, name: str, *, poll: bool = False) -> str | None:
-        """The id of the import named `name`: from this process's submit, else from the list (asked as
-        a poll is, when it is one: until the deadline)."""
+        """The id of the import named `name`: from this process's submit, else from the list, read
+        whole until the deadline (whether an import was made decides whether its rows go again)."""
         if name not in self._ids:
-            async for item in self._paged(self._imports, "list", poll=poll):
-                if isinstance(item, dict) and item.get("importName") == name and item.get("id") is not None:
-                    self._ids[name] = str(item["id"])
-                    break
+            found = await self.readable(lambda: self._listed(name, poll=poll))
+            if found is not None:
+                self._ids[name] = found
         return self._ids.get(name)
 
+    async def _listed(self, name: str, *, poll: bool) -> str | None:
+        async for item in self._paged(self._imports, "list", poll=poll):
+            if isinstance(item, dict) and item.get("importName") == name and item.get("id") is not None:
+                try:
+                    return job_id(item["id"], "list", None)
+                except StepRefused as refused:  # listed, so made: no request may go where its id says
+                    raise AnswerUnreadable("list", None, str(refused)) from None
+        return None
+
     async def _paged(self, url: str, step: str, *, poll: bool = False) -> AsyncIterator[Any]:
-        """The items of a paged list (`results`, then `paging.next.after`), page by page."""
+        """The items of a paged list (`results`, then `paging.next.after`), page by page, asked until
+        the deadline; AnswerUnreadable for a page that is not such a list."""
         after: str | None = None
         for _ in range(_MAX_PAGES):
-            page = url if after is None else f"{url}?after={after}"
-            data = json_answer(await self._asked(step, "GET", page, None, None, poll=poll), step)
+            page = url if after is None else f"{url}?after={quote(after, safe='')}"
+            answer = await self._asked(step, "GET", page, None, None, poll=poll, patient=True)
+            data = json_answer(answer, step)
             items = data.get("results")
             if not isinstance(items, list):
-                raise StepRefused(step, None, "the answer has no results list")
+                raise AnswerUnreadable(step, None, "the answer has no results list")
             for item in items:
                 yield item
-            after = ((data.get("paging") or {}).get("next") or {}).get("after")
-            if not after:
+            after = _after(data.get("paging"), step)
+            if after is None:
                 return
         raise StepRefused(step, None, f"more than {_MAX_PAGES} pages")
 

@@ -11,7 +11,8 @@
     GET   {base_url}/jobs/ingest/{id}/unprocessedrecords   CSV: the job's columns
 
 Every step but the upload is asked again as steps.py says. An upload is never sent twice to a job: one
-that fails is answered by aborting the job (relay/bulkjobs/jobs.py).
+that fails is answered by aborting the job (relay/bulkjobs/jobs.py). The job's id goes in each URL as one
+path segment (steps.segment); a poll or a result file that cannot be read is asked again (steps.readable).
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from bulkrelay.relay.bulkjobs.steps import (
     ABORTED,
     OPEN,
     UPLOAD_COMPLETE,
+    AnswerUnreadable,
     JobResults,
     StepClient,
     StepRefused,
     csv_rows,
+    job_id,
     json_answer,
     never_sent,
+    segment,
 )
 
 
@@ -47,15 +51,15 @@ class SalesforceBulk2(StepClient):
             spec["externalIdFieldName"] = config.external_id_field
         spec["lineEnding"] = config.line_ending
         answer = await self._asked("create", "POST", self._jobs, orjson.dumps(spec), "application/json")
-        remote = json_answer(answer, "create").get("id")
-        if not isinstance(remote, str) or not remote:
-            raise StepRefused("create", answer.status, "the answer names no job id")
-        return remote
+        return job_id(json_answer(answer, "create").get("id"), "create", answer.status)
+
+    def _job(self, remote: str) -> str:
+        return f"{self._jobs}/{segment(remote)}"
 
     async def upload(self, remote: str, body: bytes) -> None:
         """The job's CSV, once: a transport error or any answer but 2xx is StepRefused (abort the job)."""
         await self._sent_once(
-            "upload", self._request("PUT", f"{self._jobs}/{remote}/batches", body, "text/csv")
+            "upload", self._request("PUT", f"{self._job(remote)}/batches", body, "text/csv")
         )
 
     async def close(self, remote: str) -> None:
@@ -71,18 +75,24 @@ class SalesforceBulk2(StepClient):
         await self._set_state(remote, ABORTED)
 
     async def state(self, remote: str) -> tuple[str, str | None]:
-        """The job's state and, for a failed one, its errorMessage."""
-        answer = await self._asked("poll", "GET", f"{self._jobs}/{remote}", None, None, poll=True)
+        """The job's state and, for a failed one, its errorMessage; asked until an answer can be read."""
+        return await self.readable(lambda: self._state(remote))
+
+    async def _state(self, remote: str) -> tuple[str, str | None]:
+        answer = await self._asked("poll", "GET", self._job(remote), None, None, poll=True)
         data = json_answer(answer, "poll")
         state = data.get("state")
         if not isinstance(state, str):
-            raise StepRefused("poll", answer.status, "the answer has no state")
+            raise AnswerUnreadable("poll", answer.status, "the answer has no state")
         message = data.get("errorMessage")
         return state, message if isinstance(message, str) and message else None
 
     async def results(self, remote: str, sent: set[str]) -> JobResults:
-        """The three result sets, matched by the key column; StepRefused for a key never sent or a
-        result file that does not parse (a truncated CSV)."""
+        """The three result sets, matched by the key column, asked again while one cannot be read (a
+        truncated CSV); StepRefused for a key never sent."""
+        return await self.readable(lambda: self._results(remote, sent))
+
+    async def _results(self, remote: str, sent: set[str]) -> JobResults:
         results = JobResults()
         key = self._bulk.key_column
         for row in await self._result_rows(remote, "successfulResults", key, sent):
@@ -94,7 +104,7 @@ class SalesforceBulk2(StepClient):
         return results
 
     async def _result_rows(self, remote: str, name: str, key: str, sent: set[str]) -> list[dict[str, str]]:
-        answer = await self._asked(name, "GET", f"{self._jobs}/{remote}/{name}", None, None)
+        answer = await self._asked(name, "GET", f"{self._job(remote)}/{name}", None, None, patient=True)
         rows = csv_rows(answer.body, name, key)
         for row in rows:
             if row[key] not in sent:
@@ -103,4 +113,4 @@ class SalesforceBulk2(StepClient):
 
     async def _set_state(self, remote: str, state: str) -> None:
         body = orjson.dumps({"state": state})
-        await self._asked(f"state {state}", "PATCH", f"{self._jobs}/{remote}", body, "application/json")
+        await self._asked(f"state {state}", "PATCH", self._job(remote), body, "application/json")

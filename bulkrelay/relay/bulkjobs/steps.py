@@ -6,7 +6,13 @@ state, results and pause. Its states are spoken in Salesforce's words (`Open`, `
 `Aborted`; anything else is still working), whatever the target says. Every step but the upload is asked
 again after a 5xx, a 429 or a transport error, with backoff from `poll.first_seconds` doubling to
 `poll.max_seconds` (a Retry-After honoured), until the call's deadline: such an answer never fails the
-run. A 404 on a job's state is `JobForgotten`; any other 4xx is `StepRefused`.
+run. A 404 on a job's state is `JobForgotten`; any other 4xx is `StepRefused`. A 2xx answer that cannot be
+read (not JSON, no state, the wrong types, a result file cut short) is `AnswerUnreadable`: it says nothing
+of the job's outcome, so a poll or a results download meeting one asks again as after a 5xx (`readable`),
+never failing rows of a job that may have run.
+
+A job id the target gives goes in every later URL as one path segment, percent-encoded (`segment`); an
+id no encoding keeps one segment (`..`, a `/`, a control character) is refused where it is answered.
 
 Every step goes through `request.auth`'s seam (relay/auth/base.py) as a row does: each attempt is
 authorized right before it is sent, every other header set (an OAuth2 bearer token, or a signature over
@@ -25,7 +31,8 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
 
 import anyio
 import orjson
@@ -50,6 +57,8 @@ OPEN, UPLOAD_COMPLETE, JOB_COMPLETE, FAILED, ABORTED = (
 TERMINAL = frozenset({JOB_COMPLETE, FAILED, ABORTED})
 API_SUCCESS = RetryPolicy()  # the API's own success rule (any 2xx), not the job's response.success_statuses
 _STEP_SLICE = 0.25  # seconds: a wait is cut in slices this long, so a stop is heard soon
+MAX_ID_CHARS = 255  # a job id longer is none (Salesforce's have 18 characters, HubSpot's fewer)
+_T = TypeVar("_T")
 
 
 class StepRefused(Exception):
@@ -62,6 +71,11 @@ class StepRefused(Exception):
 
 class JobForgotten(StepRefused):
     """The target answers 404 for a job it created: it no longer knows it."""
+
+
+class AnswerUnreadable(StepRefused):
+    """A 2xx answer that cannot be read (not JSON, no state, the wrong types, a result file cut short): it
+    says nothing of the job's outcome, so it is asked again (`StepClient.readable`), never taken as one."""
 
 
 class StepStopped(Exception):
@@ -85,6 +99,7 @@ class BulkApi(Protocol):
 
     deadline: float
     submitter: Callable[[bytes], Awaitable[str]] | None
+    unreadable: str | None  # the last answer that could not be read, for the stop at the deadline
 
     async def create(self, number: int, keys: list[str]) -> str: ...
     async def upload(self, remote: str, body: bytes) -> None: ...
@@ -129,6 +144,7 @@ class StepClient:
         self._stats = stats  # polls and other steps counted apart (the metrics file)
         # A kind whose upload makes the job sets it: the data leaves before the job has an id.
         self.submitter: Callable[[bytes], Awaitable[str]] | None = None
+        self.unreadable: str | None = None
 
     def _request(
         self, method: str, url: str, body: bytes | None, content_type: str | None, *, credentials: bool = True
@@ -164,9 +180,12 @@ class StepClient:
         content_type: str | None,
         *,
         poll: bool = False,
+        patient: bool = False,
         credentials: bool = True,
     ) -> Response:
-        """The step's 2xx answer, asked again after a 5xx, 429 or transport error until the deadline."""
+        """The step's 2xx answer, asked again after a 5xx, 429 or transport error: a poll, or a `patient`
+        step (a finished job's results: giving up would fail rows it ran), until the deadline; any other
+        step `retry.max_attempts` times."""
         request = self._request(method, url, body, content_type, credentials=credentials)
         delay = self._config.poll.first_seconds
         for attempt in itertools.count(1):
@@ -194,7 +213,7 @@ class StepClient:
                     raise StepRefused(step, answer.status, answer_text(answer))
                 retry_after = retry_after_of(answer.headers)
                 wait = max(delay, retry_after) if retry_after is not None else delay
-            if not poll and attempt >= self._attempts:
+            if not (poll or patient) and attempt >= self._attempts:
                 raise StepRefused(step, None, f"no answer but errors after {attempt} attempts")
             await self.pause(wait)
             delay = min(delay * 2, self._config.poll.max_seconds)
@@ -250,6 +269,20 @@ class StepClient:
         self._stats.on_attempt(answer.status, time.monotonic() - started)
         return answer
 
+    async def readable(self, read: Callable[[], Awaitable[_T]]) -> _T:
+        """What `read` makes of its answers, asked again while one cannot be read (`AnswerUnreadable`),
+        with the steps' backoff until the deadline, as after a 5xx: such an answer says nothing of the
+        job's outcome, and rows of a job that may have run are never failed on it."""
+        delay = self._config.poll.first_seconds
+        while True:
+            try:
+                return await read()
+            except AnswerUnreadable as unreadable:
+                self.unreadable = str(unreadable)
+                self._stats.on_retry()
+            await self.pause(delay)
+            delay = min(delay * 2, self._config.poll.max_seconds)
+
     async def pause(self, seconds: float) -> None:
         """Wait `seconds`, in slices; StepStopped when a stop is requested or the deadline passes first."""
         end = time.monotonic() + seconds
@@ -263,29 +296,66 @@ def json_answer(answer: Response, step: str) -> dict[str, Any]:
     try:
         data = orjson.loads(answer.body)
     except orjson.JSONDecodeError:
-        raise StepRefused(step, answer.status, "the answer is not JSON") from None
+        raise AnswerUnreadable(step, answer.status, "the answer is not JSON") from None
     if not isinstance(data, dict):
-        raise StepRefused(step, answer.status, "the answer is not a JSON object")
+        raise AnswerUnreadable(step, answer.status, "the answer is not a JSON object")
     return data
 
 
+def job_id(found: Any, step: str, status: int | None) -> str:
+    """The job id an answer gave (a string, or a number), as text; StepRefused when there is none or it
+    cannot be one URL path segment (`segment`): the target's answer never steers a later request."""
+    if isinstance(found, bool) or not isinstance(found, (str, int)) or found == "":
+        raise StepRefused(step, status, "the answer has no job id")
+    remote = str(found)
+    why = _not_a_segment(remote)
+    if why is not None:
+        shown = remote if len(remote) <= 60 else remote[:60] + "..."
+        raise StepRefused(step, status, f"the answer's job id {shown!r} is not one URL path segment ({why})")
+    return remote
+
+
+def segment(remote: str) -> str:
+    """A job id the target gave as one URL path segment, percent-encoded (a `?`, `#`, `%` or space in it is
+    inert); StepRefused for one no encoding keeps one segment (a journal written before ids were checked)."""
+    why = _not_a_segment(remote)
+    if why is not None:
+        raise StepRefused("job id", None, f"{remote[:60]!r} is not one URL path segment ({why})")
+    return quote(remote, safe="")
+
+
+def _not_a_segment(remote: str) -> str | None:
+    """Why `remote` can be no URL path segment, or None: empty, a dot segment (a URL's `..` climbs, even
+    encoded), a slash (many servers decode %2F back into one), a control character, or absurdly long."""
+    if remote in ("", ".", ".."):
+        return "empty, '.' or '..'"
+    if "/" in remote or "\\" in remote:
+        return "it holds a slash"
+    if any(ord(char) < 32 or ord(char) == 127 for char in remote):
+        return "it holds a control character"
+    if len(remote) > MAX_ID_CHARS:
+        return f"longer than {MAX_ID_CHARS} characters"
+    return None
+
+
 def csv_rows(body: bytes, name: str, key: str) -> list[dict[str, str]]:
-    """The rows of a result CSV; StepRefused when it does not parse whole or lacks the key column."""
+    """The rows of a result CSV; AnswerUnreadable when it does not parse whole or lacks the key column."""
     text = body.decode("utf-8", "replace")
     if text and not text.endswith(("\n", "\r")):
-        raise StepRefused(name, None, "the result file is truncated (its last line has no line end)")
+        raise AnswerUnreadable(name, None, "the result file is truncated (its last line has no line end)")
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
         rows = list(reader)
     except csv.Error as exc:
-        raise StepRefused(name, None, f"the result file is not valid CSV: {exc}") from None
+        raise AnswerUnreadable(name, None, f"the result file is not valid CSV: {exc}") from None
     if reader.fieldnames is None:
         return []
     if key not in reader.fieldnames:
-        raise StepRefused(name, None, f"the result file has no {key} column")
+        raise AnswerUnreadable(name, None, f"the result file has no {key} column")
     width = len(reader.fieldnames)
     if any(None in row or len(row) != width or row[key] is None for row in rows):
-        raise StepRefused(name, None, "the result file is truncated (a row has too few or too many cells)")
+        truncated = "the result file is truncated (a row has too few or too many cells)"
+        raise AnswerUnreadable(name, None, truncated)
     return rows
 
 
