@@ -1967,11 +1967,24 @@ def _problems(exc: ValidationError, raw: dict[str, Any], lines: LineMap, file: s
         if error["type"] == "missing":
             path = (*path, str(error["loc"][-1]))
         message = _message(error, path)
+        if not path:  # a check of the whole job: its message names the field first
+            path = _named_path(raw, message)
         where = format_path(path)
         if (where, message) not in seen:
             seen.add((where, message))
             problems.append(Problem(message, file=file, line=lines.line(path), path=where or None))
     return sorted(problems, key=lambda problem: problem.line or 0)
+
+
+# "execution.workers: 2 splits ...", "request.bulk_job needs input.key": the dotted key a message begins with
+_LEADING_KEY = re.compile(r"[a-z_]+(?:\.[a-z_]+)+")
+
+
+def _named_path(raw: dict[str, Any], message: str) -> YamlPath:
+    """Where a check of the whole job points: the key its message begins with, or the nearest section of
+    it the file has (the key may be a default); the file's first line when the message names none."""
+    leading = _LEADING_KEY.match(message)
+    return _yaml_path(raw, tuple(leading.group().split("."))) if leading else ()
 
 
 def _yaml_path(raw: Any, loc: tuple[int | str, ...]) -> YamlPath:
