@@ -1747,18 +1747,20 @@ def _bulk_job_fits(config: JobConfig) -> None:
 
 
 def _workers_fit(config: JobConfig) -> None:
-    """Several worker processes send rows one request each (`auto` runs a batch, group or bulk job in one)."""
     workers = config.execution.workers
-    if workers in {"auto", 1}:
-        return
-    req = config.request
-    kind = "batch" if req.batch is not None else "group" if req.group is not None else None
-    kind = "bulk_job" if req.bulk_job is not None else kind
-    if kind is not None:
+    if (kind := many_rows_a_request(config)) is not None and workers not in {"auto", 1}:
         raise ValueError(
             f"execution.workers: {workers} splits a run's rows one request each; request.{kind} sends "
             "many rows a request, in one process (workers: 1, or auto)"
         )
+
+
+def many_rows_a_request(config: JobConfig) -> str | None:
+    """`batch`, `group` or `bulk_job` when the job sends many rows a request: in one process, for several
+    worker processes send rows one request each (`workers: auto` runs such a job in one); else None."""
+    req = config.request
+    kind = "batch" if req.batch is not None else "group" if req.group is not None else None
+    return "bulk_job" if req.bulk_job is not None else kind
 
 
 def environment_names(config: JobConfig) -> set[str]:

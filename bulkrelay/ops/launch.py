@@ -13,7 +13,7 @@ from bulkrelay.job.fingerprint import config_fingerprint, file_sha256
 from bulkrelay.job.inputs import STDIN_NAME, abandoned_spools, let_go_of_spool
 from bulkrelay.job.preflight import Preflight, run_preflight
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
-from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, start_fresh
+from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, refuse_workers_flag, start_fresh
 from bulkrelay.ops.lookups import (
     built_lookups,
     discard_frozen,
@@ -114,6 +114,7 @@ def run(request: RunRequest, reporter: Reporter | None = None) -> Result:
     reporter = reporter or progress.for_stderr(request.options.quiet)
     deletions = None
     sink_target(request.job)  # a results.to that cannot be resolved refuses before anything starts
+    refuse_workers_flag(request.job.config, request.options.workers)
     try:
         if is_query_job(request.job):
             request = _query_input(request)
@@ -375,6 +376,7 @@ def resume(
     check_resumable(run)
     options.announce_run(run)
     preflight = preflight_for_resume(run, config, input_path, on_rows_read=options.rows_read)
+    refuse_workers_flag(preflight.job.config, options.workers)
     shared = shared_slot(preflight.job.config)
     with live_slot(run.path.parent, preflight.job.path, shard_of_run(run), shared=shared) as slot:
         run = RunDir.open(run_dir)  # as it is now: it may have ended while we preflighted

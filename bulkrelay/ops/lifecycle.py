@@ -27,8 +27,10 @@ from bulkrelay.errors import (
     StorageFailed,
     SyncStateBusy,
     SyncStateCorrupt,
+    UsageError,
     sole_error,
 )
+from bulkrelay.job.config import JobConfig, many_rows_a_request
 from bulkrelay.job.inputs import let_go_of_spool, spool_stdin_into
 from bulkrelay.job.inputs.lookups import map_record
 from bulkrelay.job.preflight import Preflight, RowsRead
@@ -331,6 +333,18 @@ def relay_locked(
     result.warnings[:0] = deprecation_warnings(preflight.job.deprecations)
     _notify_finished(options.observers, run, result)
     return result
+
+
+def refuse_workers_flag(config: JobConfig, workers: int | str | None) -> None:
+    """`--workers N` (N > 1) for a job that sends many rows a request is refused as the job file's
+    `execution.workers: N` is, before any input is read: it would run in one process without a word."""
+    kind = many_rows_a_request(config)
+    if kind is not None and workers not in {None, "auto", 1}:
+        raise UsageError(
+            f"--workers {workers}: several worker processes send rows one request each; request.{kind} "
+            "sends many rows a request, in one process",
+            suggestion="leave out --workers (or give --workers auto, which runs such a job in one process)",
+        )
 
 
 def worker_pool(

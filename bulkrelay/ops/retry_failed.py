@@ -21,7 +21,7 @@ from bulkrelay.job.durations import whole_number
 from bulkrelay.job.preflight import Preflight, RowsRead, run_preflight
 from bulkrelay.ops.damage import check_committed_journal
 from bulkrelay.ops.invocation import invocation_key, last_run_id, normalized_path, remember
-from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, start_fresh
+from bulkrelay.ops.lifecycle import RunOptions, continue_run, plan_for, refuse_workers_flag, start_fresh
 from bulkrelay.ops.lookups import built_lookups, freeze_all, frozen_lookups, keep_frozen, with_lookups
 from bulkrelay.ops.results import NothingToRetry, RunResult
 from bulkrelay.ops.resume import (
@@ -141,6 +141,7 @@ def retry_failed(
     check_committed_journal(parent, "retry-failed")
     key = retry_key(parent, config, statuses, classification)
     preflight = _parent_preflight(parent, config, options.rows_read, unfinished_child(parent, key))
+    refuse_workers_flag(preflight.job.config, options.workers)
     shared = shared_slot(preflight.job.config)
     with live_slot(parent.path.parent, preflight.job.path, shard_of_run(parent), shared=shared) as slot:
         refuse_superseded(parent, preflight)  # its failed rows' content is older than that run's

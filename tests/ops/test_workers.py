@@ -180,3 +180,29 @@ def test_the_rate_limit_is_the_whole_runs_across_its_workers(tmp_path: Path, tar
     # times the rate, the first second alone would see 90).
     assert result.data["summary"]["this_call"]["elapsed_seconds"] >= 3.0
     assert target.stats()["max_arrivals_in_any_second"] <= 2 * 30
+
+
+@pytest.mark.parametrize("command", ["run", "resume", "retry-failed"])
+def test_workers_flag_for_a_batch_job_is_refused_before_anything_is_sent(
+    tmp_path: Path, target: TargetProcess, command: str
+) -> None:
+    """The job file's `execution.workers: 2` is refused for a batch job; `--workers 2` was taken and the
+    job run in one process without a word."""
+    batch = {"max_items": 5, "item": {"id": {"from": "id"}}}
+    request = {"url": f"{target.url}/batch", "json": None, "batch": batch}
+    job = write_job(tmp_path, target.url, 20, request=request)
+    target.set_plan({"rules": [{"status": 422}]})
+    # a run for resume (stopped at its limit) and retry-failed (its first batch refused)
+    first = run_cli("run", job, "--budget", "0", "--limit", "5", cwd=tmp_path)
+    assert first.exit_code == ExitCode.PARTIAL_FAILURE, first.envelope
+    sent = target.stats()["requests"]
+    args = ["run", job] if command == "run" else [command, first.data["run_dir"]]
+
+    refused = run_cli(*args, "--workers", "2", "--budget", "0", cwd=tmp_path)
+
+    assert refused.exit_code == ExitCode.ARG_ERROR, refused.envelope
+    assert "--workers 2" in refused.envelope["error"]["message"]
+    assert "request.batch" in refused.envelope["error"]["message"]
+    assert target.stats()["requests"] == sent
+    auto = run_cli(*args, "--workers", "auto", "--budget", "0", cwd=tmp_path)
+    assert auto.exit_code != ExitCode.ARG_ERROR, auto.envelope
