@@ -196,7 +196,7 @@ def test_workers_flag_for_a_batch_job_is_refused_before_anything_is_sent(
     first = run_cli("run", job, "--budget", "0", "--limit", "5", cwd=tmp_path)
     assert first.exit_code == ExitCode.PARTIAL_FAILURE, first.envelope
     sent = target.stats()["requests"]
-    args = ["run", job] if command == "run" else [command, first.data["run_dir"]]
+    args: list[str | Path] = ["run", job] if command == "run" else [command, first.data["run_dir"]]
 
     refused = run_cli(*args, "--workers", "2", "--budget", "0", cwd=tmp_path)
 
