@@ -12,6 +12,7 @@ parsed once, when the job is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ def _environment() -> Environment:
 
         def setup_tags_and_filters(self, *, extra: bool = False) -> None:
             super().setup_tags_and_filters(extra=extra)
+            self.filters["date"] = _dated_by_the_row(self.filters["date"])
             self.filters = {name: _bounded_filter(name, made) for name, made in self.filters.items()}
 
     return _Sandbox(loader=DictLoader({}), undefined=StrictUndefined)
@@ -113,6 +115,35 @@ def _bounded_range() -> type:
             return made
 
     return _BoundedRange
+
+
+def _dated_by_the_row(date: Callable[..., Any]) -> Callable[..., Any]:
+    """python-liquid's `date`, made of the row alone. A value that changes from one send to the next
+    changes the row's idempotency key, so a row sent again (a resume after a kill -9) would be a new
+    request to the target: `'now'` and `'today'` are refused, and an epoch is read in UTC, where
+    python-liquid reads it in the host's zone (a resume under another `TZ`, cron's or a terminal's,
+    would send another body)."""
+    from datetime import UTC, datetime
+
+    from liquid.exceptions import FilterArgumentError
+
+    @functools.wraps(date)  # keeps with_environment and the other marks python-liquid reads
+    def dated(value: Any, *args: Any, **kwargs: Any) -> Any:
+        if value in ("now", "today"):
+            raise FilterArgumentError(
+                f"date of {value!r}: a value is made of the row alone, never of the clock (a resumed "
+                "row would be sent with another body and idempotency key); give the time as a field",
+                token=None,
+            )
+        epoch = value if isinstance(value, int) and not isinstance(value, bool) else None
+        if isinstance(value, str) and value.isdigit():
+            epoch = int(value)
+        if epoch is not None:
+            with contextlib.suppress(OverflowError, OSError, ValueError):  # python-liquid's answer, then
+                value = datetime.fromtimestamp(epoch, tz=UTC)
+        return date(value, *args, **kwargs)
+
+    return dated
 
 
 def _bounded_filter(name: str, made_by: Callable[..., Any]) -> Callable[..., Any]:
