@@ -99,3 +99,43 @@ async def test_hmac_signs_every_step_over_its_exact_bytes(tmp_path: Path, kind: 
     assert [result.by_row()[n].success for n in (1, 2, 3)] == [True, False, True]
     assert stats["refused"] == 0 and stats["verified"] == len(result.requests) >= 4
     assert any(r["body"] for r in result.requests if r["method"] in ("PUT", "POST"))
+
+
+# The step that makes each kind's job, answered 400 with what the request carried in `header`.
+_MAKES = {
+    "salesforce_bulk2": {"method": "POST", "path_contains": "/jobs/ingest"},
+    "generic": {"method": "POST", "path_contains": "/jobs/ingest"},
+    "named_import": {"method": "POST", "path_contains": "/crm/v3/imports"},
+}
+
+
+def _echoing_refusal(kind: str, header: str) -> dict[str, Any]:
+    echoed = "you sent {echo} ({echo_b64}) and that will not do"
+    return {"match": _MAKES[kind], "status": 400, "body": echoed, "echo_header": header, "times": 99}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("signed", [False, True], ids=["token", "signature"])
+async def test_a_refused_step_echoing_a_secret_or_a_signature_is_journaled_with_it_hidden(
+    tmp_path: Path, kind: str, signed: bool
+) -> None:
+    """A step's refusal becomes its rows' error text: up to 300 bytes of the target's answer, which was
+    journaled as it came, the job's token (or the attempt's signature) included when the answer echoed it."""
+    header = "X-Hub-Signature-256" if signed else "Authorization"
+    plan: dict[str, Any] = {"rules": [_echoing_refusal(kind, header)]}
+    if signed:
+        plan["signed"] = {"scheme": "github", "secrets": ["hmac-secret-9f"]}
+    target = await start_target(plan)
+    try:
+        job = write_kind_job(tmp_path, target.url, NAMES, kind)
+        if signed:
+            job = with_auth(job, {"hmac": {"scheme": "github", "secret": "${HMAC_SECRET}"}})
+        result = await run_bulk_job(job, target, env={"HMAC_SECRET": "hmac-secret-9f"})
+        sent = [r["headers"].get(header.lower()) or r["headers"].get(header) for r in result.requests]
+    finally:
+        await target.stop()
+    rows = result.by_row()
+    assert all(not rows[n].success and "that will not do" in (rows[n].error or "") for n in (1, 2, 3)), rows
+    secret = next(value for value in sent if value).removeprefix("Bearer ").removeprefix("sha256=")
+    written = result.run.journal_path.read_bytes()
+    assert secret.encode() not in written and b"***" in written

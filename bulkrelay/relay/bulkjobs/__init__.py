@@ -59,6 +59,7 @@ def open_bulk_relay(
         stats=stats,
         auth=auth,  # request.auth: the relay's one authenticator, shared with nothing else in a bulk run
         halt_statuses=config.halt.on_statuses,
+        redactor=preflight.renderer.redactor,
     )
     ledgers = job_ledgers(journal)
     if ledgers and journaled is None:  # a start that did not replay the journal: its rows read here

@@ -39,6 +39,7 @@ import orjson
 
 from bulkrelay.job.bulkcsv import BulkCsv
 from bulkrelay.job.records import PreparedRequest
+from bulkrelay.job.redact import Redactor
 from bulkrelay.relay.auth import Authenticator
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter
@@ -128,6 +129,7 @@ class StepClient:
         stats: RelayStats,
         auth: Authenticator | None = None,
         halt_statuses: Collection[int] = (),
+        redactor: Redactor | None = None,
     ) -> None:
         self._base = base_url.rstrip("/")  # as rendered: its ${NAME}s bound
         self._run_id = run_id
@@ -137,6 +139,8 @@ class StepClient:
         self._headers = tuple((k, v) for k, v in headers if k.lower() != "content-type")
         self._stop = stop
         self._auth = auth  # request.auth: each attempt's token or signature
+        # what is written of a refusal (its rows' error text) hides the job's secrets and the attempt's
+        self._redactor = redactor or Redactor(())
         self._halt_statuses = frozenset(halt_statuses)  # halt.on_statuses: the run halts, resumably
         self._attempts = attempts  # a step but a poll gives up after this many
         self._limiter = limiter  # execution.rate_limit: every step but a poll
@@ -164,11 +168,11 @@ class StepClient:
         self._stats.bulk_steps += 1
         await self._limiter.acquire()
         try:
-            answer = await self._send(step, request)
+            answer, redactor = await self._send(step, request)
         except TransportError as exc:
-            raise StepRefused(step, None, str(exc)) from None
+            raise StepRefused(step, None, self._redactor.redact(str(exc))) from None
         if not API_SUCCESS.is_success(answer.status):
-            raise StepRefused(step, answer.status, answer_text(answer))
+            raise StepRefused(step, answer.status, answer_text(answer, redactor))
         return answer
 
     async def _asked(
@@ -198,7 +202,7 @@ class StepClient:
                 self._stats.on_retry()
             wait = delay
             try:
-                answer = await self._send(step, request, credentials=credentials)
+                answer, redactor = await self._send(step, request, credentials=credentials)
             except TransportError:
                 pass
             else:
@@ -210,7 +214,7 @@ class StepClient:
                 if answer.status == 404 and poll:
                     raise JobForgotten(step, 404, f"the target does not know job {url.rsplit('/', 1)[-1]}")
                 if answer.status != 429 and answer.status < 500:
-                    raise StepRefused(step, answer.status, answer_text(answer))
+                    raise StepRefused(step, answer.status, answer_text(answer, redactor))
                 retry_after = retry_after_of(answer.headers)
                 wait = max(delay, retry_after) if retry_after is not None else delay
             if not (poll or patient) and attempt >= self._attempts:
@@ -219,10 +223,13 @@ class StepClient:
             delay = min(delay * 2, self._config.poll.max_seconds)
         raise AssertionError("unreachable")  # itertools.count never ends
 
-    async def _send(self, step: str, request: PreparedRequest, *, credentials: bool = True) -> Response:
+    async def _send(
+        self, step: str, request: PreparedRequest, *, credentials: bool = True
+    ) -> tuple[Response, Redactor]:
         """`request` authorized for this attempt and sent; once more with a new token after a 401 to a
         token older than its first send. StepStopped when it halts the run or no token can be had.
-        Without `credentials` (a URL on another origin) it is sent as it is, unauthorized."""
+        Without `credentials` (a URL on another origin) it is sent as it is, unauthorized. With the
+        answer, what hides the job's secrets and this attempt's signatures in what is written of it."""
         first_sent = 0.0
         while True:
             token = None
@@ -245,7 +252,7 @@ class StepClient:
             if answer.status in self._halt_statuses:
                 self._halt(step, answer, hidden)
                 raise StepStopped
-            return answer
+            return answer, self._redactor.hiding(hidden)
 
     def _halt(self, step: str, answer: Response, hidden: tuple[str, ...]) -> None:
         """A halt status: the run stops, with the reason request.auth reads from the answer if any (the
@@ -363,5 +370,11 @@ def never_sent(name: str, key: str, remote: str) -> StepRefused:
     return StepRefused(name, None, f"names key {key!r}, which job {remote} was never sent")
 
 
-def answer_text(answer: Response) -> str:
-    return answer.body[:300].decode("utf-8", "replace")
+_ANSWER_TEXT = 300  # characters of a refusal's answer kept as its rows' error text
+
+
+def answer_text(answer: Response, redactor: Redactor) -> str:
+    """The start of a refused step's answer, secrets hidden before it is cut (a secret across the cut
+    would otherwise keep its first characters)."""
+    text = answer.body[: _ANSWER_TEXT + 6 * redactor.longest].decode("utf-8", "replace")
+    return redactor.redact(text)[:_ANSWER_TEXT]
