@@ -408,11 +408,7 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     )
     if outcome.stop_reason is None or outcome.stop_reason is StopReason.LIMIT:
         return _ended_as_asked(run, data, outcome)
-    code_name, exit_code, message = _STOPS.get(
-        outcome.stop_reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
-    )
-    if state is RunState.FORCED:
-        message = _forced_message(outcome.stop_reason, message)
+    code_name, exit_code, message = _stop_said(outcome.stop_reason, outcome.stop_detail, state)
     error = ErrorInfo(
         code_name,
         f"run {run.run_id}: {message}",
@@ -451,7 +447,36 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
             message=f"run {run.run_id}: {_failure_rate_message(outcome.stop_detail)}",
             suggestion=f"see `{failures}`; fix the cause, then: {continue_command(run)}",
         )
-    return Result(data=data, exit_code=exit_code, error=error)
+    killed = _workers_killed(outcome.stop_detail)
+    return Result(data=data, exit_code=exit_code, error=error, warnings=[] if killed is None else [killed])
+
+
+def _stop_said(
+    reason: StopReason, detail: Mapping[str, object], state: RunState
+) -> tuple[str, ExitCode, str]:
+    """The stop's error code, exit code and message."""
+    code_name, exit_code, message = _STOPS.get(
+        reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
+    )
+    if state is RunState.FORCED:
+        message = _forced_message(reason, message)
+    return code_name, exit_code, message
+
+
+def _workers_killed(detail: Mapping[str, object]) -> EnvelopeWarning | None:
+    """A worker that had not ended within its stop's bound was killed (ops/workers.py): say which, and
+    what became of its rows in flight."""
+    killed = detail.get("workers_killed")
+    if not isinstance(killed, list):
+        return None
+    which = ", ".join(f"worker {entry['worker']} (pid {entry['pid']})" for entry in killed)
+    after = detail.get("workers_killed_after_seconds")
+    return EnvelopeWarning(
+        "WORKER_KILLED",
+        f"{which} had not ended {after} s after the run was asked to stop (hung or stopped), so it was "
+        "killed (SIGKILL); its rows in flight stay pending, and a resume sends them again",
+        {"workers_killed": killed},
+    )
 
 
 def _ended_as_asked(run: RunDir, data: RunResult, outcome: RelayOutcome) -> Result:

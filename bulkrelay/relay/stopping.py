@@ -94,6 +94,10 @@ class StopControl:
             for scope in self._waits:
                 scope.cancel()
 
+    def add_detail(self, **detail: object) -> None:
+        """What happened after the stop was asked for that its report must say (a worker killed)."""
+        self.detail.update(detail)
+
     def request_target_down(self, failures: int, classification: str, error: str | None) -> None:
         """halt.consecutive_failures reached (per row or per batch request): the detail names the
         last failure, which the halt's error quotes ("HTTP 503", a refused connection, a certificate)."""
