@@ -458,6 +458,8 @@ def _stop_said(
     code_name, exit_code, message = _STOPS.get(
         reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
     )
+    if reason is StopReason.TERMINATED:  # SIGTERM or SIGHUP: the signal it was
+        message = message.replace("SIGTERM", str(detail.get("signal", "SIGTERM")))
     if state is RunState.FORCED:
         message = _forced_message(reason, message)
     return code_name, exit_code, message

@@ -102,9 +102,10 @@ def test_a_halt_in_one_worker_stops_every_worker_and_the_run_resumes(
     ("signum", "to_all", "ending"),
     [
         (signal.SIGTERM, False, (ExitCode.SIGTERM, "TERMINATED")),  # `kill PID`, a scheduler's stop
+        (signal.SIGHUP, False, (ExitCode.SIGTERM, "TERMINATED")),  # the terminal closed
         (signal.SIGINT, True, (ExitCode.SIGINT, "INTERRUPTED")),  # Ctrl+C: a terminal signals the group
     ],
-    ids=["sigterm-to-the-parent", "sigint-to-every-process"],
+    ids=["sigterm-to-the-parent", "sighup-to-the-parent", "sigint-to-every-process"],
 )
 def test_a_signal_stops_every_worker_at_a_safe_point(
     tmp_path: Path, target: TargetProcess, signum: int, to_all: bool, ending: tuple[ExitCode, str]
@@ -116,6 +117,7 @@ def test_a_signal_stops_every_worker_at_a_safe_point(
     stopped = finish(proc)
 
     assert (stopped.exit_code, stopped.error_code) == ending, stopped.envelope
+    assert f"stopped by {signal.Signals(signum).name} at a safe point" in stopped.envelope["error"]["message"]
     wait_until_gone(workers)
     _resumed_to_the_end(tmp_path, stopped.data["run_dir"], target)
 
