@@ -199,7 +199,7 @@ async def _serve(
     with anyio.move_on_after(_EXIT_GRACE_SECONDS):  # its stream ended: so does the process, or soon
         while worker.process.poll() is None:
             await anyio.sleep(0.01)
-    _adopt_last_word(worker, stop)
+    _adopt_last_word(worker, stop, len(workers))
 
 
 async def _heard(
@@ -262,8 +262,9 @@ async def _kill_the_hung(stop: StopControl, workers: Sequence[_Worker], bound: f
         stop.add_detail(workers_killed=killed, workers_killed_after_seconds=waited)
 
 
-def _adopt_last_word(worker: _Worker, stop: StopControl) -> None:
-    """What stopped a worker stops the run: a halt, its input changed; one that died is WORKER_LOST."""
+def _adopt_last_word(worker: _Worker, stop: StopControl, workers: int) -> None:
+    """What stopped a worker stops the run: a halt, its input changed; one that died is WORKER_LOST.
+    A halt rule judged this worker's rows alone (its streak, its failure rate): the detail says whose."""
     word = worker.last_word
     if word is None:
         code = worker.process.poll()
@@ -276,7 +277,9 @@ def _adopt_last_word(worker: _Worker, stop: StopControl) -> None:
             log_tail=_tail(worker.log),
         )
     elif word["reason"] is not None:
-        stop.request(StopReason(word["reason"]), **word["detail"])
+        stop.request(
+            StopReason(word["reason"]), **{**word["detail"], "worker": worker.index, "workers": workers}
+        )
         if word["forced"]:
             stop.force()
 

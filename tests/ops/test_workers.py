@@ -182,3 +182,41 @@ def test_the_rate_limit_is_the_whole_runs_across_its_workers(tmp_path: Path, tar
     # times the rate, the first second alone would see 90).
     assert result.data["summary"]["this_call"]["elapsed_seconds"] >= 3.0
     assert target.stats()["max_arrivals_in_any_second"] <= 2 * 30
+
+
+@pytest.mark.parametrize(
+    ("plan", "halt", "retry", "ending"),
+    [
+        (
+            {"rules": [{"status": 422}]},
+            {"failure_rate": {"above": 0.2, "after_rows": 50}},
+            {},
+            (ExitCode.PARTIAL_FAILURE, "FAILURE_RATE_EXCEEDED"),
+        ),
+        (
+            {"rules": [{"status": 503}]},
+            {"consecutive_failures": 20},
+            {"max_attempts": 1},
+            (ExitCode.UNAVAILABLE, "TARGET_UNAVAILABLE"),
+        ),
+    ],
+    ids=["failure-rate", "consecutive-failures"],
+)
+def test_a_halt_says_it_counted_one_workers_rows(
+    tmp_path: Path, plan: dict[str, Any], halt: dict[str, Any], retry: dict[str, Any], ending: tuple[int, str]
+) -> None:
+    """With workers each worker judges the halt rules over its own rows (not the run's, in row order):
+    the halt's message and context say so, and whose rows they are."""
+    with TargetProcess(plan) as target:
+        job = write_job(
+            tmp_path, target.url, rows=400, **KEYED, execution={"workers": 2}, halt=halt, retry=retry
+        )
+        halted = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+
+    assert (halted.exit_code, halted.error_code) == ending, halted.envelope
+    error = halted.envelope["error"]
+    worker = error["context"]["worker"]
+    assert error["context"]["workers"] == 2 and worker in (0, 1)
+    assert f"worker {worker}'s " in error["message"] and "of 2 workers" in error["message"], error
+    row = error["context"].get("row")
+    assert row is None or (row - 1) % 2 == worker  # the row it fired at is that worker's
