@@ -422,11 +422,7 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
     )
     if outcome.stop_reason is None or outcome.stop_reason is StopReason.LIMIT:
         return _ended_as_asked(run, data, outcome)
-    code_name, exit_code, message = _STOPS.get(
-        outcome.stop_reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
-    )
-    if state is RunState.FORCED:
-        message = _forced_message(outcome.stop_reason, message)
+    code_name, exit_code, message = _stop_said(outcome.stop_reason, outcome.stop_detail, state)
     error = ErrorInfo(
         code_name,
         f"run {run.run_id}: {message}",
@@ -465,7 +461,38 @@ def _conclude(preflight: Preflight, run: RunDir, outcome: RelayOutcome) -> Resul
             message=f"run {run.run_id}: {_failure_rate_message(outcome.stop_detail)}",
             suggestion=f"see `{failures}`; fix the cause, then: {continue_command(run)}",
         )
-    return Result(data=data, exit_code=exit_code, error=error)
+    killed = _workers_killed(outcome.stop_detail)
+    return Result(data=data, exit_code=exit_code, error=error, warnings=[] if killed is None else [killed])
+
+
+def _stop_said(
+    reason: StopReason, detail: Mapping[str, object], state: RunState
+) -> tuple[str, ExitCode, str]:
+    """The stop's error code, exit code and message."""
+    code_name, exit_code, message = _STOPS.get(
+        reason, ("INCOMPLETE", ExitCode.GENERAL_ERROR, "the run ended early")
+    )
+    if reason is StopReason.TERMINATED:  # SIGTERM or SIGHUP: the signal it was
+        message = message.replace("SIGTERM", str(detail.get("signal", "SIGTERM")))
+    if state is RunState.FORCED:
+        message = _forced_message(reason, message)
+    return code_name, exit_code, message
+
+
+def _workers_killed(detail: Mapping[str, object]) -> EnvelopeWarning | None:
+    """A worker that had not ended within its stop's bound was killed (ops/workers.py): say which, and
+    what became of its rows in flight."""
+    killed = detail.get("workers_killed")
+    if not isinstance(killed, list):
+        return None
+    which = ", ".join(f"worker {entry['worker']} (pid {entry['pid']})" for entry in killed)
+    after = detail.get("workers_killed_after_seconds")
+    return EnvelopeWarning(
+        "WORKER_KILLED",
+        f"{which} had not ended {after} s after the run was asked to stop (hung or stopped), so it was "
+        "killed (SIGKILL); its rows in flight stay pending, and a resume sends them again",
+        {"workers_killed": killed},
+    )
 
 
 def _ended_as_asked(run: RunDir, data: RunResult, outcome: RelayOutcome) -> Result:
@@ -513,7 +540,15 @@ def _down_message(detail: Mapping[str, object]) -> str:
     """Why the target looks down, in the words of the last failure: a refused connection, an untrusted
     certificate and a 503 call for different fixes."""
     count = detail.get("consecutive_failures")
-    return f"the target looks down ({count} failures in a row, the last: {detail['message']}); halted"
+    among = "" if "worker" not in detail else f" among {_whose_rows(detail, 'rows')}"
+    return f"the target looks down ({count} failures in a row{among}, the last: {detail['message']}); halted"
+
+
+def _whose_rows(detail: Mapping[str, object], rows: str) -> str:
+    """`rows` as a halt rule counted them: with `execution.workers`, one worker's, not the run's."""
+    if "worker" not in detail:
+        return rows
+    return f"worker {detail['worker']}'s {rows} (of {detail['workers']} workers, each judging its own rows)"
 
 
 # A stop's error has always said its context first, its stop detail last (the envelope is kept to the byte).
@@ -528,7 +563,8 @@ def _failure_rate_message(detail: dict[str, object]) -> str:
     assert isinstance(share, float) and isinstance(above, float | int)
     what = commonest["error"] or commonest["classification"]
     return (
-        f"{failed} of {rows} rows failed ({share:.0%}), more than halt.failure_rate.above {above:.0%} "
+        f"{failed} of {_whose_rows(detail, f'{rows} rows')} failed ({share:.0%}), more than "
+        f"halt.failure_rate.above {above:.0%} "
         f"after {detail['after_rows']} rows; halted. Commonest error: {what} ({commonest['rows']} rows)"
     )
 

@@ -13,6 +13,12 @@ A worker that dies (kill -9, a crash) leaves its rows in flight unjournaled, exa
 alone would: the parent stops the others at a safe point, and the run ends WORKER_LOST (exit 1),
 resumable. The parent is not re-run in its place within the call: a resume does that, after the
 torn state is checked. A parent killed takes its workers with it (PR_SET_PDEATHSIG).
+
+A worker that hangs (a stuck system call, a deadlocked library, a SIGSTOP) must not hold its run's
+stop: once the run is asked to stop, each worker has what it legitimately needs to answer its rows in
+flight (one exchange deadline, `connect + write + read`, and a margin; a forced stop, a moment) to
+end; one that has not is killed (SIGKILL: a stopped process ignores everything else), as a kill -9
+would kill it, and the run ends as it was asked to, naming the worker in its stop's detail.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from bulkrelay.store.rundir import RunDir
 WORKERS_DIR = "workers"  # in the run directory: each worker's log (what it printed, a traceback)
 _LOG_TAIL_BYTES = 2000
 _EXIT_GRACE_SECONDS = 5.0  # a worker whose stream ended has this long to exit before it counts as hung
+_STOP_MARGIN_SECONDS = 5.0  # past its exchange deadline, for a stopped worker's results and last word
+_FORCED_GRACE_SECONDS = 2.0  # a forced worker cancels its rows in flight: it needs only to say so
 
 
 def worker_count(setting: int | str, concurrency: int) -> int:
@@ -79,6 +87,7 @@ class _Worker:
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     last_word: dict[str, Any] | None = None
     sent: dict[str, Any] | None = None
+    heard_out: bool = False  # its stream has ended: it said its last word, or died
 
     async def tell(self, data: bytes) -> None:
         """Send the worker a message; one that has ended hears nothing, and needs to."""
@@ -95,6 +104,9 @@ class LocalWorkers:
         facts = PreflightFacts.of(preflight)
         pending = replace(start, journal=None)  # the journal's state is the parent's alone
         self._run = run
+        timeout = execution.timeout
+        self._stop_bound = timeout.connect_seconds + timeout.write_seconds + timeout.read_seconds
+        self._stop_bound += _STOP_MARGIN_SECONDS
         self._forked: dict[int, tuple[ForkedProcess, socket.socket]] = {}
         self._handoffs = [
             WorkerHandoff(
@@ -117,7 +129,7 @@ class LocalWorkers:
             for handoff in self._handoffs:
                 workers.append(await self._start(handoff))
             async with anyio.create_task_group() as around:
-                around.start_soon(_pass_on_stops, stop, workers)
+                around.start_soon(_pass_on_stops, stop, workers, self._stop_bound)
                 async with anyio.create_task_group() as serving:
                     for worker in workers:
                         serving.start_soon(partial(_serve, worker, workers, journal, stop=stop, stats=stats))
@@ -183,10 +195,11 @@ async def _serve(
     """Journal what `worker` sends until its stream ends (results, counters, pauses, its last word),
     then adopt how it ended."""
     await _heard(worker, workers, journal, stats)
+    worker.heard_out = True
     with anyio.move_on_after(_EXIT_GRACE_SECONDS):  # its stream ended: so does the process, or soon
         while worker.process.poll() is None:
             await anyio.sleep(0.01)
-    _adopt_last_word(worker, stop)
+    _adopt_last_word(worker, stop, len(workers))
 
 
 async def _heard(
@@ -216,19 +229,42 @@ async def _heard(
                         await other.tell(frame(Kind.PAUSE, body))
 
 
-async def _pass_on_stops(stop: StopControl, workers: Sequence[_Worker]) -> None:
-    """The run's stop, whatever asked for it, is every worker's; so is a forced one."""
+async def _pass_on_stops(stop: StopControl, workers: Sequence[_Worker], bound: float) -> None:
+    """The run's stop, whatever asked for it, is every worker's; so is a forced one. Each is told on
+    its own, so that a worker that does not read (hung) delays no other; it is killed once `bound`
+    seconds have passed since the stop (`_FORCED_GRACE_SECONDS` since a forced one)."""
     await stop.wait()
     assert stop.reason is not None
-    for worker in workers:
-        await worker.tell(json_frame(Kind.STOP, {"reason": stop.reason.value}))
-    await stop.wait_forced()
-    for worker in workers:
-        await worker.tell(frame(Kind.FORCE, b""))
+    async with anyio.create_task_group() as telling:
+        telling.start_soon(_kill_the_hung, stop, workers, bound)
+        for worker in workers:
+            telling.start_soon(worker.tell, json_frame(Kind.STOP, {"reason": stop.reason.value}))
+        await stop.wait_forced()
+        for worker in workers:
+            telling.start_soon(worker.tell, frame(Kind.FORCE, b""))
 
 
-def _adopt_last_word(worker: _Worker, stop: StopControl) -> None:
-    """What stopped a worker stops the run: a halt, its input changed; one that died is WORKER_LOST."""
+async def _kill_the_hung(stop: StopControl, workers: Sequence[_Worker], bound: float) -> None:
+    """Kill every worker still running `bound` seconds after the stop, or soon after it is forced: a
+    worker that has not ended by then never will (stuck, deadlocked, stopped). Its rows in flight
+    stay unjournaled, as a kill -9 of it would leave them; the stop's detail names it."""
+    asked = time.monotonic()
+    with anyio.move_on_after(bound):
+        await stop.wait_forced()
+        await anyio.sleep(_FORCED_GRACE_SECONDS)
+    waited = round(time.monotonic() - asked, 1)
+    killed = []
+    for worker in workers:
+        if not worker.heard_out and worker.process.poll() is None:
+            worker.process.kill()
+            killed.append({"worker": worker.index, "pid": worker.process.pid, "log": str(worker.log)})
+    if killed:
+        stop.add_detail(workers_killed=killed, workers_killed_after_seconds=waited)
+
+
+def _adopt_last_word(worker: _Worker, stop: StopControl, workers: int) -> None:
+    """What stopped a worker stops the run: a halt, its input changed; one that died is WORKER_LOST.
+    A halt rule judged this worker's rows alone (its streak, its failure rate): the detail says whose."""
     word = worker.last_word
     if word is None:
         code = worker.process.poll()
@@ -241,7 +277,9 @@ def _adopt_last_word(worker: _Worker, stop: StopControl) -> None:
             log_tail=_tail(worker.log),
         )
     elif word["reason"] is not None:
-        stop.request(StopReason(word["reason"]), **word["detail"])
+        stop.request(
+            StopReason(word["reason"]), **{**word["detail"], "worker": worker.index, "workers": workers}
+        )
         if word["forced"]:
             stop.force()
 

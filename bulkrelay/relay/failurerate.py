@@ -5,7 +5,9 @@ different row each time under load. The share is therefore counted over this cal
 the workers took them, which is row order: a result is counted only once every row before it has its
 own. The rule is judged from the `after_rows`-th row on; the first row at which more than `above` of
 the rows so far failed requests the stop, so the halt falls at the same row however the answers
-interleave. The counts are this call's: a resume after the cause was fixed starts them again.
+interleave. The counts are this call's: a resume after the cause was fixed starts them again. With
+`execution.workers` each worker counts its own rows (relay/engine.py `relay_share`), and the halt's
+detail names it (ops/workers.py).
 """
 
 from __future__ import annotations

@@ -94,6 +94,10 @@ class StopControl:
             for scope in self._waits:
                 scope.cancel()
 
+    def add_detail(self, **detail: object) -> None:
+        """What happened after the stop was asked for that its report must say (a worker killed)."""
+        self.detail.update(detail)
+
     def request_target_down(self, failures: int, classification: str, error: str | None) -> None:
         """halt.consecutive_failures reached (per row or per batch request): the detail names the
         last failure, which the halt's error quotes ("HTTP 503", a refused connection, a certificate)."""
@@ -128,13 +132,18 @@ class StopControl:
         await self._forced_event.wait()
 
 
-async def watch_signals(stop: StopControl) -> None:
-    """SIGINT, SIGTERM and SIGHUP (handled like SIGTERM) request a stop; a second SIGINT forces it."""
+async def watch_signals(stop: StopControl, *, sigint_forces_any_stop: bool = True) -> None:
+    """SIGINT, SIGTERM and SIGHUP (handled like SIGTERM) request a stop; a SIGINT once the run is
+    stopping forces it. In a worker of the run (`sigint_forces_any_stop=False`) only its own second
+    SIGINT does: a terminal's Ctrl+C reaches the parent and every worker once each, and the parent's
+    word of it (a stop) may reach the worker before the worker's own SIGINT, which is the same Ctrl+C."""
+    interrupted = False
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async for signum in signals:
             if signum == signal.SIGINT:
-                if stop.requested:
+                if interrupted or (stop.requested and sigint_forces_any_stop):
                     stop.force()
+                interrupted = True
                 stop.request(StopReason.INTERRUPTED)
             else:
                 stop.request(StopReason.TERMINATED, signal=signal.Signals(signum).name)

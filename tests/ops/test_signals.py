@@ -49,6 +49,7 @@ def test_sighup_stops_a_run_at_a_safe_point_like_sigterm(tmp_path: Path, signum:
     assert result.exit_code == ExitCode.SIGTERM, result.envelope
     assert result.error_code == "TERMINATED"
     assert result.envelope["error"]["context"]["signal"] == signum.name
+    assert f"stopped by {signum.name} at a safe point" in result.envelope["error"]["message"]
     run_dir = run_dir_of(job)
     assert result.data["state"] == "stopped"
     assert orjson.loads((run_dir / "run.json").read_bytes())["state"] == "stopped"

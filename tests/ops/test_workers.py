@@ -102,9 +102,10 @@ def test_a_halt_in_one_worker_stops_every_worker_and_the_run_resumes(
     ("signum", "to_all", "ending"),
     [
         (signal.SIGTERM, False, (ExitCode.SIGTERM, "TERMINATED")),  # `kill PID`, a scheduler's stop
+        (signal.SIGHUP, False, (ExitCode.SIGTERM, "TERMINATED")),  # the terminal closed
         (signal.SIGINT, True, (ExitCode.SIGINT, "INTERRUPTED")),  # Ctrl+C: a terminal signals the group
     ],
-    ids=["sigterm-to-the-parent", "sigint-to-every-process"],
+    ids=["sigterm-to-the-parent", "sighup-to-the-parent", "sigint-to-every-process"],
 )
 def test_a_signal_stops_every_worker_at_a_safe_point(
     tmp_path: Path, target: TargetProcess, signum: int, to_all: bool, ending: tuple[ExitCode, str]
@@ -116,6 +117,7 @@ def test_a_signal_stops_every_worker_at_a_safe_point(
     stopped = finish(proc)
 
     assert (stopped.exit_code, stopped.error_code) == ending, stopped.envelope
+    assert f"stopped by {signal.Signals(signum).name} at a safe point" in stopped.envelope["error"]["message"]
     wait_until_gone(workers)
     _resumed_to_the_end(tmp_path, stopped.data["run_dir"], target)
 
@@ -206,3 +208,41 @@ def test_workers_flag_for_a_batch_job_is_refused_before_anything_is_sent(
     assert target.stats()["requests"] == sent
     auto = run_cli(*args, "--workers", "auto", "--budget", "0", cwd=tmp_path)
     assert auto.exit_code != ExitCode.ARG_ERROR, auto.envelope
+
+
+@pytest.mark.parametrize(
+    ("plan", "halt", "retry", "ending"),
+    [
+        (
+            {"rules": [{"status": 422}]},
+            {"failure_rate": {"above": 0.2, "after_rows": 50}},
+            {},
+            (ExitCode.PARTIAL_FAILURE, "FAILURE_RATE_EXCEEDED"),
+        ),
+        (
+            {"rules": [{"status": 503}]},
+            {"consecutive_failures": 20},
+            {"max_attempts": 1},
+            (ExitCode.UNAVAILABLE, "TARGET_UNAVAILABLE"),
+        ),
+    ],
+    ids=["failure-rate", "consecutive-failures"],
+)
+def test_a_halt_says_it_counted_one_workers_rows(
+    tmp_path: Path, plan: dict[str, Any], halt: dict[str, Any], retry: dict[str, Any], ending: tuple[int, str]
+) -> None:
+    """With workers each worker judges the halt rules over its own rows (not the run's, in row order):
+    the halt's message and context say so, and whose rows they are."""
+    with TargetProcess(plan) as target:
+        job = write_job(
+            tmp_path, target.url, rows=400, **KEYED, execution={"workers": 2}, halt=halt, retry=retry
+        )
+        halted = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+
+    assert (halted.exit_code, halted.error_code) == ending, halted.envelope
+    error = halted.envelope["error"]
+    worker = error["context"]["worker"]
+    assert error["context"]["workers"] == 2 and worker in (0, 1)
+    assert f"worker {worker}'s " in error["message"] and "of 2 workers" in error["message"], error
+    row = error["context"].get("row")
+    assert row is None or (row - 1) % 2 == worker  # the row it fired at is that worker's

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from functools import partial
 
 import anyio
 import orjson
 import pytest
 
 from bulkrelay.relay.ratelimit import RateLimiter
-from bulkrelay.relay.stopping import StopControl, StopReason
+from bulkrelay.relay.stopping import StopControl, StopReason, watch_signals
+from tests.waiting import until
 
 # On disk and on the wire: a renamed member must never change one of these.
 VALUES = {
@@ -99,3 +103,23 @@ async def test_a_stop_request_ends_a_start_held_by_a_pause_and_one_asked_after_i
         stop.request(StopReason.TERMINATED)
     await wait_for_a_start()  # asked after the stop: never waits at all
     assert outcomes == [True, True]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("in_a_worker", [False, True], ids=["the-run", "a-worker"])
+async def test_a_sigint_after_a_stop_forces_it_but_a_workers_first_own_sigint_does_not(
+    in_a_worker: bool,
+) -> None:
+    """A terminal's Ctrl+C reaches the run's parent and each worker once: the parent's word of it may
+    reach a worker before its own SIGINT does, which is the same Ctrl+C, not a second one."""
+    stop = StopControl()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(partial(watch_signals, stop, sigint_forces_any_stop=not in_a_worker))
+        await anyio.wait_all_tasks_blocked()
+        stop.request(StopReason.INTERRUPTED, by="parent")
+        os.kill(os.getpid(), signal.SIGINT)
+        await anyio.sleep(0.2)  # the signal heard (a slow machine makes this test pass, never fail)
+        assert stop.forced is not in_a_worker
+        os.kill(os.getpid(), signal.SIGINT)  # a second one forces the stop, in a worker too
+        await until(lambda: stop.forced, "the forced stop")
+        tasks.cancel_scope.cancel()
