@@ -283,6 +283,11 @@ class _Typed(_Model):
         given = [key for key in ("in_format", "timezone", "to") if getattr(self, key) is not None]
         if given and self.type != "datetime":
             raise ValueError(f"{given[0]} is for type: datetime")
+        if self.timezone == "localtime":  # tzdata's link to /etc/localtime
+            raise ValueError(
+                "timezone 'localtime' is the host's zone: a resume on another machine would send other "
+                "values (and idempotency keys) for the same rows; name the zone (like Europe/Paris)"
+            )
         if self.timezone is not None:
             try:
                 ZoneInfo(self.timezone)

@@ -348,6 +348,7 @@ def test_the_typed_options_leave_old_fingerprints_alone() -> None:
     [
         ("{ from: a, to: epoch_ms }", "to is for type: datetime"),
         ("{ from: a, type: datetime, timezone: Mars/Olympus }", "is not an IANA time zone"),
+        ("{ from: a, type: datetime, timezone: localtime }", "is the host's zone"),
         ("{ when: { field: a }, then: { value: 1 } }", "exactly one of equals, in, present, above, below"),
         ('{ format: "${TOKEN}" }', "json values are literal"),
         ("{ from: a, transform: [rot13] }", "'trim', 'lower', 'upper', 'sha256', 'md5' or 'base64'"),
