@@ -181,7 +181,25 @@ TemplateText = Annotated[str, BeforeValidator(_int_as_text), AfterValidator(_tem
 HeaderValue = Annotated[
     str, BeforeValidator(_int_as_text), AfterValidator(_template), AfterValidator(_sendable_header_text)
 ]
-HeaderName = Annotated[str, AfterValidator(_header_name)]
+# The message's framing and the connection's, which the transport owns (RFC 9112 §6-7: Content-Length,
+# Transfer-Encoding; RFC 9110 §7.6.1 Connection and the hop-by-hop fields it lists, §10.1.1 Expect): set
+# by the job, they would contradict the bytes sent or the connection's use. Host stays a job's to set.
+_FRAMING_HEADERS = frozenset({
+    "content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection", "te",
+    "trailer", "upgrade", "expect",
+})  # fmt: skip
+
+
+def _not_framing(name: str) -> str:
+    if name.lower() in _FRAMING_HEADERS:
+        raise ValueError(
+            f"{name} is the transport's to set (the message's framing or the connection's): a job's value "
+            "would contradict the bytes it sends"
+        )
+    return name
+
+
+HeaderName = Annotated[str, AfterValidator(_header_name), AfterValidator(_not_framing)]
 NonEmpty = Annotated[str, AfterValidator(_non_empty)]
 StatusCode = Annotated[int, Field(ge=100, le=599)]
 Statuses = Annotated[tuple[StatusCode, ...], BeforeValidator(_list_as_tuple), AfterValidator(_unique)]
@@ -777,11 +795,14 @@ class AwsSigV4Config(_Model):
 # Transfer-Encoding; RFC 9110 §7.2 Host, §7.6.1 Connection and the hop-by-hop fields it lists, §10.1.1
 # Expect, §11.7.2 Proxy-Authorization), and those BulkRelay sets on the request itself (Content-Type,
 # Content-Encoding, User-Agent, Accept-Encoding): a signature there would replace or corrupt them.
-_NOT_SIGNATURE_HEADERS = frozenset({
-    "host", "content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection", "te",
-    "trailer", "upgrade", "expect", "proxy-authorization", "content-type", "content-encoding",
-    "user-agent", "accept-encoding",
-})  # fmt: skip
+_NOT_SIGNATURE_HEADERS = _FRAMING_HEADERS | {
+    "host",
+    "proxy-authorization",
+    "content-type",
+    "content-encoding",
+    "user-agent",
+    "accept-encoding",
+}
 
 
 def _signature_header(name: str) -> str:

@@ -218,6 +218,25 @@ def test_wrong_type_names_path_line_and_value() -> None:
     assert "valid integer" in problem.message and "'8'" in problem.message
 
 
+@pytest.mark.parametrize("name", ["Content-Length", "transfer-encoding", "Connection", "Expect"])
+def test_a_framing_header_is_the_transports_to_set(name: str) -> None:
+    """A job's Content-Length or Transfer-Encoding contradicted the bytes sent (a request cut short, or a
+    target reading the next request's bytes as this one's body)."""
+    text = MINIMAL.replace("  json:", f"  headers:\n    {name}: '9'\n  json:")
+    problem = _only_problem(text)
+    assert (problem.path, problem.line) == (f"request.headers.{name}", 6), problem
+    assert "the transport's to set" in problem.message
+    assert _problems_or_none(text.replace(name, "Host")) == []  # a virtual host's: the job's to set
+
+
+def _problems_or_none(text: str) -> list[Problem]:
+    try:
+        _parse(text)
+    except ConfigInvalid as refused:
+        return refused.problems
+    return []
+
+
 def test_booleans_are_not_integers() -> None:
     problem = _only_problem(MINIMAL + "retry:\n  max_attempts: true\n")
     assert problem.path == "retry.max_attempts" and "integer" in problem.message
