@@ -19,6 +19,7 @@ import errno
 import os
 import resource
 import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -108,3 +109,34 @@ def die_with_parent(parent: int) -> bool:
 def name_this_process(name: bytes) -> None:
     """This process's name in ps and top (/proc/PID/comm, at most 15 bytes; Linux only)."""
     _prctl(_PR_SET_NAME, name)
+
+
+class UnreadableFile(Exception):
+    """A key or certificate file that `read_small_file` refused; `reason` says why, for the caller's
+    own error (which names the job file's key)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def read_small_file(path: Path, limit: int) -> bytes:
+    """The bytes of a key or certificate file. Only a regular file (symbolic links followed) of at most
+    `limit` bytes is read: a device (/dev/zero, /dev/urandom) would be read without end, and opening a
+    named pipe would wait forever for a writer."""
+    try:
+        # O_NONBLOCK: opening a pipe returns at once (it is then refused); a regular file reads as ever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise UnreadableFile(exc.strerror or type(exc).__name__) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnreadableFile("it is not a regular file (a device, a pipe or a directory)")
+    with os.fdopen(fd, "rb") as file:
+        try:
+            data = file.read(limit + 1)
+        except OSError as exc:
+            raise UnreadableFile(exc.strerror or type(exc).__name__) from None
+    if len(data) > limit:
+        raise UnreadableFile(f"it is larger than {limit >> 20} MiB, which no PEM key or certificate is")
+    return data

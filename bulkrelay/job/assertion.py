@@ -13,15 +13,14 @@ again. PyJWT signs it (with `cryptography`, which it wraps): docs/auth.md says w
 
 from __future__ import annotations
 
-import os
 import secrets
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bulkrelay.errors import ConfigInvalid, Problem
+from bulkrelay.private import UnreadableFile, read_small_file
 
 if TYPE_CHECKING:  # imported where a key is loaded: PyJWT and cryptography cost ~35 ms of each start-up
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -52,24 +51,12 @@ class AssertionKey:
 
 
 def read_key_file(path: Path) -> str:
-    """The text of `private_key_file`; a file that cannot be read is refused naming it. Only a regular
-    file (symbolic links followed) of at most KEY_FILE_BYTES is read: a device (/dev/zero, /dev/urandom)
-    would be read without end, and opening a named pipe would wait forever for a writer."""
+    """The text of `private_key_file`; a file that cannot be read is refused naming it (a regular file of
+    at most KEY_FILE_BYTES only: `read_small_file`)."""
     try:
-        # O_NONBLOCK: opening a pipe returns at once (it is then refused); a regular file reads as ever.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise _unreadable(path, exc.strerror or type(exc).__name__) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise _unreadable(path, "it is not a regular file (a device, a pipe or a directory)")
-    with os.fdopen(fd, "rb") as file:
-        try:
-            data = file.read(KEY_FILE_BYTES + 1)
-        except OSError as exc:
-            raise _unreadable(path, exc.strerror or type(exc).__name__) from None
-    if len(data) > KEY_FILE_BYTES:
-        raise _unreadable(path, f"it is larger than {KEY_FILE_BYTES >> 20} MiB, which no PEM private key is")
+        data = read_small_file(path, KEY_FILE_BYTES)
+    except UnreadableFile as refused:
+        raise _unreadable(path, refused.reason) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import os
 import socket
 import ssl
 import tracemalloc
@@ -789,6 +790,25 @@ async def test_a_client_certificate_that_does_not_load_is_a_usage_error_naming_t
         open_transport(_settings(client_certificate=certificate))
     assert "client.pem" in str(caught.value)
     assert ("encrypted" in str(caught.value)) == (fault == "encrypted key")
+
+
+@pytest.mark.parametrize("kind", ["larger than a key", "a named pipe", "a device"])
+async def test_a_client_certificate_file_that_is_no_small_regular_file_is_refused_unread(
+    tmp_path: Path, kind: str
+) -> None:
+    """`client_cert: /dev/zero` was read until memory ran out, and a named pipe waited forever for a
+    writer: only a regular file of at most 1 MiB is read."""
+    path = tmp_path / "client.pem"
+    if kind == "larger than a key":
+        path.write_bytes(b"-----BEGIN CERTIFICATE-----\n" + b"A" * (2 << 20))
+    elif kind == "a named pipe":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    with pytest.raises(UsageError) as caught:
+        open_transport(_settings(client_certificate=ClientCertificate(path)))
+    assert "client.pem" in str(caught.value)
+    assert ("larger than 1 MiB" if kind == "larger than a key" else "not a regular file") in str(caught.value)
 
 
 async def _answer_non_ascii_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -27,6 +27,7 @@ from bulkrelay._version import __version__
 from bulkrelay.errors import TlsUnavailable, UsageError
 from bulkrelay.job.config import DEFAULT_CLIENT, DEFAULT_PROXY, MAX_BODY_BYTES
 from bulkrelay.job.records import PreparedRequest
+from bulkrelay.private import UnreadableFile, read_small_file
 
 TimeoutPhase = Literal["connect", "write", "read", "pool"]  # reqwest never says "write": see its module
 ClientName = Literal["reqwest", "httpx"]
@@ -144,11 +145,15 @@ ENCRYPTED_KEY = (
 )
 
 
+PEM_FILE_BYTES = 1 << 20  # a certificate chain and its key are a few KB
+
+
 def read_pem(path: Path) -> bytes:
-    """A PEM file's bytes, or a usage error naming the file."""
+    """A PEM file's bytes (a regular file of at most PEM_FILE_BYTES: `read_small_file`), or a usage error
+    naming the file."""
     try:
-        return path.read_bytes()
-    except OSError as exc:
+        return read_small_file(path, PEM_FILE_BYTES)
+    except UnreadableFile as refused:
         raise UsageError(
-            f"cannot read the client certificate file {path}: {exc.strerror}", context={"path": str(path)}
+            f"cannot read the client certificate file {path}: {refused.reason}", context={"path": str(path)}
         ) from None

@@ -34,6 +34,7 @@ from bulkrelay.relay.transport.base import (
     TransportSettings,
     host_port,
     invalid_request,
+    read_pem,
     tls_unavailable,
 )
 
@@ -170,6 +171,11 @@ def _tls_context(settings: TransportSettings) -> ssl.SSLContext:
         raise tls_unavailable("no trusted certificate authority was found")
     certificate = settings.client_certificate
     if certificate is not None:
+        # read_pem refuses what is no small regular file, which OpenSSL would read without end (a device)
+        # or wait on forever (a named pipe); OpenSSL then loads the files by their paths
+        for path in (certificate.cert_file, certificate.key_file):
+            if path is not None:
+                read_pem(path)
         try:
             context.load_cert_chain(certificate.cert_file, certificate.key_file, password=_no_pass_phrase)
         except (OSError, ssl.SSLError, _KeyEncrypted) as exc:
