@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
@@ -13,7 +14,7 @@ from bulkrelay.ops.history import history
 from bulkrelay.ops.report import report
 from bulkrelay.ops.results import HistoryResult
 from bulkrelay.store.manifest import RunState
-from tests.clirun import run_cli
+from tests.clirun import run_cli, run_cli_raw
 from tests.report.nightfiles import job_plan, make_night
 
 
@@ -60,5 +61,10 @@ def test_the_history_keeps_the_last_nights_asked_for_and_leaves_other_jobs_out(t
     assert none.exit_code == ExitCode.NOT_FOUND and none.error_code == "NOT_FOUND", none.envelope
     assert "no night of job 'another-job'" in none.envelope["error"]["message"]
     assert not (tmp_path / "x.html").exists()
+    to_stdout = run_cli_raw("report", "--history", "test-job", "--runs-dir", runs, "-o", "-", cwd=tmp_path)
+    assert to_stdout.returncode == ExitCode.SUCCESS, to_stdout.stderr  # the page on stdout, as a run's report
+    assert to_stdout.stdout.startswith(b"<!DOCTYPE html>") and made[4].run_id.encode() in to_stdout.stdout
+    assert orjson.loads(to_stdout.stderr)["data"]["output"] == "-"
+    assert not (tmp_path / "-").exists()  # a file named `-` was written
     neither = run_cli("report", "--runs-dir", runs, cwd=tmp_path)
     assert neither.exit_code == ExitCode.ARG_ERROR and "--history" in neither.envelope["error"]["message"]
