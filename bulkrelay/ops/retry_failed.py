@@ -199,7 +199,7 @@ def _new_child(
         prepare=prepare,
         start=StartPoint(done_rows=selection.complement(), total=len(selection)),
     )
-    if preflight.batcher is not None:
+    if preflight.batcher is not None or preflight.bulk is not None:
         result.warnings.extend(_unread_answers_resent(parent, selection))
     return result
 
@@ -211,8 +211,8 @@ def _of_parent(result: Result, parent: RunDir) -> Result:
 
 
 def _unread_answers_resent(parent: RunDir, selection: RowSet) -> list[EnvelopeWarning]:
-    """A batch whose answer could not be read is never formed again without saying so: its items may
-    have been applied (docs/batching.md)."""
+    """A batch whose answer could not be read, or a bulk job whose results did not fit its rows, is never
+    sent again without saying so: its rows may have been applied (docs/batching.md, docs/bulk-jobs.md)."""
     rows = sum(
         1
         for entry in read_journal(parent.journal_path)
@@ -221,8 +221,8 @@ def _unread_answers_resent(parent: RunDir, selection: RowSet) -> list[EnvelopeWa
     if not rows:
         return []
     message = (
-        f"{rows} rows sent again had a batch answer that could not be read: the target may have applied "
-        "them, and applies them again unless it dedups by item id"
+        f"{rows} rows sent again had an answer that could not be read (a batch's, or a bulk job's "
+        "results): the target may have applied them, and applies them again unless it dedups by item id"
     )
     return [EnvelopeWarning("ANSWER_UNREAD_RESENT", message, {"rows": rows, "parent_run": parent.run_id})]
 

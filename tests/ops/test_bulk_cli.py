@@ -86,3 +86,21 @@ def test_a_background_jobs_progress_shows_its_bulk_jobs_created_processing_and_d
     progress = final.data["progress"]
     assert progress["jobs"] == {"created": 2, "processing": 0, "done": 2, "aborted": 0}
     assert (progress["done"], progress["ok"], progress["failed"]) == (5, 4, 1)
+
+
+def test_retry_failed_of_a_bulk_jobs_rows_whose_results_did_not_fit_says_they_may_have_been_applied(
+    tmp_path: Path,
+) -> None:
+    """A job whose results name a key it was never sent ran, but its rows' outcomes cannot be told: they
+    fail as `batch_answer_invalid`, and sending them again in another job is said, as for a batch."""
+    with TargetProcess({"bulk": {"hostile_results": "unknown_key"}}) as target:
+        job = write_bulk_job(tmp_path, target.url, ["ann", "bob", "cy"])
+        first = run_cli("run", job, "--budget", "0", cwd=tmp_path, env=ENV)
+        assert first.exit_code == ExitCode.PARTIAL_FAILURE, first.envelope
+        target.set_plan({})
+        retried = run_cli("retry-failed", first.data["run_dir"], "--budget", "0", cwd=tmp_path, env=ENV)
+    entries = list(read_journal(Path(first.data["run_dir"]) / "results.jsonl"))
+    assert {entry.classification for entry in entries} == {"batch_answer_invalid"}
+    assert retried.exit_code == ExitCode.SUCCESS, retried.envelope
+    [warning] = [w for w in retried.envelope["warnings"] if w["code"] == "ANSWER_UNREAD_RESENT"]
+    assert warning["context"]["rows"] == 3
