@@ -1634,6 +1634,12 @@ class ResultsConfig(_Model):
             raise ValueError(
                 f"results.table {self.table!r} is not a table name (letters, digits, _; schema.table)"
             )
+        if to.rstrip("/") in ("sqlite:", "sqlite://"):  # sqlite:/// with no file: known now, not at run time
+            raise ValueError("results.to sqlite:/// names no database file (sqlite:///results.db)")
+        if self.table.lower().split(".")[-1].startswith(("sqlite_", "pg_")):
+            raise ValueError(
+                f"results.table {self.table!r} is a name the database keeps for its own catalog tables"
+            )
         return self
 
 

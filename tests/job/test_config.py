@@ -237,6 +237,24 @@ def _problems_or_none(text: str) -> list[Problem]:
     return []
 
 
+@pytest.mark.parametrize(
+    ("results", "words"),
+    [
+        ("{to: 'sqlite:///'}", "names no database file"),
+        ("{to: 'sqlite://'}", "names no database file"),
+        ("{to: 'sqlite:///r.db', table: sqlite_master}", "its own catalog tables"),
+        ("{to: 'postgresql://db/x', table: pg_catalog.pg_class}", "its own catalog tables"),
+    ],
+)
+def test_a_results_sink_that_could_never_be_written_is_refused_when_the_job_is_loaded(
+    results: str, words: str
+) -> None:
+    """Known from the job file alone: it was a SINK_UNAVAILABLE warning of every run instead, telling
+    the user a later run would catch the sink up."""
+    problem = _only_problem(MINIMAL + f"results: {results}\n")
+    assert problem.path == "results" and words in problem.message, problem
+
+
 def test_booleans_are_not_integers() -> None:
     problem = _only_problem(MINIMAL + "retry:\n  max_attempts: true\n")
     assert problem.path == "retry.max_attempts" and "integer" in problem.message
