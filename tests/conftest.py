@@ -18,6 +18,18 @@ from tests.pgserver import missing as postgres_missing
 from tests.targetproc import TargetProcess
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules of real-process (`slow`) tests first, each kept whole and in its order: xdist hands
+    the tests out in this order, so the quick in-process ones fill the end on both cores, where a kill
+    loop that started last used to leave one core idle for its last minute."""
+    heavy = {_module_of(item) for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: _module_of(item) not in heavy)
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
