@@ -112,23 +112,25 @@ def name_this_process(name: bytes) -> None:
 
 
 class UnreadableFile(Exception):
-    """A key or certificate file that `read_small_file` refused; `reason` says why, for the caller's
-    own error (which names the job file's key)."""
+    """A file that `read_small_file` refused; `reason` says why, for the caller's own error (which names
+    the job file's key, or the flag); `missing` when there is no such file."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, missing: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.missing = missing
 
 
 def read_small_file(path: Path, limit: int) -> bytes:
-    """The bytes of a key or certificate file. Only a regular file (symbolic links followed) of at most
-    `limit` bytes is read: a device (/dev/zero, /dev/urandom) would be read without end, and opening a
-    named pipe would wait forever for a writer."""
+    """The bytes of a small file: a key, a certificate, an earlier metrics file. Only a regular file
+    (symbolic links followed) of at most `limit` bytes is read: a device (/dev/zero, /dev/urandom) would
+    be read without end, and opening a named pipe would wait forever for a writer."""
     try:
         # O_NONBLOCK: opening a pipe returns at once (it is then refused); a regular file reads as ever.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise UnreadableFile(exc.strerror or type(exc).__name__) from None
+        missing = isinstance(exc, FileNotFoundError)
+        raise UnreadableFile(exc.strerror or type(exc).__name__, missing=missing) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UnreadableFile("it is not a regular file (a device, a pipe or a directory)")
@@ -138,5 +140,5 @@ def read_small_file(path: Path, limit: int) -> bytes:
         except OSError as exc:
             raise UnreadableFile(exc.strerror or type(exc).__name__) from None
     if len(data) > limit:
-        raise UnreadableFile(f"it is larger than {limit >> 20} MiB, which no PEM key or certificate is")
+        raise UnreadableFile(f"it is larger than {limit >> 20} MiB")
     return data

@@ -14,8 +14,6 @@ The label is not `job`: Prometheus gives that name to the scrape job and would r
 from __future__ import annotations
 
 import math
-import os
-import stat
 import time
 from bisect import bisect_left
 from collections import Counter
@@ -27,6 +25,7 @@ from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import StorageFailed, UsageError
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.redact import redact_url_credentials
+from bulkrelay.private import UnreadableFile, read_small_file
 from bulkrelay.relay.progress import Snapshot
 from bulkrelay.relay.stopping import StopReason
 from bulkrelay.store.atomic import file_to_replace, write_atomic
@@ -436,25 +435,15 @@ def previous_last_success(path: Path, job_name: str) -> float | None:
 
 
 def _small_file(path: Path) -> bytes | None:
-    """The bytes of a regular file of at most `PREVIOUS_FILE_MOST_BYTES`, None when there is none.
-    Opened without blocking, so a FIFO put there since the run's start cannot hold the run up; what is
-    there and cannot be read is `_Unreadable`."""
+    """The bytes of the earlier file (`read_small_file`: a regular file of at most
+    `PREVIOUS_FILE_MOST_BYTES`, a FIFO put there since the run's start never holding the run up), None
+    when there is none; what is there and cannot be read is `_Unreadable`."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise _Unreadable(exc.strerror or type(exc).__name__) from None
-    with os.fdopen(fd, "rb") as stream:
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise _Unreadable("not a regular file")
-            data = stream.read(PREVIOUS_FILE_MOST_BYTES + 1)
-        except OSError as exc:
-            raise _Unreadable(exc.strerror or type(exc).__name__) from None
-    if len(data) > PREVIOUS_FILE_MOST_BYTES:
-        raise _Unreadable(f"larger than {PREVIOUS_FILE_MOST_BYTES >> 20} MiB")
-    return data
+        return read_small_file(path, PREVIOUS_FILE_MOST_BYTES)
+    except UnreadableFile as refused:
+        if refused.missing:
+            return None
+        raise _Unreadable(refused.reason) from None
 
 
 def metrics_path(flag: Path | None, environ: Mapping[str, str]) -> Path | None:
