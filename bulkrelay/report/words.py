@@ -110,7 +110,7 @@ def label(name: str) -> str:
 
 _STOPS = {
     "interrupted": "stopped by Ctrl+C (SIGINT)",
-    "terminated": "stopped by SIGTERM",
+    "terminated": "stopped by SIGTERM or SIGHUP",
     "timeout": "stopped at its time limit",
     "halt_auth": "halted: the target answered a status in halt.on_statuses",
     "halt_unavailable": "halted: too many failures in a row (halt.consecutive_failures)",
