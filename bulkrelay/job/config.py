@@ -190,16 +190,26 @@ _FRAMING_HEADERS = frozenset({
 })  # fmt: skip
 
 
-def _not_framing(name: str) -> str:
-    if name.lower() in _FRAMING_HEADERS:
-        raise ValueError(
-            f"{name} is the transport's to set (the message's framing or the connection's): a job's value "
-            "would contradict the bytes it sends"
-        )
-    return name
+def _header_not_in(names: frozenset[str], why: str) -> AfterValidator:
+    """A header name's check: refused (naming it, then `why`) when it is one of `names`, in any case."""
+
+    def check(name: str) -> str:
+        if name.lower() in names:
+            raise ValueError(f"{name} {why}")
+        return name
+
+    return AfterValidator(check)
 
 
-HeaderName = Annotated[str, AfterValidator(_header_name), AfterValidator(_not_framing)]
+HeaderName = Annotated[
+    str,
+    AfterValidator(_header_name),
+    _header_not_in(
+        _FRAMING_HEADERS,
+        "is the transport's to set (the message's framing or the connection's): a job's value would "
+        "contradict the bytes it sends",
+    ),
+]
 NonEmpty = Annotated[str, AfterValidator(_non_empty)]
 StatusCode = Annotated[int, Field(ge=100, le=599)]
 Statuses = Annotated[tuple[StatusCode, ...], BeforeValidator(_list_as_tuple), AfterValidator(_unique)]
@@ -805,16 +815,15 @@ _NOT_SIGNATURE_HEADERS = _FRAMING_HEADERS | {
 }
 
 
-def _signature_header(name: str) -> str:
-    if name.lower() in _NOT_SIGNATURE_HEADERS:
-        raise ValueError(
-            f"{name} is a header the transport or BulkRelay sets (framing, connection or content): "
-            "a signature cannot go there; name a header of its own, like X-Signature"
-        )
-    return name
-
-
-SignatureHeader = Annotated[str, AfterValidator(_header_name), AfterValidator(_signature_header)]
+SignatureHeader = Annotated[
+    str,
+    AfterValidator(_header_name),
+    _header_not_in(
+        _NOT_SIGNATURE_HEADERS,
+        "is a header the transport or BulkRelay sets (framing, connection or content): a signature "
+        "cannot go there; name a header of its own, like X-Signature",
+    ),
+]
 
 HmacSecrets = Annotated[
     tuple[Annotated[SharedText, AfterValidator(_secret_reference)], ...], BeforeValidator(_list_as_tuple)

@@ -97,7 +97,8 @@ class Redactor:
         forms = (form for value in kept for form in (value, *_base64_forms(value.encode())))
         extended._also_forms = tuple(forms)
         extended._also_plain = all(_PLAIN.fullmatch(value) for value in kept)
-        # A plain value's longest spelling is \uXXXX for each character (see `_char_alternatives`).
+        # A plain value's longest spelling is a six-character JSON escape (\u00e9) for each of its
+        # characters (see `_char_alternatives`).
         extended.longest = max(self.longest, *(6 * len(value) for value in kept))
         if self._pattern is None or not extended._also_plain:
             extended._also_compiled()
