@@ -79,7 +79,7 @@ class Problem:
             parts.append(f"line {self.line}")
         if self.row is not None:
             parts.append(f"row {self.row}")
-        if self.path is not None:
+        if self.path is not None and not self.message.startswith(self.path):  # said once, where it names it
             parts.append(self.path)
         if self.field is not None:
             parts.append(f"field {self.field!r}")

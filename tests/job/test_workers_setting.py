@@ -86,6 +86,7 @@ def test_a_batch_jobs_several_workers_are_named_at_their_own_line() -> None:
     (problem,) = refused.value.problems
     assert (problem.line, problem.path) == (9, "execution.workers"), problem
     assert problem.message.startswith("execution.workers: 2 splits"), problem
+    assert problem.describe().startswith("job.yaml:9: execution.workers: 2 splits")  # the field said once
 
 
 def test_a_delta_job_without_its_key_is_named_at_its_sync_line() -> None:
