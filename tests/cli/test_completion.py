@@ -25,23 +25,26 @@ class Tmux:
 
     def __init__(self, cwd: Path) -> None:
         self.name = f"bulkrelay-{uuid.uuid4().hex[:8]}"
+        # A tmux server of its own: on the shared default server, one test's last session ending stops
+        # the server while another test's `new-session` is connecting to it ("server exited unexpectedly").
+        self.tmux = ["tmux", "-L", self.name]
         bin_dir = Path(sys.executable).parent  # where `uv run` put the bulkrelay command
         command = f"env -i PATH={bin_dir}:/usr/bin:/bin HOME={cwd} TERM=xterm bash --norc --noprofile"
         subprocess.run(
-            ["tmux", "new-session", "-d", "-s", self.name, "-x", "250", "-y", "50", "-c", str(cwd), command],
+            [*self.tmux, "new-session", "-d", "-s", self.name, "-x", "250", "-y", "50", "-c", str(cwd), command],
             check=True,
         )
         self.type("PS1='$ '; source <(bulkrelay completion bash); echo sourced")
         wait_for(lambda: self.screen().count("sourced") >= 2, "the completion script to be sourced")
 
     def type(self, *keys: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, *keys], check=True)
         if keys[-1] not in ("Tab",):
-            subprocess.run(["tmux", "send-keys", "-t", self.name, "Enter"], check=True)
+            subprocess.run([*self.tmux, "send-keys", "-t", self.name, "Enter"], check=True)
 
     def screen(self) -> str:
         shown = subprocess.run(
-            ["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, check=True
+            [*self.tmux, "capture-pane", "-p", "-t", self.name], capture_output=True, check=True
         )
         return shown.stdout.decode()
 
@@ -52,7 +55,7 @@ class Tmux:
         screen = wait_for(
             lambda: self._showing(expected), f"Tab after {line!r} to show {expected!r}", interval=0.3
         )
-        subprocess.run(["tmux", "send-keys", "-t", self.name, "C-u"], check=True)
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, "C-u"], check=True)
         self.type("clear")
         wait_for(lambda: line not in self.screen(), "the screen to clear")
         return screen
@@ -65,7 +68,7 @@ class Tmux:
         return None
 
     def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], check=False)
+        subprocess.run([*self.tmux, "kill-server"], check=False)
 
 
 @pytest.fixture
