@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
+
+from tests.zygoteclient import ZYGOTE_ENV, Zygote
 
 
 @dataclass
@@ -103,13 +109,87 @@ def run_cli_raw(
     preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """The real CLI with no terminal anywhere, its output as it is (for `--quiet`, `--human`)."""
+    command = [sys.executable, "-m", "bulkrelay", *map(str, args)]
+    env = env if env is not None else cli_env()
+    if not stdin and preexec_fn is None and _starts_alike(env):
+        forked = _run_forked(command, Path.cwd() if cwd is None else cwd, env, timeout)
+        if forked is not None:
+            return forked
     return subprocess.run(
-        [sys.executable, "-m", "bulkrelay", *map(str, args)],
+        command,
         cwd=cwd,
-        env=env if env is not None else cli_env(),
+        env=env,
         input=stdin if stdin is not None else b"",
         capture_output=True,
         timeout=timeout,
         check=False,
         preexec_fn=preexec_fn,
     )
+
+
+_commands = Zygote("cli")
+# What the interpreter reads as it starts, and a fork of the zygote would not read again.
+_READ_AT_START = ("PYTHON", "LC_", "LANG")
+
+
+def _starts_alike(env: dict[str, str]) -> bool:
+    """Whether a command with this environment would start as the zygote did."""
+    names = {name for name in (*env, *ZYGOTE_ENV) if name.startswith(_READ_AT_START)}
+    return all(env.get(name) == ZYGOTE_ENV.get(name) for name in names)
+
+
+def _run_forked(
+    command: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[bytes] | None:
+    """`command` as `subprocess.run` runs it (stdin at its end, stdout and stderr piped, killed and
+    TimeoutExpired past `timeout`), forked by the CLI zygote; None when the zygote cannot."""
+    deadline = time.monotonic() + timeout
+    with tempfile.TemporaryDirectory(prefix="bulkrelay-cli-") as fifos:
+        paths = [os.path.join(fifos, name) for name in ("stdout", "stderr")]
+        for path in paths:
+            os.mkfifo(path, 0o600)
+        ends = [os.open(path, os.O_RDONLY | os.O_NONBLOCK) for path in paths]
+        try:
+            request = {"op": "cli", "argv": command[3:], "cwd": str(cwd), "env": env}
+            pid = _commands.start({**request, "stdout": paths[0], "stderr": paths[1]})
+            if pid is None:
+                return None
+            stdout, stderr = _read_to_the_end(ends, deadline)
+        finally:
+            for fd in ends:
+                os.close(fd)
+    code = _ended(pid, deadline) if stdout is not None else None
+    if code is None:
+        os.kill(pid, signal.SIGKILL)  # unreaped until the zygote reports it: still the command's pid
+        _commands.wait(pid, None)
+        raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
+    return subprocess.CompletedProcess(command, code, stdout or b"", stderr)
+
+
+def _read_to_the_end(fds: list[int], deadline: float) -> tuple[bytes | None, bytes]:
+    """All of stdout and stderr, read together (neither pipe fills while the other is waited on);
+    stdout None when the deadline came first."""
+    read: dict[int, list[bytes]] = {fd: [] for fd in fds}
+    open_fds = set(fds)
+    while open_fds:
+        left = deadline - time.monotonic()
+        ready = select.select(list(open_fds), [], [], max(left, 0))[0] if left > 0 else []
+        if not ready:
+            return None, b"".join(read[fds[1]])
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if chunk:
+                read[fd].append(chunk)
+            else:
+                open_fds.discard(fd)
+    return b"".join(read[fds[0]]), b"".join(read[fds[1]])
+
+
+def _ended(pid: int, deadline: float) -> int | None:
+    """The command's exit code once its streams have ended, or None at the deadline. The zygote is
+    polled, never asked to wait: another thread of the test may need it meanwhile."""
+    while True:
+        code = _commands.poll(pid)
+        if code is not None or time.monotonic() >= deadline:
+            return code
+        time.sleep(0.002)

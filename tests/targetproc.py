@@ -11,16 +11,13 @@ The control API is reached with urllib, so the helper is usable from sync and as
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,86 +25,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.zygoteclient import Zygote
+
 _START_TIMEOUT = 15.0
-_ZYGOTE = Path(__file__).with_name("targetzygote.py")
-# The environment the zygote gets, taken at collection: not whatever a test that happens to start the
-# first target has set meanwhile, which every later target would inherit.
-_ZYGOTE_ENV = dict(os.environ)
-
-
-class _Zygote:
-    """This test process's one zygote (tests/targetzygote.py), started at the first target: it forks
-    each target with the target's imports already done. None of it is needed for a target to work: when
-    the zygote cannot start or answer, targets start as `python -m bulkrelay.demo.target`."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._broken = False
-
-    def start(self, argv: list[str], log: Path) -> int | None:
-        """The pid of a new target process, or None: start it otherwise."""
-        reply = self._ask({"op": "start", "argv": argv, "log": str(log)})
-        pid = None if reply is None else reply.get("pid")
-        return pid if isinstance(pid, int) else None
-
-    def poll(self, pid: int) -> int | None:
-        """The target's exit code once it has ended (it is then reaped: never signal it again)."""
-        return self.wait(pid, 0)
-
-    def wait(self, pid: int, timeout: float | None) -> int | None:
-        bound = None if timeout is None else timeout + _START_TIMEOUT
-        reply = self._ask({"op": "wait", "pid": pid, "timeout": timeout}, bound)
-        if reply is None:
-            raise RuntimeError("the target zygote ended while it held a target")
-        code = reply.get("exit")
-        return code if isinstance(code, int) else None
-
-    def _ask(self, request: dict[str, Any], bound: float | None = _START_TIMEOUT) -> dict[str, Any] | None:
-        """The zygote's reply, or None: it refused, or it is broken (gone, or silent past `bound`
-        seconds, when it is killed), and every target from now on starts as a process."""
-        with self._lock:
-            if self._broken:
-                return None
-            try:
-                proc = self._proc or self._spawn()
-                assert proc.stdin is not None and proc.stdout is not None
-                proc.stdin.write(json.dumps(request).encode() + b"\n")
-                proc.stdin.flush()
-                if not select.select([proc.stdout], [], [], bound)[0]:
-                    proc.kill()
-                    raise OSError("the target zygote did not answer")
-                reply: dict[str, Any] = json.loads(proc.stdout.readline())
-            except (OSError, ValueError):
-                self._broken = True
-                return None
-            return None if "error" in reply else reply
-
-    def close(self) -> None:
-        """End the zygote (its stdin's end is its signal to go) and close its pipes."""
-        with self._lock:
-            proc, self._proc = self._proc, None
-            if proc is None:
-                return
-            for pipe in (proc.stdin, proc.stdout):
-                if pipe is not None:
-                    with contextlib.suppress(BrokenPipeError):  # a request left unsent to a zygote gone
-                        pipe.close()
-            proc.wait()
-
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        self._proc = subprocess.Popen(
-            [sys.executable, str(_ZYGOTE)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            cwd="/",
-            env=_ZYGOTE_ENV,
-        )
-        return self._proc
-
-
-_zygote = _Zygote()
-atexit.register(_zygote.close)
+_zygote = Zygote("target")
 
 
 class TargetProcess:
@@ -150,7 +71,7 @@ class TargetProcess:
             command += ["--plan", str(workdir / "plan.json")]
         if not self._record:
             command.append("--no-record")
-        self._pid = _zygote.start(command[3:], workdir / "target.log")
+        self._pid = _zygote.start({"op": "start", "argv": command[3:], "log": str(workdir / "target.log")})
         if self._pid is not None:  # unreaped until the zygote says it ended: the pid is still its own
             self._pidfd = os.pidfd_open(self._pid)
         else:

@@ -31,7 +31,20 @@ class Tmux:
         bin_dir = Path(sys.executable).parent  # where `uv run` put the bulkrelay command
         command = f"env -i PATH={bin_dir}:/usr/bin:/bin HOME={cwd} TERM=xterm bash --norc --noprofile"
         subprocess.run(
-            [*self.tmux, "new-session", "-d", "-s", self.name, "-x", "250", "-y", "50", "-c", str(cwd), command],
+            [
+                *self.tmux,
+                "new-session",
+                "-d",
+                "-s",
+                self.name,
+                "-x",
+                "250",
+                "-y",
+                "50",
+                "-c",
+                str(cwd),
+                command,
+            ],
             check=True,
         )
         self.type("PS1='$ '; source <(bulkrelay completion bash); echo sourced")

@@ -19,6 +19,7 @@ from bulkrelay.demo.target import RunningTarget, parse_plan, start_target
 from tests import targetproc
 from tests.targetproc import TargetProcess
 from tests.waiting import wait_for
+from tests.zygoteclient import Zygote
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, outside the fast lane
 
@@ -304,7 +305,7 @@ def test_plan_rejects_unknown_keys_and_bad_values() -> None:
 @pytest.mark.parametrize("zygote", [True, False], ids=["forked-by-the-zygote", "started-as-a-process"])
 def test_target_process_helper(zygote: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if not zygote:  # the helper's fallback when no zygote answers
-        broken = targetproc._Zygote()
+        broken = Zygote("target")
         broken._broken = True
         monkeypatch.setattr(targetproc, "_zygote", broken)
     with TargetProcess({"rules": [{"times": 1, "status": 503}]}) as target:
@@ -344,7 +345,7 @@ def _ended(pid: int) -> bool:
 
 
 def test_a_target_whose_zygote_is_gone_still_ends_with_its_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    zygote = targetproc._Zygote()
+    zygote = Zygote("target")
     monkeypatch.setattr(targetproc, "_zygote", zygote)
     with TargetProcess() as target:
         pid = target.pid
