@@ -36,6 +36,7 @@ from bulkrelay.ops.workerwire import Kind, json_frame, receive, results_frame
 from bulkrelay.private import die_with_parent, no_core_dumps
 from bulkrelay.relay.affinity import relay_cpu
 from bulkrelay.relay.engine import StartPoint, open_limiter, relay_share
+from bulkrelay.relay.failurerate import SettledRows
 from bulkrelay.relay.heap import relay_collections
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter, RateLimiter
@@ -65,9 +66,11 @@ class WorkerHandoff:
 class SocketOutbox:
     """The worker's final results, sent to the parent in frames of a few milliseconds' worth."""
 
-    def __init__(self, stream: SocketStream, stats: RelayStats) -> None:
+    def __init__(self, stream: SocketStream, stats: RelayStats, settled: SettledRows | None) -> None:
         self._stream = stream
         self._stats = stats
+        self._settled = settled  # told with the results it covers, for the run's halt rules
+        self._told_settled: float = 0
         self._pending: list[JournalEntry] = []
         self._notes: list[bytes] = []  # other frames to send with the next results (pauses)
         self._ready = anyio.Event()
@@ -101,6 +104,9 @@ class SocketOutbox:
             pending, self._pending = self._pending, []
             notes, self._notes = self._notes, []
             data = b"".join(notes) + (results_frame(pending) if pending else b"")
+            if self._settled is not None and self._settled.below != self._told_settled:
+                self._told_settled = self._settled.below  # read with `pending`: no await between
+                data += json_frame(Kind.SETTLED, {"below": self._told_settled})
             if time.monotonic() - self._sent_at >= SENT_EVERY_SECONDS:
                 self._sent_at = time.monotonic()
                 data += json_frame(Kind.SENT, self._stats.sent())
@@ -132,7 +138,9 @@ async def _work(sock: socket.socket) -> int:
     run = RunDir.open(Path(handoff.run_path))
     preflight = _preflight(handoff, run)
     stop, stats = StopControl(), RelayStats()
-    outbox = SocketOutbox(stream, stats)
+    halt = preflight.job.config.halt
+    settled = SettledRows() if halt.failure_rate is not None or halt.consecutive_failures > 0 else None
+    outbox = SocketOutbox(stream, stats, settled)
     limiter = WorkerLimiter(_share_limiter(preflight, handoff.count), outbox.tell_pause)
     owns = _owner(handoff, preflight, run)
     async with anyio.create_task_group() as talk:
@@ -147,6 +155,7 @@ async def _work(sock: socket.socket) -> int:
                     handoff.start,
                     owns=owns,
                     concurrency=handoff.concurrency,
+                    settled=settled,
                     stop=stop,
                     outbox=outbox,
                     limiter=limiter,
