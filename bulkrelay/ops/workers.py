@@ -93,6 +93,8 @@ class _Worker:
     last_word: dict[str, Any] | None = None
     sent: dict[str, Any] | None = None
     heard_out: bool = False  # its stream has ended: it said its last word, or died
+    turn: float = 0  # the lowest row some worker has not settled, to tell this one (relay/runahead.py)
+    turn_moved: anyio.Event = field(default_factory=anyio.Event)
 
     async def tell(self, data: bytes) -> None:
         """Send the worker a message; one that has ended hears nothing, and needs to."""
@@ -137,6 +139,8 @@ class LocalWorkers:
                 workers.append(await self._start(handoff))
             async with anyio.create_task_group() as around:
                 around.start_soon(_pass_on_stops, stop, workers, self._stop_bound)
+                for worker in workers:
+                    around.start_soon(_tell_turns, worker)
                 async with anyio.create_task_group() as serving:
                     for worker in workers:
                         serving.start_soon(partial(_serve, worker, workers, halts, stop=stop, stats=stats))
@@ -204,23 +208,33 @@ class _RunHalts:
         self._rate = None if rule is None else WorkersFailureRate(rule, stop)
         self._journal = journal
         self._settled: list[float] = [0] * workers  # below which row each worker's results are all here
+        self.turn: float = 0  # the lowest of them: every row below it has its result here
 
-    async def result(self, entry: JournalEntry) -> None:
-        journal, rate = self._journal, self._rate
-        for admitted in self._streak.admit(entry):
-            if not journal.offer(admitted):
-                await journal.submit(admitted)
-            if rate is not None:
-                rate.ended(admitted)
+    async def results(self, entries: list[JournalEntry]) -> None:
+        """A frame's results, journaled as the streak admits them (one call a frame, not a row)."""
+        journal, rate, admit = self._journal, self._rate, self._streak.admit
+        for entry in entries:
+            for admitted in admit(entry):
+                if not journal.offer(admitted):
+                    await journal.submit(admitted)
+                if rate is not None:
+                    rate.ended(admitted)
 
-    def settled(self, worker: int, below: float) -> None:
+    def settled(self, worker: int, below: float, workers: Sequence[_Worker]) -> None:
         """Worker `worker` has sent the result of every row below `below` it took (`math.inf`: of every
-        row it will take)."""
+        row it will take). Count what the turn passed, and tell every worker a turn that moved."""
+        was_lowest = self._settled[worker] == self.turn
         self._settled[worker] = below
-        turn = min(self._settled)
+        turn = min(self._settled) if was_lowest else self.turn
+        if turn == self.turn:
+            return
+        self.turn = turn
         self._streak.settled_below(turn)
         if self._rate is not None:
             self._rate.count_below(turn)
+        for each in workers:
+            each.turn = turn
+            each.turn_moved.set()
 
     async def release(self) -> None:
         """The failures the streak still holds once every worker has ended: final, unless it declared
@@ -241,7 +255,7 @@ async def _serve(
     then adopt how it ended."""
     await _heard(worker, workers, halts, stats)
     worker.heard_out = True
-    halts.settled(worker.index, math.inf)  # it sends no more: none of its rows waits any longer
+    halts.settled(worker.index, math.inf, workers)  # it sends no more: none of its rows waits any longer
     with anyio.move_on_after(_EXIT_GRACE_SECONDS):  # its stream ended: so does the process, or soon
         while worker.process.poll() is None:
             await anyio.sleep(0.01)
@@ -254,10 +268,9 @@ async def _heard(worker: _Worker, workers: Sequence[_Worker], halts: _RunHalts, 
         while True:
             kind, body = await receive(incoming)
             if kind is Kind.RESULTS:
-                for entry in entries_of(body):
-                    await halts.result(entry)
+                await halts.results(entries_of(body))
             elif kind is Kind.SETTLED:
-                halts.settled(worker.index, orjson.loads(body)["below"])
+                halts.settled(worker.index, orjson.loads(body)["below"], workers)
             elif kind is Kind.SENT or kind is Kind.DONE:
                 word = orjson.loads(body)
                 now = word if kind is Kind.SENT else word["sent"]
@@ -272,6 +285,16 @@ async def _heard(worker: _Worker, workers: Sequence[_Worker], halts: _RunHalts, 
                 for other in workers:
                     if other is not worker:
                         await other.tell(frame(Kind.PAUSE, body))
+
+
+async def _tell_turns(worker: _Worker) -> None:
+    """Tell `worker` each turn that moved, the latest only: a worker that does not read (hung) holds
+    no other's turn, nor the results the parent reads from the others."""
+    while True:
+        await worker.turn_moved.wait()
+        worker.turn_moved = anyio.Event()
+        turn = None if worker.turn == math.inf else worker.turn
+        await worker.tell(json_frame(Kind.TURN, {"turn": turn}))
 
 
 async def _pass_on_stops(stop: StopControl, workers: Sequence[_Worker], bound: float) -> None:

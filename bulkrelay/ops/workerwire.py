@@ -6,7 +6,8 @@ pickle: the parent made it, for its own child, over a socket pair no one else ho
 its final results a few milliseconds' worth at a time (RESULTS, the journal entries as one JSON array),
 what it sent (SENT), below which row its results are all sent (SETTLED, for the run's failure rate),
 each pause a target asked of it (PAUSE), and last how it ended (DONE). The parent
-passes pauses on (PAUSE) and asks for stops (STOP, then FORCE). A worker's results count once the
+passes pauses on (PAUSE), tells the workers the lowest of their SETTLED rows (TURN: none runs far
+ahead of it, relay/runahead.py) and asks for stops (STOP, then FORCE). A worker's results count once the
 parent has journaled them; a stream cut short (a worker killed) loses only its frame in the making.
 """
 
@@ -35,6 +36,7 @@ class Kind(enum.IntEnum):
     FORCE = 6  # parent → worker: a forced stop (a second Ctrl+C, a stall's grace over)
     DONE = 7  # worker → parent: {"reason", "detail", "forced", "sent"}: its last word
     SETTLED = 8  # worker → parent: {"below": N}: every row below N it took has its result sent
+    TURN = 9  # parent → worker: {"turn": N | null}: the lowest SETTLED of all (null: all ended)
 
 
 def frame(kind: Kind, body: bytes) -> bytes:

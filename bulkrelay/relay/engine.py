@@ -35,6 +35,7 @@ from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import JobCounts, Reporter, Snapshot
 from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, Pace, RateLimiter
 from bulkrelay.relay.retry import RetryPolicy
+from bulkrelay.relay.runahead import RunAhead, run_ahead_rows
 from bulkrelay.relay.sender import RowSender
 from bulkrelay.relay.stopping import RowLimit, StopControl, StopReason
 from bulkrelay.relay.transport import open_transport
@@ -51,6 +52,10 @@ from bulkrelay.store.journal import (
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, utc_now
 from bulkrelay.store.summary import RequestCounts, SummaryCounts
+
+# What a window's slots judge a row by: the streak, the row order (a failure rate, a worker's settled
+# rows) and, in a worker process, its bound on running ahead of the others.
+RowHalts = tuple[Streak, RowOrder | None, RunAhead | None]
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 # The first checkpoint comes sooner: a process killed soon after it starts (again and again, say)
@@ -349,7 +354,7 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
 
     async def send(background: TaskGroup) -> None:
         if bulk is None and batches is None:
-            window = (sender, (streak, rate), config.execution.concurrency)
+            window = (sender, (streak, rate, None), config.execution.concurrency)
             await _one_request_a_row(records, window, journal, background)
         else:
             async with anyio.create_task_group() as workers:
@@ -496,7 +501,9 @@ def _earlier_sends(start: StartPoint, config: JobConfig) -> EarlierSends | None:
         return None
     batch = config.request.batch
     in_flight = config.execution.concurrency * (batch.max_items if batch is not None else 1)
-    window = in_flight + MOST_UNCOMMITTED_ROWS + config.halt.consecutive_failures
+    # An earlier call with workers may have run up to run_ahead_rows past its slowest worker's rows.
+    ahead = run_ahead_rows(config.execution.concurrency)
+    window = in_flight + MOST_UNCOMMITTED_ROWS + config.halt.consecutive_failures + ahead
     return EarlierSends(highest=start.journaled_through, window=window)
 
 
@@ -541,6 +548,7 @@ async def relay_share(
     owns: Callable[[Record], bool],
     concurrency: int,
     settled: RowOrder | None,
+    ahead: RunAhead | None,
     stop: StopControl,
     outbox: Outbox,
     limiter: Limiter,
@@ -550,7 +558,8 @@ async def relay_share(
     """A worker process's share of a run (ops/relayworker.py): its pending rows, those it `owns`, sent
     one request each through `concurrency` slots of its own, each final result handed to `outbox`.
     The halt rules are judged by the run's process over every worker's rows (ops/workers.py): here
-    `settled` hears of the rows taken and ended, for the failure rate's row order."""
+    `settled` hears of the rows taken and ended, for their row order, and `ahead` bounds how far
+    this worker runs ahead of the slowest."""
     settings = transport_settings(preflight)
     transport = transport_factory(settings)
     auth = open_authenticator(preflight, transport_factory, settings, stop)
@@ -559,7 +568,7 @@ async def relay_share(
     records = (record for record in pending if owns(record))
     try:
         async with anyio.create_task_group() as background:
-            window = (sender, (Unjudged(), settled), concurrency)
+            window = (sender, (Unjudged(), settled, ahead), concurrency)
             await _one_request_a_row(records, window, outbox, background)
             background.cancel_scope.cancel()
     except BaseExceptionGroup as group:
@@ -574,7 +583,7 @@ async def relay_share(
 
 async def _one_request_a_row(
     records: Iterator[Record],
-    window: tuple[RowSender, tuple[Streak, RowOrder | None], int],
+    window: tuple[RowSender, RowHalts, int],
     outbox: Outbox,
     background: TaskGroup,
 ) -> None:
@@ -593,17 +602,20 @@ async def _one_request_a_row(
 async def _worker(
     records: Iterator[Record],
     sender: RowSender,
-    halts: tuple[Streak, RowOrder | None],
+    halts: RowHalts,
     journal: Outbox,
 ) -> None:
     """One slot of the window: take the next pending record, see it to its end, hand over its result."""
-    streak, rate = halts
+    streak, rate, ahead = halts
     while not sender.stop.requested:
         record = next(records, None)
         if record is None:
             return
         if rate is not None:  # taken in row order: nothing awaits between next() and this
             rate.taken(record.row_number)
+        row = record.row_number
+        if ahead is not None and not ahead.allows(row) and not await ahead.wait_for(row, sender.stop):
+            return
         try:
             entry = await sender.send(record)
         except LimiterUnavailable as exc:  # never a local fallback: that could exceed the shared limit

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from bulkrelay.errors import ExitCode
+from bulkrelay.relay.runahead import run_ahead_rows
 from bulkrelay.store.journal import read_journal
 from tests.clirun import run_cli
 from tests.jobfiles import make_rows, write_job
@@ -303,3 +305,25 @@ def test_a_halt_with_workers_is_the_runs_as_one_process_judges_it(
         assert error["message"].startswith("run ") and "50 of 50 rows failed" in error["message"], error
     else:
         assert error["context"]["consecutive_failures"] == 20
+
+
+def test_no_worker_runs_far_ahead_of_a_slow_one(tmp_path: Path) -> None:
+    """Worker 1's row 2 hangs at the target: worker 0 (and worker 1's other slots) go on only up to the
+    run-ahead bound past it (relay/runahead.py), so the results the parent holds for the halt rules,
+    and the rows a kill -9 would leave in doubt, stay bounded. Released, the run ends with every row."""
+    rows = _rows_marked(6000, lambda n: n == 2)
+    bound = run_ahead_rows(8)
+    plan = {"rules": [{"match": {"path_contains": "-bad"}, "delay_ms": 120_000}]}
+    with TargetProcess(plan) as target:
+        job = write_job(tmp_path, target.url, rows=rows, **KEYED, execution={"concurrency": 8, "workers": 2})
+        run = start_run(job)
+        try:
+            wait_for(lambda: target.stats()["requests"] >= bound or None, "the rows up to the bound")
+            time.sleep(1)  # room for any row past the bound to arrive, were it sent
+            sent = {int(row.split("-")[0]) for row in sent_ids(target)}
+            assert max(sent) <= 2 + bound, max(sent)
+        finally:
+            target.release()
+        finished = finish(run)
+    assert finished.exit_code == ExitCode.SUCCESS, finished.envelope
+    assert_each_row_once(finished.data["run_dir"], 6000)
