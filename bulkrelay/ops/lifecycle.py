@@ -540,15 +540,7 @@ def _down_message(detail: Mapping[str, object]) -> str:
     """Why the target looks down, in the words of the last failure: a refused connection, an untrusted
     certificate and a 503 call for different fixes."""
     count = detail.get("consecutive_failures")
-    among = "" if "worker" not in detail else f" among {_whose_rows(detail, 'rows')}"
-    return f"the target looks down ({count} failures in a row{among}, the last: {detail['message']}); halted"
-
-
-def _whose_rows(detail: Mapping[str, object], rows: str) -> str:
-    """`rows` as a halt rule counted them: with `execution.workers`, one worker's, not the run's."""
-    if "worker" not in detail:
-        return rows
-    return f"worker {detail['worker']}'s {rows} (of {detail['workers']} workers, each judging its own rows)"
+    return f"the target looks down ({count} failures in a row, the last: {detail['message']}); halted"
 
 
 # A stop's error has always said its context first, its stop detail last (the envelope is kept to the byte).
@@ -563,7 +555,7 @@ def _failure_rate_message(detail: dict[str, object]) -> str:
     assert isinstance(share, float) and isinstance(above, float | int)
     what = commonest["error"] or commonest["classification"]
     return (
-        f"{failed} of {_whose_rows(detail, f'{rows} rows')} failed ({share:.0%}), more than "
+        f"{failed} of {rows} rows failed ({share:.0%}), more than "
         f"halt.failure_rate.above {above:.0%} "
         f"after {detail['after_rows']} rows; halted. Commonest error: {what} ({commonest['rows']} rows)"
     )

@@ -36,10 +36,12 @@ from bulkrelay.ops.workerwire import Kind, json_frame, receive, results_frame
 from bulkrelay.private import die_with_parent, no_core_dumps
 from bulkrelay.relay.affinity import relay_cpu
 from bulkrelay.relay.engine import StartPoint, open_limiter, relay_share
+from bulkrelay.relay.failurerate import SettledRows
 from bulkrelay.relay.heap import relay_collections
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter, RateLimiter
 from bulkrelay.relay.ratelimit_workers import WorkerLimiter, share_of_rate
+from bulkrelay.relay.runahead import RunAhead, run_ahead_rows
 from bulkrelay.relay.stopping import StopControl, StopReason, watch_signals
 from bulkrelay.store.journal import JournalEntry
 from bulkrelay.store.rundir import RunDir
@@ -65,9 +67,11 @@ class WorkerHandoff:
 class SocketOutbox:
     """The worker's final results, sent to the parent in frames of a few milliseconds' worth."""
 
-    def __init__(self, stream: SocketStream, stats: RelayStats) -> None:
+    def __init__(self, stream: SocketStream, stats: RelayStats, settled: SettledRows) -> None:
         self._stream = stream
         self._stats = stats
+        self._settled = settled  # told with the results it covers, for the run's halt rules
+        self._told_settled: float = 0
         self._pending: list[JournalEntry] = []
         self._notes: list[bytes] = []  # other frames to send with the next results (pauses)
         self._ready = anyio.Event()
@@ -101,6 +105,9 @@ class SocketOutbox:
             pending, self._pending = self._pending, []
             notes, self._notes = self._notes, []
             data = b"".join(notes) + (results_frame(pending) if pending else b"")
+            if self._settled.below != self._told_settled:
+                self._told_settled = self._settled.below  # read with `pending`: no await between
+                data += json_frame(Kind.SETTLED, {"below": self._told_settled})
             if time.monotonic() - self._sent_at >= SENT_EVERY_SECONDS:
                 self._sent_at = time.monotonic()
                 data += json_frame(Kind.SENT, self._stats.sent())
@@ -132,12 +139,14 @@ async def _work(sock: socket.socket) -> int:
     run = RunDir.open(Path(handoff.run_path))
     preflight = _preflight(handoff, run)
     stop, stats = StopControl(), RelayStats()
-    outbox = SocketOutbox(stream, stats)
+    settled = SettledRows()  # for the halt rules, which the parent judges over every worker's rows
+    ahead = RunAhead(run_ahead_rows(preflight.job.config.execution.concurrency))
+    outbox = SocketOutbox(stream, stats, settled)
     limiter = WorkerLimiter(_share_limiter(preflight, handoff.count), outbox.tell_pause)
     owns = _owner(handoff, preflight, run)
     async with anyio.create_task_group() as talk:
         talk.start_soon(partial(watch_signals, stop, sigint_forces_any_stop=False))  # Ctrl+C: 1 to each
-        talk.start_soon(_listen, incoming, stop, limiter)
+        talk.start_soon(_listen, incoming, stop, limiter, ahead)
         talk.start_soon(outbox.run)
         try:
             with relay_collections(), relay_cpu(handoff.pin_cpu):
@@ -147,6 +156,8 @@ async def _work(sock: socket.socket) -> int:
                     handoff.start,
                     owns=owns,
                     concurrency=handoff.concurrency,
+                    settled=settled,
+                    ahead=ahead,
                     stop=stop,
                     outbox=outbox,
                     limiter=limiter,
@@ -181,14 +192,18 @@ def _owner(handoff: WorkerHandoff, preflight: Preflight, run: RunDir) -> Callabl
     return WorkerShare(handoff.index, handoff.count, shards).of_rows(preflight.job.config.input.key)
 
 
-async def _listen(incoming: BufferedByteReceiveStream, stop: StopControl, limiter: WorkerLimiter) -> None:
-    """The parent's word: stops and the pauses of other workers. Its end is the parent's: nothing this
+async def _listen(
+    incoming: BufferedByteReceiveStream, stop: StopControl, limiter: WorkerLimiter, ahead: RunAhead
+) -> None:
+    """The parent's word: stops, the pauses of other workers, the turn. Its end is the parent's: nothing this
     worker sends from then on could be journaled, so it ends at once, as a kill -9 would end it."""
     try:
         while True:
             kind, body = await receive(incoming)
             if kind is Kind.PAUSE:
                 limiter.heard_pause(orjson.loads(body)["until"])
+            elif kind is Kind.TURN:
+                ahead.heard(orjson.loads(body)["turn"])
             elif kind is Kind.STOP:
                 stop.request(StopReason(orjson.loads(body)["reason"]), by="parent")
             elif kind is Kind.FORCE:  # after the STOP it forces, on the same stream

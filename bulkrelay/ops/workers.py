@@ -5,9 +5,10 @@ starts N workers (ops/relayworker.py, forked from it: ops/workerfork.py), hands 
 rows, of which it sends its share (ops/sharding.py `WorkerShare`), and journals their final results
 as they arrive, so every promise the journal keeps for one process it keeps here: a result counts
 once it is committed, in one file, by one writer; the run's resume and every reader of the journal
-are those of any run. The parent is the
-run's one progress, checkpoint, summary, envelope and metrics file. It passes stops on to every worker
-(SIGTERM, a budget, a halt in any one of them) and a 429's pause from one to the others.
+are those of any run. The parent is the run's one progress, checkpoint, summary, envelope and metrics
+file. It judges the halt rules over every worker's results, in row order, as one process judges its
+own (`_RunHalts`), so the rows a run halts at do not depend on how many workers sent them. It passes
+stops on to every worker (SIGTERM, a budget, a halt) and a 429's pause from one to the others.
 
 A worker that dies (kill -9, a crash) leaves its rows in flight unjournaled, exactly as a relay killed
 alone would: the parent stops the others at a safe point, and the run ends WORKER_LOST (exit 1),
@@ -23,6 +24,7 @@ would kill it, and the run ends as it was asked to, naming the worker in its sto
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import socket
@@ -41,6 +43,7 @@ import orjson
 from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from bulkrelay.job.config import HaltConfig
 from bulkrelay.job.preflight import Preflight, PreflightFacts
 from bulkrelay.ops.relayworker import WorkerHandoff
 from bulkrelay.ops.workerfork import ForkedProcess, fork_workers, may_fork
@@ -48,10 +51,12 @@ from bulkrelay.ops.workerwire import Kind, entries_of, frame, json_frame, receiv
 from bulkrelay.private import make_private_dir, open_private
 from bulkrelay.relay.affinity import usable_cpus
 from bulkrelay.relay.engine import StartPoint
+from bulkrelay.relay.failurerate import WorkersFailureRate
+from bulkrelay.relay.failurestreak import WorkersFailureStreak
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit_workers import share_of_concurrency
 from bulkrelay.relay.stopping import StopControl, StopReason
-from bulkrelay.store.journal import JournalWriter
+from bulkrelay.store.journal import JournalEntry, JournalWriter
 from bulkrelay.store.rundir import RunDir
 
 WORKERS_DIR = "workers"  # in the run directory: each worker's log (what it printed, a traceback)
@@ -88,6 +93,8 @@ class _Worker:
     last_word: dict[str, Any] | None = None
     sent: dict[str, Any] | None = None
     heard_out: bool = False  # its stream has ended: it said its last word, or died
+    turn: float = 0  # the lowest row some worker has not settled, to tell this one (relay/runahead.py)
+    turn_moved: anyio.Event = field(default_factory=anyio.Event)
 
     async def tell(self, data: bytes) -> None:
         """Send the worker a message; one that has ended hears nothing, and needs to."""
@@ -104,6 +111,7 @@ class LocalWorkers:
         facts = PreflightFacts.of(preflight)
         pending = replace(start, journal=None)  # the journal's state is the parent's alone
         self._run = run
+        self._halt = preflight.job.config.halt
         timeout = execution.timeout
         self._stop_bound = timeout.connect_seconds + timeout.write_seconds + timeout.read_seconds
         self._stop_bound += _STOP_MARGIN_SECONDS
@@ -125,15 +133,19 @@ class LocalWorkers:
 
     async def relay(self, journal: JournalWriter, stop: StopControl, stats: RelayStats) -> None:
         workers: list[_Worker] = []
+        halts = _RunHalts(self._halt, stop, journal, len(self._handoffs))
         try:
             for handoff in self._handoffs:
                 workers.append(await self._start(handoff))
             async with anyio.create_task_group() as around:
                 around.start_soon(_pass_on_stops, stop, workers, self._stop_bound)
+                for worker in workers:
+                    around.start_soon(_tell_turns, worker)
                 async with anyio.create_task_group() as serving:
                     for worker in workers:
-                        serving.start_soon(partial(_serve, worker, workers, journal, stop=stop, stats=stats))
+                        serving.start_soon(partial(_serve, worker, workers, halts, stop=stop, stats=stats))
                 around.cancel_scope.cancel()
+            await halts.release()
         finally:
             with anyio.CancelScope(shield=True):
                 for worker in workers:
@@ -184,35 +196,81 @@ class LocalWorkers:
         return process, ours
 
 
+class _RunHalts:
+    """The halt rules over every worker's rows, judged here as one process judges its own
+    (relay/engine.py): each result passes the streak (`halt.consecutive_failures`), which holds back a
+    run of failures until a row after them ends otherwise, then the journal, then the failure rate.
+    Both count a row once every worker has settled the rows below it: row order over the call."""
+
+    def __init__(self, halt: HaltConfig, stop: StopControl, journal: JournalWriter, workers: int) -> None:
+        self._streak = WorkersFailureStreak(halt.consecutive_failures, stop)
+        rule = halt.failure_rate
+        self._rate = None if rule is None else WorkersFailureRate(rule, stop)
+        self._journal = journal
+        self._settled: list[float] = [0] * workers  # below which row each worker's results are all here
+        self.turn: float = 0  # the lowest of them: every row below it has its result here
+
+    async def results(self, entries: list[JournalEntry]) -> None:
+        """A frame's results, journaled as the streak admits them (one call a frame, not a row)."""
+        journal, rate, admit = self._journal, self._rate, self._streak.admit
+        for entry in entries:
+            for admitted in admit(entry):
+                if not journal.offer(admitted):
+                    await journal.submit(admitted)
+                if rate is not None:
+                    rate.ended(admitted)
+
+    def settled(self, worker: int, below: float, workers: Sequence[_Worker]) -> None:
+        """Worker `worker` has sent the result of every row below `below` it took (`math.inf`: of every
+        row it will take). Count what the turn passed, and tell every worker a turn that moved."""
+        was_lowest = self._settled[worker] == self.turn
+        self._settled[worker] = below
+        turn = min(self._settled) if was_lowest else self.turn
+        if turn == self.turn:
+            return
+        self.turn = turn
+        self._streak.settled_below(turn)
+        if self._rate is not None:
+            self._rate.count_below(turn)
+        for each in workers:
+            each.turn = turn
+            each.turn_moved.set()
+
+    async def release(self) -> None:
+        """The failures the streak still holds once every worker has ended: final, unless it declared
+        the target down."""
+        for admitted in self._streak.release():
+            await self._journal.submit(admitted)
+
+
 async def _serve(
     worker: _Worker,
     workers: Sequence[_Worker],
-    journal: JournalWriter,
+    halts: _RunHalts,
     *,
     stop: StopControl,
     stats: RelayStats,
 ) -> None:
     """Journal what `worker` sends until its stream ends (results, counters, pauses, its last word),
     then adopt how it ended."""
-    await _heard(worker, workers, journal, stats)
+    await _heard(worker, workers, halts, stats)
     worker.heard_out = True
+    halts.settled(worker.index, math.inf, workers)  # it sends no more: none of its rows waits any longer
     with anyio.move_on_after(_EXIT_GRACE_SECONDS):  # its stream ended: so does the process, or soon
         while worker.process.poll() is None:
             await anyio.sleep(0.01)
     _adopt_last_word(worker, stop, len(workers))
 
 
-async def _heard(
-    worker: _Worker, workers: Sequence[_Worker], journal: JournalWriter, stats: RelayStats
-) -> None:
+async def _heard(worker: _Worker, workers: Sequence[_Worker], halts: _RunHalts, stats: RelayStats) -> None:
     incoming = BufferedByteReceiveStream(worker.stream)
     with suppress(anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError):
         while True:
             kind, body = await receive(incoming)
             if kind is Kind.RESULTS:
-                for entry in entries_of(body):
-                    if not journal.offer(entry):
-                        await journal.submit(entry)
+                await halts.results(entries_of(body))
+            elif kind is Kind.SETTLED:
+                halts.settled(worker.index, orjson.loads(body)["below"], workers)
             elif kind is Kind.SENT or kind is Kind.DONE:
                 word = orjson.loads(body)
                 now = word if kind is Kind.SENT else word["sent"]
@@ -227,6 +285,16 @@ async def _heard(
                 for other in workers:
                     if other is not worker:
                         await other.tell(frame(Kind.PAUSE, body))
+
+
+async def _tell_turns(worker: _Worker) -> None:
+    """Tell `worker` each turn that moved, the latest only: a worker that does not read (hung) holds
+    no other's turn, nor the results the parent reads from the others."""
+    while True:
+        await worker.turn_moved.wait()
+        worker.turn_moved = anyio.Event()
+        turn = None if worker.turn == math.inf else worker.turn
+        await worker.tell(json_frame(Kind.TURN, {"turn": turn}))
 
 
 async def _pass_on_stops(stop: StopControl, workers: Sequence[_Worker], bound: float) -> None:
@@ -263,8 +331,8 @@ async def _kill_the_hung(stop: StopControl, workers: Sequence[_Worker], bound: f
 
 
 def _adopt_last_word(worker: _Worker, stop: StopControl, workers: int) -> None:
-    """What stopped a worker stops the run: a halt, its input changed; one that died is WORKER_LOST.
-    A halt rule judged this worker's rows alone (its streak, its failure rate): the detail says whose."""
+    """What stopped a worker stops the run: a halt of its own rows (a 401), its input changed; one
+    that died is WORKER_LOST. The detail says which worker."""
     word = worker.last_word
     if word is None:
         code = worker.process.poll()

@@ -4,8 +4,10 @@ One stream socket a worker, both ways. A message is a frame: its kind (one byte)
 body (four bytes, big-endian) and the body. The parent hands each worker what it needs (HANDOFF, a
 pickle: the parent made it, for its own child, over a socket pair no one else holds); a worker sends
 its final results a few milliseconds' worth at a time (RESULTS, the journal entries as one JSON array),
-what it sent (SENT), each pause a target asked of it (PAUSE), and last how it ended (DONE). The parent
-passes pauses on (PAUSE) and asks for stops (STOP, then FORCE). A worker's results count once the
+what it sent (SENT), below which row its results are all sent (SETTLED, for the run's failure rate),
+each pause a target asked of it (PAUSE), and last how it ended (DONE). The parent
+passes pauses on (PAUSE), tells the workers the lowest of their SETTLED rows (TURN: none runs far
+ahead of it, relay/runahead.py) and asks for stops (STOP, then FORCE). A worker's results count once the
 parent has journaled them; a stream cut short (a worker killed) loses only its frame in the making.
 """
 
@@ -33,6 +35,8 @@ class Kind(enum.IntEnum):
     STOP = 5  # parent → worker: {"reason": a StopReason's value}
     FORCE = 6  # parent → worker: a forced stop (a second Ctrl+C, a stall's grace over)
     DONE = 7  # worker → parent: {"reason", "detail", "forced", "sent"}: its last word
+    SETTLED = 8  # worker → parent: {"below": N}: every row below N it took has its result sent
+    TURN = 9  # parent → worker: {"turn": N | null}: the lowest SETTLED of all (null: all ended)
 
 
 def frame(kind: Kind, body: bytes) -> bytes:

@@ -9,7 +9,8 @@ send, still under way: it is waited out as any 409 to a key sent before (relay/r
 Which rows can it be? A call sends its rows in row order, so the earlier call's rows sent and not
 journaled are the rows left pending below the journal's highest row (in flight, held back in a failure
 streak, waiting to retry) and, above it, at most its rows in flight (`concurrency` requests), the rows
-its journal writer held answered but not yet committed, and a failure streak held back. Only those get
+its journal writer held answered but not yet committed, a failure streak held back, and with workers
+the rows one worker ran ahead of the slowest (relay/runahead.py, the same bound). Only those get
 the benefit of the doubt: elsewhere a 409 to a first send is the target's refusal, final at once (a
 key never sent cannot be in progress). A new run, and a `retry-failed` run's first call, have no earlier
 call: nothing is in doubt.

@@ -29,11 +29,13 @@ from bulkrelay.relay.batches import BatchRelay
 from bulkrelay.relay.batchsender import BatchSender
 from bulkrelay.relay.bulkjobs import open_bulk_relay
 from bulkrelay.relay.earliersends import EarlierSends
-from bulkrelay.relay.failurerate import FailureRate
+from bulkrelay.relay.failurerate import FailureRate, RowOrder
+from bulkrelay.relay.failurestreak import FailureStreak, Streak, Unjudged
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.progress import JobCounts, Reporter, Snapshot
 from bulkrelay.relay.ratelimit import Limiter, LimiterUnavailable, Pace, RateLimiter
 from bulkrelay.relay.retry import RetryPolicy
+from bulkrelay.relay.runahead import RunAhead, run_ahead_rows
 from bulkrelay.relay.sender import RowSender
 from bulkrelay.relay.stopping import RowLimit, StopControl, StopReason
 from bulkrelay.relay.transport import open_transport
@@ -50,6 +52,10 @@ from bulkrelay.store.journal import (
 from bulkrelay.store.rowset import RowSet
 from bulkrelay.store.rundir import RunDir, utc_now
 from bulkrelay.store.summary import RequestCounts, SummaryCounts
+
+# What a window's slots judge a row by: the streak, the row order (a failure rate, a worker's settled
+# rows) and, in a worker process, its bound on running ahead of the others.
+RowHalts = tuple[Streak, RowOrder | None, RunAhead | None]
 
 CHECKPOINT_INTERVAL_SECONDS = 1.0
 # The first checkpoint comes sooner: a process killed soon after it starts (again and again, say)
@@ -184,51 +190,6 @@ class RelayOutcome:
     requests: RequestCounts | None = None  # what this call sent (the summary's `requests`)
 
 
-class _FailureStreak:
-    """Holds back the results of a run of consecutive transport errors and 5xx, counted in row order.
-
-    Rows complete out of order (a window of workers), so arrival order would let a late success of
-    an earlier row end a streak that follows it, and journal 503s of a target that is down as final.
-    The streak is therefore the failures of rows after the last row, in row order, that ended
-    otherwise (the breaker); a row still in flight does not break it. When the streak reaches
-    `halt.consecutive_failures` the run halts and the held rows are never journaled, so a resume
-    sends them again. A breaker releases the held failures before it (in row order) as final.
-    """
-
-    _STREAK_CLASSES = frozenset({"http_server_error", "timeout_error", "connect_error", "protocol_error"})
-
-    def __init__(self, limit: int, stop: StopControl) -> None:
-        self._limit = limit
-        self._stop = stop
-        self._held: list[JournalEntry] = []  # all after the breaker, in completion order
-        self._breaker = 0  # the highest row number that ended other than in a streak failure
-
-    def admit(self, entry: JournalEntry) -> list[JournalEntry]:
-        """The entries to journal now, given one more final result."""
-        if self._stop.reason is StopReason.HALT_UNAVAILABLE:
-            return [entry] if entry.success else []
-        row = entry.row_number
-        if entry.classification not in self._STREAK_CLASSES:
-            self._breaker = max(self._breaker, row)
-            if not self._held:  # the common case: nothing held back, nothing to sort out
-                return [entry]
-            released = [held for held in self._held if held.row_number < row]
-            self._held = [held for held in self._held if held.row_number > row]
-            return [*released, entry]
-        if row < self._breaker:
-            return [entry]  # a later row already ended otherwise: this failure belongs to no streak
-        self._held.append(entry)
-        if self._limit > 0 and len(self._held) >= self._limit:
-            self._stop.request_target_down(len(self._held), entry.classification, entry.error)
-            self._held = []
-        return []
-
-    def release(self) -> list[JournalEntry]:
-        """At the end: held results are real final results unless the target was declared down."""
-        held, self._held = self._held, []
-        return [] if self._stop.reason is StopReason.HALT_UNAVAILABLE else held
-
-
 def _pending_records(
     preflight: Preflight,
     start: StartPoint,
@@ -358,7 +319,7 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
     limiter = open_limiter(config, preflight.shared_limit)
     sender = _row_sender(preflight, run, start, transport, limiter, stop=stop, stats=stats, auth=auth)
     committed.pace = limiter.state
-    streak = _FailureStreak(config.halt.consecutive_failures, stop)
+    streak = FailureStreak(config.halt.consecutive_failures, stop)
     rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)
     batches = _batch_relay(
         preflight,
@@ -393,7 +354,7 @@ async def relay(  # noqa: PLR0915 (the one place that wires the pipeline: rows, 
 
     async def send(background: TaskGroup) -> None:
         if bulk is None and batches is None:
-            window = (sender, (streak, rate), config.execution.concurrency)
+            window = (sender, (streak, rate, None), config.execution.concurrency)
             await _one_request_a_row(records, window, journal, background)
         else:
             async with anyio.create_task_group() as workers:
@@ -540,7 +501,9 @@ def _earlier_sends(start: StartPoint, config: JobConfig) -> EarlierSends | None:
         return None
     batch = config.request.batch
     in_flight = config.execution.concurrency * (batch.max_items if batch is not None else 1)
-    window = in_flight + MOST_UNCOMMITTED_ROWS + config.halt.consecutive_failures
+    # An earlier call with workers may have run up to run_ahead_rows past its slowest worker's rows.
+    ahead = run_ahead_rows(config.execution.concurrency)
+    window = in_flight + MOST_UNCOMMITTED_ROWS + config.halt.consecutive_failures + ahead
     return EarlierSends(highest=start.journaled_through, window=window)
 
 
@@ -584,6 +547,8 @@ async def relay_share(
     *,
     owns: Callable[[Record], bool],
     concurrency: int,
+    settled: RowOrder | None,
+    ahead: RunAhead | None,
     stop: StopControl,
     outbox: Outbox,
     limiter: Limiter,
@@ -592,19 +557,19 @@ async def relay_share(
 ) -> None:
     """A worker process's share of a run (ops/relayworker.py): its pending rows, those it `owns`, sent
     one request each through `concurrency` slots of its own, each final result handed to `outbox`.
-    The halt rules judge this worker's rows; a halt is a stop request, which the worker tells the run."""
-    config = preflight.job.config
+    The halt rules are judged by the run's process over every worker's rows (ops/workers.py): here
+    `settled` hears of the rows taken and ended, for their row order, and `ahead` bounds how far
+    this worker runs ahead of the slowest."""
     settings = transport_settings(preflight)
     transport = transport_factory(settings)
     auth = open_authenticator(preflight, transport_factory, settings, stop)
     sender = _row_sender(preflight, run, start, transport, limiter, stop=stop, stats=stats, auth=auth)
-    streak = _FailureStreak(config.halt.consecutive_failures, stop)
-    rate = None if config.halt.failure_rate is None else FailureRate(config.halt.failure_rate, stop)
     pending = _pending_records(preflight, start, stop)
     records = (record for record in pending if owns(record))
     try:
         async with anyio.create_task_group() as background:
-            await _one_request_a_row(records, (sender, (streak, rate), concurrency), outbox, background)
+            window = (sender, (Unjudged(), settled, ahead), concurrency)
+            await _one_request_a_row(records, window, outbox, background)
             background.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         raise sole_error(group) from None
@@ -618,7 +583,7 @@ async def relay_share(
 
 async def _one_request_a_row(
     records: Iterator[Record],
-    window: tuple[RowSender, tuple[_FailureStreak, FailureRate | None], int],
+    window: tuple[RowSender, RowHalts, int],
     outbox: Outbox,
     background: TaskGroup,
 ) -> None:
@@ -637,17 +602,20 @@ async def _one_request_a_row(
 async def _worker(
     records: Iterator[Record],
     sender: RowSender,
-    halts: tuple[_FailureStreak, FailureRate | None],
+    halts: RowHalts,
     journal: Outbox,
 ) -> None:
     """One slot of the window: take the next pending record, see it to its end, hand over its result."""
-    streak, rate = halts
+    streak, rate, ahead = halts
     while not sender.stop.requested:
         record = next(records, None)
         if record is None:
             return
         if rate is not None:  # taken in row order: nothing awaits between next() and this
             rate.taken(record.row_number)
+        row = record.row_number
+        if ahead is not None and not ahead.allows(row) and not await ahead.wait_for(row, sender.stop):
+            return
         try:
             entry = await sender.send(record)
         except LimiterUnavailable as exc:  # never a local fallback: that could exceed the shared limit
@@ -655,10 +623,10 @@ async def _worker(
             return
         if entry is not None:
             for admitted in streak.admit(entry):
-                if rate is not None:
-                    rate.ended(admitted)
                 if not journal.offer(admitted):  # queued at once, as nearly always: no await
                     await journal.submit(admitted)
+                if rate is not None:  # after the hand-over: a worker's `settled` covers only results sent
+                    rate.ended(admitted)
 
 
 def _no_tick(snapshot: Snapshot) -> None:

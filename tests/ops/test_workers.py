@@ -7,16 +7,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bulkrelay.errors import ExitCode
+from bulkrelay.relay.runahead import run_ahead_rows
 from bulkrelay.store.journal import read_journal
 from tests.clirun import run_cli
-from tests.jobfiles import write_job
+from tests.jobfiles import make_rows, write_job
 from tests.runsteps import assert_each_row_once, resume, sent_ids
 from tests.spawnedruns import finish, start_run
 from tests.targetproc import TargetProcess
@@ -210,6 +213,61 @@ def test_workers_flag_for_a_batch_job_is_refused_before_anything_is_sent(
     assert auto.exit_code != ExitCode.ARG_ERROR, auto.envelope
 
 
+def _rows_marked(count: int, marked: Callable[[int], bool]) -> list[dict[str, str]]:
+    """Rows whose id ends `-bad` where `marked(row number)`, for a rule matching `path_contains`."""
+    rows = make_rows(count)
+    for number, row in enumerate(rows, 1):
+        if marked(number):
+            row["id"] += "-bad"
+    return rows
+
+
+UNEVEN_FAILURES: dict[str, tuple[Callable[[int], bool], dict[str, Any]]] = {
+    # 10% of the rows fail, all of them worker 1's: 20% of its rows
+    "failure-rate": (
+        lambda n: n % 10 == 0,
+        {
+            "plan": {"rules": [{"match": {"path_contains": "-bad"}, "status": 422}]},
+            "halt": {"failure_rate": {"above": 0.15, "after_rows": 50}},
+            "retry": {},
+        },
+    ),
+    # every odd row fails: a streak of worker 0's rows, broken by every even row in row order
+    "consecutive-failures": (
+        lambda n: n % 2 == 1,
+        {
+            "plan": {"rules": [{"match": {"path_contains": "-bad"}, "status": 503}]},
+            "halt": {"consecutive_failures": 20},
+            "retry": {"max_attempts": 1},
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UNEVEN_FAILURES)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_halts_judge_the_whole_calls_rows_whatever_the_workers(
+    tmp_path: Path, case: str, workers: int
+) -> None:
+    """Failures that fall unevenly on the workers' rows halt neither one process nor two: the halt
+    rules count the call's rows in row order, not each worker's own."""
+    marked, setting = UNEVEN_FAILURES[case]
+    with TargetProcess(setting["plan"]) as target:
+        job = write_job(
+            tmp_path,
+            target.url,
+            rows=_rows_marked(400, marked),
+            **KEYED,
+            execution={"workers": workers},
+            halt=setting["halt"],
+            retry=setting["retry"],
+        )
+        ran = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+
+    assert (ran.exit_code, ran.error_code) == (ExitCode.PARTIAL_FAILURE, "PARTIAL_FAILURE"), ran.envelope
+    assert ran.data["summary"]["by_outcome"]["failed"] == sum(map(marked, range(1, 401)))
+
+
 @pytest.mark.parametrize(
     ("plan", "halt", "retry", "ending"),
     [
@@ -228,11 +286,11 @@ def test_workers_flag_for_a_batch_job_is_refused_before_anything_is_sent(
     ],
     ids=["failure-rate", "consecutive-failures"],
 )
-def test_a_halt_says_it_counted_one_workers_rows(
+def test_a_halt_with_workers_is_the_runs_as_one_process_judges_it(
     tmp_path: Path, plan: dict[str, Any], halt: dict[str, Any], retry: dict[str, Any], ending: tuple[int, str]
 ) -> None:
-    """With workers each worker judges the halt rules over its own rows (not the run's, in row order):
-    the halt's message and context say so, and whose rows they are."""
+    """With workers the halt counts the call's rows: the failure rate fires at the 50th row in row
+    order, as one process's does, and neither halt names a worker."""
     with TargetProcess(plan) as target:
         job = write_job(
             tmp_path, target.url, rows=400, **KEYED, execution={"workers": 2}, halt=halt, retry=retry
@@ -241,8 +299,31 @@ def test_a_halt_says_it_counted_one_workers_rows(
 
     assert (halted.exit_code, halted.error_code) == ending, halted.envelope
     error = halted.envelope["error"]
-    worker = error["context"]["worker"]
-    assert error["context"]["workers"] == 2 and worker in (0, 1)
-    assert f"worker {worker}'s " in error["message"] and "of 2 workers" in error["message"], error
-    row = error["context"].get("row")
-    assert row is None or (row - 1) % 2 == worker  # the row it fired at is that worker's
+    assert "worker" not in error["context"] and "worker" not in error["message"], error
+    if "failure_rate" in halt:
+        assert (error["context"]["rows"], error["context"]["failed"], error["context"]["row"]) == (50, 50, 50)
+        assert error["message"].startswith("run ") and "50 of 50 rows failed" in error["message"], error
+    else:
+        assert error["context"]["consecutive_failures"] == 20
+
+
+def test_no_worker_runs_far_ahead_of_a_slow_one(tmp_path: Path) -> None:
+    """Worker 1's row 2 hangs at the target: worker 0 (and worker 1's other slots) go on only up to the
+    run-ahead bound past it (relay/runahead.py), so the results the parent holds for the halt rules,
+    and the rows a kill -9 would leave in doubt, stay bounded. Released, the run ends with every row."""
+    rows = _rows_marked(6000, lambda n: n == 2)
+    bound = run_ahead_rows(8)
+    plan = {"rules": [{"match": {"path_contains": "-bad"}, "delay_ms": 120_000}]}
+    with TargetProcess(plan) as target:
+        job = write_job(tmp_path, target.url, rows=rows, **KEYED, execution={"concurrency": 8, "workers": 2})
+        run = start_run(job)
+        try:
+            wait_for(lambda: target.stats()["requests"] >= bound or None, "the rows up to the bound")
+            time.sleep(1)  # room for any row past the bound to arrive, were it sent
+            sent = {int(row.split("-")[0]) for row in sent_ids(target)}
+            assert max(sent) <= 2 + bound, max(sent)
+        finally:
+            target.release()
+        finished = finish(run)
+    assert finished.exit_code == ExitCode.SUCCESS, finished.envelope
+    assert_each_row_once(finished.data["run_dir"], 6000)

@@ -18,11 +18,11 @@ from bulkrelay.ops.lifecycle import plan_for
 from bulkrelay.relay.engine import (
     RelayOutcome,
     StartPoint,
-    _FailureStreak,
     relay,
     target_origin,
     transport_settings,
 )
+from bulkrelay.relay.failurestreak import FailureStreak
 from bulkrelay.relay.progress import NullReporter, Snapshot
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.relay.transport.base import Response, TransportSettings
@@ -193,7 +193,7 @@ async def test_the_failure_streak_counts_in_row_order_whatever_the_completion_or
     outcomes = {row: "success" if row <= 10 else "http_server_error" for row in range(1, 31)}
     for order in _window_shuffles(list(outcomes), window=4, count=300):
         stop = StopControl()
-        streak = _FailureStreak(5, stop)
+        streak = FailureStreak(5, stop)
         admitted = [kept for row in order for kept in streak.admit(_finished(row, outcomes[row]))]
         admitted += streak.release()
         assert stop.reason == StopReason.HALT_UNAVAILABLE, order
@@ -204,7 +204,7 @@ async def test_the_failure_streak_counts_in_row_order_whatever_the_completion_or
 @pytest.mark.anyio
 async def test_a_failure_followed_in_row_order_by_another_outcome_is_final() -> None:
     stop = StopControl()
-    streak = _FailureStreak(3, stop)
+    streak = FailureStreak(3, stop)
     assert streak.admit(_finished(2, "http_server_error")) == []  # may start a streak: held
     assert [e.row_number for e in streak.admit(_finished(3, "success"))] == [2, 3]  # row 3 ended it
     assert [e.row_number for e in streak.admit(_finished(1, "timeout_error"))] == [1]  # before row 3

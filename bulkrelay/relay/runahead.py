@@ -1,0 +1,57 @@
+"""How far one worker process may run ahead of the slowest (`execution.workers`).
+
+The run's process judges the halt rules over every worker's rows in row order (ops/workers.py): it
+holds each result above the lowest row some worker has not yet answered (the turn), and the failures
+of a streak not yet broken. Were a worker free to run ahead of a slow one without end, what the parent
+holds would grow without end, and so would the rows a kill -9 of the parent leaves sent and not
+journaled above the journal's highest row, which the next call must doubt (relay/earliersends.py).
+So a worker takes no row more than `run_ahead_rows` above the turn the parent last told it: a
+worker behind never waits (its rows are the turn), and two workers at one pace never notice.
+"""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+
+from bulkrelay.relay.stopping import StopControl
+
+_LOOK_AGAIN_SECONDS = 0.05  # a waiting slot sees a stop this soon
+
+
+def run_ahead_rows(concurrency: int) -> int:
+    """The bound: far above what a few milliseconds of results at full speed, and every row in flight,
+    put between two workers at one pace."""
+    return max(2048, 16 * concurrency)
+
+
+class RunAhead:
+    """A worker's bound on the rows it takes, moved by the turns the parent tells it."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self._turn: float = 0
+        self._moved = anyio.Event()
+
+    def heard(self, turn: float | None) -> None:
+        """The parent's turn (None: every worker has ended but this one, which waits on no one)."""
+        turn = math.inf if turn is None else turn
+        if turn > self._turn:
+            self._turn = turn
+            self._moved.set()
+            self._moved = anyio.Event()
+
+    def allows(self, row: int) -> bool:
+        """Whether `row` is within the bound now (asked a row: no await)."""
+        return row <= self._turn + self.rows
+
+    async def wait_for(self, row: int, stop: StopControl) -> bool:
+        """Whether `row` may be sent: at once when it is within the bound, once the turn moves up to
+        it otherwise; False when the run is asked to stop meanwhile."""
+        while row > self._turn + self.rows:
+            if stop.requested:
+                return False
+            with anyio.move_on_after(_LOOK_AGAIN_SECONDS):
+                await self._moved.wait()
+        return True
