@@ -36,6 +36,7 @@ from bulkrelay.ops.snapshot import parquet_input
 from bulkrelay.relay.auth import check_auth, shown_with_auth
 from bulkrelay.relay.engine import transport_settings
 from bulkrelay.relay.transport import open_transport
+from bulkrelay.relay.transport.base import TransportSettings
 from bulkrelay.store.runs import default_runs_dir
 
 _ROWS = re.compile(r"^\d+(-\d+)?$")
@@ -66,12 +67,22 @@ def _input_kind(preflight: Preflight) -> str:
 def validate(
     job: Job, input_path: Path | None, input_name: str | None = None, *, check_auth: bool = False
 ) -> Result:
-    """Preflight; with `check_auth`, then one token from `request.auth.oauth2`'s endpoint (no row sent)."""
+    """Preflight and the HTTP client's set-up (its client certificate); with `check_auth`, then one token
+    from `request.auth.oauth2`'s endpoint (no row sent)."""
     preflight = run_preflight(_looked_up(job), input_path, input_name=input_name)
     result = validate_result(preflight)
+    if job.config.execution.tls is not None:
+        anyio.run(_client_opens, transport_settings(preflight))
     if check_auth:
         result = replace(result, auth=_checked_auth(preflight))
     return Result(data=result, warnings=deprecation_warnings(job.deprecations))
+
+
+async def _client_opens(settings: TransportSettings) -> None:
+    """The HTTP client made as `run` makes it, before its first request, and closed: it loads
+    `execution.tls`'s client certificate and key, and refuses them as `run` would (a missing file, no
+    PEM in it, an encrypted key, a key that is not the certificate's)."""
+    await open_transport(settings).aclose()
 
 
 def _checked_auth(preflight: Preflight) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import resource
 from pathlib import Path
 
 import pytest
+import trustme
 
 from bulkrelay.errors import ExitCode
 from tests.clirun import cli_env, run_cli
@@ -349,3 +350,35 @@ def test_render_of_rows_that_do_not_exist_is_a_usage_error(tmp_path: Path) -> No
     assert result.error_code == "USAGE_ERROR"
     message = result.envelope["error"]["message"]
     assert "9999" in message and "3 rows" in message and "people.csv" in message
+
+
+@pytest.mark.parametrize("fault", ["missing", "not PEM", "key of another certificate"])
+@pytest.mark.parametrize("client", ["reqwest", "httpx"])
+def test_validate_loads_the_client_certificate_as_run_does(tmp_path: Path, fault: str, client: str) -> None:
+    """`validate` passed a job whose `execution.tls.client_cert` `run` then refused before its first
+    request: it now sets up the HTTP client as `run` does, and refuses it the same way."""
+    authority = trustme.CA()
+    authority.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    identity = authority.issue_cert("relay-client@example.test")
+    identity.cert_chain_pems[0].write_to_path(str(tmp_path / "client.pem"))
+    identity.private_key_pem.write_to_path(str(tmp_path / "client.key"))
+    tls = "tls: {client_cert: client.pem, client_key: client.key}"
+    job = write(tmp_path, f"{JOB}execution: {{client: {client}, {tls}}}\n")
+    env = cli_env(API_TOKEN="t0ps3cret", SSL_CERT_FILE=str(tmp_path / "ca.pem"))
+    assert run_cli("validate", job, env=env).exit_code == ExitCode.SUCCESS  # the pair loads
+    if fault == "missing":
+        (tmp_path / "client.pem").unlink()
+    elif fault == "not PEM":
+        (tmp_path / "client.pem").write_text("not a certificate\n")
+    else:
+        authority.issue_cert("other@example.test").private_key_pem.write_to_path(str(tmp_path / "client.key"))
+
+    refused = run_cli("validate", job, env=env)
+    ran = run_cli("run", job, "--budget", "0", "--runs-dir", tmp_path / "runs", env=env)
+
+    assert (refused.exit_code, refused.error_code) == (ExitCode.ARG_ERROR, "USAGE_ERROR"), refused.envelope
+    assert str(tmp_path / "client.pem") in refused.envelope["error"]["message"]
+    assert (ran.exit_code, ran.envelope["error"]["message"]) == (
+        ExitCode.ARG_ERROR,
+        refused.envelope["error"]["message"],
+    )
