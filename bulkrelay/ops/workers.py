@@ -93,8 +93,11 @@ class _Worker:
     last_word: dict[str, Any] | None = None
     sent: dict[str, Any] | None = None
     heard_out: bool = False  # its stream has ended: it said its last word, or died
-    turn: float = 0  # the lowest row some worker has not settled, to tell this one (relay/runahead.py)
-    turn_moved: anyio.Event = field(default_factory=anyio.Event)
+    # What to tell it, the latest of each only (`_tell_news`): the lowest row some worker has not
+    # settled (relay/runahead.py), and the end of the latest pause another worker was asked for.
+    turn: float = 0
+    pause_until: float = 0
+    news: anyio.Event = field(default_factory=anyio.Event)
 
     async def tell(self, data: bytes) -> None:
         """Send the worker a message; one that has ended hears nothing, and needs to."""
@@ -140,7 +143,7 @@ class LocalWorkers:
             async with anyio.create_task_group() as around:
                 around.start_soon(_pass_on_stops, stop, workers, self._stop_bound)
                 for worker in workers:
-                    around.start_soon(_tell_turns, worker)
+                    around.start_soon(_tell_news, worker)
                 async with anyio.create_task_group() as serving:
                     for worker in workers:
                         serving.start_soon(partial(_serve, worker, workers, halts, stop=stop, stats=stats))
@@ -234,7 +237,7 @@ class _RunHalts:
             self._rate.count_below(turn)
         for each in workers:
             each.turn = turn
-            each.turn_moved.set()
+            each.news.set()
 
     async def release(self) -> None:
         """The failures the streak still holds once every worker has ended: final, unless it declared
@@ -283,18 +286,24 @@ async def _heard(worker: _Worker, workers: Sequence[_Worker], halts: _RunHalts, 
                 now_at = time.monotonic()
                 stats.on_pause(max(0.0, until - now_at), now_at)
                 for other in workers:
-                    if other is not worker:
-                        await other.tell(frame(Kind.PAUSE, body))
+                    if other is not worker and until > other.pause_until:
+                        other.pause_until = until
+                        other.news.set()
 
 
-async def _tell_turns(worker: _Worker) -> None:
-    """Tell `worker` each turn that moved, the latest only: a worker that does not read (hung) holds
-    no other's turn, nor the results the parent reads from the others."""
+async def _tell_news(worker: _Worker) -> None:
+    """Tell `worker` each turn that moved and each longer pause, the latest only: a worker that does
+    not read (hung, stopped) holds neither another worker's news nor the results the parent reads."""
+    told_turn, told_pause = 0.0, 0.0
     while True:
-        await worker.turn_moved.wait()
-        worker.turn_moved = anyio.Event()
-        turn = None if worker.turn == math.inf else worker.turn
-        await worker.tell(json_frame(Kind.TURN, {"turn": turn}))
+        await worker.news.wait()
+        worker.news = anyio.Event()
+        if worker.pause_until > told_pause:
+            told_pause = worker.pause_until
+            await worker.tell(json_frame(Kind.PAUSE, {"until": told_pause}))
+        if worker.turn > told_turn:
+            told_turn = worker.turn
+            await worker.tell(json_frame(Kind.TURN, {"turn": None if told_turn == math.inf else told_turn}))
 
 
 async def _pass_on_stops(stop: StopControl, workers: Sequence[_Worker], bound: float) -> None:

@@ -18,6 +18,8 @@ from bulkrelay.ops.workerwire import Kind, entries_of, frame, json_frame, receiv
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.store.journal import JournalEntry
 
+TELLS_WITHIN_S = 30.0  # a relay that never tells fails here, not at the suite's end
+
 
 def _entry(row: int, **fields: Any) -> JournalEntry:
     base: dict[str, Any] = {
@@ -81,10 +83,15 @@ def test_a_pause_one_worker_heard_is_passed_to_the_others_and_counted_once() -> 
         until = anyio.current_time() + 30
         await theirs[0].send(json_frame(Kind.PAUSE, {"until": until}))
         await theirs[0].aclose()
-        await workers._heard(pool[0], pool, None, stats)  # type: ignore[arg-type]
-        for other in theirs[1:]:
-            kind, body = await receive(BufferedByteReceiveStream(other))
-            assert kind is Kind.PAUSE and orjson.loads(body) == {"until": until}
+        async with anyio.create_task_group() as telling:
+            for worker in pool:
+                telling.start_soon(workers._tell_news, worker)
+            await workers._heard(pool[0], pool, None, stats)  # type: ignore[arg-type]
+            with anyio.fail_after(TELLS_WITHIN_S):
+                for other in theirs[1:]:
+                    kind, body = await receive(BufferedByteReceiveStream(other))
+                    assert kind is Kind.PAUSE and orjson.loads(body) == {"until": until}
+            telling.cancel_scope.cancel()
         assert stats.pauses == 1
         for stream in [*streams, *theirs[1:]]:
             await stream.aclose()
