@@ -36,7 +36,6 @@ from bulkrelay.ops.workerwire import Kind, json_frame, receive, results_frame
 from bulkrelay.private import die_with_parent, no_core_dumps
 from bulkrelay.relay.affinity import relay_cpu
 from bulkrelay.relay.engine import StartPoint, open_limiter, relay_share
-from bulkrelay.relay.failurerate import SettledRows
 from bulkrelay.relay.heap import relay_collections
 from bulkrelay.relay.metrics import RelayStats
 from bulkrelay.relay.ratelimit import Limiter, RateLimiter
@@ -67,10 +66,10 @@ class WorkerHandoff:
 class SocketOutbox:
     """The worker's final results, sent to the parent in frames of a few milliseconds' worth."""
 
-    def __init__(self, stream: SocketStream, stats: RelayStats, settled: SettledRows) -> None:
+    def __init__(self, stream: SocketStream, stats: RelayStats, rows: RunAhead) -> None:
         self._stream = stream
         self._stats = stats
-        self._settled = settled  # told with the results it covers, for the run's halt rules
+        self._rows = rows  # below which row it has settled: told with the results it covers
         self._told_settled: float = 0
         self._pending: list[JournalEntry] = []
         self._notes: list[bytes] = []  # other frames to send with the next results (pauses)
@@ -105,8 +104,9 @@ class SocketOutbox:
             pending, self._pending = self._pending, []
             notes, self._notes = self._notes, []
             data = b"".join(notes) + (results_frame(pending) if pending else b"")
-            if self._settled.below != self._told_settled:
-                self._told_settled = self._settled.below  # read with `pending`: no await between
+            settled = self._rows.settled  # read with `pending`: no await between
+            if settled != self._told_settled:
+                self._told_settled = settled
                 data += json_frame(Kind.SETTLED, {"below": self._told_settled})
             if time.monotonic() - self._sent_at >= SENT_EVERY_SECONDS:
                 self._sent_at = time.monotonic()
@@ -139,9 +139,8 @@ async def _work(sock: socket.socket) -> int:
     run = RunDir.open(Path(handoff.run_path))
     preflight = _preflight(handoff, run)
     stop, stats = StopControl(), RelayStats()
-    settled = SettledRows()  # for the halt rules, which the parent judges over every worker's rows
     ahead = RunAhead(run_ahead_rows(preflight.job.config.execution.concurrency))
-    outbox = SocketOutbox(stream, stats, settled)
+    outbox = SocketOutbox(stream, stats, ahead)
     limiter = WorkerLimiter(_share_limiter(preflight, handoff.count), outbox.tell_pause)
     owns = _owner(handoff, preflight, run)
     async with anyio.create_task_group() as talk:
@@ -156,7 +155,6 @@ async def _work(sock: socket.socket) -> int:
                     handoff.start,
                     owns=owns,
                     concurrency=handoff.concurrency,
-                    settled=settled,
                     ahead=ahead,
                     stop=stop,
                     outbox=outbox,

@@ -226,10 +226,9 @@ class _RunHalts:
     def settled(self, worker: int, below: float, workers: Sequence[_Worker]) -> None:
         """Worker `worker` has sent the result of every row below `below` it took (`math.inf`: of every
         row it will take). Count what the turn passed, and tell every worker a turn that moved."""
-        was_lowest = self._settled[worker] == self.turn
-        self._settled[worker] = below
-        turn = min(self._settled) if was_lowest else self.turn
-        if turn == self.turn:
+        self._settled[worker] = max(below, self._settled[worker])
+        turn = min(self._settled)
+        if turn <= self.turn:
             return
         self.turn = turn
         self._streak.settled_below(turn)

@@ -547,8 +547,7 @@ async def relay_share(
     *,
     owns: Callable[[Record], bool],
     concurrency: int,
-    settled: RowOrder | None,
-    ahead: RunAhead | None,
+    ahead: RunAhead,
     stop: StopControl,
     outbox: Outbox,
     limiter: Limiter,
@@ -558,8 +557,8 @@ async def relay_share(
     """A worker process's share of a run (ops/relayworker.py): its pending rows, those it `owns`, sent
     one request each through `concurrency` slots of its own, each final result handed to `outbox`.
     The halt rules are judged by the run's process over every worker's rows (ops/workers.py): here
-    `settled` hears of the rows taken and ended, for their row order, and `ahead` bounds how far
-    this worker runs ahead of the slowest."""
+    `ahead` holds the rows its slots hold, for the row below which it has settled and the bound on
+    how far it runs ahead of the slowest (relay/runahead.py)."""
     settings = transport_settings(preflight)
     transport = transport_factory(settings)
     auth = open_authenticator(preflight, transport_factory, settings, stop)
@@ -568,7 +567,7 @@ async def relay_share(
     records = (record for record in pending if owns(record))
     try:
         async with anyio.create_task_group() as background:
-            window = (sender, (Unjudged(), settled, ahead), concurrency)
+            window = (sender, (Unjudged(), None, ahead), concurrency)
             await _one_request_a_row(records, window, outbox, background)
             background.cancel_scope.cancel()
     except BaseExceptionGroup as group:
@@ -593,8 +592,10 @@ async def _one_request_a_row(
     sender, halts, concurrency = window
     async with anyio.create_task_group() as slots:
         background.start_soon(_cancel_when_forced, sender.stop, slots.cancel_scope)
-        for _ in range(concurrency):
-            slots.start_soon(_worker, records, sender, halts, outbox)
+        ahead = halts[2]
+        for _ in range(concurrency):  # every slot's row held before any slot takes one
+            cell = None if ahead is None else ahead.slot()
+            slots.start_soon(_worker, records, sender, halts, outbox, cell)
     for admitted in halts[0].release():
         await outbox.submit(admitted)
 
@@ -604,18 +605,23 @@ async def _worker(
     sender: RowSender,
     halts: RowHalts,
     journal: Outbox,
+    cell: list[int] | None,
 ) -> None:
-    """One slot of the window: take the next pending record, see it to its end, hand over its result."""
+    """One slot of the window: take the next pending record, see it to its end, hand over its result.
+    In a worker process `cell` holds the slot's row (`row` in flight, `row + 1` once handed over), for
+    the run-ahead bound and the row below which the worker has settled (relay/runahead.py)."""
     streak, rate, ahead = halts
     while not sender.stop.requested:
         record = next(records, None)
         if record is None:
             return
-        if rate is not None:  # taken in row order: nothing awaits between next() and this
-            rate.taken(record.row_number)
         row = record.row_number
-        if ahead is not None and not ahead.allows(row) and not await ahead.wait_for(row, sender.stop):
-            return
+        if rate is not None:  # taken in row order: nothing awaits between next() and this
+            rate.taken(row)
+        if cell is not None and ahead is not None:
+            cell[0] = row
+            if not ahead.allows(row) and not await ahead.wait_for(row, sender.stop):
+                return
         try:
             entry = await sender.send(record)
         except LimiterUnavailable as exc:  # never a local fallback: that could exceed the shared limit
@@ -625,8 +631,10 @@ async def _worker(
             for admitted in streak.admit(entry):
                 if not journal.offer(admitted):  # queued at once, as nearly always: no await
                     await journal.submit(admitted)
-                if rate is not None:  # after the hand-over: a worker's `settled` covers only results sent
+                if rate is not None:
                     rate.ended(admitted)
+            if cell is not None:
+                cell[0] = row + 1  # after the hand-over: what the worker tells covers only results sent
 
 
 def _no_tick(snapshot: Snapshot) -> None:

@@ -10,7 +10,7 @@ interleave. The counts are this call's: a resume after the cause was fixed start
 With `execution.workers` the rule is the run's, judged in the run's process over every worker's rows
 in row order (`WorkersFailureRate`), so it halts at the row one process would halt at. Each worker takes
 its rows in row order and tells, with its results, below which row all it took has ended
-(`SettledRows`); a result is counted once every worker has settled the rows below it (ops/workers.py).
+(relay/runahead.py); a result is counted once every worker has settled the rows below it (ops/workers.py).
 """
 
 from __future__ import annotations
@@ -110,28 +110,3 @@ class WorkersFailureRate(_Counts):
         waiting = self._waiting
         while waiting and waiting[0][0] < turn:
             self._count(heapq.heappop(waiting)[1])
-
-
-class SettledRows:
-    """A worker's rows in row order (`execution.workers`): `below` is the lowest row it took and has
-    not ended, or one past the last row it took once each has ended. Told to the run's process with
-    the worker's results, for `WorkersFailureRate`."""
-
-    def __init__(self) -> None:
-        self._order: deque[int] = deque()  # rows taken and not ended, in row order
-        self._ended: set[int] = set()  # of those, rows ended ahead of their turn
-        self._next = 0
-
-    def taken(self, row: int) -> None:
-        self._order.append(row)
-        self._next = row + 1
-
-    def ended(self, entry: JournalEntry) -> None:
-        order, ended = self._order, self._ended
-        ended.add(entry.row_number)
-        while order and order[0] in ended:
-            ended.remove(order.popleft())
-
-    @property
-    def below(self) -> float:
-        return self._order[0] if self._order else self._next

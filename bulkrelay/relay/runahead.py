@@ -1,4 +1,5 @@
-"""How far one worker process may run ahead of the slowest (`execution.workers`).
+"""How far one worker process may run ahead of the slowest (`execution.workers`), and which of its
+rows have their results.
 
 The run's process judges the halt rules over every worker's rows in row order (ops/workers.py): it
 holds each result above the lowest row some worker has not yet answered (the turn), and the failures
@@ -6,7 +7,8 @@ of a streak not yet broken. Were a worker free to run ahead of a slow one withou
 holds would grow without end, and so would the rows a kill -9 of the parent leaves sent and not
 journaled above the journal's highest row, which the next call must doubt (relay/earliersends.py).
 So a worker takes no row more than `run_ahead_rows` above the turn the parent last told it: a
-worker behind never waits (its rows are the turn), and two workers at one pace never notice.
+worker behind never waits (its rows are the turn), and two workers at one pace never notice. The
+worker tells the parent below which row it has settled from the rows its slots hold (two stores a row).
 """
 
 from __future__ import annotations
@@ -27,12 +29,28 @@ def run_ahead_rows(concurrency: int) -> int:
 
 
 class RunAhead:
-    """A worker's bound on the rows it takes, moved by the turns the parent tells it."""
+    """A worker's rows against the run's turn: the row each of its slots holds, whence the row below
+    which it has settled (every row it took below it has its result handed on), and the bound on the
+    rows it takes, moved by the turns the parent tells it."""
 
     def __init__(self, rows: int) -> None:
         self.rows = rows
         self._turn: float = 0
         self._moved = anyio.Event()
+        self._slots: list[list[int]] = []
+
+    def slot(self) -> list[int]:
+        """A slot's cell: its row while in flight, the row + 1 once its result is handed on, 0 before
+        it takes one. Every slot has one before any slot takes a row."""
+        cell = [0]
+        self._slots.append(cell)
+        return cell
+
+    @property
+    def settled(self) -> int:
+        """The lowest row a slot holds in flight, or one past a slot's last row: no row below it that
+        this worker took waits for its result (a row it takes next is above every row it took)."""
+        return min((cell[0] for cell in self._slots), default=0)
 
     def heard(self, turn: float | None) -> None:
         """The parent's turn (None: every worker has ended but this one, which waits on no one)."""

@@ -9,7 +9,7 @@ import random
 from collections.abc import Iterator
 
 from bulkrelay.job.config import FailureRateHalt
-from bulkrelay.relay.failurerate import SettledRows, WorkersFailureRate
+from bulkrelay.relay.failurerate import WorkersFailureRate
 from bulkrelay.relay.failurestreak import WorkersFailureStreak
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.store.journal import JournalEntry
@@ -31,29 +31,25 @@ def _entry(row: int, classification: str) -> JournalEntry:
 
 
 def _arrivals(outcomes: dict[int, str], rng: random.Random) -> Iterator[tuple[int, JournalEntry, float]]:
-    """(worker, result, the worker's settled mark after it) as the run's process hears them: worker
-    `w` has the rows `(row - 1) % WORKERS == w`, takes them in row order and ends them with up to 8 in
-    flight, and the workers' streams interleave at random, one of them often far ahead."""
+    """(worker, result, the worker's settled mark after it: its lowest row without a result) as the
+    run's process hears them: worker `w` has the rows `(row - 1) % WORKERS == w` and ends them with up
+    to 8 in flight, and the workers' streams interleave at random, one of them often far ahead."""
     streams = []
     for worker in range(WORKERS):
         rows = [row for row in sorted(outcomes) if (row - 1) % WORKERS == worker]
-        settled = SettledRows()
-        for row in rows:
-            settled.taken(row)
         completion = sorted(rows, key=lambda row: row + rng.uniform(0, 8 * WORKERS))
-        streams.append((worker, settled, iter(completion)))
+        streams.append((worker, rows, iter(completion)))
     lead = rng.random()  # how much more often worker 0 is heard than worker 1
     live = list(streams)
     while live:
-        worker, settled, order = live[0] if len(live) == 1 or rng.random() < lead else live[1]
+        worker, rows, order = live[0] if len(live) == 1 or rng.random() < lead else live[1]
         ended = next(order, None)
         if ended is None:
             live = [stream for stream in live if stream[0] != worker]
             yield worker, _entry(0, "success"), math.inf  # its stream ended
             continue
-        entry = _entry(ended, outcomes[ended])
-        settled.ended(entry)
-        yield worker, entry, settled.below
+        rows.remove(ended)
+        yield worker, _entry(ended, outcomes[ended]), rows[0] if rows else math.inf
 
 
 def _judged(
