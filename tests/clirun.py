@@ -150,7 +150,7 @@ def _run_forked(
             os.mkfifo(path, 0o600)
         ends = [os.open(path, os.O_RDONLY | os.O_NONBLOCK) for path in paths]
         try:
-            request = {"op": "cli", "argv": command[3:], "cwd": str(cwd), "env": env}
+            request = {"op": "cli", "argv": command[3:], "cwd": str(cwd), "env": env, "umask": _umask()}
             pid = _commands.start({**request, "stdout": paths[0], "stderr": paths[1]})
             if pid is None:
                 return None
@@ -164,6 +164,13 @@ def _run_forked(
         _commands.wait(pid, None)
         raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
     return subprocess.CompletedProcess(command, code, stdout or b"", stderr)
+
+
+def _umask() -> int:
+    """This process's umask, which a command it started would inherit (the zygote's is its own)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _read_to_the_end(fds: list[int], deadline: float) -> tuple[bytes | None, bytes]:

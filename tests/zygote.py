@@ -13,7 +13,7 @@ forgot to import fails here as it would for a user.
 The protocol is a JSON line each way on the zygote's stdin and stdout:
 
     {"op": "start", "argv": [...], "log": PATH}                   -> {"pid": N}   (a target)
-    {"op": "cli", "argv": [...], "cwd": DIR, "env": {...},
+    {"op": "cli", "argv": [...], "cwd": DIR, "env": {...}, "umask": N,
      "stdout": FIFO, "stderr": FIFO}                              -> {"pid": N}   (a command)
     {"op": "wait", "pid": N, "timeout": S}                        -> {"exit": null | CODE}
 
@@ -94,6 +94,7 @@ def _run_command(request: dict[str, Any]) -> None:
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
     os.chdir(request["cwd"])
+    os.umask(request["umask"])
     os.environ.clear()
     os.environ.update(request["env"])
     time.tzset()  # TZ was read when `time` was imported

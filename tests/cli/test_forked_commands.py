@@ -5,6 +5,7 @@ directory and environment, and the same end when it outlives its timeout."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,18 @@ def test_commands_start_as_the_program_when_the_zygote_cannot_answer(
     monkeypatch.setattr(clirun, "_commands", broken)
     job = write_job(tmp_path, "http://127.0.0.1:9", rows=3)
     assert run_cli("validate", job, cwd=tmp_path).exit_code == 0
+
+
+def test_a_forked_command_has_the_test_process_s_umask(tmp_path: Path) -> None:
+    """A stricter umask wins over the private modes (0700): the runs directory a run makes is 0500 under
+    umask 0277, the test's, as a started command inherits it, not the zygote's from when it started."""
+    job = write_job(tmp_path, "http://127.0.0.1:9", rows=1, execution={"timeout": {"connect_seconds": 1}})
+    run_cli_raw("--version")  # the zygote started before the umask changes, as in any longer session
+    previous = os.umask(0o277)
+    try:
+        run_cli_raw("run", job, "--budget", "0", "--runs-dir", tmp_path / "forked", cwd=tmp_path)
+        _started("run", job, "--budget", "0", "--runs-dir", tmp_path / "started", cwd=tmp_path, env=cli_env())
+    finally:
+        os.umask(previous)
+    modes = {name: stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("forked", "started")}
+    assert modes == {"forked": 0o500, "started": 0o500}
