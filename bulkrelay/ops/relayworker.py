@@ -12,6 +12,7 @@ goes on sending after its run's process is gone.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import socket
@@ -66,10 +67,10 @@ class WorkerHandoff:
 class SocketOutbox:
     """The worker's final results, sent to the parent in frames of a few milliseconds' worth."""
 
-    def __init__(self, stream: SocketStream, stats: RelayStats, rows: RunAhead) -> None:
+    def __init__(self, stream: SocketStream, stats: RelayStats) -> None:
         self._stream = stream
         self._stats = stats
-        self._rows = rows  # below which row it has settled: told with the results it covers
+        self.rows: RunAhead | None = None  # below which row it has settled: told with the results it covers
         self._told_settled: float = 0
         self._pending: list[JournalEntry] = []
         self._notes: list[bytes] = []  # other frames to send with the next results (pauses)
@@ -88,6 +89,10 @@ class SocketOutbox:
         while not self.offer(entry):
             await anyio.sleep(FLUSH_SECONDS)
 
+    def wake(self) -> None:
+        """Flush soon though no result is due: where this worker stands has changed."""
+        self._ready.set()
+
     def tell_pause(self, deadline: float) -> None:
         self._notes.append(json_frame(Kind.PAUSE, {"until": deadline}))
         self._ready.set()
@@ -104,10 +109,11 @@ class SocketOutbox:
             pending, self._pending = self._pending, []
             notes, self._notes = self._notes, []
             data = b"".join(notes) + (results_frame(pending) if pending else b"")
-            settled = self._rows.settled  # read with `pending`: no await between
+            settled = self._told_settled if self.rows is None else self.rows.settled  # with `pending`
             if settled != self._told_settled:
                 self._told_settled = settled
-                data += json_frame(Kind.SETTLED, {"below": self._told_settled})
+                below = None if settled == math.inf else settled  # JSON has no infinity: null
+                data += json_frame(Kind.SETTLED, {"below": below})
             if time.monotonic() - self._sent_at >= SENT_EVERY_SECONDS:
                 self._sent_at = time.monotonic()
                 data += json_frame(Kind.SENT, self._stats.sent())
@@ -139,8 +145,9 @@ async def _work(sock: socket.socket) -> int:
     run = RunDir.open(Path(handoff.run_path))
     preflight = _preflight(handoff, run)
     stop, stats = StopControl(), RelayStats()
-    ahead = RunAhead(run_ahead_rows(preflight.job.config.execution.concurrency))
-    outbox = SocketOutbox(stream, stats, ahead)
+    outbox = SocketOutbox(stream, stats)
+    ahead = RunAhead(run_ahead_rows(preflight.job.config.execution.concurrency), outbox.wake)
+    outbox.rows = ahead
     limiter = WorkerLimiter(_share_limiter(preflight, handoff.count), outbox.tell_pause)
     owns = _owner(handoff, preflight, run)
     async with anyio.create_task_group() as talk:

@@ -98,12 +98,24 @@ class _Worker:
     turn: float = 0
     pause_until: float = 0
     news: anyio.Event = field(default_factory=anyio.Event)
+    # The same socket on a descriptor of its own, for what the parent tells the worker: a write to a
+    # worker that has just exited fails and closes its stream, which must not close `stream` before the
+    # parent has read the worker's last frames (its last results, its last word).
+    # It is written to directly, not through a stream of its own, which would read the socket too.
+    out: socket.socket | None = None
 
     async def tell(self, data: bytes) -> None:
         """Send the worker a message; one that has ended hears nothing, and needs to."""
         async with self.lock:
             with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                await self.stream.send(data)
+                if self.out is None:
+                    await self.stream.send(data)
+                    return
+                left = memoryview(data)
+                while left:
+                    await anyio.wait_writable(self.out)
+                    with suppress(BlockingIOError):
+                        left = left[self.out.send(left) :]
 
 
 class LocalWorkers:
@@ -172,8 +184,9 @@ class LocalWorkers:
         log_path = self._log_path(handoff.index)
         forked = self._forked.pop(handoff.index, None)
         process, ours = self._spawn(log_path) if forked is None else forked
+        telling = ours.dup()  # non-blocking, as `ours` is: they share the open file
         stream = await SocketStream.from_socket(ours)
-        worker = _Worker(handoff.index, process, stream, log_path)
+        worker = _Worker(handoff.index, process, stream, log_path, out=telling)
         await worker.tell(frame(Kind.HANDOFF, pickle.dumps(handoff)))
         return worker
 
@@ -223,17 +236,21 @@ class _RunHalts:
                 if rate is not None:
                     rate.ended(admitted)
 
-    def settled(self, worker: int, below: float, workers: Sequence[_Worker]) -> None:
+    async def settled(self, worker: int, below: float, workers: Sequence[_Worker]) -> None:
         """Worker `worker` has sent the result of every row below `below` it took (`math.inf`: of every
-        row it will take). Count what the turn passed, and tell every worker a turn that moved."""
+        row it will take). Judge the rows the turn passed, and tell every worker a turn that moved."""
         self._settled[worker] = max(below, self._settled[worker])
         turn = min(self._settled)
         if turn <= self.turn:
             return
         self.turn = turn
-        self._streak.settled_below(turn)
-        if self._rate is not None:
-            self._rate.count_below(turn)
+        rate = self._rate
+        for released in self._streak.settled_below(turn):  # a streak's failures a breaker ended: final
+            await self._journal.submit(released)
+            if rate is not None:
+                rate.ended(released)
+        if rate is not None:  # in row order: not past a failure the streak still holds
+            rate.count_below(min(turn, self._streak.held_from))
         for each in workers:
             each.turn = turn
             each.news.set()
@@ -257,7 +274,9 @@ async def _serve(
     then adopt how it ended."""
     await _heard(worker, workers, halts, stats)
     worker.heard_out = True
-    halts.settled(worker.index, math.inf, workers)  # it sends no more: none of its rows waits any longer
+    await halts.settled(
+        worker.index, math.inf, workers
+    )  # it sends no more: none of its rows waits any longer
     with anyio.move_on_after(_EXIT_GRACE_SECONDS):  # its stream ended: so does the process, or soon
         while worker.process.poll() is None:
             await anyio.sleep(0.01)
@@ -272,7 +291,8 @@ async def _heard(worker: _Worker, workers: Sequence[_Worker], halts: _RunHalts, 
             if kind is Kind.RESULTS:
                 await halts.results(entries_of(body))
             elif kind is Kind.SETTLED:
-                halts.settled(worker.index, orjson.loads(body)["below"], workers)
+                below = orjson.loads(body)["below"]  # null: every row it will take has its result
+                await halts.settled(worker.index, math.inf if below is None else below, workers)
             elif kind is Kind.SENT or kind is Kind.DONE:
                 word = orjson.loads(body)
                 now = word if kind is Kind.SENT else word["sent"]
@@ -364,6 +384,8 @@ async def _ended(worker: _Worker) -> None:
     """The worker reaped; one still running (the parent failed: a full disk, a bug) is killed, so that
     no worker goes on sending what its run can no longer journal."""
     await worker.stream.aclose()
+    if worker.out is not None:
+        worker.out.close()
     if worker.process.poll() is None:
         worker.process.kill()
     worker.process.wait()

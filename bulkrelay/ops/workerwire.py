@@ -35,7 +35,7 @@ class Kind(enum.IntEnum):
     STOP = 5  # parent → worker: {"reason": a StopReason's value}
     FORCE = 6  # parent → worker: a forced stop (a second Ctrl+C, a stall's grace over)
     DONE = 7  # worker → parent: {"reason", "detail", "forced", "sent"}: its last word
-    SETTLED = 8  # worker → parent: {"below": N}: every row below N it took has its result sent
+    SETTLED = 8  # worker → parent: {"below": N | null}: every row below N it took has its result sent
     TURN = 9  # parent → worker: {"turn": N | null}: the lowest SETTLED of all (null: all ended)
 
 

@@ -9,6 +9,7 @@ journal batch has been fsynced; only then does it count in the progress and the 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
@@ -605,7 +606,7 @@ async def _worker(
     sender: RowSender,
     halts: RowHalts,
     journal: Outbox,
-    cell: list[int] | None,
+    cell: list[float] | None,
 ) -> None:
     """One slot of the window: take the next pending record, see it to its end, hand over its result.
     In a worker process `cell` holds the slot's row (`row` in flight, `row + 1` once handed over), for
@@ -614,6 +615,8 @@ async def _worker(
     while not sender.stop.requested:
         record = next(records, None)
         if record is None:
+            if cell is not None:
+                cell[0] = math.inf  # this slot holds no row again: it holds back no turn
             return
         row = record.row_number
         if rate is not None:  # taken in row order: nothing awaits between next() and this

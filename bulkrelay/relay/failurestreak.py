@@ -6,11 +6,14 @@ With `execution.workers` the run's process judges the streak over every worker's
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Protocol
 
 from bulkrelay.relay.stopping import StopControl, StopReason
 from bulkrelay.store.journal import JournalEntry
+
+STREAK_CLASSES = frozenset({"http_server_error", "timeout_error", "connect_error", "protocol_error"})
 
 
 class Streak(Protocol):
@@ -29,21 +32,18 @@ class FailureStreak:
     sends them again. A breaker releases the held failures before it (in row order) as final.
     """
 
-    _STREAK_CLASSES = frozenset({"http_server_error", "timeout_error", "connect_error", "protocol_error"})
-
     def __init__(self, limit: int, stop: StopControl) -> None:
         self._limit = limit
         self._stop = stop
         self._held: list[JournalEntry] = []  # all after the breaker, in completion order
         self._breaker = 0  # the highest row number that ended other than in a streak failure
-        self._turn = math.inf  # held failures of rows below it count (one process: all of them)
 
     def admit(self, entry: JournalEntry) -> list[JournalEntry]:
         """The entries to journal now, given one more final result."""
         if self._stop.reason is StopReason.HALT_UNAVAILABLE:
             return [entry] if entry.success else []
         row = entry.row_number
-        if entry.classification not in self._STREAK_CLASSES:
+        if entry.classification not in STREAK_CLASSES:
             self._breaker = max(self._breaker, row)
             if not self._held:  # the common case: nothing held back, nothing to sort out
                 return [entry]
@@ -53,7 +53,9 @@ class FailureStreak:
         if row < self._breaker:
             return [entry]  # a later row already ended otherwise: this failure belongs to no streak
         self._held.append(entry)
-        self._judge()
+        if self._limit > 0 and len(self._held) >= self._limit:
+            self._stop.request_target_down(len(self._held), entry.classification, entry.error)
+            self._held = []
         return []
 
     def release(self) -> list[JournalEntry]:
@@ -61,39 +63,72 @@ class FailureStreak:
         held, self._held = self._held, []
         return [] if self._stop.reason is StopReason.HALT_UNAVAILABLE else held
 
-    def _judge(self) -> None:
-        """Halt once the streak is `limit` long: the held failures of rows below `_turn` (one process:
-        all of them, the last one held being the `limit`-th), named by the `limit`-th in row order."""
-        if self._limit <= 0:
-            return
-        if self._turn == math.inf:
-            streak = self._held
-        else:
-            streak = sorted((held for held in self._held if held.row_number < self._turn), key=_row)
-        if len(streak) >= self._limit:
-            last = streak[self._limit - 1]
-            self._stop.request_target_down(self._limit, last.classification, last.error)
-            self._held = []
 
-
-class WorkersFailureStreak(FailureStreak):
+class WorkersFailureStreak:
     """The streak over every worker's rows (`execution.workers`), judged in the run's process. Each
-    worker's rows run ahead of or behind the others', so a failure counts only once every worker has
-    settled the rows below it (`settled_below`): the streak is then failures with no row between them
-    that ended otherwise, in row order over the whole call, whatever the workers' pace."""
+    worker's rows run ahead of or behind the others', so nothing is judged by arrival: every failure of
+    the streak's kinds is held, every other result goes to the journal at once and is noted as a
+    breaker, and once every worker has settled the rows below the turn (`settled_below`) they are
+    walked in row order: a breaker releases the failures before it as final, and `limit` failures in a
+    row halt the run, whatever the workers' pace."""
 
     def __init__(self, limit: int, stop: StopControl) -> None:
-        super().__init__(limit, stop)
-        self._turn = 0
+        self._limit = limit
+        self._stop = stop
+        self._failures: list[tuple[int, JournalEntry]] = []  # held, not yet walked: a heap by row
+        self._breakers: list[int] = []  # rows not yet walked that ended otherwise: a heap
+        self._streak: list[JournalEntry] = []  # walked failures since the last breaker, in row order
 
-    def settled_below(self, turn: float) -> None:
-        """Every row below `turn` has its result here."""
-        self._turn = turn
-        self._judge()
+    def admit(self, entry: JournalEntry) -> list[JournalEntry]:
+        """The entries to journal now, given one more final result."""
+        if self._stop.reason is StopReason.HALT_UNAVAILABLE:
+            return [entry] if entry.success else []
+        if entry.classification in STREAK_CLASSES:
+            heapq.heappush(self._failures, (entry.row_number, entry))
+            return []
+        heapq.heappush(self._breakers, entry.row_number)
+        return [entry]
+
+    def settled_below(self, turn: float) -> list[JournalEntry]:
+        """Every row below `turn` has its result here: walk them in row order; the failures a breaker
+        released, final, to journal."""
+        released: list[JournalEntry] = []
+        failures, breakers = self._failures, self._breakers
+        while self._stop.reason is not StopReason.HALT_UNAVAILABLE:
+            failure = failures[0][0] if failures and failures[0][0] < turn else math.inf
+            breaker = breakers[0] if breakers and breakers[0] < turn else math.inf
+            if failure == breaker == math.inf:
+                break
+            if breaker < failure:
+                heapq.heappop(breakers)
+                released += self._streak
+                self._streak = []
+            else:
+                self._streak.append(heapq.heappop(failures)[1])
+                self._judge()
+        return released
+
+    @property
+    def held_from(self) -> float:
+        """The lowest row whose failure is held (not final yet): the failure rate counts only below it."""
+        walked = self._streak[0].row_number if self._streak else math.inf
+        return min(walked, self._failures[0][0] if self._failures else math.inf)
+
+    def release(self) -> list[JournalEntry]:
+        """At the end: held results are real final results unless the target was declared down."""
+        held = [*self._streak, *(entry for _, entry in sorted(self._failures, key=_first))]
+        self._streak, self._failures = [], []
+        return [] if self._stop.reason is StopReason.HALT_UNAVAILABLE else held
+
+    def _judge(self) -> None:
+        if 0 < self._limit <= len(self._streak):
+            last = self._streak[self._limit - 1]
+            self._stop.request_target_down(self._limit, last.classification, last.error)
+            self._streak, self._failures, self._breakers = [], [], []
 
 
-def _row(entry: JournalEntry) -> int:
-    return entry.row_number
+def _first(pair: tuple[int, JournalEntry]) -> int:
+    return pair[0]
 
 
 class Unjudged:

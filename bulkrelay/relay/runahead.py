@@ -14,6 +14,7 @@ worker tells the parent below which row it has settled from the rows its slots h
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import anyio
 
@@ -33,21 +34,22 @@ class RunAhead:
     which it has settled (every row it took below it has its result handed on), and the bound on the
     rows it takes, moved by the turns the parent tells it."""
 
-    def __init__(self, rows: int) -> None:
+    def __init__(self, rows: int, on_wait: Callable[[], None]) -> None:
         self.rows = rows
         self._turn: float = 0
         self._moved = anyio.Event()
-        self._slots: list[list[int]] = []
+        self._slots: list[list[float]] = []
+        self._on_wait = on_wait  # a slot waits: the parent must hear where this worker stands
 
-    def slot(self) -> list[int]:
+    def slot(self) -> list[float]:
         """A slot's cell: its row while in flight, the row + 1 once its result is handed on, 0 before
-        it takes one. Every slot has one before any slot takes a row."""
-        cell = [0]
+        it takes one, `math.inf` once no row is left for it. Every slot has one before any takes a row."""
+        cell: list[float] = [0]
         self._slots.append(cell)
         return cell
 
     @property
-    def settled(self) -> int:
+    def settled(self) -> float:
         """The lowest row a slot holds in flight, or one past a slot's last row: no row below it that
         this worker took waits for its result (a row it takes next is above every row it took)."""
         return min((cell[0] for cell in self._slots), default=0)
@@ -67,6 +69,7 @@ class RunAhead:
     async def wait_for(self, row: int, stop: StopControl) -> bool:
         """Whether `row` may be sent: at once when it is within the bound, once the turn moves up to
         it otherwise; False when the run is asked to stop meanwhile."""
+        self._on_wait()  # its settled row may be all the turn waits for (the first rows of a resume)
         while row > self._turn + self.rows:
             if stop.requested:
                 return False

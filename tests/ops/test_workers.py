@@ -327,3 +327,48 @@ def test_no_worker_runs_far_ahead_of_a_slow_one(tmp_path: Path) -> None:
         finished = finish(run)
     assert finished.exit_code == ExitCode.SUCCESS, finished.envelope
     assert_each_row_once(finished.data["run_dir"], 6000)
+
+
+def test_a_resume_with_workers_far_into_the_input_is_not_held_by_the_run_ahead_bound(tmp_path: Path) -> None:
+    """A call whose first pending row is past the bound (a resume after 3,000 of 6,000 rows) once sent
+    nothing: each worker waited for a turn no worker had told, having no result to tell it with."""
+    with TargetProcess({"dedup": True}) as target:
+        job = write_job(tmp_path, target.url, rows=6000, **KEYED, execution={"concurrency": 8})
+        first = run_cli("run", job, "--budget", "0", "--limit", "3000", cwd=tmp_path)
+        assert first.data["progress"]["done"] == 3000, first.envelope
+        resumed = run_cli("resume", first.data["run_dir"], "--workers", "2", "--budget", "0", cwd=tmp_path)
+        assert resumed.exit_code == ExitCode.SUCCESS, resumed.envelope
+        assert_each_row_once(first.data["run_dir"], 6000)
+        assert target.stats()["effects"] == 6000
+
+
+def test_a_streak_below_the_turn_halts_though_a_faster_worker_succeeds_past_it(tmp_path: Path) -> None:
+    """Row 2 is slow, so worker 0 runs ahead; rows 101-400 answer 503. One process halts after 100 of
+    them in a row; with workers the successes past row 400 arrived first and ended the streak before it
+    was judged, and the 300 503s were journaled as final."""
+    rows = make_rows(3000)
+    rows[1]["id"] += "-slow"
+    for row in rows[100:400]:
+        row["id"] += "-down"
+    plan = {
+        "rules": [
+            {"match": {"path_contains": "-slow"}, "delay_ms": 3000},
+            {"match": {"path_contains": "-down"}, "status": 503},
+        ]
+    }
+    with TargetProcess(plan) as target:
+        job = write_job(
+            tmp_path,
+            target.url,
+            rows=rows,
+            **KEYED,
+            execution={"concurrency": 8, "workers": 2},
+            halt={"consecutive_failures": 100},
+            retry={"max_attempts": 1},
+        )
+        halted = run_cli("run", job, "--budget", "0", cwd=tmp_path)
+
+    assert (halted.exit_code, halted.error_code) == (ExitCode.UNAVAILABLE, "TARGET_UNAVAILABLE"), (
+        halted.envelope
+    )
+    assert halted.data["summary"]["by_outcome"]["failed"] == 0  # the streak's 503s stay pending

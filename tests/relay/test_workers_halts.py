@@ -66,9 +66,11 @@ def _judged(
                 if rate is not None:
                     rate.ended(admitted)
         marks[worker] = below
-        streak.settled_below(min(marks))
+        for released in streak.settled_below(min(marks)):
+            if rate is not None:
+                rate.ended(released)
         if rate is not None:
-            rate.count_below(min(marks))
+            rate.count_below(min(*marks, streak.held_from))
     return stop
 
 
@@ -103,3 +105,13 @@ def test_a_target_down_halts_at_the_limit_in_row_order() -> None:
         stop = _judged(outcomes, seed, None, limit=5)
         assert stop.reason is StopReason.HALT_UNAVAILABLE, seed
         assert stop.detail["consecutive_failures"] == 5
+
+
+def test_a_success_far_ahead_does_not_break_a_streak_below_the_turn() -> None:
+    # Rows 21-60 answer 503 and every other row succeeds: 40 failures in a row, in row order, however
+    # early a worker that runs ahead sends the successes of rows 61 and on.
+    outcomes = {row: "http_server_error" if 21 <= row <= 60 else "success" for row in range(1, 301)}
+    for seed in range(100):
+        stop = _judged(outcomes, seed, None, limit=30)
+        assert stop.reason is StopReason.HALT_UNAVAILABLE, seed
+        assert stop.detail["consecutive_failures"] == 30
