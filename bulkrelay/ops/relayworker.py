@@ -67,10 +67,10 @@ class WorkerHandoff:
 class SocketOutbox:
     """The worker's final results, sent to the parent in frames of a few milliseconds' worth."""
 
-    def __init__(self, stream: SocketStream, stats: RelayStats) -> None:
+    def __init__(self, stream: SocketStream, stats: RelayStats, rows: RunAhead) -> None:
         self._stream = stream
         self._stats = stats
-        self.rows: RunAhead | None = None  # below which row it has settled: told with the results it covers
+        self._rows = rows  # below which row it has settled: told with the results it covers
         self._told_settled: float = 0
         self._pending: list[JournalEntry] = []
         self._notes: list[bytes] = []  # other frames to send with the next results (pauses)
@@ -109,7 +109,7 @@ class SocketOutbox:
             pending, self._pending = self._pending, []
             notes, self._notes = self._notes, []
             data = b"".join(notes) + (results_frame(pending) if pending else b"")
-            settled = self._told_settled if self.rows is None else self.rows.settled  # with `pending`
+            settled = self._rows.settled  # read with `pending`: no await between
             if settled != self._told_settled:
                 self._told_settled = settled
                 below = None if settled == math.inf else settled  # JSON has no infinity: null
@@ -145,9 +145,9 @@ async def _work(sock: socket.socket) -> int:
     run = RunDir.open(Path(handoff.run_path))
     preflight = _preflight(handoff, run)
     stop, stats = StopControl(), RelayStats()
-    outbox = SocketOutbox(stream, stats)
-    ahead = RunAhead(run_ahead_rows(preflight.job.config.execution.concurrency), outbox.wake)
-    outbox.rows = ahead
+    # a waiting slot wakes the outbox, which tells where this worker stands (made next: hence the lambda)
+    ahead = RunAhead(run_ahead_rows(preflight.job.config.execution.concurrency), lambda: outbox.wake())  # noqa: PLW0108
+    outbox = SocketOutbox(stream, stats, ahead)
     limiter = WorkerLimiter(_share_limiter(preflight, handoff.count), outbox.tell_pause)
     owns = _owner(handoff, preflight, run)
     async with anyio.create_task_group() as talk:

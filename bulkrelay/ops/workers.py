@@ -89,6 +89,10 @@ class _Worker:
     process: _Process
     stream: SocketStream
     log: Path
+    # The same socket on a descriptor of its own, for what the parent tells the worker, written to
+    # directly (a stream of its own would read the socket too): a write to a worker that has just
+    # exited fails, and must not close `stream` before the parent has read the worker's last frames.
+    out: socket.socket
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     last_word: dict[str, Any] | None = None
     sent: dict[str, Any] | None = None
@@ -98,19 +102,11 @@ class _Worker:
     turn: float = 0
     pause_until: float = 0
     news: anyio.Event = field(default_factory=anyio.Event)
-    # The same socket on a descriptor of its own, for what the parent tells the worker: a write to a
-    # worker that has just exited fails and closes its stream, which must not close `stream` before the
-    # parent has read the worker's last frames (its last results, its last word).
-    # It is written to directly, not through a stream of its own, which would read the socket too.
-    out: socket.socket | None = None
 
     async def tell(self, data: bytes) -> None:
         """Send the worker a message; one that has ended hears nothing, and needs to."""
         async with self.lock:
-            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                if self.out is None:
-                    await self.stream.send(data)
-                    return
+            with suppress(anyio.ClosedResourceError, OSError):
                 left = memoryview(data)
                 while left:
                     await anyio.wait_writable(self.out)
@@ -148,10 +144,10 @@ class LocalWorkers:
 
     async def relay(self, journal: JournalWriter, stop: StopControl, stats: RelayStats) -> None:
         workers: list[_Worker] = []
-        halts = _RunHalts(self._halt, stop, journal, len(self._handoffs))
         try:
             for handoff in self._handoffs:
                 workers.append(await self._start(handoff))
+            halts = _RunHalts(self._halt, stop, journal, workers)
             async with anyio.create_task_group() as around:
                 around.start_soon(_pass_on_stops, stop, workers, self._stop_bound)
                 for worker in workers:
@@ -186,7 +182,7 @@ class LocalWorkers:
         process, ours = self._spawn(log_path) if forked is None else forked
         telling = ours.dup()  # non-blocking, as `ours` is: they share the open file
         stream = await SocketStream.from_socket(ours)
-        worker = _Worker(handoff.index, process, stream, log_path, out=telling)
+        worker = _Worker(handoff.index, process, stream, log_path, telling)
         await worker.tell(frame(Kind.HANDOFF, pickle.dumps(handoff)))
         return worker
 
@@ -218,12 +214,15 @@ class _RunHalts:
     run of failures until a row after them ends otherwise, then the journal, then the failure rate.
     Both count a row once every worker has settled the rows below it: row order over the call."""
 
-    def __init__(self, halt: HaltConfig, stop: StopControl, journal: JournalWriter, workers: int) -> None:
+    def __init__(
+        self, halt: HaltConfig, stop: StopControl, journal: JournalWriter, workers: Sequence[_Worker]
+    ) -> None:
         self._streak = WorkersFailureStreak(halt.consecutive_failures, stop)
         rule = halt.failure_rate
         self._rate = None if rule is None else WorkersFailureRate(rule, stop)
         self._journal = journal
-        self._settled: list[float] = [0] * workers  # below which row each worker's results are all here
+        self._workers = workers
+        self._settled: list[float] = [0] * len(workers)  # below which row each one's results are all here
         self.turn: float = 0  # the lowest of them: every row below it has its result here
 
     async def results(self, entries: list[JournalEntry]) -> None:
@@ -236,7 +235,7 @@ class _RunHalts:
                 if rate is not None:
                     rate.ended(admitted)
 
-    async def settled(self, worker: int, below: float, workers: Sequence[_Worker]) -> None:
+    async def settled(self, worker: int, below: float) -> None:
         """Worker `worker` has sent the result of every row below `below` it took (`math.inf`: of every
         row it will take). Judge the rows the turn passed, and tell every worker a turn that moved."""
         self._settled[worker] = max(below, self._settled[worker])
@@ -251,7 +250,7 @@ class _RunHalts:
                 rate.ended(released)
         if rate is not None:  # in row order: not past a failure the streak still holds
             rate.count_below(min(turn, self._streak.held_from))
-        for each in workers:
+        for each in self._workers:
             each.turn = turn
             each.news.set()
 
@@ -274,9 +273,7 @@ async def _serve(
     then adopt how it ended."""
     await _heard(worker, workers, halts, stats)
     worker.heard_out = True
-    await halts.settled(
-        worker.index, math.inf, workers
-    )  # it sends no more: none of its rows waits any longer
+    await halts.settled(worker.index, math.inf)  # it sends no more: none of its rows waits any longer
     with anyio.move_on_after(_EXIT_GRACE_SECONDS):  # its stream ended: so does the process, or soon
         while worker.process.poll() is None:
             await anyio.sleep(0.01)
@@ -292,7 +289,7 @@ async def _heard(worker: _Worker, workers: Sequence[_Worker], halts: _RunHalts, 
                 await halts.results(entries_of(body))
             elif kind is Kind.SETTLED:
                 below = orjson.loads(body)["below"]  # null: every row it will take has its result
-                await halts.settled(worker.index, math.inf if below is None else below, workers)
+                await halts.settled(worker.index, math.inf if below is None else below)
             elif kind is Kind.SENT or kind is Kind.DONE:
                 word = orjson.loads(body)
                 now = word if kind is Kind.SENT else word["sent"]
@@ -384,8 +381,7 @@ async def _ended(worker: _Worker) -> None:
     """The worker reaped; one still running (the parent failed: a full disk, a bug) is killed, so that
     no worker goes on sending what its run can no longer journal."""
     await worker.stream.aclose()
-    if worker.out is not None:
-        worker.out.close()
+    worker.out.close()
     if worker.process.poll() is None:
         worker.process.kill()
     worker.process.wait()

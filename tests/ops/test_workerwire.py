@@ -78,7 +78,10 @@ def test_a_pause_one_worker_heard_is_passed_to_the_others_and_counted_once() -> 
         pairs = [socket.socketpair() for _ in range(3)]
         streams = [await SocketStream.from_socket(ours) for ours, _ in pairs]
         theirs = [await SocketStream.from_socket(other) for _, other in pairs]
-        pool = [workers._Worker(index, None, stream, None) for index, stream in enumerate(streams)]  # type: ignore[arg-type]
+        pool = [
+            workers._Worker(index, None, stream, None, ours.dup())  # type: ignore[arg-type]
+            for index, (stream, (ours, _)) in enumerate(zip(streams, pairs, strict=True))
+        ]
         stats = RelayStats()
         until = anyio.current_time() + 30
         await theirs[0].send(json_frame(Kind.PAUSE, {"until": until}))
@@ -95,6 +98,8 @@ def test_a_pause_one_worker_heard_is_passed_to_the_others_and_counted_once() -> 
         assert stats.pauses == 1
         for stream in [*streams, *theirs[1:]]:
             await stream.aclose()
+        for worker in pool:
+            worker.out.close()
 
     anyio.run(main)
 
