@@ -69,3 +69,36 @@ def test_a_job_without_liquid_or_jwt_loads_neither(tmp_path: Path) -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert "bulkrelay.job.config" in imported
     assert not {name for name in imported if name.split(".")[0] in ("liquid", "jwt", "cryptography", "babel")}
+
+
+_FROZEN = """\
+import gc, os, sys, runpy
+real_exit = os._exit
+def _exit(code):
+    sys.stderr.write(f"FROZEN {gc.get_freeze_count()} ENABLED {gc.isenabled()}\\n")
+    real_exit(code)
+os._exit = _exit
+sys.argv = ["bulkrelay", *sys.argv[1:]]
+runpy.run_module("bulkrelay", run_name="__main__")
+"""
+
+
+def test_the_imported_commands_are_frozen_out_of_collections(tmp_path: Path) -> None:
+    """The commands' modules, classes and job schema live as long as the process: frozen once imported,
+    no collection walks them again (the first young collection after the import and the full one
+    before relaying each took 20-28 ms of every command's start-up), and collection stays on."""
+    (tmp_path / "in.csv").write_text("id,email\n1,a@example.com\n")
+    (tmp_path / "job.yaml").write_text(_JOB)
+    done = subprocess.run(
+        [sys.executable, "-c", _FROZEN, "validate", "job.yaml"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout
+    frozen = [line.split() for line in done.stderr.splitlines() if line.startswith("FROZEN ")]
+    assert len(frozen) == 1, done.stderr
+    assert int(frozen[0][1]) > 50_000  # the commands' import alone makes some 90,000 objects
+    assert frozen[0][3] == "True"
