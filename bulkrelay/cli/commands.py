@@ -36,11 +36,12 @@ from bulkrelay.background.call import (
     SyncStateArgs,
     ValidateArgs,
 )
+from bulkrelay.cli import queries
 from bulkrelay.envelope import CommandData, EnvelopeWarning, Result, SideChannel
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 from bulkrelay.job.config import Job, load_job
 from bulkrelay.job.inputs import STDIN_NAME
-from bulkrelay.ops import launch, preview, status
+from bulkrelay.ops import launch, preview
 from bulkrelay.ops.invocation import refuse_unrecordable
 from bulkrelay.ops.lifecycle import RunObserver, RunOptions, prepared_input
 from bulkrelay.ops.results import RunResult
@@ -49,7 +50,7 @@ from bulkrelay.ops.sharding import ShardSpec, resolve_shard
 from bulkrelay.ops.snapshot import is_query_job, parquet_input, passing_snapshot, refuse_input_override
 from bulkrelay.relay.metrics import MetricsFile, MetricsPush, metrics_path, metrics_push_url
 from bulkrelay.store.rundir import RunDir
-from bulkrelay.store.runs import default_runs_dir
+from bulkrelay.store.runs import default_runs_dir, resolve_run
 
 if TYPE_CHECKING:
     from bulkrelay.background.worker import BackgroundSupervisor
@@ -78,12 +79,10 @@ def _direct(command: str, options: CommandArgs) -> Result:
             return _validate(options)
         case RenderArgs():
             return _render(options)
-        case StatusArgs():
-            return status.status(_resolved(options.run_dir, options.runs_dir))
+        case StatusArgs() | RunsArgs():  # the program's own call goes there straight (cli/main.py)
+            return queries.run_query(options)
         case ShardsArgs():
             return _shards(options)
-        case RunsArgs():
-            return status.runs(default_runs_dir(options.runs_dir))
         case ExportArgs():
             return _export(options)
         case FailuresArgs():
@@ -182,7 +181,7 @@ def _recorded_paths(options: CommandArgs) -> list[tuple[str, Path | None]]:
         case ResumeArgs() | RetryFailedArgs():
             named = options.input if isinstance(options, ResumeArgs) else None
             try:
-                run_dir: Path | None = _resolved(options.run_dir, options.runs_dir)
+                run_dir: Path | None = resolve_run(options.run_dir, options.runs_dir)
             except BulkRelayError:
                 run_dir = None
             given = Path(named) if named not in (None, "-") else None
@@ -273,14 +272,14 @@ def _continues(relay: _Relay, spooled_stdin: Path | None) -> RunDir | None:
     identical `retry-failed`'s child), read before the hand-off."""
     options = relay.options
     if isinstance(options, ResumeArgs):
-        return RunDir.open(_resolved(options.run_dir, options.runs_dir))
+        return RunDir.open(resolve_run(options.run_dir, options.runs_dir))
     if isinstance(options, RunArgs):
         named = Path(options.input) if options.input not in (None, "-") else None
         return launch.run_to_continue(_run_request(options, relay, spooled_stdin or named))
     if isinstance(options, RetryFailedArgs):
         from bulkrelay.ops import retry_failed as retryfailed  # loaded only for its own command
 
-        parent = _resolved(options.run_dir, options.runs_dir)
+        parent = resolve_run(options.run_dir, options.runs_dir)
         return retryfailed.child_to_continue(parent, options.config, options.status, options.classification)
     return None
 
@@ -437,13 +436,6 @@ def _apply_retention(result: Result, runs_dir: Path) -> None:
         result.data = replace(result.data, pruned=tuple(report.removed))
 
 
-def _resolved(ref: str, runs_dir: Path | None) -> Path:
-    """The run directory a RUN argument names: a path, a run id, or `latest`."""
-    from bulkrelay.store.runs import resolve_run
-
-    return resolve_run(ref, runs_dir)
-
-
 def _resume(options: ResumeArgs, relay: _Relay) -> Result:
     input_path = Path(options.input) if options.input not in (None, "-") else None
     if options.input == "-":
@@ -452,7 +444,7 @@ def _resume(options: ResumeArgs, relay: _Relay) -> Result:
             "and one that read a file takes --input FILE when the file moved",
             suggestion=f"bulkrelay resume {options.run_dir}",
         )
-    run_dir = _resolved(options.run_dir, options.runs_dir)
+    run_dir = resolve_run(options.run_dir, options.runs_dir)
     return launch.resume(run_dir, options.config, input_path, _options(relay))
 
 
@@ -466,7 +458,7 @@ def _retry_failed(options: RetryFailedArgs, relay: _Relay) -> Result:
     from bulkrelay.ops import retry_failed as retryfailed  # loaded only for its own command
 
     return retryfailed.retry_failed(
-        _resolved(options.run_dir, options.runs_dir),
+        resolve_run(options.run_dir, options.runs_dir),
         config=options.config,
         statuses=options.status,
         classification=options.classification,
@@ -480,15 +472,15 @@ def _export(options: ExportArgs) -> Result:
     if options.results:
         if options.failed or options.with_reasons or options.shard_runs:
             raise UsageError("--results writes every row: --failed, --with-reasons, shards do not apply")
-        run_dir = _resolved(options.run_dir, options.runs_dir)
+        run_dir = resolve_run(options.run_dir, options.runs_dir)
         return export.export_results(run_dir, fmt=options.format, output=options.output)
     return export.export(
-        _resolved(options.run_dir, options.runs_dir),
+        resolve_run(options.run_dir, options.runs_dir),
         failed_only=options.failed,
         fmt=options.format,
         output=options.output,
         with_reasons=options.with_reasons,
-        shards=tuple(_resolved(ref, options.runs_dir) for ref in options.shard_runs),
+        shards=tuple(resolve_run(ref, options.runs_dir) for ref in options.shard_runs),
     )
 
 
@@ -535,7 +527,7 @@ def _completion(options: CompletionArgs) -> Result:
 def _failures(options: FailuresArgs) -> Result:
     from bulkrelay.ops import failures  # loaded only for its own command
 
-    return failures.failures(_resolved(options.run_dir, options.runs_dir))
+    return failures.failures(resolve_run(options.run_dir, options.runs_dir))
 
 
 def _report(options: ReportArgs) -> Result:
@@ -549,7 +541,7 @@ def _report(options: ReportArgs) -> Result:
 
     if options.run_dir is None:
         raise UsageError("report needs a RUN (a run directory, a run id or `latest`) or --history JOB_NAME")
-    return report.report(_resolved(options.run_dir, options.runs_dir), options.output)
+    return report.report(resolve_run(options.run_dir, options.runs_dir), options.output)
 
 
 def _demo(options: DemoArgs, observers: tuple[RunObserver, ...]) -> Result:

@@ -22,7 +22,6 @@ from bulkrelay.report.nights import Comparison, compare, job_name, night_of, nig
 from bulkrelay.report.reportdata import (
     JournalTally,
     Timeline,
-    epoch,
     read_timeline,
     requests_sent,
     tally_journal,
@@ -30,7 +29,7 @@ from bulkrelay.report.reportdata import (
 from bulkrelay.report.reportpage import Deletions, QueryInput, ReportFacts, page
 from bulkrelay.store.atomic import file_to_replace, read_json, write_atomic
 from bulkrelay.store.checkpoint import read_checkpoint
-from bulkrelay.store.rundir import SUMMARY, RunDir, utc_now
+from bulkrelay.store.rundir import SUMMARY, RunDir, epoch, utc_now
 from bulkrelay.store.selection import load_selection
 
 STDOUT = "-"

@@ -15,7 +15,6 @@ from bulkrelay.ops.results import (
     StatusResult,
 )
 from bulkrelay.relay.progress import Snapshot
-from bulkrelay.report.reportdata import epoch
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.rundir import (
@@ -25,6 +24,7 @@ from bulkrelay.store.rundir import (
     AlphaRun,
     RunDir,
     RunState,
+    epoch,
     is_locked,
 )
 from bulkrelay.store.runs import survey

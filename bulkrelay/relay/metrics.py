@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import StorageFailed, UsageError
-from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.redact import redact_url_credentials
 from bulkrelay.private import UnreadableFile, read_small_file
 from bulkrelay.relay.progress import Snapshot
@@ -35,6 +34,8 @@ from bulkrelay.store.summary import RequestCounts
 if TYPE_CHECKING:  # prometheus_client loads only when a metrics file is written (~0.1 s of every start)
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import GaugeMetricFamily, Metric
+
+    from bulkrelay.job.preflight import Preflight  # `status` reads metrics' words, not a job
 
 METRICS_ENV = "BULKRELAY_METRICS_FILE"
 METRICS_INTERVAL_SECONDS = 10.0

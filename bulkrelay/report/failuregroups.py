@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bulkrelay.store.journal import JournalEntry
+if TYPE_CHECKING:
+    from bulkrelay.store.journal import JournalEntry
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bulkrelay.errors import BulkRelayError
-from bulkrelay.report.reportdata import epoch
 from bulkrelay.store.atomic import read_json
 from bulkrelay.store.manifest import RunState
-from bulkrelay.store.rundir import SUMMARY, RunDir
+from bulkrelay.store.rundir import SUMMARY, RunDir, epoch
 from bulkrelay.store.runs import survey
 
 USUAL_NIGHTS = 14  # the nights before this one that say what is usual

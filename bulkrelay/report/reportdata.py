@@ -17,7 +17,6 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import orjson
 from bulkrelay.relay.metrics import status_class
 from bulkrelay.report.failuregroups import FailureGroup, FailureTally, largest_first
 from bulkrelay.store.journal import JournalEntry, read_journal
-from bulkrelay.store.rundir import RUN_LOG
+from bulkrelay.store.rundir import RUN_LOG, epoch
 from bulkrelay.store.summary import LatencyHistogram, RequestCounts
 
 MAX_POINTS = 400  # intervals kept for the time series; past twice this, neighbours are merged
@@ -266,16 +265,6 @@ class Timeline:
     @property
     def relaying_seconds(self) -> float:
         return sum(interval.end - interval.start for interval in self.intervals)
-
-
-def epoch(ts: object) -> float | None:
-    """A run-log or manifest timestamp (`2026-12-01T02:30:00.123456Z`) in epoch seconds."""
-    if not isinstance(ts, str):
-        return None
-    try:
-        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _log_lines(path: Path) -> Iterator[dict[str, Any] | None]:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from bulkrelay.report.reportdata import epoch
+from bulkrelay.store.rundir import epoch
 
 
 def duration(seconds: float | None) -> str:

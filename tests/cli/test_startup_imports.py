@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bulkrelay.errors import ExitCode
+
 # real processes: outside the fast lane (`-m "not slow"`)
 pytestmark = pytest.mark.slow
 
@@ -69,6 +71,42 @@ def test_a_job_without_liquid_or_jwt_loads_neither(tmp_path: Path) -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert "bulkrelay.job.config" in imported
     assert not {name for name in imported if name.split(".")[0] in ("liquid", "jwt", "cryptography", "babel")}
+
+
+_HEAVY = ("pydantic", "yaml", "bulkrelay.job.config", "bulkrelay.relay.engine", "pyreqwest", "asyncio")
+
+
+def _imported(command: list[str], cwd: Path) -> set[str]:
+    """The modules a `bulkrelay` command loaded (read from -X importtime: the command ends by os._exit)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "bulkrelay", *command],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=cwd,
+    )
+    assert done.returncode == 0, done.stdout
+    return {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+
+
+def test_status_and_runs_load_no_job_schema_nor_relay(tmp_path: Path) -> None:
+    """`status` and `runs` read run directories: an agent or a prompt polling them does not pay for the
+    job file's schema, YAML, the HTTP client or the event loop (about 0.15 s of every such call)."""
+    (tmp_path / "in.csv").write_text("id,email\n1,a@example.com\n")
+    (tmp_path / "job.yaml").write_text(_JOB + "retry: { max_attempts: 1 }\n")
+    ran = subprocess.run(  # a run to ask about, which port 9 refused: it halts, its directory stays
+        [sys.executable, "-m", "bulkrelay", "run", "job.yaml", "--budget", "0", "--runs-dir", "runs"],
+        capture_output=True,
+        check=False,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert ran.returncode == ExitCode.PARTIAL_FAILURE, ran.stdout  # its row refused: failed
+    for command in (["status", "latest", "--runs-dir", "runs"], ["runs", "--runs-dir", "runs"]):
+        loaded = _imported(command, tmp_path)
+        assert "bulkrelay.ops.status" in loaded
+        assert not loaded.intersection(_HEAVY), command
 
 
 _FROZEN = """\
