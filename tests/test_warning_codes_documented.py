@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "bulkrelay"
 DOC = ROOT / "docs" / "json-output.md"
 # Modules that rebuild warnings from their stored dicts: the codes are those that were stored.
-_RESTORED = {"background/jobs.py"}
+_RESTORED = {"background/reach.py"}
 _ROW = re.compile(r"^\| `([A-Z][A-Z0-9_]+)` \|(.*)$", re.MULTILINE)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bulkrelay.background import jobs
+from bulkrelay.background.budget import resolve_budget
 from bulkrelay.background.call import (
     Call,
     CommandArgs,
@@ -36,7 +37,7 @@ from bulkrelay.background.call import (
     SyncStateArgs,
     ValidateArgs,
 )
-from bulkrelay.cli import queries
+from bulkrelay.cli import watching
 from bulkrelay.envelope import CommandData, EnvelopeWarning, Result, SideChannel
 from bulkrelay.errors import BulkRelayError, ExitCode, UsageError
 from bulkrelay.job.config import Job, load_job
@@ -79,8 +80,10 @@ def _direct(command: str, options: CommandArgs) -> Result:
             return _validate(options)
         case RenderArgs():
             return _render(options)
-        case StatusArgs() | RunsArgs():  # the program's own call goes there straight (cli/main.py)
-            return queries.run_query(options)
+        case (
+            StatusArgs() | RunsArgs() | JobArgs()
+        ):  # the program's own call goes there straight (cli/main.py)
+            return watching.watch(command, options)
         case ShardsArgs():
             return _shards(options)
         case ExportArgs():
@@ -95,17 +98,7 @@ def _direct(command: str, options: CommandArgs) -> Result:
             return _completion(options)
         case SyncStateArgs():
             return _sync_state(command, options)
-        case JobArgs():
-            return _job(command, options)
     raise UsageError("a command is required", suggestion="see `bulkrelay --help`")
-
-
-def _job(command: str, options: JobArgs) -> Result:
-    if command == "job wait":
-        return jobs.background_wait(options.job_id, options.budget)
-    if command == "job cancel":
-        return jobs.background_cancel(options.job_id, options.budget)
-    return jobs.background_status(options.job_id)
 
 
 def _logged(call: Call, runtime: Runtime) -> Result:
@@ -228,7 +221,7 @@ def _within_budget(relay: _Relay) -> Result:
     if supervisor is not None:
         supervisor.index_under(lambda stdin: _key(relay, stdin))
         return _relay(relay)
-    budget_ms = jobs.resolve_budget(relay.options.budget, os.environ, sys.stdout.isatty())
+    budget_ms = resolve_budget(relay.options.budget, os.environ, sys.stdout.isatty())
     try:
         if budget_ms:
             result = jobs.hand_off(

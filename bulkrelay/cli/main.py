@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from bulkrelay.background.call import Call, RunsArgs, StatusArgs, WorkerArgs
+from bulkrelay.background.call import Call, JobArgs, RunsArgs, StatusArgs, WorkerArgs
 from bulkrelay.cli.parser import Answered, HelpText, VersionInfo, exports_to_stdout, parse_call
 from bulkrelay.cli.process_exit import exit_process
 from bulkrelay.envelope import ErrorInfo, Result, dumps_envelope, to_envelope
@@ -46,10 +46,10 @@ def dispatch(call: Call, started: float) -> Result:
         with _no_collection():
             from bulkrelay.background import worker  # a background job's own process
         return worker.run_worker(call.options.job_id, run_stored_call)
-    if isinstance(call.options, StatusArgs | RunsArgs):  # they read runs: no job schema, no relay
+    if isinstance(call.options, StatusArgs | RunsArgs | JobArgs):  # no job file's schema, no relay
         with _no_collection():
-            from bulkrelay.cli import queries
-        return queries.run_query(call.options)
+            from bulkrelay.cli import watching
+        return watching.watch(call.command, call.options)
     with _no_collection():
         from bulkrelay.cli import commands  # the commands; imported late so `--help` stays fast
     return commands.run_call(call, commands.Runtime(started))

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
-from bulkrelay.background.jobs import DEFAULT_BUDGET_MS, resolve_budget
+from bulkrelay.background.budget import DEFAULT_BUDGET_MS, resolve_budget
 from bulkrelay.errors import ExitCode, UsageError
 from bulkrelay.store.journal import read_journal
 from tests.background.jobcli import cli as _cli

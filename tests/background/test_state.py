@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from bulkrelay.background import jobs as background_jobs
+from bulkrelay.background import reach as background_reach
 from bulkrelay.background import state as background_state
 from bulkrelay.background import worker as background_worker
 from bulkrelay.background.state import (
@@ -153,7 +154,7 @@ def test_in_code_a_background_job_is_named_so_and_job_alone_means_the_job_file()
     """`Job` is the job file (bulkrelay.job.config); a background job's classes say `Background`."""
     defined = {
         name
-        for module in (background_state, background_jobs, background_worker)
+        for module in (background_state, background_jobs, background_reach, background_worker)
         for name, value in vars(module).items()
         if isinstance(value, type) and value.__module__ == module.__name__
     }

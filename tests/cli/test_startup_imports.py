@@ -4,10 +4,12 @@ Checked by the modules loaded, not by a timing, so it holds on a busy machine.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from bulkrelay.errors import ExitCode
@@ -59,16 +61,7 @@ def test_a_job_without_liquid_or_jwt_loads_neither(tmp_path: Path) -> None:
     leaf or JWT key, not before."""
     (tmp_path / "in.csv").write_text("id,email\n1,a@example.com\n")
     (tmp_path / "job.yaml").write_text(_JOB)
-    done = subprocess.run(  # the command ends by os._exit: the modules are read from -X importtime
-        [sys.executable, "-X", "importtime", "-m", "bulkrelay", "validate", "job.yaml"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout
-    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    imported = _imported(["validate", "job.yaml"], tmp_path)
     assert "bulkrelay.job.config" in imported
     assert not {name for name in imported if name.split(".")[0] in ("liquid", "jwt", "cryptography", "babel")}
 
@@ -76,37 +69,46 @@ def test_a_job_without_liquid_or_jwt_loads_neither(tmp_path: Path) -> None:
 _HEAVY = ("pydantic", "yaml", "bulkrelay.job.config", "bulkrelay.relay.engine", "pyreqwest", "asyncio")
 
 
-def _imported(command: list[str], cwd: Path) -> set[str]:
-    """The modules a `bulkrelay` command loaded (read from -X importtime: the command ends by os._exit)."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "bulkrelay", *command],
+def _python(args: list[str], cwd: Path, state: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` in `cwd`, with background jobs kept in `state`."""
+    environment = os.environ if state is None else {**os.environ, "BULKRELAY_STATE_DIR": str(state)}
+    return subprocess.run(
+        [sys.executable, *args],
         capture_output=True,
         text=True,
         check=False,
         timeout=60,
         cwd=cwd,
+        env=environment,
     )
-    assert done.returncode == 0, done.stdout
+
+
+def _imported(command: list[str], cwd: Path, state: Path | None = None) -> set[str]:
+    """The modules a `bulkrelay` command loaded (read from -X importtime: the command ends by os._exit)."""
+    done = _python(["-X", "importtime", "-m", "bulkrelay", *command], cwd, state)
+    assert orjson.loads(done.stdout)["ok"] is not None  # one envelope, whatever the job's answer
     return {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
 
 
-def test_status_and_runs_load_no_job_schema_nor_relay(tmp_path: Path) -> None:
-    """`status` and `runs` read run directories: an agent or a prompt polling them does not pay for the
-    job file's schema, YAML, the HTTP client or the event loop (about 0.15 s of every such call)."""
+def test_status_runs_and_job_status_load_no_job_schema_nor_relay(tmp_path: Path) -> None:
+    """`status`, `runs` and `job status` watch what exists: an agent or a prompt polling them does not
+    pay for the job file's schema, YAML, the HTTP client or the event loop (0.15 s of every such call)."""
     (tmp_path / "in.csv").write_text("id,email\n1,a@example.com\n")
     (tmp_path / "job.yaml").write_text(_JOB + "retry: { max_attempts: 1 }\n")
-    ran = subprocess.run(  # a run to ask about, which port 9 refused: it halts, its directory stays
-        [sys.executable, "-m", "bulkrelay", "run", "job.yaml", "--budget", "0", "--runs-dir", "runs"],
-        capture_output=True,
-        check=False,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    ran = _python(["-m", "bulkrelay", "run", "job.yaml", "--budget", "0", "--runs-dir", "runs"], tmp_path)
     assert ran.returncode == ExitCode.PARTIAL_FAILURE, ran.stdout  # its row refused: failed
     for command in (["status", "latest", "--runs-dir", "runs"], ["runs", "--runs-dir", "runs"]):
         loaded = _imported(command, tmp_path)
         assert "bulkrelay.ops.status" in loaded
         assert not loaded.intersection(_HEAVY), command
+    state = tmp_path / "state"  # a background job to ask about: handed off at once, it ends on its own
+    handed = _python(
+        ["-m", "bulkrelay", "run", "job.yaml", "--budget", "1", "--runs-dir", "runs"], tmp_path, state
+    )
+    job_id = orjson.loads(handed.stdout)["meta"]["job_id"]
+    loaded = _imported(["job", "status", job_id], tmp_path, state)
+    assert "bulkrelay.background.reach" in loaded
+    assert not loaded.intersection(_HEAVY)
 
 
 _FROZEN = """\
@@ -127,14 +129,7 @@ def test_the_imported_commands_are_frozen_out_of_collections(tmp_path: Path) -> 
     before relaying each took 20-28 ms of every command's start-up), and collection stays on."""
     (tmp_path / "in.csv").write_text("id,email\n1,a@example.com\n")
     (tmp_path / "job.yaml").write_text(_JOB)
-    done = subprocess.run(
-        [sys.executable, "-c", _FROZEN, "validate", "job.yaml"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    done = _python(["-c", _FROZEN, "validate", "job.yaml"], tmp_path)
     assert done.returncode == 0, done.stdout
     frozen = [line.split() for line in done.stderr.splitlines() if line.startswith("FROZEN ")]
     assert len(frozen) == 1, done.stderr
