@@ -80,7 +80,8 @@ def run_stored_call(spec: BackgroundJobSpec, supervisor: BackgroundSupervisor) -
     """A background job's call, run to its end in its worker: no budget (it is the job), and the
     supervisor owns its signals and bounds. A job an earlier version wrote holds only its command
     line, parsed again here as that version's worker did."""
-    from bulkrelay.cli import commands
+    with _no_collection():  # the worker's import of the commands, as the front process's (dispatch)
+        from bulkrelay.cli import commands
 
     call = spec.call if spec.call is not None else parse_call(spec.argv)
     return commands.run_call(call, commands.Runtime(time.monotonic(), supervisor))
