@@ -63,7 +63,7 @@ def wait_for(
         if state is BackgroundJobState.ENDED:
             return stored_result(background, budget_ms)
         if state is BackgroundJobState.LOST:
-            raise background_job_lost(background)
+            return lost(background, budget_ms)
         signalled = handed_off()
         if signalled or (deadline is not None and time.monotonic() >= deadline):
             return incomplete(background, budget_ms, handed_off_on=signalled)
@@ -194,6 +194,14 @@ def _why_incomplete(state: BackgroundJobState, budget_ms: int | None, handed_off
     return f"is still {state}"
 
 
+def lost(background: BackgroundJob, budget_ms: int | None) -> Result:
+    """JOB_LOST (1): the job's worker ended without writing a result. Like every answer about a job, it
+    names the job in `meta.job_id`, which a caller that handed its work off knows it by."""
+    result = Result.from_error(background_job_lost(background))
+    result.meta = CallMeta(job_id=background.job_id, budget_ms=budget_ms)
+    return result
+
+
 def background_job_lost(background: BackgroundJob) -> JobLost:
     run_dir = None
     with suppress(BulkRelayError):  # a damaged status must not hide that the worker is gone
@@ -225,7 +233,7 @@ def background_status(job_id: str) -> Result:
     if state is BackgroundJobState.ENDED:
         return stored_result(background, None)
     if state is BackgroundJobState.LOST:
-        raise background_job_lost(background)
+        return lost(background, None)
     return incomplete(background, None)
 
 

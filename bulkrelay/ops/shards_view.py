@@ -12,9 +12,9 @@ from bulkrelay.envelope import EnvelopeWarning, Result
 from bulkrelay.errors import NotFound
 from bulkrelay.ops.results import ShardRow, ShardsResult
 from bulkrelay.ops.sharding import shard_of_run
-from bulkrelay.ops.status import committed_progress
+from bulkrelay.ops.status import LIVE, committed_progress, liveness
 from bulkrelay.relay.progress import Snapshot
-from bulkrelay.store.rundir import RunDir, is_locked
+from bulkrelay.store.rundir import RunDir
 from bulkrelay.store.runs import is_run_dir, runs_in
 
 
@@ -52,7 +52,7 @@ def _shard_row(run: RunDir) -> ShardRow:
         run_id=run.run_id,
         run_dir=str(run.path),
         state=run.state,
-        live=is_locked(run.path),
+        live=liveness(run) == LIVE,  # another user's finished shard is not live (status's rule)
         progress=committed_progress(run),
     )
 

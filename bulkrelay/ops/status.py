@@ -20,12 +20,13 @@ from bulkrelay.store.checkpoint import read_checkpoint
 from bulkrelay.store.rundir import (
     ALPHA,
     CHECKPOINT,
+    LOCK,
     SUMMARY,
     AlphaRun,
     RunDir,
     RunState,
     epoch,
-    is_locked,
+    probe_lock,
 )
 from bulkrelay.store.runs import survey
 from bulkrelay.store.selection import load_selection
@@ -65,8 +66,11 @@ INTERRUPTED = "interrupted"
 
 def liveness(run: RunDir) -> str:
     """Whether a process works on the run now, judged by its lock (the OS drops it when the holder
-    dies), not by the manifest's state, which a killed process leaves at `running`."""
-    if is_locked(run.path):
+    dies), not by the manifest's state, which a killed process leaves at `running`. A lock this user
+    cannot probe (another user's run) is taken as held, unless the run has ended for good: no process
+    works on a final run again, and an operator watching another user's runs sees them finished."""
+    held = probe_lock(run.path / LOCK)
+    if held or (held is None and not run.state.final):
         return LIVE
     if run.state is RunState.RUNNING:
         return CRASHED

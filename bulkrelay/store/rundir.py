@@ -229,13 +229,24 @@ class AlphaRun:
         return self.manifest.run_id
 
 
+def holds_manifest(path: Path) -> bool:
+    """Whether `path` is a run directory: it holds a `run.json`. A directory this user may not look
+    into (`chmod 000`, another user's) holds one as far as anyone can tell: it is a run that cannot
+    be read, which reading its manifest then says (JOURNAL_CORRUPT, `runs`' RUN_UNREADABLE), rather
+    than an error about nothing in particular."""
+    try:
+        return (path / MANIFEST).is_file()
+    except PermissionError:
+        return True
+
+
 def open_listed(path: Path, storage: Storage | None = None) -> RunDir | AlphaRun:
     """The run at `path`, the public alpha's included: what listing a runs directory meets."""
     manifest_path = path / MANIFEST
     # A directory without a manifest is no run, whatever links it holds (`status ~`): say so first.
     if os.path.lexists(manifest_path):
         refuse_links(path)  # before anything is read from it: a link could point anywhere
-    if not manifest_path.is_file():
+    if not holds_manifest(path):
         raise NotFound(f"no run directory at {path} (missing {MANIFEST})", context={"run_dir": str(path)})
     data = read_json(manifest_path)
     if AlphaManifest.describes(data):
@@ -265,13 +276,20 @@ def is_locked(path: Path) -> bool:
 
 
 def lock_is_held(lock_file: Path) -> bool:
-    """Whether some process holds an flock on `lock_file` (probed without keeping it)."""
+    """Whether some process holds an flock on `lock_file` (probed without keeping it). Another user's
+    lock, which this user cannot open, counts as held: what acts on a run must not guess it free."""
+    return probe_lock(lock_file) is not False
+
+
+def probe_lock(lock_file: Path) -> bool | None:
+    """Whether some process holds an flock on `lock_file`; None when this user cannot tell (another
+    user's lock, not readable here)."""
     try:
         fd = open_private(lock_file, os.O_RDONLY)
     except FileNotFoundError:
         return False
-    except PermissionError:  # another user's lock: we cannot tell, so assume its owner holds it
-        return True
+    except PermissionError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bulkrelay.errors import BulkRelayError, NotFound
-from bulkrelay.store.rundir import MANIFEST, AlphaRun, RunDir, open_listed
+from bulkrelay.store.rundir import AlphaRun, RunDir, holds_manifest, open_listed
 
 LATEST = "latest"
 
@@ -36,7 +36,7 @@ def default_runs_dir(explicit: Path | None) -> Path:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / MANIFEST).is_file()
+    return holds_manifest(path)
 
 
 def run_paths(runs_dir: Path) -> list[Path]:

@@ -367,7 +367,9 @@ def test_a_killed_worker_is_lost_and_the_identical_invocation_finishes_its_run(
     assert lost.exit_code == ExitCode.GENERAL_ERROR
     assert lost.error_code == "JOB_LOST"
     assert f"bulkrelay job {job_id}: worker" in lost.envelope["error"]["detail"]  # the log's tail
-    assert _cli(tmp_path, "job", "status", job_id).error_code == "JOB_LOST"
+    assert lost.envelope["meta"]["job_id"] == job_id
+    status = _cli(tmp_path, "job", "status", job_id)
+    assert status.error_code == "JOB_LOST" and status.envelope["meta"]["job_id"] == job_id
 
     target.set_plan({})
     again = _cli(tmp_path, "run", job, "--budget", HANG_BUDGET)
@@ -375,6 +377,28 @@ def test_a_killed_worker_is_lost_and_the_identical_invocation_finishes_its_run(
     assert again.data["run_dir"] == run_dir  # the same run, continued
     assert again.envelope["meta"]["job_id"] != job_id
     assert sorted(_rows_per_key(again.data["run_dir"]).values()) == [1] * 200
+
+
+def test_the_call_whose_worker_was_killed_names_its_job_in_meta(
+    tmp_path: Path, target: TargetProcess
+) -> None:
+    """The front process that sees its job's worker die answers JOB_LOST with `meta.job_id`, as every
+    answer about a job: the caller knows the job by it (docs/jobs.md's `jq -r .meta.job_id`)."""
+    job = write_job(tmp_path, target.url, rows=200, execution={"concurrency": 2})
+    front = _start_front(tmp_path, "run", job, "--budget", HANG_BUDGET)
+    jobs = tmp_path / "state" / "jobs"
+
+    def made() -> Path | None:
+        return next(iter(_job_dirs(tmp_path)), None) if jobs.is_dir() else None
+
+    job_dir = wait_for(made, "the background job to be made")
+    _wait_for_progress(tmp_path, job_dir.name, at_least=4)
+    _kill_worker(tmp_path, job_dir.name)
+    out, _ = front.communicate(timeout=HANG_S)
+    answer = orjson.loads(out)
+    assert front.returncode == ExitCode.GENERAL_ERROR, answer
+    assert answer["error"]["code"] == "JOB_LOST"
+    assert answer["meta"]["job_id"] == job_dir.name
 
 
 def test_no_progress_for_the_idle_timeout_ends_the_job_stalled(tmp_path: Path) -> None:

@@ -248,3 +248,46 @@ def test_the_readers_of_a_run_whose_directory_is_not_utf8_answer(
     assert written.exit_code == ExitCode.SUCCESS, written.envelope
     assert written.data["run_dir"] == shown  # the envelope shows it as the page does
     assert shown in (runs / run_id / "report.html").read_text()
+
+
+def test_a_run_directory_that_cannot_be_entered_is_named_not_a_traceback(tmp_path: Path) -> None:
+    """A run directory this user may not enter (another user's, `chmod 000`): `runs` lists the others
+    with a RUN_UNREADABLE warning naming it, `status` of it says it cannot be read (JOURNAL_CORRUPT), and
+    `latest` is the newest readable run. Before, each answered a PermissionError traceback (exit 1)."""
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=3)
+        readable = run_job(job)
+        closed = run_job(job, "--idempotency-key", "another-run")
+    runs, closed_dir = tmp_path / "runs", Path(closed.data["run_dir"])
+    closed_dir.chmod(0)
+    try:
+        listing = run_cli("runs", "--runs-dir", runs, cwd=tmp_path, preexec_fn=_held_to_permissions)
+        status = run_cli("status", closed_dir, cwd=tmp_path, preexec_fn=_held_to_permissions)
+        latest = run_cli(
+            "status", "latest", "--runs-dir", runs, cwd=tmp_path, preexec_fn=_held_to_permissions
+        )
+    finally:
+        closed_dir.chmod(0o700)
+    assert listing.exit_code == ExitCode.SUCCESS, listing.envelope
+    assert [run["run_id"] for run in listing.data["runs"]] == [readable.data["run_id"]]
+    (warning,) = listing.envelope["warnings"]
+    assert warning["code"] == "RUN_UNREADABLE" and warning["context"]["run_dir"] == str(closed_dir)
+    assert status.exit_code == ExitCode.PRECONDITION, status.envelope
+    assert status.error_code == "JOURNAL_CORRUPT"
+    assert str(closed_dir) in status.envelope["error"]["message"]
+    assert "ermission denied" in status.envelope["error"]["message"]
+    assert latest.exit_code == ExitCode.SUCCESS and latest.data["run_id"] == readable.data["run_id"]
+
+
+def test_another_users_finished_run_is_shown_finished_not_live(tmp_path: Path) -> None:
+    """A run whose lock this user cannot open (another user's run) counts as held by what acts on
+    runs, but `status` of a run that ended for good says `finished`: no process works on it again."""
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=3)
+        done = run_job(job)
+    run_dir = Path(done.data["run_dir"])
+    (run_dir / "lock").chmod(0)
+    status = run_cli("status", run_dir, cwd=tmp_path, preexec_fn=_held_to_permissions)
+    assert status.exit_code == ExitCode.SUCCESS, status.envelope
+    assert status.data["state"] == "completed"
+    assert (status.data["live"], status.data["liveness"]) == (False, "finished")
