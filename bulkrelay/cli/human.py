@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.rule import Rule
 from rich.table import Table
 
+from bulkrelay.background.reach import BackgroundJobEnded, BackgroundJobGoesOn
 from bulkrelay.cli.parser import HelpText, VersionInfo
 from bulkrelay.envelope import CommandData, ErrorInfo, Result
 from bulkrelay.ops.results import (
@@ -88,7 +89,7 @@ def print_human(result: Result, envelope: dict[str, Any]) -> None:
     view = _VIEWS.get(type(data))
     if view is not None:
         view(data)
-    elif data is not None:  # a result with no view of its own (export, sync-state, job) or an error's data
+    elif data is not None:  # a result with no view of its own (export, sync-state) or an error's data
         _console.print_json(data=envelope["data"])
     if result.error is not None:
         _print_error(result.error)
@@ -277,6 +278,32 @@ def _help(answer: HelpText) -> None:
     _console.print(answer.help, markup=False, highlight=False, soft_wrap=True, end="")
 
 
+def _job_goes_on(job: BackgroundJobGoesOn) -> None:
+    """A background job still at work (exit 14): where it is, and the commands that reach it."""
+    done, total = job.progress.get("done", 0), job.progress.get("total")
+    where = f"{done:,} of {'?' if total is None else f'{total:,}'} rows done"
+    if job.rows_read is not None:  # still in preflight
+        where = f"{job.rows_read:,} rows read"
+    _console.print(
+        f"job {job.job_id}: [bold]{job.state}[/] ({job.stage}), {where}", markup=True, highlight=False
+    )
+    if job.run_dir:
+        _console.print(f"run dir: {job.run_dir}", markup=False, highlight=False)
+    _console.print(f"wait with:   {job.continue_command}\ncancel with: {job.cancel_command}", highlight=False)
+
+
+def _job_ended(job: BackgroundJobEnded) -> None:
+    """`job cancel` of a job that has ended: how it ended, and its run."""
+    ended = f"job {job.job_id}: [bold]{job.state}[/]"
+    if job.run_state is not None:
+        ended += f", its run {job.run_state}"
+    if job.job_exit_code is not None:
+        ended += f" (exit {job.job_exit_code})"
+    _console.print(ended, markup=True, highlight=False)
+    if job.run_dir:
+        _console.print(f"run dir: {job.run_dir}", markup=False, highlight=False)
+
+
 def _version(answer: VersionInfo) -> None:
     _console.print(f"{answer.name} {answer.version}", highlight=False)
 
@@ -295,6 +322,8 @@ _VIEWS: dict[type, Callable[[Any], None]] = {
     HistoryResult: _history,
     RunResult: _run,
     DemoResult: _demo,
+    BackgroundJobGoesOn: _job_goes_on,
+    BackgroundJobEnded: _job_ended,
 }
 
 # The results a background job hands back as its stored envelope's data, by the kind stored with it.

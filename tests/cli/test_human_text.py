@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from bulkrelay.background.reach import BackgroundJobEnded, BackgroundJobGoesOn
+from bulkrelay.background.state import BackgroundJobState
 from bulkrelay.cli.human import print_human
 from bulkrelay.envelope import EnvelopeWarning, ErrorInfo, Result, to_envelope
 from bulkrelay.errors import ExitCode
@@ -54,3 +56,30 @@ def test_brackets_in_an_error_a_hint_and_a_warning_are_printed_as_written(
     assert "extra bulkrelay[postgres] installs" in shown
     assert "hint: pip install 'bulkrelay[postgres]'" in shown
     assert "the key user[email] is [bold]missing[/]" in shown
+
+
+def test_a_background_job_is_shown_as_lines_with_the_commands_that_reach_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`job status` and a handed-off call at a terminal: where the job is and the commands that reach it,
+    not the envelope's data as JSON; a run directory with brackets in its name printed as it is."""
+    going = BackgroundJobGoesOn(
+        state=BackgroundJobState.RUNNING,
+        stage="relay",
+        job_id="run-0123456789",
+        progress={"done": 1234, "total": None, "unit": "rows"},
+        run_dir="/runs/[nightly]/20261207T000000Z-0a1b2c3d",
+        continue_command="bulkrelay job wait run-0123456789",
+        cancel_command="bulkrelay job cancel run-0123456789",
+    )
+    ended = BackgroundJobEnded("run-0123456789", BackgroundJobState.CANCELLED, None, "cancelled", 143)
+    for data in (going, ended):
+        result = Result(data=data)
+        print_human(result, to_envelope(result, duration_ms=1))
+    shown = capsys.readouterr().out
+    assert "job run-0123456789: running (relay), 1,234 of ? rows done" in shown
+    assert "run dir: /runs/[nightly]/20261207T000000Z-0a1b2c3d" in shown
+    assert "wait with:   bulkrelay job wait run-0123456789" in shown
+    assert "cancel with: bulkrelay job cancel run-0123456789" in shown
+    assert "job run-0123456789: cancelled, its run cancelled (exit 143)" in shown
+    assert "{" not in shown
