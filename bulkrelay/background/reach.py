@@ -215,8 +215,9 @@ def background_job_lost(background: BackgroundJob) -> JobLost:
 
 
 def _open_background_job(job_id: str) -> BackgroundJob:
-    with index_locked():
-        remove_expired()
+    with index_locked(wait=False) as ours:  # housekeeping in passing: never behind a hand-off's lock
+        if ours:
+            remove_expired()
     return BackgroundJob.open(job_id)
 
 

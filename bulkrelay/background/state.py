@@ -360,12 +360,17 @@ def record_pid(lock_fd: int, pid: int) -> None:
 
 
 @contextlib.contextmanager
-def index_locked() -> Iterator[None]:
-    """One process at a time finds or starts the job of an invocation, so two never start two."""
+def index_locked(*, wait: bool = True) -> Iterator[bool]:
+    """One process at a time finds or starts the job of an invocation, so two never start two. Yields
+    True once the index is this process's; with `wait=False`, False at once when another holds it."""
     fd = open_private(background_jobs_root() / "index.lock", os.O_RDWR | os.O_CREAT)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
     finally:
         os.close(fd)
 

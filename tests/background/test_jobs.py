@@ -5,6 +5,7 @@ Every test gets its own state directory (BULKRELAY_STATE_DIR), so job directorie
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import signal
@@ -552,6 +553,24 @@ def test_finished_jobs_are_removed_after_the_retention_period(tmp_path: Path) ->
     gone = _cli(tmp_path, "job", "status", job_id, BULKRELAY_JOB_RETENTION_SECONDS="1")
     assert gone.exit_code == ExitCode.NOT_FOUND
     assert _job_dirs(tmp_path) == []
+
+
+def test_reaching_a_job_never_waits_behind_the_index_lock(tmp_path: Path) -> None:
+    """`job status|wait|cancel` tidy expired jobs in passing only when the index is free: a process that
+    holds it (a hand-off starting a job; one stopped while it did) never holds them. Here the test holds
+    it for the whole call: blocking on it, the call would not answer at all."""
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=2)
+        result = _cli(tmp_path, "run", job, "--budget", HANG_BUDGET)
+    job_id = result.envelope["meta"]["job_id"]
+    fd = os.open(tmp_path / "state" / "jobs" / "index.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for action in ("status", "wait", "cancel"):
+            answer = _cli(tmp_path, "job", action, job_id)
+            assert answer.exit_code == ExitCode.SUCCESS, (action, answer.envelope)
+    finally:
+        os.close(fd)
 
 
 def test_unknown_job_ids_are_not_found(tmp_path: Path) -> None:
