@@ -16,6 +16,7 @@
     │   ├── RunDirUnsafe                RUN_DIR_UNSAFE
     │   ├── TlsUnavailable              TLS_UNAVAILABLE
     │   ├── RunsDirUnwritable           RUNS_DIR_UNWRITABLE
+    │   ├── RunsDirUnreadable           RUNS_DIR_UNREADABLE
     │   ├── StateDirUnwritable          STATE_DIR_UNWRITABLE
     │   ├── SyncStateMismatch           SYNC_STATE_MISMATCH
     │   ├── SyncStateCorrupt            SYNC_STATE_CORRUPT
@@ -212,6 +213,13 @@ class RunsDirUnwritable(PreconditionFailed):
     """No run directory can be made under the runs dir (permission denied, a file in the way, ...)."""
 
     code = "RUNS_DIR_UNWRITABLE"
+
+
+class RunsDirUnreadable(PreconditionFailed):
+    """The runs dir, or its index of invocations, cannot be read (permission denied: another user's):
+    no run in it can be found, so none is acted on, and no second run is started beside one."""
+
+    code = "RUNS_DIR_UNREADABLE"
 
 
 class StateDirUnwritable(PreconditionFailed):

@@ -20,6 +20,7 @@ from bulkrelay.errors import UsageError
 from bulkrelay.job.fingerprint import canonical_sha256
 from bulkrelay.private import make_private_dir
 from bulkrelay.store.atomic import write_atomic
+from bulkrelay.store.runs import runs_dir_unreadable
 
 INDEX_DIR = ".invocations"
 
@@ -85,7 +86,11 @@ def remember(runs_dir: Path, key: str, run_id: str) -> None:
 
 
 def last_run_id(runs_dir: Path, key: str) -> str | None:
+    """The run the identical invocation made last; a record this user cannot read is refused: guessing
+    there is none would start a second run beside it."""
     try:
         return (runs_dir / INDEX_DIR / key).read_text().strip() or None
     except (FileNotFoundError, NotADirectoryError):  # no runs dir (yet): creating a run says why
         return None
+    except PermissionError as exc:
+        raise runs_dir_unreadable(runs_dir / INDEX_DIR, exc) from None

@@ -38,7 +38,7 @@ from bulkrelay.store.journal import read_journal
 from bulkrelay.store.liverun import LiveSlot, live_slot
 from bulkrelay.store.manifest import Invocation, RetryFilter
 from bulkrelay.store.rowset import RowSet
-from bulkrelay.store.rundir import RunDir, is_locked
+from bulkrelay.store.rundir import LOCK, RunDir, probe_lock
 from bulkrelay.store.runs import run_by_id
 from bulkrelay.store.selection import save_selection
 from bulkrelay.sync import job_of_run, refuse_superseded, shared_slot
@@ -134,7 +134,10 @@ def retry_failed(
     options: RunOptions,
 ) -> Result:
     parent = RunDir.open(run_dir)
-    if is_locked(parent.path):
+    held = probe_lock(parent.path / LOCK)
+    if held is None:  # another user's run: waiting would not help (status calls a final one finished)
+        raise parent.lock_not_ours("not readable by this user, or not a lock file")
+    if held:
         raise RunLocked(
             f"run {parent.run_id} is still running: {parent.path}", context={"run_dir": str(parent.path)}
         )

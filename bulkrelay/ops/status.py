@@ -195,6 +195,6 @@ def _seconds_between(started: str | None, ended: str | None) -> float | None:
 def _unreadable_run(run_dir: Path, reason: str) -> EnvelopeWarning:
     return EnvelopeWarning(
         "RUN_UNREADABLE",
-        f"skipped {run_dir}: its run files are damaged ({reason})",
+        f"skipped {run_dir}: its run files are damaged or cannot be read ({reason})",
         {"run_dir": str(run_dir), "reason": reason},
     )

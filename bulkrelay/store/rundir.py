@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import secrets
 import shlex
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -59,6 +61,14 @@ def epoch(ts: object) -> float | None:
         return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+# A run id: when the run was made (UTC, to the second), then 8 hex digits (`new_run_id`); the alpha's too.
+_RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
+
+
+def is_run_id(name: str) -> bool:
+    return _RUN_ID.fullmatch(name) is not None
 
 
 def new_run_id() -> str:
@@ -177,7 +187,7 @@ class RunDir:
         try:
             fd = open_private(self.path / LOCK, os.O_RDWR | os.O_CREAT)
         except PermissionError as exc:
-            raise self._lock_not_ours(exc) from None
+            raise self.lock_not_ours(exc.strerror or str(exc)) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -194,14 +204,15 @@ class RunDir:
         finally:
             os.close(fd)  # closing drops the flock
 
-    def _lock_not_ours(self, exc: OSError) -> RunLockNotOurs:
+    def lock_not_ours(self, reason: str) -> RunLockNotOurs:
+        """The run's lock cannot be opened by this user (`reason`): the run is another user's."""
         lock = self.path / LOCK
         try:
             owner: int | None = lock.stat().st_uid
         except OSError:
             owner = None
         return RunLockNotOurs(
-            f"run {self.run_id}: cannot open its lock {lock}: {exc.strerror}; the run belongs to uid {owner}",
+            f"run {self.run_id}: cannot open its lock {lock}: {reason}; the run belongs to uid {owner}",
             context={"run_dir": str(self.path), "lock": str(lock), "owner_uid": owner, "uid": os.geteuid()},
             suggestion="continue the run as the user who owns it",
         )
@@ -231,13 +242,13 @@ class AlphaRun:
 
 def holds_manifest(path: Path) -> bool:
     """Whether `path` is a run directory: it holds a `run.json`. A directory this user may not look
-    into (`chmod 000`, another user's) holds one as far as anyone can tell: it is a run that cannot
-    be read, which reading its manifest then says (JOURNAL_CORRUPT, `runs`' RUN_UNREADABLE), rather
-    than an error about nothing in particular."""
+    into (`chmod 000`, another user's) and named as runs are is a run that cannot be read, which
+    reading its manifest then says (JOURNAL_CORRUPT, `runs`' RUN_UNREADABLE); named otherwise
+    (`lost+found`), it is no run."""
     try:
         return (path / MANIFEST).is_file()
     except PermissionError:
-        return True
+        return is_run_id(path.name)
 
 
 def open_listed(path: Path, storage: Storage | None = None) -> RunDir | AlphaRun:
@@ -284,13 +295,15 @@ def lock_is_held(lock_file: Path) -> bool:
 def probe_lock(lock_file: Path) -> bool | None:
     """Whether some process holds an flock on `lock_file`; None when this user cannot tell (another
     user's lock, not readable here)."""
-    try:
-        fd = open_private(lock_file, os.O_RDONLY)
+    try:  # O_NONBLOCK: a FIFO put there would hold the open until something writes to it
+        fd = open_private(lock_file, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return False
     except PermissionError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # not a lock BulkRelay made: nothing to tell from it
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return True

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bulkrelay.errors import BulkRelayError, NotFound
-from bulkrelay.store.rundir import AlphaRun, RunDir, holds_manifest, open_listed
+from bulkrelay.errors import BulkRelayError, JournalCorrupt, NotFound, RunsDirUnreadable
+from bulkrelay.store.rundir import AlphaRun, RunDir, holds_manifest, is_run_id, open_listed
 
 LATEST = "latest"
+_STAMP = len("20261201T023000Z")  # a run id's time of making, to the second
 
 
 def default_runs_dir(explicit: Path | None) -> Path:
@@ -39,15 +40,29 @@ def is_run_dir(path: Path) -> bool:
     return holds_manifest(path)
 
 
+def runs_dir_unreadable(path: Path, exc: OSError) -> RunsDirUnreadable:
+    """`path` (the runs dir, or something in it every run needs) cannot be read by this user."""
+    reason = exc.strerror or str(exc)
+    return RunsDirUnreadable(
+        f"cannot read {path}: {reason}",
+        context={"path": str(path), "reason": reason},
+        suggestion="run as the user who owns the runs, or give another --runs-dir (or BULKRELAY_RUNS_DIR)",
+    )
+
+
 def run_paths(runs_dir: Path) -> list[Path]:
     """Every run directory under `runs_dir`, newest id first, each once; nothing is read yet.
 
     A symbolic link to a directory listed here too is that run again: the directory itself is kept."""
-    if not runs_dir.is_dir():
-        return []
+    try:
+        if not runs_dir.is_dir():
+            return []
+        children = sorted(runs_dir.iterdir(), reverse=True)
+    except PermissionError as exc:
+        raise runs_dir_unreadable(runs_dir, exc) from None
     found = [
         child
-        for child in sorted(runs_dir.iterdir(), reverse=True)
+        for child in children
         if not child.name.startswith(".") and is_run_dir(child)  # hidden: being created
     ]
     real = {os.path.realpath(child) for child in found if not child.is_symlink()}
@@ -119,11 +134,11 @@ def resolve_run(ref: str, runs_dir: Path | None) -> Path:
     if text == LATEST:
         return latest_run(default_runs_dir(runs_dir))
     path = Path(text)
-    if path.is_dir():
+    if _is_dir(path):
         return path
     if "/" not in text and text not in (".", ".."):
         candidate = default_runs_dir(runs_dir) / text
-        if candidate.is_dir():
+        if _is_dir(candidate):
             return candidate
     raise NotFound(
         f"no run directory or run id {text!r} (looked at {path} and in {default_runs_dir(runs_dir)})",
@@ -132,11 +147,32 @@ def resolve_run(ref: str, runs_dir: Path | None) -> Path:
     )
 
 
+def _is_dir(path: Path) -> bool:
+    """Whether `path` is a directory; a path under one this user may not enter cannot be read."""
+    try:
+        return path.is_dir()
+    except PermissionError as exc:
+        raise JournalCorrupt(
+            f"cannot read {path}: {exc.strerror}", context={"path": str(path), "reason": exc.strerror}
+        ) from None
+
+
 def latest_run(runs_dir: Path) -> Path:
     """The newest main run under `runs_dir` (`survey`'s order: run ids share a second, `created_at`
-    decides); a mirror night's deletion run is not `latest`, its night is."""
-    runs, _unreadable = survey(runs_dir)  # an unreadable run is not the newest one; `runs` reports it
+    decides); a mirror night's deletion run is not `latest`, its night is. When a run that cannot be
+    read may be newer (its id, all there is to read, is of the same second or later), `latest` is
+    unknown: JOURNAL_CORRUPT names that run, rather than `resume latest` continuing an older one."""
+    runs, unreadable = survey(runs_dir)
     main = [run for run in runs if not (isinstance(run, RunDir) and run.plan.mirror_deletes)]
+    newest = main[0].path.name[:_STAMP] if main else ""
+    maybe_newer = [bad for bad in unreadable if is_run_id(bad.path.name) and bad.path.name[:_STAMP] >= newest]
+    if maybe_newer:
+        bad = max(maybe_newer, key=lambda found: found.path.name)
+        raise JournalCorrupt(
+            f"the newest run, {bad.path}, cannot be read ({bad.reason}), so `latest` is unknown",
+            context={"run_dir": str(bad.path), "reason": bad.reason},
+            suggestion="name the run to use by its id or directory (`bulkrelay runs` lists the runs)",
+        )
     if not main:
         raise NotFound(
             f"no runs in {runs_dir}, so there is no `latest`",

@@ -253,7 +253,8 @@ def test_the_readers_of_a_run_whose_directory_is_not_utf8_answer(
 def test_a_run_directory_that_cannot_be_entered_is_named_not_a_traceback(tmp_path: Path) -> None:
     """A run directory this user may not enter (another user's, `chmod 000`): `runs` lists the others
     with a RUN_UNREADABLE warning naming it, `status` of it says it cannot be read (JOURNAL_CORRUPT), and
-    `latest` is the newest readable run. Before, each answered a PermissionError traceback (exit 1)."""
+    `latest`, which it may be, is unknown rather than an older run. Before, each answered a
+    PermissionError traceback (exit 1)."""
     with TargetProcess() as target:
         job = write_job(tmp_path, target.url, rows=3)
         readable = run_job(job)
@@ -276,7 +277,9 @@ def test_a_run_directory_that_cannot_be_entered_is_named_not_a_traceback(tmp_pat
     assert status.error_code == "JOURNAL_CORRUPT"
     assert str(closed_dir) in status.envelope["error"]["message"]
     assert "ermission denied" in status.envelope["error"]["message"]
-    assert latest.exit_code == ExitCode.SUCCESS and latest.data["run_id"] == readable.data["run_id"]
+    assert latest.exit_code == ExitCode.PRECONDITION, latest.envelope  # `resume latest` continues none
+    assert latest.error_code == "JOURNAL_CORRUPT"
+    assert latest.envelope["error"]["context"]["run_dir"] == str(closed_dir)
 
 
 def test_another_users_finished_run_is_shown_finished_not_live(tmp_path: Path) -> None:
@@ -291,3 +294,39 @@ def test_another_users_finished_run_is_shown_finished_not_live(tmp_path: Path) -
     assert status.exit_code == ExitCode.SUCCESS, status.envelope
     assert status.data["state"] == "completed"
     assert (status.data["live"], status.data["liveness"]) == (False, "finished")
+
+
+def _dropped(*args: str | Path, cwd: Path) -> CliResult:
+    return run_cli(*args, cwd=cwd, preexec_fn=_held_to_permissions)
+
+
+def test_runs_shared_with_another_user_are_never_guessed_at(tmp_path: Path) -> None:
+    """A runs directory with another user's things in it: an unreadable directory not named as runs are
+    (`lost+found`) is no run; a runs dir or index of invocations this user cannot read is
+    RUNS_DIR_UNREADABLE, and nothing is sent; another user's run is RUN_LOCK_NOT_OURS to `retry-failed`,
+    never a RUN_LOCKED to wait out; a FIFO where a lock should be does not hang `runs` or `status`."""
+    with TargetProcess() as target:
+        job = write_job(tmp_path, target.url, rows=3)
+        done = run_job(job)
+        runs, run_dir = tmp_path / "runs", Path(done.data["run_dir"])
+        (runs / "lost+found").mkdir(mode=0)
+        listing = _dropped("runs", "--runs-dir", runs, cwd=tmp_path)
+        (runs / ".invocations").chmod(0)
+        again = _dropped("run", job, "--budget", "0", "--runs-dir", runs, cwd=tmp_path)
+        (runs / ".invocations").chmod(0o700)
+        sent = target.stats()["requests"]
+    assert listing.exit_code == ExitCode.SUCCESS and listing.envelope["warnings"] == [], listing.envelope
+    assert again.exit_code == ExitCode.PRECONDITION and again.error_code == "RUNS_DIR_UNREADABLE"
+    assert sent == 3  # the first run's rows alone
+    (run_dir / "lock").chmod(0)
+    retried = _dropped("retry-failed", run_dir, "--budget", "0", cwd=tmp_path)
+    assert retried.error_code == "RUN_LOCK_NOT_OURS" and retried.envelope["error"]["retryable"] is False
+    (run_dir / "lock").unlink()
+    os.mkfifo(run_dir / "lock")
+    status = _dropped("status", run_dir, cwd=tmp_path)  # run_cli's timeout: a hang would fail here
+    assert (status.exit_code, status.data["liveness"]) == (ExitCode.SUCCESS, "finished")
+    runs.chmod(0o300)
+    unlisted = _dropped("runs", "--runs-dir", runs, cwd=tmp_path)
+    runs.chmod(0o700)
+    assert unlisted.exit_code == ExitCode.PRECONDITION and unlisted.error_code == "RUNS_DIR_UNREADABLE"
+    assert unlisted.envelope["error"]["context"]["path"] == str(runs)
