@@ -241,10 +241,10 @@ class AlphaRun:
 
 
 def holds_manifest(path: Path) -> bool:
-    """Whether `path` is a run directory: it holds a `run.json`. A directory this user may not look
-    into (`chmod 000`, another user's) and named as runs are is a run that cannot be read, which
-    reading its manifest then says (JOURNAL_CORRUPT, `runs`' RUN_UNREADABLE); named otherwise
-    (`lost+found`), it is no run."""
+    """Whether `path`, met in a listing of a runs directory, is a run directory: it holds a `run.json`.
+    A directory this user may not look into (`chmod 000`, another user's) and named as runs are is a
+    run that cannot be read, which opening it then says (JOURNAL_CORRUPT, `runs`' RUN_UNREADABLE);
+    named otherwise (`lost+found`), it is no run."""
     try:
         return (path / MANIFEST).is_file()
     except PermissionError:
@@ -257,7 +257,11 @@ def open_listed(path: Path, storage: Storage | None = None) -> RunDir | AlphaRun
     # A directory without a manifest is no run, whatever links it holds (`status ~`): say so first.
     if os.path.lexists(manifest_path):
         refuse_links(path)  # before anything is read from it: a link could point anywhere
-    if not holds_manifest(path):
+    try:
+        present = manifest_path.is_file()
+    except PermissionError:  # a directory this user may not enter: reading its manifest says so
+        present = True
+    if not present:
         raise NotFound(f"no run directory at {path} (missing {MANIFEST})", context={"run_dir": str(path)})
     data = read_json(manifest_path)
     if AlphaManifest.describes(data):
