@@ -63,7 +63,9 @@ def _created(manifest: RunManifest) -> datetime:
     return datetime.strptime(manifest.created_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
-def _read_runs(runs_dir: Path, warnings: list[EnvelopeWarning]) -> list[_Candidate]:
+def _read_runs(runs_dir: Path, warnings: list[EnvelopeWarning]) -> tuple[list[_Candidate], int]:
+    """The runs prune may remove, and how many runs the directory holds: the alpha's and those that
+    cannot be read stay, and count among the kept."""
     listed, unreadable = survey(runs_dir)
     for damaged in unreadable:
         warnings.append(
@@ -74,7 +76,8 @@ def _read_runs(runs_dir: Path, warnings: list[EnvelopeWarning]) -> list[_Candida
             )
         )
     ours = [run for run in listed if isinstance(run, RunDir)]  # the alpha's runs are the alpha's to manage
-    return [_Candidate(run, run.plan.job_path, _created(run.manifest)) for run in ours]
+    candidates = [_Candidate(run, run.plan.job_path, _created(run.manifest)) for run in ours]
+    return candidates, len(listed) + len(unreadable)
 
 
 def _doomed(runs: list[_Candidate], retention: Retention, now: datetime) -> list[_Candidate]:
@@ -189,7 +192,7 @@ def prune(runs_dir: Path, retention: Retention, *, dry_run: bool = False) -> Pru
             suggestion="bulkrelay prune --keep 14",
         )
     warnings: list[EnvelopeWarning] = []
-    runs = _read_runs(runs_dir, warnings)
+    runs, present = _read_runs(runs_dir, warnings)
     removed: list[str] = []
     doomed = _kept_for_readers(runs, _doomed(runs, retention, datetime.now(UTC)))
     for candidate in _kept_for_state(runs_dir, doomed, warnings):
@@ -198,7 +201,7 @@ def prune(runs_dir: Path, retention: Retention, *, dry_run: bool = False) -> Pru
         if dry_run or _remove(candidate.run, warnings):
             removed.append(candidate.run.run_id)
     spools = tuple(abandoned_spools(runs_dir / ".spool", remove=not dry_run))
-    return PruneReport(removed, len(runs) - len(removed), warnings, spools)
+    return PruneReport(removed, present - len(removed), warnings, spools)
 
 
 def prune_command(runs_dir: Path, retention: Retention, *, dry_run: bool) -> Result:

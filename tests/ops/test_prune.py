@@ -17,6 +17,7 @@ from bulkrelay.job.inputs import spool_file
 from bulkrelay.ops.prune import prune
 from bulkrelay.ops.settings import Retention
 from bulkrelay.store.rundir import RunDir, RunState
+from tests.alpharuns import write_alpha_run
 from tests.clirun import cli_env, run_cli
 from tests.jobfiles import write_job
 from tests.runplans import run_plan
@@ -93,6 +94,20 @@ def test_prune_older_than_and_dry_run(tmp_path: Path) -> None:
     assert answer.exit_code == ExitCode.SUCCESS, answer.envelope
     assert answer.data["removed"] == [old.run_id] and answer.data["kept"] == 2
     assert _remaining(runs) == {recent.run_id, newest.run_id}
+
+
+def test_kept_counts_every_run_that_stays_unreadable_and_the_alphas_too(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    old = _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=40)
+    _make_run(runs, "/jobs/a.yaml", RunState.COMPLETED, days_old=1)
+    damaged = _make_run(runs, "/jobs/b.yaml", RunState.COMPLETED, days_old=40)
+    (damaged.path / "run.json").write_text("{not json")
+    write_alpha_run(runs, write_job(tmp_path, "http://127.0.0.1:9/", job_name="alpha.yaml"))
+    answer = run_cli("prune", "--older-than", "30d", "--runs-dir", runs, cwd=tmp_path)
+    assert answer.exit_code == ExitCode.SUCCESS, answer.envelope
+    assert answer.data["removed"] == [old.run_id]
+    assert [w["code"] for w in answer.envelope["warnings"]] == ["RUN_UNREADABLE"]
+    assert answer.data["kept"] == 3  # the newest of a.yaml, the damaged run, the alpha's run
 
 
 def test_prune_without_a_rule_or_with_a_bad_one_is_a_usage_error(tmp_path: Path) -> None:
