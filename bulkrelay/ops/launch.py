@@ -374,6 +374,7 @@ def resume(
 ) -> Result:
     run = RunDir.open(run_dir)
     check_resumable(run)
+    run.refuse_if_not_ours()
     options.announce_run(run)
     preflight = preflight_for_resume(run, config, input_path, on_rows_read=options.rows_read)
     refuse_workers_flag(preflight.job.config, options.workers)

@@ -137,6 +137,7 @@ def retry_failed(
     held = probe_lock(parent.path / LOCK)
     if held is None:  # another user's run: waiting would not help (status calls a final one finished)
         raise parent.lock_not_ours("not readable by this user, or not a lock file")
+    parent.refuse_if_not_ours()  # readable, but theirs: its child is made in their runs directory
     if held:
         raise RunLocked(
             f"run {parent.run_id} is still running: {parent.path}", context={"run_dir": str(parent.path)}

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import orjson
 
-from bulkrelay.errors import RunLocked
+from bulkrelay.errors import RunLocked, RunsDirUnwritable
 from bulkrelay.private import make_private_dir, open_private
 from bulkrelay.store.rundir import RunDir, runs_dir_unwritable
 
@@ -82,12 +82,14 @@ def live_slot(
         make_private_dir(directory)
         decide_fd = _open_lock(directory / "decide")
     except OSError as exc:  # RunDirUnsafe (a link) is not an OSError: it goes up as it is
-        raise runs_dir_unwritable(runs_dir, exc) from None
+        raise _slot_unusable(runs_dir, directory / "decide", exc) from None
     try:
         fcntl.flock(decide_fd, fcntl.LOCK_EX)  # blocks only while another caller decides
         live_fd = _open_lock(directory / "live")
-    except BaseException:
+    except BaseException as exc:
         os.close(decide_fd)
+        if isinstance(exc, PermissionError):
+            raise _slot_unusable(runs_dir, directory / "live", exc) from None
         raise
     slot = LiveSlot(directory, decide_fd, live_fd)
     try:
@@ -103,6 +105,26 @@ def live_slot(
 
 def _open_lock(path: Path) -> int:
     return open_private(path, os.O_RDWR | os.O_CREAT)
+
+
+def _slot_unusable(runs_dir: Path, lock: Path, exc: OSError) -> RunsDirUnwritable:
+    """Why this user cannot take the job's lock `lock`: in a runs directory shared with another user
+    (a 1777 one), most often that the lock, or a directory above it, is that user's."""
+    me = os.geteuid()
+    for path in (lock, lock.parent, lock.parent.parent, runs_dir):
+        try:
+            owner = path.stat().st_uid
+        except OSError:
+            continue
+        if owner != me:
+            return RunsDirUnwritable(
+                f"cannot take the job's live lock in {runs_dir}: {path} belongs to uid {owner}, not to "
+                f"this user (uid {me}); a runs directory is one user's",
+                context={"runs_dir": str(runs_dir), "path": str(path), "owner_uid": owner, "uid": me},
+                suggestion="use a runs directory of your own (--runs-dir DIR or BULKRELAY_RUNS_DIR), "
+                f"or run the job as uid {owner}",
+            )
+    return runs_dir_unwritable(runs_dir, exc)
 
 
 def _run_locked(live_fd: int, job_path: Path, shared: str | None) -> RunLocked:

@@ -204,6 +204,16 @@ class RunDir:
         finally:
             os.close(fd)  # closing drops the flock
 
+    def refuse_if_not_ours(self) -> None:
+        """RUN_LOCK_NOT_OURS, before any work, when this user could not take the run's lock: the run
+        is another user's to continue (whose runs directory this may be, a 1777 one)."""
+        try:
+            os.close(open_private(self.path / LOCK, os.O_RDWR | os.O_NONBLOCK))
+        except FileNotFoundError:
+            return  # taking it creates it
+        except PermissionError as exc:
+            raise self.lock_not_ours(exc.strerror or str(exc)) from None
+
     def lock_not_ours(self, reason: str) -> RunLockNotOurs:
         """The run's lock cannot be opened by this user (`reason`): the run is another user's."""
         lock = self.path / LOCK

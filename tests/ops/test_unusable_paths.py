@@ -330,3 +330,38 @@ def test_runs_shared_with_another_user_are_never_guessed_at(tmp_path: Path) -> N
     runs.chmod(0o700)
     assert unlisted.exit_code == ExitCode.PRECONDITION and unlisted.error_code == "RUNS_DIR_UNREADABLE"
     assert unlisted.envelope["error"]["context"]["path"] == str(runs)
+
+
+def _given_to_nobody(path: Path) -> None:
+    """`path` and all it holds become another user's, readable to everyone (as a user sharing it would)."""
+    for item in [path, *path.rglob("*")]:
+        os.chown(item, _NOBODY, _NOBODY)
+        item.chmod(0o755 if item.is_dir() else 0o644)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making files another user's needs root")
+def test_a_runs_dir_shared_with_another_user_names_whose_it_is(tmp_path: Path) -> None:
+    """Another user's runs in a runs directory both may write (1777): the job's live lock is theirs, so
+    this user's `run` of the same job says so (RUNS_DIR_UNWRITABLE naming the lock and its owner, not
+    "cannot create a run directory"), and `resume` of their stopped run is RUN_LOCK_NOT_OURS: it is
+    theirs to continue. Nothing is sent."""
+    with TargetProcess({"rules": [{"after": 2, "status": 401}]}) as target:
+        job = write_job(tmp_path, target.url, rows=10, execution={"concurrency": 1})
+        halted = run_job(job)
+        assert halted.data["state"] == "stopped", halted.envelope
+        runs, run_dir = tmp_path / "runs", Path(halted.data["run_dir"])
+        runs.chmod(0o1777)
+        for path in runs.iterdir():
+            _given_to_nobody(path)
+        target.reset()
+        again = _dropped("run", job, "--budget", "0", "--runs-dir", runs, cwd=tmp_path)
+        resumed = _dropped("resume", run_dir, "--budget", "0", cwd=tmp_path)
+        assert target.stats()["requests"] == 0
+    assert again.exit_code == ExitCode.PRECONDITION, again.envelope
+    assert again.error_code == "RUNS_DIR_UNWRITABLE"
+    context = again.envelope["error"]["context"]
+    assert context["owner_uid"] == _NOBODY and runs / ".live" in Path(context["path"]).parents
+    assert "belongs to uid 65534" in again.envelope["error"]["message"]
+    assert resumed.exit_code == ExitCode.CONFLICT, resumed.envelope
+    assert resumed.error_code == "RUN_LOCK_NOT_OURS"
+    assert resumed.envelope["error"]["context"]["owner_uid"] == _NOBODY
