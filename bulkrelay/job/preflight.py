@@ -408,7 +408,7 @@ def run_preflight(
             if row_check is not None:
                 row_check(record, collector.add)
         fingerprint = stream.fingerprint()
-        expected = ExpectedInput(fingerprint, stream.identity(), stream.regions())
+        expected = ExpectedInput(fingerprint, stream.identity(), stream.regions(), stream.row_starts())
     presence.check()
     if keys is not None:
         for problem in keys.duplicates(spec):

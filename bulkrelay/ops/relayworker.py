@@ -18,7 +18,6 @@ import pickle
 import socket
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -30,7 +29,6 @@ from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bulkrelay.job.preflight import Preflight, PreflightFacts
-from bulkrelay.job.records import Record
 from bulkrelay.ops.lookups import frozen_lookups
 from bulkrelay.ops.sharding import WorkerShare
 from bulkrelay.ops.workerwire import Kind, json_frame, receive, results_frame
@@ -149,7 +147,9 @@ async def _work(sock: socket.socket) -> int:
     ahead = RunAhead(run_ahead_rows(preflight.job.config.execution.concurrency), lambda: outbox.wake())  # noqa: PLW0108
     outbox = SocketOutbox(stream, stats, ahead)
     limiter = WorkerLimiter(_share_limiter(preflight, handoff.count), outbox.tell_pause)
-    owns = _owner(handoff, preflight, run)
+    share = _share(handoff, run)
+    chunks = share.chunks(preflight.expected_input, preflight.input_fingerprint.record_count)
+    owns = share.of_rows(preflight.job.config.input.key, chunks)
     async with anyio.create_task_group() as talk:
         talk.start_soon(partial(watch_signals, stop, sigint_forces_any_stop=False))  # Ctrl+C: 1 to each
         talk.start_soon(_listen, incoming, stop, limiter, ahead)
@@ -161,6 +161,7 @@ async def _work(sock: socket.socket) -> int:
                     run,
                     handoff.start,
                     owns=owns,
+                    share=chunks,
                     concurrency=handoff.concurrency,
                     ahead=ahead,
                     stop=stop,
@@ -191,10 +192,10 @@ def _share_limiter(preflight: Preflight, workers: int) -> Limiter:
     return RateLimiter(share_of_rate(None if rate is None else rate.requests_per_second, workers))
 
 
-def _owner(handoff: WorkerHandoff, preflight: Preflight, run: RunDir) -> Callable[[Record], bool]:
-    """Whether a row is this worker's: its share of the run's rows (of its shard's, with `--shard`)."""
+def _share(handoff: WorkerHandoff, run: RunDir) -> WorkerShare:
+    """This worker's share of the run's rows (of its shard's, with `--shard`)."""
     shards = 1 if run.plan.shard is None else run.plan.shard.count
-    return WorkerShare(handoff.index, handoff.count, shards).of_rows(preflight.job.config.input.key)
+    return WorkerShare(handoff.index, handoff.count, shards)
 
 
 async def _listen(

@@ -16,6 +16,8 @@ from typing import Any
 
 from bulkrelay.errors import UsageError
 from bulkrelay.job.durations import whole_number
+from bulkrelay.job.inputs import ExpectedInput
+from bulkrelay.job.inputs.rowstarts import ChunkShare
 from bulkrelay.job.records import Record
 from bulkrelay.store.rundir import RunDir
 
@@ -57,8 +59,9 @@ class WorkerShare:
     rows all hash to K modulo `shards`, the next digits of the same hash (`hash // shards` modulo
     `count`), so that shards and workers compose as one finer split (`hash mod shards x count` is
     `K + shards x index`) and every worker of every shard has rows. Unsharded, the row number modulo
-    `count`: as even, and no hash a row. A row need not keep its worker from one call to the next
-    (the run has one journal), so the split may differ between them."""
+    `count`: as even, and no hash a row; of a CSV input, in chunks of rows instead (`chunks`: each
+    worker then parses only its own). A row need not keep its worker from one call to the next (the
+    run has one journal), so the split may differ between them."""
 
     index: int
     count: int
@@ -71,12 +74,23 @@ class WorkerShare:
             spread = key_hash(record.fields.get(key_field))
         return (spread // self.shards) % self.count == self.index
 
-    def of_rows(self, key_field: str | None) -> Callable[[Record], bool]:
-        """`owns` for one job's rows, as one call a row (the worker's filter is on the hot path)."""
+    def of_rows(self, key_field: str | None, chunks: ChunkShare | None = None) -> Callable[[Record], bool]:
+        """`owns` for one job's rows, as one call a row (the worker's filter is on the hot path); with
+        `chunks`, the rows of its chunks."""
+        count, index = self.count, self.index
+        if chunks is not None:
+            size = chunks.starts.chunk
+            return lambda record: (record.row_number - 1) // size % count == index
         if self.shards == 1:  # the row number alone
-            count, index = self.count, self.index
             return lambda record: (record.row_number - 1) % count == index
         return lambda record: self.owns(record, key_field)
+
+    def chunks(self, expected: ExpectedInput | None, rows: int) -> ChunkShare | None:
+        """Unsharded, of a CSV input: the worker's chunks of rows (job/inputs/rowstarts.py), which it
+        alone parses; None when the rows are split otherwise (`of_rows`)."""
+        if self.shards != 1 or expected is None or expected.row_starts is None:
+            return None
+        return ChunkShare(expected.row_starts, self.index, self.count, rows)
 
 
 def parse_shard(text: str, source: str = "--shard") -> ShardSpec:

@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 from bulkrelay.errors import InputChanged, NotFound, Problem, sole_error
 from bulkrelay.job.config import BULK_ANSWER_BYTES, MAX_BODY_BYTES, Job, JobConfig
 from bulkrelay.job.inputs import open_records
+from bulkrelay.job.inputs.rowstarts import ChunkShare
 from bulkrelay.job.positions import RowPositions, open_selected
 from bulkrelay.job.preflight import Preflight
 from bulkrelay.job.records import Record
@@ -196,6 +197,7 @@ def _pending_records(
     start: StartPoint,
     stop: StopControl,
     on_done: Callable[[Record], None] | None = None,
+    share: ChunkShare | None = None,
 ) -> Generator[Record, None, None]:
     """The records without a committed result, read from exactly the bytes preflight validated. If the
     input changed (or went), the records end there and the run stops at a safe point, resumable.
@@ -217,7 +219,7 @@ def _pending_records(
         with (
             open_selected(preflight, expected, positions)
             if positions is not None and (expected is not None or positions.records is not None)
-            else open_records(preflight.input_spec, on_problem, expected)
+            else open_records(preflight.input_spec, on_problem, expected, share)
         ) as records:
             if done is None:  # a new run: every record (one generator less to pass through per row)
                 yield from records
@@ -547,6 +549,7 @@ async def relay_share(
     start: StartPoint,
     *,
     owns: Callable[[Record], bool],
+    share: ChunkShare | None = None,
     concurrency: int,
     ahead: RunAhead,
     stop: StopControl,
@@ -556,15 +559,16 @@ async def relay_share(
     transport_factory: Callable[[TransportSettings], Transport] = open_transport,
 ) -> None:
     """A worker process's share of a run (ops/relayworker.py): its pending rows, those it `owns`, sent
-    one request each through `concurrency` slots of its own, each final result handed to `outbox`.
-    The halt rules are judged by the run's process over every worker's rows (ops/workers.py): here
-    `ahead` holds the rows its slots hold, for the row below which it has settled and the bound on
-    how far it runs ahead of the slowest (relay/runahead.py)."""
+    one request each through `concurrency` slots of its own, each final result handed to `outbox`;
+    with `share` (a CSV input's chunks of rows that are this worker's, the rows it `owns`) the other
+    rows are stepped over unparsed. The halt rules are judged by the run's process over every
+    worker's rows (ops/workers.py): here `ahead` holds the rows its slots hold, for the row below
+    which it has settled and the bound on how far it runs ahead of the slowest (relay/runahead.py)."""
     settings = transport_settings(preflight)
     transport = transport_factory(settings)
     auth = open_authenticator(preflight, transport_factory, settings, stop)
     sender = _row_sender(preflight, run, start, transport, limiter, stop=stop, stats=stats, auth=auth)
-    pending = _pending_records(preflight, start, stop)
+    pending = _pending_records(preflight, start, stop, share=share)  # a CSV's other rows: not parsed
     records = (record for record in pending if owns(record))
     try:
         async with anyio.create_task_group() as background:

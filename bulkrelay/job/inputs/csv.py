@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from bulkrelay.errors import Problem
 from bulkrelay.job.inputs.lines import MAX_LINE_BYTES, TOO_LONG, lines_of, too_long_message
 from bulkrelay.job.inputs.raw import GZIP_ERRORS, damaged
+from bulkrelay.job.inputs.rowstarts import ChunkShare, RowStartsBuilder, step_over
 from bulkrelay.job.inputs.spec import ProblemSink, no_records
 from bulkrelay.job.records import Record
 
@@ -46,17 +47,37 @@ class _RecordLines:
             raise _RecordTooLong
         return line.decode()
 
+    def step_over(self, count: int) -> None:
+        """Pass `count` lines by, undecoded, between two records (the csv reader reads none ahead)."""
+        step_over(self._lines, count)
+
 
 class CsvReader:
-    """The records of a CSV text, bad records reported to `report` and skipped."""
+    """The records of a CSV text, bad records reported to `report` and skipped.
 
-    def __init__(self, binary: BinaryIO, file: str, report: ProblemSink, delimiter: str) -> None:
+    `starts` (preflight's) hears where every few rows start; with `share` (a worker's, over the bytes
+    preflight read) only that worker's chunks of rows are parsed, the others' lines stepped over
+    (job/inputs/rowstarts.py). `rows_read` is then the input's row count, as preflight counted it."""
+
+    def __init__(
+        self,
+        binary: BinaryIO,
+        file: str,
+        report: ProblemSink,
+        delimiter: str,
+        *,
+        starts: RowStartsBuilder | None = None,
+        share: ChunkShare | None = None,
+    ) -> None:
         self._binary = binary
         self._file = file
         self._report = report
         self._delimiter = delimiter
+        self._starts = starts
+        self._share = share
+        self.rows_read = 0
 
-    def records(self) -> Generator[Record, None, int]:
+    def records(self) -> Generator[Record, None, int]:  # noqa: PLR0912, PLR0915 (one loop a row, kept whole)
         """CSV with a header row. `reader.line_num` counts physical lines, which gives each record's start."""
         lines = _RecordLines(lines_of(self._binary))
         reader = csv.reader(lines, delimiter=self._delimiter, strict=True)
@@ -68,8 +89,16 @@ class CsvReader:
         fields_of = _row_to_fields(headers)
         new_record = tuple.__new__  # Record(...) would go through a Python-level __new__
         row_number = 0
-        skipped = 0  # lines that failed to decode: the csv reader never saw them, so line_num misses them
+        skipped = 0  # lines the csv reader never saw (undecodable, or stepped over): line_num misses them
         end = reader.line_num
+        starts, share = self._starts, self._share
+        mark = -1 if starts is None else starts.next_row  # the row whose start line preflight notes next
+        boundary = -1  # a worker's: the last row of the chunk of its own it reads
+        if share is not None:
+            at = self._own_chunk(share, 0, lines, end)
+            if at is None:
+                return self._ended(share.rows)
+            row_number, boundary, end, skipped = at[0], at[1], at[2], skipped + at[2] - end
         while True:
             try:
                 for row in reader:
@@ -82,21 +111,22 @@ class CsvReader:
                     if len(row) != width:
                         self._report(self._ragged(row, width, start, row_number))
                         continue
+                    if row_number == mark:
+                        assert starts is not None  # mark is -1 without them
+                        starts.add(start)
+                        mark = starts.next_row
                     yield new_record(Record, (row_number, start, fields_of(row)))
+                    if row_number == boundary:  # the end of a chunk of ours: on to the next
+                        assert share is not None  # boundary is -1 without it
+                        at = self._own_chunk(share, row_number // share.starts.chunk, lines, end)
+                        if at is None:
+                            return self._ended(share.rows)
+                        row_number, boundary, end, skipped = at[0], at[1], at[2], skipped + at[2] - end
                 break
-            except UnicodeDecodeError as exc:
-                lines.used = 0
-                skipped += 1
-                row_number += 1
-                end = reader.line_num + skipped
-                self._report(self._undecodable(exc, end, row_number))
-            except csv.Error as exc:
+            except (UnicodeDecodeError, csv.Error) as exc:
                 lines.used = 0
                 row_number += 1
-                start, end = end + 1, reader.line_num + skipped
-                self._report(
-                    Problem(f"malformed CSV: {_csv_error(exc)}", file=self._file, line=start, row=row_number)
-                )
+                end, skipped = self._bad_record(exc, reader.line_num, row_number, end, skipped)
             except GZIP_ERRORS as exc:
                 self._report(damaged(self._file, exc))
                 return row_number
@@ -105,7 +135,38 @@ class CsvReader:
                 return row_number + 1
         if row_number == 0:
             self._report(no_records(self._file))
-        return row_number
+        return self._ended(row_number)
+
+    def _ended(self, rows: int) -> int:
+        self.rows_read = rows
+        return rows
+
+    def _bad_record(
+        self, exc: UnicodeDecodeError | csv.Error, line_num: int, row_number: int, end: int, skipped: int
+    ) -> tuple[int, int]:
+        """Report row `row_number`, which the csv reader failed to read up to its `line_num`: (the
+        line it ends on, the lines the csv reader missed so far)."""
+        if isinstance(exc, UnicodeDecodeError):  # the line never reached the csv reader
+            skipped += 1
+            self._report(self._undecodable(exc, line_num + skipped, row_number))
+        else:
+            message = f"malformed CSV: {_csv_error(exc)}"
+            self._report(Problem(message, file=self._file, line=end + 1, row=row_number))
+        return line_num + skipped, skipped
+
+    @staticmethod
+    def _own_chunk(
+        share: ChunkShare, chunk: int, lines: _RecordLines, end: int
+    ) -> tuple[int, int, int] | None:
+        """Step over the lines after line `end` up to the start of this worker's next chunk from
+        `chunk` on: (the row before that chunk's first, the chunk's last row, the line before its
+        start); None when no chunk is left to it (the stream still reads and checks the rest)."""
+        own = share.step_to_own(chunk)
+        if own is None:
+            return None
+        line, size = share.starts.lines[own], share.starts.chunk
+        lines.step_over(line - 1 - end)
+        return own * size, (own + 1) * size, line - 1
 
     def _csv_header(self, reader: _CsvReader) -> list[str] | None:
         """The header row (the first non-blank line), or None after reporting why the file cannot be read."""

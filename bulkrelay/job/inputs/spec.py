@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bulkrelay.errors import InputChanged, Problem, UsageError
+from bulkrelay.job.inputs.rowstarts import RowStarts
 
 InputFormat = Literal["csv", "jsonl", "parquet"]  # parquet: read through a JSON Lines snapshot
 ProblemSink = Callable[[Problem], None]
@@ -196,11 +197,13 @@ def nth_digest(digests: bytes | bytearray, index: int) -> bytes | None:
 
 @dataclass(frozen=True)
 class ExpectedInput:
-    """What preflight read, which the relay must read again byte for byte."""
+    """What preflight read, which the relay must read again byte for byte; and, of a CSV, where its
+    rows start (job/inputs/rowstarts.py: a worker process parses its own rows only)."""
 
     fingerprint: InputFingerprint
     identity: InputIdentity
     regions: RegionDigests
+    row_starts: RowStarts | None = None
 
 
 def changed_values(was: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -16,6 +16,7 @@ from bulkrelay.job.inputs.csv import CsvReader
 from bulkrelay.job.inputs.jsonl import JsonlReader
 from bulkrelay.job.inputs.lines import READ_BUFFER
 from bulkrelay.job.inputs.raw import GZIP_ERRORS, GuardedReader, HashingReader, damaged, open_raw
+from bulkrelay.job.inputs.rowstarts import ChunkShare, RowStarts, RowStartsBuilder
 from bulkrelay.job.inputs.spec import (
     ExpectedInput,
     InputFingerprint,
@@ -37,12 +38,22 @@ class RecordStream:
     """The records of one input, read once. After a full iteration `fingerprint()` describes the file."""
 
     def __init__(
-        self, spec: InputSpec, raw: io.FileIO, on_problem: ProblemSink, expected: ExpectedInput | None = None
+        self,
+        spec: InputSpec,
+        raw: io.FileIO,
+        on_problem: ProblemSink,
+        expected: ExpectedInput | None = None,
+        share: ChunkShare | None = None,
     ) -> None:
         self._spec = spec
         self._file = spec.display_name
         self._report = on_problem
         self._expected = expected
+        # Preflight's pass over a CSV notes where its rows start; a worker's pass parses its own rows.
+        first_pass = expected is None and spec.format == "csv"
+        self._starts = RowStartsBuilder() if first_pass else None
+        self._share = share if expected is not None and spec.format == "csv" else None
+        self._csv: CsvReader | None = None
         self._opened = InputIdentity.of(raw.fileno())
         self._guard = None if expected is None else GuardedReader(raw, expected, self._file)
         self._hashing = HashingReader(raw) if self._guard is None else self._guard
@@ -77,6 +88,12 @@ class RecordStream:
             record_count=self._row_count,
         )
 
+    def row_starts(self) -> RowStarts | None:
+        """Where the rows of a CSV input start (after a full first pass, like `fingerprint`)."""
+        if self._row_count is None:
+            raise RuntimeError("row_starts() needs the stream read to the end first")
+        return None if self._starts is None else self._starts.starts()
+
     def regions(self) -> RegionDigests:
         """The digest of each region of the raw bytes (after a full iteration, like `fingerprint`)."""
         if self._row_count is None:
@@ -104,6 +121,8 @@ class RecordStream:
             count = yield from rows
         except GZIP_ERRORS as exc:  # damage found while reading the header or first line
             self._report(damaged(self._file, exc))
+        if self._share is not None and self._csv is not None:
+            count = self._csv.rows_read  # the rows it stepped over count: they were preflight's
         self._hashing.drain()
         self._row_count = count
         if self._expected is not None:
@@ -134,7 +153,15 @@ class RecordStream:
 
     def _format_records(self) -> Generator[Record, None, int]:
         if self._spec.format == "csv":
-            return CsvReader(self._binary, self._file, self._report, self._spec.delimiter).records()
+            self._csv = CsvReader(
+                self._binary,
+                self._file,
+                self._report,
+                self._spec.delimiter,
+                starts=self._starts,
+                share=self._share,
+            )
+            return self._csv.records()
         # A query's answer may hold no row: "every order changed since yesterday" is empty on a quiet
         # night, and that night's run is a run of no rows. A file (a Parquet file too) may not.
         empty = self._spec.query_answer
@@ -143,16 +170,19 @@ class RecordStream:
 
 @contextmanager
 def open_records(
-    spec: InputSpec, on_problem: ProblemSink, expected: ExpectedInput | None = None
+    spec: InputSpec,
+    on_problem: ProblemSink,
+    expected: ExpectedInput | None = None,
+    share: ChunkShare | None = None,
 ) -> Iterator[RecordStream]:
     """Open an input for one streaming pass. Raises NotFound if the file is missing; closes it on exit.
 
     With `expected` (what preflight read), the stream reads exactly those bytes or raises
     `InputChanged`: at the open, at every region (before any of its bytes reaches a record), every few
-    records, and at the end."""
+    records, and at the end. With `share` too (a worker's), a CSV's other rows are not parsed."""
     raw = open_raw(spec)
     try:
-        stream = RecordStream(spec, raw, on_problem, expected)
+        stream = RecordStream(spec, raw, on_problem, expected, share)
     except BaseException:
         raw.close()
         raise
