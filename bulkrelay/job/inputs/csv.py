@@ -57,7 +57,7 @@ class CsvReader:
 
     `starts` (preflight's) hears where every few rows start; with `share` (a worker's, over the bytes
     preflight read) only that worker's chunks of rows are parsed, the others' lines stepped over
-    (job/inputs/rowstarts.py). `rows_read` is then the input's row count, as preflight counted it."""
+    (job/inputs/rowstarts.py)."""
 
     def __init__(
         self,
@@ -75,7 +75,6 @@ class CsvReader:
         self._delimiter = delimiter
         self._starts = starts
         self._share = share
-        self.rows_read = 0
 
     def records(self) -> Generator[Record, None, int]:  # noqa: PLR0912, PLR0915 (one loop a row, kept whole)
         """CSV with a header row. `reader.line_num` counts physical lines, which gives each record's start."""
@@ -97,7 +96,7 @@ class CsvReader:
         if share is not None:
             at = self._own_chunk(share, 0, lines, end)
             if at is None:
-                return self._ended(share.rows)
+                return share.rows
             row_number, boundary, end, skipped = at[0], at[1], at[2], skipped + at[2] - end
         while True:
             try:
@@ -120,7 +119,7 @@ class CsvReader:
                         assert share is not None  # boundary is -1 without it
                         at = self._own_chunk(share, row_number // share.starts.chunk, lines, end)
                         if at is None:
-                            return self._ended(share.rows)
+                            return share.rows
                         row_number, boundary, end, skipped = at[0], at[1], at[2], skipped + at[2] - end
                 break
             except (UnicodeDecodeError, csv.Error) as exc:
@@ -135,11 +134,7 @@ class CsvReader:
                 return row_number + 1
         if row_number == 0:
             self._report(no_records(self._file))
-        return self._ended(row_number)
-
-    def _ended(self, rows: int) -> int:
-        self.rows_read = rows
-        return rows
+        return row_number
 
     def _bad_record(
         self, exc: UnicodeDecodeError | csv.Error, line_num: int, row_number: int, end: int, skipped: int

@@ -4,7 +4,7 @@ keeping their JSON types; an integer orjson would read as a float is refused nam
 from __future__ import annotations
 
 import json
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import BinaryIO
 
 import orjson
@@ -12,6 +12,7 @@ import orjson
 from bulkrelay.errors import Problem
 from bulkrelay.job.inputs.lines import TOO_LONG, line_blocks, too_long_message
 from bulkrelay.job.inputs.raw import GZIP_ERRORS, damaged
+from bulkrelay.job.inputs.rowstarts import ChunkShare, RowStartsBuilder
 from bulkrelay.job.inputs.spec import ProblemSink, no_records
 from bulkrelay.job.records import Record
 
@@ -32,45 +33,88 @@ class _OutOfRange(ValueError):
 
 
 class JsonlReader:
-    """The records of a JSON Lines text, bad lines reported to `report` and skipped."""
+    """The records of a JSON Lines text, bad lines reported to `report` and skipped.
+
+    `starts` (preflight's) hears where every few rows start, as for a CSV (here each on its own line);
+    with `share` (a worker's, over the bytes preflight read) only the lines of that worker's chunks of
+    rows are parsed (job/inputs/rowstarts.py)."""
 
     def __init__(
-        self, binary: BinaryIO, file: str, report: ProblemSink, *, may_be_empty: bool = False
+        self,
+        binary: BinaryIO,
+        file: str,
+        report: ProblemSink,
+        *,
+        may_be_empty: bool = False,
+        starts: RowStartsBuilder | None = None,
+        share: ChunkShare | None = None,
     ) -> None:
         self._binary = binary
         self._file = file
         self._report = report
         self._may_be_empty = may_be_empty
+        self._starts = starts
+        self._share = share
 
     def records(self) -> Generator[Record, None, int]:
         """One JSON object per line; every line is a row, so row number and line number agree."""
-        loads, as_zeros, long_run = orjson.loads, _DIGITS_AS_ZEROS, _LONG_RUN
-        new_record = tuple.__new__  # Record(...) would go through a Python-level __new__
+        if self._share is not None:
+            return (yield from self._shared_records(self._share))
+        starts = self._starts
         line = 0
         try:
             for block in line_blocks(self._binary):
-                # The long-run search once a block: per line it cost two thirds as much as orjson.loads.
-                suspect = long_run in b"".join(block).translate(as_zeros)
                 first = line + 1
-                for line, raw in enumerate(block, first):
-                    try:
-                        value = loads(raw)
-                    except orjson.JSONDecodeError as exc:
-                        self._report(self._json_problem(raw, exc, line))
-                        continue
-                    if type(value) is not dict:
-                        self._report(self._not_an_object(value, line))
-                        continue
-                    if suspect and (problem := self._integer_out_of_range(raw, line)):
-                        self._report(problem)
-                        continue
-                    yield new_record(Record, (line, line, value))
+                line += len(block)
+                if starts is not None:
+                    while starts.next_row <= line:
+                        starts.add(starts.next_row)  # the row starts on the line of its number
+                yield from self._block_records(block, first, first, line)
         except GZIP_ERRORS as exc:
             self._report(damaged(self._file, exc))
             return line
         if line == 0 and not self._may_be_empty:
             self._report(no_records(self._file))
         return line
+
+    def _shared_records(self, share: ChunkShare) -> Generator[Record, None, int]:
+        """The records of this worker's chunks of rows; the other lines are not parsed."""
+        size = share.starts.chunk
+        own = share.step_to_own(0)
+        line = 0
+        for block in line_blocks(self._binary):
+            if own is None:
+                break  # none left to it: the stream still reads and checks the rest
+            first = line + 1
+            line += len(block)
+            while own is not None and own * size < line:  # this block holds rows of chunk `own`
+                low, high = own * size + 1, (own + 1) * size
+                yield from self._block_records(block, first, max(low, first), min(high, line))
+                if high > line:
+                    break  # the chunk goes on in the next block
+                own = share.step_to_own(own + 1)
+        return share.rows
+
+    def _block_records(self, block: list[bytes], first: int, low: int, high: int) -> Iterator[Record]:
+        """The records of lines `low` to `high` of `block`, whose first line is line `first`."""
+        loads = orjson.loads
+        new_record = tuple.__new__  # Record(...) would go through a Python-level __new__
+        lines = block[low - first : high - first + 1]
+        # The long-run search once a block: per line it cost two thirds as much as orjson.loads.
+        suspect = _LONG_RUN in b"".join(lines).translate(_DIGITS_AS_ZEROS)
+        for line, raw in enumerate(lines, low):
+            try:
+                value = loads(raw)
+            except orjson.JSONDecodeError as exc:
+                self._report(self._json_problem(raw, exc, line))
+                continue
+            if type(value) is not dict:
+                self._report(self._not_an_object(value, line))
+                continue
+            if suspect and (problem := self._integer_out_of_range(raw, line)):
+                self._report(problem)
+                continue
+            yield new_record(Record, (line, line, value))
 
     def _integer_out_of_range(self, raw: bytes, line: int) -> Problem | None:
         """The problem of a line holding an integer that orjson would have read as a float."""

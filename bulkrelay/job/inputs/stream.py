@@ -49,11 +49,9 @@ class RecordStream:
         self._file = spec.display_name
         self._report = on_problem
         self._expected = expected
-        # Preflight's pass over a CSV notes where its rows start; a worker's pass parses its own rows.
-        first_pass = expected is None and spec.format == "csv"
-        self._starts = RowStartsBuilder() if first_pass else None
-        self._share = share if expected is not None and spec.format == "csv" else None
-        self._csv: CsvReader | None = None
+        # Preflight's pass notes where the rows start; a worker's pass parses its own rows only.
+        self._starts = RowStartsBuilder() if expected is None else None
+        self._share = share if expected is not None else None
         self._opened = InputIdentity.of(raw.fileno())
         self._guard = None if expected is None else GuardedReader(raw, expected, self._file)
         self._hashing = HashingReader(raw) if self._guard is None else self._guard
@@ -89,7 +87,7 @@ class RecordStream:
         )
 
     def row_starts(self) -> RowStarts | None:
-        """Where the rows of a CSV input start (after a full first pass, like `fingerprint`)."""
+        """Where the input's rows start (after a full first pass, like `fingerprint`)."""
         if self._row_count is None:
             raise RuntimeError("row_starts() needs the stream read to the end first")
         return None if self._starts is None else self._starts.starts()
@@ -121,8 +119,8 @@ class RecordStream:
             count = yield from rows
         except GZIP_ERRORS as exc:  # damage found while reading the header or first line
             self._report(damaged(self._file, exc))
-        if self._share is not None and self._csv is not None:
-            count = self._csv.rows_read  # the rows it stepped over count: they were preflight's
+        if self._share is not None:
+            count = self._share.rows  # the rows stepped over count: the bytes are the ones preflight read
         self._hashing.drain()
         self._row_count = count
         if self._expected is not None:
@@ -152,20 +150,19 @@ class RecordStream:
             raise input_changed(self._file, "during the run", changed)
 
     def _format_records(self) -> Generator[Record, None, int]:
+        starts, share = self._starts, self._share
         if self._spec.format == "csv":
-            self._csv = CsvReader(
-                self._binary,
-                self._file,
-                self._report,
-                self._spec.delimiter,
-                starts=self._starts,
-                share=self._share,
+            reader = CsvReader(
+                self._binary, self._file, self._report, self._spec.delimiter, starts=starts, share=share
             )
-            return self._csv.records()
+            return reader.records()
         # A query's answer may hold no row: "every order changed since yesterday" is empty on a quiet
         # night, and that night's run is a run of no rows. A file (a Parquet file too) may not.
         empty = self._spec.query_answer
-        return JsonlReader(self._binary, self._file, self._report, may_be_empty=empty).records()
+        jsonl = JsonlReader(
+            self._binary, self._file, self._report, may_be_empty=empty, starts=starts, share=share
+        )
+        return jsonl.records()
 
 
 @contextmanager
