@@ -58,12 +58,17 @@ def _worker_reads(path: Path, expected: ExpectedInput, index: int, count: int) -
     return records
 
 
-@pytest.mark.parametrize("name", ["a.csv", "a.csv.gz"])
+def _jsonl(rows: int) -> bytes:
+    return b"".join(b'{"id": %d, "text": "%s"}\n' % (row, b"x" * (row % 50)) for row in range(1, rows + 1))
+
+
+@pytest.mark.parametrize("name", ["a.csv", "a.csv.gz", "a.jsonl", "a.jsonl.gz"])
 @pytest.mark.parametrize("rows", [1, 31, 32, 33, 64, 1000, 4099])
 def test_the_workers_together_read_every_row_once_as_preflight_did(
     tmp_path: Path, name: str, rows: int
 ) -> None:
-    path = _write(tmp_path, name, _awkward_csv(rows))
+    body = _awkward_csv(rows) if ".csv" in name else _jsonl(rows)
+    path = _write(tmp_path, name, body)
     records, expected = _preflight(path)
     assert len(records) == rows
     for count in (2, 3, 8):
