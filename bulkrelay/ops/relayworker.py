@@ -144,11 +144,13 @@ async def _work(sock: socket.socket) -> int:
     preflight = _preflight(handoff, run)
     stop, stats = StopControl(), RelayStats()
     # a waiting slot wakes the outbox, which tells where this worker stands (made next: hence the lambda)
-    ahead = RunAhead(run_ahead_rows(preflight.job.config.execution.concurrency), lambda: outbox.wake())  # noqa: PLW0108
+    bound = run_ahead_rows(preflight.job.config.execution.concurrency)
+    ahead = RunAhead(bound, lambda: outbox.wake())  # noqa: PLW0108
     outbox = SocketOutbox(stream, stats, ahead)
     limiter = WorkerLimiter(_share_limiter(preflight, handoff.count), outbox.tell_pause)
     share = _share(handoff, run)
-    chunks = share.chunks(preflight.expected_input, preflight.input_fingerprint.record_count)
+    rows, start = preflight.input_fingerprint.record_count, handoff.start
+    chunks = share.chunks(preflight.expected_input, rows, every_row_pending=start.every_row, run_ahead=bound)
     owns = share.of_rows(preflight.job.config.input.key, chunks)
     async with anyio.create_task_group() as talk:
         talk.start_soon(partial(watch_signals, stop, sigint_forces_any_stop=False))  # Ctrl+C: 1 to each

@@ -53,6 +53,11 @@ def key_hash(value: Any) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 
+# The fewest chunks of rows a worker gets before the rows go to workers in chunks: the workers' shares of
+# the rows then differ by at most one chunk in this many.
+_CHUNKS_PER_WORKER = 16
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerShare:
     """The rows worker `index` of `count` sends (`execution.workers`). Of a shard `K` of `shards`, whose
@@ -85,10 +90,21 @@ class WorkerShare:
             return lambda record: (record.row_number - 1) % count == index
         return lambda record: self.owns(record, key_field)
 
-    def chunks(self, expected: ExpectedInput | None, rows: int) -> ChunkShare | None:
-        """Unsharded, of a CSV input: the worker's chunks of rows (job/inputs/rowstarts.py), which it
-        alone parses; None when the rows are split otherwise (`of_rows`)."""
-        if self.shards != 1 or expected is None or expected.row_starts is None:
+    def chunks(
+        self, expected: ExpectedInput | None, rows: int, *, every_row_pending: bool, run_ahead: int
+    ) -> ChunkShare | None:
+        """The worker's chunks of rows (job/inputs/rowstarts.py), which it alone parses; None when the
+        rows are split by number (`of_rows`), each worker parsing every row. Chunks only when they
+        share the work out evenly: each worker holds a fixed share of the concurrency and the rate,
+        and a worker without rows leaves its share idle. So not under `--shard` (the rows go by
+        hash), nor when only some rows are pending (a resume, `retry-failed`, a delta run: the rows
+        left may sit in a few chunks), nor with fewer than `_CHUNKS_PER_WORKER` chunks a worker, nor
+        when chunks so wide (a huge input's) would hold the last worker past the run-ahead bound
+        (relay/runahead.py) while the first works through its chunk."""
+        if self.shards != 1 or expected is None or expected.row_starts is None or not every_row_pending:
+            return None
+        size = expected.row_starts.chunk
+        if rows < _CHUNKS_PER_WORKER * self.count * size or 2 * (self.count - 1) * size > run_ahead:
             return None
         return ChunkShare(expected.row_starts, self.index, self.count, rows)
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 
 import pytest
 
 from bulkrelay.errors import UsageError
+from bulkrelay.job.inputs import ExpectedInput, InputFingerprint, InputIdentity, RegionDigests
+from bulkrelay.job.inputs.rowstarts import RowStarts
 from bulkrelay.job.records import Record
 from bulkrelay.ops.sharding import ShardSpec, WorkerShare, parse_shard, resolve_shard, shard_of_key
 
@@ -101,3 +104,42 @@ def test_the_workers_of_a_shard_split_its_rows_between_them_all(
         assert sum(len(share) for share in shares) == len(rows)  # each row one worker's
         assert set().union(*shares) == {r.row_number for r in rows}
         assert min(len(share) for share in shares) > len(rows) / workers / 2  # every worker has rows
+
+
+def _expected(rows: int, chunk: int = 32) -> ExpectedInput:
+    starts = RowStarts(chunk, array("q", range(2, rows + 2, chunk)))  # row r on line r + 1
+    fingerprint = InputFingerprint(format="csv", gzip=False, sha256="0" * 64, size=1, record_count=rows)
+    return ExpectedInput(fingerprint, InputIdentity(0, 0, 1, 0), RegionDigests(b""), starts)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8])
+def test_chunks_of_rows_split_a_new_runs_rows_evenly_between_the_workers(workers: int) -> None:
+    rows = 32 * 16 * workers + 5
+    shares = [
+        WorkerShare(i, workers).chunks(_expected(rows), rows, every_row_pending=True, run_ahead=2048)
+        for i in range(workers)
+    ]
+    owned = [{row for row in range(1, rows + 1) if share is not None and share.owns(row)} for share in shares]
+    assert set().union(*owned) == set(range(1, rows + 1)) and sum(map(len, owned)) == rows
+    assert max(map(len, owned)) - min(map(len, owned)) <= 32  # one chunk at most between any two
+    owns = [WorkerShare(i, workers).of_rows("id", shares[i]) for i in range(workers)]
+    assert all(
+        owns[i](_record(row, "k")) == (row in owned[i]) for i in range(workers) for row in (1, 33, rows)
+    )
+
+
+def test_rows_split_by_number_where_chunks_would_leave_workers_idle() -> None:
+    """Each worker holds a fixed share of the concurrency and the rate: chunks only when every worker
+    gets many of them. A few rows, only some rows pending (a resume, retry-failed: the rows left may
+    sit in a few chunks), a shard's rows, or chunks too wide for the run-ahead bound: by row number."""
+    big, few = 32 * 16 * 8, 32 * 16 * 8 - 1
+
+    def chunks(share: WorkerShare, rows: int, chunk: int = 32, pending: bool = True) -> object:
+        return share.chunks(_expected(rows, chunk), rows, every_row_pending=pending, run_ahead=2048)
+
+    assert chunks(WorkerShare(0, 8), big) is not None
+    assert chunks(WorkerShare(0, 8), few) is None  # fewer than 16 chunks a worker
+    assert chunks(WorkerShare(0, 8), big, pending=False) is None
+    assert chunks(WorkerShare(0, 8, shards=2), big) is None
+    assert chunks(WorkerShare(0, 8), 256 * 16 * 8, chunk=256) is None  # 7 chunks of 256 span 1,792 rows
+    assert chunks(WorkerShare(0, 4), 128 * 16 * 4, chunk=128) is not None  # 3 of 128: 384
