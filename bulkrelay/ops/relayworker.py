@@ -149,8 +149,8 @@ async def _work(sock: socket.socket) -> int:
     outbox = SocketOutbox(stream, stats, ahead)
     limiter = WorkerLimiter(_share_limiter(preflight, handoff.count), outbox.tell_pause)
     share = _share(handoff, run)
-    rows, start = preflight.input_fingerprint.record_count, handoff.start
-    chunks = share.chunks(preflight.expected_input, rows, every_row_pending=start.every_row, run_ahead=bound)
+    rows = preflight.input_fingerprint.record_count
+    chunks = share.chunks(preflight.expected_input, rows, handoff.start, bound)
     owns = share.of_rows(preflight.job.config.input.key, chunks)
     async with anyio.create_task_group() as talk:
         talk.start_soon(partial(watch_signals, stop, sigint_forces_any_stop=False))  # Ctrl+C: 1 to each

@@ -12,7 +12,7 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bulkrelay.errors import UsageError
 from bulkrelay.job.durations import whole_number
@@ -20,6 +20,10 @@ from bulkrelay.job.inputs import ExpectedInput
 from bulkrelay.job.inputs.rowstarts import ChunkShare
 from bulkrelay.job.records import Record
 from bulkrelay.store.rundir import RunDir
+
+if TYPE_CHECKING:  # what a worker is handed: the relay is loaded by then, not by every importer
+    from bulkrelay.relay.engine import StartPoint
+    from bulkrelay.store.rowset import RowSet
 
 MAX_SHARDS = 10_000
 _SPEC = re.compile(r"^\s*([0-9]+)\s*/\s*([0-9]+)\s*$")  # ASCII digits: \d takes any script's
@@ -91,22 +95,35 @@ class WorkerShare:
         return lambda record: self.owns(record, key_field)
 
     def chunks(
-        self, expected: ExpectedInput | None, rows: int, *, every_row_pending: bool, run_ahead: int
+        self, expected: ExpectedInput | None, rows: int, start: StartPoint, run_ahead: int
     ) -> ChunkShare | None:
         """The worker's chunks of rows (job/inputs/rowstarts.py), which it alone parses; None when the
         rows are split by number (`of_rows`), each worker parsing every row. Chunks only when they
         share the work out evenly: each worker holds a fixed share of the concurrency and the rate,
         and a worker without rows leaves its share idle. So not under `--shard` (the rows go by
-        hash), nor when only some rows are pending (a resume, `retry-failed`, a delta run: the rows
-        left may sit in a few chunks), nor with fewer than `_CHUNKS_PER_WORKER` chunks a worker, nor
-        when chunks so wide (a huge input's) would hold the last worker past the run-ahead bound
-        (relay/runahead.py) while the first works through its chunk."""
-        if self.shards != 1 or expected is None or expected.row_starts is None or not every_row_pending:
+        hash), nor for a sparse selection, nor when the rows left to send (a resume's, a
+        `retry-failed` run's, a delta run's) fall unevenly on the workers' chunks, nor with fewer
+        than `_CHUNKS_PER_WORKER` chunks a worker, nor when chunks so wide (a huge input's) would
+        hold the last worker past the run-ahead bound (relay/runahead.py) while the first works
+        through its chunk."""
+        if self.shards != 1 or expected is None or expected.row_starts is None or start.positions is not None:
             return None
         size = expected.row_starts.chunk
-        if rows < _CHUNKS_PER_WORKER * self.count * size or 2 * (self.count - 1) * size > run_ahead:
+        if 2 * (self.count - 1) * size > run_ahead or not _even(start.done_rows, rows, size, self.count):
             return None
         return ChunkShare(expected.row_starts, self.index, self.count, rows)
+
+
+def _even(done: RowSet | None, rows: int, chunk: int, workers: int) -> bool:
+    """Whether the pending rows (those not `done`; every row when None) give each of `workers` at
+    least `_CHUNKS_PER_WORKER` chunks' worth, within an eighth of each other (or a chunk)."""
+    if done is None:
+        return rows >= _CHUNKS_PER_WORKER * workers * chunk
+    pending = done.missing_by_stripe(chunk, workers)
+    total = sum(pending)
+    return total >= _CHUNKS_PER_WORKER * workers * chunk and max(pending) - min(pending) <= max(
+        chunk, total // (8 * workers)
+    )
 
 
 def parse_shard(text: str, source: str = "--shard") -> ShardSpec:

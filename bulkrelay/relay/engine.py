@@ -81,11 +81,6 @@ class StartPoint:
     # the worker processes keep too: rows an earlier call may have sent are judged by it (_earlier_sends).
     journaled_through: int | None = None
 
-    @property
-    def every_row(self) -> bool:
-        """Whether every row of the input is pending: a new run's first call, with no selection."""
-        return self.done_rows is None and self.positions is None and self.total is None
-
 
 @dataclass
 class Committed:

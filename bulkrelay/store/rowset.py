@@ -79,6 +79,21 @@ class RowSet:
                 if not byte & (1 << bit):
                     yield base + bit
 
+    def missing_by_stripe(self, stripe: int, stripes: int) -> list[int]:
+        """How many rows are missing from each of `stripes` interleaved stripes of `stripe` rows (a
+        multiple of 8): stripe `i` holds rows `i * stripe + 1` to `(i + 1) * stripe`, then every
+        `stripes * stripe` rows on. Counted a byte slice at a time, never a row at a time."""
+        if stripe % 8 or stripe <= 0 or stripes <= 0:
+            raise ValueError(f"stripes of {stripe} rows: a positive multiple of 8 is needed")
+        top = 1 << (len(self._bits) * 8 - 1)  # shifted in empty: past `size`, like the padding, it is set
+        rows = ((int.from_bytes(self._bits, "little") >> 1) | top).to_bytes(len(self._bits), "little")
+        width, step = stripe // 8, stripe // 8 * stripes  # row r now at bit r - 1: a stripe is whole bytes
+        missing = []
+        for index in range(stripes):
+            parts = [rows[index * width + offset :: step] for offset in range(width)]
+            missing.append(sum(8 * len(part) - int.from_bytes(part, "little").bit_count() for part in parts))
+        return missing
+
     def _padding(self) -> int:
         return len(self._bits) * 8 - self.size  # bit 0 and the bits past `size`, always set
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from collections.abc import Iterable
 
 import pytest
 
 from bulkrelay.errors import UsageError
 from bulkrelay.job.inputs import ExpectedInput, InputFingerprint, InputIdentity, RegionDigests
 from bulkrelay.job.inputs.rowstarts import RowStarts
+from bulkrelay.job.positions import RowPositions
 from bulkrelay.job.records import Record
 from bulkrelay.ops.sharding import ShardSpec, WorkerShare, parse_shard, resolve_shard, shard_of_key
+from bulkrelay.relay.engine import StartPoint
+from bulkrelay.store.rowset import RowSet
 
 
 def _record(row: int, key: object) -> Record:
@@ -116,30 +120,58 @@ def _expected(rows: int, chunk: int = 32) -> ExpectedInput:
 def test_chunks_of_rows_split_a_new_runs_rows_evenly_between_the_workers(workers: int) -> None:
     rows = 32 * 16 * workers + 5
     shares = [
-        WorkerShare(i, workers).chunks(_expected(rows), rows, every_row_pending=True, run_ahead=2048)
-        for i in range(workers)
+        WorkerShare(i, workers).chunks(_expected(rows), rows, StartPoint(), 2048) for i in range(workers)
     ]
     owned = [{row for row in range(1, rows + 1) if share is not None and share.owns(row)} for share in shares]
     assert set().union(*owned) == set(range(1, rows + 1)) and sum(map(len, owned)) == rows
     assert max(map(len, owned)) - min(map(len, owned)) <= 32  # one chunk at most between any two
     owns = [WorkerShare(i, workers).of_rows("id", shares[i]) for i in range(workers)]
-    assert all(
-        owns[i](_record(row, "k")) == (row in owned[i]) for i in range(workers) for row in (1, 33, rows)
-    )
+    for index in range(workers):
+        for row in (1, 33, rows):
+            assert owns[index](_record(row, "k")) == (row in owned[index])
+
+
+def _done(rows: int, done: Iterable[int]) -> RowSet:
+    kept = RowSet(rows)
+    kept.add_all(done)
+    return kept
 
 
 def test_rows_split_by_number_where_chunks_would_leave_workers_idle() -> None:
-    """Each worker holds a fixed share of the concurrency and the rate: chunks only when every worker
-    gets many of them. A few rows, only some rows pending (a resume, retry-failed: the rows left may
-    sit in a few chunks), a shard's rows, or chunks too wide for the run-ahead bound: by row number."""
-    big, few = 32 * 16 * 8, 32 * 16 * 8 - 1
+    """Each worker holds a fixed share of the concurrency and the rate: chunks only when the rows left
+    fall evenly on every worker's chunks, many of them. A few rows, rows left in a few chunks
+    (`retry-failed` of a burst of failures), a sparse selection, a shard's rows, or chunks too wide for
+    the run-ahead bound: by row number."""
+    big = 32 * 16 * 8 * 4
 
-    def chunks(share: WorkerShare, rows: int, chunk: int = 32, pending: bool = True) -> object:
-        return share.chunks(_expected(rows, chunk), rows, every_row_pending=pending, run_ahead=2048)
+    def chunks(share: WorkerShare, rows: int, start: StartPoint | None = None, chunk: int = 32) -> object:
+        return share.chunks(_expected(rows, chunk), rows, start or StartPoint(), 2048)
 
     assert chunks(WorkerShare(0, 8), big) is not None
-    assert chunks(WorkerShare(0, 8), few) is None  # fewer than 16 chunks a worker
-    assert chunks(WorkerShare(0, 8), big, pending=False) is None
+    assert chunks(WorkerShare(0, 8), 32 * 16 * 8 - 1) is None  # fewer than 16 chunks a worker
+    resumed = StartPoint(done_rows=_done(big, range(1, big // 2)))  # a crash half-way: the rest is even
+    assert chunks(WorkerShare(0, 8), big, resumed) is not None
+    burst = StartPoint(done_rows=_done(big, [*range(1, 2001), *range(4001, big + 1)]), total=2000)
+    assert chunks(WorkerShare(0, 8), big, burst) is None  # rows 2001-4000: under 16 chunks a worker
+    window = StartPoint(done_rows=_done(big, [*range(1, 2001), *range(12001, big + 1)]), total=10000)
+    assert chunks(WorkerShare(0, 8), big, window) is not None  # 10,000 rows in a row: even
+    many = big * 4  # the rows left all in worker 0's chunks: 8,192 of them, enough, but one worker's
+    uneven = _done(many, [row for row in range(1, many + 1) if (row - 1) // 32 % 8 != 0])
+    assert chunks(WorkerShare(0, 8), many, StartPoint(done_rows=uneven, total=many // 8)) is None
+    positions = StartPoint(done_rows=_done(big, range(1, big, 2)), positions=RowPositions(by_request=False))
+    assert chunks(WorkerShare(0, 8), big, positions) is None
     assert chunks(WorkerShare(0, 8, shards=2), big) is None
-    assert chunks(WorkerShare(0, 8), 256 * 16 * 8, chunk=256) is None  # 7 chunks of 256 span 1,792 rows
-    assert chunks(WorkerShare(0, 4), 128 * 16 * 4, chunk=128) is not None  # 3 of 128: 384
+    assert chunks(WorkerShare(0, 8), big * 8, chunk=256) is None  # 7 chunks of 256 span 1,792 rows
+    assert chunks(WorkerShare(0, 4), big, chunk=128) is not None  # 3 of 128: 384
+
+
+@pytest.mark.parametrize(
+    ("size", "stripe", "stripes"), [(1, 8, 1), (100, 8, 3), (1000, 32, 2), (4099, 32, 8)]
+)
+def test_missing_rows_by_stripe_count_each_stripes_rows(size: int, stripe: int, stripes: int) -> None:
+    done = _done(size, [row for row in range(1, size + 1) if row % 3 and row % 7])
+    expected = [0] * stripes
+    for row in range(1, size + 1):
+        if row not in done:
+            expected[(row - 1) // stripe % stripes] += 1
+    assert done.missing_by_stripe(stripe, stripes) == expected
