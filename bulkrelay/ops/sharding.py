@@ -9,6 +9,7 @@ rows between the shards of a run in progress.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -67,10 +68,11 @@ class WorkerShare:
     """The rows worker `index` of `count` sends (`execution.workers`). Of a shard `K` of `shards`, whose
     rows all hash to K modulo `shards`, the next digits of the same hash (`hash // shards` modulo
     `count`), so that shards and workers compose as one finer split (`hash mod shards x count` is
-    `K + shards x index`) and every worker of every shard has rows. Unsharded, the row number modulo
-    `count`: as even, and no hash a row; of a CSV input, in chunks of rows instead (`chunks`: each
-    worker then parses only its own). A row need not keep its worker from one call to the next (the
-    run has one journal), so the split may differ between them."""
+    `K + shards x index`) and every worker of every shard has rows. Unsharded, the rows left to send
+    are dealt in turn (`of_rows`: the k-th is worker `k mod count`'s; in a new run, the row number
+    modulo `count`), or in chunks of rows when those share them out evenly (`chunks`: each worker then
+    parses only its own). A row need not keep its worker from one call to the next (the run has one
+    journal), so the split may differ between them."""
 
     index: int
     count: int
@@ -84,14 +86,19 @@ class WorkerShare:
         return (spread // self.shards) % self.count == self.index
 
     def of_rows(self, key_field: str | None, chunks: ChunkShare | None = None) -> Callable[[Record], bool]:
-        """`owns` for one job's rows, as one call a row (the worker's filter is on the hot path); with
-        `chunks`, the rows of its chunks."""
+        """Whether a row left to send is this worker's, asked once for each such row in row order (as
+        every worker of the call asks it, of the same rows: one call a row, on the hot path). With
+        `chunks`, the rows of its chunks. Unsharded otherwise, the rows left are dealt in turn: each
+        worker holds a fixed share of the concurrency and the rate, so rows left on a few residues of
+        the row number (`retry-failed` of every second row, a delta night's every eighth) would leave
+        the other workers' shares idle."""
         count, index = self.count, self.index
         if chunks is not None:
             size = chunks.starts.chunk
             return lambda record: (record.row_number - 1) // size % count == index
-        if self.shards == 1:  # the row number alone
-            return lambda record: (record.row_number - 1) % count == index
+        if self.shards == 1:
+            dealt = itertools.count()
+            return lambda record: next(dealt) % count == index
         return lambda record: self.owns(record, key_field)
 
     def chunks(

@@ -175,3 +175,16 @@ def test_missing_rows_by_stripe_count_each_stripes_rows(size: int, stripe: int, 
         if row not in done:
             expected[(row - 1) // stripe % stripes] += 1
     assert done.missing_by_stripe(stripe, stripes) == expected
+
+
+@pytest.mark.parametrize("step", [1, 2, 8])
+def test_rows_left_are_dealt_to_the_workers_in_turn_whatever_their_numbers(step: int) -> None:
+    """Each worker holds a fixed share of the rate: `retry-failed` of every second row, or a delta night's
+    every eighth, would otherwise give all its rows to one worker in eight."""
+    left = [_record(row, "k") for row in range(step, 800 * step + 1, step)]  # 800 rows left
+    owns = [WorkerShare(i, 8).of_rows("id") for i in range(8)]
+    shares = [[record.row_number for record in left if own(record)] for own in owns]
+    assert sorted(row for share in shares for row in share) == [record.row_number for record in left]
+    assert {len(share) for share in shares} == {len(left) // 8}
+    if step == 1:  # a new run: the row number modulo the workers, as before
+        assert all((row - 1) % 8 == index for index, share in enumerate(shares) for row in share)
