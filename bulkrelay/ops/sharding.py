@@ -93,9 +93,8 @@ class WorkerShare:
         the row number (`retry-failed` of every second row, a delta night's every eighth) would leave
         the other workers' shares idle."""
         count, index = self.count, self.index
-        if chunks is not None:
-            size = chunks.starts.chunk
-            return lambda record: (record.row_number - 1) // size % count == index
+        if chunks is not None:  # the reader yields only these (relay_share does not ask)
+            return lambda record: chunks.owns(record.row_number)
         if self.shards == 1:
             dealt = itertools.count()
             return lambda record: next(dealt) % count == index

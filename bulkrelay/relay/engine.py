@@ -560,16 +560,17 @@ async def relay_share(
 ) -> None:
     """A worker process's share of a run (ops/relayworker.py): its pending rows, those it `owns`, sent
     one request each through `concurrency` slots of its own, each final result handed to `outbox`;
-    with `share` (a CSV input's chunks of rows that are this worker's, the rows it `owns`) the other
-    rows are stepped over unparsed. The halt rules are judged by the run's process over every
-    worker's rows (ops/workers.py): here `ahead` holds the rows its slots hold, for the row below
-    which it has settled and the bound on how far it runs ahead of the slowest (relay/runahead.py)."""
+    with `share` (the input's chunks of rows that are this worker's) the reader yields only those,
+    stepping over the other rows unparsed, and `owns` is not asked. The halt rules are judged by
+    the run's process over every worker's rows (ops/workers.py): here `ahead` holds the rows its
+    slots hold, for the row below which it has settled and the bound on how far it runs ahead of
+    the slowest (relay/runahead.py)."""
     settings = transport_settings(preflight)
     transport = transport_factory(settings)
     auth = open_authenticator(preflight, transport_factory, settings, stop)
     sender = _row_sender(preflight, run, start, transport, limiter, stop=stop, stats=stats, auth=auth)
-    pending = _pending_records(preflight, start, stop, share=share)  # a CSV's other rows: not parsed
-    records = (record for record in pending if owns(record))
+    pending = _pending_records(preflight, start, stop, share=share)
+    records = pending if share is not None else (record for record in pending if owns(record))
     try:
         async with anyio.create_task_group() as background:
             window = (sender, (Unjudged(), None, ahead), concurrency)

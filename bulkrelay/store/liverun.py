@@ -86,10 +86,11 @@ def live_slot(
     try:
         fcntl.flock(decide_fd, fcntl.LOCK_EX)  # blocks only while another caller decides
         live_fd = _open_lock(directory / "live")
-    except BaseException as exc:
+    except PermissionError as exc:
         os.close(decide_fd)
-        if isinstance(exc, PermissionError):
-            raise _slot_unusable(runs_dir, directory / "live", exc) from None
+        raise _slot_unusable(runs_dir, directory / "live", exc) from None
+    except BaseException:
+        os.close(decide_fd)
         raise
     slot = LiveSlot(directory, decide_fd, live_fd)
     try:

@@ -184,10 +184,7 @@ class RunDir:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the run's lock for the duration; the OS releases it if the process dies."""
-        try:
-            fd = open_private(self.path / LOCK, os.O_RDWR | os.O_CREAT)
-        except PermissionError as exc:
-            raise self.lock_not_ours(exc.strerror or str(exc)) from None
+        fd = self._open_lock()
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -207,10 +204,12 @@ class RunDir:
     def refuse_if_not_ours(self) -> None:
         """RUN_LOCK_NOT_OURS, before any work, when this user could not take the run's lock: the run
         is another user's to continue (whose runs directory this may be, a 1777 one)."""
+        os.close(self._open_lock())
+
+    def _open_lock(self) -> int:
+        """The run's lock, opened to take it; RUN_LOCK_NOT_OURS when this user may not open it."""
         try:
-            os.close(open_private(self.path / LOCK, os.O_RDWR | os.O_NONBLOCK))
-        except FileNotFoundError:
-            return  # taking it creates it
+            return open_private(self.path / LOCK, os.O_RDWR | os.O_CREAT)
         except PermissionError as exc:
             raise self.lock_not_ours(exc.strerror or str(exc)) from None
 

@@ -1,11 +1,11 @@
-"""Where the rows of a CSV input start, so that a worker process parses only its own rows.
+"""Where the rows of an input start (CSV or JSON Lines), so that a worker process parses only its own rows.
 
 Preflight notes the physical line on which every `chunk`-th row starts (rows 1, chunk + 1, 2 chunk + 1,
 ...): one number for `chunk` rows, so memory stays small (8 bytes for 32 rows; the chunk doubles past
 `_MOST_STARTS` entries). A run in several worker processes (`execution.workers`) gives chunk `c` to
 worker `c mod N` (`ChunkShare`). Each worker still reads every byte of the input, checked region by
 region against what preflight read (raw.GuardedReader), but steps over the lines of the other workers'
-chunks without parsing them: a CSV row's parse is most of what reading it costs, and with N workers
+chunks without parsing them: a row's parse is most of what reading it costs, and with N workers
 each would otherwise parse N times the rows it sends. Since the bytes are the ones preflight read, a
 row starts on the line preflight saw it start on, and the rows stepped over are the ones it counted.
 """

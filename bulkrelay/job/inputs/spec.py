@@ -197,8 +197,8 @@ def nth_digest(digests: bytes | bytearray, index: int) -> bytes | None:
 
 @dataclass(frozen=True)
 class ExpectedInput:
-    """What preflight read, which the relay must read again byte for byte; and, of a CSV, where its
-    rows start (job/inputs/rowstarts.py: a worker process parses its own rows only)."""
+    """What preflight read, which the relay must read again byte for byte; and where its rows start
+    (job/inputs/rowstarts.py: a worker process parses its own rows only)."""
 
     fingerprint: InputFingerprint
     identity: InputIdentity

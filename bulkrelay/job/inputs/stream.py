@@ -176,7 +176,7 @@ def open_records(
 
     With `expected` (what preflight read), the stream reads exactly those bytes or raises
     `InputChanged`: at the open, at every region (before any of its bytes reaches a record), every few
-    records, and at the end. With `share` too (a worker's), a CSV's other rows are not parsed."""
+    records, and at the end. With `share` too (a worker's), the other workers' rows are not parsed."""
     raw = open_raw(spec)
     try:
         stream = RecordStream(spec, raw, on_problem, expected, share)
